@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Checks the one-way dependency rule of DESIGN.md / STYLE.md:
+# cmd -> server -> service -> limiter -> store; rules and settings are leaves.
+set -euo pipefail
+mod=$(go list -m)
+fail=0
+check() { # package, forbidden import prefixes...
+  local pkg=$1; shift
+  local imports
+  imports=$(go list -f '{{join .Imports "\n"}}' "$mod/$pkg" 2>/dev/null || true)
+  for bad in "$@"; do
+    if grep -q "^$mod/$bad" <<<"$imports"; then
+      echo "imports: $pkg must not import $bad"; fail=1
+    fi
+  done
+}
+check src/settings src/
+check src/rules src/
+check src/stats src/
+check src/limiter src/store src/service src/server src/provider src/settings src/stats
+for s in memory redis memcached; do
+  [ -d "src/store/$s" ] && check "src/store/$s" src/service src/server src/provider src/settings
+done
+check src/service src/server src/settings src/store src/provider
+check src/provider src/limiter src/service src/server src/store
+if grep -rl --include='*.go' 'go-control-plane/envoy/service/ratelimit' src/limiter src/rules src/store 2>/dev/null; then
+  echo "imports: RLS protos must stop at service"; fail=1
+fi
+exit $fail

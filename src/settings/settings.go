@@ -1,0 +1,199 @@
+// Package settings reads the service's environment settings. Names, meanings
+// and defaults are envoyproxy/ratelimit's, except the deliberate differences
+// listed in the README. It is the only package that reads the environment.
+package settings
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/kelseyhightower/envconfig"
+)
+
+// Settings is every environment setting. Field comments give the default.
+type Settings struct {
+	// Listeners.
+	Host      string `envconfig:"HOST" default:"0.0.0.0"`
+	Port      int    `envconfig:"PORT" default:"8080"`
+	GRPCHost  string `envconfig:"GRPC_HOST" default:"0.0.0.0"`
+	GRPCPort  int    `envconfig:"GRPC_PORT" default:"8081"`
+	GRPCUDS   string `envconfig:"GRPC_UDS" default:""`
+	DebugHost string `envconfig:"DEBUG_HOST" default:"127.0.0.1"` // anchor: 0.0.0.0
+	DebugPort int    `envconfig:"DEBUG_PORT" default:"6070"`
+
+	GRPCMaxConnectionAge      time.Duration `envconfig:"GRPC_MAX_CONNECTION_AGE" default:"24h"`
+	GRPCMaxConnectionAgeGrace time.Duration `envconfig:"GRPC_MAX_CONNECTION_AGE_GRACE" default:"1h"`
+
+	// Logging.
+	LogLevel  string `envconfig:"LOG_LEVEL" default:"WARN"`
+	LogFormat string `envconfig:"LOG_FORMAT" default:"text"`
+
+	// Rules.
+	RuntimeRoot           string `envconfig:"RUNTIME_ROOT" default:""` // anchor: /srv/runtime_data/current; empty = working directory
+	RuntimeSubdirectory   string `envconfig:"RUNTIME_SUBDIRECTORY" default:""`
+	RuntimeAppDirectory   string `envconfig:"RUNTIME_APPDIRECTORY" default:"config"`
+	RuntimeIgnoreDotFiles bool   `envconfig:"RUNTIME_IGNOREDOTFILES" default:"false"`
+	RuntimeWatchRoot      bool   `envconfig:"RUNTIME_WATCH_ROOT" default:"true"`
+	MergeDomainConfig     bool   `envconfig:"MERGE_DOMAIN_CONFIG" default:"false"`
+
+	ForceStartWithoutInitialConfig    bool `envconfig:"FORCE_START_WITHOUT_INITIAL_CONFIG" default:"false"`
+	HealthyWithAtLeastOneConfigLoaded bool `envconfig:"HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED" default:"false"`
+
+	// Decisions.
+	BackendType                        string  `envconfig:"BACKEND_TYPE" default:"memory"` // anchor: redis
+	ShadowMode                         bool    `envconfig:"SHADOW_MODE" default:"false"`
+	QuotaMode                          bool    `envconfig:"QUOTA_MODE" default:"false"`
+	NearLimitRatio                     float64 `envconfig:"NEAR_LIMIT_RATIO" default:"0.8"`
+	CacheKeyPrefix                     string  `envconfig:"CACHE_KEY_PREFIX" default:""`
+	StopCacheKeyIncrementWhenOverlimit bool    `envconfig:"STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT" default:"false"`
+	ExpirationJitterMaxSeconds         int64   `envconfig:"EXPIRATION_JITTER_MAX_SECONDS" default:"300"`
+	LocalCacheSizeInBytes              int     `envconfig:"LOCAL_CACHE_SIZE_IN_BYTES" default:"0"`
+	ResponseDynamicMetadata            bool    `envconfig:"RESPONSE_DYNAMIC_METADATA" default:"false"`
+
+	// Response headers.
+	LimitResponseHeadersEnabled bool   `envconfig:"LIMIT_RESPONSE_HEADERS_ENABLED" default:"false"`
+	LimitLimitHeader            string `envconfig:"LIMIT_LIMIT_HEADER" default:"RateLimit-Limit"`
+	LimitRemainingHeader        string `envconfig:"LIMIT_REMAINING_HEADER" default:"RateLimit-Remaining"`
+	LimitResetHeader            string `envconfig:"LIMIT_RESET_HEADER" default:"RateLimit-Reset"`
+
+	// Memory store (our extension).
+	MemoryMaxKeys int `envconfig:"MEMORY_MAX_KEYS" default:"0"`
+
+	// Redis.
+	RedisSocketType                  string        `envconfig:"REDIS_SOCKET_TYPE" default:"unix"`
+	RedisType                        string        `envconfig:"REDIS_TYPE" default:"SINGLE"`
+	RedisURL                         string        `envconfig:"REDIS_URL" default:"/var/run/nutcracker/ratelimit.sock"`
+	RedisPoolSize                    int           `envconfig:"REDIS_POOL_SIZE" default:"10"`
+	RedisAuth                        string        `envconfig:"REDIS_AUTH" default:""`
+	RedisSentinelAuth                string        `envconfig:"REDIS_SENTINEL_AUTH" default:""`
+	RedisTLS                         bool          `envconfig:"REDIS_TLS" default:"false"`
+	RedisTLSClientCert               string        `envconfig:"REDIS_TLS_CLIENT_CERT" default:""`
+	RedisTLSClientKey                string        `envconfig:"REDIS_TLS_CLIENT_KEY" default:""`
+	RedisTLSCACert                   string        `envconfig:"REDIS_TLS_CACERT" default:""`
+	RedisTLSSkipHostnameVerification bool          `envconfig:"REDIS_TLS_SKIP_HOSTNAME_VERIFICATION" default:"false"`
+	RedisPipelineWindow              time.Duration `envconfig:"REDIS_PIPELINE_WINDOW" default:"0"`
+	RedisPipelineLimit               int           `envconfig:"REDIS_PIPELINE_LIMIT" default:"0"`
+	RedisTimeout                     time.Duration `envconfig:"REDIS_TIMEOUT" default:"10s"`
+	RedisHealthCheckActiveConnection bool          `envconfig:"REDIS_HEALTH_CHECK_ACTIVE_CONNECTION" default:"false"`
+
+	RedisPerSecond               bool          `envconfig:"REDIS_PERSECOND" default:"false"`
+	RedisPerSecondSocketType     string        `envconfig:"REDIS_PERSECOND_SOCKET_TYPE" default:"unix"`
+	RedisPerSecondType           string        `envconfig:"REDIS_PERSECOND_TYPE" default:"SINGLE"`
+	RedisPerSecondURL            string        `envconfig:"REDIS_PERSECOND_URL" default:"/var/run/nutcracker/ratelimitpersecond.sock"`
+	RedisPerSecondPoolSize       int           `envconfig:"REDIS_PERSECOND_POOL_SIZE" default:"10"`
+	RedisPerSecondAuth           string        `envconfig:"REDIS_PERSECOND_AUTH" default:""`
+	RedisPerSecondSentinelAuth   string        `envconfig:"REDIS_PERSECOND_SENTINEL_AUTH" default:""`
+	RedisPerSecondTLS            bool          `envconfig:"REDIS_PERSECOND_TLS" default:"false"`
+	RedisPerSecondPipelineWindow time.Duration `envconfig:"REDIS_PERSECOND_PIPELINE_WINDOW" default:"0"`
+	RedisPerSecondPipelineLimit  int           `envconfig:"REDIS_PERSECOND_PIPELINE_LIMIT" default:"0"`
+	RedisPerSecondTimeout        time.Duration `envconfig:"REDIS_PERSECOND_TIMEOUT" default:"10s"`
+
+	RedisStartupInitialInterval time.Duration `envconfig:"REDIS_STARTUP_INITIAL_INTERVAL" default:"500ms"`
+	RedisStartupMaxInterval     time.Duration `envconfig:"REDIS_STARTUP_MAX_INTERVAL" default:"30s"`
+	RedisStartupMaxElapsedTime  time.Duration `envconfig:"REDIS_STARTUP_MAX_ELAPSED_TIME" default:"0"`
+}
+
+// Backend types accepted by BACKEND_TYPE.
+const (
+	BackendMemory   = "memory"
+	BackendRedis    = "redis"
+	BackendMemcache = "memcache"
+)
+
+// Load reads the settings from the environment and validates them. Every
+// problem names its variable; all problems are reported together.
+func Load() (*Settings, error) {
+	var s Settings
+	if err := envconfig.Process("", &s); err != nil {
+		return nil, fmt.Errorf("settings: %w", err)
+	}
+	if err := s.Validate(); err != nil {
+		return nil, err
+	}
+	return &s, nil
+}
+
+// Validate checks values and combinations that the types alone do not.
+func (s *Settings) Validate() error {
+	var errs []error
+	bad := func(name string, format string, args ...any) {
+		errs = append(errs, fmt.Errorf("settings: %s: %s", name, fmt.Sprintf(format, args...)))
+	}
+	port := func(name string, p int) {
+		if p < 0 || p > 65535 {
+			bad(name, "port %d out of range 0-65535", p)
+		}
+	}
+	port("PORT", s.Port)
+	port("GRPC_PORT", s.GRPCPort)
+	port("DEBUG_PORT", s.DebugPort)
+	switch strings.ToLower(s.BackendType) {
+	case BackendMemory, BackendRedis, BackendMemcache:
+		s.BackendType = strings.ToLower(s.BackendType)
+	default:
+		bad("BACKEND_TYPE", "unknown backend %q (want memory, redis or memcache)", s.BackendType)
+	}
+	switch strings.ToUpper(s.LogLevel) {
+	case "DEBUG", "INFO", "WARN", "WARNING", "ERROR", "FATAL", "PANIC", "TRACE":
+	default:
+		bad("LOG_LEVEL", "unknown level %q (want debug, info, warn or error)", s.LogLevel)
+	}
+	switch strings.ToLower(s.LogFormat) {
+	case "text", "json":
+	default:
+		bad("LOG_FORMAT", "unknown format %q (want text or json)", s.LogFormat)
+	}
+	if s.NearLimitRatio < 0 || s.NearLimitRatio > 1 {
+		bad("NEAR_LIMIT_RATIO", "%v is outside 0..1", s.NearLimitRatio)
+	}
+	if s.ExpirationJitterMaxSeconds < 0 {
+		bad("EXPIRATION_JITTER_MAX_SECONDS", "must not be negative")
+	}
+	if s.LocalCacheSizeInBytes < 0 {
+		bad("LOCAL_CACHE_SIZE_IN_BYTES", "must not be negative")
+	}
+	if s.MemoryMaxKeys < 0 {
+		bad("MEMORY_MAX_KEYS", "must not be negative")
+	}
+	for _, r := range []struct {
+		name, socket, typ string
+		timeout           time.Duration
+		pool              int
+	}{
+		{"REDIS", s.RedisSocketType, s.RedisType, s.RedisTimeout, s.RedisPoolSize},
+		{"REDIS_PERSECOND", s.RedisPerSecondSocketType, s.RedisPerSecondType, s.RedisPerSecondTimeout, s.RedisPerSecondPoolSize},
+	} {
+		switch r.socket {
+		case "tcp", "unix":
+		default:
+			bad(r.name+"_SOCKET_TYPE", "unknown socket type %q (want tcp or unix)", r.socket)
+		}
+		switch strings.ToUpper(r.typ) {
+		case "SINGLE", "SENTINEL", "CLUSTER":
+		default:
+			bad(r.name+"_TYPE", "unknown type %q (want SINGLE, SENTINEL or CLUSTER)", r.typ)
+		}
+		if r.timeout <= 0 {
+			bad(r.name+"_TIMEOUT", "must be positive")
+		}
+		if r.pool <= 0 {
+			bad(r.name+"_POOL_SIZE", "must be positive")
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// RulesRoot is RUNTIME_ROOT, or the working directory when it is empty.
+func (s *Settings) RulesRoot() string {
+	if s.RuntimeRoot != "" {
+		return s.RuntimeRoot
+	}
+	wd, err := os.Getwd()
+	if err != nil {
+		return "."
+	}
+	return wd
+}

@@ -1,0 +1,109 @@
+package settings
+
+import (
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestDefaults(t *testing.T) {
+	s, err := Load()
+	if err != nil {
+		t.Fatal(err)
+	}
+	checks := []struct {
+		name string
+		got  any
+		want any
+	}{
+		{"PORT", s.Port, 8080},
+		{"GRPC_PORT", s.GRPCPort, 8081},
+		{"DEBUG_PORT", s.DebugPort, 6070},
+		{"HOST", s.Host, "0.0.0.0"},
+		{"GRPC_HOST", s.GRPCHost, "0.0.0.0"},
+		{"DEBUG_HOST", s.DebugHost, "127.0.0.1"},
+		{"BACKEND_TYPE", s.BackendType, "memory"},
+		{"RUNTIME_APPDIRECTORY", s.RuntimeAppDirectory, "config"},
+		{"RUNTIME_WATCH_ROOT", s.RuntimeWatchRoot, true},
+		{"NEAR_LIMIT_RATIO", s.NearLimitRatio, 0.8},
+		{"LOG_LEVEL", s.LogLevel, "WARN"},
+		{"LOG_FORMAT", s.LogFormat, "text"},
+		{"LIMIT_LIMIT_HEADER", s.LimitLimitHeader, "RateLimit-Limit"},
+		{"LIMIT_REMAINING_HEADER", s.LimitRemainingHeader, "RateLimit-Remaining"},
+		{"LIMIT_RESET_HEADER", s.LimitResetHeader, "RateLimit-Reset"},
+		{"GRPC_MAX_CONNECTION_AGE", s.GRPCMaxConnectionAge, 24 * time.Hour},
+		{"GRPC_MAX_CONNECTION_AGE_GRACE", s.GRPCMaxConnectionAgeGrace, time.Hour},
+		{"REDIS_TYPE", s.RedisType, "SINGLE"},
+		{"REDIS_POOL_SIZE", s.RedisPoolSize, 10},
+		{"EXPIRATION_JITTER_MAX_SECONDS", s.ExpirationJitterMaxSeconds, int64(300)},
+	}
+	for _, c := range checks {
+		if c.got != c.want {
+			t.Errorf("%s = %v, want %v", c.name, c.got, c.want)
+		}
+	}
+}
+
+func TestMalformedValuesNameTheVariable(t *testing.T) {
+	tests := []struct {
+		name  string
+		env   map[string]string
+		wants []string
+	}{
+		{"port_not_a_number", map[string]string{"PORT": "abc"}, []string{"PORT"}},
+		{"unknown_backend", map[string]string{"BACKEND_TYPE": "foo"}, []string{"BACKEND_TYPE", "foo"}},
+		{"bad_bool", map[string]string{"SHADOW_MODE": "maybe"}, []string{"SHADOW_MODE"}},
+		{"bad_duration", map[string]string{"GRPC_MAX_CONNECTION_AGE": "soon"}, []string{"GRPC_MAX_CONNECTION_AGE"}},
+		{"port_out_of_range", map[string]string{"GRPC_PORT": "70000"}, []string{"GRPC_PORT"}},
+		{"ratio_above_one", map[string]string{"NEAR_LIMIT_RATIO": "1.5"}, []string{"NEAR_LIMIT_RATIO"}},
+		{"log_format", map[string]string{"LOG_FORMAT": "xml"}, []string{"LOG_FORMAT"}},
+		{"several", map[string]string{"BACKEND_TYPE": "foo", "LOG_LEVEL": "loud"}, []string{"BACKEND_TYPE", "LOG_LEVEL"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			for k, v := range tt.env {
+				t.Setenv(k, v)
+			}
+			_, err := Load()
+			if err == nil {
+				t.Fatalf("Load() with %v succeeded, want an error", tt.env)
+			}
+			for _, w := range tt.wants {
+				if !strings.Contains(err.Error(), w) {
+					t.Errorf("Load() error %q does not mention %q", err, w)
+				}
+			}
+		})
+	}
+}
+
+func TestBackendTypeIsCaseInsensitive(t *testing.T) {
+	t.Setenv("BACKEND_TYPE", "Redis")
+	s, err := Load()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s.BackendType != BackendRedis {
+		t.Errorf("BackendType = %q, want %q", s.BackendType, BackendRedis)
+	}
+}
+
+func TestRulesRootDefaultsToWorkingDirectory(t *testing.T) {
+	dir := t.TempDir()
+	t.Chdir(dir)
+	s, err := Load()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := s.RulesRoot(); got != dir {
+		t.Errorf("RulesRoot() = %q, want %q", got, dir)
+	}
+	t.Setenv("RUNTIME_ROOT", "/srv/runtime_data/current")
+	s, err = Load()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := s.RulesRoot(); got != "/srv/runtime_data/current" {
+		t.Errorf("RulesRoot() = %q, want RUNTIME_ROOT", got)
+	}
+}
