@@ -1,0 +1,139 @@
+// Package provider finds rule files and turns them into whole, validated
+// rules.Config snapshots: from a directory on disk (read once or watched
+// for changes). It hands every snapshot to its caller and never swaps a
+// config itself; publishing it and keeping the last good one on a failed
+// reload is the caller's job.
+//
+// It knows the file system and nothing of gRPC, stores or statistics.
+package provider
+
+import (
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/ratelimitd/ratelimit/src/rules"
+)
+
+// FileConfig says where the rule files are and how to read them. The
+// directory is Root/Subdirectory/AppDirectory, as envoyproxy/ratelimit
+// joins RUNTIME_ROOT, RUNTIME_SUBDIRECTORY and RUNTIME_APPDIRECTORY.
+type FileConfig struct {
+	// Root is RUNTIME_ROOT. It may be a symbolic link that deployments
+	// swap to publish a new version (current -> v2).
+	Root string
+	// Subdirectory is RUNTIME_SUBDIRECTORY (default "").
+	Subdirectory string
+	// AppDirectory is RUNTIME_APPDIRECTORY ("config" in settings).
+	AppDirectory string
+	// IgnoreDotFiles skips files and directories whose names start with a
+	// dot (RUNTIME_IGNOREDOTFILES; default false). Directories whose names
+	// start with ".." (Kubernetes ConfigMap internals) are always skipped.
+	IgnoreDotFiles bool
+	// WatchRoot also watches the directory holding Root, so that swapping
+	// the Root symlink reloads (RUNTIME_WATCH_ROOT; default true in
+	// settings). Changes inside the rules directory reload either way.
+	WatchRoot bool
+	// Options is passed to rules.Parse.
+	Options rules.Options
+	// Debounce is how long Watch waits after the last change before it
+	// reloads, so that a burst of writes gives one reload; changes that
+	// never pause still reload every 10 × Debounce. Default 100ms.
+	Debounce time.Duration
+	// Now is the clock for WatchStats; nil means time.Now.
+	Now func() time.Time
+}
+
+// Dir returns the rules directory: Root/Subdirectory/AppDirectory.
+func (c FileConfig) Dir() string {
+	return filepath.Join(c.Root, c.Subdirectory, c.AppDirectory)
+}
+
+// ReadFiles reads the rule files of the directory: every *.yaml and *.yml
+// file, in subdirectories too, sorted by path. Each file is named in
+// errors by its path relative to the directory. Other files are ignored.
+// Symbolic links to files are followed; links to directories are not.
+func ReadFiles(cfg FileConfig) ([]rules.File, error) {
+	dir := cfg.Dir()
+	// The root itself may be a symlink (current -> v2); walk its target.
+	resolved, err := filepath.EvalSymlinks(dir)
+	if err != nil {
+		return nil, fmt.Errorf("provider: rules directory: %w", err)
+	}
+	var files []rules.File
+	err = filepath.WalkDir(resolved, func(path string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if path == resolved {
+			if !d.IsDir() {
+				return fmt.Errorf("%s is not a directory", dir)
+			}
+			return nil
+		}
+		name := d.Name()
+		if d.IsDir() {
+			if strings.HasPrefix(name, "..") || (cfg.IgnoreDotFiles && strings.HasPrefix(name, ".")) {
+				return filepath.SkipDir
+			}
+			return nil
+		}
+		if !isRuleFile(name, cfg.IgnoreDotFiles) {
+			return nil
+		}
+		if d.Type()&fs.ModeSymlink != 0 {
+			info, err := os.Stat(path)
+			if err != nil {
+				return err
+			}
+			if !info.Mode().IsRegular() {
+				return nil
+			}
+		} else if !d.Type().IsRegular() {
+			return nil
+		}
+		data, err := os.ReadFile(path)
+		if err != nil {
+			return err
+		}
+		rel, err := filepath.Rel(resolved, path)
+		if err != nil {
+			return err
+		}
+		files = append(files, rules.File{Name: filepath.ToSlash(rel), Data: data})
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("provider: read rules in %s: %w", dir, err)
+	}
+	sort.Slice(files, func(i, j int) bool { return files[i].Name < files[j].Name })
+	return files, nil
+}
+
+// isRuleFile reports whether a file name is one to load.
+func isRuleFile(name string, ignoreDotFiles bool) bool {
+	if ignoreDotFiles && strings.HasPrefix(name, ".") {
+		return false
+	}
+	ext := strings.ToLower(filepath.Ext(name))
+	return ext == ".yaml" || ext == ".yml"
+}
+
+// LoadFiles reads and parses the rule files of the directory. A directory
+// without rule files gives an empty config, not an error. Every problem
+// of every file is reported, each naming its file and line.
+func LoadFiles(cfg FileConfig) (*rules.Config, error) {
+	files, err := ReadFiles(cfg)
+	if err != nil {
+		return nil, err
+	}
+	c, err := rules.Parse(files, cfg.Options)
+	if err != nil {
+		return nil, err
+	}
+	return c, nil
+}

@@ -1,0 +1,350 @@
+package provider
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"reflect"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/ratelimitd/ratelimit/src/rules"
+)
+
+// rule returns a rule file for domain with one rule of rpu per second.
+func rule(domain string, rpu int) string {
+	return fmt.Sprintf("domain: %s\ndescriptors:\n  - key: k\n    rate_limit:\n      unit: second\n      requests_per_unit: %d\n", domain, rpu)
+}
+
+// writeFile writes atomically (temporary name, then rename), as editors
+// and deployment tools do, so a reload never sees half a file.
+func writeFile(t *testing.T, path, content string) {
+	t.Helper()
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	tmp := path + ".tmp"
+	if err := os.WriteFile(tmp, []byte(content), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(tmp, path); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestLoadFiles(t *testing.T) {
+	t.Parallel()
+	root := t.TempDir()
+	dir := filepath.Join(root, "ratelimit", "config")
+	writeFile(t, filepath.Join(dir, "a.yaml"), rule("a", 1))
+	writeFile(t, filepath.Join(dir, "b.yml"), rule("b", 2))
+	writeFile(t, filepath.Join(dir, "team", "c.YAML"), rule("c", 3))
+	writeFile(t, filepath.Join(dir, ".hidden.yaml"), rule("hidden", 4))
+	writeFile(t, filepath.Join(dir, "README.md"), "not: [yaml")
+	writeFile(t, filepath.Join(dir, "notes.txt"), "domain: ignored")
+	// Kubernetes ConfigMap internals: a timestamped directory that the
+	// visible files link into. Only the links must load.
+	writeFile(t, filepath.Join(dir, "..2024_01_01", "d.yaml"), rule("d", 5))
+	if err := os.Symlink(filepath.Join("..2024_01_01", "d.yaml"), filepath.Join(dir, "d.yaml")); err != nil {
+		t.Fatal(err)
+	}
+
+	tests := []struct {
+		name           string
+		ignoreDotFiles bool
+		want           []string
+	}{
+		{"with dot files", false, []string{"a", "b", "c", "d", "hidden"}},
+		{"ignore dot files", true, []string{"a", "b", "c", "d"}},
+	}
+	for _, tt := range tests {
+		cfg, err := LoadFiles(FileConfig{Root: root, Subdirectory: "ratelimit", AppDirectory: "config", IgnoreDotFiles: tt.ignoreDotFiles})
+		if err != nil {
+			t.Fatalf("%s: LoadFiles = %v", tt.name, err)
+		}
+		if got := cfg.Domains(); !reflect.DeepEqual(got, tt.want) {
+			t.Errorf("%s: Domains() = %v, want %v", tt.name, got, tt.want)
+		}
+	}
+
+	files, err := ReadFiles(FileConfig{Root: root, Subdirectory: "ratelimit", AppDirectory: "config", IgnoreDotFiles: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	for _, f := range files {
+		names = append(names, f.Name)
+	}
+	if want := []string{"a.yaml", "b.yml", "d.yaml", "team/c.YAML"}; !reflect.DeepEqual(names, want) {
+		t.Errorf("ReadFiles names = %v, want %v", names, want)
+	}
+}
+
+func TestLoadFilesErrors(t *testing.T) {
+	t.Parallel()
+	root := t.TempDir()
+	writeFile(t, filepath.Join(root, "config", "good.yaml"), rule("good", 1))
+	writeFile(t, filepath.Join(root, "config", "bad.yaml"), "domain: bad\ndescriptors:\n  - key: k\n    rate_limit:\n      unit: fortnight\n")
+
+	_, err := LoadFiles(FileConfig{Root: root, AppDirectory: "config"})
+	want := `rules: bad.yaml:5: descriptor "bad.k": rate_limit: invalid unit "fortnight" (want second, minute, hour, day, week, month or year)`
+	if err == nil || err.Error() != want {
+		t.Errorf("LoadFiles = %v, want %q", err, want)
+	}
+
+	_, err = LoadFiles(FileConfig{Root: root, AppDirectory: "missing"})
+	if err == nil || !strings.Contains(err.Error(), "provider: rules directory") {
+		t.Errorf("LoadFiles(missing) = %v, want a rules directory error", err)
+	}
+
+	empty := t.TempDir()
+	cfg, err := LoadFiles(FileConfig{Root: empty})
+	if err != nil || !cfg.Empty() {
+		t.Errorf("LoadFiles(empty directory) = %v, %v; want an empty config", cfg, err)
+	}
+}
+
+// recorder keeps what a Watcher reports.
+type recorder struct {
+	mu      sync.Mutex
+	configs []*rules.Config
+	errs    []error
+}
+
+func (r *recorder) onLoad(c *rules.Config) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.configs = append(r.configs, c)
+}
+
+func (r *recorder) onError(err error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.errs = append(r.errs, err)
+}
+
+func (r *recorder) counts() (loads, errs int) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return len(r.configs), len(r.errs)
+}
+
+func (r *recorder) latest() *rules.Config {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if len(r.configs) == 0 {
+		return nil
+	}
+	return r.configs[len(r.configs)-1]
+}
+
+// rpu is the limit of key k in domain of the latest config, -1 if none.
+func (r *recorder) rpu(domain string) int {
+	m := r.latest().Match(domain, []rules.Entry{{Key: "k", Value: "v"}})
+	if m.Limit == nil {
+		return -1
+	}
+	return int(m.Limit.RequestsPerUnit)
+}
+
+// waitFor polls cond until it holds or the deadline passes.
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting until %s", what)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+func startWatch(t *testing.T, cfg FileConfig) (*Watcher, *recorder) {
+	t.Helper()
+	cfg.Debounce = 20 * time.Millisecond
+	r := &recorder{}
+	w, err := Watch(t.Context(), cfg, r.onLoad, r.onError)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { w.Close() })
+	return w, r
+}
+
+func TestWatchReloads(t *testing.T) {
+	t.Parallel()
+	root := t.TempDir()
+	dir := filepath.Join(root, "config")
+	writeFile(t, filepath.Join(dir, "a.yaml"), rule("a", 1))
+	w, r := startWatch(t, FileConfig{Root: root, AppDirectory: "config"})
+
+	if loads, errs := r.counts(); loads != 1 || errs != 0 {
+		t.Fatalf("after Watch: %d loads, %d errors; want the first load reported before Watch returns", loads, errs)
+	}
+
+	writeFile(t, filepath.Join(dir, "a.yaml"), rule("a", 2))
+	waitFor(t, "a rewritten file reloads", func() bool { return r.rpu("a") == 2 })
+
+	// An in-place write (truncate, then write) reloads too.
+	if err := os.WriteFile(filepath.Join(dir, "a.yaml"), []byte(rule("a", 3)), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "an in-place write reloads", func() bool { return r.rpu("a") == 3 })
+
+	writeFile(t, filepath.Join(dir, "b.yaml"), rule("b", 4))
+	waitFor(t, "a new file loads", func() bool { return r.rpu("b") == 4 })
+
+	writeFile(t, filepath.Join(dir, "sub", "c.yaml"), rule("c", 5))
+	waitFor(t, "a file in a new subdirectory loads", func() bool { return r.rpu("c") == 5 })
+
+	if err := os.Remove(filepath.Join(dir, "b.yaml")); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "a removed file unloads", func() bool { return r.rpu("b") == -1 && r.rpu("a") == 3 })
+
+	if err := os.Rename(filepath.Join(dir, "sub", "c.yaml"), filepath.Join(dir, "sub", "c.yaml.off")); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "a renamed-away file unloads", func() bool { return r.rpu("c") == -1 })
+
+	loads, _ := r.counts()
+	if err := os.Chmod(filepath.Join(dir, "a.yaml"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "a chmod reloads", func() bool { l, _ := r.counts(); return l > loads })
+
+	if s := w.Stats(); s.Failures != 0 || s.LastError != nil || s.Loads < 7 || s.LastLoad.IsZero() {
+		t.Errorf("Stats() = %+v, want at least 7 loads and no failure", s)
+	}
+}
+
+func TestWatchInvalidRewrite(t *testing.T) {
+	t.Parallel()
+	root := t.TempDir()
+	dir := filepath.Join(root, "config")
+	writeFile(t, filepath.Join(dir, "a.yaml"), rule("a", 1))
+	w, r := startWatch(t, FileConfig{Root: root, AppDirectory: "config"})
+
+	writeFile(t, filepath.Join(dir, "a.yaml"), "domain: a\ndescriptors:\n  - key: k\n    rate_limit:\n      unit: fortnight\n")
+	waitFor(t, "the invalid rewrite is reported", func() bool { _, errs := r.counts(); return errs > 0 })
+	if loads, _ := r.counts(); loads != 1 {
+		t.Errorf("%d loads after an invalid rewrite, want only the first", loads)
+	}
+	r.mu.Lock()
+	got := r.errs[0].Error()
+	r.mu.Unlock()
+	if want := `rules: a.yaml:5: descriptor "a.k": rate_limit: invalid unit "fortnight"`; !strings.HasPrefix(got, want) {
+		t.Errorf("onError(%q), want it to start with %q", got, want)
+	}
+	if s := w.Stats(); s.Failures == 0 || s.LastError == nil {
+		t.Errorf("Stats() = %+v, want a failure", s)
+	}
+
+	writeFile(t, filepath.Join(dir, "a.yaml"), rule("a", 9))
+	waitFor(t, "the fixed file loads", func() bool { return r.latest() != nil && r.rpu("a") == 9 })
+	if s := w.Stats(); s.LastError != nil {
+		t.Errorf("Stats().LastError = %v after a good load, want nil", s.LastError)
+	}
+}
+
+func TestWatchIgnoresOtherFiles(t *testing.T) {
+	t.Parallel()
+	root := t.TempDir()
+	dir := filepath.Join(root, "config")
+	writeFile(t, filepath.Join(dir, "a.yaml"), rule("a", 1))
+	_, r := startWatch(t, FileConfig{Root: root, AppDirectory: "config"})
+
+	writeFile(t, filepath.Join(dir, "README.md"), "domain: [not yaml")
+	writeFile(t, filepath.Join(dir, "a.yaml.bak"), "garbage: [")
+	// A valid file after the noise: once it is in, the noise was read too.
+	writeFile(t, filepath.Join(dir, "b.yaml"), rule("b", 2))
+	waitFor(t, "b loads", func() bool { return r.rpu("b") == 2 })
+	if _, errs := r.counts(); errs != 0 {
+		t.Errorf("non-YAML files gave %d errors, want none", errs)
+	}
+	if got := r.latest().Domains(); !reflect.DeepEqual(got, []string{"a", "b"}) {
+		t.Errorf("Domains() = %v, want [a b]", got)
+	}
+}
+
+func TestWatchSymlinkSwap(t *testing.T) {
+	t.Parallel()
+	base := t.TempDir()
+	writeFile(t, filepath.Join(base, "v1", "ratelimit", "config", "a.yaml"), rule("a", 1))
+	writeFile(t, filepath.Join(base, "v2", "ratelimit", "config", "a.yaml"), rule("a", 2))
+	current := filepath.Join(base, "current")
+	if err := os.Symlink("v1", current); err != nil {
+		t.Fatal(err)
+	}
+	_, r := startWatch(t, FileConfig{Root: current, Subdirectory: "ratelimit", AppDirectory: "config", WatchRoot: true})
+	if r.rpu("a") != 1 {
+		t.Fatalf("first load: a = %d, want 1", r.rpu("a"))
+	}
+
+	// The deployment swap: a new link, renamed over the old one.
+	swap := func(target string) {
+		tmp := filepath.Join(base, "current.tmp")
+		if err := os.Symlink(target, tmp); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Rename(tmp, current); err != nil {
+			t.Fatal(err)
+		}
+	}
+	swap("v2")
+	waitFor(t, "the swap to v2 reloads", func() bool { return r.rpu("a") == 2 })
+
+	// After the swap, changes inside the new version reload too.
+	writeFile(t, filepath.Join(base, "v2", "ratelimit", "config", "a.yaml"), rule("a", 3))
+	waitFor(t, "a write inside v2 reloads", func() bool { return r.rpu("a") == 3 })
+
+	swap("v1")
+	waitFor(t, "the swap back to v1 reloads", func() bool { return r.rpu("a") == 1 })
+}
+
+func TestWatchDirectoryReplaced(t *testing.T) {
+	t.Parallel()
+	root := t.TempDir()
+	dir := filepath.Join(root, "config")
+	_, r := startWatch(t, FileConfig{Root: root, AppDirectory: "config"})
+	if _, errs := r.counts(); errs != 1 {
+		t.Fatalf("missing directory: %d errors, want 1", errs)
+	}
+
+	writeFile(t, filepath.Join(dir, "a.yaml"), rule("a", 1))
+	waitFor(t, "the created directory loads", func() bool { return r.latest() != nil && r.rpu("a") == 1 })
+
+	if err := os.RemoveAll(dir); err != nil {
+		t.Fatal(err)
+	}
+	_, before := r.counts()
+	waitFor(t, "the removal is reported", func() bool { _, errs := r.counts(); return errs > before })
+
+	writeFile(t, filepath.Join(dir, "a.yaml"), rule("a", 2))
+	waitFor(t, "the recreated directory loads", func() bool { return r.rpu("a") == 2 })
+}
+
+func TestWatchStops(t *testing.T) {
+	t.Parallel()
+	root := t.TempDir()
+	writeFile(t, filepath.Join(root, "a.yaml"), rule("a", 1))
+	ctx, cancel := context.WithCancel(t.Context())
+	r := &recorder{}
+	w, err := Watch(ctx, FileConfig{Root: root, Debounce: time.Millisecond}, r.onLoad, r.onError)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cancel()
+	select {
+	case <-w.Done():
+	case <-time.After(10 * time.Second):
+		t.Fatal("Watcher did not stop when its context ended")
+	}
+	w.Wait()
+	if err := w.Close(); err != nil {
+		t.Errorf("Close after stop = %v", err)
+	}
+}

@@ -1,0 +1,303 @@
+package provider
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/fsnotify/fsnotify"
+
+	"github.com/ratelimitd/ratelimit/src/rules"
+)
+
+// defaultDebounce is FileConfig.Debounce when unset.
+const defaultDebounce = 100 * time.Millisecond
+
+// errNoDirectory is returned by Watch when not even an ancestor of the
+// rules directory can be watched.
+var errNoDirectory = errors.New("provider: nothing to watch: no ancestor of the rules directory exists")
+
+// Watcher reloads a rules directory whenever anything in it changes:
+// files written, created, removed, renamed or chmod-ed, subdirectories
+// added, the directory itself replaced, or (with WatchRoot) the Root
+// symlink swapped. Each reload reads and validates every file again and
+// reports a whole new Config, or the error, through the callbacks given
+// to Watch.
+//
+// Its goroutine is owned by the Watcher: it stops when the context given
+// to Watch is done or when Close is called, and Close waits for it. The
+// methods are safe for concurrent use.
+type Watcher struct {
+	cfg     FileConfig
+	fsw     *fsnotify.Watcher
+	onLoad  func(*rules.Config)
+	onError func(error)
+	cancel  context.CancelFunc
+	done    chan struct{}
+
+	// watched maps each watched directory to the entries of it that
+	// matter. Only Watch and then the run goroutine touch it.
+	watched map[string]watchSpec
+
+	// mu guards stats.
+	mu    sync.Mutex
+	stats WatchStats
+}
+
+// watchSpec says which events of a watched directory reload: all of them,
+// or only those about the listed entries.
+type watchSpec struct {
+	all   bool
+	names map[string]bool
+}
+
+// WatchStats counts a Watcher's reloads.
+type WatchStats struct {
+	// Loads counts the successful loads, the first one included.
+	Loads uint64
+	// Failures counts the loads that gave an error.
+	Failures uint64
+	// LastLoad is when the last successful load finished.
+	LastLoad time.Time
+	// LastError is the error of the last load, nil if it succeeded.
+	LastError error
+}
+
+// Watch loads the rules directory, reports the result through onLoad or
+// onError before it returns, and then watches the directory, reloading
+// after each burst of changes (see FileConfig.Debounce). Callbacks run one
+// at a time, from Watch and then from the Watcher's goroutine; they must
+// not block for long. A failed reload is only reported: keeping the
+// previous config is the caller's job.
+//
+// Watch fails only when the watching itself cannot start. A missing rules
+// directory is a load error, and its creation is noticed later.
+func Watch(ctx context.Context, cfg FileConfig, onLoad func(*rules.Config), onError func(error)) (*Watcher, error) {
+	if cfg.Debounce <= 0 {
+		cfg.Debounce = defaultDebounce
+	}
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	root, err := filepath.Abs(cfg.Root)
+	if err != nil {
+		return nil, fmt.Errorf("provider: watch %s: %w", cfg.Root, err)
+	}
+	cfg.Root = root
+	if onLoad == nil {
+		onLoad = func(*rules.Config) {}
+	}
+	if onError == nil {
+		onError = func(error) {}
+	}
+	fsw, err := fsnotify.NewWatcher()
+	if err != nil {
+		return nil, fmt.Errorf("provider: watch %s: %w", cfg.Dir(), err)
+	}
+	w := &Watcher{
+		cfg:     cfg,
+		fsw:     fsw,
+		onLoad:  onLoad,
+		onError: onError,
+		done:    make(chan struct{}),
+		watched: map[string]watchSpec{},
+	}
+	if err := w.updateWatches(); err != nil {
+		fsw.Close()
+		return nil, err
+	}
+	// Load only once the watches are in place, so that no change falls
+	// between the first load and the watching.
+	w.reload()
+	ctx, w.cancel = context.WithCancel(ctx)
+	go w.run(ctx)
+	return w, nil
+}
+
+// Close stops the Watcher and waits for its goroutine to end. No callback
+// runs after Close returns. Close may be called more than once.
+func (w *Watcher) Close() error {
+	w.cancel()
+	<-w.done
+	return nil
+}
+
+// Wait blocks until the Watcher has stopped, by Close or by the end of the
+// context given to Watch.
+func (w *Watcher) Wait() {
+	<-w.done
+}
+
+// Done is closed when the Watcher has stopped, by Close or by the end of
+// the context given to Watch.
+func (w *Watcher) Done() <-chan struct{} {
+	return w.done
+}
+
+// Stats returns the counts of loads so far.
+func (w *Watcher) Stats() WatchStats {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.stats
+}
+
+func (w *Watcher) run(ctx context.Context) {
+	defer close(w.done)
+	defer w.fsw.Close()
+	// Since Go 1.23 a stopped timer's channel holds no stale tick, so
+	// Reset alone restarts the debounce window.
+	timer := time.NewTimer(w.cfg.Debounce)
+	timer.Stop()
+	defer timer.Stop()
+	// pending is when the first change not yet loaded arrived. Changes
+	// that never pause still reload within maxWait of it.
+	var pending time.Time
+	maxWait := 10 * w.cfg.Debounce
+	schedule := func() {
+		now := time.Now()
+		if pending.IsZero() {
+			pending = now
+		}
+		timer.Reset(max(min(w.cfg.Debounce, pending.Add(maxWait).Sub(now)), 0))
+	}
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case ev, ok := <-w.fsw.Events:
+			if !ok {
+				return
+			}
+			if w.relevant(ev) {
+				schedule()
+			}
+		case err, ok := <-w.fsw.Errors:
+			if !ok {
+				return
+			}
+			// An overflowed event queue loses events: reload to be sure.
+			w.onError(fmt.Errorf("provider: watch %s: %w", w.cfg.Dir(), err))
+			schedule()
+		case <-timer.C:
+			pending = time.Time{}
+			if err := w.updateWatches(); err != nil {
+				w.onError(err)
+			}
+			w.reload()
+		}
+	}
+}
+
+// relevant reports whether an event may change the rules.
+func (w *Watcher) relevant(ev fsnotify.Event) bool {
+	if _, self := w.watched[ev.Name]; self {
+		// A watched directory itself was removed or renamed.
+		return true
+	}
+	spec, ok := w.watched[filepath.Dir(ev.Name)]
+	if !ok {
+		return false
+	}
+	return spec.all || spec.names[filepath.Base(ev.Name)]
+}
+
+// reload loads the rules and reports the result.
+func (w *Watcher) reload() {
+	cfg, err := LoadFiles(w.cfg)
+	now := w.cfg.Now()
+	w.mu.Lock()
+	if err != nil {
+		w.stats.Failures++
+		w.stats.LastError = err
+	} else {
+		w.stats.Loads++
+		w.stats.LastLoad = now
+		w.stats.LastError = nil
+	}
+	w.mu.Unlock()
+	if err != nil {
+		w.onError(err)
+		return
+	}
+	w.onLoad(cfg)
+}
+
+// updateWatches watches what the rules depend on now: the rules directory
+// as its symlinks resolve today and its subdirectories (every event), the
+// directories holding it and holding Root (events about those entries
+// only, so a replaced directory or a swapped symlink reloads), or, while
+// the directory is missing, its nearest existing ancestor.
+func (w *Watcher) updateWatches() error {
+	want := map[string]watchSpec{}
+	all := func(dir string) {
+		want[dir] = watchSpec{all: true}
+	}
+	entry := func(dir, name string) {
+		s := want[dir]
+		if s.all {
+			return
+		}
+		if s.names == nil {
+			s.names = map[string]bool{}
+		}
+		s.names[name] = true
+		want[dir] = s
+	}
+
+	dir := w.cfg.Dir()
+	entry(filepath.Dir(dir), filepath.Base(dir))
+	if w.cfg.WatchRoot {
+		entry(filepath.Dir(w.cfg.Root), filepath.Base(w.cfg.Root))
+	}
+	if resolved, err := filepath.EvalSymlinks(dir); err == nil {
+		entry(filepath.Dir(resolved), filepath.Base(resolved))
+		_ = filepath.WalkDir(resolved, func(path string, d fs.DirEntry, err error) error {
+			if err != nil || !d.IsDir() {
+				return nil
+			}
+			name := d.Name()
+			if path != resolved && (strings.HasPrefix(name, "..") || (w.cfg.IgnoreDotFiles && strings.HasPrefix(name, "."))) {
+				return filepath.SkipDir
+			}
+			all(path)
+			return nil
+		})
+	} else {
+		// Watch the nearest existing ancestor for the next component.
+		for child, parent := dir, filepath.Dir(dir); parent != child; child, parent = parent, filepath.Dir(parent) {
+			if info, err := os.Stat(parent); err == nil && info.IsDir() {
+				entry(parent, filepath.Base(child))
+				break
+			}
+		}
+	}
+
+	// Add every path again, even those watched already: a directory
+	// removed and created anew under the same name lost its watch.
+	var errs []error
+	for path, spec := range want {
+		if err := w.fsw.Add(path); err != nil {
+			delete(want, path)
+			if !errors.Is(err, fs.ErrNotExist) && spec.all {
+				errs = append(errs, fmt.Errorf("provider: watch %s: %w", path, err))
+			}
+		}
+	}
+	for path := range w.watched {
+		if _, ok := want[path]; !ok {
+			// The directory may be gone already; nothing to undo then.
+			_ = w.fsw.Remove(path)
+		}
+	}
+	w.watched = want
+	if len(want) == 0 {
+		errs = append(errs, errNoDirectory)
+	}
+	return errors.Join(errs...)
+}

@@ -1,0 +1,338 @@
+// Package rules reads the rate limit rules (the YAML format of
+// envoyproxy/ratelimit, plus per-rule algorithms) into an immutable tree
+// and matches request descriptors against it.
+//
+// It is pure: it gets bytes and gives a tree or errors. It knows nothing of
+// files on disk, gRPC, stores or statistics; provider finds the bytes,
+// service and limiter use the matches.
+package rules
+
+import (
+	"encoding/json"
+	"fmt"
+	"sort"
+	"strings"
+)
+
+// Config is a parsed set of rules: one descriptor tree per domain. It is
+// immutable and safe for concurrent use. Build it with Parse; a nil *Config
+// matches nothing.
+type Config struct {
+	domains map[string]*node
+	names   []string // sorted
+	limits  []*Limit // in Dump order
+}
+
+// Match is the result of matching one descriptor.
+type Match struct {
+	// Limit is the matched rule, nil when nothing matched. It is shared by
+	// every request: never modify it.
+	Limit *Limit
+	// StatKey is the key to count this hit under in the statistics:
+	// Limit.FullKey, or a key that includes request values when the chain
+	// asks for it with detailed_metric or value_to_metric, built exactly as
+	// envoyproxy/ratelimit builds it.
+	StatKey string
+	// KeyEntries are the entries to build the cache key from. Nil means the
+	// request's own entries. They differ when share_threshold makes every
+	// value that matches a wildcard share one counter: the wildcard pattern
+	// then stands in for the value, as in envoyproxy/ratelimit.
+	KeyEntries []Entry
+}
+
+// node is one level of a descriptor tree.
+type node struct {
+	// key is the composite key, "key" or "key_value", as in FullKey.
+	key    string
+	source string // file:line
+	// children holds every child by composite key, wildcards included.
+	children map[string]*node
+	// wildcards are the children whose composite key contains '*', in
+	// the order of the rule files; the first that matches wins.
+	wildcards []*wildcard
+	// wildFirst has bit b set when a wildcard child may match a composite
+	// key starting with byte b, so most lookups skip the wildcard scan.
+	wildFirst      [4]uint64
+	limit          *Limit
+	valueToMetric  bool
+	shareThreshold bool
+}
+
+func newNode(key, source string) *node {
+	return &node{key: key, source: source, children: map[string]*node{}}
+}
+
+func (n *node) add(child *node) {
+	n.children[child.key] = child
+	if strings.Contains(child.key, "*") {
+		w := newWildcard(child.key, child)
+		n.wildcards = append(n.wildcards, w)
+		if first := w.parts[0]; len(first) > 0 {
+			n.wildFirst[first[0]/64] |= 1 << (first[0] % 64)
+		} else {
+			n.wildFirst = [4]uint64{^uint64(0), ^uint64(0), ^uint64(0), ^uint64(0)}
+		}
+	}
+}
+
+// collect appends the limits of n's subtree in a stable order: depth
+// first, children sorted by composite key.
+func (n *node) collect(out []*Limit) []*Limit {
+	if n.limit != nil {
+		out = append(out, n.limit)
+	}
+	keys := make([]string, 0, len(n.children))
+	for k := range n.children {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	for _, k := range keys {
+		out = n.children[k].collect(out)
+	}
+	return out
+}
+
+// matchWildcard returns the first wildcard child matching the composite
+// key k ("key_value").
+func (n *node) matchWildcard(k []byte) *wildcard {
+	// k is never empty: it holds at least the '_' between key and value.
+	if n.wildFirst[k[0]/64]&(1<<(k[0]%64)) == 0 {
+		return nil
+	}
+	for _, w := range n.wildcards {
+		if w.match(k) {
+			return w
+		}
+	}
+	return nil
+}
+
+// Domains returns the names of the configured domains, sorted.
+func (c *Config) Domains() []string {
+	if c == nil {
+		return nil
+	}
+	return append([]string(nil), c.names...)
+}
+
+// HasDomain reports whether the config defines the domain.
+func (c *Config) HasDomain(domain string) bool {
+	if c == nil {
+		return false
+	}
+	_, ok := c.domains[domain]
+	return ok
+}
+
+// Empty reports whether the config has no domain at all.
+func (c *Config) Empty() bool {
+	return c == nil || len(c.domains) == 0
+}
+
+// Limits returns every rule of every domain, in Dump order.
+func (c *Config) Limits() []*Limit {
+	if c == nil {
+		return nil
+	}
+	return append([]*Limit(nil), c.limits...)
+}
+
+// Match finds the rule for one descriptor of a request, exactly as
+// envoyproxy/ratelimit's GetLimit does: at each level the entry's
+// key_value wins over a wildcard value, which wins over the bare key; a
+// descriptor with more entries than the tree is deep matches nothing; one
+// that stops above the leaves gets the limit of the node it stops on, if
+// that node has one.
+//
+// Per-request limit overrides are the service's job; Match only reads the
+// tree. In the common case (no detailed_metric, value_to_metric or
+// share_threshold on the chain) Match does not allocate.
+func (c *Config) Match(domain string, entries []Entry) Match {
+	if c == nil || len(entries) == 0 {
+		return Match{}
+	}
+	cur := c.domains[domain]
+	if cur == nil {
+		return Match{}
+	}
+	// plain stays true while the statistics key equals the rule's FullKey
+	// and the cache key is built from the request's own entries.
+	plain := true
+	var buf [256]byte
+	last := len(entries) - 1
+	var limit *Limit
+	for i := range entries {
+		e := &entries[i]
+		k := append(append(append(buf[:0], e.Key...), '_'), e.Value...)
+		next := cur.children[string(k)]
+		switch {
+		case next != nil:
+			// An empty value matched a composite key "key_": the
+			// statistics key writes it as "key".
+			plain = plain && e.Value != ""
+		default:
+			if w := cur.matchWildcard(k); w != nil {
+				next = w.node
+				plain = plain && !next.shareThreshold && !next.valueToMetric && keyPrefixed(next.key, e.Key)
+			} else if next = cur.children[e.Key]; next != nil {
+				plain = plain && (!next.valueToMetric || e.Value == "")
+			}
+		}
+		if next == nil {
+			return Match{}
+		}
+		if i == last {
+			limit = next.limit
+			break
+		}
+		if len(next.children) == 0 {
+			return Match{}
+		}
+		cur = next
+	}
+	if limit == nil {
+		return Match{}
+	}
+	if plain && !limit.DetailedMetric {
+		return Match{Limit: limit, StatKey: limit.FullKey}
+	}
+	return c.matchDetailed(domain, entries, limit)
+}
+
+// keyPrefixed reports whether composite is key + "_" + something.
+func keyPrefixed(composite, key string) bool {
+	return len(composite) > len(key) && composite[len(key)] == '_' && composite[:len(key)] == key
+}
+
+// matchDetailed walks the chain again, recording how each level matched,
+// and builds the statistics key and cache key entries the way
+// envoyproxy/ratelimit does when detailed_metric, value_to_metric or
+// share_threshold apply.
+func (c *Config) matchDetailed(domain string, entries []Entry, limit *Limit) Match {
+	cur := c.domains[domain]
+	// values[i] is what follows "key_" for entry i in the value_to_metric
+	// key; share[i] is the wildcard pattern replacing entry i's value.
+	values := make([]string, len(entries))
+	share := make([]string, len(entries))
+	shared := false
+	for i, e := range entries {
+		k := []byte(e.Key + "_" + e.Value)
+		next := cur.children[string(k)]
+		switch {
+		case next != nil:
+			values[i] = e.Value
+		default:
+			if w := cur.matchWildcard(k); w != nil {
+				next = w.node
+				pattern := strings.TrimPrefix(next.key, e.Key+"_")
+				switch {
+				case next.shareThreshold:
+					share[i], shared = pattern, true
+					values[i] = pattern
+				case next.valueToMetric:
+					values[i] = e.Value
+				default:
+					values[i] = pattern
+				}
+			} else {
+				next = cur.children[e.Key]
+				if next.valueToMetric {
+					values[i] = e.Value
+				}
+			}
+		}
+		cur = next
+	}
+
+	var b strings.Builder
+	b.WriteString(domain)
+	for i, e := range entries {
+		b.WriteByte('.')
+		b.WriteString(e.Key)
+		switch {
+		case limit.DetailedMetric && shared && share[i] != "":
+			b.WriteByte('_')
+			b.WriteString(share[i])
+		case limit.DetailedMetric && shared:
+			if e.Value != "" {
+				b.WriteByte('_')
+				b.WriteString(e.Value)
+			}
+		case limit.DetailedMetric:
+			// envoyproxy/ratelimit writes "key_" for an empty value here.
+			b.WriteByte('_')
+			b.WriteString(e.Value)
+		case values[i] != "":
+			b.WriteByte('_')
+			b.WriteString(values[i])
+		}
+	}
+	m := Match{Limit: limit, StatKey: b.String()}
+	if m.StatKey == limit.FullKey {
+		m.StatKey = limit.FullKey
+	}
+	if shared {
+		m.KeyEntries = make([]Entry, len(entries))
+		for i, e := range entries {
+			m.KeyEntries[i] = e
+			if share[i] != "" {
+				m.KeyEntries[i].Value = share[i]
+			}
+		}
+	}
+	return m
+}
+
+// Dump returns every rule as text, one line per rule in a stable order
+// (domains sorted, then depth first with keys sorted). Each line starts as
+// envoyproxy/ratelimit's /rlconfig line and appends the settings that
+// differ from their defaults.
+func (c *Config) Dump() string {
+	if c == nil {
+		return ""
+	}
+	var b strings.Builder
+	for _, l := range c.limits {
+		writeLimit(&b, l)
+	}
+	return b.String()
+}
+
+func writeLimit(b *strings.Builder, l *Limit) {
+	fmt.Fprintf(b, "%s: unit=%s requests_per_unit=%d, shadow_mode: %t, quota_mode: %t",
+		l.FullKey, l.Unit, l.RequestsPerUnit, l.ShadowMode, l.QuotaMode)
+	if l.Unlimited {
+		b.WriteString(", unlimited: true")
+	}
+	if l.Algorithm != FixedWindow {
+		fmt.Fprintf(b, ", algorithm: %s", l.Algorithm)
+	}
+	if l.Algorithm == TokenBucket {
+		fmt.Fprintf(b, ", burst: %d", l.Capacity())
+	}
+	if l.UnitMultiplier > 1 {
+		fmt.Fprintf(b, ", unit_multiplier: %d", l.UnitMultiplier)
+	}
+	if l.Name != "" {
+		fmt.Fprintf(b, ", name: %s", l.Name)
+	}
+	if len(l.Replaces) > 0 {
+		fmt.Fprintf(b, ", replaces: %s", strings.Join(l.Replaces, ","))
+	}
+	if l.DetailedMetric {
+		b.WriteString(", detailed_metric: true")
+	}
+	if l.ValueToMetric {
+		b.WriteString(", value_to_metric: true")
+	}
+	if l.ShareThreshold {
+		b.WriteString(", share_threshold: true")
+	}
+	if l.Metadata != nil {
+		// json.Marshal sorts map keys, so the line is stable.
+		if md, err := json.Marshal(l.Metadata); err == nil {
+			fmt.Fprintf(b, ", metadata: %s", md)
+		}
+	}
+	b.WriteByte('\n')
+}

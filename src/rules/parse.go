@@ -1,0 +1,811 @@
+package rules
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"regexp"
+	"sort"
+	"strconv"
+	"strings"
+
+	"gopkg.in/yaml.v3"
+)
+
+// MaxSlidingLog is the largest requests_per_unit a sliding_log rule may
+// have. A sliding log keeps one timestamp per admitted request, so the
+// state of one key grows with the limit; above this, use sliding_window,
+// which keeps two counters whatever the limit.
+const MaxSlidingLog = 10000
+
+// maxAliases bounds alias expansions per file, so that a "billion laughs"
+// document is refused instead of walked.
+const maxAliases = 10000
+
+// maxWindowSeconds is the longest window a time.Duration can hold.
+const maxWindowSeconds = int64(math.MaxInt64 / 1_000_000_000)
+
+// File is one rule file to parse.
+type File struct {
+	// Name is how the file is shown in errors, usually its base name.
+	Name string
+	// Data is the file's YAML.
+	Data []byte
+}
+
+// Options tunes Parse. The zero value accepts every algorithm and one
+// file per domain.
+type Options struct {
+	// MergeDomains lets several files share a domain; their descriptors
+	// are merged into one tree (MERGE_DOMAIN_CONFIG). Off by default: a
+	// domain defined twice is an error naming both files.
+	MergeDomains bool
+	// Supports reports whether the store can run an algorithm atomically.
+	// Rules whose algorithm it refuses are errors. Nil accepts every
+	// algorithm.
+	Supports func(a Algorithm) bool
+	// StoreName names the store in the message for a refused algorithm,
+	// e.g. "memcached".
+	StoreName string
+}
+
+// The keys each kind of YAML map accepts. Anything else is an error.
+var (
+	rootKeys       = []string{"domain", "descriptors"}
+	descriptorKeys = []string{
+		"key", "value", "rate_limit", "descriptors", "shadow_mode", "quota_mode",
+		"detailed_metric", "value_to_metric", "share_threshold", "metadata",
+	}
+	rateLimitKeys = []string{
+		"unit", "requests_per_unit", "unlimited", "name", "replaces",
+		"algorithm", "burst", "unit_multiplier",
+	}
+	replacesKeys = []string{"name"}
+)
+
+// Parse reads rule files in the envoyproxy/ratelimit YAML format (plus the
+// algorithm, burst and unit_multiplier extensions) and builds an immutable
+// Config. It reports every problem of every file, each as an *Error, joined
+// with errors.Join; on error the Config is nil.
+func Parse(files []File, opts Options) (*Config, error) {
+	b := &builder{opts: opts, domains: map[string]*domainState{}}
+	for _, f := range files {
+		p := &fileParser{b: b, name: f.Name}
+		p.parse(f.Data)
+	}
+	if len(b.errs) > 0 {
+		return nil, errors.Join(b.errs...)
+	}
+	return b.build(), nil
+}
+
+// builder collects the domains of all files and their problems.
+type builder struct {
+	opts    Options
+	domains map[string]*domainState
+	errs    []error
+}
+
+type domainState struct {
+	root *node
+	file string // the first file that defined the domain
+}
+
+// fileParser walks the YAML nodes of one file.
+type fileParser struct {
+	b       *builder
+	name    string
+	aliases int
+	aborted bool
+}
+
+// field is one key/value pair of a YAML map.
+type field struct {
+	key, val *yaml.Node
+}
+
+func (p *fileParser) errorf(line int, format string, args ...any) {
+	p.b.errs = append(p.b.errs, &Error{File: p.name, Line: line, Msg: fmt.Sprintf(format, args...)})
+}
+
+func (p *fileParser) source(n *yaml.Node) string {
+	return p.name + ":" + strconv.Itoa(n.Line)
+}
+
+var yamlLine = regexp.MustCompile(`^yaml: line (\d+): (.*)$`)
+
+func (p *fileParser) yamlError(err error) {
+	msg := err.Error()
+	if m := yamlLine.FindStringSubmatch(msg); m != nil {
+		line, _ := strconv.Atoi(m[1])
+		p.errorf(line, "invalid YAML: %s", m[2])
+		return
+	}
+	p.errorf(0, "invalid YAML: %s", strings.TrimPrefix(msg, "yaml: "))
+}
+
+// decode reads the file's single YAML document. It returns nil for an
+// empty file.
+func (p *fileParser) decode(data []byte) (doc *yaml.Node, ok bool) {
+	// yaml.v3 has panicked on hostile input before; a rule file must give
+	// an error, never take the process down.
+	defer func() {
+		if r := recover(); r != nil {
+			p.errorf(0, "invalid YAML: parser failed: %v", r)
+			doc, ok = nil, false
+		}
+	}()
+	dec := yaml.NewDecoder(bytes.NewReader(data))
+	var first yaml.Node
+	if err := dec.Decode(&first); err != nil {
+		if errors.Is(err, io.EOF) {
+			return nil, true
+		}
+		p.yamlError(err)
+		return nil, false
+	}
+	var next yaml.Node
+	switch err := dec.Decode(&next); {
+	case errors.Is(err, io.EOF):
+	case err != nil:
+		p.yamlError(err)
+		return nil, false
+	case !isEmptyDocument(&next):
+		// envoyproxy/ratelimit silently ignores every document after the
+		// first; a rule nobody applies is a trap.
+		p.errorf(next.Line, "more than one YAML document; put each domain in its own file")
+	}
+	return &first, true
+}
+
+func isEmptyDocument(n *yaml.Node) bool {
+	if n.Kind == yaml.DocumentNode {
+		return len(n.Content) == 0 || isNull(n.Content[0])
+	}
+	return n.Kind == 0 || isNull(n)
+}
+
+func isNull(n *yaml.Node) bool {
+	return n.Kind == yaml.ScalarNode && n.Tag == "!!null"
+}
+
+// deref follows aliases. It returns nil once the file used up its alias
+// budget.
+func (p *fileParser) deref(n *yaml.Node) *yaml.Node {
+	for n != nil && n.Kind == yaml.AliasNode {
+		p.aliases++
+		if p.aliases > maxAliases {
+			if !p.aborted {
+				p.errorf(n.Line, "more than %d alias expansions; refusing to expand further", maxAliases)
+				p.aborted = true
+			}
+			return nil
+		}
+		n = n.Alias
+	}
+	return n
+}
+
+func (p *fileParser) parse(data []byte) {
+	doc, ok := p.decode(data)
+	if !ok {
+		return
+	}
+	var root *yaml.Node
+	if doc != nil && doc.Kind == yaml.DocumentNode && len(doc.Content) > 0 {
+		root = p.deref(doc.Content[0])
+	}
+	line := 1
+	var fs map[string]field
+	switch {
+	case root == nil || isNull(root):
+	case root.Kind != yaml.MappingNode:
+		p.errorf(root.Line, "want a map with domain and descriptors, got %s", describe(root))
+		return
+	default:
+		line = root.Line
+		fs = p.fields(p.pairs(root), rootKeys, "")
+	}
+	domain, _ := p.str(fs["domain"], "domain")
+	if domain == "" {
+		if f, ok := fs["domain"]; ok {
+			line = f.key.Line
+		}
+		p.errorf(line, "empty domain")
+		return
+	}
+	domainLine := fs["domain"].key.Line
+	d := p.b.domains[domain]
+	switch {
+	case d == nil:
+		d = &domainState{root: newNode(domain, p.name+":"+strconv.Itoa(domainLine)), file: p.name}
+		p.b.domains[domain] = d
+	case !p.b.opts.MergeDomains:
+		p.errorf(domainLine, "duplicate domain %q (also in %s; set MERGE_DOMAIN_CONFIG=true to merge)", domain, d.file)
+		// Still check the descriptors, on a tree of their own.
+		d = &domainState{root: newNode(domain, "")}
+	}
+	if f, ok := fs["descriptors"]; ok {
+		p.descriptors(f.val, d.root, domain)
+	}
+}
+
+// pairs lists the key/value pairs of a map, expanding YAML merge keys
+// (<<). Explicit pairs come first, so they win over merged ones.
+func (p *fileParser) pairs(m *yaml.Node) []field {
+	var explicit, merged []field
+	for i := 0; i+1 < len(m.Content); i += 2 {
+		k, v := m.Content[i], m.Content[i+1]
+		if k.Kind == yaml.ScalarNode && k.Tag == "!!merge" {
+			v = p.deref(v)
+			if v == nil {
+				continue
+			}
+			switch v.Kind {
+			case yaml.MappingNode:
+				merged = append(merged, p.pairs(v)...)
+			case yaml.SequenceNode:
+				for _, s := range v.Content {
+					if s = p.deref(s); s != nil && s.Kind == yaml.MappingNode {
+						merged = append(merged, p.pairs(s)...)
+					} else if s != nil {
+						p.errorf(s.Line, "merge key (<<): want a map, got %s", describe(s))
+					}
+				}
+			default:
+				p.errorf(v.Line, "merge key (<<): want a map, got %s", describe(v))
+			}
+			continue
+		}
+		explicit = append(explicit, field{key: k, val: v})
+	}
+	// Mark merged keys, so that fields lets explicit keys override them
+	// without calling them duplicates.
+	for i, f := range merged {
+		if f.key.Kind == yaml.ScalarNode && f.key.Tag == "!!str" {
+			merged[i].key = &yaml.Node{Kind: yaml.ScalarNode, Tag: "!!merged", Value: f.key.Value, Line: f.key.Line}
+		}
+	}
+	return append(explicit, merged...)
+}
+
+// lookup finds a key among pairs without validating anything.
+func lookup(pairs []field, key string) field {
+	for _, f := range pairs {
+		if f.key.Kind == yaml.ScalarNode && f.key.Value == key {
+			return f
+		}
+	}
+	return field{}
+}
+
+// fields checks the keys of a map against allowed and returns the pairs
+// by key. where prefixes the messages ("descriptor \"a.b\"").
+func (p *fileParser) fields(pairs []field, allowed []string, where string) map[string]field {
+	out := make(map[string]field, len(pairs))
+	for _, f := range pairs {
+		k := f.key
+		if k.Kind != yaml.ScalarNode || (k.Tag != "!!str" && k.Tag != "!!merged") {
+			p.errorf(k.Line, "%skey is not a string: %s", prefix(where), describe(k))
+			continue
+		}
+		if _, dup := out[k.Value]; dup {
+			if k.Tag != "!!merged" {
+				p.errorf(k.Line, "%sduplicate key %q", prefix(where), k.Value)
+			}
+			continue
+		}
+		if !contains(allowed, k.Value) {
+			msg := fmt.Sprintf("%sunknown key %q", prefix(where), k.Value)
+			if s := suggest(k.Value, allowed); s != "" {
+				msg += fmt.Sprintf(" (did you mean %q?)", s)
+			} else if where == "" && contains(descriptorKeys, k.Value) {
+				msg += " (descriptor keys belong in a list under descriptors)"
+			}
+			p.errorf(k.Line, "%s", msg)
+			continue
+		}
+		out[k.Value] = f
+	}
+	return out
+}
+
+func prefix(where string) string {
+	if where == "" {
+		return ""
+	}
+	return where + ": "
+}
+
+func contains(list []string, s string) bool {
+	for _, v := range list {
+		if v == s {
+			return true
+		}
+	}
+	return false
+}
+
+// describe shows a node in a message: its value for a scalar, its kind
+// otherwise.
+func describe(n *yaml.Node) string {
+	switch {
+	case isNull(n):
+		return "nothing"
+	case n.Kind == yaml.ScalarNode:
+		v := n.Value
+		if len(v) > 40 {
+			v = v[:40] + "..."
+		}
+		return strconv.Quote(v)
+	case n.Kind == yaml.MappingNode:
+		return "a map"
+	case n.Kind == yaml.SequenceNode:
+		return "a list"
+	}
+	return "nothing"
+}
+
+// str reads a string field; absent and null give "". Numbers and booleans
+// are taken as written, as envoyproxy/ratelimit does (value: 8080).
+func (p *fileParser) str(f field, what string) (string, bool) {
+	v := p.deref(f.val)
+	if v == nil || isNull(v) {
+		return "", true
+	}
+	if v.Kind != yaml.ScalarNode {
+		p.errorf(v.Line, "%s: want a string, got %s", what, describe(v))
+		return "", false
+	}
+	return v.Value, true
+}
+
+// yaml11Bools are the plain booleans of YAML 1.1, which the yaml.v2 parser
+// of envoyproxy/ratelimit accepts and yaml.v3 reads as strings.
+var yaml11Bools = map[string]bool{
+	"y": true, "Y": true, "yes": true, "Yes": true, "YES": true, "on": true, "On": true, "ON": true,
+	"n": false, "N": false, "no": false, "No": false, "NO": false, "off": false, "Off": false, "OFF": false,
+}
+
+// boolean reads a bool field; absent and null give false.
+func (p *fileParser) boolean(f field, what string) bool {
+	v := p.deref(f.val)
+	if v == nil || isNull(v) {
+		return false
+	}
+	if v.Kind == yaml.ScalarNode {
+		if v.Tag == "!!bool" {
+			var b bool
+			if err := v.Decode(&b); err == nil {
+				return b
+			}
+		}
+		if b, ok := yaml11Bools[v.Value]; ok && v.Style == 0 {
+			return b
+		}
+	}
+	p.errorf(v.Line, "%s: want true or false, got %s", what, describe(v))
+	return false
+}
+
+// uint32Field reads a whole number from 0 to MaxUint32; absent and null
+// give 0. It reports false, after reporting the problem, for anything else.
+func (p *fileParser) uint32Field(f field, what string) (uint32, bool) {
+	v := p.deref(f.val)
+	if v == nil || isNull(v) {
+		return 0, true
+	}
+	var n uint32
+	if v.Kind != yaml.ScalarNode || v.Tag != "!!int" || v.Decode(&n) != nil {
+		p.errorf(v.Line, "%s: want a whole number from 0 to %d, got %s", what, uint32(math.MaxUint32), describe(v))
+		return 0, false
+	}
+	return n, true
+}
+
+func (p *fileParser) descriptors(seq *yaml.Node, parent *node, parentKey string) {
+	seq = p.deref(seq)
+	if seq == nil || isNull(seq) || p.aborted {
+		return
+	}
+	if seq.Kind != yaml.SequenceNode {
+		p.errorf(seq.Line, "descriptors of %q: want a list of descriptors, got %s", parentKey, describe(seq))
+		return
+	}
+	for i, item := range seq.Content {
+		item = p.deref(item)
+		if item == nil || p.aborted {
+			return
+		}
+		if item.Kind != yaml.MappingNode {
+			p.errorf(item.Line, "descriptor %d of %q: want a map with key, value, rate_limit and descriptors, got %s",
+				i+1, parentKey, describe(item))
+			continue
+		}
+		p.descriptor(item, i+1, parent, parentKey)
+	}
+}
+
+func (p *fileParser) descriptor(item *yaml.Node, index int, parent *node, parentKey string) {
+	pairs := p.pairs(item)
+	// The key and value name the descriptor in every other message, so
+	// read them before checking the rest.
+	keyField, valueField := lookup(pairs, "key"), lookup(pairs, "value")
+	key, keyOK := p.quietStr(keyField)
+	value, _ := p.quietStr(valueField)
+	composite := key
+	if value != "" {
+		composite += "_" + value
+	}
+	fullKey := parentKey + "." + composite
+	where := fmt.Sprintf("descriptor %q", fullKey)
+	if key == "" {
+		where = fmt.Sprintf("descriptor %d of %q", index, parentKey)
+	}
+
+	fs := p.fields(pairs, descriptorKeys, where)
+	p.str(fs["key"], where+": key")
+	p.str(fs["value"], where+": value")
+	if key == "" && keyOK {
+		line := item.Line
+		if keyField.key != nil {
+			line = keyField.key.Line
+		}
+		p.errorf(line, "%s: empty key", where)
+	}
+
+	flags := descriptorFlags{
+		shadow:         p.boolean(fs["shadow_mode"], where+": shadow_mode"),
+		quota:          p.boolean(fs["quota_mode"], where+": quota_mode"),
+		detailed:       p.boolean(fs["detailed_metric"], where+": detailed_metric"),
+		valueToMetric:  p.boolean(fs["value_to_metric"], where+": value_to_metric"),
+		shareThreshold: p.boolean(fs["share_threshold"], where+": share_threshold"),
+	}
+	n := newNode(composite, p.source(item))
+	n.valueToMetric = flags.valueToMetric
+	n.shareThreshold = flags.shareThreshold
+	if flags.shareThreshold && !strings.Contains(composite, "*") {
+		p.errorf(fs["share_threshold"].key.Line,
+			"%s: share_threshold needs a wildcard value (containing '*'), so that the values it matches can share one counter", where)
+	}
+	if f, ok := fs["rate_limit"]; ok {
+		n.limit = p.rateLimit(f, where, fullKey, n.source, flags)
+	}
+	if f, ok := fs["metadata"]; ok {
+		md := p.metadata(f.val, where+": metadata")
+		if n.limit != nil {
+			n.limit.Metadata = md
+		}
+	}
+
+	if key != "" {
+		if prev := parent.children[composite]; prev != nil {
+			p.errorf(item.Line, "%s: duplicate composite key (first defined at %s)", where, prev.source)
+		} else {
+			parent.add(n)
+		}
+	}
+	if f, ok := fs["descriptors"]; ok {
+		p.descriptors(f.val, n, fullKey)
+	}
+}
+
+// quietStr reads a scalar without reporting problems; fields reports them.
+func (p *fileParser) quietStr(f field) (string, bool) {
+	if f.val == nil {
+		return "", true
+	}
+	v := f.val
+	for v != nil && v.Kind == yaml.AliasNode {
+		v = v.Alias
+	}
+	if v == nil || isNull(v) {
+		return "", true
+	}
+	if v.Kind != yaml.ScalarNode {
+		return "", false
+	}
+	return v.Value, true
+}
+
+type descriptorFlags struct {
+	shadow, quota, detailed, valueToMetric, shareThreshold bool
+}
+
+func (p *fileParser) rateLimit(f field, where, fullKey, source string, flags descriptorFlags) *Limit {
+	m := p.deref(f.val)
+	if m == nil || isNull(m) {
+		// As in envoyproxy/ratelimit, an empty rate_limit sets no limit.
+		return nil
+	}
+	if m.Kind != yaml.MappingNode {
+		p.errorf(m.Line, "%s: rate_limit: want a map with unit and requests_per_unit, got %s", where, describe(m))
+		return nil
+	}
+	where += ": rate_limit"
+	fs := p.fields(p.pairs(m), rateLimitKeys, where)
+	l := &Limit{
+		FullKey:        fullKey,
+		Source:         source,
+		UnitMultiplier: 1,
+		ShadowMode:     flags.shadow,
+		QuotaMode:      flags.quota,
+		DetailedMetric: flags.detailed,
+		ValueToMetric:  flags.valueToMetric,
+		ShareThreshold: flags.shareThreshold,
+	}
+	ok := true
+	l.Unlimited = p.boolean(fs["unlimited"], where+": unlimited")
+	l.RequestsPerUnit, _ = p.uint32Field(fs["requests_per_unit"], where+": requests_per_unit")
+	l.Name, _ = p.str(fs["name"], where+": name")
+
+	unitField, hasUnit := fs["unit"]
+	unit, unitOK := p.str(unitField, where+": unit")
+	switch {
+	case !unitOK:
+		ok = false
+	case l.Unlimited && unit != "":
+		p.errorf(unitField.key.Line, "%s: unit %q given with unlimited: true; an unlimited rule has no unit", where, unit)
+		ok = false
+	case l.Unlimited:
+	case !hasUnit || unit == "":
+		line := m.Line
+		if hasUnit {
+			line = unitField.key.Line
+		}
+		p.errorf(line, "%s: missing unit (second, minute, hour, day, week, month or year)", where)
+		ok = false
+	default:
+		u, valid := ParseUnit(unit)
+		if !valid {
+			p.errorf(unitField.val.Line, "%s: invalid unit %q (want second, minute, hour, day, week, month or year)", where, unit)
+			ok = false
+		}
+		l.Unit = u
+	}
+
+	l.Replaces = p.replaces(fs["replaces"], where, l.Name)
+
+	if l.Unlimited {
+		for _, k := range []string{"algorithm", "burst", "unit_multiplier"} {
+			if f, present := fs[k]; present {
+				p.errorf(f.key.Line, "%s: %s has no effect with unlimited: true", where, k)
+				ok = false
+			}
+		}
+		if !ok {
+			return nil
+		}
+		return l
+	}
+
+	algField, hasAlg := fs["algorithm"]
+	algName, _ := p.str(algField, where+": algorithm")
+	alg, valid := ParseAlgorithm(algName)
+	if !valid {
+		p.errorf(algField.val.Line, "%s: unknown algorithm %q (want fixed_window, sliding_window, sliding_log or token_bucket)", where, algName)
+		ok = false
+	}
+	l.Algorithm = alg
+
+	if f, present := fs["burst"]; present {
+		b, isNum := p.uint32Field(f, where+": burst")
+		switch {
+		case !isNum:
+			ok = false
+		case valid && alg != TokenBucket:
+			p.errorf(f.key.Line, "%s: burst is only for algorithm token_bucket", where)
+			ok = false
+		case b == 0:
+			p.errorf(f.val.Line, "%s: burst must be at least 1 (leave it out to use requests_per_unit)", where)
+			ok = false
+		}
+		l.Burst = b
+	}
+
+	if f, present := fs["unit_multiplier"]; present {
+		mult, isNum := p.uint32Field(f, where+": unit_multiplier")
+		switch {
+		case !isNum:
+			ok = false
+		case mult == 0:
+			p.errorf(f.val.Line, "%s: unit_multiplier must be at least 1", where)
+			ok = false
+		case l.Unit.Seconds()*int64(mult) > maxWindowSeconds:
+			p.errorf(f.val.Line, "%s: unit_multiplier %d makes a window longer than %d seconds", where, mult, maxWindowSeconds)
+			ok = false
+		default:
+			l.UnitMultiplier = mult
+		}
+	}
+
+	if valid && alg == SlidingLog && l.RequestsPerUnit > MaxSlidingLog {
+		p.errorf(fs["requests_per_unit"].val.Line,
+			"%s: sliding_log keeps one timestamp per request; requests_per_unit %d is above its maximum of %d (use sliding_window)",
+			where, l.RequestsPerUnit, MaxSlidingLog)
+		ok = false
+	}
+	if valid && p.b.opts.Supports != nil && !p.b.opts.Supports(alg) {
+		store := p.b.opts.StoreName
+		if store == "" {
+			store = "configured"
+		}
+		line := m.Line
+		if hasAlg {
+			line = algField.val.Line
+		}
+		p.errorf(line, "%s: algorithm %s is not supported by the %s store (it cannot run it atomically)", where, alg, store)
+		ok = false
+	}
+	if !ok {
+		return nil
+	}
+	return l
+}
+
+func (p *fileParser) replaces(f field, where string, ownName string) []string {
+	seq := p.deref(f.val)
+	if seq == nil || isNull(seq) {
+		return nil
+	}
+	where += ": replaces"
+	if seq.Kind != yaml.SequenceNode {
+		p.errorf(seq.Line, "%s: want a list of {name: ...}, got %s", where, describe(seq))
+		return nil
+	}
+	var names []string
+	for _, item := range seq.Content {
+		item = p.deref(item)
+		if item == nil {
+			return names
+		}
+		if item.Kind != yaml.MappingNode {
+			p.errorf(item.Line, "%s: want a list of {name: ...}, got %s", where, describe(item))
+			continue
+		}
+		fs := p.fields(p.pairs(item), replacesKeys, where)
+		name, _ := p.str(fs["name"], where+": name")
+		switch {
+		case name == "":
+			p.errorf(item.Line, "%s: empty name", where)
+		case name == ownName:
+			p.errorf(item.Line, "%s: a rule cannot replace its own name %q", where, name)
+		default:
+			names = append(names, name)
+		}
+	}
+	return names
+}
+
+// metadata converts the metadata map to plain Go values that
+// structpb.NewStruct accepts.
+func (p *fileParser) metadata(n *yaml.Node, where string) map[string]any {
+	n = p.deref(n)
+	if n == nil || isNull(n) {
+		return nil
+	}
+	if n.Kind != yaml.MappingNode {
+		p.errorf(n.Line, "%s: want a map, got %s", where, describe(n))
+		return nil
+	}
+	v, _ := p.value(n, where).(map[string]any)
+	if len(v) == 0 {
+		return nil
+	}
+	return v
+}
+
+func (p *fileParser) value(n *yaml.Node, where string) any {
+	n = p.deref(n)
+	if n == nil {
+		return nil
+	}
+	switch n.Kind {
+	case yaml.MappingNode:
+		m := map[string]any{}
+		for _, f := range p.pairs(n) {
+			k := p.deref(f.key)
+			if k == nil || k.Kind != yaml.ScalarNode {
+				p.errorf(f.key.Line, "%s: key is not a string: %s", where, describe(f.key))
+				continue
+			}
+			if _, dup := m[k.Value]; dup {
+				if k.Tag != "!!merged" {
+					p.errorf(k.Line, "%s: duplicate key %q", where, k.Value)
+				}
+				continue
+			}
+			m[k.Value] = p.value(f.val, where+"."+k.Value)
+		}
+		return m
+	case yaml.SequenceNode:
+		l := make([]any, 0, len(n.Content))
+		for _, c := range n.Content {
+			l = append(l, p.value(c, where))
+		}
+		return l
+	case yaml.ScalarNode:
+		switch n.Tag {
+		case "!!null":
+			return nil
+		case "!!bool":
+			var b bool
+			if n.Decode(&b) == nil {
+				return b
+			}
+		case "!!int":
+			var i int64
+			if n.Decode(&i) == nil {
+				return i
+			}
+			var f float64
+			if n.Decode(&f) == nil {
+				return f
+			}
+		case "!!float":
+			var f float64
+			if n.Decode(&f) == nil {
+				return f
+			}
+		case "!!str":
+			if b, ok := yaml11Bools[n.Value]; ok && n.Style == 0 {
+				return b
+			}
+		}
+		return n.Value
+	}
+	return nil
+}
+
+// suggest returns the allowed key closest to a misspelled one, or "".
+func suggest(key string, allowed []string) string {
+	norm := func(s string) string {
+		return strings.NewReplacer("_", "", "-", "").Replace(strings.ToLower(s))
+	}
+	best, bestDist := "", 3
+	for _, a := range allowed {
+		if norm(a) == norm(key) {
+			return a
+		}
+		if d := editDistance(key, a); d < bestDist {
+			best, bestDist = a, d
+		}
+	}
+	return best
+}
+
+func editDistance(a, b string) int {
+	prev := make([]int, len(b)+1)
+	cur := make([]int, len(b)+1)
+	for j := range prev {
+		prev[j] = j
+	}
+	for i := 1; i <= len(a); i++ {
+		cur[0] = i
+		for j := 1; j <= len(b); j++ {
+			cost := 1
+			if a[i-1] == b[j-1] {
+				cost = 0
+			}
+			cur[j] = min(prev[j]+1, cur[j-1]+1, prev[j-1]+cost)
+		}
+		prev, cur = cur, prev
+	}
+	return prev[len(b)]
+}
+
+// build freezes the parsed domains into a Config.
+func (b *builder) build() *Config {
+	c := &Config{domains: make(map[string]*node, len(b.domains))}
+	for name, d := range b.domains {
+		c.domains[name] = d.root
+		c.names = append(c.names, name)
+	}
+	sort.Strings(c.names)
+	for _, name := range c.names {
+		c.limits = c.domains[name].collect(c.limits)
+	}
+	return c
+}

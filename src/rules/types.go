@@ -1,0 +1,180 @@
+package rules
+
+import (
+	"strings"
+	"time"
+)
+
+// Unit is the time unit of a limit. Its values equal those of Envoy's
+// RateLimitResponse.RateLimit.Unit enum, so the service converts with a cast.
+type Unit int32
+
+// The units of envoyproxy/ratelimit; Unknown is the zero value and never valid in a rule.
+const (
+	Unknown Unit = 0
+	Second  Unit = 1
+	Minute  Unit = 2
+	Hour    Unit = 3
+	Day     Unit = 4
+	Month   Unit = 5
+	Year    Unit = 6
+	Week    Unit = 7
+)
+
+// Seconds returns the length of one unit in seconds, as envoyproxy/ratelimit
+// counts them (a month is 30 days, a year 365 days), or 0 for Unknown.
+func (u Unit) Seconds() int64 {
+	switch u {
+	case Second:
+		return 1
+	case Minute:
+		return 60
+	case Hour:
+		return 3600
+	case Day:
+		return 86400
+	case Week:
+		return 7 * 86400
+	case Month:
+		return 30 * 86400
+	case Year:
+		return 365 * 86400
+	}
+	return 0
+}
+
+// String returns the upper-case name used by Envoy's proto (SECOND, MINUTE, ...).
+func (u Unit) String() string {
+	switch u {
+	case Second:
+		return "SECOND"
+	case Minute:
+		return "MINUTE"
+	case Hour:
+		return "HOUR"
+	case Day:
+		return "DAY"
+	case Week:
+		return "WEEK"
+	case Month:
+		return "MONTH"
+	case Year:
+		return "YEAR"
+	}
+	return "UNKNOWN"
+}
+
+// ParseUnit reads a unit name, case-insensitively. It reports false for
+// anything that is not a valid unit, including "unknown".
+func ParseUnit(s string) (Unit, bool) {
+	for u := Second; u <= Week; u++ {
+		if strings.EqualFold(s, u.String()) {
+			return u, true
+		}
+	}
+	return Unknown, false
+}
+
+// Algorithm is how a limit counts hits.
+type Algorithm uint8
+
+// The algorithms a rule may choose with rate_limit.algorithm.
+const (
+	FixedWindow Algorithm = iota
+	SlidingWindow
+	SlidingLog
+	TokenBucket
+)
+
+// Algorithms lists every algorithm, in declaration order.
+var Algorithms = []Algorithm{FixedWindow, SlidingWindow, SlidingLog, TokenBucket}
+
+// String returns the YAML name of the algorithm.
+func (a Algorithm) String() string {
+	switch a {
+	case FixedWindow:
+		return "fixed_window"
+	case SlidingWindow:
+		return "sliding_window"
+	case SlidingLog:
+		return "sliding_log"
+	case TokenBucket:
+		return "token_bucket"
+	}
+	return "unknown"
+}
+
+// ParseAlgorithm reads an algorithm's YAML name; the empty string is FixedWindow.
+func ParseAlgorithm(s string) (Algorithm, bool) {
+	if s == "" {
+		return FixedWindow, true
+	}
+	for _, a := range Algorithms {
+		if s == a.String() {
+			return a, true
+		}
+	}
+	return 0, false
+}
+
+// Entry is one key/value pair of a request descriptor.
+type Entry struct {
+	Key   string
+	Value string
+}
+
+// Limit is a resolved rate limit: a rule of the YAML tree, or a per-request
+// override built by the service. A Limit is immutable once built and shared
+// by all requests that match it.
+type Limit struct {
+	// FullKey is the statistics key: "domain.key_value.key2", as envoyproxy/ratelimit builds it.
+	FullKey string
+	// Source is "file:line" of the rule, for error messages; empty for overrides.
+	Source string
+
+	RequestsPerUnit uint32
+	Unit            Unit
+	// UnitMultiplier makes a window of N units; always >= 1.
+	UnitMultiplier uint32
+	Algorithm      Algorithm
+	// Burst is the token bucket capacity; 0 means RequestsPerUnit.
+	Burst uint32
+
+	Name      string
+	Replaces  []string
+	Unlimited bool
+
+	ShadowMode     bool
+	QuotaMode      bool
+	DetailedMetric bool
+
+	// ValueToMetric and ShareThreshold echo the flags of the descriptor that
+	// holds this rule, for Dump. Match applies the flags of every level of
+	// the matched chain, not only these.
+	ValueToMetric  bool
+	ShareThreshold bool
+
+	// Metadata is the rule's `metadata`, sent to Envoy in dynamic_metadata
+	// when the descriptor is within its limit. Nil when absent. Its values
+	// are nil, bool, int64, float64, string, []any and map[string]any, so
+	// structpb.NewStruct accepts it as is. Shared: never modify it.
+	Metadata map[string]any
+}
+
+// Window is the length of the limit's window: Unit × UnitMultiplier.
+func (l *Limit) Window() time.Duration {
+	m := l.UnitMultiplier
+	if m == 0 {
+		m = 1
+	}
+	return time.Duration(l.Unit.Seconds()) * time.Duration(m) * time.Second
+}
+
+// Capacity is the most hits the limit admits at once: Burst for a token
+// bucket when set, RequestsPerUnit otherwise.
+func (l *Limit) Capacity() uint32 {
+	if l.Algorithm == TokenBucket && l.Burst > 0 {
+		return l.Burst
+	}
+	return l.RequestsPerUnit
+}
