@@ -1,0 +1,271 @@
+// Package limiter decides, for the matched rules of one request, whether
+// each descriptor is within its limit. It builds cache keys, holds the pure
+// math of every algorithm, and declares the Store it needs; it knows nothing
+// of gRPC, protos, YAML or any concrete store.
+package limiter
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"sync"
+	"time"
+	"unsafe"
+
+	"github.com/ratelimitd/ratelimit/src/rules"
+)
+
+// Config tunes a Limiter. The zero value is usable: no key prefix, a
+// near-limit ratio of 0 (every admitted hit counts as near the limit) and
+// increments even when over the limit.
+type Config struct {
+	// Prefix is prepended to every cache key (CACHE_KEY_PREFIX; default "").
+	Prefix string
+	// NearLimitRatio is the share of the limit above which admitted hits are
+	// counted as near_limit (NEAR_LIMIT_RATIO; default 0.8 in settings).
+	NearLimitRatio float64
+	// StopIncrementWhenOverLimit records no hit of a request when any of its
+	// descriptors would go over its limit (STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT).
+	StopIncrementWhenOverLimit bool
+	// NearCache, when not nil, remembers keys known to be over their limit
+	// and answers them without asking the store (LOCAL_CACHE_SIZE_IN_BYTES).
+	NearCache *NearCache
+}
+
+// Descriptor is one descriptor of a request after rule matching.
+type Descriptor struct {
+	// Entries are the key/value pairs the cache key is built from.
+	Entries []rules.Entry
+	// Limit is the rule to apply; nil means the descriptor is not limited
+	// (no rule, unlimited, or replaced) and is answered OK without a store op.
+	Limit *rules.Limit
+	// Hits is the number of units to consume; 0 checks without counting.
+	Hits uint64
+}
+
+// Code is the decision for one descriptor.
+type Code uint8
+
+// The decisions; they map to Envoy's OK and OVER_LIMIT.
+const (
+	OK Code = iota
+	OverLimit
+)
+
+// Counts are the statistics one descriptor adds to its rule's counters,
+// with the meanings of envoyproxy/ratelimit's per-rule stats.
+type Counts struct {
+	TotalHits               uint64
+	OverLimit               uint64
+	NearLimit               uint64
+	WithinLimit             uint64
+	ShadowMode              uint64
+	OverLimitWithLocalCache uint64
+}
+
+// Status is the decision for one descriptor.
+type Status struct {
+	Code Code
+	// Remaining is the algorithm's remaining allowance (0 when over limit).
+	Remaining uint32
+	// ResetAfter is the algorithm's time until reset.
+	ResetAfter time.Duration
+	Counts     Counts
+}
+
+// Limiter decides, for the matched descriptors of one request, whether each
+// is within its limit: it builds every key, sends all the ops of the request
+// to the Store in one Batch (one round trip), and turns the Results into
+// Statuses with envoyproxy/ratelimit's semantics.
+//
+// A Limiter is safe for concurrent use. Use New to make one; the zero value
+// has no store and its Check returns an error.
+type Limiter struct {
+	store Store
+	cfg   Config
+	// nearRatio is cfg.NearLimitRatio as envoyproxy/ratelimit holds it
+	// (float32), so near-limit thresholds match the anchor's to the unit.
+	nearRatio float32
+	// pool recycles *request: the batch, its slices and the key buffer.
+	pool sync.Pool
+}
+
+// request is the reusable scratch space of one Check.
+type request struct {
+	batch Batch
+	idx   []int // idx[j] is the descriptor of batch.Ops[j]
+	key   []byte
+}
+
+// New returns a Limiter that keeps its counts in store.
+func New(store Store, cfg Config) *Limiter {
+	l := &Limiter{store: store, cfg: cfg, nearRatio: float32(cfg.NearLimitRatio)}
+	l.pool.New = func() any { return new(request) }
+	return l
+}
+
+// Check decides every descriptor of one request of domain at time now and
+// writes the decision for ds[i] to out[i]; out must be at least as long as
+// ds. A descriptor with a nil (or unlimited) Limit is OK without touching
+// the store. The others become one Batch, applied by the store in one call
+// (atomically across the batch when Config.StopIncrementWhenOverLimit is
+// set). A store error is returned wrapped, so errors.Is(err,
+// ErrUnavailable) still reports an unreachable backend; out is then
+// meaningless.
+//
+// Each Status follows envoyproxy/ratelimit's GetResponseDescriptorStatus:
+// over the limit, Code is OverLimit and Remaining 0, and the hits are split
+// between OverLimit and NearLimit by the counts before and after; within the
+// limit, Code is OK, Remaining is the algorithm's, WithinLimit counts the
+// hits and NearLimit the part above floor(limit × NearLimitRatio). A rule in
+// shadow mode answers OK where it would answer OverLimit and counts the hits
+// over the limit in ShadowMode. For a token bucket the limit of these
+// rules is its capacity (Op.Capacity).
+func (l *Limiter) Check(ctx context.Context, domain string, now time.Time, ds []Descriptor, out []Status) error {
+	if len(out) < len(ds) {
+		return fmt.Errorf("limiter: %d statuses for %d descriptors", len(out), len(ds))
+	}
+	if l.store == nil {
+		return errors.New("limiter: no store (use limiter.New)")
+	}
+	r, _ := l.pool.Get().(*request)
+	if r == nil {
+		r = new(request)
+	}
+	b := &r.batch
+	b.Now = now
+	b.AllOrNothing = l.cfg.StopIncrementWhenOverLimit
+	cachedOver := false
+	for i := range ds {
+		out[i] = Status{}
+		lim := ds[i].Limit
+		if lim == nil || lim.Unlimited {
+			continue
+		}
+		r.key = CacheKey(r.key[:0], l.cfg.Prefix, domain, ds[i].Entries, lim, now)
+		op := Op{
+			Algorithm: lim.Algorithm,
+			Limit:     uint64(lim.RequestsPerUnit),
+			Burst:     uint64(lim.Burst),
+			Window:    windowDuration(windowSeconds(lim)),
+			Hits:      ds[i].Hits,
+			PerSecond: lim.Unit == rules.Second,
+		}
+		if l.cfg.NearCache != nil {
+			// The key is looked up from the buffer: no string is made
+			// for a descriptor answered from the cache.
+			if until, over := l.cfg.NearCache.Over(unsafeString(r.key), op.Capacity(), now); over {
+				out[i] = cachedOverLimit(op.Hits, until.Sub(now))
+				cachedOver = true
+				continue
+			}
+		}
+		op.Key = string(r.key)
+		b.Ops = append(b.Ops, op)
+		r.idx = append(r.idx, i)
+	}
+	if cachedOver && b.AllOrNothing {
+		// The request is over a limit already: record none of its hits.
+		for j := range b.Ops {
+			b.Ops[j].Hits = 0
+		}
+	}
+	if len(b.Ops) > 0 {
+		b.Results = append(b.Results[:0], make([]Result, len(b.Ops))...)
+		if err := l.store.Do(ctx, b); err != nil {
+			// r is not recycled: a store that gave up on ctx may still
+			// hold it.
+			return fmt.Errorf("limiter: %w", err)
+		}
+		for j, i := range r.idx {
+			out[i] = l.status(ds[i].Limit, &b.Ops[j], &b.Results[j])
+			if cachedOver && b.AllOrNothing {
+				out[i].Counts.TotalHits = ds[i].Hits
+			}
+			l.remember(ds[i].Limit, &b.Ops[j], &b.Results[j], now)
+		}
+	}
+	clear(b.Ops) // drop the keys
+	b.Ops, b.Results, r.idx = b.Ops[:0], b.Results[:0], r.idx[:0]
+	l.pool.Put(r)
+	return nil
+}
+
+// status is envoyproxy/ratelimit's GetResponseDescriptorStatus with its
+// checkOverLimitThreshold, checkNearLimitThreshold and
+// increaseShadowModeStats, for one op whose store result is res.
+func (l *Limiter) status(lim *rules.Limit, op *Op, res *Result) Status {
+	hits := op.Hits
+	st := Status{ResetAfter: res.ResetAfter, Counts: Counts{TotalHits: hits}}
+	c := &st.Counts
+	over := op.Capacity()
+	near := uint64(math.Floor(float64(float32(over) * l.nearRatio)))
+	before, after := res.Before, res.After
+	if !res.Allowed {
+		st.Code = OverLimit
+		// The hits already over before this op are all over the limit;
+		// otherwise only those past the threshold are, and the ones
+		// between the near threshold and the limit are near it.
+		overHits := hits
+		if before < over {
+			overHits = sub0(after, over)
+			c.NearLimit = sub0(over, max(near, before))
+		}
+		c.OverLimit = overHits
+		if lim.ShadowMode {
+			st.Code = OK
+			c.ShadowMode = overHits
+		}
+		return st
+	}
+	st.Remaining = uint32(min(res.Remaining, math.MaxUint32))
+	if after > near {
+		if before >= near {
+			c.NearLimit = hits
+		} else {
+			c.NearLimit = after - near
+		}
+	}
+	c.WithinLimit = hits
+	return st
+}
+
+// sub0 is a - b, or 0 when b > a.
+func sub0(a, b uint64) uint64 {
+	if b > a {
+		return 0
+	}
+	return a - b
+}
+
+// cachedOverLimit is the status of a descriptor answered from the near
+// cache: over the limit, all its hits counted as over, as envoyproxy/ratelimit
+// counts a local-cache hit.
+func cachedOverLimit(hits uint64, resetAfter time.Duration) Status {
+	return Status{
+		Code:       OverLimit,
+		ResetAfter: max(resetAfter, 0),
+		Counts:     Counts{TotalHits: hits, OverLimit: hits, OverLimitWithLocalCache: hits},
+	}
+}
+
+// remember puts a key in the near cache when the store said that not even
+// one more hit fits until ResetAfter: then every request for it until that
+// time is over the limit whatever the store would say. Shadow-mode rules
+// are never cached (they must keep answering OK), nor token buckets, whose
+// ResetAfter is the time until the bucket is full rather than until one
+// token is back.
+func (l *Limiter) remember(lim *rules.Limit, op *Op, res *Result, now time.Time) {
+	if l.cfg.NearCache == nil || res.Allowed || res.Remaining > 0 || res.ResetAfter <= 0 ||
+		lim.ShadowMode || op.Algorithm == rules.TokenBucket {
+		return
+	}
+	l.cfg.NearCache.Remember(op.Key, op.Capacity(), now.Add(res.ResetAfter))
+}
+
+// unsafeString views b as a string without copying, for a lookup that does
+// not keep it; b must not change while the string is in use.
+func unsafeString(b []byte) string {
+	return unsafe.String(unsafe.SliceData(b), len(b))
+}

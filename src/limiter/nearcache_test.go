@@ -1,0 +1,185 @@
+package limiter
+
+import (
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+)
+
+func TestNearCache(t *testing.T) {
+	t0 := time.Unix(1_700_000_000, 0)
+	c := NewNearCache(1 << 20)
+	c.Remember("rl_api_user_alice_1700000000", 10, t0.Add(time.Minute))
+
+	tests := []struct {
+		name  string
+		key   string
+		limit uint64
+		now   time.Time
+		want  bool
+	}{
+		{"hit", "rl_api_user_alice_1700000000", 10, t0, true},
+		{"hit_just_before_until", "rl_api_user_alice_1700000000", 10, t0.Add(time.Minute - time.Nanosecond), true},
+		{"expired_at_until", "rl_api_user_alice_1700000000", 10, t0.Add(time.Minute), false},
+		// envoyproxy/ratelimit #1077: an override that raises the limit
+		// must not be answered from the entry of the old limit.
+		{"other_limit", "rl_api_user_alice_1700000000", 100, t0, false},
+		{"other_key", "rl_api_user_bob_1700000000", 10, t0, false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			until, got := c.Over(tt.key, tt.limit, tt.now)
+			if got != tt.want {
+				t.Fatalf("Over(%q, %d) = %v, want %v", tt.key, tt.limit, got, tt.want)
+			}
+			if got && !until.Equal(t0.Add(time.Minute)) {
+				t.Errorf("Over(%q) until = %v, want %v", tt.key, until, t0.Add(time.Minute))
+			}
+		})
+	}
+}
+
+func TestNearCacheReplace(t *testing.T) {
+	t0 := time.Unix(1_700_000_000, 0)
+	c := NewNearCache(1 << 20)
+	c.Remember("k", 10, t0.Add(time.Second))
+	c.Remember("k", 20, t0.Add(time.Minute))
+	if _, over := c.Over("k", 10, t0); over {
+		t.Error("Over(k, 10) = true after Remember(k, 20), want false")
+	}
+	if _, over := c.Over("k", 20, t0.Add(30*time.Second)); !over {
+		t.Error("Over(k, 20) = false, want true")
+	}
+	if n := c.Len(); n != 1 {
+		t.Errorf("Len() = %d, want 1", n)
+	}
+}
+
+func TestNearCacheCopiesKey(t *testing.T) {
+	t0 := time.Unix(1_700_000_000, 0)
+	c := NewNearCache(1 << 20)
+	buf := []byte("key_one")
+	c.Remember(string(buf), 1, t0.Add(time.Minute))
+	copy(buf, "key_two") // the limiter reuses its key buffers
+	if _, over := c.Over("key_one", 1, t0); !over {
+		t.Error("Over(key_one) = false after the caller reused its buffer, want true")
+	}
+}
+
+func TestNearCacheBounded(t *testing.T) {
+	t0 := time.Unix(1_700_000_000, 0)
+	tests := []struct {
+		name     string
+		maxBytes int
+	}{
+		{"one_shard", 10 << 10},
+		{"many_shards", 1 << 20},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			c := NewNearCache(tt.maxBytes)
+			const keyLen = 32
+			for i := range 100_000 {
+				key := strconv.Itoa(1e9 + i)
+				key += string(make([]byte, keyLen-len(key)))
+				c.Remember(key, 5, t0.Add(time.Hour))
+			}
+			maxEntries := tt.maxBytes / (keyLen + nearCacheEntryOverhead)
+			if n := c.Len(); n > maxEntries || n < maxEntries/2 {
+				t.Errorf("Len() = %d after 100000 inserts into %d bytes, want about %d", n, tt.maxBytes, maxEntries)
+			}
+			for i := range c.shards {
+				s := &c.shards[i]
+				if s.bytes > s.max {
+					t.Errorf("shard %d holds %d bytes, more than its %d", i, s.bytes, s.max)
+				}
+				if len(s.queue)-s.head != len(s.m) {
+					t.Errorf("shard %d queue has %d live entries, map %d", i, len(s.queue)-s.head, len(s.m))
+				}
+			}
+			// The newest entry survives; the oldest was evicted.
+			last := strconv.Itoa(1e9 + 99_999)
+			last += string(make([]byte, keyLen-len(last)))
+			if _, over := c.Over(last, 5, t0); !over {
+				t.Error("newest entry was evicted")
+			}
+			first := strconv.Itoa(1e9)
+			first += string(make([]byte, keyLen-len(first)))
+			if _, over := c.Over(first, 5, t0); over {
+				t.Error("oldest entry is still there")
+			}
+		})
+	}
+}
+
+func TestNearCacheTooSmall(t *testing.T) {
+	c := NewNearCache(10) // below one entry
+	c.Remember("key", 1, time.Unix(2e9, 0))
+	if _, over := c.Over("key", 1, time.Unix(1e9, 0)); over {
+		t.Error("a cache smaller than one entry remembered it")
+	}
+}
+
+func TestNearCacheNil(t *testing.T) {
+	var c *NearCache = NewNearCache(0)
+	if c != nil {
+		t.Fatal("NewNearCache(0) != nil")
+	}
+	c.Remember("key", 1, time.Unix(2e9, 0))
+	if _, over := c.Over("key", 1, time.Unix(1e9, 0)); over {
+		t.Error("nil cache: Over = true")
+	}
+	if c.Len() != 0 {
+		t.Error("nil cache: Len != 0")
+	}
+}
+
+func TestNearCacheConcurrent(t *testing.T) {
+	t0 := time.Unix(1_700_000_000, 0)
+	c := NewNearCache(256 << 10)
+	var wg sync.WaitGroup
+	for g := range 8 {
+		wg.Go(func() {
+			for i := range 2000 {
+				key := strconv.Itoa(i % 500)
+				if i%3 == g%3 {
+					c.Remember(key, uint64(i%2), t0.Add(time.Minute))
+				} else {
+					c.Over(key, uint64(i%2), t0)
+				}
+			}
+		})
+	}
+	wg.Wait()
+	if n := c.Len(); n > 500 {
+		t.Errorf("Len() = %d, want <= 500 distinct keys", n)
+	}
+}
+
+func BenchmarkNearCacheOver(b *testing.B) {
+	t0 := time.Unix(1_700_000_000, 0)
+	c := NewNearCache(8 << 20)
+	keys := make([]string, 10_000)
+	for i := range keys {
+		keys[i] = "rl_api_user_" + strconv.Itoa(i) + "_1700000000"
+		c.Remember(keys[i], 100, t0.Add(time.Minute))
+	}
+	if n := c.Len(); n != len(keys) {
+		b.Fatalf("Len() = %d, want %d", n, len(keys))
+	}
+	b.ReportAllocs()
+	b.ResetTimer()
+	b.RunParallel(func(pb *testing.PB) {
+		i, hits := 0, 0
+		for pb.Next() {
+			if _, over := c.Over(keys[i%len(keys)], 100, t0); over {
+				hits++
+			}
+			i++
+		}
+		if hits != i {
+			b.Errorf("%d hits of %d lookups", hits, i)
+		}
+	})
+}

@@ -1,0 +1,109 @@
+package limiter
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"github.com/ratelimitd/ratelimit/src/rules"
+)
+
+// ErrUnavailable is wrapped by every store error that means the backend could
+// not be reached or did not answer in time. The service maps it to the gRPC
+// code Unavailable; Envoy's failure_mode_deny then decides what traffic sees.
+var ErrUnavailable = errors.New("store unavailable")
+
+// Op is one descriptor's hit on one key of a store.
+type Op struct {
+	// Key is the full cache key (see CacheKey). For fixed windows it ends
+	// with the window start in Unix seconds, exactly as envoyproxy/ratelimit
+	// builds it; for the other algorithms it names the algorithm and window.
+	Key       string
+	Algorithm rules.Algorithm
+	// Limit is the number of hits admitted per Window (the refill per Window
+	// for a token bucket). 0 refuses every hit.
+	Limit uint64
+	// Burst is the token bucket capacity; 0 means Limit. The other
+	// algorithms ignore it.
+	Burst uint64
+	// Window is the length of the window (Unit × UnitMultiplier), a whole
+	// number of seconds.
+	Window time.Duration
+	// Hits is the number of units this op consumes; 0 only reads the state.
+	Hits uint64
+	// PerSecond is true for rules whose unit is second (REDIS_PERSECOND routing).
+	PerSecond bool
+}
+
+// Capacity is the most units the op's key can hold at once, the threshold
+// above which Result.After means "over the limit": Burst (or Limit when
+// Burst is 0) for a token bucket, Limit otherwise. It is 0 when Limit is 0,
+// whatever Burst says.
+func (op Op) Capacity() uint64 {
+	if op.Algorithm == rules.TokenBucket && op.Burst > 0 && op.Limit > 0 {
+		return op.Burst
+	}
+	return op.Limit
+}
+
+// Result is what a store reports for one Op. Every store fills it with the
+// values of the algorithm's pure function (FixedWindow, SlidingWindow,
+// SlidingLog, TokenBucket), so stores agree to the unit.
+type Result struct {
+	// Before and After are the units in use before and after the op, in the
+	// algorithm's own measure (the window count for fixed windows, the
+	// weighted estimate for sliding windows, the number of logged hits for a
+	// sliding log, capacity minus whole tokens for a token bucket). For an op
+	// that was refused and therefore not recorded, After is Before + Hits:
+	// what it would have been. After > op.Capacity() exactly when the op
+	// is over its limit. The limiter derives near/over-limit statistics
+	// from them.
+	Before, After uint64
+	// Allowed reports whether the hits fit within the limit. For a fixed
+	// window it is After <= Limit: the hits are recorded either way.
+	Allowed bool
+	// Remaining is how many more units would be admitted now, after the op.
+	Remaining uint64
+	// ResetAfter is the algorithm's reset time (see the table in algorithm.go).
+	ResetAfter time.Duration
+}
+
+// Batch is all the ops of one request. Stores fill Results[i] for Ops[i].
+type Batch struct {
+	// Now is the time of the request. Stores that keep time themselves
+	// (Redis for every algorithm but fixed_window) may ignore it; the memory
+	// store honours it, so tests inject time.
+	Now time.Time
+	Ops []Op
+	// Results has len(Ops) when the limiter calls Do; a store given a
+	// shorter slice grows it.
+	Results []Result
+	// AllOrNothing asks that no op is recorded when any op of the batch would
+	// exceed its limit (STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT), fixed
+	// windows included, and that the check and the recording are one atomic
+	// step across all the batch's keys. The ops are evaluated in order, an
+	// op seeing the earlier ops of the batch on the same key. When an op is
+	// refused nothing is recorded, and Results keep Allowed, Before and
+	// After of that evaluation (so After is Before + Hits for every op, and
+	// the second of two ops on a key with room for one is refused), while
+	// Remaining and ResetAfter are those of the unchanged state (a read
+	// with Hits 0).
+	AllOrNothing bool
+}
+
+// Store keeps the state of every key and applies ops to it.
+//
+// Do applies every op of the batch and fills its Results. Each op is applied
+// atomically: concurrent batches that touch the same key never lose or
+// double-count a hit, and no op is split into a read and a later write.
+// Stores are safe for concurrent use. Do checks ctx before it starts and
+// returns an error wrapping ErrUnavailable when the backend cannot be
+// reached, cannot answer within ctx's deadline, or cannot take a new key
+// (a full memory store); then no result is meaningful, and ops before the
+// failing one may have been recorded unless the batch is AllOrNothing.
+//
+// Do must not keep b, its slices or its strings' backing memory after it
+// returns: the limiter reuses the batch for the next request.
+type Store interface {
+	Do(ctx context.Context, b *Batch) error
+}
