@@ -1,0 +1,255 @@
+package redis
+
+import (
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"os"
+	"strings"
+	"time"
+)
+
+// The values of Config.Type (REDIS_TYPE), compared case-insensitively.
+const (
+	TypeSingle   = "SINGLE"
+	TypeSentinel = "SENTINEL"
+	TypeCluster  = "CLUSTER"
+)
+
+// Config configures a Store. Its fields mirror envoyproxy/ratelimit's REDIS_*
+// settings; the server builds it from them. Zero values take the defaults
+// given per field.
+type Config struct {
+	// Type is SINGLE, SENTINEL or CLUSTER (REDIS_TYPE; default SINGLE).
+	Type string
+	// SocketType is "tcp" or "unix" (REDIS_SOCKET_TYPE; default tcp here,
+	// unix in settings as in the anchor). Only SINGLE can use a unix socket;
+	// Sentinel and Cluster nodes are always reached over TCP.
+	SocketType string
+	// URL is REDIS_URL: host:port (or a socket path) for SINGLE;
+	// "master-name,sentinel:port,..." for SENTINEL; "node:port,..." seeds for
+	// CLUSTER. See ParseURL.
+	URL string
+	// Auth is REDIS_AUTH: "password" or "user:password"; empty for none.
+	Auth string
+	// SentinelAuth is REDIS_SENTINEL_AUTH, the sentinels' own credentials in
+	// the same form; empty for none.
+	SentinelAuth string
+	// TLS, when not nil, is used for every connection (REDIS_TLS); see
+	// TLSConfig for building it from the certificate settings.
+	TLS *tls.Config
+	// PoolSize is the number of connections per Redis node, and the number of
+	// pipelines that may be in flight to it at once (REDIS_POOL_SIZE;
+	// default 10).
+	PoolSize int
+	// Timeout bounds dialling and every round trip (REDIS_TIMEOUT; default
+	// 10s, as in the anchor; keep it below Envoy's filter timeout, 20ms by
+	// default, in production).
+	Timeout time.Duration
+	// PipelineWindow, when positive, makes a pipeline wait up to this long
+	// for more requests before it is sent (REDIS_PIPELINE_WINDOW; default 0:
+	// send as soon as a connection is free, with whatever has queued up).
+	PipelineWindow time.Duration
+	// PipelineLimit, when positive, sends a pipeline as soon as it holds this
+	// many Redis commands (REDIS_PIPELINE_LIMIT; default 0: no limit beyond
+	// maxPipelineCommands). One request's commands are never split.
+	PipelineLimit int
+	// ExpirationJitterMax adds a random [0, max) whole seconds to the TTL of
+	// fixed-window keys so that they do not all expire at once
+	// (EXPIRATION_JITTER_MAX_SECONDS; default 0 here, 300s in settings).
+	ExpirationJitterMax time.Duration
+	// HealthCheckActiveConnection makes Healthy follow the connection to
+	// Redis, probed every HealthCheckInterval
+	// (REDIS_HEALTH_CHECK_ACTIVE_CONNECTION; default false: healthy once Redis
+	// has answered once).
+	HealthCheckActiveConnection bool
+	// HealthCheckInterval is the probe period for HealthCheckActiveConnection
+	// (default 1s; not a setting of the anchor).
+	HealthCheckInterval time.Duration
+	// StartupInitialInterval and StartupMaxInterval bound the exponential
+	// back-off between probes while Redis has never answered
+	// (REDIS_STARTUP_INITIAL_INTERVAL, REDIS_STARTUP_MAX_INTERVAL; defaults
+	// 500ms and 30s). Requests still try Redis in the meantime.
+	StartupInitialInterval time.Duration
+	StartupMaxInterval     time.Duration
+	// PerSecond, when not nil, is a second Redis for the ops of rules whose
+	// unit is second (REDIS_PERSECOND=true and REDIS_PERSECOND_*). Only its
+	// connection fields are used (Type, SocketType, URL, Auth, SentinelAuth,
+	// TLS, PoolSize, Timeout, PipelineWindow, PipelineLimit); the others come
+	// from the main Config.
+	PerSecond *Config
+
+	// ScriptClock is for tests only: when set, the Lua scripts take the time
+	// from Batch.Now instead of Redis TIME, so that they can be compared with
+	// the limiter's pure functions on a fake clock. Production leaves it
+	// false so that a fleet of instances shares Redis's clock.
+	ScriptClock bool
+}
+
+// Defaults.
+const (
+	defaultPoolSize               = 10
+	defaultTimeout                = 10 * time.Second
+	defaultHealthCheckInterval    = time.Second
+	defaultStartupInitialInterval = 500 * time.Millisecond
+	defaultStartupMaxInterval     = 30 * time.Second
+)
+
+// withDefaults returns c with its zero fields set to their defaults and its
+// Type and SocketType normalised, or an error naming the bad field.
+func (c Config) withDefaults() (Config, error) {
+	c.Type = strings.ToUpper(c.Type)
+	if c.Type == "" {
+		c.Type = TypeSingle
+	}
+	switch c.Type {
+	case TypeSingle, TypeSentinel, TypeCluster:
+	default:
+		return c, fmt.Errorf("redis: unknown type %q (want SINGLE, SENTINEL or CLUSTER)", c.Type)
+	}
+	c.SocketType = strings.ToLower(c.SocketType)
+	switch c.SocketType {
+	case "":
+		c.SocketType = "tcp"
+	case "tcp", "unix":
+	default:
+		return c, fmt.Errorf("redis: unknown socket type %q (want tcp or unix)", c.SocketType)
+	}
+	if c.PoolSize <= 0 {
+		c.PoolSize = defaultPoolSize
+	}
+	if c.Timeout <= 0 {
+		c.Timeout = defaultTimeout
+	}
+	if c.HealthCheckInterval <= 0 {
+		c.HealthCheckInterval = defaultHealthCheckInterval
+	}
+	if c.StartupInitialInterval <= 0 {
+		c.StartupInitialInterval = defaultStartupInitialInterval
+	}
+	if c.StartupMaxInterval <= 0 {
+		c.StartupMaxInterval = defaultStartupMaxInterval
+	}
+	if c.PipelineLimit < 0 {
+		c.PipelineLimit = 0
+	}
+	if c.PipelineWindow < 0 {
+		c.PipelineWindow = 0
+	}
+	if c.ExpirationJitterMax < 0 {
+		c.ExpirationJitterMax = 0
+	}
+	return c, nil
+}
+
+// Endpoints is a REDIS_URL split by ParseURL.
+type Endpoints struct {
+	// MasterName is the Sentinel master name; empty for the other types.
+	MasterName string
+	// Addrs are the node (SINGLE, CLUSTER) or sentinel (SENTINEL) addresses.
+	Addrs []string
+}
+
+// ParseURL splits REDIS_URL as envoyproxy/ratelimit reads it for the given
+// type: SINGLE takes one address (or socket path); SENTINEL takes
+// "master-name,sentinel1:port,sentinel2:port,..." with at least one
+// sentinel; CLUSTER takes a comma list of seed nodes. Spaces around commas
+// are ignored.
+func ParseURL(typ, url string) (Endpoints, error) {
+	var parts []string
+	for p := range strings.SplitSeq(url, ",") {
+		if p = strings.TrimSpace(p); p != "" {
+			parts = append(parts, p)
+		}
+	}
+	if len(parts) == 0 {
+		return Endpoints{}, errors.New("redis: empty URL")
+	}
+	switch strings.ToUpper(typ) {
+	case TypeSingle, "":
+		if len(parts) != 1 {
+			return Endpoints{}, fmt.Errorf("redis: URL %q: SINGLE takes one address", url)
+		}
+		return Endpoints{Addrs: parts}, nil
+	case TypeSentinel:
+		if len(parts) < 2 {
+			return Endpoints{}, fmt.Errorf("redis: URL %q: SENTINEL takes master-name,sentinel1:port[,sentinel2:port]", url)
+		}
+		return Endpoints{MasterName: parts[0], Addrs: parts[1:]}, nil
+	case TypeCluster:
+		return Endpoints{Addrs: parts}, nil
+	}
+	return Endpoints{}, fmt.Errorf("redis: unknown type %q (want SINGLE, SENTINEL or CLUSTER)", typ)
+}
+
+// ParseAuth splits REDIS_AUTH (or REDIS_SENTINEL_AUTH) as
+// envoyproxy/ratelimit does: "user:password" when it holds a colon,
+// otherwise a password for the default user.
+func ParseAuth(auth string) (user, password string) {
+	if u, p, ok := strings.Cut(auth, ":"); ok {
+		return u, p
+	}
+	return "", auth
+}
+
+// TLSFiles names the PEM files of REDIS_TLS_CLIENT_CERT, REDIS_TLS_CLIENT_KEY
+// and REDIS_TLS_CACERT, and REDIS_TLS_SKIP_HOSTNAME_VERIFICATION.
+type TLSFiles struct {
+	ClientCert, ClientKey string
+	// CACert is the CA bundle that signs the server's certificate; empty
+	// means the system roots.
+	CACert string
+	// SkipHostnameVerification still verifies the server's chain against the
+	// CA, but not that its name matches the address dialled (useful when
+	// Redis is reached by an IP its certificate does not list).
+	SkipHostnameVerification bool
+}
+
+// TLSConfig builds the client TLS configuration for Redis, as
+// envoyproxy/ratelimit does from the same settings. A client certificate is
+// used only when both its files are given.
+func TLSConfig(f TLSFiles) (*tls.Config, error) {
+	c := &tls.Config{MinVersion: tls.VersionTLS12}
+	if (f.ClientCert == "") != (f.ClientKey == "") {
+		return nil, errors.New("redis: tls: REDIS_TLS_CLIENT_CERT and REDIS_TLS_CLIENT_KEY must be set together")
+	}
+	if f.ClientCert != "" {
+		cert, err := tls.LoadX509KeyPair(f.ClientCert, f.ClientKey)
+		if err != nil {
+			return nil, fmt.Errorf("redis: tls: client certificate: %w", err)
+		}
+		c.Certificates = []tls.Certificate{cert}
+	}
+	if f.CACert != "" {
+		pem, err := os.ReadFile(f.CACert)
+		if err != nil {
+			return nil, fmt.Errorf("redis: tls: %w", err)
+		}
+		pool := x509.NewCertPool()
+		if !pool.AppendCertsFromPEM(pem) {
+			return nil, fmt.Errorf("redis: tls: %s: no PEM certificate found", f.CACert)
+		}
+		c.RootCAs = pool
+	}
+	if f.SkipHostnameVerification {
+		// Turn off the standard verification, which always checks the name,
+		// and verify the chain ourselves without a name.
+		c.InsecureSkipVerify = true
+		roots := c.RootCAs
+		c.VerifyConnection = func(cs tls.ConnectionState) error {
+			if len(cs.PeerCertificates) == 0 {
+				return errors.New("redis: tls: server sent no certificate")
+			}
+			opts := x509.VerifyOptions{Roots: roots, Intermediates: x509.NewCertPool()}
+			for _, cert := range cs.PeerCertificates[1:] {
+				opts.Intermediates.AddCert(cert)
+			}
+			if _, err := cs.PeerCertificates[0].Verify(opts); err != nil {
+				return fmt.Errorf("redis: tls: %w", err)
+			}
+			return nil
+		}
+	}
+	return c, nil
+}

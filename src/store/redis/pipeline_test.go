@@ -1,0 +1,195 @@
+package redis
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/ratelimitd/ratelimit/src/limiter"
+	"github.com/ratelimitd/ratelimit/src/rules"
+	"github.com/ratelimitd/ratelimit/src/store/storetest"
+)
+
+// hammer sends goroutines × requests single-op batches over keys distinct
+// keys and fails the test on any error.
+func hammer(t *testing.T, s *Store, goroutines, requests, keys int, alg rules.Algorithm) {
+	t.Helper()
+	var wg sync.WaitGroup
+	errs := make(chan error, goroutines)
+	for g := range goroutines {
+		wg.Go(func() {
+			b := &limiter.Batch{Now: time.Now(), Ops: make([]limiter.Op, 1)}
+			for i := range requests {
+				b.Ops[0] = limiter.Op{
+					Key:       fmt.Sprintf("hammer_%s_%d", alg, (g*requests+i)%keys),
+					Algorithm: alg, Limit: 1 << 20, Window: time.Hour, Hits: 1,
+				}
+				if err := s.Do(context.Background(), b); err != nil {
+					errs <- err
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatalf("Do: %v", err)
+	}
+}
+
+// TestPipelining: concurrent requests share round trips, and no request
+// takes more than one.
+func TestPipelining(t *testing.T) {
+	t.Parallel()
+	srv := storetest.StartRedis(t, storetest.RedisOptions{})
+
+	t.Run("coalesces_under_concurrency", func(t *testing.T) {
+		s := newStore(t, Config{URL: srv.Addr, PoolSize: 4})
+		hammer(t, s, 64, 100, 1000, rules.FixedWindow)
+		rt, ops := s.Counters()
+		if ops != 6400 {
+			t.Errorf("ops = %d, want 6400", ops)
+		}
+		ratio := float64(ops) / float64(rt)
+		t.Logf("%d ops in %d round trips: %.1f ops per round trip", ops, rt, ratio)
+		if ratio < 2 {
+			t.Errorf("%.2f ops per round trip with 64 concurrent clients and 4 connections, want >= 2", ratio)
+		}
+	})
+
+	t.Run("one_round_trip_per_request", func(t *testing.T) {
+		s := newStore(t, Config{URL: srv.Addr})
+		var ops []limiter.Op
+		for _, a := range rules.Algorithms {
+			for i := range 5 {
+				ops = append(ops, limiter.Op{Key: fmt.Sprintf("one_rt_%s_%d", a, i), Algorithm: a, Limit: 10, Window: time.Minute, Hits: 1})
+			}
+		}
+		for _, aon := range []bool{false, true, false, true} {
+			before, _ := s.Counters()
+			b := &limiter.Batch{Now: time.Now(), Ops: ops, AllOrNothing: aon}
+			if err := s.Do(t.Context(), b); err != nil {
+				t.Fatal(err)
+			}
+			after, _ := s.Counters()
+			// The very first script call may meet NOSCRIPT and retry once.
+			if got := after - before; got != 1 && !(got == 2 && before == 0) {
+				t.Errorf("AllOrNothing=%v: a lone request of %d ops took %d round trips, want 1", aon, len(ops), got)
+			}
+		}
+	})
+
+	t.Run("window_and_limit", func(t *testing.T) {
+		// A pipeline window holds a lone request for the window; the limit
+		// sends as soon as it is reached (INCRBY and EXPIRE: 2 commands an op).
+		s := newStore(t, Config{URL: srv.Addr, PoolSize: 1, PipelineWindow: 500 * time.Millisecond, PipelineLimit: 8})
+		start := time.Now()
+		if err := hitOnce(t.Context(), s, "window_lone", rules.FixedWindow); err != nil {
+			t.Fatal(err)
+		}
+		if d := time.Since(start); d < 450*time.Millisecond {
+			t.Errorf("a lone request with a 500ms window returned after %v", d)
+		}
+		var wg sync.WaitGroup
+		start = time.Now()
+		for i := range 4 {
+			wg.Go(func() {
+				if err := hitOnce(t.Context(), s, fmt.Sprintf("window_%d", i), rules.FixedWindow); err != nil {
+					t.Error(err)
+				}
+			})
+		}
+		wg.Wait()
+		if d := time.Since(start); d > 300*time.Millisecond {
+			t.Errorf("4 requests (8 commands, the limit) took %v, want them sent at the limit, not after the window", d)
+		}
+	})
+
+	t.Run("scripts_after_script_flush", func(t *testing.T) {
+		s := newStore(t, Config{URL: srv.Addr})
+		if err := hitOnce(t.Context(), s, "flush_tb", rules.TokenBucket); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := srv.Do(t.Context(), "SCRIPT", "FLUSH"); err != nil {
+			t.Fatal(err)
+		}
+		for i := range 3 {
+			if err := hitOnce(t.Context(), s, "flush_tb", rules.TokenBucket); err != nil {
+				t.Fatalf("request %d after SCRIPT FLUSH: %v", i, err)
+			}
+		}
+	})
+}
+
+// TestPerSecond: ops of per-second rules go to the per-second Redis, the
+// others to the main one, in one Do.
+func TestPerSecond(t *testing.T) {
+	t.Parallel()
+	main := storetest.StartRedis(t, storetest.RedisOptions{})
+	second := storetest.StartRedis(t, storetest.RedisOptions{Password: "ps"})
+	s := newStore(t, Config{URL: main.Addr, PerSecond: &Config{URL: second.Addr, Auth: "ps"}})
+	b := &limiter.Batch{Now: time.Now(), Ops: []limiter.Op{
+		{Key: "ps_minute", Limit: 20, Window: time.Minute, Hits: 3},
+		{Key: "ps_second", Limit: 20, Window: time.Second, Hits: 4, PerSecond: true},
+		// Routing follows PerSecond alone; an hour keeps the bucket from
+		// refilling between the two calls.
+		{Key: "ps_second_tb", Algorithm: rules.TokenBucket, Limit: 20, Window: time.Hour, Hits: 5, PerSecond: true},
+		{Key: "ps_minute_sl", Algorithm: rules.SlidingLog, Limit: 20, Window: time.Minute, Hits: 6},
+	}}
+	for _, aon := range []bool{false, true} {
+		b.AllOrNothing = aon
+		if err := s.Do(t.Context(), b); err != nil {
+			t.Fatal(err)
+		}
+	}
+	want := []uint64{6, 8, 10, 12}
+	for i, r := range b.Results {
+		if r.After != want[i] || !r.Allowed {
+			t.Errorf("op %d: %+v, want admitted with After %d", i, r, want[i])
+		}
+	}
+	where := []struct {
+		key    string
+		onMain bool
+	}{
+		{"ps_minute", true}, {"ps_second", false}, {"ps_second_tb", false}, {"ps_minute_sl", true},
+	}
+	for _, w := range where {
+		for _, srv := range []*storetest.RedisServer{main, second} {
+			n, err := srv.Do(t.Context(), "EXISTS", w.key)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if want := int64(0); (srv == main) == w.onMain {
+				want = 1
+				if n != want {
+					t.Errorf("%s: EXISTS on %s = %v, want %d", w.key, srv.Addr, n, want)
+				}
+			} else if n != want {
+				t.Errorf("%s: EXISTS on %s = %v, want %d", w.key, srv.Addr, n, want)
+			}
+		}
+	}
+	if !s.Healthy() {
+		t.Error("Healthy() = false with both Redis up")
+	}
+
+	// All or nothing across the two Redis: the per-second op is refused, so
+	// the main one is taken back.
+	b = &limiter.Batch{Now: time.Now(), AllOrNothing: true, Ops: []limiter.Op{
+		{Key: "ps_aon_minute", Limit: 20, Window: time.Minute, Hits: 3},
+		{Key: "ps_aon_second", Algorithm: rules.SlidingLog, Limit: 2, Window: time.Hour, Hits: 3, PerSecond: true},
+	}}
+	if err := s.Do(t.Context(), b); err != nil {
+		t.Fatal(err)
+	}
+	if !b.Results[0].Allowed || b.Results[1].Allowed || b.Results[0].Remaining != 20 {
+		t.Errorf("all or nothing across Redis: %+v, want the first allowed with 20 remaining (taken back), the second refused", b.Results)
+	}
+	if v, err := main.Do(t.Context(), "GET", "ps_aon_minute"); err != nil || v != "0" {
+		t.Errorf("GET ps_aon_minute on main = %v, %v; want 0", v, err)
+	}
+}

@@ -1,0 +1,397 @@
+package redis
+
+import (
+	"crypto/sha1"
+	"encoding/hex"
+	"strconv"
+	"time"
+
+	"github.com/ratelimitd/ratelimit/src/limiter"
+	"github.com/ratelimitd/ratelimit/src/rules"
+)
+
+// decideLua applies ops to their keys atomically. It mirrors, line for line,
+// the pure functions of src/limiter/algorithm.go (FixedWindow, SlidingWindow,
+// SlidingLog, TokenBucket): same integer arithmetic, same roundings, times in
+// Unix microseconds. Lua numbers are doubles, exact below 2^53; every value
+// stays below that for limits up to 2^32 and windows up to a century, and
+// divisions go through idiv, which corrects the rounding of a / b.
+//
+// KEYS[i] is the key of op i. ARGV[1] is the time in µs, or "" for Redis
+// TIME (production: one clock for the whole fleet); ARGV[2] is "1" when no
+// op may be recorded unless every op is allowed (used for single ops too: an
+// op is recorded only if it is allowed, except fixed windows without "1",
+// which count every hit as the anchor does). Then six ARGV per op:
+// algorithm (0 fixed_window, 1 sliding_window, 2 sliding_log,
+// 3 token_bucket), limit, capacity (op.Capacity()), window in µs, hits, and
+// the TTL in seconds of a fixed-window key (window + jitter).
+//
+// The reply is {recorded, then per op: allowed, before, after, remaining,
+// reset_us, undo1, undo2}; undoLua takes the undo values to take a recorded
+// op back (see Store.compensate). When nothing was recorded because an op was refused, allowed,
+// before and after are those of the evaluation in order (a key given twice
+// sees the first op) and remaining and reset those of the unchanged state,
+// as the memory store reports them. A fixed window's reset is left to the
+// caller: its window is in the key, on the instance's clock.
+//
+// State per key: fixed_window an integer string (INCRBY, anchor-compatible);
+// sliding_window the string "start:prev:curr"; sliding_log a list of hit
+// times, oldest first; token_bucket the TAT as an integer string. Every key
+// expires when its state would be the zero state again (IdleAt).
+const decideLua = luaPrelude + decideMain
+
+// luaPrelude holds what decideLua and undoLua share: the time, integer
+// division, the state views and decide, the mirror of the pure functions.
+const luaPrelude = `
+if redis.replicate_commands then redis.replicate_commands() end
+local now
+if ARGV[1] ~= '' then
+  now = tonumber(ARGV[1])
+else
+  local tm = redis.call('TIME')
+  now = tonumber(tm[1]) * 1000000 + tonumber(tm[2])
+end
+
+-- floor(a / b) for integers, exact: a / b is rounded, so correct it.
+local function idiv(a, b)
+  local q = math.floor(a / b)
+  local r = a - q * b
+  if r < 0 then q = q - 1 elseif r >= b then q = q + 1 end
+  return q
+end
+local function cdiv(a, b)
+  local q = idiv(a, b)
+  if q * b < a then q = q + 1 end
+  return q
+end
+local function str(x) return string.format('%.0f', x) end
+local function ttlms(us)
+  local ms = cdiv(us, 1000)
+  if ms < 1 then ms = 1 end
+  return str(ms)
+end
+
+-- State views, loaded once per key: a key given twice sees the first op's effect.
+local function load(alg, key)
+  if alg == 0 then
+    return {count = tonumber(redis.call('GET', key) or '0')}
+  elseif alg == 1 then
+    local v = redis.call('GET', key)
+    if v then
+      local a, b, c = string.match(v, '^(%-?%d+):(%d+):(%d+)$')
+      if a then return {start = tonumber(a), prev = tonumber(b), curr = tonumber(c)} end
+    end
+    return {start = 0, prev = 0, curr = 0}
+  elseif alg == 2 then
+    -- len: the list in Redis; popped: entries dropped from its head; pushed: new entries.
+    return {key = key, len = redis.call('LLEN', key), popped = 0, pushed = {}}
+  end
+  return {tat = tonumber(redis.call('GET', key) or '0')}
+end
+
+local function logN(s) return s.len - s.popped + #s.pushed end
+local function logAt(s, i)
+  local j = s.popped + i
+  if j < s.len then return tonumber(redis.call('LINDEX', s.key, j)) end
+  return s.pushed[j - s.len + 1]
+end
+
+-- weigh: ceil(prev * ceil(rem * 1e6 / w) / 1e6). Windows are whole seconds,
+-- so rem * 1e6 / w is rem / (w / 1e6), exact in doubles for any window.
+local function mulw(x, w) -- floor(x * w / 1e6)
+  if w % 1000000 == 0 then return x * (w / 1000000) end
+  return idiv(x * w, 1000000)
+end
+local function weigh(prev, rem, w)
+  if prev == 0 then return 0 end
+  local wt
+  if w % 1000000 == 0 then wt = cdiv(rem, w / 1000000) else wt = cdiv(rem * 1000000, w) end
+  return cdiv(prev * wt, 1000000)
+end
+
+-- decide applies one op to state s and returns allowed, before, after,
+-- remaining, reset, and two values that let undo take the op back: the
+-- sliding window's start, the sliding log's time, the bucket's TAT before
+-- and after.
+local function decide(alg, s, limit, cap, w, hits)
+  local t = now
+  if alg == 0 then
+    local before = s.count
+    s.count = before + hits
+    local allowed = s.count <= limit
+    local remaining = 0
+    if allowed then remaining = limit - s.count end
+    return allowed, before, s.count, remaining, 0, 0, 0
+  elseif alg == 1 then
+    local start = idiv(t, w) * w
+    if start <= s.start then
+    elseif start - w == s.start then
+      s.start, s.prev, s.curr = start, s.curr, 0
+    else
+      s.start, s.prev, s.curr = start, 0, 0
+    end
+    if t < s.start then t = s.start end
+    local rem = s.start + w - t
+    local used = s.curr + weigh(s.prev, rem, w)
+    local before, after = used, used + hits
+    local allowed = false
+    if after <= limit then
+      allowed = true
+      s.curr = s.curr + hits
+      used = after
+    end
+    local remaining = 0
+    if used < limit then remaining = limit - used end
+    local reset
+    if limit == 0 then
+      reset = w
+    elseif s.curr < limit then
+      if s.prev == 0 then
+        reset = 0
+      else
+        local rmax = mulw(idiv((limit - 1 - s.curr) * 1000000, s.prev), w)
+        if rmax >= rem then reset = 0 else reset = rem - rmax end
+      end
+    else
+      local rmax = mulw(idiv((limit - 1) * 1000000, s.curr), w)
+      reset = rem + w - rmax
+    end
+    return allowed, before, after, remaining, reset, s.start, 0
+  elseif alg == 2 then
+    local n = logN(s)
+    if n > 0 then t = math.max(t, logAt(s, n - 1)) end
+    while n > 0 and logAt(s, 0) <= t - w do
+      s.popped = s.popped + 1
+      n = n - 1
+    end
+    local before, after = n, n + hits
+    local used = n
+    local allowed = false
+    if after <= limit then
+      allowed = true
+      for _ = 1, hits do s.pushed[#s.pushed + 1] = t end
+      used = after
+    end
+    local remaining = 0
+    if used < limit then remaining = limit - used end
+    local reset = 0
+    if limit == 0 then
+      reset = w
+    elseif logN(s) > 0 then
+      reset = logAt(s, 0) + w - t
+    end
+    s.newest = t
+    return allowed, before, after, remaining, reset, t, 0
+  end
+  if cap == 0 then
+    return hits == 0, 0, hits, 0, 0, 0, 0
+  end
+  local T = cdiv(w, limit)
+  local x = 0
+  if s.tat > t then x = s.tat - t end
+  local used = cdiv(x, T)
+  local before, after = used, used + hits
+  local allowed, tat0 = false, s.tat
+  if after <= cap then
+    allowed = true
+    x = x + hits * T
+    s.tat = t + x
+    used = after
+  end
+  local remaining = 0
+  if used < cap then remaining = cap - used end
+  return allowed, before, after, remaining, x, tat0, s.tat
+end
+
+`
+
+const decideMain = `
+local aon = ARGV[2] == '1'
+-- commit writes the final state of a continuous algorithm's key.
+local function commit(alg, key, s, w)
+  if alg == 1 then
+    redis.call('SET', key, str(s.start) .. ':' .. str(s.prev) .. ':' .. str(s.curr), 'PX', ttlms(s.start + 2 * w - now))
+  elseif alg == 2 then
+    if s.popped >= s.len then
+      if s.len > 0 then redis.call('DEL', key) end
+    elseif s.popped > 0 then
+      redis.call('LTRIM', key, s.popped, -1)
+    end
+    local first = 1
+    if s.popped > s.len then first = s.popped - s.len + 1 end
+    local batch = {}
+    for i = first, #s.pushed do
+      batch[#batch + 1] = str(s.pushed[i])
+      if #batch == 1000 then redis.call('RPUSH', key, unpack(batch)); batch = {} end
+    end
+    if #batch > 0 then redis.call('RPUSH', key, unpack(batch)) end
+    if first <= #s.pushed then redis.call('PEXPIRE', key, ttlms(s.newest + w - now)) end
+  elseif alg == 3 then
+    redis.call('SET', key, str(s.tat), 'PX', ttlms(s.tat - now))
+  end
+end
+
+local n = #KEYS
+local function arg(i, f) return tonumber(ARGV[2 + (i - 1) * 6 + f]) end
+
+local states, out = {}, {}
+local refused = false
+for i = 1, n do
+  local alg, key = arg(i, 1), KEYS[i]
+  local s = states[key]
+  if not s then s = load(alg, key); states[key] = s end
+  local allowed, before, after, remaining, reset, u1, u2 = decide(alg, s, arg(i, 2), arg(i, 3), arg(i, 4), arg(i, 5))
+  if not allowed then refused = true end
+  out[i] = {allowed, before, after, remaining, reset, u1, u2}
+end
+
+local reply = {}
+if refused and aon then
+  -- Record nothing. allowed, before and after stay those of the evaluation
+  -- in order; remaining and reset become those of the unchanged state.
+  states = {}
+  reply[1] = 0
+  for i = 1, n do
+    local alg, key = arg(i, 1), KEYS[i]
+    local s = states[key]
+    if not s then s = load(alg, key); states[key] = s end
+    local _, _, _, remaining, reset = decide(alg, s, arg(i, 2), arg(i, 3), arg(i, 4), 0)
+    local o, allowed = out[i], 0
+    if o[1] then allowed = 1 end
+    local p = 2 + (i - 1) * 7
+    reply[p], reply[p + 1], reply[p + 2], reply[p + 3], reply[p + 4] = allowed, o[2], o[3], remaining, reset
+    reply[p + 5], reply[p + 6] = 0, 0
+  end
+  return reply
+end
+
+-- Record: fixed windows count every op's hits; continuous keys get their final state.
+local done = {}
+reply[1] = 1
+for i = 1, n do
+  local alg, key, hits = arg(i, 1), KEYS[i], arg(i, 5)
+  local o = out[i]
+  if alg == 0 then
+    if hits > 0 then
+      redis.call('INCRBY', key, str(hits))
+      redis.call('EXPIRE', key, ARGV[2 + (i - 1) * 6 + 6])
+    end
+  elseif o[1] and hits > 0 and not done[key] then
+    done[key] = true
+    commit(alg, key, states[key], arg(i, 4))
+  end
+  local allowed = 0
+  if o[1] then allowed = 1 end
+  local p = 2 + (i - 1) * 7
+  reply[p], reply[p + 1], reply[p + 2], reply[p + 3], reply[p + 4] = allowed, o[2], o[3], o[4], o[5]
+  reply[p + 5], reply[p + 6] = o[6], o[7]
+end
+return reply
+`
+
+// undoLua takes back recorded ops; see its comment.
+const undoLua = luaPrelude + `
+-- undo takes back the ops of an earlier decide call that recorded them,
+-- newest first, and replies with the state's remaining and reset per op.
+-- KEYS as for decide; ARGV[1] the time; then seven ARGV per op: algorithm,
+-- limit, capacity, window µs, hits, and the two undo values decide gave.
+local n = #KEYS
+local function arg(i, f) return tonumber(ARGV[1 + (i - 1) * 7 + f]) end
+for i = n, 1, -1 do
+  local alg, key, w, hits, u1, u2 = arg(i, 1), KEYS[i], arg(i, 4), arg(i, 5), arg(i, 6), arg(i, 7)
+  if hits > 0 then
+    if alg == 0 then
+      local c = tonumber(redis.call('GET', key) or '0')
+      if c > 0 then redis.call('DECRBY', key, str(math.min(c, hits))) end
+    elseif alg == 1 then
+      local s = load(1, key)
+      if s.start == u1 then
+        s.curr = math.max(s.curr - hits, 0)
+      elseif s.start == u1 + w then
+        s.prev = math.max(s.prev - hits, 0)
+      end
+      if s.start == u1 or s.start == u1 + w then
+        redis.call('SET', key, str(s.start) .. ':' .. str(s.prev) .. ':' .. str(s.curr), 'KEEPTTL')
+      end
+    elseif alg == 2 then
+      redis.call('LREM', key, -hits, str(u1))
+    else
+      local v = redis.call('GET', key)
+      if v then
+        -- Exact when no op came since ours; else take back our tokens only.
+        local tat = tonumber(v)
+        if tat == u2 then tat = u1 else tat = tat - hits * cdiv(w, arg(i, 2)) end
+        redis.call('SET', key, str(tat), 'KEEPTTL')
+      end
+    end
+  end
+end
+local reply = {}
+for i = 1, n do
+  local alg = arg(i, 1)
+  local _, _, _, remaining, reset = decide(alg, load(alg, KEYS[i]), arg(i, 2), arg(i, 3), arg(i, 4), 0)
+  reply[2 * i - 1], reply[2 * i] = remaining, reset
+end
+return reply
+`
+
+// argsPerOp and resultsPerOp are the per-op widths of decideLua's ARGV and
+// reply; undoArgsPerOp is undoLua's.
+const (
+	argsPerOp     = 6
+	resultsPerOp  = 7
+	undoArgsPerOp = 7
+)
+
+// The scripts' SHA1s, for EVALSHA.
+var (
+	decideSHA = scriptSHA(decideLua)
+	undoSHA   = scriptSHA(undoLua)
+)
+
+func scriptSHA(src string) string {
+	sum := sha1.Sum([]byte(src))
+	return hex.EncodeToString(sum[:])
+}
+
+// scriptSource returns the script whose SHA1 is sha, for EVAL after NOSCRIPT.
+func scriptSource(sha string) string {
+	if sha == undoSHA {
+		return undoLua
+	}
+	return decideLua
+}
+
+// algorithmCode is the number decideLua uses for a.
+func algorithmCode(a rules.Algorithm) string {
+	switch a {
+	case rules.SlidingWindow:
+		return "1"
+	case rules.SlidingLog:
+		return "2"
+	case rules.TokenBucket:
+		return "3"
+	}
+	return "0"
+}
+
+// appendOpArgs appends the six ARGV of op for decideLua.
+func appendOpArgs(args []any, op *limiter.Op, ttlSeconds int64) []any {
+	return append(args,
+		algorithmCode(op.Algorithm),
+		strconv.FormatUint(op.Limit, 10),
+		strconv.FormatUint(op.Capacity(), 10),
+		strconv.FormatInt(windowMicros(op.Window), 10),
+		strconv.FormatUint(op.Hits, 10),
+		strconv.FormatInt(ttlSeconds, 10),
+	)
+}
+
+// windowMicros is the window in whole microseconds, at least 1, as the
+// limiter's pure functions count it.
+func windowMicros(w time.Duration) int64 {
+	if m := int64(w / time.Microsecond); m > 0 {
+		return m
+	}
+	return 1
+}

@@ -1,0 +1,695 @@
+// Package redis is the Redis store: it keeps every key's state in Redis
+// (single, Sentinel or Cluster), so that any number of stateless instances
+// share their counts. Fixed windows use INCRBY and EXPIRE on
+// envoyproxy/ratelimit's keys, so a rolling upgrade from the anchor keeps
+// counting; the other algorithms run one Lua script per op that mirrors the
+// limiter's pure function. Concurrent requests share pipelines.
+//
+// It knows the limiter's Store contract and nothing above it: no rules
+// tree, no settings, no protos.
+package redis
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	goredis "github.com/redis/go-redis/v9"
+	"github.com/redis/go-redis/v9/maintnotifications"
+
+	"github.com/ratelimitd/ratelimit/src/limiter"
+	"github.com/ratelimitd/ratelimit/src/rules"
+)
+
+// errClosed is the cause of errors after Close.
+var errClosed = errors.New("store closed")
+
+// Store is a limiter.Store backed by Redis. It is safe for concurrent use.
+// Create it with New; the zero value is not usable.
+//
+// Atomicity: every op is applied atomically (INCRBY, or one Lua script on
+// its one key). An AllOrNothing batch is one script over all its keys, so
+// the check and the recording are one atomic step, on a single Redis or a
+// Sentinel group. A script cannot span Redis Cluster hash slots (nor the
+// main and the per-second Redis), so there the batch runs one
+// all-or-nothing script per slot in the same round trip; if one refused
+// while another recorded, a second round trip takes the recorded ops back
+// (see compensate). The result is the contract's, but not in one instant:
+// for about one round trip other requests can see the hits being taken back
+// (they may be refused; nothing is ever over-admitted), and if Redis fails
+// in between, those hits stay counted.
+type Store struct {
+	cfg       Config
+	main      *backend
+	perSecond *backend // nil: every op goes to main
+
+	ops, roundTrips atomic.Uint64
+
+	ctx    context.Context // ends at Close; bounds workers and probes
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+	closed sync.Once
+}
+
+var _ limiter.Store = (*Store)(nil)
+
+// New connects a Store as cfg says. It does not wait for Redis: with Redis
+// down it returns a working Store whose ops fail with limiter.ErrUnavailable
+// and whose Healthy is false until Redis first answers (see WaitStarted).
+// It fails only for a bad cfg.
+func New(ctx context.Context, cfg Config) (*Store, error) {
+	cfg, err := cfg.withDefaults()
+	if err != nil {
+		return nil, err
+	}
+	useSlog()
+	s := &Store{cfg: cfg}
+	// The Store outlives New's ctx: it runs until Close.
+	s.ctx, s.cancel = context.WithCancel(context.WithoutCancel(ctx))
+	s.main, err = s.newBackend("redis", cfg)
+	if err != nil {
+		return nil, err
+	}
+	if cfg.PerSecond != nil {
+		ps, err := cfg.PerSecond.withDefaults()
+		if err != nil {
+			_ = s.main.client.Close()
+			return nil, fmt.Errorf("persecond: %w", err)
+		}
+		if s.perSecond, err = s.newBackend("redis persecond", ps); err != nil {
+			_ = s.main.client.Close()
+			return nil, err
+		}
+	}
+	for _, be := range s.backends() {
+		for range cfg.PoolSize {
+			s.wg.Go(func() { be.work(s.ctx) })
+		}
+		s.wg.Go(func() { s.probe(be) })
+	}
+	return s, nil
+}
+
+func (s *Store) backends() []*backend {
+	if s.perSecond != nil {
+		return []*backend{s.main, s.perSecond}
+	}
+	return []*backend{s.main}
+}
+
+// goredisPoolSize is the pool size given to go-redis. Our workers bound the
+// connections in use (PoolSize per node); go-redis's PoolSize also sets how
+// many failed dials make its pool stop dialling and probe only once a
+// second, which would fail the first requests after Redis comes back. A
+// large value keeps dialling on every attempt.
+const goredisPoolSize = 1 << 12
+
+func (s *Store) newBackend(name string, cfg Config) (*backend, error) {
+	ep, err := ParseURL(cfg.Type, cfg.URL)
+	if err != nil {
+		return nil, err
+	}
+	user, password := ParseAuth(cfg.Auth)
+	be := &backend{
+		name:     name,
+		queue:    make(chan *request, 4*cfg.PoolSize),
+		window:   cfg.PipelineWindow,
+		limit:    cfg.PipelineLimit,
+		timeout:  cfg.Timeout,
+		answered: make(chan struct{}),
+	}
+	hook := countHook{n: &s.roundTrips}
+	dial := dialer(cfg)
+	maint := &maintnotifications.Config{Mode: maintnotifications.ModeDisabled}
+	switch cfg.Type {
+	case TypeSingle:
+		c := goredis.NewClient(&goredis.Options{
+			Network:                  cfg.SocketType,
+			Addr:                     ep.Addrs[0],
+			Username:                 user,
+			Password:                 password,
+			Dialer:                   dial,
+			Protocol:                 2,
+			DisableIdentity:          true,
+			MaxRetries:               -1,
+			DialTimeout:              cfg.Timeout,
+			DialerRetries:            1,
+			ReadTimeout:              cfg.Timeout,
+			WriteTimeout:             cfg.Timeout,
+			ContextTimeoutEnabled:    true,
+			PoolSize:                 goredisPoolSize,
+			PoolTimeout:              cfg.Timeout,
+			PipelinePoolSize:         -1,
+			MaintNotificationsConfig: maint,
+		})
+		c.AddHook(hook)
+		be.client = c
+	case TypeSentinel:
+		suser, spassword := ParseAuth(cfg.SentinelAuth)
+		c := goredis.NewFailoverClient(&goredis.FailoverOptions{
+			MasterName:            ep.MasterName,
+			SentinelAddrs:         ep.Addrs,
+			SentinelUsername:      suser,
+			SentinelPassword:      spassword,
+			Username:              user,
+			Password:              password,
+			Dialer:                dial,
+			Protocol:              2,
+			DisableIdentity:       true,
+			MaxRetries:            -1,
+			DialTimeout:           cfg.Timeout,
+			DialerRetries:         1,
+			ReadTimeout:           cfg.Timeout,
+			WriteTimeout:          cfg.Timeout,
+			ContextTimeoutEnabled: true,
+			PoolSize:              goredisPoolSize,
+			PoolTimeout:           cfg.Timeout,
+			PipelinePoolSize:      -1,
+		})
+		c.AddHook(hook)
+		be.client = c
+	case TypeCluster:
+		c := goredis.NewClusterClient(&goredis.ClusterOptions{
+			Addrs:                    ep.Addrs,
+			Username:                 user,
+			Password:                 password,
+			Dialer:                   dial,
+			Protocol:                 2,
+			DisableIdentity:          true,
+			MaxRetries:               -1,
+			DialTimeout:              cfg.Timeout,
+			DialerRetries:            1,
+			ReadTimeout:              cfg.Timeout,
+			WriteTimeout:             cfg.Timeout,
+			ContextTimeoutEnabled:    true,
+			PoolSize:                 goredisPoolSize,
+			PoolTimeout:              cfg.Timeout,
+			PipelinePoolSize:         -1,
+			MaintNotificationsConfig: maint,
+		})
+		// Count round trips per node: the cluster client splits a pipeline
+		// into one pipeline per node.
+		c.OnNewNode(func(n *goredis.Client) { n.AddHook(hook) })
+		be.client, be.cluster = c, true
+	}
+	return be, nil
+}
+
+// countHook counts the pipelines that reached Redis.
+type countHook struct{ n *atomic.Uint64 }
+
+func (countHook) DialHook(next goredis.DialHook) goredis.DialHook          { return next }
+func (countHook) ProcessHook(next goredis.ProcessHook) goredis.ProcessHook { return next }
+func (h countHook) ProcessPipelineHook(next goredis.ProcessPipelineHook) goredis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []goredis.Cmder) error {
+		err := next(ctx, cmds)
+		if err == nil || isRedisError(err) {
+			h.n.Add(1)
+		}
+		return err
+	}
+}
+
+// probe pings a backend until it first answers, backing off from
+// StartupInitialInterval to StartupMaxInterval, then, with
+// HealthCheckActiveConnection, every HealthCheckInterval to keep
+// Healthy current while no traffic flows.
+func (s *Store) probe(be *backend) {
+	wait := s.cfg.StartupInitialInterval
+	for !be.hasAnswered() {
+		if s.ping(be) == nil {
+			be.markUp()
+			break
+		}
+		select {
+		case <-s.ctx.Done():
+			return
+		case <-be.answered:
+		case <-time.After(wait):
+		}
+		wait = min(2*wait, s.cfg.StartupMaxInterval)
+	}
+	if !s.cfg.HealthCheckActiveConnection {
+		return
+	}
+	t := time.NewTicker(s.cfg.HealthCheckInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-s.ctx.Done():
+			return
+		case <-t.C:
+		}
+		if s.ping(be) == nil {
+			be.markUp()
+		} else {
+			be.up.Store(false)
+		}
+	}
+}
+
+func (s *Store) ping(be *backend) error {
+	ctx, cancel := context.WithTimeout(s.ctx, be.timeout)
+	defer cancel()
+	if c, ok := be.client.(*goredis.ClusterClient); ok {
+		return c.ForEachMaster(ctx, func(ctx context.Context, n *goredis.Client) error {
+			return n.Ping(ctx).Err()
+		})
+	}
+	return be.client.Ping(ctx).Err()
+}
+
+// Healthy reports whether the store can serve. Before Redis has answered
+// once it is false (the service starts anyway, unhealthy). Afterwards it is
+// true, unless HealthCheckActiveConnection is set: then it is false while
+// the last round trip or probe to Redis failed, as envoyproxy/ratelimit's
+// REDIS_HEALTH_CHECK_ACTIVE_CONNECTION does. With a per-second Redis, both
+// must be healthy.
+func (s *Store) Healthy() bool {
+	for _, be := range s.backends() {
+		if !be.hasAnswered() {
+			return false
+		}
+		if s.cfg.HealthCheckActiveConnection && !be.up.Load() {
+			return false
+		}
+	}
+	return true
+}
+
+// WaitStarted blocks until every Redis has answered once, or ctx ends. The
+// server may use it to give up after REDIS_STARTUP_MAX_ELAPSED_TIME.
+func (s *Store) WaitStarted(ctx context.Context) error {
+	for _, be := range s.backends() {
+		select {
+		case <-be.answered:
+		case <-ctx.Done():
+			return fmt.Errorf("redis: waiting for %s: %w", be.name, ctx.Err())
+		}
+	}
+	return nil
+}
+
+// Counters returns the cumulative number of pipelines that reached Redis
+// (one per node for a cluster) and of ops applied (ratelimit.redis.round_trips,
+// ratelimit.redis.ops). ops/roundTrips is the mean pipeline depth.
+func (s *Store) Counters() (roundTrips, ops uint64) {
+	return s.roundTrips.Load(), s.ops.Load()
+}
+
+// Close stops the workers and closes the connections. Do calls in flight or
+// made afterwards fail with limiter.ErrUnavailable.
+func (s *Store) Close() error {
+	var err error
+	s.closed.Do(func() {
+		s.cancel()
+		s.wg.Wait()
+		for _, be := range s.backends() {
+			err = errors.Join(err, be.client.Close())
+		}
+	})
+	return err
+}
+
+// Do applies the batch: see limiter.Store. One request takes one round trip
+// per Redis (both in parallel when it has per-second and other ops), shared
+// with the concurrent requests of the same pipeline; a second one only after
+// NOSCRIPT (Redis lost the script) or to take back the ops of a split
+// AllOrNothing batch (see compensate). A zero b.Now is set to the current
+// time.
+func (s *Store) Do(ctx context.Context, b *limiter.Batch) error {
+	if err := ctx.Err(); err != nil {
+		return unavailable(s.main.name, err)
+	}
+	n := len(b.Ops)
+	if cap(b.Results) < n {
+		b.Results = make([]limiter.Result, n)
+	}
+	b.Results = b.Results[:n]
+	if n == 0 {
+		return nil
+	}
+	s.ops.Add(uint64(n))
+	if b.Now.IsZero() {
+		b.Now = time.Now()
+	}
+
+	var reqs [2]*request
+	var bes [2]*backend
+	if s.perSecond == nil {
+		r := getRequest(ctx)
+		for i := range n {
+			r.idx = append(r.idx, i)
+		}
+		reqs[0], bes[0] = r, s.main
+	} else {
+		for i := range b.Ops {
+			k, be := 0, s.main
+			if b.Ops[i].PerSecond {
+				k, be = 1, s.perSecond
+			}
+			if reqs[k] == nil {
+				reqs[k], bes[k] = getRequest(ctx), be
+			}
+			reqs[k].idx = append(reqs[k].idx, i)
+		}
+	}
+	for k, r := range reqs {
+		if r != nil {
+			s.build(r, b, bes[k].cluster)
+		}
+	}
+
+	// With both backends, send to both before waiting for either.
+	var errs [2]error
+	var recycle [2]bool
+	send := func(k int) {
+		recycle[k], errs[k] = bes[k].submit(ctx, s.ctx.Done(), reqs[k])
+		if errs[k] == nil {
+			errs[k] = s.decode(bes[k], reqs[k], b)
+		}
+	}
+	switch {
+	case reqs[0] != nil && reqs[1] != nil:
+		var wg sync.WaitGroup
+		wg.Go(func() { send(1) })
+		send(0)
+		wg.Wait()
+	case reqs[0] != nil:
+		send(0)
+	default:
+		send(1)
+	}
+	err := errors.Join(errs[0], errs[1])
+	if err == nil && b.AllOrNothing {
+		err = s.compensate(ctx, b, reqs, bes)
+	}
+	for k, r := range reqs {
+		if r != nil && recycle[k] {
+			putRequest(r)
+		}
+	}
+	return err
+}
+
+// compensate completes an AllOrNothing batch that needed more than one
+// script: on a Cluster, one per hash slot; with a per-second Redis, one per
+// Redis. Each script is all-or-nothing by itself; when one refused its ops
+// while another recorded its own, compensate takes the recorded ops back
+// with undoLua in a second round trip and reports their unchanged state,
+// as the Batch contract asks. Between the two round trips other requests
+// can see the hits that are being taken back: they may be refused, never
+// over-admitted. If the second round trip fails, the hits stay recorded
+// (counted against the client, never for it) and Do returns the error.
+func (s *Store) compensate(ctx context.Context, b *limiter.Batch, reqs [2]*request, bes [2]*backend) error {
+	refused, recorded := false, false
+	for _, r := range reqs {
+		if r == nil {
+			continue
+		}
+		for _, c := range r.cmds {
+			vals, err := c.(scriptCmd).Int64Slice()
+			if err != nil || len(vals) == 0 {
+				return fmt.Errorf("redis: script reply: %v", err)
+			}
+			if vals[0] == 1 {
+				recorded = true
+			} else {
+				refused = true
+			}
+		}
+	}
+	if !refused || !recorded {
+		return nil
+	}
+	var errs [2]error
+	for k, r := range reqs {
+		if r != nil {
+			errs[k] = s.undo(ctx, bes[k], r, b)
+		}
+	}
+	return errors.Join(errs[0], errs[1])
+}
+
+// undo takes back the ops of r's script calls that recorded them.
+func (s *Store) undo(ctx context.Context, be *backend, r *request, b *limiter.Batch) error {
+	u := getRequest(ctx)
+	var undone [][]int // per undo command, the batch's op indexes
+	for ci, c := range r.cmds {
+		vals, _ := c.(scriptCmd).Int64Slice()
+		if vals[0] != 1 {
+			continue
+		}
+		var ops []int
+		var keys, args []any
+		for j, i := range r.idx {
+			p := r.plan[j]
+			if int(p.cmd) != ci {
+				continue
+			}
+			op := &b.Ops[i]
+			o := 1 + int(p.pos)*resultsPerOp
+			ops = append(ops, i)
+			keys = append(keys, strings.Clone(op.Key))
+			args = appendOpArgs(args, op, 0)
+			args = append(args[:len(args)-1], // replace the TTL with the undo values
+				strconv.FormatInt(vals[o+5], 10), strconv.FormatInt(vals[o+6], 10))
+		}
+		all := make([]any, 0, 4+len(keys)+len(args))
+		all = append(all, "evalsha", undoSHA, strconv.Itoa(len(keys)))
+		all = append(all, keys...)
+		all = append(all, s.scriptNow(b))
+		all = append(all, args...)
+		u.cmds = append(u.cmds, scriptCmd{goredis.NewCmd(context.Background(), all...)})
+		u.ncmds++
+		undone = append(undone, ops)
+	}
+	recycle, err := be.submit(ctx, s.ctx.Done(), u)
+	if err == nil {
+		for ci, ops := range undone {
+			c := u.cmds[ci].(scriptCmd)
+			vals, cerr := c.Int64Slice()
+			if cerr != nil {
+				err = cmdError(be.name, b.Ops[ops[0]].Key, cerr)
+				break
+			}
+			if len(vals) < 2*len(ops) {
+				err = fmt.Errorf("%s: undo reply has %d values, want %d", be.name, len(vals), 2*len(ops))
+				break
+			}
+			for j, i := range ops {
+				res := &b.Results[i]
+				res.Remaining = uint64(vals[2*j])
+				if b.Ops[i].Algorithm != rules.FixedWindow {
+					res.ResetAfter = time.Duration(vals[2*j+1]) * time.Microsecond
+				}
+			}
+		}
+	}
+	if recycle {
+		putRequest(u)
+	}
+	return err
+}
+
+// build turns the ops r carries into Redis commands.
+func (s *Store) build(r *request, b *limiter.Batch, cluster bool) {
+	ctx := context.Background() // commands run under the worker's deadline
+	if !b.AllOrNothing {
+		for _, i := range r.idx {
+			op := &b.Ops[i]
+			// The limiter reuses the keys' memory after Do returns, and a
+			// request whose caller gave up may still be sent: copy.
+			key := strings.Clone(op.Key)
+			switch {
+			case op.Algorithm == rules.FixedWindow && op.Hits == 0:
+				r.plan = append(r.plan, opPlan{cmd: int32(len(r.cmds)), kind: kindGet})
+				r.cmds = append(r.cmds, stringCmd{goredis.NewStringCmd(ctx, "get", key)})
+				r.ncmds++
+			case op.Algorithm == rules.FixedWindow:
+				r.plan = append(r.plan, opPlan{cmd: int32(len(r.cmds)), kind: kindIncr})
+				r.cmds = append(r.cmds,
+					intCmd{goredis.NewIntCmd(ctx, "incrby", key, strconv.FormatUint(op.Hits, 10))},
+					intCmd{goredis.NewIntCmd(ctx, "expire", key, strconv.FormatInt(s.ttl(op), 10))})
+				r.ncmds += 2
+			default:
+				r.plan = append(r.plan, opPlan{cmd: int32(len(r.cmds)), kind: kindScript})
+				args := make([]any, 0, 6+argsPerOp)
+				args = append(args, "evalsha", decideSHA, "1", key, s.scriptNow(b), "0")
+				args = appendOpArgs(args, op, 0)
+				r.cmds = append(r.cmds, scriptCmd{goredis.NewCmd(ctx, args...)})
+				r.ncmds++
+			}
+		}
+		return
+	}
+	// AllOrNothing: one script per group of keys that may share a script:
+	// all of them, or on a cluster those of one hash slot.
+	r.plan = append(r.plan, make([]opPlan, len(r.idx))...)
+	done := 0
+	for done < len(r.idx) {
+		slot := -1
+		if cluster {
+			slot = -2 // first op not yet placed decides
+		}
+		var keys, args []any
+		pos := int32(0)
+		cmd := int32(len(r.cmds))
+		for j, i := range r.idx {
+			if r.plan[j].kind == kindScript {
+				continue // in an earlier group
+			}
+			op := &b.Ops[i]
+			if cluster {
+				ks := keySlot(op.Key)
+				if slot == -2 {
+					slot = ks
+				} else if ks != slot {
+					continue
+				}
+			}
+			r.plan[j] = opPlan{cmd: cmd, pos: pos, kind: kindScript}
+			pos++
+			done++
+			keys = append(keys, strings.Clone(op.Key))
+			args = appendOpArgs(args, op, s.ttl(op))
+		}
+		all := make([]any, 0, 5+len(keys)+len(args))
+		all = append(all, "evalsha", decideSHA, strconv.Itoa(len(keys)))
+		all = append(all, keys...)
+		all = append(all, s.scriptNow(b), "1")
+		all = append(all, args...)
+		r.cmds = append(r.cmds, scriptCmd{goredis.NewCmd(ctx, all...)})
+		r.ncmds++
+	}
+}
+
+// scriptNow is the script's time argument: "" for Redis TIME.
+func (s *Store) scriptNow(b *limiter.Batch) string {
+	if s.cfg.ScriptClock {
+		return strconv.FormatInt(b.Now.UnixMicro(), 10)
+	}
+	return ""
+}
+
+// ttl is a fixed-window key's TTL in seconds: the window plus a random
+// jitter in [0, ExpirationJitterMax), as envoyproxy/ratelimit sets it.
+func (s *Store) ttl(op *limiter.Op) int64 {
+	ttl := max(int64(op.Window/time.Second), 1)
+	if j := int64(s.cfg.ExpirationJitterMax / time.Second); j > 0 {
+		ttl += rand.Int64N(j)
+	}
+	return ttl
+}
+
+// decode reads r's replies into b.Results.
+func (s *Store) decode(be *backend, r *request, b *limiter.Batch) error {
+	for j, i := range r.idx {
+		p := r.plan[j]
+		op := &b.Ops[i]
+		c := r.cmds[p.cmd]
+		if err := c.Err(); err != nil && !errors.Is(err, goredis.Nil) {
+			return cmdError(be.name, op.Key, err)
+		}
+		switch p.kind {
+		case kindIncr:
+			after := c.(intCmd).Val()
+			_, b.Results[i] = limiter.FixedWindow(limiter.FixedWindowState{Count: uint64(after) - op.Hits}, b.Now, *op)
+		case kindGet:
+			count, err := strconv.ParseUint(c.(stringCmd).Val(), 10, 64)
+			if err != nil && !errors.Is(c.Err(), goredis.Nil) {
+				return fmt.Errorf("redis: key %q: not a counter: %w", op.Key, err)
+			}
+			_, b.Results[i] = limiter.FixedWindow(limiter.FixedWindowState{Count: count}, b.Now, *op)
+		case kindScript:
+			res, err := scriptResult(c.(scriptCmd), int(p.pos))
+			if err != nil {
+				return fmt.Errorf("redis: key %q: %w", op.Key, err)
+			}
+			b.Results[i] = toResult(res, op, b.Now)
+		}
+	}
+	return nil
+}
+
+// scriptReply is one op's part of decideLua's reply.
+type scriptReply struct {
+	allowed                               bool
+	before, after, remaining, resetMicros int64
+}
+
+func scriptResult(c scriptCmd, pos int) (scriptReply, error) {
+	vals, err := c.Int64Slice()
+	if err != nil {
+		return scriptReply{}, fmt.Errorf("script reply: %w", err)
+	}
+	o := 1 + pos*resultsPerOp
+	if len(vals) < o+resultsPerOp {
+		return scriptReply{}, fmt.Errorf("script reply has %d values, want %d", len(vals), o+resultsPerOp)
+	}
+	return scriptReply{
+		allowed:     vals[o] == 1,
+		before:      vals[o+1],
+		after:       vals[o+2],
+		remaining:   vals[o+3],
+		resetMicros: vals[o+4],
+	}, nil
+}
+
+// toResult turns a script reply into the op's Result. A fixed window's
+// ResetAfter comes from the pure function on the instance's clock, as its
+// key does.
+func toResult(res scriptReply, op *limiter.Op, now time.Time) limiter.Result {
+	r := limiter.Result{
+		Before:     uint64(res.before),
+		After:      uint64(res.after),
+		Allowed:    res.allowed,
+		Remaining:  uint64(res.remaining),
+		ResetAfter: time.Duration(res.resetMicros) * time.Microsecond,
+	}
+	if op.Algorithm == rules.FixedWindow {
+		r.ResetAfter = limiter.FixedWindowEnd(now, op.Window).Sub(time.Unix(now.Unix(), 0))
+	}
+	return r
+}
+
+// unavailable wraps a failure to reach Redis.
+func unavailable(name string, err error) error {
+	return fmt.Errorf("%s: %w: %w", name, limiter.ErrUnavailable, err)
+}
+
+// cmdError classifies a command's error: a reply that says the data or our
+// script is wrong (isDataError) is returned as is; everything else
+// (transport errors, timeouts, LOADING, READONLY, CLUSTERDOWN, NOAUTH,
+// WRONGPASS ...) means Redis cannot serve and wraps limiter.ErrUnavailable.
+func cmdError(name, key string, err error) error {
+	if isDataError(err) {
+		return fmt.Errorf("%s: key %q: %w", name, key, err)
+	}
+	return unavailable(name, err)
+}
+
+// isDataError reports whether err is Redis refusing a command for what it
+// holds or runs, not for its own state: a key of another type (WRONGTYPE),
+// or an error raised inside a script.
+func isDataError(err error) bool {
+	if !isRedisError(err) {
+		return false
+	}
+	msg := err.Error()
+	return strings.HasPrefix(msg, "WRONGTYPE") ||
+		strings.Contains(msg, "user_script") || strings.Contains(msg, "Error running script")
+}
+
+// isRedisError reports whether err is an error reply from Redis (the server
+// answered), as opposed to a transport or timeout error.
+func isRedisError(err error) bool {
+	var re goredis.Error
+	return errors.As(err, &re) && !errors.Is(err, goredis.Nil)
+}

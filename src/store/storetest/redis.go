@@ -1,0 +1,415 @@
+package storetest
+
+import (
+	"bufio"
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// redisInstall is appended to every "binary not found" error: a missing
+// server is a test failure that says how to fix it, never a skip.
+const redisInstall = "install it with `apt-get install -y redis-server` (Debian/Ubuntu; also provides Sentinel) or `brew install redis` (macOS)"
+
+// redisReadyTimeout bounds how long a launcher waits for a process to answer PING.
+const redisReadyTimeout = 15 * time.Second
+
+// RedisOptions configures one redis-server process. The zero value is a plain
+// server without authentication or TLS.
+type RedisOptions struct {
+	// Password is the server's requirepass, or the ACL user's password when
+	// User is set.
+	Password string
+	// User, when set, creates an ACL user with Password and full rights and
+	// disables the default user, so only User:Password authenticates.
+	User string
+	// TLS makes the server accept only TLS connections (tls-port), with
+	// certificates generated for the test; clients must present the client
+	// certificate (tls-auth-clients yes).
+	TLS bool
+	// Config holds extra redis.conf lines ("name value"), applied last.
+	Config []string
+}
+
+// RedisServer is a redis-server process on a free 127.0.0.1 port. Its methods
+// are safe for concurrent use.
+type RedisServer struct {
+	// Addr is "127.0.0.1:port"; it stays the same across Stop and Start.
+	Addr string
+	// Dir holds the configuration, the log and (with TLS) the certificates.
+	Dir string
+	// TLS holds the certificate files and client configuration when the
+	// server was started with RedisOptions.TLS; nil otherwise.
+	TLS *RedisTLS
+
+	opts     RedisOptions
+	conf     string
+	sentinel bool
+
+	// mu guards cmd and done.
+	mu   sync.Mutex
+	cmd  *exec.Cmd
+	done chan struct{}
+}
+
+// StartRedis starts a redis-server for the test and stops it in t.Cleanup.
+// The test fails when the binary is missing or the server does not start.
+func StartRedis(tb testing.TB, opts RedisOptions) *RedisServer {
+	tb.Helper()
+	s, err := LaunchRedis(tb.TempDir(), opts)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() { _ = s.Close() })
+	return s
+}
+
+// LaunchRedis starts a redis-server whose files live in dir, for programs
+// without a testing.TB (the benchmark runner). The caller must call Close.
+func LaunchRedis(dir string, opts RedisOptions) (*RedisServer, error) {
+	if _, err := exec.LookPath("redis-server"); err != nil {
+		return nil, fmt.Errorf("storetest: redis-server not found in PATH; %s", redisInstall)
+	}
+	var files *RedisTLS
+	if opts.TLS {
+		var err error
+		if files, err = writeRedisTLS(dir); err != nil {
+			return nil, err
+		}
+	}
+	var lastErr error
+	// A free port can be taken by another process between our probe and
+	// redis-server's bind; try a few fresh ports before giving up.
+	for range 3 {
+		port, err := redisFreePort()
+		if err != nil {
+			return nil, err
+		}
+		s := &RedisServer{
+			Addr: net.JoinHostPort("127.0.0.1", strconv.Itoa(port)),
+			Dir:  dir,
+			TLS:  files,
+			opts: opts,
+		}
+		lines := []string{"port " + strconv.Itoa(port)}
+		if opts.TLS {
+			lines = []string{
+				"port 0",
+				"tls-port " + strconv.Itoa(port),
+				"tls-cert-file " + s.TLS.ServerCertFile,
+				"tls-key-file " + s.TLS.ServerKeyFile,
+				"tls-ca-cert-file " + s.TLS.CAFile,
+				"tls-auth-clients yes",
+			}
+		}
+		lines = append(lines, redisAuthLines(opts)...)
+		lines = append(lines, opts.Config...)
+		s.conf = filepath.Join(dir, fmt.Sprintf("redis-%d.conf", port))
+		if err := writeRedisConf(s.conf, dir, port, lines); err != nil {
+			return nil, err
+		}
+		if lastErr = s.Start(); lastErr == nil {
+			return s, nil
+		}
+	}
+	return nil, lastErr
+}
+
+func redisAuthLines(opts RedisOptions) []string {
+	switch {
+	case opts.User != "":
+		return []string{
+			"user default off",
+			fmt.Sprintf("user %s on >%s ~* &* +@all", opts.User, opts.Password),
+		}
+	case opts.Password != "":
+		return []string{"requirepass " + opts.Password}
+	}
+	return nil
+}
+
+// writeRedisConf writes a configuration that keeps the process small and
+// ephemeral: loopback only, no persistence, logs to a file in dir.
+func writeRedisConf(path, dir string, port int, extra []string) error {
+	lines := []string{
+		"bind 127.0.0.1",
+		"protected-mode no",
+		"daemonize no",
+		"dir " + dir,
+		fmt.Sprintf("logfile %s", filepath.Join(dir, fmt.Sprintf("redis-%d.log", port))),
+		"loglevel notice",
+		`save ""`,
+		"appendonly no",
+		fmt.Sprintf("dbfilename dump-%d.rdb", port),
+	}
+	lines = append(lines, extra...)
+	return os.WriteFile(path, []byte(strings.Join(lines, "\n")+"\n"), 0o600)
+}
+
+// Start starts the process again after Stop, on the same port and with the
+// same configuration, and waits until it answers. Data is not kept.
+func (s *RedisServer) Start() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.cmd != nil {
+		return nil
+	}
+	args := []string{s.conf}
+	if s.sentinel {
+		args = append(args, "--sentinel")
+	}
+	cmd := exec.Command("redis-server", args...)
+	// Kill the server if the test binary dies without running its cleanups.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	out, err := os.OpenFile(filepath.Join(s.Dir, "stdout-"+filepath.Base(s.conf)+".log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+	if err != nil {
+		return fmt.Errorf("storetest: %w", err)
+	}
+	cmd.Stdout, cmd.Stderr = out, out
+	if err := cmd.Start(); err != nil {
+		_ = out.Close()
+		return fmt.Errorf("storetest: start redis-server: %w", err)
+	}
+	done := make(chan struct{})
+	go func() {
+		_ = cmd.Wait()
+		_ = out.Close()
+		close(done)
+	}()
+	s.cmd, s.done = cmd, done
+
+	ctx, cancel := context.WithTimeout(context.Background(), redisReadyTimeout)
+	defer cancel()
+	pid := strconv.Itoa(cmd.Process.Pid)
+	for {
+		// Ask for the process id, not just PING: another server that took
+		// the port first must not pass for ours.
+		info, err := s.Do(ctx, "INFO", "server")
+		if err == nil {
+			if got := redisInfoField(info, "process_id"); got == pid {
+				return nil
+			}
+			err = fmt.Errorf("port %s answered by another process", s.Addr)
+		}
+		select {
+		case <-done:
+			s.cmd = nil
+			return fmt.Errorf("storetest: redis-server on %s exited at start: %v\n%s", s.Addr, err, s.logTail())
+		case <-ctx.Done():
+			s.killLocked()
+			return fmt.Errorf("storetest: redis-server on %s not ready after %v: %v\n%s", s.Addr, redisReadyTimeout, err, s.logTail())
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+}
+
+// Stop kills the process (SIGKILL, as a crash or a network cut would look to
+// clients) and waits for it to exit. The port and directory stay reserved for
+// Start.
+func (s *RedisServer) Stop() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.killLocked()
+	return nil
+}
+
+func (s *RedisServer) killLocked() {
+	if s.cmd == nil {
+		return
+	}
+	_ = s.cmd.Process.Kill()
+	<-s.done
+	s.cmd, s.done = nil, nil
+}
+
+// Close stops the process for good. It is safe to call more than once.
+func (s *RedisServer) Close() error { return s.Stop() }
+
+// Running reports whether the process is up.
+func (s *RedisServer) Running() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.cmd != nil
+}
+
+// Port returns the server's TCP port.
+func (s *RedisServer) Port() int {
+	_, p, _ := net.SplitHostPort(s.Addr)
+	n, _ := strconv.Atoi(p)
+	return n
+}
+
+// Auth returns the credentials in REDIS_AUTH form: "", "password" or "user:password".
+func (s *RedisServer) Auth() string {
+	if s.opts.User != "" {
+		return s.opts.User + ":" + s.opts.Password
+	}
+	return s.opts.Password
+}
+
+// Do sends one command on a fresh connection (authenticated, over TLS when
+// the server uses it) and returns the reply: string, int64, []any, nil, or
+// an error for a Redis error reply.
+func (s *RedisServer) Do(ctx context.Context, args ...string) (any, error) {
+	var tlsConf *tls.Config
+	if s.TLS != nil {
+		tlsConf = s.TLS.ClientConfig()
+	}
+	return redisDo(ctx, s.Addr, tlsConf, s.opts.User, s.opts.Password, args...)
+}
+
+func (s *RedisServer) logTail() string {
+	var b strings.Builder
+	logs, _ := filepath.Glob(filepath.Join(s.Dir, "*.log"))
+	for _, l := range logs {
+		data, err := os.ReadFile(l)
+		if err != nil {
+			continue
+		}
+		if len(data) > 2000 {
+			data = data[len(data)-2000:]
+		}
+		fmt.Fprintf(&b, "--- %s\n%s", filepath.Base(l), data)
+	}
+	return b.String()
+}
+
+// redisFreePort returns a TCP port that was free on 127.0.0.1 a moment ago.
+// Ports above 55535 are skipped so that port+10000 (Redis Cluster's default
+// bus offset) stays valid should anyone rely on it.
+func redisFreePort() (int, error) {
+	for range 20 {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			return 0, fmt.Errorf("storetest: free port: %w", err)
+		}
+		port := l.Addr().(*net.TCPAddr).Port
+		_ = l.Close()
+		if port <= 55535 {
+			return port, nil
+		}
+	}
+	return 0, errors.New("storetest: no free port below 55536")
+}
+
+// redisDo is a minimal RESP2 client, enough to probe readiness and to set up
+// Sentinel and Cluster without depending on the client under test.
+func redisDo(ctx context.Context, addr string, tlsConf *tls.Config, user, password string, args ...string) (any, error) {
+	d := net.Dialer{Timeout: time.Second}
+	var conn net.Conn
+	var err error
+	if tlsConf != nil {
+		td := tls.Dialer{NetDialer: &d, Config: tlsConf}
+		conn, err = td.DialContext(ctx, "tcp", addr)
+	} else {
+		conn, err = d.DialContext(ctx, "tcp", addr)
+	}
+	if err != nil {
+		return nil, err
+	}
+	defer conn.Close()
+	deadline := time.Now().Add(5 * time.Second)
+	if dl, ok := ctx.Deadline(); ok && dl.Before(deadline) {
+		deadline = dl
+	}
+	_ = conn.SetDeadline(deadline)
+	rd := bufio.NewReader(conn)
+	if password != "" {
+		auth := []string{"AUTH", password}
+		if user != "" {
+			auth = []string{"AUTH", user, password}
+		}
+		if _, err := redisRoundTrip(conn, rd, auth); err != nil {
+			return nil, err
+		}
+	}
+	return redisRoundTrip(conn, rd, args)
+}
+
+func redisRoundTrip(w io.Writer, rd *bufio.Reader, args []string) (any, error) {
+	var b strings.Builder
+	fmt.Fprintf(&b, "*%d\r\n", len(args))
+	for _, a := range args {
+		fmt.Fprintf(&b, "$%d\r\n%s\r\n", len(a), a)
+	}
+	if _, err := io.WriteString(w, b.String()); err != nil {
+		return nil, err
+	}
+	return redisReadReply(rd)
+}
+
+// redisError is an error reply from the server.
+type redisError string
+
+func (e redisError) Error() string { return string(e) }
+
+func redisReadReply(rd *bufio.Reader) (any, error) {
+	line, err := rd.ReadString('\n')
+	if err != nil {
+		return nil, err
+	}
+	line = strings.TrimSuffix(line, "\r\n")
+	if line == "" {
+		return nil, errors.New("storetest: empty reply line")
+	}
+	switch line[0] {
+	case '+':
+		return line[1:], nil
+	case '-':
+		return nil, redisError(line[1:])
+	case ':':
+		return strconv.ParseInt(line[1:], 10, 64)
+	case '$':
+		n, err := strconv.Atoi(line[1:])
+		if err != nil || n < 0 {
+			return nil, err
+		}
+		buf := make([]byte, n+2)
+		if _, err := io.ReadFull(rd, buf); err != nil {
+			return nil, err
+		}
+		return string(buf[:n]), nil
+	case '*':
+		n, err := strconv.Atoi(line[1:])
+		if err != nil || n < 0 {
+			return nil, err
+		}
+		out := make([]any, n)
+		for i := range out {
+			v, err := redisReadReply(rd)
+			if err != nil {
+				var re redisError
+				if !errors.As(err, &re) {
+					return nil, err
+				}
+				v = re
+			}
+			out[i] = v
+		}
+		return out, nil
+	}
+	return nil, fmt.Errorf("storetest: unexpected reply %q", line)
+}
+
+// redisInfoField returns one "name:value" field of an INFO reply.
+func redisInfoField(info any, name string) string {
+	s, _ := info.(string)
+	for _, line := range strings.Split(s, "\r\n") {
+		if v, ok := strings.CutPrefix(line, name+":"); ok {
+			return v
+		}
+	}
+	return ""
+}
