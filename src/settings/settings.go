@@ -27,6 +27,11 @@ type Settings struct {
 	GRPCMaxConnectionAge      time.Duration `envconfig:"GRPC_MAX_CONNECTION_AGE" default:"24h"`
 	GRPCMaxConnectionAgeGrace time.Duration `envconfig:"GRPC_MAX_CONNECTION_AGE_GRACE" default:"1h"`
 
+	// Prometheus (served natively; the anchor goes through a statsd mapping).
+	UsePrometheus  bool   `envconfig:"USE_PROMETHEUS" default:"false"`
+	PrometheusAddr string `envconfig:"PROMETHEUS_ADDR" default:":9090"`
+	PrometheusPath string `envconfig:"PROMETHEUS_PATH" default:"/metrics"`
+
 	// Logging.
 	LogLevel  string `envconfig:"LOG_LEVEL" default:"WARN"`
 	LogFormat string `envconfig:"LOG_FORMAT" default:"text"`

@@ -1,0 +1,48 @@
+// Command ratelimit is the rate-limit service: Envoy's RateLimitService v3
+// over gRPC, with /json and /healthcheck over HTTP. Settings come from the
+// environment (see the README); rules from RUNTIME_ROOT/RUNTIME_SUBDIRECTORY/
+// RUNTIME_APPDIRECTORY, which defaults to ./config.
+package main
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"github.com/ratelimitd/ratelimit/src/server"
+	"github.com/ratelimitd/ratelimit/src/settings"
+)
+
+func main() {
+	os.Exit(run())
+}
+
+func run() int {
+	set, err := settings.Load()
+	if err != nil {
+		// LOG_FORMAT may itself be what is wrong; honour it when it says json.
+		if os.Getenv("LOG_FORMAT") == "json" {
+			server.NewLogger(os.Stderr, "error", "json").Error("invalid settings", "err", err)
+		} else {
+			fmt.Fprintln(os.Stderr, err)
+		}
+		return 2
+	}
+	log := server.NewLogger(os.Stderr, set.LogLevel, set.LogFormat)
+
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	defer stop()
+
+	srv, err := server.New(ctx, set, log)
+	if err != nil {
+		log.Error("cannot start", "err", err)
+		return 1
+	}
+	if err := srv.Run(ctx); err != nil {
+		log.Error("stopped with an error", "err", err)
+		return 1
+	}
+	return 0
+}

@@ -1,0 +1,229 @@
+// Package integration drives the built ratelimit binary only over the wire
+// (gRPC, /json, /healthcheck, signals), with real stores on loopback ports.
+package integration
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+)
+
+// binary is the service built once for the whole package.
+var binary string
+
+func TestMain(m *testing.M) {
+	dir, err := os.MkdirTemp("", "ratelimit-it")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	binary = filepath.Join(dir, "ratelimit")
+	build := exec.Command("go", "build", "-race", "-o", binary, "../cmd/ratelimit")
+	build.Stdout, build.Stderr = os.Stdout, os.Stderr
+	if err := build.Run(); err != nil {
+		fmt.Fprintln(os.Stderr, "integration: building the service:", err)
+		os.Exit(1)
+	}
+	code := m.Run()
+	os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+// proc is one running service process.
+type proc struct {
+	cmd               *exec.Cmd
+	root              string
+	grpc, http, debug string
+	mu                sync.Mutex
+	stderr            bytes.Buffer
+	done              chan struct{}
+	exitErr           error
+}
+
+func freePort(t *testing.T) int {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port
+}
+
+// writeRules writes name into root/config.
+func writeRules(t *testing.T, root, name, text string) {
+	t.Helper()
+	dir := filepath.Join(root, "config")
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	tmp := filepath.Join(dir, "."+name+".tmp")
+	if err := os.WriteFile(tmp, []byte(text), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(tmp, filepath.Join(dir, name)); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// launch starts the binary with rules in a fresh RUNTIME_ROOT and env on
+// top of free loopback ports. It does not wait for readiness.
+func launch(t *testing.T, rules map[string]string, env ...string) *proc {
+	t.Helper()
+	p := &proc{root: t.TempDir(), done: make(chan struct{})}
+	for name, text := range rules {
+		writeRules(t, p.root, name, text)
+	}
+	gp, hp, dp := freePort(t), freePort(t), freePort(t)
+	p.grpc, p.http, p.debug = fmt.Sprintf("127.0.0.1:%d", gp), fmt.Sprintf("127.0.0.1:%d", hp), fmt.Sprintf("127.0.0.1:%d", dp)
+	p.cmd = exec.Command(binary)
+	p.cmd.Env = append(os.Environ(),
+		"RUNTIME_ROOT="+p.root, "HOST=127.0.0.1", "GRPC_HOST=127.0.0.1", "DEBUG_HOST=127.0.0.1",
+		fmt.Sprintf("PORT=%d", hp), fmt.Sprintf("GRPC_PORT=%d", gp), fmt.Sprintf("DEBUG_PORT=%d", dp),
+		"LOG_LEVEL=info")
+	p.cmd.Env = append(p.cmd.Env, env...)
+	p.cmd.Stderr = &lockedWriter{mu: &p.mu, w: &p.stderr}
+	if err := p.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	go func() { p.exitErr = p.cmd.Wait(); close(p.done) }()
+	t.Cleanup(func() {
+		select {
+		case <-p.done:
+		default:
+			_ = p.cmd.Process.Kill()
+			<-p.done
+		}
+		if t.Failed() {
+			t.Logf("service stderr:\n%s", p.logs())
+		}
+	})
+	return p
+}
+
+type lockedWriter struct {
+	mu *sync.Mutex
+	w  io.Writer
+}
+
+func (l *lockedWriter) Write(b []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.w.Write(b)
+}
+
+func (p *proc) logs() string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.stderr.String()
+}
+
+// start launches the service and waits until /healthcheck says 200.
+func start(t *testing.T, rules map[string]string, env ...string) *proc {
+	t.Helper()
+	p := launch(t, rules, env...)
+	p.waitHealth(t, http.StatusOK)
+	return p
+}
+
+func (p *proc) healthCode() int {
+	resp, err := http.Get("http://" + p.http + "/healthcheck")
+	if err != nil {
+		return 0
+	}
+	resp.Body.Close()
+	return resp.StatusCode
+}
+
+func (p *proc) waitHealth(t *testing.T, want int) {
+	t.Helper()
+	eventually(t, fmt.Sprintf("/healthcheck %d", want), 30*time.Second, func() bool {
+		select {
+		case <-p.done:
+			t.Fatalf("service exited early: %v\n%s", p.exitErr, p.logs())
+		default:
+		}
+		return p.healthCode() == want
+	})
+}
+
+// wait waits for the process to exit and returns its exit code.
+func (p *proc) wait(t *testing.T, within time.Duration) int {
+	t.Helper()
+	select {
+	case <-p.done:
+	case <-time.After(within):
+		t.Fatalf("service still running after %v", within)
+	}
+	return p.cmd.ProcessState.ExitCode()
+}
+
+func (p *proc) signal(t *testing.T, sig syscall.Signal) {
+	t.Helper()
+	if err := p.cmd.Process.Signal(sig); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func (p *proc) client(t *testing.T) rlsv3.RateLimitServiceClient {
+	t.Helper()
+	cc, err := grpc.NewClient(p.grpc, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cc.Close() })
+	return rlsv3.NewRateLimitServiceClient(cc)
+}
+
+func (p *proc) postJSON(t *testing.T, body string) (int, string) {
+	t.Helper()
+	resp, err := http.Post("http://"+p.http+"/json", "application/json", strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b)
+}
+
+func eventually(t *testing.T, what string, within time.Duration, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(within)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %v waiting for %s", within, what)
+		}
+		time.Sleep(25 * time.Millisecond)
+	}
+}
+
+// request builds a request of one descriptor from key/value pairs.
+func request(domain string, kv ...string) *rlsv3.RateLimitRequest {
+	d := &ratelimitv3.RateLimitDescriptor{}
+	for i := 0; i+1 < len(kv); i += 2 {
+		d.Entries = append(d.Entries, &ratelimitv3.RateLimitDescriptor_Entry{Key: kv[i], Value: kv[i+1]})
+	}
+	return &rlsv3.RateLimitRequest{Domain: domain, Descriptors: []*ratelimitv3.RateLimitDescriptor{d}}
+}
+
+func callCtx(t *testing.T) context.Context {
+	ctx, cancel := context.WithTimeout(t.Context(), 5*time.Second)
+	t.Cleanup(cancel)
+	return ctx
+}

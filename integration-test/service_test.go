@@ -1,0 +1,185 @@
+package integration
+
+import (
+	"encoding/json"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+)
+
+const webRules = `domain: web
+descriptors:
+  - key: user
+    rate_limit: {unit: hour, requests_per_unit: 3}
+`
+
+func TestDecisionsOverTheWire(t *testing.T) {
+	p := start(t, map[string]string{"web.yaml": webRules})
+	c := p.client(t)
+	for i := 1; i <= 4; i++ {
+		resp, err := c.ShouldRateLimit(callCtx(t), request("web", "user", "alice"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		want := rlsv3.RateLimitResponse_OK
+		if i == 4 {
+			want = rlsv3.RateLimitResponse_OVER_LIMIT
+		}
+		if resp.GetOverallCode() != want {
+			t.Errorf("grpc call %d: %v, want %v", i, resp.GetOverallCode(), want)
+		}
+	}
+	// /json shares the counters with gRPC.
+	code, body := p.postJSON(t, `{"domain":"web","descriptors":[{"entries":[{"key":"user","value":"alice"}]}]}`)
+	if code != 429 || !strings.Contains(body, "OVER_LIMIT") {
+		t.Errorf("/json after the limit: %d %s, want 429", code, body)
+	}
+	code, _ = p.postJSON(t, `{"domain":"web","descriptors":[{"entries":[{"key":"user","value":"bob"}]}]}`)
+	if code != 200 {
+		t.Errorf("/json for another user: %d, want 200", code)
+	}
+	if _, err := c.ShouldRateLimit(callCtx(t), &rlsv3.RateLimitRequest{Domain: "web"}); status.Code(err) != codes.InvalidArgument {
+		t.Errorf("no descriptors: %v, want InvalidArgument", err)
+	}
+}
+
+func TestInvalidRulesAtStartupExitNonZero(t *testing.T) {
+	p := launch(t, map[string]string{
+		"ok.yaml":  webRules,
+		"bad.yaml": "domain: api\ndescriptors:\n  - key: path\n    rate_limit: {unit: fortnight, requests_per_unit: 1}\n",
+	})
+	if code := p.wait(t, 20*time.Second); code == 0 {
+		t.Fatal("service started with invalid rules")
+	}
+	if logs := p.logs(); !strings.Contains(logs, "bad.yaml:4") || !strings.Contains(logs, "fortnight") {
+		t.Errorf("startup error does not name file, line and problem:\n%s", logs)
+	}
+}
+
+func TestMalformedSettingExitNonZero(t *testing.T) {
+	p := launch(t, map[string]string{"web.yaml": webRules}, "BACKEND_TYPE=foo")
+	if code := p.wait(t, 20*time.Second); code == 0 {
+		t.Fatal("service started with BACKEND_TYPE=foo")
+	}
+	if !strings.Contains(p.logs(), "BACKEND_TYPE") {
+		t.Errorf("error does not name BACKEND_TYPE:\n%s", p.logs())
+	}
+}
+
+func TestJSONLogsFromTheFirstLine(t *testing.T) {
+	p := start(t, map[string]string{"web.yaml": webRules}, "LOG_FORMAT=json")
+	p.signal(t, syscall.SIGTERM)
+	if code := p.wait(t, 20*time.Second); code != 0 {
+		t.Fatalf("exit code %d after SIGTERM", code)
+	}
+	bad := launch(t, map[string]string{"web.yaml": webRules}, "LOG_FORMAT=json", "PORT=abc")
+	bad.wait(t, 20*time.Second)
+	for _, out := range []string{p.logs(), bad.logs()} {
+		lines := strings.Split(strings.TrimSpace(out), "\n")
+		if len(lines) == 0 || lines[0] == "" {
+			t.Fatal("no log lines")
+		}
+		for _, l := range lines {
+			if !json.Valid([]byte(l)) {
+				t.Errorf("not JSON: %q", l)
+			}
+		}
+	}
+	if !strings.Contains(bad.logs(), "PORT") {
+		t.Errorf("PORT=abc error does not name PORT: %s", bad.logs())
+	}
+}
+
+func TestSIGTERMDrainsAndExitsZero(t *testing.T) {
+	p := start(t, map[string]string{"web.yaml": webRules})
+	c := p.client(t)
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	var ok int
+	unexpected := map[codes.Code]int{}
+	stop := make(chan struct{})
+	for range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := 0; i < 100000; i++ {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				_, err := c.ShouldRateLimit(callCtx(t), request("web", "user", "load"))
+				mu.Lock()
+				switch status.Code(err) {
+				case codes.OK:
+					ok++
+				case codes.Unavailable: // after the listener closed: refused, never half-answered
+				default:
+					unexpected[status.Code(err)]++
+				}
+				mu.Unlock()
+			}
+		}()
+	}
+	eventually(t, "traffic", 10*time.Second, func() bool { mu.Lock(); defer mu.Unlock(); return ok > 50 })
+	p.signal(t, syscall.SIGTERM)
+	code := p.wait(t, 20*time.Second)
+	close(stop)
+	wg.Wait()
+	if code != 0 {
+		t.Errorf("exit code %d after SIGTERM, want 0", code)
+	}
+	if len(unexpected) > 0 {
+		t.Errorf("calls failed with unexpected codes during shutdown: %v", unexpected)
+	}
+}
+
+func TestReloadAppliesNewRulesAndKeepsOldOnError(t *testing.T) {
+	p := start(t, map[string]string{"web.yaml": webRules})
+	c := p.client(t)
+	remaining := func(user string) (uint32, error) {
+		resp, err := c.ShouldRateLimit(callCtx(t), request("web", "user", user))
+		return resp.GetStatuses()[0].GetCurrentLimit().GetRequestsPerUnit(), err
+	}
+	writeRules(t, p.root, "web.yaml", strings.Replace(webRules, "requests_per_unit: 3", "requests_per_unit: 7", 1))
+	eventually(t, "limit 7 applied", 15*time.Second, func() bool { n, err := remaining("r1"); return err == nil && n == 7 })
+
+	writeRules(t, p.root, "web.yaml", "domain: web\ndescriptors:\n  - key: user\n    rate_limit: {unit: hour, requests_per_unit: -1}\n")
+	eventually(t, "reload error logged", 15*time.Second, func() bool { return strings.Contains(p.logs(), "reload failed") })
+	if n, err := remaining("r2"); err != nil || n != 7 {
+		t.Errorf("after an invalid rewrite: limit %d, err %v; want the old limit 7 still served", n, err)
+	}
+	if p.healthCode() != 200 {
+		t.Error("unhealthy after an invalid reload; the old rules still serve")
+	}
+}
+
+func TestForceStartServesUnhealthyUntilValidRules(t *testing.T) {
+	p := launch(t, map[string]string{"web.yaml": "domain: web\ndescriptors: [\n"}, "FORCE_START_WITHOUT_INITIAL_CONFIG=true")
+	p.waitHealth(t, 500)
+	c := p.client(t)
+	if _, err := c.ShouldRateLimit(callCtx(t), request("web", "user", "x")); status.Code(err) != codes.Unavailable {
+		t.Errorf("without rules: %v, want Unavailable", err)
+	}
+	writeRules(t, p.root, "web.yaml", webRules)
+	p.waitHealth(t, 200)
+	if _, err := c.ShouldRateLimit(callCtx(t), request("web", "user", "x")); err != nil {
+		t.Errorf("after valid rules: %v", err)
+	}
+}
+
+func TestGRPCUnixSocket(t *testing.T) {
+	sock := t.TempDir() + "/rl.sock"
+	p := start(t, map[string]string{"web.yaml": webRules}, "GRPC_UDS="+sock)
+	p.grpc = "unix://" + sock
+	resp, err := p.client(t).ShouldRateLimit(callCtx(t), request("web", "user", "uds"))
+	if err != nil || resp.GetOverallCode() != rlsv3.RateLimitResponse_OK {
+		t.Errorf("over GRPC_UDS: %v %v", resp, err)
+	}
+}

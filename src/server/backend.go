@@ -1,0 +1,131 @@
+package server
+
+import (
+	"context"
+	"crypto/tls"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/ratelimitd/ratelimit/src/limiter"
+	"github.com/ratelimitd/ratelimit/src/rules"
+	"github.com/ratelimitd/ratelimit/src/settings"
+	"github.com/ratelimitd/ratelimit/src/stats"
+	"github.com/ratelimitd/ratelimit/src/store/memory"
+	"github.com/ratelimitd/ratelimit/src/store/redis"
+)
+
+// healthPoll is how often the store's health is re-read.
+const healthPoll = time.Second
+
+// backend is the configured store with what the server needs to know of it.
+type backend struct {
+	store    limiter.Store
+	supports func(rules.Algorithm) bool
+	healthy  func() bool
+	close    func()
+	// started, when set, waits until the store first answers.
+	started func(ctx context.Context) error
+	// timeout is the store's own round-trip bound, for the request budget.
+	timeout time.Duration
+}
+
+func newBackend(ctx context.Context, set *settings.Settings, reg *stats.Registry, _ *slog.Logger) (*backend, error) {
+	switch set.BackendType {
+	case settings.BackendMemory:
+		m := memory.New(memory.Config{MaxKeys: set.MemoryMaxKeys})
+		return &backend{
+			store:   m,
+			healthy: func() bool { return true },
+			close:   m.Close,
+		}, nil
+	case settings.BackendRedis:
+		cfg, err := redisConfig(set)
+		if err != nil {
+			return nil, err
+		}
+		r, err := redis.New(ctx, cfg)
+		if err != nil {
+			return nil, err
+		}
+		reg.CounterFunc("ratelimit.redis.round_trips", func() uint64 { rt, _ := r.Counters(); return rt })
+		reg.CounterFunc("ratelimit.redis.ops", func() uint64 { _, ops := r.Counters(); return ops })
+		return &backend{
+			store:   r,
+			healthy: r.Healthy,
+			close:   func() { _ = r.Close() },
+			started: r.WaitStarted,
+			timeout: cfg.Timeout,
+		}, nil
+	}
+	return nil, fmt.Errorf("server: BACKEND_TYPE %q is not available in this build yet", set.BackendType)
+}
+
+// redisConfig turns the REDIS_* settings into the Redis store's Config.
+func redisConfig(set *settings.Settings) (redis.Config, error) {
+	tlsFor := func(on bool) (*tls.Config, error) {
+		if !on {
+			return nil, nil
+		}
+		return redis.TLSConfig(redis.TLSFiles{
+			ClientCert:               set.RedisTLSClientCert,
+			ClientKey:                set.RedisTLSClientKey,
+			CACert:                   set.RedisTLSCACert,
+			SkipHostnameVerification: set.RedisTLSSkipHostnameVerification,
+		})
+	}
+	t, err := tlsFor(set.RedisTLS)
+	if err != nil {
+		return redis.Config{}, fmt.Errorf("server: REDIS_TLS: %w", err)
+	}
+	cfg := redis.Config{
+		Type:                        set.RedisType,
+		SocketType:                  set.RedisSocketType,
+		URL:                         set.RedisURL,
+		Auth:                        set.RedisAuth,
+		SentinelAuth:                set.RedisSentinelAuth,
+		TLS:                         t,
+		PoolSize:                    set.RedisPoolSize,
+		Timeout:                     set.RedisTimeout,
+		PipelineWindow:              set.RedisPipelineWindow,
+		PipelineLimit:               set.RedisPipelineLimit,
+		ExpirationJitterMax:         time.Duration(set.ExpirationJitterMaxSeconds) * time.Second,
+		HealthCheckActiveConnection: set.RedisHealthCheckActiveConnection,
+		StartupInitialInterval:      set.RedisStartupInitialInterval,
+		StartupMaxInterval:          set.RedisStartupMaxInterval,
+	}
+	if set.RedisPerSecond {
+		pt, err := tlsFor(set.RedisPerSecondTLS)
+		if err != nil {
+			return redis.Config{}, fmt.Errorf("server: REDIS_PERSECOND_TLS: %w", err)
+		}
+		cfg.PerSecond = &redis.Config{
+			Type:           set.RedisPerSecondType,
+			SocketType:     set.RedisPerSecondSocketType,
+			URL:            set.RedisPerSecondURL,
+			Auth:           set.RedisPerSecondAuth,
+			SentinelAuth:   set.RedisPerSecondSentinelAuth,
+			TLS:            pt,
+			PoolSize:       set.RedisPerSecondPoolSize,
+			Timeout:        set.RedisPerSecondTimeout,
+			PipelineWindow: set.RedisPerSecondPipelineWindow,
+			PipelineLimit:  set.RedisPerSecondPipelineLimit,
+		}
+	}
+	return cfg, nil
+}
+
+// watchHealth reports the store's health until ctx is done.
+func (b *backend) watchHealth(ctx context.Context, h *Health) {
+	h.SetStore(b.healthy())
+	t := time.NewTicker(healthPoll)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			h.SetStore(b.healthy())
+		}
+	}
+}

@@ -1,0 +1,78 @@
+package server
+
+import (
+	"net/http"
+	"sync"
+
+	"google.golang.org/grpc/health"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+)
+
+// rlsServiceName is the gRPC service name health is also reported under.
+const rlsServiceName = "envoy.service.ratelimit.v3.RateLimitService"
+
+// Health combines what the service's health depends on: valid rules, a
+// reachable store, and not shutting down. It drives both the gRPC health
+// service and GET /healthcheck. It is safe for concurrent use.
+type Health struct {
+	grpc *health.Server
+
+	// mu guards the fields below.
+	mu           sync.Mutex
+	rulesOK      bool
+	storeOK      bool
+	shuttingDown bool
+}
+
+// NewHealth returns a Health that is unhealthy until rules and store are
+// reported good.
+func NewHealth() *Health {
+	h := &Health{grpc: health.NewServer()}
+	h.update()
+	return h
+}
+
+// SetRules records whether usable rules are loaded.
+func (h *Health) SetRules(ok bool) { h.set(func() { h.rulesOK = ok }) }
+
+// SetStore records whether the store answers.
+func (h *Health) SetStore(ok bool) { h.set(func() { h.storeOK = ok }) }
+
+// Shutdown marks the service as going away; it never becomes healthy again.
+func (h *Health) Shutdown() {
+	h.set(func() { h.shuttingDown = true })
+	h.grpc.Shutdown()
+}
+
+func (h *Health) set(f func()) {
+	h.mu.Lock()
+	f()
+	h.mu.Unlock()
+	h.update()
+}
+
+// Healthy reports whether the service can answer correctly.
+func (h *Health) Healthy() bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.rulesOK && h.storeOK && !h.shuttingDown
+}
+
+func (h *Health) update() {
+	st := healthpb.HealthCheckResponse_NOT_SERVING
+	if h.Healthy() {
+		st = healthpb.HealthCheckResponse_SERVING
+	}
+	h.grpc.SetServingStatus("", st)
+	h.grpc.SetServingStatus(rlsServiceName, st)
+}
+
+// ServeHTTP answers GET /healthcheck: 200 "OK" when healthy, 500 otherwise,
+// as envoyproxy/ratelimit does.
+func (h *Health) ServeHTTP(w http.ResponseWriter, _ *http.Request) {
+	if h.Healthy() {
+		_, _ = w.Write([]byte("OK"))
+		return
+	}
+	http.Error(w, "unhealthy", http.StatusInternalServerError)
+}

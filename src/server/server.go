@@ -1,0 +1,346 @@
+// Package server wires the service together and owns its lifecycle: it
+// turns settings into each package's Config, loads and watches the rules,
+// opens the gRPC, HTTP and debug listeners, reports health and shuts down
+// gracefully. Nothing imports it but cmd/ratelimit.
+package server
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/http/pprof"
+	"os"
+	"path/filepath"
+	"runtime/debug"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/keepalive"
+	"google.golang.org/grpc/reflection"
+	"google.golang.org/grpc/status"
+
+	"github.com/ratelimitd/ratelimit/src/limiter"
+	"github.com/ratelimitd/ratelimit/src/provider"
+	"github.com/ratelimitd/ratelimit/src/rules"
+	"github.com/ratelimitd/ratelimit/src/service"
+	"github.com/ratelimitd/ratelimit/src/settings"
+	"github.com/ratelimitd/ratelimit/src/stats"
+)
+
+// shutdownGrace bounds how long in-flight requests may take after SIGTERM.
+const shutdownGrace = 10 * time.Second
+
+// Server is a running rate-limit service.
+type Server struct {
+	set    *settings.Settings
+	log    *slog.Logger
+	stats  *stats.Registry
+	health *Health
+	svc    *service.Service
+	store  *backend
+
+	grpc       *grpc.Server
+	httpSrv    *http.Server
+	debugSrv   *http.Server
+	promSrv    *http.Server
+	grpcLn     net.Listener
+	httpLn     net.Listener
+	debugLn    net.Listener
+	promLn     net.Listener
+	rulesFiles provider.FileConfig
+	watcher    *provider.Watcher
+	stopWatch  context.CancelFunc
+}
+
+// New builds a server from settings: it loads the rules (an invalid rules
+// directory is an error unless FORCE_START_WITHOUT_INITIAL_CONFIG is set),
+// connects the store and opens the listeners. It does not serve yet.
+func New(ctx context.Context, set *settings.Settings, log *slog.Logger) (*Server, error) {
+	s := &Server{set: set, log: log, stats: stats.NewRegistry(), health: NewHealth()}
+
+	b, err := newBackend(ctx, set, s.stats, log)
+	if err != nil {
+		return nil, err
+	}
+	s.store = b
+
+	s.rulesFiles = provider.FileConfig{
+		Root:           set.RulesRoot(),
+		Subdirectory:   set.RuntimeSubdirectory,
+		AppDirectory:   set.RuntimeAppDirectory,
+		IgnoreDotFiles: set.RuntimeIgnoreDotFiles,
+		WatchRoot:      set.RuntimeWatchRoot,
+		Options: rules.Options{
+			MergeDomains: set.MergeDomainConfig,
+			Supports:     b.supports,
+			StoreName:    set.BackendType,
+		},
+	}
+
+	lim := limiter.New(b.store, limiter.Config{
+		Prefix:                     set.CacheKeyPrefix,
+		NearLimitRatio:             set.NearLimitRatio,
+		StopIncrementWhenOverLimit: set.StopCacheKeyIncrementWhenOverlimit,
+		NearCache:                  limiter.NewNearCache(set.LocalCacheSizeInBytes),
+	})
+	s.svc = service.New(lim, s.stats, service.Config{
+		GlobalShadowMode: set.ShadowMode,
+		GlobalQuotaMode:  set.QuotaMode,
+		Headers: service.Headers{
+			Enabled:   set.LimitResponseHeadersEnabled,
+			Limit:     set.LimitLimitHeader,
+			Remaining: set.LimitRemainingHeader,
+			Reset:     set.LimitResetHeader,
+		},
+		DynamicMetadata: set.ResponseDynamicMetadata,
+		Log:             log,
+	})
+
+	if err := s.watchRules(); err != nil {
+		b.close()
+		return nil, err
+	}
+
+	if err := s.listen(); err != nil {
+		s.stopWatch()
+		s.watcher.Wait()
+		b.close()
+		return nil, err
+	}
+	return s, nil
+}
+
+// watchRules starts watching the rules directory. The watcher loads the
+// rules once before it returns; an invalid first load is an error unless
+// FORCE_START_WITHOUT_INITIAL_CONFIG is set, in which case the server starts
+// unhealthy and the watcher keeps trying. Later failures keep the rules in use.
+func (s *Server) watchRules() error {
+	var ctx context.Context
+	ctx, s.stopWatch = context.WithCancel(context.Background())
+	var started atomic.Bool
+	var initial error
+	w, err := provider.Watch(ctx, s.rulesFiles, s.setRules, func(err error) {
+		s.stats.Counter("ratelimit.service.config_load_error").Inc()
+		if !started.Load() {
+			initial = err // reported synchronously, before Watch returns
+			return
+		}
+		s.log.Error("rules reload failed; keeping the rules in use", "err", err)
+	})
+	started.Store(true)
+	if err == nil && initial != nil && !s.set.ForceStartWithoutInitialConfig {
+		w.Close()
+		w.Wait()
+		err = initial
+	}
+	if err != nil {
+		s.stopWatch()
+		return err
+	}
+	if initial != nil {
+		s.log.Error("invalid rules at startup; serving unhealthy until valid rules load", "err", initial)
+	}
+	s.watcher = w
+	return nil
+}
+
+func (s *Server) setRules(cfg *rules.Config) {
+	s.svc.SetRules(cfg)
+	s.stats.Counter("ratelimit.service.config_load_success").Inc()
+	s.health.SetRules(!s.set.HealthyWithAtLeastOneConfigLoaded || !cfg.Empty())
+	s.log.Info("rules loaded", "domains", cfg.Domains())
+}
+
+func (s *Server) listen() error {
+	var err error
+	if s.set.GRPCUDS != "" {
+		_ = os.Remove(s.set.GRPCUDS)
+		s.grpcLn, err = net.Listen("unix", s.set.GRPCUDS)
+	} else {
+		s.grpcLn, err = net.Listen("tcp", net.JoinHostPort(s.set.GRPCHost, fmt.Sprint(s.set.GRPCPort)))
+	}
+	if err != nil {
+		return fmt.Errorf("server: grpc listener: %w", err)
+	}
+	s.httpLn, err = net.Listen("tcp", net.JoinHostPort(s.set.Host, fmt.Sprint(s.set.Port)))
+	if err != nil {
+		s.grpcLn.Close()
+		return fmt.Errorf("server: http listener: %w", err)
+	}
+	s.debugLn, err = net.Listen("tcp", net.JoinHostPort(s.set.DebugHost, fmt.Sprint(s.set.DebugPort)))
+	if err != nil {
+		s.grpcLn.Close()
+		s.httpLn.Close()
+		return fmt.Errorf("server: debug listener: %w", err)
+	}
+
+	if s.set.UsePrometheus {
+		s.promLn, err = net.Listen("tcp", s.set.PrometheusAddr)
+		if err != nil {
+			s.grpcLn.Close()
+			s.httpLn.Close()
+			s.debugLn.Close()
+			return fmt.Errorf("server: prometheus listener: %w", err)
+		}
+		pmux := http.NewServeMux()
+		pmux.Handle(s.set.PrometheusPath, s.stats.Handler())
+		s.promSrv = &http.Server{Handler: pmux, ReadHeaderTimeout: 10 * time.Second}
+	}
+
+	s.grpc = grpc.NewServer(
+		grpc.KeepaliveParams(keepalive.ServerParameters{
+			MaxConnectionAge:      s.set.GRPCMaxConnectionAge,
+			MaxConnectionAgeGrace: s.set.GRPCMaxConnectionAgeGrace,
+		}),
+		grpc.ChainUnaryInterceptor(s.recoverUnary),
+	)
+	rlsv3.RegisterRateLimitServiceServer(s.grpc, s.svc)
+	healthpb.RegisterHealthServer(s.grpc, s.health.grpc)
+	reflection.Register(s.grpc)
+
+	mux := http.NewServeMux()
+	mux.Handle("/healthcheck", s.health)
+	mux.HandleFunc("/json", s.svc.ServeJSON)
+	s.httpSrv = &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+
+	dmux := http.NewServeMux()
+	dmux.HandleFunc("/rlconfig", s.serveRulesDump)
+	dmux.HandleFunc("/stats", func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+		_ = s.stats.WriteText(w)
+	})
+	dmux.Handle("/metrics", s.stats.Handler())
+	dmux.HandleFunc("/debug/pprof/", pprof.Index)
+	dmux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
+	dmux.HandleFunc("/debug/pprof/profile", pprof.Profile)
+	dmux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
+	dmux.HandleFunc("/debug/pprof/trace", pprof.Trace)
+	dmux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path != "/" {
+			http.NotFound(w, r)
+			return
+		}
+		fmt.Fprintln(w, "/rlconfig: the rules in use\n/stats: counters as text\n/metrics: counters for Prometheus\n/debug/pprof/: profiles")
+	})
+	s.debugSrv = &http.Server{Handler: dmux, ReadHeaderTimeout: 10 * time.Second}
+	return nil
+}
+
+func (s *Server) serveRulesDump(w http.ResponseWriter, _ *http.Request) {
+	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+	cfg := s.svc.Rules()
+	if cfg == nil {
+		fmt.Fprintln(w, "no rules loaded")
+		return
+	}
+	fmt.Fprint(w, cfg.Dump())
+}
+
+// recoverUnary turns a panic in a handler into codes.Internal, logs it and
+// counts it, so that a bug never takes the process down.
+func (s *Server) recoverUnary(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (resp any, err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			s.stats.Counter("ratelimit.server.panics").Inc()
+			s.log.Error("panic in handler", "method", info.FullMethod, "panic", r, "stack", string(debug.Stack()))
+			resp, err = nil, status.Errorf(codes.Internal, "internal error: %v", r)
+		}
+	}()
+	return handler(ctx, req)
+}
+
+// Addrs are the addresses the server listens on (useful with port 0).
+type Addrs struct{ GRPC, HTTP, Debug net.Addr }
+
+// Addrs returns the listeners' addresses.
+func (s *Server) Addrs() Addrs {
+	return Addrs{GRPC: s.grpcLn.Addr(), HTTP: s.httpLn.Addr(), Debug: s.debugLn.Addr()}
+}
+
+// Health returns the server's health state.
+func (s *Server) Health() *Health { return s.health }
+
+// Run serves until ctx is done, then shuts down gracefully: health turns
+// NOT_SERVING, in-flight requests finish (within a grace period) and
+// listeners close. It returns nil after a clean shutdown.
+func (s *Server) Run(ctx context.Context) error {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+
+	var wg sync.WaitGroup
+	errc := make(chan error, 5)
+	serve := func(name string, f func() error) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := f(); err != nil && !errors.Is(err, http.ErrServerClosed) && !errors.Is(err, grpc.ErrServerStopped) {
+				errc <- fmt.Errorf("server: %s: %w", name, err)
+			}
+		}()
+	}
+	serve("grpc", func() error { return s.grpc.Serve(s.grpcLn) })
+	serve("http", func() error { return s.httpSrv.Serve(s.httpLn) })
+	serve("debug", func() error { return s.debugSrv.Serve(s.debugLn) })
+	if s.promSrv != nil {
+		serve("prometheus", func() error { return s.promSrv.Serve(s.promLn) })
+	}
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		s.store.watchHealth(ctx, s.health)
+	}()
+	if s.store.started != nil && s.set.RedisStartupMaxElapsedTime > 0 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			sctx, cancel := context.WithTimeout(ctx, s.set.RedisStartupMaxElapsedTime)
+			defer cancel()
+			if err := s.store.started(sctx); err != nil && ctx.Err() == nil {
+				errc <- fmt.Errorf("server: the store did not answer within REDIS_STARTUP_MAX_ELAPSED_TIME (%v): %w", s.set.RedisStartupMaxElapsedTime, err)
+			}
+		}()
+	}
+	s.log.Info("serving", "grpc", s.grpcLn.Addr().String(), "http", s.httpLn.Addr().String(), "debug", s.debugLn.Addr().String(), "backend", s.set.BackendType)
+
+	var runErr error
+	select {
+	case <-ctx.Done():
+	case runErr = <-errc:
+	}
+	s.log.Info("shutting down")
+	s.health.Shutdown()
+	cancel()
+
+	stopped := make(chan struct{})
+	go func() { s.grpc.GracefulStop(); close(stopped) }()
+	timer := time.NewTimer(shutdownGrace)
+	select {
+	case <-stopped:
+	case <-timer.C:
+		s.grpc.Stop()
+	}
+	timer.Stop()
+	sctx, scancel := context.WithTimeout(context.Background(), shutdownGrace)
+	defer scancel()
+	_ = s.httpSrv.Shutdown(sctx)
+	_ = s.debugSrv.Shutdown(sctx)
+	if s.promSrv != nil {
+		_ = s.promSrv.Shutdown(sctx)
+	}
+	s.stopWatch()
+	s.watcher.Wait()
+	wg.Wait()
+	s.store.close()
+	if s.set.GRPCUDS != "" {
+		_ = os.Remove(filepath.Clean(s.set.GRPCUDS))
+	}
+	return runErr
+}

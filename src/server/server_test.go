@@ -1,0 +1,259 @@
+package server
+
+import (
+	"context"
+	"io"
+	"log/slog"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	reflectionpb "google.golang.org/grpc/reflection/grpc_reflection_v1"
+	"google.golang.org/grpc/status"
+
+	"github.com/ratelimitd/ratelimit/src/settings"
+)
+
+const serverRules = `
+domain: web
+descriptors:
+  - key: user
+    rate_limit: {unit: hour, requests_per_unit: 2}
+`
+
+// start runs a server on free loopback ports with rules in a temp dir.
+func start(t *testing.T, ruleText string, env map[string]string) (*Server, string) {
+	t.Helper()
+	root := t.TempDir()
+	if err := os.MkdirAll(filepath.Join(root, "config"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if ruleText != "" {
+		if err := os.WriteFile(filepath.Join(root, "config", "web.yaml"), []byte(ruleText), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	t.Setenv("RUNTIME_ROOT", root)
+	for _, k := range []string{"PORT", "GRPC_PORT", "DEBUG_PORT"} {
+		t.Setenv(k, "0")
+	}
+	t.Setenv("HOST", "127.0.0.1")
+	t.Setenv("GRPC_HOST", "127.0.0.1")
+	for k, v := range env {
+		t.Setenv(k, v)
+	}
+	set, err := settings.Load()
+	if err != nil {
+		t.Fatal(err)
+	}
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	ctx, cancel := context.WithCancel(context.Background())
+	srv, err := New(ctx, set, log)
+	if err != nil {
+		cancel()
+		t.Fatalf("New: %v", err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- srv.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("Run: %v", err)
+		}
+	})
+	return srv, root
+}
+
+func dial(t *testing.T, srv *Server) *grpc.ClientConn {
+	t.Helper()
+	cc, err := grpc.NewClient(srv.Addrs().GRPC.String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cc.Close() })
+	return cc
+}
+
+func get(t *testing.T, url string) (int, string) {
+	t.Helper()
+	resp, err := http.Get(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b)
+}
+
+// eventually polls cond until it holds or the deadline passes.
+func eventually(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func TestGRPCSurface(t *testing.T) {
+	srv, _ := start(t, serverRules, nil)
+	cc := dial(t, srv)
+	ctx := t.Context()
+
+	hc := healthpb.NewHealthClient(cc)
+	for _, name := range []string{"", rlsServiceName} {
+		eventually(t, "SERVING", func() bool {
+			r, err := hc.Check(ctx, &healthpb.HealthCheckRequest{Service: name})
+			return err == nil && r.GetStatus() == healthpb.HealthCheckResponse_SERVING
+		})
+	}
+
+	rls := rlsv3.NewRateLimitServiceClient(cc)
+	r := &rlsv3.RateLimitRequest{Domain: "web", Descriptors: []*ratelimitv3.RateLimitDescriptor{{
+		Entries: []*ratelimitv3.RateLimitDescriptor_Entry{{Key: "user", Value: "u1"}},
+	}}}
+	var codesSeen []rlsv3.RateLimitResponse_Code
+	for range 3 {
+		resp, err := rls.ShouldRateLimit(ctx, r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		codesSeen = append(codesSeen, resp.GetOverallCode())
+	}
+	want := []rlsv3.RateLimitResponse_Code{rlsv3.RateLimitResponse_OK, rlsv3.RateLimitResponse_OK, rlsv3.RateLimitResponse_OVER_LIMIT}
+	for i := range want {
+		if codesSeen[i] != want[i] {
+			t.Errorf("call %d: %v, want %v", i, codesSeen[i], want[i])
+		}
+	}
+	if _, err := rls.ShouldRateLimit(ctx, &rlsv3.RateLimitRequest{}); status.Code(err) != codes.InvalidArgument {
+		t.Errorf("empty request: %v, want InvalidArgument", err)
+	}
+
+	// Server reflection lists the rate limit service (grpcurl relies on it).
+	stream, err := reflectionpb.NewServerReflectionClient(cc).ServerReflectionInfo(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := stream.Send(&reflectionpb.ServerReflectionRequest{MessageRequest: &reflectionpb.ServerReflectionRequest_ListServices{}}); err != nil {
+		t.Fatal(err)
+	}
+	rr, err := stream.Recv()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	for _, s := range rr.GetListServicesResponse().GetService() {
+		names = append(names, s.GetName())
+	}
+	if !strings.Contains(strings.Join(names, ","), rlsServiceName) {
+		t.Errorf("reflection lists %v, want %s", names, rlsServiceName)
+	}
+}
+
+func TestHTTPAndDebugEndpoints(t *testing.T) {
+	srv, _ := start(t, serverRules, nil)
+	a := srv.Addrs()
+	base, debug := "http://"+a.HTTP.String(), "http://"+a.Debug.String()
+	eventually(t, "healthy", func() bool { c, _ := get(t, base+"/healthcheck"); return c == 200 })
+
+	resp, err := http.Post(base+"/json", "application/json", strings.NewReader(`{"domain":"web","descriptors":[{"entries":[{"key":"user","value":"j"}]}]}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != 200 {
+		t.Errorf("POST /json: %d, want 200", resp.StatusCode)
+	}
+	if c, body := get(t, debug+"/rlconfig"); c != 200 || !strings.Contains(body, "web.user") {
+		t.Errorf("/rlconfig: %d %q, want the rule web.user", c, body)
+	}
+	if c, body := get(t, debug+"/stats"); c != 200 || !strings.Contains(body, "ratelimit.service.rate_limit.web.user.total_hits: 1") {
+		t.Errorf("/stats: %d %q, want the rule's total_hits", c, body)
+	}
+	if c, _ := get(t, debug+"/debug/pprof/"); c != 200 {
+		t.Errorf("/debug/pprof/: %d, want 200", c)
+	}
+}
+
+func TestForceStartWithoutInitialConfig(t *testing.T) {
+	srv, root := start(t, "domain: [broken", map[string]string{"FORCE_START_WITHOUT_INITIAL_CONFIG": "true"})
+	base := "http://" + srv.Addrs().HTTP.String()
+	if c, _ := get(t, base+"/healthcheck"); c != 500 {
+		t.Errorf("healthcheck with invalid rules: %d, want 500", c)
+	}
+	cc := dial(t, srv)
+	rls := rlsv3.NewRateLimitServiceClient(cc)
+	r := &rlsv3.RateLimitRequest{Domain: "web", Descriptors: []*ratelimitv3.RateLimitDescriptor{{
+		Entries: []*ratelimitv3.RateLimitDescriptor_Entry{{Key: "user", Value: "u1"}},
+	}}}
+	if _, err := rls.ShouldRateLimit(t.Context(), r); status.Code(err) != codes.Unavailable {
+		t.Errorf("ShouldRateLimit without rules: %v, want Unavailable", err)
+	}
+	if err := os.WriteFile(filepath.Join(root, "config", "web.yaml"), []byte(serverRules), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "healthy after valid rules", func() bool { c, _ := get(t, base+"/healthcheck"); return c == 200 })
+	if _, err := rls.ShouldRateLimit(t.Context(), r); err != nil {
+		t.Errorf("after reload: %v", err)
+	}
+}
+
+func TestInvalidRulesAtStartupFail(t *testing.T) {
+	root := t.TempDir()
+	os.MkdirAll(filepath.Join(root, "config"), 0o755)
+	os.WriteFile(filepath.Join(root, "config", "bad.yaml"), []byte("domain: web\ndescriptors:\n  - key: \"\"\n"), 0o644)
+	t.Setenv("RUNTIME_ROOT", root)
+	for _, k := range []string{"PORT", "GRPC_PORT", "DEBUG_PORT"} {
+		t.Setenv(k, "0")
+	}
+	set, err := settings.Load()
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = New(t.Context(), set, slog.New(slog.DiscardHandler))
+	if err == nil || !strings.Contains(err.Error(), "bad.yaml:3") {
+		t.Errorf("New with invalid rules = %v, want an error naming bad.yaml:3", err)
+	}
+}
+
+func TestRecoverTurnsPanicIntoInternal(t *testing.T) {
+	srv, _ := start(t, serverRules, nil)
+	_, err := srv.recoverUnary(t.Context(), nil, &grpc.UnaryServerInfo{FullMethod: "/x"}, func(context.Context, any) (any, error) {
+		panic("bug")
+	})
+	if status.Code(err) != codes.Internal {
+		t.Errorf("panicking handler: %v, want Internal", err)
+	}
+	if srv.stats.Counter("ratelimit.server.panics").Value() != 1 {
+		t.Error("panic not counted")
+	}
+}
+
+func TestHealthShutdown(t *testing.T) {
+	h := NewHealth()
+	if h.Healthy() {
+		t.Fatal("healthy before rules and store")
+	}
+	h.SetRules(true)
+	h.SetStore(true)
+	if !h.Healthy() {
+		t.Fatal("not healthy with rules and store")
+	}
+	h.Shutdown()
+	h.SetStore(true)
+	if h.Healthy() {
+		t.Error("healthy after Shutdown")
+	}
+}

@@ -1,0 +1,72 @@
+package service
+
+import (
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"google.golang.org/protobuf/types/known/structpb"
+)
+
+// dynamicMetadata builds the response's dynamic_metadata
+// (RESPONSE_DYNAMIC_METADATA), as envoyproxy/ratelimit does: the domain,
+// each descriptor's "key=value" entries (and its own hitsAddend when set),
+// the request's hitsAddend when set, quotaModeEnabled, the indices of
+// quota-mode descriptors over their limit (quotaModeViolations), and under
+// "metadata" the rule metadata of every descriptor within its limit, merged
+// (the first value wins; nested maps merge). Envoy stores it under the
+// filter's namespace, where routing can read it.
+func dynamicMetadata(req *rlsv3.RateLimitRequest, quotaEnabled bool, violations []int, passed []map[string]any) (*structpb.Struct, error) {
+	descs := make([]any, 0, len(req.GetDescriptors()))
+	for _, d := range req.GetDescriptors() {
+		entries := make([]any, 0, len(d.GetEntries()))
+		for _, e := range d.GetEntries() {
+			entries = append(entries, e.GetKey()+"="+e.GetValue())
+		}
+		desc := map[string]any{"entries": entries}
+		if h := d.GetHitsAddend(); h != nil {
+			desc["hitsAddend"] = float64(h.GetValue())
+		}
+		descs = append(descs, desc)
+	}
+	fields := map[string]any{
+		"domain":           req.GetDomain(),
+		"descriptors":      descs,
+		"quotaModeEnabled": quotaEnabled,
+	}
+	if h := req.GetHitsAddend(); h > 0 {
+		fields["hitsAddend"] = float64(h)
+	}
+	if len(violations) > 0 {
+		v := make([]any, len(violations))
+		for i, x := range violations {
+			v[i] = float64(x)
+		}
+		fields["quotaModeViolations"] = v
+	}
+	if len(passed) > 0 {
+		merged := map[string]any{}
+		for _, md := range passed {
+			mergeInto(merged, md)
+		}
+		fields["metadata"] = merged
+	}
+	return structpb.NewStruct(fields)
+}
+
+// mergeInto copies src into dst; a key already in dst keeps its value,
+// except that two maps under the same key are merged.
+func mergeInto(dst, src map[string]any) {
+	for k, v := range src {
+		old, ok := dst[k]
+		if !ok {
+			dst[k] = v
+			continue
+		}
+		om, ok1 := old.(map[string]any)
+		nm, ok2 := v.(map[string]any)
+		if ok1 && ok2 {
+			cp := make(map[string]any, len(om))
+			mergeInto(cp, om)
+			mergeInto(cp, nm)
+			dst[k] = cp
+		}
+	}
+}
