@@ -18,6 +18,8 @@ import (
 
 	"github.com/ratelimitd/ratelimit/src/limiter"
 	"github.com/ratelimitd/ratelimit/src/rules"
+
+	"github.com/ratelimitd/ratelimit/tools/pixfont"
 )
 
 const (
@@ -115,14 +117,14 @@ func draw(rows []rules.Algorithm, results [][]decision, ts []time.Duration) *ima
 	img := image.NewRGBA(image.Rect(0, 0, width, height))
 	fillRect(img, 0, 0, width, height, white)
 
-	drawText(img, 20, 16, "The same traffic through each algorithm: limit 10 per minute", 3, ink)
-	drawText(img, 20, 52, "one a second at 50-69 s (across a window boundary), then one every 4 s (15 a minute)", scale, grey)
+	pixfont.Draw(img, 20, 16, "The same traffic through each algorithm: limit 10 per minute", 3, ink)
+	pixfont.Draw(img, 20, 52, "one a second at 50-69 s (across a window boundary), then one every 4 s (15 a minute)", scale, grey)
 	fillRect(img, 20, 80, 10, 14, green)
-	drawText(img, 36, 80, "admitted", scale, ink)
+	pixfont.Draw(img, 36, 80, "admitted", scale, ink)
 	fillRect(img, 160, 80, 10, 14, red)
-	drawText(img, 176, 80, "refused", scale, ink)
+	pixfont.Draw(img, 176, 80, "refused", scale, ink)
 	fillRect(img, 300, 86, 16, 2, blue)
-	drawText(img, 322, 80, "remaining after each request (0-10)", scale, ink)
+	pixfont.Draw(img, 322, 80, "remaining after each request (0-10)", scale, ink)
 
 	bottom := top + rowH*(len(rows)+1)
 	// Window boundaries and a light grid every 10 s.
@@ -134,15 +136,15 @@ func draw(rows []rules.Algorithm, results [][]decision, ts []time.Duration) *ima
 		fillRect(img, xOf(at), top, 1, bottom-top, c)
 		if at%window == 0 {
 			label := fmt.Sprintf("%ds", int(at/time.Second))
-			drawText(img, xOf(at)-textWidth(label, scale)/2, bottom+10, label, scale, ink)
+			pixfont.Draw(img, xOf(at)-pixfont.Width(label, scale)/2, bottom+10, label, scale, ink)
 		}
 	}
-	drawText(img, 20, bottom+36, "time since the start of a minute, grey lines are the fixed windows", scale, grey)
+	pixfont.Draw(img, 20, bottom+36, "time since the start of a minute, grey lines are the fixed windows", scale, grey)
 
 	// The requests.
 	y := top + rowH/2
-	drawText(img, 20, y-7, "requests", scale, ink)
-	drawText(img, 20, y+13, fmt.Sprintf("%d in all", len(ts)), scale, grey)
+	pixfont.Draw(img, 20, y-7, "requests", scale, ink)
+	pixfont.Draw(img, 20, y+13, fmt.Sprintf("%d in all", len(ts)), scale, grey)
 	fillRect(img, left, y, width-left-right, 1, grey)
 	for _, at := range ts {
 		fillRect(img, xOf(at)-1, y-tickLen, 2, tickLen, ink)
@@ -157,9 +159,9 @@ func draw(rows []rules.Algorithm, results [][]decision, ts []time.Duration) *ima
 				admitted++
 			}
 		}
-		drawText(img, 20, y-14, a.String(), scale, ink)
-		drawText(img, 20, y+6, fmt.Sprintf("%d admitted", admitted), scale, green)
-		drawText(img, 20, y+26, fmt.Sprintf("%d refused", len(results[i])-admitted), scale, red)
+		pixfont.Draw(img, 20, y-14, a.String(), scale, ink)
+		pixfont.Draw(img, 20, y+6, fmt.Sprintf("%d admitted", admitted), scale, green)
+		pixfont.Draw(img, 20, y+26, fmt.Sprintf("%d refused", len(results[i])-admitted), scale, red)
 		fillRect(img, left, y, width-left-right, 1, grey)
 		prevX, prevY := -1, 0
 		for _, d := range results[i] {
