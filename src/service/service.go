@@ -351,11 +351,7 @@ func (s *Service) decide(ctx context.Context, req *rlsv3.RateLimitRequest) (*rls
 		return nil, err
 	}
 
-	resp := &rlsv3.RateLimitResponse{
-		OverallCode: rlsv3.RateLimitResponse_OK,
-		Statuses:    make([]*rlsv3.RateLimitResponse_DescriptorStatus, len(reqDescs)),
-	}
-	backing := make([]rlsv3.RateLimitResponse_DescriptorStatus, len(reqDescs))
+	resp, backing := newResponse(len(reqDescs))
 	var (
 		limitedOver     bool
 		quotaRules      int
@@ -366,8 +362,7 @@ func (s *Service) decide(ctx context.Context, req *rlsv3.RateLimitRequest) (*rls
 		passedMetadata  []map[string]any
 	)
 	for i := range sc.descs {
-		st := &backing[i]
-		resp.Statuses[i] = st
+		st := &backing[i].status
 		st.Code = rlsv3.RateLimitResponse_OK
 		l := sc.descs[i].Limit
 		if l == nil {
@@ -380,7 +375,7 @@ func (s *Service) decide(ctx context.Context, req *rlsv3.RateLimitRequest) (*rls
 		s.count(sc.statKeys[i], &ds.Counts)
 		st.CurrentLimit = s.protoLimit(l)
 		st.LimitRemaining = ds.Remaining
-		st.DurationUntilReset = durationpb.New(resetDuration(l, ds.ResetAfter))
+		st.DurationUntilReset = setDuration(&backing[i].reset, resetDuration(l, ds.ResetAfter))
 		quota := l.QuotaMode || s.cfg.GlobalQuotaMode
 		if quota {
 			quotaRules++
@@ -419,6 +414,51 @@ func (s *Service) decide(ctx context.Context, req *rlsv3.RateLimitRequest) (*rls
 		resp.DynamicMetadata = md
 	}
 	return resp, nil
+}
+
+// statusSlot holds one descriptor's status and its duration, so that a
+// response's parts come from as few allocations as possible.
+type statusSlot struct {
+	status rlsv3.RateLimitResponse_DescriptorStatus
+	reset  durationpb.Duration
+}
+
+// oneStatusResponse is a response with room for one status: the common
+// case, in a single allocation.
+type oneStatusResponse struct {
+	resp rlsv3.RateLimitResponse
+	ptrs [1]*rlsv3.RateLimitResponse_DescriptorStatus
+	slot [1]statusSlot
+}
+
+// newResponse returns an OK response whose Statuses point into the
+// returned slots, one per descriptor.
+func newResponse(n int) (*rlsv3.RateLimitResponse, []statusSlot) {
+	var (
+		resp  *rlsv3.RateLimitResponse
+		slots []statusSlot
+	)
+	if n == 1 {
+		one := &oneStatusResponse{}
+		resp, slots = &one.resp, one.slot[:]
+		resp.Statuses = one.ptrs[:]
+	} else {
+		resp, slots = &rlsv3.RateLimitResponse{}, make([]statusSlot, n)
+		resp.Statuses = make([]*rlsv3.RateLimitResponse_DescriptorStatus, n)
+	}
+	resp.OverallCode = rlsv3.RateLimitResponse_OK
+	for i := range slots {
+		resp.Statuses[i] = &slots[i].status
+	}
+	return resp, slots
+}
+
+// setDuration fills d with v and returns it, as durationpb.New would
+// without allocating.
+func setDuration(d *durationpb.Duration, v time.Duration) *durationpb.Duration {
+	d.Seconds = int64(v / time.Second)
+	d.Nanos = int32(v % time.Second)
+	return d
 }
 
 // overrideLimit builds the limit a descriptor carries itself (Envoy's
