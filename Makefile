@@ -40,7 +40,7 @@ check: lint imports test ## everything CI checks
 bench-go: ## Go micro-benchmarks of the hot path
 	$(GO) test -run '^$$' -bench . -benchmem -count 3 ./src/...
 
-bench: servers ## the service-level scenarios, written to docs/BENCHMARKS.md
+bench: servers ## the service-level scenarios, written to docs/BENCHMARKS.md and docs/SCALING.md
 	$(GO) run ./tools/benchrun -out docs/BENCHMARKS.md
 
 fuzz: ## run one fuzz target: make fuzz FUZZ=FuzzParse PKG=./src/rules

@@ -1,14 +1,19 @@
 // Command benchrun is the program behind `make bench`. It builds the service,
-// starts redis-server (and memcached, once the service has that store) on
-// free loopback ports, runs the service on each store, measures the standard
-// scenarios of issue 5 with the in-process load generator of
-// cmd/ratelimit-bench, and writes a markdown table and a PNG plot.
+// starts redis-server (single and a three-master cluster; memcached once the
+// service has that store) on free loopback ports, runs the service on each
+// store, measures the standard scenarios of issue 5 with the in-process load
+// generator of cmd/ratelimit-bench, measures one Redis's capacity with
+// redis-benchmark, and writes a markdown table, a PNG plot and the measured
+// inputs of docs/SCALING.md.
 //
-//	go run ./tools/benchrun [-quick] [-out docs/BENCHMARKS.md]
+//	go run ./tools/benchrun [-quick] [-stores memory,redis] [-scenarios c64,hot+nc] [-out docs/BENCHMARKS.md]
 //
-// Each figure is the median of several runs after a warm-up, next to the
-// same-run ceiling of grpc-go's no-op server at the same concurrency (run in
-// a child process, as the service is). Linux only: it reads /proc.
+// Each figure is the median of several runs after a warm-up. Every run of
+// the service is paired with a run of grpc-go's no-op server (in a child
+// process, as the service is) under the same load just before it, and the
+// fraction of that ceiling is the median of the per-run ratios, so that a
+// noisy machine's drift between minutes does not enter the ratios. Linux
+// only: it reads /proc.
 package main
 
 import (
@@ -33,6 +38,7 @@ import (
 	"google.golang.org/grpc/codes"
 
 	"github.com/ratelimitd/ratelimit/cmd/ratelimit-bench/bench"
+	"github.com/ratelimitd/ratelimit/src/store/storetest"
 )
 
 // redisRoundTrips is the service's counter of Redis round trips, read from
@@ -67,17 +73,23 @@ type timing struct {
 	duration time.Duration
 }
 
+// knownStores are the values of -stores, in the order they are measured.
+var knownStores = []string{"memory", "redis", "redis-cluster", "memcache"}
+
 func run(args []string, logw io.Writer) error {
 	fs := flag.NewFlagSet("benchrun", flag.ContinueOnError)
 	var (
-		quick   = fs.Bool("quick", false, "1 short run per scenario (a smoke test for CI)")
-		out     = fs.String("out", "docs/BENCHMARKS.md", "markdown `file` that receives the table between the benchrun markers")
-		pngPath = fs.String("png", "", "plot `file` (default bench.png beside -out)")
-		stores  = fs.String("stores", "memory,redis,memcache", "comma-separated stores to measure; empty for the no-op ceiling only")
-		runs    = fs.Int("runs", 0, "runs per scenario, median reported (default 3, 1 with -quick)")
-		d       = fs.Duration("d", 0, "duration of each run (default 3s, 1s with -quick)")
-		warmup  = fs.Duration("warmup", 0, "warm-up before the runs of each scenario (default 2s, 500ms with -quick)")
-		bin     = fs.String("bin", "", "service `binary` to measure instead of building ./cmd/ratelimit (any envoyproxy/ratelimit-compatible build)")
+		quick     = fs.Bool("quick", false, "1 short run per scenario (a smoke test for CI)")
+		out       = fs.String("out", "docs/BENCHMARKS.md", "markdown `file` that receives the table between the benchrun markers")
+		pngPath   = fs.String("png", "", "plot `file` (default bench.png beside -out)")
+		scaling   = fs.String("scaling", "", "markdown `file` that receives the measured inputs of the sizing between the scaling markers (default SCALING.md beside -out; \"-\" for none)")
+		stores    = fs.String("stores", strings.Join(knownStores, ","), "comma-separated stores to measure")
+		scenarios = fs.String("scenarios", "", "comma-separated scenario ids to measure (default all: c16,c64,c256,hot,hot+nc,chain,fixed,sliding,log,bucket)")
+		rbench    = fs.Bool("redis-benchmark", true, "measure one Redis's capacity with redis-benchmark (when a Redis store is measured)")
+		runs      = fs.Int("runs", 0, "runs per scenario, median reported (default 3, 1 with -quick)")
+		d         = fs.Duration("d", 0, "duration of each run (default 3s, 1s with -quick)")
+		warmup    = fs.Duration("warmup", 0, "warm-up before the runs of each scenario (default 2s, 500ms with -quick)")
+		bin       = fs.String("bin", "", "service `binary` to measure instead of building ./cmd/ratelimit (any envoyproxy/ratelimit-compatible build)")
 	)
 	fs.SetOutput(logw)
 	if err := fs.Parse(args); err != nil {
@@ -87,8 +99,11 @@ func run(args []string, logw io.Writer) error {
 		return fmt.Errorf("benchrun: unexpected arguments %q", fs.Args())
 	}
 	t := timing{runs: 3, warmup: 2 * time.Second, duration: 3 * time.Second}
+	// About a second per redis-benchmark test here (capacityTimeout bounds it).
+	capacityRequests := 500000
 	if *quick {
 		t = timing{runs: 1, warmup: 500 * time.Millisecond, duration: time.Second}
+		capacityRequests = 50000
 	}
 	if *runs > 0 {
 		t.runs = *runs
@@ -102,15 +117,29 @@ func run(args []string, logw io.Writer) error {
 	if *pngPath == "" {
 		*pngPath = filepath.Join(filepath.Dir(*out), "bench.png")
 	}
+	switch *scaling {
+	case "":
+		*scaling = filepath.Join(filepath.Dir(*out), "SCALING.md")
+	case "-":
+		*scaling = ""
+	}
 	var storeList []string
 	for s := range strings.SplitSeq(*stores, ",") {
-		switch s = strings.TrimSpace(s); s {
-		case "":
-		case "memory", "redis", "memcache":
+		s = strings.TrimSpace(s)
+		switch {
+		case s == "":
+		case slices.Contains(knownStores, s):
 			storeList = append(storeList, s)
 		default:
-			return fmt.Errorf("benchrun: -stores: unknown store %q (want memory, redis, memcache)", s)
+			return fmt.Errorf("benchrun: -stores: unknown store %q (want some of %s)", s, strings.Join(knownStores, ","))
 		}
+	}
+	if len(storeList) == 0 {
+		return errors.New("benchrun: -stores: no store selected (`go run ./cmd/ratelimit-bench -calibrate` measures the no-op server alone)")
+	}
+	scs, err := selectScenarios(*scenarios)
+	if err != nil {
+		return err
 	}
 
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
@@ -123,11 +152,14 @@ func run(args []string, logw io.Writer) error {
 	defer os.RemoveAll(tmp)
 
 	r := &runner{
-		timing: t,
-		clkTck: clockTicks(),
-		start:  time.Now(),
-		log:    logw,
-		steps:  len(ceilingScenarios) + len(storeList)*len(storeScenarios),
+		timing:    t,
+		clkTck:    clockTicks(),
+		start:     time.Now(),
+		log:       logw,
+		scenarios: scs,
+	}
+	for _, st := range storeList {
+		r.steps += len(r.storeScenarios(st))
 	}
 	rep := &report{
 		command: commandLine(args),
@@ -135,42 +167,38 @@ func run(args []string, logw io.Writer) error {
 		machine: machineInfo(),
 		timing:  t,
 	}
-	r.logf("benchrun: %s; %d run(s) of %v after %v warm-up per scenario", rep.machine, t.runs, t.duration, t.warmup)
+	r.logf("benchrun: %s; %d run(s) of %v after %v warm-up per scenario, each paired with a no-op run", rep.machine, t.runs, t.duration, t.warmup)
 
 	// The ceiling: grpc-go's own no-op server, in a process of its own like
 	// the service, so both share the two cores with the generator alike.
+	// It stays up for the whole run and is measured next to every run.
 	noop, err := startNoopProcess(ctx)
 	if err != nil {
 		return err
 	}
-	for _, sc := range ceilingScenarios {
-		row, err := r.measure(ctx, "no-op", sc, target{addr: noop.grpcAddr, proc: noop.process})
-		if err != nil {
-			noop.stop()
+	defer noop.stop()
+	r.ceil = &target{addr: noop.grpcAddr, proc: noop.process}
+
+	if *bin == "" {
+		*bin = filepath.Join(tmp, "ratelimit")
+		r.logf("benchrun: go build ./cmd/ratelimit")
+		if err := buildService(ctx, *bin); err != nil {
 			return err
 		}
-		rep.rows = append(rep.rows, row)
 	}
-	noop.stop()
-
-	if len(storeList) > 0 {
-		if *bin == "" {
-			*bin = filepath.Join(tmp, "ratelimit")
-			r.logf("benchrun: go build ./cmd/ratelimit")
-			if err := buildService(ctx, *bin); err != nil {
-				return err
-			}
+	for _, st := range storeList {
+		rows, notes, err := r.runStore(ctx, st, *bin, filepath.Join(tmp, st))
+		if err != nil {
+			return err
 		}
-		for _, st := range storeList {
-			rows, notes, err := r.runStore(ctx, st, *bin, filepath.Join(tmp, st))
-			if err != nil {
-				return err
-			}
-			rep.rows = append(rep.rows, rows...)
-			rep.notes = append(rep.notes, notes...)
+		rep.rows = append(rep.rows, rows...)
+		rep.notes = append(rep.notes, notes...)
+	}
+	if *rbench && (slices.Contains(storeList, "redis") || slices.Contains(storeList, "redis-cluster")) {
+		if rep.capacity, err = measureCapacity(ctx, filepath.Join(tmp, "redis-benchmark"), capacityRequests, r.logf); err != nil {
+			return err
 		}
 	}
-	rep.fillRatios()
 
 	if err := writeMarkdown(*out, rep, *pngPath); err != nil {
 		return err
@@ -178,7 +206,14 @@ func run(args []string, logw io.Writer) error {
 	if err := writePlot(*pngPath, rep); err != nil {
 		return err
 	}
-	r.logf("benchrun: wrote %s and %s in %v", *out, *pngPath, time.Since(r.start).Round(time.Second))
+	wrote := *out + " and " + *pngPath
+	if *scaling != "" {
+		if err := writeScaling(*scaling, rep); err != nil {
+			return err
+		}
+		wrote = *out + ", " + *pngPath + " and " + *scaling
+	}
+	r.logf("benchrun: wrote %s in %v", wrote, time.Since(r.start).Round(time.Second))
 	return nil
 }
 
@@ -290,6 +325,11 @@ type runner struct {
 	log    io.Writer
 	step   int
 	steps  int
+	// scenarios are the selected scenarios (-scenarios).
+	scenarios []scenario
+	// ceil is the no-op server paired with every run; nil measures the
+	// service alone.
+	ceil *target
 }
 
 func (r *runner) logf(format string, args ...any) {
@@ -297,51 +337,88 @@ func (r *runner) logf(format string, args ...any) {
 	fmt.Fprintf(r.log, "[%2d/%d %5s] %s\n", r.step, r.steps, el, fmt.Sprintf(format, args...))
 }
 
+// storeScenarios returns the selected scenarios that run on store.
+func (r *runner) storeScenarios(store string) []scenario {
+	if store != "redis-cluster" {
+		return r.scenarios
+	}
+	var out []scenario
+	for _, sc := range r.scenarios {
+		if slices.Contains(clusterScenarios, sc.id) {
+			out = append(out, sc)
+		}
+	}
+	return out
+}
+
 // target is what one scenario runs against.
 type target struct {
 	addr string
-	// proc is the service process, nil for the in-process no-op server.
+	// proc is the server's process.
 	proc *process
 	// statsURL is the debug endpoint with plain-text counters, or "".
 	statsURL string
 	// rtStat is the name of the store's round-trip counter, or "".
 	rtStat string
+	// redis are the Redis servers behind the service, if any; their CPU
+	// and commands are read around each run.
+	redis []*storetest.RedisServer
 }
 
-// run is one measured run.
+// runResult is one measured run.
 type runResult struct {
 	res *bench.Result
-	// cpuUS, rssMiB and rt (store round trips per decision) are NaN when
-	// not measured.
-	cpuUS, rssMiB, rt float64
+	// cpuUS, rssMiB, rt (store round trips per decision), redisCPUUS and
+	// redisCmds (Redis CPU and commands per decision, all servers) are NaN
+	// when not measured.
+	cpuUS, rssMiB, rt, redisCPUUS, redisCmds float64
 }
+
+func nan() float64 { return math.NaN() }
 
 // row is one line of the table: the medians of a scenario's runs.
 type row struct {
 	store string
 	sc    scenario
 	runs  []runResult
+	// ceil are the paired no-op runs: ceil[i] ran just before runs[i],
+	// under the same load. Empty when the row was measured alone.
+	ceil []runResult
 	// skip, when set, says why the scenario was not measured.
 	skip string
 
-	rps, cpuUS, rssMiB, rt float64
-	p50, p99               time.Duration
-	// ratio is rps over the no-op ceiling's at the same c (NaN if none).
-	ratio                         float64
+	rps, cpuUS, rssMiB, rt, redisCPUUS, redisCmds float64
+	p50, p99                                      time.Duration
+	// ceilRPS, ceilCPUUS and ceilP99 are the medians of the paired no-op
+	// runs (NaN or 0 without them).
+	ceilRPS, ceilCPUUS float64
+	ceilP99            time.Duration
+	// ratio is the median over runs of rps_i / ceiling rps_i; p99Ratio the
+	// median of p99_i / ceiling p99_i (NaN without pairing).
+	ratio, p99Ratio               float64
 	ok, over, unknown, errorCount uint64
 	errors                        map[codes.Code]uint64
 }
 
+// noopWarmup bounds the no-op server's warm-up per scenario: the process
+// is already warm from earlier scenarios; only the new connections are not.
+const noopWarmup = 500 * time.Millisecond
+
 func (r *runner) measure(ctx context.Context, store string, sc scenario, t target) (*row, error) {
 	r.step++
 	label := fmt.Sprintf("%s: %s", store, sc.title)
-	dialCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	client, err := bench.Dial(dialCtx, t.addr, min(4, sc.c))
-	cancel()
+	client, err := dialTarget(ctx, t.addr, sc.c)
 	if err != nil {
 		return nil, fmt.Errorf("benchrun: %s: %w", label, err)
 	}
 	defer client.Close()
+	var ceilClient *bench.Client
+	if r.ceil != nil {
+		if ceilClient, err = dialTarget(ctx, r.ceil.addr, sc.c); err != nil {
+			return nil, fmt.Errorf("benchrun: %s: no-op server: %w", label, err)
+		}
+		defer ceilClient.Close()
+	}
 	load := bench.Load{Domain: "bench", Descriptors: sc.descriptors, Concurrency: sc.c, Timeout: 2 * time.Second}
 	if r.timing.warmup > 0 {
 		r.logf("%s: warm-up %v", label, r.timing.warmup)
@@ -349,48 +426,97 @@ func (r *runner) measure(ctx context.Context, store string, sc scenario, t targe
 		if _, err := client.Run(ctx, load); err != nil {
 			return nil, fmt.Errorf("benchrun: %s: warm-up: %w", label, err)
 		}
+		if ceilClient != nil {
+			load.Duration = min(r.timing.warmup, noopWarmup)
+			if _, err := ceilClient.Run(ctx, load); err != nil {
+				return nil, fmt.Errorf("benchrun: %s: no-op warm-up: %w", label, err)
+			}
+		}
 	}
 	load.Duration = r.timing.duration
 	rw := &row{store: store, sc: sc}
 	for i := range r.timing.runs {
-		nan := math.NaN()
-		m := runResult{cpuUS: nan, rssMiB: nan, rt: nan}
-		var ticks0 uint64
-		var rt0 float64
-		var haveTicks, haveRT bool
-		if t.proc != nil {
-			ticks0, err = cpuTicks(t.proc.pid())
-			haveTicks = err == nil
+		if ceilClient != nil {
+			c, err := r.runOnce(ctx, ceilClient, load, *r.ceil)
+			if err != nil {
+				return nil, fmt.Errorf("benchrun: %s: no-op server: %w", label, err)
+			}
+			rw.ceil = append(rw.ceil, c)
 		}
-		if t.statsURL != "" && t.rtStat != "" {
-			rt0, haveRT = fetchStat(t.statsURL, t.rtStat)
-		}
-		res, err := client.Run(ctx, load)
+		m, err := r.runOnce(ctx, client, load, t)
 		if err != nil {
 			return nil, fmt.Errorf("benchrun: %s: %w", label, err)
 		}
-		m.res = res
-		if haveTicks {
-			if ticks1, err := cpuTicks(t.proc.pid()); err == nil && res.Requests > 0 {
-				m.cpuUS = float64(ticks1-ticks0) * 1e6 / float64(r.clkTck) / float64(res.Requests)
-			}
-			if rss, err := rssBytes(t.proc.pid()); err == nil {
-				m.rssMiB = float64(rss) / (1 << 20)
-			}
-		}
-		if haveRT {
-			if rt1, ok := fetchStat(t.statsURL, t.rtStat); ok && res.Requests > 0 {
-				m.rt = (rt1 - rt0) / float64(res.Requests)
-			}
-		}
-		if t.proc != nil && !t.proc.running() {
-			return nil, t.proc.exitError()
-		}
 		rw.runs = append(rw.runs, m)
-		r.logf("%s: run %d/%d: %s", label, i+1, r.timing.runs, summary(m))
+		line := summary(m)
+		if ceilClient != nil {
+			c := rw.ceil[i]
+			line += fmt.Sprintf("  | no-op just before: %.0f req/s  p99 %s  (%.0f%%)",
+				c.res.RPS(), bench.FormatDuration(c.res.Latency.P99), 100*m.res.RPS()/c.res.RPS())
+		}
+		r.logf("%s: run %d/%d: %s", label, i+1, r.timing.runs, line)
 	}
 	rw.aggregate()
 	return rw, nil
+}
+
+func dialTarget(ctx context.Context, addr string, c int) (*bench.Client, error) {
+	dialCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	return bench.Dial(dialCtx, addr, min(4, c))
+}
+
+// runOnce measures one run of load on client, which is connected to t, with
+// t's CPU, RSS, round trips and Redis usage around it.
+func (r *runner) runOnce(ctx context.Context, client *bench.Client, load bench.Load, t target) (runResult, error) {
+	m := runResult{cpuUS: nan(), rssMiB: nan(), rt: nan(), redisCPUUS: nan(), redisCmds: nan()}
+	var ticks0 uint64
+	var rt0 float64
+	var u0 redisUsage
+	var haveTicks, haveRT, haveRedis bool
+	var err error
+	if t.proc != nil {
+		ticks0, err = cpuTicks(t.proc.pid())
+		haveTicks = err == nil
+	}
+	if t.statsURL != "" && t.rtStat != "" {
+		rt0, haveRT = fetchStat(t.statsURL, t.rtStat)
+	}
+	if len(t.redis) > 0 {
+		u0, err = readRedisUsage(ctx, t.redis)
+		haveRedis = err == nil
+	}
+	res, err := client.Run(ctx, load)
+	if err != nil {
+		return m, err
+	}
+	m.res = res
+	n := float64(res.Requests)
+	if haveTicks && n > 0 {
+		if ticks1, err := cpuTicks(t.proc.pid()); err == nil {
+			m.cpuUS = float64(ticks1-ticks0) * 1e6 / float64(r.clkTck) / n
+		}
+	}
+	if t.proc != nil {
+		if rss, err := rssBytes(t.proc.pid()); err == nil {
+			m.rssMiB = float64(rss) / (1 << 20)
+		}
+	}
+	if haveRT && n > 0 {
+		if rt1, ok := fetchStat(t.statsURL, t.rtStat); ok {
+			m.rt = (rt1 - rt0) / n
+		}
+	}
+	if haveRedis && n > 0 {
+		if u1, err := readRedisUsage(ctx, t.redis); err == nil {
+			m.redisCPUUS = (u1.cpu - u0.cpu) * 1e6 / n
+			m.redisCmds = (u1.commands - u0.commands) / n
+		}
+	}
+	if t.proc != nil && !t.proc.running() {
+		return m, t.proc.exitError()
+	}
+	return m, nil
 }
 
 func summary(m runResult) string {
@@ -404,27 +530,56 @@ func summary(m runResult) string {
 	if !math.IsNaN(m.rt) {
 		s += fmt.Sprintf("  %.3f round trips/decision", m.rt)
 	}
+	if !math.IsNaN(m.redisCPUUS) {
+		s += fmt.Sprintf("  Redis %.1f µs, %.2f commands/decision", m.redisCPUUS, m.redisCmds)
+	}
 	return s
 }
 
-// aggregate sets the medians of the runs and the summed outcome counts.
+// aggregate sets the medians of the runs, of the paired no-op runs and of
+// the per-run ratios, and the summed outcome counts.
 func (rw *row) aggregate() {
-	med := func(f func(runResult) float64) float64 {
+	med := func(runs []runResult, f func(runResult) float64) float64 {
 		var xs []float64
-		for _, m := range rw.runs {
+		for _, m := range runs {
 			if v := f(m); !math.IsNaN(v) {
 				xs = append(xs, v)
 			}
 		}
 		return median(xs)
 	}
-	rw.rps = med(func(m runResult) float64 { return m.res.RPS() })
-	rw.p50 = time.Duration(med(func(m runResult) float64 { return float64(m.res.Latency.P50) }))
-	rw.p99 = time.Duration(med(func(m runResult) float64 { return float64(m.res.Latency.P99) }))
-	rw.cpuUS = med(func(m runResult) float64 { return m.cpuUS })
-	rw.rssMiB = med(func(m runResult) float64 { return m.rssMiB })
-	rw.rt = med(func(m runResult) float64 { return m.rt })
-	rw.ratio = math.NaN()
+	rps := func(m runResult) float64 { return m.res.RPS() }
+	p50 := func(m runResult) float64 { return float64(m.res.Latency.P50) }
+	p99 := func(m runResult) float64 { return float64(m.res.Latency.P99) }
+	cpu := func(m runResult) float64 { return m.cpuUS }
+	rw.rps = med(rw.runs, rps)
+	rw.p50 = time.Duration(med(rw.runs, p50))
+	rw.p99 = time.Duration(med(rw.runs, p99))
+	rw.cpuUS = med(rw.runs, cpu)
+	rw.rssMiB = med(rw.runs, func(m runResult) float64 { return m.rssMiB })
+	rw.rt = med(rw.runs, func(m runResult) float64 { return m.rt })
+	rw.redisCPUUS = med(rw.runs, func(m runResult) float64 { return m.redisCPUUS })
+	rw.redisCmds = med(rw.runs, func(m runResult) float64 { return m.redisCmds })
+
+	rw.ceilRPS, rw.ceilCPUUS, rw.ceilP99 = nan(), nan(), 0
+	rw.ratio, rw.p99Ratio = nan(), nan()
+	if len(rw.ceil) == len(rw.runs) && len(rw.ceil) > 0 {
+		rw.ceilRPS = med(rw.ceil, rps)
+		rw.ceilCPUUS = med(rw.ceil, cpu)
+		rw.ceilP99 = time.Duration(med(rw.ceil, p99))
+		var ratios, p99s []float64
+		for i, m := range rw.runs {
+			c := rw.ceil[i]
+			if c.res.RPS() > 0 {
+				ratios = append(ratios, m.res.RPS()/c.res.RPS())
+			}
+			if c.res.Latency.P99 > 0 {
+				p99s = append(p99s, float64(m.res.Latency.P99)/float64(c.res.Latency.P99))
+			}
+		}
+		rw.ratio, rw.p99Ratio = median(ratios), median(p99s)
+	}
+
 	rw.errors = map[codes.Code]uint64{}
 	for _, m := range rw.runs {
 		rw.ok += m.res.OK
@@ -506,36 +661,12 @@ func startService(ctx context.Context, bin, name, rulesRoot string, extra ...str
 // backend is a store server started for the benchmark and the service
 // settings that point at it.
 type backend struct {
-	proc   *process // nil for the memory store
+	// stop ends the servers; nil for the memory store.
+	stop func()
+	// redis are the Redis servers, whose usage is read around each run.
+	redis  []*storetest.RedisServer
 	env    []string
 	rtStat string
-}
-
-func startRedis(ctx context.Context) (*backend, error) {
-	path, err := exec.LookPath("redis-server")
-	if err != nil {
-		return nil, errors.New("benchrun: redis-server not found in PATH; install it (Debian/Ubuntu: apt-get install redis-server; macOS: brew install redis)")
-	}
-	ports, err := freePorts(1)
-	if err != nil {
-		return nil, err
-	}
-	port := strconv.Itoa(ports[0])
-	p, err := startProcess("redis-server", exec.Command(path,
-		"--port", port, "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"))
-	if err != nil {
-		return nil, err
-	}
-	addr := "127.0.0.1:" + port
-	if err := p.waitUntil(ctx, 10*time.Second, "answering PING", func() error { return tcpProbe(addr, "PING\r\n", "+PONG") }); err != nil {
-		p.stop()
-		return nil, err
-	}
-	return &backend{
-		proc:   p,
-		env:    []string{"BACKEND_TYPE=redis", "REDIS_SOCKET_TYPE=tcp", "REDIS_TYPE=SINGLE", "REDIS_URL=" + addr},
-		rtStat: redisRoundTrips,
-	}, nil
 }
 
 func startMemcached(ctx context.Context, path string) (*backend, error) {
@@ -557,7 +688,7 @@ func startMemcached(ctx context.Context, path string) (*backend, error) {
 		p.stop()
 		return nil, err
 	}
-	return &backend{proc: p, env: []string{"BACKEND_TYPE=memcache", "MEMCACHE_HOST_PORT=" + addr}}, nil
+	return &backend{stop: p.stop, env: []string{"BACKEND_TYPE=memcache", "MEMCACHE_HOST_PORT=" + addr}}, nil
 }
 
 // memcacheSupported starts the service with BACKEND_TYPE=memcache against a
@@ -645,16 +776,28 @@ func startWithRules(ctx context.Context, bin, name, root string, skipped map[str
 	}
 }
 
-// runStore measures every store scenario on one store. Notes say what was
+// runStore measures the selected scenarios on one store. Notes say what was
 // skipped and why.
 func (r *runner) runStore(ctx context.Context, store, bin, dir string) ([]*row, []string, error) {
+	scs := r.storeScenarios(store)
+	if len(scs) == 0 {
+		note := fmt.Sprintf("%s: not measured: -scenarios selects none of its scenarios (%s).", store, strings.Join(clusterScenarios, ","))
+		r.logf("benchrun: %s", note)
+		return nil, []string{note}, nil
+	}
 	var notes []string
 	be := &backend{env: []string{"BACKEND_TYPE=memory"}}
 	switch store {
 	case "redis":
 		r.logf("benchrun: starting redis-server")
 		var err error
-		if be, err = startRedis(ctx); err != nil {
+		if be, err = startRedis(filepath.Join(dir, "redis")); err != nil {
+			return nil, nil, err
+		}
+	case "redis-cluster":
+		r.logf("benchrun: starting a Redis Cluster of 3 masters")
+		var err error
+		if be, err = startRedisCluster(filepath.Join(dir, "cluster")); err != nil {
 			return nil, nil, err
 		}
 	case "memcache":
@@ -665,7 +808,7 @@ func (r *runner) runStore(ctx context.Context, store, bin, dir string) ([]*row, 
 		if !ok {
 			note := fmt.Sprintf("memcache: not measured: the service does not run BACKEND_TYPE=memcache yet (%s).", msg)
 			r.logf("benchrun: %s", note)
-			r.step += len(storeScenarios)
+			r.step += len(scs)
 			return nil, []string{note}, nil
 		}
 		path, err := exec.LookPath("memcached")
@@ -677,8 +820,8 @@ func (r *runner) runStore(ctx context.Context, store, bin, dir string) ([]*row, 
 			return nil, nil, err
 		}
 	}
-	if be.proc != nil {
-		defer be.proc.stop()
+	if be.stop != nil {
+		defer be.stop()
 	}
 
 	skipped := map[string]string{}
@@ -687,9 +830,10 @@ func (r *runner) runStore(ctx context.Context, store, bin, dir string) ([]*row, 
 	svc, err := startWithRules(ctx, bin, "ratelimit ("+store+")", root, skipped, be.env...)
 	if ee := (*exitError)(nil); errors.As(err, &ee) && strings.Contains(ee.out, "BACKEND_TYPE") {
 		// The service refuses the store by name: it is not in this build.
-		note := fmt.Sprintf("%s: not measured: the service does not run BACKEND_TYPE=%s (%s).", store, store, lastLine(ee.out))
+		backendType, _ := strings.CutPrefix(be.env[0], "BACKEND_TYPE=")
+		note := fmt.Sprintf("%s: not measured: the service does not run BACKEND_TYPE=%s (%s).", store, backendType, lastLine(ee.out))
 		r.logf("benchrun: %s", note)
-		r.step += len(storeScenarios)
+		r.step += len(scs)
 		return nil, []string{note}, nil
 	}
 	if err != nil {
@@ -701,17 +845,17 @@ func (r *runner) runStore(ctx context.Context, store, bin, dir string) ([]*row, 
 	}
 
 	var rows []*row
-	for _, sc := range storeScenarios {
+	for _, sc := range scs {
 		if a := scenarioAlgorithm(sc); a != "" {
 			if _, ok := skipped[a]; ok {
 				r.step++
-				rows = append(rows, &row{store: store, sc: sc, skip: "refused by the store", ratio: math.NaN()})
+				rows = append(rows, skippedRow(store, sc, "refused by the store"))
 				continue
 			}
 		}
 		if sc.nearCache && store == "memory" {
 			r.step++
-			rows = append(rows, &row{store: store, sc: sc, skip: "no near cache in front of the memory store", ratio: math.NaN()})
+			rows = append(rows, skippedRow(store, sc, "no near cache in front of the memory store"))
 			continue
 		}
 		s := svc
@@ -725,7 +869,7 @@ func (r *runner) runStore(ctx context.Context, store, bin, dir string) ([]*row, 
 			}
 			s = nc
 		}
-		rw, err := r.measure(ctx, store, sc, target{addr: s.grpcAddr, proc: s.process, statsURL: s.statsURL, rtStat: be.rtStat})
+		rw, err := r.measure(ctx, store, sc, target{addr: s.grpcAddr, proc: s.process, statsURL: s.statsURL, rtStat: be.rtStat, redis: be.redis})
 		if s != svc {
 			s.stop()
 		}
@@ -735,4 +879,9 @@ func (r *runner) runStore(ctx context.Context, store, bin, dir string) ([]*row, 
 		rows = append(rows, rw)
 	}
 	return rows, notes, nil
+}
+
+// skippedRow is the row of a scenario not measured, with the reason.
+func skippedRow(store string, sc scenario, why string) *row {
+	return &row{store: store, sc: sc, skip: why, ratio: nan(), p99Ratio: nan(), ceilRPS: nan(), ceilCPUUS: nan()}
 }

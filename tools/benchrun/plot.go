@@ -15,8 +15,8 @@ import (
 )
 
 // The plot: two panels of grouped bars, throughput above and p99 below, one
-// group per scenario and one bar per store (the no-op ceiling appears in
-// the groups of scenario (a), whose concurrency it shares).
+// group per scenario and one bar per store; across each bar a gray line
+// marks the median of the no-op runs paired with it (its ceiling).
 
 var (
 	white     = color.RGBA{255, 255, 255, 255}
@@ -24,12 +24,13 @@ var (
 	gridGray  = color.RGBA{225, 225, 225, 255}
 	axisGray  = color.RGBA{120, 120, 120, 255}
 	seriesRGB = map[string]color.RGBA{
-		"no-op":    {160, 160, 160, 255},
-		"memory":   {66, 133, 244, 255},
-		"redis":    {219, 68, 55, 255},
-		"memcache": {15, 157, 88, 255},
+		"no-op":         {160, 160, 160, 255},
+		"memory":        {66, 133, 244, 255},
+		"redis":         {219, 68, 55, 255},
+		"redis-cluster": {244, 160, 0, 255},
+		"memcache":      {15, 157, 88, 255},
 	}
-	seriesOrder = []string{"no-op", "memory", "redis", "memcache"}
+	seriesOrder = []string{"memory", "redis", "redis-cluster", "memcache"}
 	groupLabels = map[string]string{
 		"c16": "A C=16", "c64": "A C=64", "c256": "A C=256", "hot": "B HOT", "hot+nc": "B HOT+NC",
 		"chain": "C CHAIN", "fixed": "D FIXED", "sliding": "D SLIDING", "log": "D LOG", "bucket": "D BUCKET",
@@ -78,7 +79,12 @@ func renderPlot(rep *report) *image.RGBA {
 	for _, label := range groupLabels {
 		groupW = max(groupW, pixfont.Width(label, 1)+12)
 	}
-	width := max(leftM+len(ids)*groupW+rightM, leftM+pixfont.Width(title, 2)+rightM)
+	const ceilLabel = "no-op, paired"
+	legendW := 14 + pixfont.Width(ceilLabel, 1)
+	for _, s := range stores {
+		legendW += 14 + pixfont.Width(s, 1) + 16
+	}
+	width := max(leftM+len(ids)*groupW+rightM, leftM+pixfont.Width(title, 2)+rightM, leftM+legendW+rightM)
 	const top = 60 // title and legend
 	height := top + 2*(panelH+50) - 20
 	img := image.NewRGBA(image.Rect(0, 0, width, height))
@@ -91,24 +97,35 @@ func renderPlot(rep *report) *image.RGBA {
 		pixfont.Draw(img, x+14, 38, s, 1, black)
 		x += 14 + pixfont.Width(s, 1) + 16
 	}
+	fill(img, x, 40, 10, 2, seriesRGB["no-op"])
+	pixfont.Draw(img, x+14, 38, ceilLabel, 1, black)
 
-	value := func(store, id string, p99 bool) float64 {
+	// value returns a store's median and the median of its paired no-op
+	// runs, NaN where not measured.
+	value := func(store, id string, p99 bool) (v, ceil float64) {
 		for _, rw := range rep.rows {
 			if rw.store == store && rw.sc.id == id && rw.skip == "" {
 				if p99 {
-					return float64(rw.p99) / 1e6
+					ceil = math.NaN()
+					if rw.ceilP99 > 0 {
+						ceil = float64(rw.ceilP99) / 1e6
+					}
+					return float64(rw.p99) / 1e6, ceil
 				}
-				return rw.rps
+				return rw.rps, rw.ceilRPS
 			}
 		}
-		return math.NaN()
+		return math.NaN(), math.NaN()
 	}
 	panel := func(y0 int, title string, p99 bool, format func(float64) string) {
 		maxV := 0.0
 		for _, id := range ids {
 			for _, s := range stores {
-				if v := value(s, id, p99); !math.IsNaN(v) {
-					maxV = max(maxV, v)
+				v, ceil := value(s, id, p99)
+				for _, x := range []float64{v, ceil} {
+					if !math.IsNaN(x) {
+						maxV = max(maxV, x)
+					}
 				}
 			}
 		}
@@ -127,25 +144,17 @@ func renderPlot(rep *report) *image.RGBA {
 			barsW := len(stores)*(barW+barGap) - barGap
 			gx := leftM + gi*groupW + (groupW-barsW)/2
 			for si, s := range stores {
-				v := value(s, id, p99)
+				v, ceil := value(s, id, p99)
 				if math.IsNaN(v) || maxV == 0 {
 					continue
 				}
+				bx := gx + si*(barW+barGap)
 				h := int(math.Round(float64(plotBottom-plotTop) * v / maxV))
-				fill(img, gx+si*(barW+barGap), plotBottom-h, barW, h, seriesRGB[s])
-			}
-			// Groups without a no-op bar get the ceiling at their
-			// concurrency as a dashed line, so ratios read at a glance.
-			if c := groupConcurrency(rep, id); c > 0 && math.IsNaN(value("no-op", id, p99)) && maxV > 0 {
-				if ceil := rep.ceiling(c); ceil != nil {
-					v := ceil.rps
-					if p99 {
-						v = float64(ceil.p99) / 1e6
-					}
-					y := plotBottom - int(math.Round(float64(plotBottom-plotTop)*v/maxV))
-					for dx := 0; dx < barsW; dx += 6 {
-						fill(img, gx+dx, y, min(3, barsW-dx), 2, seriesRGB["no-op"])
-					}
+				fill(img, bx, plotBottom-h, barW, h, seriesRGB[s])
+				if !math.IsNaN(ceil) {
+					// Drawn over the bar when the bar is taller (noise).
+					y := plotBottom - int(math.Round(float64(plotBottom-plotTop)*ceil/maxV))
+					fill(img, bx-1, y-1, barW+2, 3, seriesRGB["no-op"])
 				}
 			}
 			label := groupLabels[id]
@@ -167,16 +176,6 @@ func renderPlot(rep *report) *image.RGBA {
 		return strconv.FormatFloat(v, 'g', 4, 64)
 	})
 	return img
-}
-
-// groupConcurrency returns the concurrency of scenario id, 0 if unknown.
-func groupConcurrency(rep *report, id string) int {
-	for _, rw := range rep.rows {
-		if rw.sc.id == id {
-			return rw.sc.c
-		}
-	}
-	return 0
 }
 
 // niceScale returns an axis top above v (with 5% headroom) and a tick step

@@ -3,6 +3,7 @@ package main
 import (
 	"fmt"
 	"io"
+	"math"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -11,6 +12,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 )
 
 func TestFreePorts(t *testing.T) {
@@ -152,32 +154,135 @@ func TestTailBuffer(t *testing.T) {
 	}
 }
 
-// TestStartStores starts the real store servers as benchrun does.
+// TestStartStores starts the real store servers as benchrun does and reads
+// Redis's usage counters.
 func TestStartStores(t *testing.T) {
-	be, err := startRedis(t.Context())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(be.proc.stop)
-	if !slices.Contains(be.env, "BACKEND_TYPE=redis") || be.rtStat != redisRoundTrips {
-		t.Errorf("redis backend = %v, %q", be.env, be.rtStat)
-	}
+	t.Run("redis", func(t *testing.T) {
+		t.Parallel()
+		be, err := startRedis(t.TempDir())
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(be.stop)
+		if !slices.Contains(be.env, "BACKEND_TYPE=redis") || !slices.Contains(be.env, "REDIS_TYPE=SINGLE") ||
+			be.rtStat != redisRoundTrips || len(be.redis) != 1 {
+			t.Errorf("redis backend = %v, %q, %d servers", be.env, be.rtStat, len(be.redis))
+		}
+		u0, err := readRedisUsage(t.Context(), be.redis)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for range 10 {
+			if _, err := be.redis[0].Do(t.Context(), "INCRBY", "k", "1"); err != nil {
+				t.Fatal(err)
+			}
+		}
+		u1, err := readRedisUsage(t.Context(), be.redis)
+		if err != nil {
+			t.Fatal(err)
+		}
+		// The 10 INCRBY and the first INFO.
+		if got := u1.commands - u0.commands; got != 11 {
+			t.Errorf("commands grew by %v, want 11", got)
+		}
+		if u1.cpu < u0.cpu || u1.cpu <= 0 {
+			t.Errorf("CPU %v s then %v s, want a positive, growing figure", u0.cpu, u1.cpu)
+		}
+	})
+	t.Run("redis-cluster", func(t *testing.T) {
+		t.Parallel()
+		be, err := startRedisCluster(t.TempDir())
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(be.stop)
+		if !slices.Contains(be.env, "REDIS_TYPE=CLUSTER") || !slices.Contains(be.env, "REDIS_SOCKET_TYPE=tcp") || len(be.redis) != 3 {
+			t.Errorf("cluster backend = %v, %d servers", be.env, len(be.redis))
+		}
+		if _, err := readRedisUsage(t.Context(), be.redis); err != nil {
+			t.Fatal(err)
+		}
+	})
+	t.Run("memcached", func(t *testing.T) {
+		t.Parallel()
+		path, err := exec.LookPath("memcached")
+		if err != nil {
+			t.Fatal("memcached not found in PATH; install it (Debian/Ubuntu: apt-get install memcached)")
+		}
+		mc, err := startMemcached(t.Context(), path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(mc.stop)
+		if !slices.Contains(mc.env, "BACKEND_TYPE=memcache") {
+			t.Errorf("memcache backend = %v", mc.env)
+		}
+		addr, _ := strings.CutPrefix(mc.env[1], "MEMCACHE_HOST_PORT=")
+		mc.stop()
+		if err := tcpProbe(addr, "version\r\n", "VERSION"); err == nil {
+			t.Error("memcached still answers after stop")
+		}
+	})
+}
 
-	path, err := exec.LookPath("memcached")
-	if err != nil {
-		t.Fatal("memcached not found in PATH; install it (Debian/Ubuntu: apt-get install memcached)")
+func TestParseRedisUsage(t *testing.T) {
+	info := "# Stats\r\ntotal_connections_received:3\r\ntotal_commands_processed:1234\r\n\r\n# CPU\r\nused_cpu_sys:0.500000\r\nused_cpu_user:1.250000\r\nused_cpu_sys_children:9.000000\r\n"
+	u, err := parseRedisUsage(info)
+	if err != nil || u.cpu != 1.75 || u.commands != 1234 {
+		t.Fatalf("parseRedisUsage = %+v, %v; want CPU 1.75 s, 1234 commands", u, err)
 	}
-	mc, err := startMemcached(t.Context(), path)
+	if _, err := parseRedisUsage("# CPU\r\nused_cpu_sys:0.5\r\n"); err == nil {
+		t.Error("parseRedisUsage without the counters: want an error")
+	}
+}
+
+func TestParseBenchmarkCSV(t *testing.T) {
+	tests := []struct {
+		name    string
+		give    string
+		wantRPS float64
+		wantP50 time.Duration
+		wantErr bool
+	}{
+		{
+			name:    "redis7",
+			give:    "\"test\",\"rps\",\"avg_latency_ms\",\"min_latency_ms\",\"p50_latency_ms\",\"p95_latency_ms\",\"p99_latency_ms\",\"max_latency_ms\"\n\"INCRBY rl:__rand_int__ 1\",\"270270.28\",\"2.597\",\"0.248\",\"2.383\",\"5.735\",\"8.471\",\"8.727\"\n",
+			wantRPS: 270270.28,
+			wantP50: 2383 * time.Microsecond,
+		},
+		{name: "redis6", give: "\"INCRBY rl:__rand_int__ 1\",\"81234.50\"\n", wantRPS: 81234.5},
+		{name: "empty", give: "", wantErr: true},
+		{name: "not_a_number", give: "\"INCRBY\",\"fast\"\n", wantErr: true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			rps, p50, err := parseBenchmarkCSV(tt.give)
+			if (err != nil) != tt.wantErr || rps != tt.wantRPS || p50.Round(time.Microsecond) != tt.wantP50 {
+				t.Fatalf("parseBenchmarkCSV = %v, %v, %v; want %v, %v, error %v", rps, p50, err, tt.wantRPS, tt.wantP50, tt.wantErr)
+			}
+		})
+	}
+}
+
+// TestMeasureCapacity runs redis-benchmark for real, briefly.
+func TestMeasureCapacity(t *testing.T) {
+	if _, err := exec.LookPath("redis-benchmark"); err != nil {
+		t.Fatal("redis-benchmark not found in PATH; install it (Debian/Ubuntu: apt-get install redis-tools)")
+	}
+	got, err := measureCapacity(t.Context(), t.TempDir(), 2000, func(string, ...any) {})
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(mc.proc.stop)
-	if !slices.Contains(mc.env, "BACKEND_TYPE=memcache") {
-		t.Errorf("memcache backend = %v", mc.env)
+	if len(got) != 3 {
+		t.Fatalf("measureCapacity gave %d tests, want 3", len(got))
 	}
-	mc.proc.stop()
-	if mc.proc.running() {
-		t.Error("memcached still running after stop")
+	for _, c := range got {
+		if c.rps <= 0 || math.IsNaN(c.cpuUS) || c.cpuUS <= 0 {
+			t.Errorf("%s: %v ops/s, %v µs/request: want both measured", c.load, c.rps, c.cpuUS)
+		}
+	}
+	if !strings.HasPrefix(got[2].command, "EVALSHA <token bucket>") {
+		t.Errorf("script command = %q", got[2].command)
 	}
 }
 

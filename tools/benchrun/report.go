@@ -29,16 +29,9 @@ type report struct {
 	timing  timing
 	rows    []*row
 	notes   []string
-}
-
-// ceiling returns the no-op row at concurrency c, or nil.
-func (rep *report) ceiling(c int) *row {
-	for _, rw := range rep.rows {
-		if rw.store == "no-op" && rw.sc.c == c {
-			return rw
-		}
-	}
-	return nil
+	// capacity are the redis-benchmark tests of one redis-server; empty
+	// when not measured.
+	capacity []capacityResult
 }
 
 // find returns the measured row of store and scenario id, or nil.
@@ -51,17 +44,6 @@ func (rep *report) find(store, id string) *row {
 	return nil
 }
 
-// fillRatios sets each row's throughput as a fraction of the ceiling at the
-// same concurrency.
-func (rep *report) fillRatios() {
-	for _, rw := range rep.rows {
-		rw.ratio = math.NaN()
-		if ceil := rep.ceiling(rw.sc.c); ceil != nil && ceil.rps > 0 && rw.skip == "" {
-			rw.ratio = rw.rps / ceil.rps
-		}
-	}
-}
-
 // check is one line of the bar of issue 5.
 type check struct {
 	what     string
@@ -70,35 +52,34 @@ type check struct {
 	met string
 }
 
-// bar evaluates the targets of issue 5 on this run's figures.
+// bar evaluates the targets of issue 5 on this run's figures. Every ratio
+// is the median of the per-run ratios to the paired no-op runs.
 func (rep *report) bar() []check {
 	var out []check
-	ceil := rep.ceiling(64)
 	ratioCheck := func(store, id, what string, want float64) {
 		rw := rep.find(store, id)
 		if rw == nil || math.IsNaN(rw.ratio) {
 			out = append(out, check{what, "not measured", "n/a"})
 			return
 		}
-		out = append(out, check{what, fmt.Sprintf("%.0f%% (%.0f of %.0f req/s)", 100*rw.ratio, rw.rps, ceil.rps), yesNo(rw.ratio >= want)})
+		out = append(out, check{what, fmt.Sprintf("%.0f%% (medians %.0f and %.0f req/s)", 100*rw.ratio, rw.rps, rw.ceilRPS), yesNo(rw.ratio >= want)})
 	}
 	ratioCheck("memory", "c64", "memory, (a) c=64: ≥ 85% of the ceiling", 0.85)
 	ratioCheck("redis", "c64", "redis, (a) c=64: ≥ 75% of the ceiling", 0.75)
 	if rw := rep.find("redis", "c64"); rw != nil && !math.IsNaN(rw.cpuUS) {
 		measured := fmt.Sprintf("%.1f µs", rw.cpuUS)
-		if ceil != nil && !math.IsNaN(ceil.cpuUS) {
+		if !math.IsNaN(rw.ceilCPUUS) {
 			// What gRPC alone costs on this machine puts the figure in scale.
-			measured += fmt.Sprintf(" (no-op server: %.1f µs)", ceil.cpuUS)
+			measured += fmt.Sprintf(" (no-op server: %.1f µs)", rw.ceilCPUUS)
 		}
 		out = append(out, check{"redis, (a) c=64: ≤ 20 µs service CPU per decision", measured, yesNo(rw.cpuUS <= 20)})
 	} else {
 		out = append(out, check{"redis, (a) c=64: ≤ 20 µs service CPU per decision", "not measured", "n/a"})
 	}
 	ratioCheck("memcache", "c64", "memcache, (a) c=64: ≥ 50% of the ceiling", 0.50)
-	if rw := rep.find("redis", "c64"); rw != nil && ceil != nil && ceil.p99 > 0 {
-		f := float64(rw.p99) / float64(ceil.p99)
+	if rw := rep.find("redis", "c64"); rw != nil && !math.IsNaN(rw.p99Ratio) {
 		out = append(out, check{"redis, (a) c=64: p99 ≤ 1.5 × the no-op p99",
-			fmt.Sprintf("%.2f× (%s vs %s)", f, bench.FormatDuration(rw.p99), bench.FormatDuration(ceil.p99)), yesNo(f <= 1.5)})
+			fmt.Sprintf("%.2f× (medians %s and %s)", rw.p99Ratio, bench.FormatDuration(rw.p99), bench.FormatDuration(rw.ceilP99)), yesNo(rw.p99Ratio <= 1.5)})
 	} else {
 		out = append(out, check{"redis, (a) c=64: p99 ≤ 1.5 × the no-op p99", "not measured", "n/a"})
 	}
@@ -128,33 +109,44 @@ func (rep *report) markdown(pngRel string) string {
 	w("- Each figure is the median of %d run(s) of %v after a %v warm-up. The load generator "+
 		"(cmd/ratelimit-bench, in process, up to 4 gRPC connections) runs on the same machine as the service.\n",
 		rep.timing.runs, rep.timing.duration, rep.timing.warmup)
+	w("- Ceiling, paired: grpc-go's no-op RLS server (default options) runs in a process of its own for the whole run. "+
+		"For every scenario and every run i, it is measured under the same load (same concurrency, same descriptors, same duration) "+
+		"immediately before the service's run i, after a warm-up of at most %v per scenario, so the two runs of a pair are seconds apart "+
+		"and see the same load from the rest of the machine. "+
+		"_of no-op_ is the median of the per-run ratios req/s_i ÷ no-op req/s_i (and the p99 bar the median of p99_i ÷ no-op p99_i); "+
+		"the _no-op_ columns are the medians of the paired no-op runs.\n", noopWarmup)
 	w("- A decision is one ShouldRateLimit call, whatever its number of descriptors. "+
-		"Ceiling: grpc-go's no-op RLS server (default options, its own process) at the same concurrency, measured in the same run. "+
 		"CPU: utime+stime of the service process from /proc per decision; RSS: VmRSS after the run; "+
-		"round trips: the service's `%s` counter per decision.\n\n", redisRoundTrips)
+		"round trips: the service's `%s` counter per decision; Redis CPU and commands: the change of "+
+		"`used_cpu_user`+`used_cpu_sys` and `total_commands_processed` (which counts the commands a script calls) "+
+		"in Redis INFO per decision, summed over the cluster's masters.\n\n", redisRoundTrips)
 	if pngRel != "" {
-		w("![throughput and p99 per store and scenario](%s)\n\n", pngRel)
+		w("![throughput and p99 per store and scenario, the paired no-op ceiling as a gray line](%s)\n\n", pngRel)
 	}
-	w("| scenario | store | c | req/s | of ceiling | p50 | p99 | CPU µs/decision | RSS MiB | Redis round trips/decision | OK / OVER_LIMIT / errors |\n")
-	w("|---|---|--:|--:|--:|--:|--:|--:|--:|--:|---|\n")
+	w("| scenario | store | c | req/s | no-op req/s | of no-op | p50 | p99 | no-op p99 | CPU µs/decision | RSS MiB | Redis round trips/decision | Redis commands/decision | Redis CPU µs/decision | OK / OVER_LIMIT / errors |\n")
+	w("|---|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|---|\n")
 	for _, rw := range rep.rows {
 		if rw.skip != "" {
-			w("| %s | %s | %d | – | – | – | – | – | – | – | not measured: %s |\n", rw.sc.title, rw.store, rw.sc.c, rw.skip)
+			w("| %s | %s | %d | – | – | – | – | – | – | – | – | – | – | – | not measured: %s |\n", rw.sc.title, rw.store, rw.sc.c, rw.skip)
 			continue
 		}
-		ratio := "–"
-		if rw.store != "no-op" && !math.IsNaN(rw.ratio) {
-			ratio = fmt.Sprintf("%.0f%%", 100*rw.ratio)
+		ceilP99 := "–"
+		if rw.ceilP99 > 0 {
+			ceilP99 = bench.FormatDuration(rw.ceilP99)
 		}
-		w("| %s | %s | %d | %.0f | %s | %s | %s | %s | %s | %s | %s |\n",
-			rw.sc.title, rw.store, rw.sc.c, rw.rps, ratio,
-			bench.FormatDuration(rw.p50), bench.FormatDuration(rw.p99),
+		w("| %s | %s | %d | %.0f | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n",
+			rw.sc.title, rw.store, rw.sc.c, rw.rps, optional(rw.ceilRPS, "%.0f"), percent(rw.ratio),
+			bench.FormatDuration(rw.p50), bench.FormatDuration(rw.p99), ceilP99,
 			optional(rw.cpuUS, "%.1f"), optional(rw.rssMiB, "%.0f"), optional(rw.rt, "%.3f"),
+			optional(rw.redisCmds, "%.2f"), optional(rw.redisCPUUS, "%.1f"),
 			outcomes(rw))
 	}
 	w("\n**The bar (issue 5)**\n\n| target | measured | met |\n|---|---|---|\n")
 	for _, c := range rep.bar() {
 		w("| %s | %s | %s |\n", c.what, c.measured, c.met)
+	}
+	if len(rep.capacity) > 0 {
+		w("\n%s", rep.capacityMarkdown())
 	}
 	if len(rep.notes) > 0 {
 		w("\nNotes:\n\n")
@@ -164,6 +156,38 @@ func (rep *report) markdown(pngRel string) string {
 	}
 	b.WriteByte('\n')
 	return b.String()
+}
+
+// capacityMarkdown renders the redis-benchmark table.
+func (rep *report) capacityMarkdown() string {
+	var b strings.Builder
+	w := func(format string, args ...any) { fmt.Fprintf(&b, format, args...) }
+	w("**One Redis (one cluster shard), redis-benchmark**\n\n")
+	w("A redis-server of its own on 127.0.0.1, 10,000 random keys (`-r 10000`), redis-benchmark on the same machine " +
+		"(so it takes CPU from Redis: ops/s is a lower bound). _Redis CPU µs/request_ is the server's own CPU " +
+		"(INFO) per request; 10⁶ ÷ it is what one shard could answer with a core to itself.\n\n")
+	w("| load | command | pipeline (-P) | clients (-c) | requests (-n) | ops/s | p50 | Redis CPU µs/request | ops/s with one full core |\n")
+	w("|---|---|--:|--:|--:|--:|--:|--:|--:|\n")
+	for _, c := range rep.capacity {
+		p50 := "n/a"
+		if c.p50 > 0 {
+			p50 = bench.FormatDuration(c.p50)
+		}
+		full := math.NaN()
+		if c.cpuUS > 0 {
+			full = 1e6 / c.cpuUS
+		}
+		w("| %s | `%s` | %d | %d | %d | %.0f | %s | %s | %s |\n", c.load, c.command, c.pipeline, c.clients, c.requests,
+			c.rps, p50, optional(c.cpuUS, "%.2f"), optional(full, "%.0f"))
+	}
+	return b.String()
+}
+
+func percent(v float64) string {
+	if math.IsNaN(v) {
+		return "–"
+	}
+	return fmt.Sprintf("%.0f%%", 100*v)
 }
 
 func optional(v float64, format string) string {
@@ -189,13 +213,19 @@ func outcomes(rw *row) string {
 	return s
 }
 
-// replaceSection puts body between the markers of doc, keeping everything
-// else. Without markers, doc gets them appended.
+// replaceSection puts body between the benchrun markers of doc, keeping
+// everything else. Without markers, doc gets them appended.
 func replaceSection(doc, body string) string {
-	i := strings.Index(doc, startMarker)
-	j := strings.Index(doc, endMarker)
+	return replaceBetween(doc, startMarker, endMarker, body)
+}
+
+// replaceBetween puts body between the markers start and end of doc,
+// keeping everything else. Without markers, doc gets them appended.
+func replaceBetween(doc, start, end, body string) string {
+	i := strings.Index(doc, start)
+	j := strings.Index(doc, end)
 	if i >= 0 && j > i {
-		return doc[:i+len(startMarker)] + body + doc[j:]
+		return doc[:i+len(start)] + body + doc[j:]
 	}
 	if doc != "" && !strings.HasSuffix(doc, "\n") {
 		doc += "\n"
@@ -203,7 +233,7 @@ func replaceSection(doc, body string) string {
 	if doc != "" {
 		doc += "\n"
 	}
-	return doc + startMarker + body + endMarker + "\n"
+	return doc + start + body + end + "\n"
 }
 
 // writeMarkdown writes the report into path between the markers, creating

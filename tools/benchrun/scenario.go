@@ -2,16 +2,18 @@ package main
 
 import (
 	"fmt"
+	"slices"
 	"strings"
 )
 
 // The standard scenarios of `make bench` (issue 5). Every scenario runs on
-// every store; the no-op ceiling runs the user template of scenario (a) so
-// that its requests have the same size.
+// every store (redis-cluster runs clusterScenarios only), each paired run by
+// run with grpc-go's no-op server under the same load.
 
 // scenario is one load shape.
 type scenario struct {
-	// id is short and stable: it labels the plot and finds rows for the bar.
+	// id is short and stable: it labels the plot, finds rows for the bar
+	// and selects scenarios in -scenarios.
 	id string
 	// title is the table's description.
 	title       string
@@ -24,12 +26,9 @@ type scenario struct {
 
 const usersTemplate = "user_id=user-{0..9999}"
 
-// ceilingScenarios measure the in-process no-op server.
-var ceilingScenarios = []scenario{
-	{id: "c16", title: "no-op ceiling, c=16", descriptors: []string{usersTemplate}, c: 16},
-	{id: "c64", title: "no-op ceiling, c=64", descriptors: []string{usersTemplate}, c: 64},
-	{id: "c256", title: "no-op ceiling, c=256", descriptors: []string{usersTemplate}, c: 256},
-}
+// clusterScenarios are the ids measured on the Redis Cluster: scenario (a)
+// at c=64 (issue 5, scaling on paper).
+var clusterScenarios = []string{"c64"}
 
 // storeScenarios run against the service on each store.
 var storeScenarios = []scenario{
@@ -47,6 +46,39 @@ var storeScenarios = []scenario{
 	{id: "sliding", title: "(d) sliding_window, 10,000 users", descriptors: []string{"algorithm=sliding_window,user_id=user-{0..9999}"}, c: 64},
 	{id: "log", title: "(d) sliding_log, 10,000 users", descriptors: []string{"algorithm=sliding_log,user_id=user-{0..9999}"}, c: 64},
 	{id: "bucket", title: "(d) token_bucket, 10,000 users", descriptors: []string{"algorithm=token_bucket,user_id=user-{0..9999}"}, c: 64},
+}
+
+// selectScenarios returns the scenarios whose ids are in the comma list
+// spec, in the standard order; an empty spec selects all of them.
+func selectScenarios(spec string) ([]scenario, error) {
+	if strings.TrimSpace(spec) == "" {
+		return storeScenarios, nil
+	}
+	want := map[string]bool{}
+	for id := range strings.SplitSeq(spec, ",") {
+		if id = strings.TrimSpace(id); id != "" {
+			want[id] = true
+		}
+	}
+	var out []scenario
+	for _, sc := range storeScenarios {
+		if want[sc.id] {
+			out = append(out, sc)
+			delete(want, sc.id)
+		}
+	}
+	if len(want) > 0 {
+		var unknown, ids []string
+		for id := range want {
+			unknown = append(unknown, id)
+		}
+		for _, sc := range storeScenarios {
+			ids = append(ids, sc.id)
+		}
+		slices.Sort(unknown)
+		return nil, fmt.Errorf("benchrun: -scenarios: unknown %s (want some of %s)", strings.Join(unknown, ", "), strings.Join(ids, ","))
+	}
+	return out, nil
 }
 
 // nearCacheBytes is LOCAL_CACHE_SIZE_IN_BYTES for the near-cache scenario.
