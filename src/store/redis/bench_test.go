@@ -4,6 +4,7 @@ import (
 	"context"
 	"runtime"
 	"strconv"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -15,7 +16,8 @@ import (
 
 // BenchmarkStore measures one-op requests from 64 concurrent clients over
 // 10,000 keys per algorithm against a local redis-server, and reports how
-// many ops each pipeline carried.
+// many ops each pipeline carried and the CPU spent per op by this process
+// (the callers and the store) and by Redis.
 func BenchmarkStore(b *testing.B) {
 	srv := storetest.StartRedis(b, storetest.RedisOptions{})
 	const keys = 10_000
@@ -27,8 +29,13 @@ func BenchmarkStore(b *testing.B) {
 		b.Run(alg.String(), func(b *testing.B) {
 			s := newStore(b, Config{URL: srv.Addr})
 			prefix := alg.String() + "_"
+			keyNames := make([]string, keys)
+			for i := range keyNames {
+				keyNames[i] = prefix + names[i]
+			}
 			var next atomic.Uint64
 			var sink atomic.Uint64
+			cpu := startCPU(b, srv)
 			b.ReportAllocs()
 			b.SetParallelism(64 / max(1, testingProcs()))
 			b.ResetTimer()
@@ -38,7 +45,7 @@ func BenchmarkStore(b *testing.B) {
 				for pb.Next() {
 					i := next.Add(1) % keys
 					batch.Now = time.Now()
-					batch.Ops[0] = limiter.Op{Key: prefix + names[i], Algorithm: alg, Limit: 100_000, Window: 24 * time.Hour, Hits: 1}
+					batch.Ops[0] = limiter.Op{Key: keyNames[i], Algorithm: alg, Limit: 100_000, Window: 24 * time.Hour, Hits: 1}
 					if err := s.Do(context.Background(), batch); err != nil {
 						b.Error(err)
 						return
@@ -50,10 +57,8 @@ func BenchmarkStore(b *testing.B) {
 				sink.Add(admitted)
 			})
 			b.StopTimer()
-			rt, ops := s.Counters()
-			if rt > 0 {
-				b.ReportMetric(float64(ops)/float64(rt), "ops/roundtrip")
-			}
+			cpu.report(b)
+			reportDepth(b, s)
 			if sink.Load() != uint64(b.N) {
 				b.Errorf("%d of %d ops admitted", sink.Load(), b.N)
 			}
@@ -71,36 +76,136 @@ func BenchmarkStore(b *testing.B) {
 	}
 }
 
-// BenchmarkStorePoolSize shows the trade-off of REDIS_POOL_SIZE, the
-// number of pipelines in flight: fewer connections make deeper pipelines
-// (fewer system calls on both sides), more connections hide a slow round
-// trip. Fixed windows, 64 concurrent clients, 10,000 keys.
+// BenchmarkStorePoolSize shows what REDIS_POOL_SIZE, the most pipelines in
+// flight to a node, changes under load: little, since another pipeline
+// starts only when deepQueue commands wait (fixed windows, 64 concurrent
+// clients, 10,000 keys).
 func BenchmarkStorePoolSize(b *testing.B) {
 	srv := storetest.StartRedis(b, storetest.RedisOptions{})
 	for _, pool := range []int{1, 2, 4, 10, 32} {
 		b.Run("pool="+strconv.Itoa(pool), func(b *testing.B) {
-			s := newStore(b, Config{URL: srv.Addr, PoolSize: pool})
-			var next atomic.Uint64
-			b.ReportAllocs()
-			b.SetParallelism(64 / max(1, testingProcs()))
-			b.ResetTimer()
-			b.RunParallel(func(pb *testing.PB) {
-				batch := &limiter.Batch{Ops: make([]limiter.Op, 1), Results: make([]limiter.Result, 1)}
-				for pb.Next() {
-					batch.Now = time.Now()
-					batch.Ops[0] = limiter.Op{Key: "pool_" + strconv.FormatUint(next.Add(1)%10_000, 10), Limit: 100_000, Window: 24 * time.Hour, Hits: 1}
-					if err := s.Do(context.Background(), batch); err != nil {
-						b.Error(err)
-						return
-					}
-				}
-			})
-			b.StopTimer()
-			if rt, ops := s.Counters(); rt > 0 {
-				b.ReportMetric(float64(ops)/float64(rt), "ops/roundtrip")
-			}
+			benchFixedWindow(b, srv, newStore(b, Config{URL: srv.Addr, PoolSize: pool}))
 		})
 	}
+}
+
+// BenchmarkStoreQueueDepth justifies deepQueue, the queued work (commands,
+// a script op counting scriptWork) that starts another pipeline while one is
+// in flight: 2 is about the former design, a pipeline per free connection;
+// 1<<20 never starts a second one. Fixed windows (client-bound: two
+// commands an op) and token buckets (Redis-bound: a script call an op); the
+// default pool of 10, 64 concurrent clients, 10,000 keys.
+func BenchmarkStoreQueueDepth(b *testing.B) {
+	srv := storetest.StartRedis(b, storetest.RedisOptions{})
+	for _, alg := range []rules.Algorithm{rules.FixedWindow, rules.TokenBucket} {
+		for _, deep := range []int{2, 16, 32, 64, 128, 1 << 20} {
+			b.Run(alg.String()+"/deep="+strconv.Itoa(deep), func(b *testing.B) {
+				s := newStore(b, Config{URL: srv.Addr})
+				s.main.mu.Lock()
+				s.main.deep = deep
+				s.main.mu.Unlock()
+				benchOps(b, srv, s, alg)
+			})
+		}
+	}
+}
+
+// benchFixedWindow runs benchOps with fixed windows.
+func benchFixedWindow(b *testing.B, srv *storetest.RedisServer, s *Store) {
+	b.Helper()
+	benchOps(b, srv, s, rules.FixedWindow)
+}
+
+// benchOps runs one-op requests of alg from 64 concurrent clients over
+// 10,000 keys on s.
+func benchOps(b *testing.B, srv *storetest.RedisServer, s *Store, alg rules.Algorithm) {
+	b.Helper()
+	const keys = 10_000
+	names := make([]string, keys)
+	for i := range names {
+		names[i] = "depth_" + alg.String() + "_" + strconv.Itoa(i)
+	}
+	var next atomic.Uint64
+	cpu := startCPU(b, srv)
+	b.ReportAllocs()
+	b.SetParallelism(64 / max(1, testingProcs()))
+	b.ResetTimer()
+	b.RunParallel(func(pb *testing.PB) {
+		batch := &limiter.Batch{Ops: make([]limiter.Op, 1), Results: make([]limiter.Result, 1)}
+		for pb.Next() {
+			batch.Now = time.Now()
+			batch.Ops[0] = limiter.Op{Key: names[next.Add(1)%keys], Algorithm: alg, Limit: 1 << 40, Window: 24 * time.Hour, Hits: 1}
+			if err := s.Do(context.Background(), batch); err != nil {
+				b.Error(err)
+				return
+			}
+		}
+	})
+	b.StopTimer()
+	cpu.report(b)
+	reportDepth(b, s)
+}
+
+// reportDepth reports the mean pipeline depth, ops per round trip.
+func reportDepth(b *testing.B, s *Store) {
+	b.Helper()
+	if rt, ops := s.Counters(); rt > 0 {
+		b.ReportMetric(float64(ops)/float64(rt), "ops/roundtrip")
+	}
+}
+
+// cpuMeter measures the CPU time used during a benchmark by this process
+// and by the Redis server.
+type cpuMeter struct {
+	srv          *storetest.RedisServer
+	self, server time.Duration
+	ok           bool
+}
+
+func startCPU(b *testing.B, srv *storetest.RedisServer) *cpuMeter {
+	b.Helper()
+	m := &cpuMeter{srv: srv}
+	var okSelf, okServer bool
+	m.self, okSelf = processCPU()
+	m.server, okServer = redisCPU(b, srv)
+	m.ok = okSelf && okServer
+	return m
+}
+
+// report reports cpu-ns/op, the CPU of this process (the callers and the
+// store) per op, and redis-cpu-ns/op, Redis's.
+func (m *cpuMeter) report(b *testing.B) {
+	b.Helper()
+	self, okSelf := processCPU()
+	server, okServer := redisCPU(b, m.srv)
+	if !m.ok || !okSelf || !okServer || b.N == 0 {
+		return
+	}
+	b.ReportMetric(float64(self-m.self)/float64(b.N), "cpu-ns/op")
+	b.ReportMetric(float64(server-m.server)/float64(b.N), "redis-cpu-ns/op")
+}
+
+// redisCPU returns the CPU time redis-server has used (INFO cpu).
+func redisCPU(b *testing.B, srv *storetest.RedisServer) (time.Duration, bool) {
+	b.Helper()
+	v, err := srv.Do(b.Context(), "INFO", "cpu")
+	info, _ := v.(string)
+	if err != nil || info == "" {
+		return 0, false
+	}
+	var total float64
+	for line := range strings.Lines(info) {
+		name, val, ok := strings.Cut(strings.TrimSpace(line), ":")
+		if !ok || (name != "used_cpu_sys" && name != "used_cpu_user") {
+			continue
+		}
+		f, err := strconv.ParseFloat(val, 64)
+		if err != nil {
+			return 0, false
+		}
+		total += f
+	}
+	return time.Duration(total * float64(time.Second)), true
 }
 
 // testingProcs is GOMAXPROCS, the goroutines per SetParallelism unit.

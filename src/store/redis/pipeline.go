@@ -8,6 +8,9 @@ import (
 	"time"
 
 	goredis "github.com/redis/go-redis/v9"
+
+	"github.com/ratelimitd/ratelimit/src/limiter"
+	"github.com/ratelimitd/ratelimit/src/rules"
 )
 
 // maxPipelineCommands bounds one pipeline when PipelineLimit is not set, so
@@ -23,7 +26,7 @@ const maxPipelineCommands = 4096
 type (
 	intCmd    struct{ *goredis.IntCmd }
 	stringCmd struct{ *goredis.StringCmd }
-	scriptCmd struct{ *goredis.Cmd }
+	scriptCmd struct{ *goredis.IntSliceCmd } // decideLua and undoLua reply integers only
 )
 
 func (intCmd) NoRetry() bool    { return true }
@@ -43,8 +46,48 @@ type request struct {
 	plan  []opPlan
 	idx   []int // the batch's op indexes this request carries, in order
 	ncmds int   // Redis commands in cmds, for PipelineLimit
+	work  int   // ncmds, with scriptWork per op of a script call, for deepQueue
 	err   error
 	done  chan struct{}
+	at    time.Time // when queued
+
+	// The commands' arguments point into vals (per op of idx) and fill
+	// slots of args: kept across uses, they make building a command
+	// allocation-free but for the command itself (see Store.build).
+	vals []opVals
+	args []any
+}
+
+// opVals are the values of one op's command arguments. go-redis writes a
+// *string, *uint64 or *int64 argument as the value it points to, and a
+// pointer in an interface needs no allocation, unlike a string or a number.
+type opVals struct {
+	key                   string
+	hits, limit, capacity uint64
+	windowMicros, ttl     int64
+}
+
+// set records op's values for decideLua, with a fixed-window TTL in seconds.
+func (v *opVals) set(op *limiter.Op, ttlSeconds int64) {
+	v.hits, v.limit, v.capacity = op.Hits, op.Limit, op.Capacity()
+	v.windowMicros, v.ttl = windowMicros(op.Window), ttlSeconds
+}
+
+// putArgs fills the argsPerOp arguments of decideLua for v's op into a.
+func (v *opVals) putArgs(a []any, alg rules.Algorithm) {
+	a[0], a[1], a[2], a[3], a[4], a[5] = algorithmArgs[algorithmIndex(alg)], &v.limit, &v.capacity, &v.windowMicros, &v.hits, &v.ttl
+}
+
+// argv returns the next n slots of r.args. Its capacity is n, so that no
+// command's arguments can run into the next command's.
+func (r *request) argv(n int) []any {
+	if len(r.args)+n > cap(r.args) {
+		// Commands built so far keep the old array.
+		r.args = make([]any, 0, max(2*cap(r.args), n, 16))
+	}
+	i := len(r.args)
+	r.args = r.args[:i+n]
+	return r.args[i : i+n : i+n]
 }
 
 // opPlan says where op idx[i]'s reply is: cmds[cmd], of the given kind, at
@@ -72,36 +115,90 @@ func getRequest(ctx context.Context) *request {
 // putRequest recycles a request whose worker has finished with it.
 func putRequest(r *request) {
 	clear(r.cmds)
-	r.cmds, r.plan, r.idx = r.cmds[:0], r.plan[:0], r.idx[:0]
-	r.ctx, r.err, r.ncmds = nil, nil, 0
+	clear(r.args)
+	clear(r.vals)
+	r.cmds, r.plan, r.idx, r.args, r.vals = r.cmds[:0], r.plan[:0], r.idx[:0], r.args[:0], r.vals[:0]
+	r.ctx, r.err, r.ncmds, r.work = nil, nil, 0, 0
 	requestPool.Put(r)
 }
 
 // backend is one Redis deployment (the main one or the per-second one) with
-// its workers. Each worker owns at most one connection per node at a time,
-// so PoolSize workers keep PoolSize pipelines in flight.
+// its PoolSize workers. A worker owns at most one connection per node at a
+// time, so at most PoolSize pipelines are in flight to a node.
 //
-// Coalescing: a worker takes the first queued request, then everything else
-// already queued (up to PipelineLimit commands), and sends it all as one
-// pipeline. An idle worker therefore sends a lone request at once, adding no
-// latency, while under load requests queue up during the round trips in
-// flight and leave together: batches grow with the load, with no timer.
-// PipelineWindow > 0 instead waits up to that long for more requests, as
-// the anchor's implicit pipelining does. A request is never split.
+// Adaptive pipelining: requests wait in one queue, and a worker takes
+// everything queued (up to PipelineLimit commands) as one pipeline, then
+// comes back for more until the queue is empty. When no pipeline is in
+// flight, a request wakes a worker and leaves at once, adding no latency.
+// While one is in flight, new requests wait for the next worker to come back
+// from Redis ("flush when the connection is idle"), so pipelines grow with
+// the load, with no timer. Another worker, on another connection, is used
+// only when the queue holds deepQueue work or PipelineLimit commands, or
+// when its oldest request has waited maxQueueWait (a slow or stuck round
+// trip must not hold the others): each pipeline costs system
+// calls and wake-ups on both sides, the main cost of a shallow pipeline,
+// while a deep queue is worth a round trip in parallel
+// (BenchmarkStoreQueueDepth). A request is never split and never takes more
+// than one round trip.
+//
+// PipelineWindow > 0 instead holds a pipeline until its oldest request has
+// waited that long or PipelineLimit commands are queued, as the anchor's
+// implicit pipelining does; one worker at a time collects so.
 type backend struct {
 	name    string // for errors: "redis" or "redis persecond"
 	client  goredis.UniversalClient
 	cluster bool
-	queue   chan *request
 	window  time.Duration
-	limit   int
+	limit   int // commands per pipeline; PipelineLimit or maxPipelineCommands
+	deep    int // queued work that justifies another pipeline in flight: deepQueue
 	timeout time.Duration
+	workers []*worker
+
+	// mu guards the fields below it.
+	mu         sync.Mutex
+	queue      []*request  // oldest first
+	queued     int         // Redis commands in queue
+	queuedWork int         // their work (request.work)
+	idle       []*worker   // workers waiting on their wake channel
+	busy       int         // workers not idle
+	starting   int         // workers woken that have not taken from the queue yet
+	collector  *worker     // with PipelineWindow, the worker waiting for more requests
+	watching   bool        // watch is set to fire
+	watch      *time.Timer // calls stalled: see maxQueueWait
 
 	// answered is closed when Redis first answers; up follows the
 	// connection afterwards (see Store.Healthy).
 	answered     chan struct{}
 	answeredOnce sync.Once
 	up           atomic.Bool
+}
+
+// deepQueue is the work queued (request.work, in commands) that justifies
+// one more pipeline in flight: 32 fixed-window ops, or 16 ops of the Lua
+// algorithms. Chosen with BenchmarkStoreQueueDepth (docs/BENCHMARKS.md):
+// below it, more pipelines cost client and Redis CPU for nothing; far above
+// it, a Redis-bound load (scripts) leaves Redis idle between round trips.
+const deepQueue = 64
+
+// maxQueueWait bounds how long a request waits for the pipelines in flight
+// before another connection takes it, however shallow the queue: about
+// ten round trips to a Redis nearby, a tenth of Envoy's default timeout.
+const maxQueueWait = 2 * time.Millisecond
+
+// scriptWork is what an op of a script call counts for deepQueue: decideLua
+// runs two to six Redis commands per op, and costs Redis about five times
+// the CPU of a fixed window's INCRBY and EXPIRE.
+const scriptWork = 4
+
+// worker is one of a backend's PoolSize senders. It sleeps on wake while
+// idle; a value on wake means "take the queue" (while idle) or "send now"
+// (while collecting with PipelineWindow). Only senders holding backend.mu
+// send on it, and never while the worker can find a stale value (see take).
+type worker struct {
+	wake  chan struct{} // capacity 1
+	pipe  goredis.Pipeliner
+	batch []*request
+	timer *time.Timer // with PipelineWindow
 }
 
 func (be *backend) markUp() {
@@ -118,67 +215,203 @@ func (be *backend) hasAnswered() bool {
 	}
 }
 
-// work is a worker's loop; it returns when ctx ends.
-func (be *backend) work(ctx context.Context) {
-	var batch []*request
-	var timer *time.Timer
-	if be.window > 0 {
-		timer = time.NewTimer(time.Hour)
-		timer.Stop()
-		defer timer.Stop()
+// initQueue makes the backend's poolSize workers, idle, without their
+// pipelines.
+func (be *backend) initQueue(poolSize int) {
+	for range poolSize {
+		w := &worker{wake: make(chan struct{}, 1)}
+		be.workers = append(be.workers, w)
+		be.idle = append(be.idle, w)
 	}
-	limit := be.limit
-	if limit <= 0 {
-		limit = maxPipelineCommands
+	be.watch = time.AfterFunc(time.Hour, be.stalled)
+	be.watch.Stop()
+}
+
+// stop stops the watch timer; the workers stop with their ctx.
+func (be *backend) stop() {
+	be.mu.Lock()
+	be.watch.Stop()
+	be.watching = false
+	be.mu.Unlock()
+}
+
+// enqueue queues r and wakes a worker if the queue justifies one.
+func (be *backend) enqueue(r *request) {
+	r.at = time.Now()
+	be.mu.Lock()
+	be.queue = append(be.queue, r)
+	be.queued += r.ncmds
+	be.queuedWork += r.work
+	be.dispatchLocked()
+	be.mu.Unlock()
+}
+
+// dispatchLocked wakes an idle worker when the queue needs one: when no
+// pipeline is in flight, when the work that no woken worker will take
+// reaches be.deep, or when the oldest request has waited maxQueueWait (the
+// watch timer fires then). With a collector, it only tells the collector to
+// send once the limit is reached. be.mu is held.
+func (be *backend) dispatchLocked() {
+	if be.collector != nil {
+		if be.queued >= be.limit {
+			be.signal(be.collector)
+			be.collector = nil
+		}
+		return
+	}
+	if len(be.queue) == 0 || len(be.idle) == 0 {
+		return
+	}
+	if be.busy > 0 && !be.deepLocked() {
+		if be.starting > 0 || be.window > 0 {
+			return // a worker is about to take the queue, or to collect
+		}
+		wait := maxQueueWait - time.Since(be.queue[0].at)
+		if wait > 0 {
+			if !be.watching {
+				be.watching = true
+				be.watch.Reset(wait)
+			}
+			return
+		}
+	}
+	w := be.idle[len(be.idle)-1]
+	be.idle = be.idle[:len(be.idle)-1]
+	be.busy++
+	be.starting++
+	be.signal(w)
+}
+
+// deepLocked reports whether the queue, beyond what the woken workers will
+// take, justifies one more pipeline in flight: be.deep work, or a full
+// pipeline (PipelineLimit commands). be.mu is held.
+func (be *backend) deepLocked() bool {
+	claimed := be.starting * be.limit
+	return be.queuedWork-claimed >= be.deep || be.queued-claimed >= be.limit
+}
+
+// stalled runs when the watch timer fires: see dispatchLocked.
+func (be *backend) stalled() {
+	be.mu.Lock()
+	defer be.mu.Unlock()
+	be.watching = false
+	be.dispatchLocked()
+}
+
+// signal sends on w.wake without blocking: w.wake is empty whenever a
+// sender may use it (see take), so the value is never lost.
+func (be *backend) signal(w *worker) {
+	select {
+	case w.wake <- struct{}{}:
+	default:
+	}
+}
+
+// work is a worker's loop; it returns when ctx ends.
+func (be *backend) work(ctx context.Context, w *worker) {
+	if be.window > 0 {
+		w.timer = time.NewTimer(time.Hour)
+		w.timer.Stop()
+		defer w.timer.Stop()
 	}
 	for {
-		var r *request
 		select {
-		case r = <-be.queue:
+		case <-w.wake:
 		case <-ctx.Done():
 			return
 		}
-		batch = append(batch[:0], r)
-		n := r.ncmds
-		if be.window > 0 {
-			timer.Reset(be.window)
-		wait:
-			for n < limit {
-				select {
-				case r := <-be.queue:
-					batch = append(batch, r)
-					n += r.ncmds
-				case <-timer.C:
-					break wait
-				case <-ctx.Done():
-					break wait
-				}
+		// Send until the queue is empty: requests that arrived during a
+		// round trip leave together in the next one.
+		woken := true
+		for {
+			batch := be.take(ctx, w, woken)
+			woken = false
+			if len(batch) == 0 {
+				break
 			}
-			timer.Stop()
-		} else {
-		drain:
-			for n < limit {
-				select {
-				case r := <-be.queue:
-					batch = append(batch, r)
-					n += r.ncmds
-				default:
-					break drain
-				}
-			}
+			be.exec(ctx, w, batch)
+			clear(batch)
 		}
-		be.exec(ctx, batch)
-		clear(batch)
 	}
+}
+
+// take returns the next pipeline's requests for w, or none after making w
+// idle. woken says w was just woken from idle.
+func (be *backend) take(ctx context.Context, w *worker, woken bool) []*request {
+	be.mu.Lock()
+	defer be.mu.Unlock()
+	if woken {
+		be.starting--
+	} else if be.busy > 1 && len(be.queue) > 0 && !be.deepLocked() && time.Since(be.queue[0].at) < maxQueueWait {
+		// Back from Redis while another pipeline is in flight: the queue
+		// is not deep enough for two, so leave it to that one (within
+		// maxQueueWait: dispatchLocked sets the watch).
+		be.goIdle(w)
+		be.dispatchLocked()
+		return nil
+	}
+	for be.window > 0 && len(be.queue) > 0 && be.queued < be.limit && ctx.Err() == nil {
+		wait := be.window - time.Since(be.queue[0].at)
+		if wait <= 0 {
+			break
+		}
+		if be.collector != nil && be.collector != w {
+			// Another worker collects these requests.
+			be.goIdle(w)
+			return nil
+		}
+		be.collector = w
+		be.mu.Unlock()
+		w.timer.Reset(wait)
+		select {
+		case <-w.wake:
+		case <-w.timer.C:
+		case <-ctx.Done():
+		}
+		w.timer.Stop()
+		be.mu.Lock()
+		if be.collector == w {
+			be.collector = nil
+		}
+		// A signal sent while the timer fired must not wake w later.
+		select {
+		case <-w.wake:
+		default:
+		}
+	}
+	if len(be.queue) == 0 || ctx.Err() != nil {
+		be.goIdle(w)
+		return nil
+	}
+	k, n, work := 0, 0, 0
+	for k < len(be.queue) && (k == 0 || n+be.queue[k].ncmds <= be.limit) {
+		n += be.queue[k].ncmds
+		work += be.queue[k].work
+		k++
+	}
+	w.batch = append(w.batch[:0], be.queue[:k]...)
+	rest := copy(be.queue, be.queue[k:])
+	clear(be.queue[rest:])
+	be.queue = be.queue[:rest]
+	be.queued -= n
+	be.queuedWork -= work
+	be.dispatchLocked()
+	return w.batch
+}
+
+// goIdle makes w idle. be.mu is held.
+func (be *backend) goIdle(w *worker) {
+	be.busy--
+	be.idle = append(be.idle, w)
 }
 
 // exec sends the batch's commands as one pipeline (one per node for a
 // cluster, in parallel) and signals every request. Requests whose caller
 // has already given up are not sent.
-func (be *backend) exec(ctx context.Context, batch []*request) {
+func (be *backend) exec(ctx context.Context, w *worker, batch []*request) {
 	ctx, cancel := context.WithTimeout(ctx, be.timeout)
 	defer cancel()
-	pipe := be.client.Pipeline()
+	pipe := w.pipe // Exec empties it
 	sent := 0
 	for _, r := range batch {
 		if err := r.ctx.Err(); err != nil {
@@ -265,7 +498,7 @@ func (be *backend) retryNoScript(ctx context.Context, batch []*request) {
 			args := append([]any(nil), c.Args()...)
 			sha, _ := args[1].(string)
 			args[0], args[1] = "eval", scriptSource(sha)
-			cmd := scriptCmd{goredis.NewCmd(ctx, args...)}
+			cmd := scriptCmd{goredis.NewIntSliceCmd(ctx, args...)}
 			r.cmds[i] = cmd
 			if pipe == nil {
 				pipe = be.client.Pipeline()
@@ -281,13 +514,29 @@ func (be *backend) retryNoScript(ctx context.Context, batch []*request) {
 // submit queues r for a worker and waits for it, or for ctx or the store to
 // end. It reports whether r may be recycled (the worker is done with it).
 func (be *backend) submit(ctx context.Context, stop <-chan struct{}, r *request) (recycle bool, err error) {
-	select {
-	case be.queue <- r:
-	case <-ctx.Done():
-		return true, unavailable(be.name, ctx.Err())
-	case <-stop:
-		return true, unavailable(be.name, errClosed)
+	if err := be.send(ctx, stop, r); err != nil {
+		return true, err
 	}
+	return be.wait(ctx, stop, r)
+}
+
+// send queues r, unless ctx or the store has ended.
+func (be *backend) send(ctx context.Context, stop <-chan struct{}, r *request) error {
+	if err := ctx.Err(); err != nil {
+		return unavailable(be.name, err)
+	}
+	select {
+	case <-stop:
+		return unavailable(be.name, errClosed)
+	default:
+	}
+	be.enqueue(r)
+	return nil
+}
+
+// wait waits for the worker to be done with the queued r, or for ctx or
+// the store to end. It reports whether r may be recycled.
+func (be *backend) wait(ctx context.Context, stop <-chan struct{}, r *request) (recycle bool, err error) {
 	select {
 	case <-r.done:
 		return true, r.err

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"sync"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/ratelimitd/ratelimit/src/limiter"
@@ -57,6 +58,17 @@ func TestPipelining(t *testing.T) {
 		t.Logf("%d ops in %d round trips: %.1f ops per round trip", ops, rt, ratio)
 		if ratio < 2 {
 			t.Errorf("%.2f ops per round trip with 64 concurrent clients and 4 connections, want >= 2", ratio)
+		}
+	})
+
+	t.Run("deep_by_default", func(t *testing.T) {
+		s := newStore(t, Config{URL: srv.Addr})
+		hammer(t, s, 64, 100, 1000, rules.FixedWindow)
+		rt, ops := s.Counters()
+		ratio := float64(ops) / float64(rt)
+		t.Logf("%d ops in %d round trips: %.1f ops per round trip", ops, rt, ratio)
+		if ratio < 4 {
+			t.Errorf("%.2f ops per round trip with 64 concurrent clients and the default pool, want >= 4", ratio)
 		}
 	})
 
@@ -192,4 +204,145 @@ func TestPerSecond(t *testing.T) {
 	if v, err := main.Do(t.Context(), "GET", "ps_aon_minute"); err != nil || v != "0" {
 		t.Errorf("GET ps_aon_minute on main = %v, %v; want 0", v, err)
 	}
+}
+
+// TestDispatch: the adaptive policy of backend.dispatchLocked and take, on
+// a backend without Redis, on synctest's clock. A lone request wakes a
+// worker; while one is busy, more requests wake nobody until deepQueue work
+// waits, or until the oldest has waited maxQueueWait; a worker back from
+// Redis leaves a shallow queue to another one in flight, and goes idle when
+// the queue is empty.
+func TestDispatch(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		be := &backend{limit: maxPipelineCommands, deep: deepQueue}
+		be.initQueue(3)
+		defer be.stop()
+		woken := func() (ws []*worker) {
+			for _, w := range be.workers {
+				select {
+				case <-w.wake:
+					ws = append(ws, w)
+				default:
+				}
+			}
+			return ws
+		}
+		// Fixed-window ops: two commands each.
+		enqueue := func(n int) {
+			for range n {
+				be.enqueue(&request{ncmds: 2, work: 2})
+			}
+		}
+		take := func(w *worker, woken bool, want int) {
+			t.Helper()
+			if got := be.take(t.Context(), w, woken); len(got) != want {
+				t.Fatalf("take = %d requests, want %d", len(got), want)
+			}
+		}
+
+		enqueue(1)
+		ws := woken()
+		if len(ws) != 1 {
+			t.Fatalf("a lone request woke %d workers, want 1", len(ws))
+		}
+		first := ws[0]
+		enqueue(1)
+		if ws := woken(); len(ws) != 0 {
+			t.Fatalf("a request queued before the woken worker took the queue woke %d workers, want 0", len(ws))
+		}
+		take(first, true, 2)
+
+		// first is in flight: requests wait for it until deepQueue work
+		// is queued, then another worker sends them.
+		enqueue(deepQueue/2 - 1)
+		if ws := woken(); len(ws) != 0 {
+			t.Fatalf("%d commands queued behind a pipeline in flight woke %d workers, want 0", deepQueue-2, len(ws))
+		}
+		enqueue(1)
+		ws = woken()
+		if len(ws) != 1 || ws[0] == first {
+			t.Fatalf("%d commands queued woke %d workers, want another one", deepQueue, len(ws))
+		}
+		second := ws[0]
+		take(second, true, deepQueue/2)
+
+		// first comes back while second is in flight: a shallow queue is
+		// left to second, which takes it when it comes back.
+		enqueue(1)
+		take(first, false, 0)
+		take(second, false, 1)
+		take(second, false, 0)
+		if be.busy != 0 || be.starting != 0 || len(be.idle) != 3 || be.queued != 0 || be.queuedWork != 0 {
+			t.Errorf("after the queue emptied: busy %d, starting %d, idle %d, queued %d, work %d; want 0, 0, 3, 0, 0",
+				be.busy, be.starting, len(be.idle), be.queued, be.queuedWork)
+		}
+
+		// A request behind a pipeline that does not come back waits
+		// maxQueueWait, then goes on another connection.
+		enqueue(1)
+		ws = woken()
+		if len(ws) != 1 {
+			t.Fatalf("a request to an idle backend woke %d workers, want 1", len(ws))
+		}
+		stuck := ws[0]
+		take(stuck, true, 1)
+		enqueue(1)
+		time.Sleep(maxQueueWait - time.Microsecond)
+		synctest.Wait()
+		if ws := woken(); len(ws) != 0 {
+			t.Fatalf("a request behind a pipeline in flight woke %d workers before maxQueueWait, want 0", len(ws))
+		}
+		time.Sleep(time.Microsecond)
+		synctest.Wait()
+		ws = woken()
+		if len(ws) != 1 || ws[0] == stuck {
+			t.Fatalf("a request that waited maxQueueWait woke %d workers, want another one", len(ws))
+		}
+		take(ws[0], true, 1)
+	})
+}
+
+// TestDispatchPipelineLimit: with REDIS_PIPELINE_LIMIT, a queue that holds
+// a full pipeline is sent at once on another connection, and a worker takes
+// at most the limit.
+func TestDispatchPipelineLimit(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		be := &backend{limit: 8, deep: deepQueue}
+		be.initQueue(2)
+		defer be.stop()
+		wake := func() int {
+			n := 0
+			for _, w := range be.workers {
+				select {
+				case <-w.wake:
+					n++
+				default:
+				}
+			}
+			return n
+		}
+		be.enqueue(&request{ncmds: 2, work: 2})
+		if n := wake(); n != 1 {
+			t.Fatalf("a lone request woke %d workers, want 1", n)
+		}
+		first := be.workers[len(be.workers)-1] // the last idle is woken first
+		if got := be.take(t.Context(), first, true); len(got) != 1 {
+			t.Fatalf("take = %d requests, want 1", len(got))
+		}
+		for range 3 {
+			be.enqueue(&request{ncmds: 2, work: 2})
+		}
+		if n := wake(); n != 0 {
+			t.Fatalf("6 commands queued with a limit of 8 woke %d workers, want 0", n)
+		}
+		for range 2 {
+			be.enqueue(&request{ncmds: 2, work: 2})
+		}
+		if n := wake(); n != 1 {
+			t.Fatalf("10 commands queued with a limit of 8 woke %d workers, want 1", n)
+		}
+		if got := be.take(t.Context(), be.workers[0], true); len(got) != 4 {
+			t.Fatalf("take = %d requests, want the 4 of the limit", len(got))
+		}
+	})
 }

@@ -362,23 +362,50 @@ func scriptSource(sha string) string {
 	return decideLua
 }
 
-// algorithmCode is the number decideLua uses for a.
-func algorithmCode(a rules.Algorithm) string {
+// decideSHAArg is decideSHA as a command argument, boxed once.
+var decideSHAArg any = decideSHA
+
+// algorithmCodes are the numbers decideLua uses for the algorithms, by
+// algorithmIndex; algorithmArgs the same as command arguments, boxed once.
+var (
+	algorithmCodes = [...]string{"0", "1", "2", "3"}
+	algorithmArgs  = [...]any{"0", "1", "2", "3"}
+)
+
+// algorithmIndex is a's number in decideLua: 0 fixed_window,
+// 1 sliding_window, 2 sliding_log, 3 token_bucket.
+func algorithmIndex(a rules.Algorithm) int {
 	switch a {
 	case rules.SlidingWindow:
-		return "1"
+		return 1
 	case rules.SlidingLog:
-		return "2"
+		return 2
 	case rules.TokenBucket:
-		return "3"
+		return 3
 	}
-	return "0"
+	return 0
+}
+
+// countArgs are small counts as command arguments, boxed once.
+var countArgs = func() (a [64]any) {
+	for i := range a {
+		a[i] = strconv.Itoa(i)
+	}
+	return a
+}()
+
+// countArg is n as a command argument.
+func countArg(n int) any {
+	if n < len(countArgs) {
+		return countArgs[n]
+	}
+	return strconv.Itoa(n)
 }
 
 // appendOpArgs appends the six ARGV of op for decideLua.
 func appendOpArgs(args []any, op *limiter.Op, ttlSeconds int64) []any {
 	return append(args,
-		algorithmCode(op.Algorithm),
+		algorithmCodes[algorithmIndex(op.Algorithm)],
 		strconv.FormatUint(op.Limit, 10),
 		strconv.FormatUint(op.Capacity(), 10),
 		strconv.FormatInt(windowMicros(op.Window), 10),

@@ -14,6 +14,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -88,8 +89,8 @@ func New(ctx context.Context, cfg Config) (*Store, error) {
 		}
 	}
 	for _, be := range s.backends() {
-		for range cfg.PoolSize {
-			s.wg.Go(func() { be.work(s.ctx) })
+		for _, w := range be.workers {
+			s.wg.Go(func() { be.work(s.ctx, w) })
 		}
 		s.wg.Go(func() { s.probe(be) })
 	}
@@ -118,11 +119,14 @@ func (s *Store) newBackend(name string, cfg Config) (*backend, error) {
 	user, password := ParseAuth(cfg.Auth)
 	be := &backend{
 		name:     name,
-		queue:    make(chan *request, 4*cfg.PoolSize),
 		window:   cfg.PipelineWindow,
-		limit:    cfg.PipelineLimit,
+		limit:    maxPipelineCommands,
+		deep:     deepQueue,
 		timeout:  cfg.Timeout,
 		answered: make(chan struct{}),
+	}
+	if cfg.PipelineLimit > 0 {
+		be.limit = cfg.PipelineLimit
 	}
 	hook := countHook{n: &s.roundTrips}
 	dial := dialer(cfg)
@@ -197,6 +201,10 @@ func (s *Store) newBackend(name string, cfg Config) (*backend, error) {
 		// into one pipeline per node.
 		c.OnNewNode(func(n *goredis.Client) { n.AddHook(hook) })
 		be.client, be.cluster = c, true
+	}
+	be.initQueue(cfg.PoolSize)
+	for _, w := range be.workers {
+		w.pipe = be.client.Pipeline()
 	}
 	return be, nil
 }
@@ -311,6 +319,7 @@ func (s *Store) Close() error {
 		s.cancel()
 		s.wg.Wait()
 		for _, be := range s.backends() {
+			be.stop()
 			err = errors.Join(err, be.client.Close())
 		}
 	})
@@ -366,25 +375,25 @@ func (s *Store) Do(ctx context.Context, b *limiter.Batch) error {
 		}
 	}
 
-	// With both backends, send to both before waiting for either.
+	// With both backends, queue on both before waiting for either, so that
+	// the two round trips overlap.
+	stop := s.ctx.Done()
 	var errs [2]error
 	var recycle [2]bool
-	send := func(k int) {
-		recycle[k], errs[k] = bes[k].submit(ctx, s.ctx.Done(), reqs[k])
-		if errs[k] == nil {
-			errs[k] = s.decode(bes[k], reqs[k], b)
+	for k, r := range reqs {
+		if r != nil {
+			recycle[k] = true
+			errs[k] = bes[k].send(ctx, stop, r)
 		}
 	}
-	switch {
-	case reqs[0] != nil && reqs[1] != nil:
-		var wg sync.WaitGroup
-		wg.Go(func() { send(1) })
-		send(0)
-		wg.Wait()
-	case reqs[0] != nil:
-		send(0)
-	default:
-		send(1)
+	for k, r := range reqs {
+		if r == nil || errs[k] != nil {
+			continue
+		}
+		recycle[k], errs[k] = bes[k].wait(ctx, stop, r)
+		if errs[k] == nil {
+			errs[k] = s.decode(bes[k], r, b)
+		}
 	}
 	err := errors.Join(errs[0], errs[1])
 	if err == nil && b.AllOrNothing {
@@ -414,7 +423,7 @@ func (s *Store) compensate(ctx context.Context, b *limiter.Batch, reqs [2]*reque
 			continue
 		}
 		for _, c := range r.cmds {
-			vals, err := c.(scriptCmd).Int64Slice()
+			vals, err := c.(scriptCmd).Result()
 			if err != nil || len(vals) == 0 {
 				return fmt.Errorf("redis: script reply: %v", err)
 			}
@@ -442,7 +451,7 @@ func (s *Store) undo(ctx context.Context, be *backend, r *request, b *limiter.Ba
 	u := getRequest(ctx)
 	var undone [][]int // per undo command, the batch's op indexes
 	for ci, c := range r.cmds {
-		vals, _ := c.(scriptCmd).Int64Slice()
+		vals := c.(scriptCmd).Val()
 		if vals[0] != 1 {
 			continue
 		}
@@ -466,15 +475,15 @@ func (s *Store) undo(ctx context.Context, be *backend, r *request, b *limiter.Ba
 		all = append(all, keys...)
 		all = append(all, s.scriptNow(b))
 		all = append(all, args...)
-		u.cmds = append(u.cmds, scriptCmd{goredis.NewCmd(context.Background(), all...)})
+		u.cmds = append(u.cmds, scriptCmd{goredis.NewIntSliceCmd(context.Background(), all...)})
 		u.ncmds++
+		u.work += scriptWork * len(ops)
 		undone = append(undone, ops)
 	}
 	recycle, err := be.submit(ctx, s.ctx.Done(), u)
 	if err == nil {
 		for ci, ops := range undone {
-			c := u.cmds[ci].(scriptCmd)
-			vals, cerr := c.Int64Slice()
+			vals, cerr := u.cmds[ci].(scriptCmd).Result()
 			if cerr != nil {
 				err = cmdError(be.name, b.Ops[ops[0]].Key, cerr)
 				break
@@ -498,80 +507,98 @@ func (s *Store) undo(ctx context.Context, be *backend, r *request, b *limiter.Ba
 	return err
 }
 
-// build turns the ops r carries into Redis commands.
+// build turns the ops r carries into Redis commands. Their arguments are
+// pointers into r.vals, in slots of r.args, both kept with r across uses,
+// so that an op costs two allocations: its key's copy and its command
+// (fixed windows: two commands).
 func (s *Store) build(r *request, b *limiter.Batch, cluster bool) {
 	ctx := context.Background() // commands run under the worker's deadline
+	// Commands point into r.vals: it must not grow once they exist.
+	r.vals = slices.Grow(r.vals[:0], len(r.idx))[:len(r.idx)]
+	now := s.scriptNow(b)
+	for j, i := range r.idx {
+		// The limiter reuses the keys' memory after Do returns, and a
+		// request whose caller gave up may still be sent: copy.
+		r.vals[j] = opVals{key: strings.Clone(b.Ops[i].Key)}
+	}
 	if !b.AllOrNothing {
-		for _, i := range r.idx {
-			op := &b.Ops[i]
-			// The limiter reuses the keys' memory after Do returns, and a
-			// request whose caller gave up may still be sent: copy.
-			key := strings.Clone(op.Key)
+		for j, i := range r.idx {
+			op, v := &b.Ops[i], &r.vals[j]
 			switch {
 			case op.Algorithm == rules.FixedWindow && op.Hits == 0:
 				r.plan = append(r.plan, opPlan{cmd: int32(len(r.cmds)), kind: kindGet})
-				r.cmds = append(r.cmds, stringCmd{goredis.NewStringCmd(ctx, "get", key)})
+				a := r.argv(2)
+				a[0], a[1] = "get", &v.key
+				r.cmds = append(r.cmds, stringCmd{goredis.NewStringCmd(ctx, a...)})
 				r.ncmds++
+				r.work++
 			case op.Algorithm == rules.FixedWindow:
 				r.plan = append(r.plan, opPlan{cmd: int32(len(r.cmds)), kind: kindIncr})
-				r.cmds = append(r.cmds,
-					intCmd{goredis.NewIntCmd(ctx, "incrby", key, strconv.FormatUint(op.Hits, 10))},
-					intCmd{goredis.NewIntCmd(ctx, "expire", key, strconv.FormatInt(s.ttl(op), 10))})
+				v.hits, v.ttl = op.Hits, s.ttl(op)
+				a := r.argv(3)
+				a[0], a[1], a[2] = "incrby", &v.key, &v.hits
+				e := r.argv(3)
+				e[0], e[1], e[2] = "expire", &v.key, &v.ttl
+				r.cmds = append(r.cmds, intCmd{goredis.NewIntCmd(ctx, a...)}, intCmd{goredis.NewIntCmd(ctx, e...)})
 				r.ncmds += 2
+				r.work += 2
 			default:
 				r.plan = append(r.plan, opPlan{cmd: int32(len(r.cmds)), kind: kindScript})
-				args := make([]any, 0, 6+argsPerOp)
-				args = append(args, "evalsha", decideSHA, "1", key, s.scriptNow(b), "0")
-				args = appendOpArgs(args, op, 0)
-				r.cmds = append(r.cmds, scriptCmd{goredis.NewCmd(ctx, args...)})
+				v.set(op, 0)
+				a := r.argv(6 + argsPerOp)
+				a[0], a[1], a[2], a[3], a[4], a[5] = "evalsha", decideSHAArg, "1", &v.key, now, "0"
+				v.putArgs(a[6:], op.Algorithm)
+				r.cmds = append(r.cmds, scriptCmd{goredis.NewIntSliceCmd(ctx, a...)})
 				r.ncmds++
+				r.work += scriptWork
 			}
 		}
 		return
 	}
 	// AllOrNothing: one script per group of keys that may share a script:
 	// all of them, or on a cluster those of one hash slot.
-	r.plan = append(r.plan, make([]opPlan, len(r.idx))...)
-	done := 0
-	for done < len(r.idx) {
-		slot := -1
-		if cluster {
-			slot = -2 // first op not yet placed decides
-		}
-		var keys, args []any
-		pos := int32(0)
-		cmd := int32(len(r.cmds))
+	r.plan = slices.Grow(r.plan[:0], len(r.idx))[:len(r.idx)]
+	clear(r.plan) // kind 0: not placed yet
+	for j, i := range r.idx {
+		r.vals[j].set(&b.Ops[i], s.ttl(&b.Ops[i]))
+	}
+	for placed := 0; placed < len(r.idx); {
+		cmd, slot, n := int32(len(r.cmds)), -1, 0
 		for j, i := range r.idx {
 			if r.plan[j].kind == kindScript {
 				continue // in an earlier group
 			}
-			op := &b.Ops[i]
 			if cluster {
-				ks := keySlot(op.Key)
-				if slot == -2 {
+				ks := keySlot(b.Ops[i].Key)
+				if slot == -1 {
 					slot = ks
 				} else if ks != slot {
 					continue
 				}
 			}
-			r.plan[j] = opPlan{cmd: cmd, pos: pos, kind: kindScript}
-			pos++
-			done++
-			keys = append(keys, strings.Clone(op.Key))
-			args = appendOpArgs(args, op, s.ttl(op))
+			r.plan[j] = opPlan{cmd: cmd, pos: int32(n), kind: kindScript}
+			n++
 		}
-		all := make([]any, 0, 5+len(keys)+len(args))
-		all = append(all, "evalsha", decideSHA, strconv.Itoa(len(keys)))
-		all = append(all, keys...)
-		all = append(all, s.scriptNow(b), "1")
-		all = append(all, args...)
-		r.cmds = append(r.cmds, scriptCmd{goredis.NewCmd(ctx, all...)})
+		placed += n
+		// evalsha sha numkeys keys... now "1" args...
+		a := r.argv(5 + (1+argsPerOp)*n)
+		a[0], a[1], a[2] = "evalsha", decideSHAArg, countArg(n)
+		keys, args := a[3:3+n], a[5+n:]
+		a[3+n], a[4+n] = now, "1"
+		for j, i := range r.idx {
+			if p := r.plan[j]; p.kind == kindScript && p.cmd == cmd {
+				keys[p.pos] = &r.vals[j].key
+				r.vals[j].putArgs(args[int(p.pos)*argsPerOp:], b.Ops[i].Algorithm)
+			}
+		}
+		r.cmds = append(r.cmds, scriptCmd{goredis.NewIntSliceCmd(ctx, a...)})
 		r.ncmds++
+		r.work += scriptWork * n
 	}
 }
 
 // scriptNow is the script's time argument: "" for Redis TIME.
-func (s *Store) scriptNow(b *limiter.Batch) string {
+func (s *Store) scriptNow(b *limiter.Batch) any {
 	if s.cfg.ScriptClock {
 		return strconv.FormatInt(b.Now.UnixMicro(), 10)
 	}
@@ -625,7 +652,7 @@ type scriptReply struct {
 }
 
 func scriptResult(c scriptCmd, pos int) (scriptReply, error) {
-	vals, err := c.Int64Slice()
+	vals, err := c.Result()
 	if err != nil {
 		return scriptReply{}, fmt.Errorf("script reply: %w", err)
 	}
