@@ -130,73 +130,43 @@ func (s *Store) newBackend(name string, cfg Config) (*backend, error) {
 	}
 	hook := countHook{n: &s.roundTrips}
 	dial := dialer(cfg)
-	maint := &maintnotifications.Config{Mode: maintnotifications.ModeDisabled}
+	// One set of client options for every topology: no retries (a lost
+	// reply must not count twice), every wait bounded by the timeout, RESP2
+	// without CLIENT SETINFO, and go-redis's pool kept large (see
+	// goredisPoolSize); the workers cap the connections in use.
+	opts := &goredis.UniversalOptions{
+		Addrs:                    ep.Addrs,
+		MasterName:               ep.MasterName,
+		Username:                 user,
+		Password:                 password,
+		Dialer:                   dial,
+		Protocol:                 2,
+		DisableIdentity:          true,
+		MaxRetries:               -1,
+		DialTimeout:              cfg.Timeout,
+		DialerRetries:            1,
+		ReadTimeout:              cfg.Timeout,
+		WriteTimeout:             cfg.Timeout,
+		ContextTimeoutEnabled:    true,
+		PoolSize:                 goredisPoolSize,
+		PoolTimeout:              cfg.Timeout,
+		PipelinePoolSize:         -1,
+		MaintNotificationsConfig: &maintnotifications.Config{Mode: maintnotifications.ModeDisabled},
+	}
 	switch cfg.Type {
 	case TypeSingle:
-		c := goredis.NewClient(&goredis.Options{
-			Network:                  cfg.SocketType,
-			Addr:                     ep.Addrs[0],
-			Username:                 user,
-			Password:                 password,
-			Dialer:                   dial,
-			Protocol:                 2,
-			DisableIdentity:          true,
-			MaxRetries:               -1,
-			DialTimeout:              cfg.Timeout,
-			DialerRetries:            1,
-			ReadTimeout:              cfg.Timeout,
-			WriteTimeout:             cfg.Timeout,
-			ContextTimeoutEnabled:    true,
-			PoolSize:                 goredisPoolSize,
-			PoolTimeout:              cfg.Timeout,
-			PipelinePoolSize:         -1,
-			MaintNotificationsConfig: maint,
-		})
+		o := opts.Simple()
+		o.Network = cfg.SocketType // UniversalOptions has no network
+		c := goredis.NewClient(o)
 		c.AddHook(hook)
 		be.client = c
 	case TypeSentinel:
-		suser, spassword := ParseAuth(cfg.SentinelAuth)
-		c := goredis.NewFailoverClient(&goredis.FailoverOptions{
-			MasterName:            ep.MasterName,
-			SentinelAddrs:         ep.Addrs,
-			SentinelUsername:      suser,
-			SentinelPassword:      spassword,
-			Username:              user,
-			Password:              password,
-			Dialer:                dial,
-			Protocol:              2,
-			DisableIdentity:       true,
-			MaxRetries:            -1,
-			DialTimeout:           cfg.Timeout,
-			DialerRetries:         1,
-			ReadTimeout:           cfg.Timeout,
-			WriteTimeout:          cfg.Timeout,
-			ContextTimeoutEnabled: true,
-			PoolSize:              goredisPoolSize,
-			PoolTimeout:           cfg.Timeout,
-			PipelinePoolSize:      -1,
-		})
+		opts.SentinelUsername, opts.SentinelPassword = ParseAuth(cfg.SentinelAuth)
+		c := goredis.NewFailoverClient(opts.Failover())
 		c.AddHook(hook)
 		be.client = c
 	case TypeCluster:
-		c := goredis.NewClusterClient(&goredis.ClusterOptions{
-			Addrs:                    ep.Addrs,
-			Username:                 user,
-			Password:                 password,
-			Dialer:                   dial,
-			Protocol:                 2,
-			DisableIdentity:          true,
-			MaxRetries:               -1,
-			DialTimeout:              cfg.Timeout,
-			DialerRetries:            1,
-			ReadTimeout:              cfg.Timeout,
-			WriteTimeout:             cfg.Timeout,
-			ContextTimeoutEnabled:    true,
-			PoolSize:                 goredisPoolSize,
-			PoolTimeout:              cfg.Timeout,
-			PipelinePoolSize:         -1,
-			MaintNotificationsConfig: maint,
-		})
+		c := goredis.NewClusterClient(opts.Cluster())
 		// Count round trips per node: the cluster client splits a pipeline
 		// into one pipeline per node.
 		c.OnNewNode(func(n *goredis.Client) { n.AddHook(hook) })
