@@ -253,7 +253,7 @@ func validate(req *rlsv3.RateLimitRequest) error {
 			}
 		}
 		if o := d.GetLimit(); o != nil {
-			if o.GetUnit() == 0 || rules.Unit(o.GetUnit()).Seconds() == 0 {
+			if rules.Unit(o.GetUnit()).Seconds() == 0 { // UNKNOWN or out of range
 				return badRequest("descriptor %d: limit override has unit %s", i, o.GetUnit())
 			}
 			if m := o.GetUnitMultiplier(); m != nil && m.GetValue() == 0 {
