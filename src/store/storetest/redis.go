@@ -89,6 +89,49 @@ func LaunchRedis(dir string, opts RedisOptions) (*RedisServer, error) {
 			return nil, err
 		}
 	}
+	return launchRedisProcess(redisProcess{
+		dir:  dir,
+		opts: opts,
+		tls:  files,
+		lines: func(port int) []string {
+			lines := []string{"port " + strconv.Itoa(port)}
+			if opts.TLS {
+				lines = []string{
+					"port 0",
+					"tls-port " + strconv.Itoa(port),
+					"tls-cert-file " + files.ServerCertFile,
+					"tls-key-file " + files.ServerKeyFile,
+					"tls-ca-cert-file " + files.CAFile,
+					"tls-auth-clients yes",
+				}
+			}
+			lines = append(lines, redisAuthLines(opts)...)
+			return append(lines, opts.Config...)
+		},
+	})
+}
+
+// redisProcess describes one redis-server process for launchRedisProcess.
+type redisProcess struct {
+	// dir holds the configuration and the logs.
+	dir string
+	// opts holds the credentials Do authenticates with.
+	opts RedisOptions
+	// tls is set when the process accepts only TLS connections.
+	tls *RedisTLS
+	// sentinel runs the process as a Sentinel (redis-server --sentinel).
+	sentinel bool
+	// lines returns the configuration lines that follow the base ones
+	// (writeRedisConf or writeSentinelConf) for a process on port.
+	lines func(port int) []string
+}
+
+// launchRedisProcess starts p on a free port and waits until it answers.
+func launchRedisProcess(p redisProcess) (*RedisServer, error) {
+	name, writeConf := "redis", writeRedisConf
+	if p.sentinel {
+		name, writeConf = "sentinel", writeSentinelConf
+	}
 	var lastErr error
 	// A free port can be taken by another process between our probe and
 	// redis-server's bind; try a few fresh ports before giving up.
@@ -98,26 +141,14 @@ func LaunchRedis(dir string, opts RedisOptions) (*RedisServer, error) {
 			return nil, err
 		}
 		s := &RedisServer{
-			Addr: net.JoinHostPort("127.0.0.1", strconv.Itoa(port)),
-			Dir:  dir,
-			TLS:  files,
-			opts: opts,
+			Addr:     net.JoinHostPort("127.0.0.1", strconv.Itoa(port)),
+			Dir:      p.dir,
+			TLS:      p.tls,
+			opts:     p.opts,
+			sentinel: p.sentinel,
 		}
-		lines := []string{"port " + strconv.Itoa(port)}
-		if opts.TLS {
-			lines = []string{
-				"port 0",
-				"tls-port " + strconv.Itoa(port),
-				"tls-cert-file " + s.TLS.ServerCertFile,
-				"tls-key-file " + s.TLS.ServerKeyFile,
-				"tls-ca-cert-file " + s.TLS.CAFile,
-				"tls-auth-clients yes",
-			}
-		}
-		lines = append(lines, redisAuthLines(opts)...)
-		lines = append(lines, opts.Config...)
-		s.conf = filepath.Join(dir, fmt.Sprintf("redis-%d.conf", port))
-		if err := writeRedisConf(s.conf, dir, port, lines); err != nil {
+		s.conf = filepath.Join(p.dir, fmt.Sprintf("%s-%d.conf", name, port))
+		if err := writeConf(s.conf, p.dir, port, p.lines(port)); err != nil {
 			return nil, err
 		}
 		if lastErr = s.Start(); lastErr == nil {

@@ -119,43 +119,30 @@ func redisReplicationAuth(o RedisOptions) []string {
 }
 
 func launchSentinel(dir string, masterPort int, opts RedisSentinelOptions) (*RedisServer, error) {
-	var lastErr error
-	for range 3 {
-		port, err := redisFreePort()
-		if err != nil {
-			return nil, err
-		}
-		s := &RedisServer{
-			Addr:     net.JoinHostPort("127.0.0.1", strconv.Itoa(port)),
-			Dir:      dir,
-			opts:     RedisOptions{Password: opts.SentinelPassword},
-			sentinel: true,
-		}
-		lines := []string{
-			"port " + strconv.Itoa(port),
-			fmt.Sprintf("sentinel monitor %s 127.0.0.1 %d 2", RedisSentinelMaster, masterPort),
-			fmt.Sprintf("sentinel down-after-milliseconds %s 1000", RedisSentinelMaster),
-			fmt.Sprintf("sentinel failover-timeout %s 10000", RedisSentinelMaster),
-			fmt.Sprintf("sentinel parallel-syncs %s 1", RedisSentinelMaster),
-		}
-		if opts.Data.User != "" {
-			lines = append(lines, fmt.Sprintf("sentinel auth-user %s %s", RedisSentinelMaster, opts.Data.User))
-		}
-		if opts.Data.Password != "" {
-			lines = append(lines, fmt.Sprintf("sentinel auth-pass %s %s", RedisSentinelMaster, opts.Data.Password))
-		}
-		if opts.SentinelPassword != "" {
-			lines = append(lines, "requirepass "+opts.SentinelPassword)
-		}
-		s.conf = filepath.Join(dir, fmt.Sprintf("sentinel-%d.conf", port))
-		if err := writeSentinelConf(s.conf, dir, port, lines); err != nil {
-			return nil, err
-		}
-		if lastErr = s.Start(); lastErr == nil {
-			return s, nil
-		}
-	}
-	return nil, lastErr
+	return launchRedisProcess(redisProcess{
+		dir:      dir,
+		opts:     RedisOptions{Password: opts.SentinelPassword},
+		sentinel: true,
+		lines: func(port int) []string {
+			lines := []string{
+				"port " + strconv.Itoa(port),
+				fmt.Sprintf("sentinel monitor %s 127.0.0.1 %d 2", RedisSentinelMaster, masterPort),
+				fmt.Sprintf("sentinel down-after-milliseconds %s 1000", RedisSentinelMaster),
+				fmt.Sprintf("sentinel failover-timeout %s 10000", RedisSentinelMaster),
+				fmt.Sprintf("sentinel parallel-syncs %s 1", RedisSentinelMaster),
+			}
+			if opts.Data.User != "" {
+				lines = append(lines, fmt.Sprintf("sentinel auth-user %s %s", RedisSentinelMaster, opts.Data.User))
+			}
+			if opts.Data.Password != "" {
+				lines = append(lines, fmt.Sprintf("sentinel auth-pass %s %s", RedisSentinelMaster, opts.Data.Password))
+			}
+			if opts.SentinelPassword != "" {
+				lines = append(lines, "requirepass "+opts.SentinelPassword)
+			}
+			return lines
+		},
+	})
 }
 
 // writeSentinelConf is writeRedisConf without the persistence directives a
