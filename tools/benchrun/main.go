@@ -89,6 +89,7 @@ func run(args []string, logw io.Writer) error {
 		runs      = fs.Int("runs", 0, "runs per scenario, median reported (default 3, 1 with -quick)")
 		d         = fs.Duration("d", 0, "duration of each run (default 3s, 1s with -quick)")
 		warmup    = fs.Duration("warmup", 0, "warm-up before the runs of each scenario (default 2s, 500ms with -quick)")
+		variants  = fs.String("variants", "", "compare service configurations instead of the standard run: `'name: ENV=value ...; name2: ...'`; writes its own section of -out (default scenarios: c64)")
 		bin       = fs.String("bin", "", "service `binary` to measure instead of building ./cmd/ratelimit (any envoyproxy/ratelimit-compatible build)")
 	)
 	fs.SetOutput(logw)
@@ -137,6 +138,16 @@ func run(args []string, logw io.Writer) error {
 	if len(storeList) == 0 {
 		return errors.New("benchrun: -stores: no store selected (`go run ./cmd/ratelimit-bench -calibrate` measures the no-op server alone)")
 	}
+	var vs []variant
+	if *variants != "" {
+		var err error
+		if vs, err = parseVariants(*variants); err != nil {
+			return err
+		}
+		if *scenarios == "" {
+			*scenarios = "c64"
+		}
+	}
 	scs, err := selectScenarios(*scenarios)
 	if err != nil {
 		return err
@@ -159,7 +170,7 @@ func run(args []string, logw io.Writer) error {
 		scenarios: scs,
 	}
 	for _, st := range storeList {
-		r.steps += len(r.storeScenarios(st))
+		r.steps += len(r.storeScenarios(st)) * max(1, len(vs)*t.runs)
 	}
 	rep := &report{
 		command: commandLine(args),
@@ -185,6 +196,20 @@ func run(args []string, logw io.Writer) error {
 		if err := buildService(ctx, *bin); err != nil {
 			return err
 		}
+	}
+	if len(vs) > 0 {
+		for _, st := range storeList {
+			rows, err := r.runVariants(ctx, st, *bin, filepath.Join(tmp, st), vs)
+			if err != nil {
+				return err
+			}
+			rep.rows = append(rep.rows, rows...)
+		}
+		if err := writeVariants(*out, rep, vs); err != nil {
+			return err
+		}
+		r.logf("benchrun: wrote the comparison into %s in %v", *out, time.Since(r.start).Round(time.Second))
+		return nil
 	}
 	for _, st := range storeList {
 		rows, notes, err := r.runStore(ctx, st, *bin, filepath.Join(tmp, st))
@@ -386,6 +411,8 @@ type row struct {
 	ceil []runResult
 	// skip, when set, says why the scenario was not measured.
 	skip string
+	// variant names the service configuration under -variants.
+	variant string
 
 	rps, cpuUS, rssMiB, rt, redisCPUUS, redisCmds float64
 	p50, p99                                      time.Duration
@@ -395,7 +422,10 @@ type row struct {
 	ceilP99            time.Duration
 	// ratio is the median over runs of rps_i / ceiling rps_i; p99Ratio the
 	// median of p99_i / ceiling p99_i (NaN without pairing).
-	ratio, p99Ratio               float64
+	ratio, p99Ratio float64
+	// cpuRatio is the median of the per-run ratios of CPU per decision
+	// to the paired no-op run's (NaN without pairing).
+	cpuRatio                      float64
 	ok, over, unknown, errorCount uint64
 	errors                        map[codes.Code]uint64
 }
@@ -562,7 +592,7 @@ func (rw *row) aggregate() {
 	rw.redisCmds = med(rw.runs, func(m runResult) float64 { return m.redisCmds })
 
 	rw.ceilRPS, rw.ceilCPUUS, rw.ceilP99 = nan(), nan(), 0
-	rw.ratio, rw.p99Ratio = nan(), nan()
+	rw.ratio, rw.p99Ratio, rw.cpuRatio = nan(), nan(), nan()
 	if len(rw.ceil) == len(rw.runs) && len(rw.ceil) > 0 {
 		rw.ceilRPS = med(rw.ceil, rps)
 		rw.ceilCPUUS = med(rw.ceil, cpu)
@@ -578,6 +608,7 @@ func (rw *row) aggregate() {
 			}
 		}
 		rw.ratio, rw.p99Ratio = median(ratios), median(p99s)
+		rw.cpuRatio = medianCPURatio(rw)
 	}
 
 	rw.errors = map[codes.Code]uint64{}
@@ -776,6 +807,28 @@ func startWithRules(ctx context.Context, bin, name, root string, skipped map[str
 	}
 }
 
+// startBackend starts the servers of store (none for memory) under dir.
+func startBackend(ctx context.Context, store, dir string, logf func(string, ...any)) (*backend, error) {
+	switch store {
+	case "memory":
+		return &backend{env: []string{"BACKEND_TYPE=memory"}}, nil
+	case "redis":
+		logf("benchrun: starting redis-server")
+		return startRedis(filepath.Join(dir, "redis"))
+	case "redis-cluster":
+		logf("benchrun: starting a Redis Cluster of 3 masters")
+		return startRedisCluster(filepath.Join(dir, "cluster"))
+	case "memcache":
+		path, err := exec.LookPath("memcached")
+		if err != nil {
+			return nil, errors.New("benchrun: memcached not found in PATH; install it (Debian/Ubuntu: apt-get install memcached; macOS: brew install memcached)")
+		}
+		logf("benchrun: starting memcached")
+		return startMemcached(ctx, path)
+	}
+	return nil, fmt.Errorf("benchrun: unknown store %q", store)
+}
+
 // runStore measures the selected scenarios on one store. Notes say what was
 // skipped and why.
 func (r *runner) runStore(ctx context.Context, store, bin, dir string) ([]*row, []string, error) {
@@ -786,21 +839,7 @@ func (r *runner) runStore(ctx context.Context, store, bin, dir string) ([]*row, 
 		return nil, []string{note}, nil
 	}
 	var notes []string
-	be := &backend{env: []string{"BACKEND_TYPE=memory"}}
-	switch store {
-	case "redis":
-		r.logf("benchrun: starting redis-server")
-		var err error
-		if be, err = startRedis(filepath.Join(dir, "redis")); err != nil {
-			return nil, nil, err
-		}
-	case "redis-cluster":
-		r.logf("benchrun: starting a Redis Cluster of 3 masters")
-		var err error
-		if be, err = startRedisCluster(filepath.Join(dir, "cluster")); err != nil {
-			return nil, nil, err
-		}
-	case "memcache":
+	if store == "memcache" {
 		ok, msg, err := memcacheSupported(ctx, bin, dir)
 		if err != nil {
 			return nil, nil, err
@@ -811,14 +850,10 @@ func (r *runner) runStore(ctx context.Context, store, bin, dir string) ([]*row, 
 			r.step += len(scs)
 			return nil, []string{note}, nil
 		}
-		path, err := exec.LookPath("memcached")
-		if err != nil {
-			return nil, nil, errors.New("benchrun: memcached not found in PATH; install it (Debian/Ubuntu: apt-get install memcached; macOS: brew install memcached)")
-		}
-		r.logf("benchrun: starting memcached")
-		if be, err = startMemcached(ctx, path); err != nil {
-			return nil, nil, err
-		}
+	}
+	be, err := startBackend(ctx, store, dir, r.logf)
+	if err != nil {
+		return nil, nil, err
 	}
 	if be.stop != nil {
 		defer be.stop()
