@@ -11,6 +11,7 @@ import (
 	"os/signal"
 	"syscall"
 
+	"github.com/ratelimitd/ratelimit/src/gctune"
 	"github.com/ratelimitd/ratelimit/src/server"
 	"github.com/ratelimitd/ratelimit/src/settings"
 )
@@ -31,6 +32,7 @@ func run() int {
 		return 2
 	}
 	log := server.NewLogger(os.Stderr, set.LogLevel, set.LogFormat)
+	defer gctune.Start(uint64(set.GCHeadroomBytes))()
 
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()

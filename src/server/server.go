@@ -14,6 +14,7 @@ import (
 	"net/http/pprof"
 	"os"
 	"path/filepath"
+	"runtime"
 	"runtime/debug"
 	"sync"
 	"sync/atomic"
@@ -195,13 +196,7 @@ func (s *Server) listen() error {
 		s.promSrv = &http.Server{Handler: pmux, ReadHeaderTimeout: 10 * time.Second}
 	}
 
-	s.grpc = grpc.NewServer(
-		grpc.KeepaliveParams(keepalive.ServerParameters{
-			MaxConnectionAge:      s.set.GRPCMaxConnectionAge,
-			MaxConnectionAgeGrace: s.set.GRPCMaxConnectionAgeGrace,
-		}),
-		grpc.ChainUnaryInterceptor(s.recoverUnary),
-	)
+	s.grpc = grpc.NewServer(grpcOptions(s.set, s.recoverUnary)...)
 	rlsv3.RegisterRateLimitServiceServer(s.grpc, s.svc)
 	healthpb.RegisterHealthServer(s.grpc, s.health.grpc)
 	reflection.Register(s.grpc)
@@ -242,6 +237,28 @@ func (s *Server) serveRulesDump(w http.ResponseWriter, _ *http.Request) {
 		return
 	}
 	fmt.Fprint(w, cfg.Dump())
+}
+
+// grpcOptions are the gRPC server's options from the settings.
+func grpcOptions(set *settings.Settings, intercept grpc.UnaryServerInterceptor) []grpc.ServerOption {
+	opts := []grpc.ServerOption{
+		grpc.KeepaliveParams(keepalive.ServerParameters{
+			MaxConnectionAge:      set.GRPCMaxConnectionAge,
+			MaxConnectionAgeGrace: set.GRPCMaxConnectionAgeGrace,
+		}),
+		grpc.ChainUnaryInterceptor(intercept),
+		grpc.ReadBufferSize(set.GRPCReadBufferSize),
+		grpc.WriteBufferSize(set.GRPCWriteBufferSize),
+		grpc.SharedWriteBuffer(set.GRPCSharedWriteBuffer),
+	}
+	workers := set.GRPCNumStreamWorkers
+	if workers < 0 {
+		workers = runtime.GOMAXPROCS(0)
+	}
+	if workers > 0 {
+		opts = append(opts, grpc.NumStreamWorkers(uint32(workers)))
+	}
+	return opts
 }
 
 // recoverUnary turns a panic in a handler into codes.Internal, logs it and

@@ -2,12 +2,15 @@ package server
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -255,5 +258,48 @@ func TestHealthShutdown(t *testing.T) {
 	h.SetStore(true)
 	if h.Healthy() {
 		t.Error("healthy after Shutdown")
+	}
+}
+
+// TestGRPCTuning serves concurrent calls with reused stream workers (fewer
+// than the calls in flight), small buffers and a shared write buffer: every
+// call gets its own correct answer.
+func TestGRPCTuning(t *testing.T) {
+	srv, _ := start(t, serverRules, map[string]string{
+		"GRPC_NUM_STREAM_WORKERS":  "2",
+		"GRPC_READ_BUFFER_SIZE":    "4096",
+		"GRPC_WRITE_BUFFER_SIZE":   "4096",
+		"GRPC_SHARED_WRITE_BUFFER": "true",
+	})
+	rls := rlsv3.NewRateLimitServiceClient(dial(t, srv))
+	const users = 32
+	got := make([][]rlsv3.RateLimitResponse_Code, users)
+	errs := make(chan error, users)
+	var wg sync.WaitGroup
+	for u := range users {
+		wg.Go(func() {
+			r := &rlsv3.RateLimitRequest{Domain: "web", Descriptors: []*ratelimitv3.RateLimitDescriptor{{
+				Entries: []*ratelimitv3.RateLimitDescriptor_Entry{{Key: "user", Value: fmt.Sprintf("tuning-%d", u)}},
+			}}}
+			for range 3 {
+				resp, err := rls.ShouldRateLimit(t.Context(), r)
+				if err != nil {
+					errs <- err
+					return
+				}
+				got[u] = append(got[u], resp.GetOverallCode())
+			}
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+	want := []rlsv3.RateLimitResponse_Code{rlsv3.RateLimitResponse_OK, rlsv3.RateLimitResponse_OK, rlsv3.RateLimitResponse_OVER_LIMIT}
+	for u, codes := range got {
+		if !slices.Equal(codes, want) {
+			t.Errorf("user %d: %v, want %v", u, codes, want)
+		}
 	}
 }

@@ -27,6 +27,20 @@ type Settings struct {
 	GRPCMaxConnectionAge      time.Duration `envconfig:"GRPC_MAX_CONNECTION_AGE" default:"24h"`
 	GRPCMaxConnectionAgeGrace time.Duration `envconfig:"GRPC_MAX_CONNECTION_AGE_GRACE" default:"1h"`
 
+	// gRPC server tuning (extensions; defaults chosen by measurement, see
+	// docs/BENCHMARKS.md). GRPC_NUM_STREAM_WORKERS: handler goroutines reused
+	// across requests (0 = a new goroutine per request, grpc-go's default);
+	// -1 means one per CPU. Buffer sizes are per connection, in bytes.
+	GRPCNumStreamWorkers  int  `envconfig:"GRPC_NUM_STREAM_WORKERS" default:"64"`
+	GRPCReadBufferSize    int  `envconfig:"GRPC_READ_BUFFER_SIZE" default:"32768"`
+	GRPCWriteBufferSize   int  `envconfig:"GRPC_WRITE_BUFFER_SIZE" default:"32768"`
+	GRPCSharedWriteBuffer bool `envconfig:"GRPC_SHARED_WRITE_BUFFER" default:"false"`
+
+	// GCHeadroomBytes (extension): the garbage collector lets the heap grow
+	// at least this far above the live data before collecting (0 = Go's
+	// default pacing; ignored when GOGC is set).
+	GCHeadroomBytes int64 `envconfig:"GC_HEADROOM_BYTES" default:"33554432"`
+
 	// Prometheus (served natively; the anchor goes through a statsd mapping).
 	UsePrometheus  bool   `envconfig:"USE_PROMETHEUS" default:"false"`
 	PrometheusAddr string `envconfig:"PROMETHEUS_ADDR" default:":9090"`
@@ -135,6 +149,18 @@ func (s *Settings) Validate() error {
 	port("PORT", s.Port)
 	port("GRPC_PORT", s.GRPCPort)
 	port("DEBUG_PORT", s.DebugPort)
+	if s.GRPCNumStreamWorkers < -1 || s.GRPCNumStreamWorkers > 1<<16 {
+		bad("GRPC_NUM_STREAM_WORKERS", "%d is outside -1..65536 (-1: one per CPU, 0: a goroutine per request)", s.GRPCNumStreamWorkers)
+	}
+	if s.GCHeadroomBytes < 0 {
+		bad("GC_HEADROOM_BYTES", "must not be negative")
+	}
+	if s.GRPCReadBufferSize < 0 || s.GRPCReadBufferSize > 16<<20 {
+		bad("GRPC_READ_BUFFER_SIZE", "%d is outside 0..16777216 bytes", s.GRPCReadBufferSize)
+	}
+	if s.GRPCWriteBufferSize < 0 || s.GRPCWriteBufferSize > 16<<20 {
+		bad("GRPC_WRITE_BUFFER_SIZE", "%d is outside 0..16777216 bytes", s.GRPCWriteBufferSize)
+	}
 	switch strings.ToLower(s.BackendType) {
 	case BackendMemory, BackendRedis, BackendMemcache:
 		s.BackendType = strings.ToLower(s.BackendType)

@@ -36,6 +36,11 @@ func TestDefaults(t *testing.T) {
 		{"REDIS_TYPE", s.RedisType, "SINGLE"},
 		{"REDIS_POOL_SIZE", s.RedisPoolSize, 10},
 		{"EXPIRATION_JITTER_MAX_SECONDS", s.ExpirationJitterMaxSeconds, int64(300)},
+		{"GRPC_NUM_STREAM_WORKERS", s.GRPCNumStreamWorkers, 64},
+		{"GRPC_READ_BUFFER_SIZE", s.GRPCReadBufferSize, 32768},
+		{"GRPC_WRITE_BUFFER_SIZE", s.GRPCWriteBufferSize, 32768},
+		{"GRPC_SHARED_WRITE_BUFFER", s.GRPCSharedWriteBuffer, false},
+		{"GC_HEADROOM_BYTES", s.GCHeadroomBytes, int64(32 << 20)},
 	}
 	for _, c := range checks {
 		if c.got != c.want {
@@ -57,6 +62,10 @@ func TestMalformedValuesNameTheVariable(t *testing.T) {
 		{"port_out_of_range", map[string]string{"GRPC_PORT": "70000"}, []string{"GRPC_PORT"}},
 		{"ratio_above_one", map[string]string{"NEAR_LIMIT_RATIO": "1.5"}, []string{"NEAR_LIMIT_RATIO"}},
 		{"log_format", map[string]string{"LOG_FORMAT": "xml"}, []string{"LOG_FORMAT"}},
+		{"stream_workers", map[string]string{"GRPC_NUM_STREAM_WORKERS": "-2"}, []string{"GRPC_NUM_STREAM_WORKERS", "-1..65536"}},
+		{"read_buffer", map[string]string{"GRPC_READ_BUFFER_SIZE": "-1"}, []string{"GRPC_READ_BUFFER_SIZE"}},
+		{"write_buffer", map[string]string{"GRPC_WRITE_BUFFER_SIZE": "99999999"}, []string{"GRPC_WRITE_BUFFER_SIZE"}},
+		{"gc_headroom", map[string]string{"GC_HEADROOM_BYTES": "-1"}, []string{"GC_HEADROOM_BYTES"}},
 		{"several", map[string]string{"BACKEND_TYPE": "foo", "LOG_LEVEL": "loud"}, []string{"BACKEND_TYPE", "LOG_LEVEL"}},
 	}
 	for _, tt := range tests {
