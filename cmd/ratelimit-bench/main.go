@@ -7,6 +7,7 @@
 //	ratelimit-bench -addr 127.0.0.1:8081 -domain bench -c 64 -d 10s \
 //	    -descriptors 'user_id=user-{0..9999}'
 //	ratelimit-bench -calibrate -c 64 -d 5s   # the gRPC ceiling of this machine
+//	ratelimit-bench -calibrate -addr 127.0.0.1:8081 -d 10s   # and -addr as a fraction of it
 //
 // A descriptor template is a comma-separated chain of key=value entries in
 // which each {lo..hi} is replaced per request by a uniformly random integer;
@@ -19,6 +20,8 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"io"
+	"math"
 	"os"
 	"os/signal"
 	"runtime/pprof"
@@ -36,39 +39,57 @@ func (l *listFlag) String() string     { return strings.Join(*l, " ") }
 func (l *listFlag) Set(s string) error { *l = append(*l, s); return nil }
 
 func main() {
-	if err := run(); err != nil {
+	if err := run(os.Args[1:], os.Stdout, os.Stderr); err != nil {
 		fmt.Fprintln(os.Stderr, "ratelimit-bench:", err)
 		os.Exit(1)
 	}
 }
 
-func run() error {
+// paired is the JSON output of -calibrate with -addr: the target's result,
+// the ceiling's, and the target's as a fraction of the ceiling.
+type paired struct {
+	Result  *bench.Result `json:"result"`
+	Ceiling *bench.Result `json:"ceiling"`
+	// OfCeilingRPS is requests/s ÷ the ceiling's; P99OfCeiling is p99 ÷
+	// the ceiling's p99.
+	OfCeilingRPS float64 `json:"of_ceiling_rps"`
+	P99OfCeiling float64 `json:"p99_of_ceiling"`
+}
+
+func run(args []string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("ratelimit-bench", flag.ContinueOnError)
+	fs.SetOutput(stderr)
 	var (
-		addr      = flag.String("addr", "127.0.0.1:8081", "`host:port` of the RLS v3 gRPC server")
-		c         = flag.Int("c", 64, "concurrent requests in flight")
-		conns     = flag.Int("conns", 4, "gRPC connections; requests spread over them round robin")
-		d         = flag.Duration("d", 10*time.Second, "measured `duration` (with -n: stop at whichever comes first)")
-		n         = flag.Int64("n", 0, "measured requests; when set without -d, the run is bounded by count only")
-		warmup    = flag.Duration("warmup", time.Second, "warm-up before measuring; its requests are not counted")
-		domain    = flag.String("domain", "bench", "request domain")
-		hits      = flag.Uint("hits", 0, "hits_addend of each request; 0 leaves it unset (the server counts 1)")
-		asJSON    = flag.Bool("json", false, "print the result as JSON")
-		calibrate = flag.Bool("calibrate", false, "benchmark an in-process no-op RLS server instead of -addr: the gRPC ceiling")
-		timeout   = flag.Duration("timeout", time.Second, "deadline of each request; 0 for none")
-		cpuprof   = flag.String("cpuprofile", "", "write a CPU profile of this process (generator, and the no-op server with -calibrate) to `file`")
+		addr      = fs.String("addr", "127.0.0.1:8081", "`host:port` of the RLS v3 gRPC server")
+		c         = fs.Int("c", 64, "concurrent requests in flight")
+		conns     = fs.Int("conns", 4, "gRPC connections; requests spread over them round robin")
+		d         = fs.Duration("d", 10*time.Second, "measured `duration` (with -n: stop at whichever comes first)")
+		n         = fs.Int64("n", 0, "measured requests; when set without -d, the run is bounded by count only")
+		warmup    = fs.Duration("warmup", time.Second, "warm-up before measuring; its requests are not counted")
+		domain    = fs.String("domain", "bench", "request domain")
+		hits      = fs.Uint("hits", 0, "hits_addend of each request; 0 leaves it unset (the server counts 1)")
+		asJSON    = fs.Bool("json", false, "print the result as JSON")
+		calibrate = fs.Bool("calibrate", false, "first run the same load against an in-process no-op RLS server (the gRPC ceiling of this machine), then against -addr, and report -addr's figures as a fraction of the ceiling's; without -addr, measure only the ceiling")
+		timeout   = fs.Duration("timeout", time.Second, "deadline of each request; 0 for none")
+		cpuprof   = fs.String("cpuprofile", "", "write a CPU profile of this process (generator, and the no-op server with -calibrate) to `file`")
 		descs     listFlag
 	)
-	flag.Var(&descs, "descriptors", "descriptor `template`, e.g. 'user_id=user-{0..9999}' or 'a=x,b=y-{0..9},c=z' (repeatable; default user_id=user-{0..9999})")
-	flag.Usage = func() {
-		fmt.Fprintf(flag.CommandLine.Output(), "usage: ratelimit-bench [flags]\n\n")
-		flag.PrintDefaults()
+	fs.Var(&descs, "descriptors", "descriptor `template`, e.g. 'user_id=user-{0..9999}' or 'a=x,b=y-{0..9},c=z' (repeatable; default user_id=user-{0..9999})")
+	fs.Usage = func() {
+		fmt.Fprintf(fs.Output(), "usage: ratelimit-bench [flags]\n\n")
+		fs.PrintDefaults()
 	}
-	flag.Parse()
-	if flag.NArg() > 0 {
-		return fmt.Errorf("unexpected arguments %q", flag.Args())
+	if err := fs.Parse(args); err != nil {
+		return err
 	}
-	dSet := false
-	flag.Visit(func(f *flag.Flag) { dSet = dSet || f.Name == "d" })
+	if fs.NArg() > 0 {
+		return fmt.Errorf("unexpected arguments %q", fs.Args())
+	}
+	dSet, addrSet := false, false
+	fs.Visit(func(f *flag.Flag) {
+		dSet = dSet || f.Name == "d"
+		addrSet = addrSet || f.Name == "addr"
+	})
 	if *n > 0 && !dSet {
 		*d = 0
 	}
@@ -85,23 +106,6 @@ func run() error {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 
-	target := *addr
-	if *calibrate {
-		srv, err := bench.StartNoop("127.0.0.1:0")
-		if err != nil {
-			return err
-		}
-		defer srv.Stop()
-		target = srv.Addr()
-	}
-	dialCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	client, err := bench.Dial(dialCtx, target, min(*conns, *c))
-	cancel()
-	if err != nil {
-		return err
-	}
-	defer client.Close()
-
 	if *cpuprof != "" {
 		f, err := os.Create(*cpuprof)
 		if err != nil {
@@ -113,7 +117,7 @@ func run() error {
 		}
 		defer pprof.StopCPUProfile()
 	}
-	res, err := client.Run(ctx, bench.Load{
+	load := bench.Load{
 		Domain:      *domain,
 		Descriptors: descs,
 		Hits:        uint32(*hits),
@@ -122,20 +126,81 @@ func run() error {
 		Duration:    *d,
 		Warmup:      *warmup,
 		Timeout:     *timeout,
-	})
+	}
+	measure := func(target string) (*bench.Result, error) {
+		dialCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		client, err := bench.Dial(dialCtx, target, min(*conns, *c))
+		cancel()
+		if err != nil {
+			return nil, err
+		}
+		defer client.Close()
+		res, err := client.Run(ctx, load)
+		if res != nil && err != nil {
+			fmt.Fprintln(stderr, "ratelimit-bench: interrupted; partial result:")
+		}
+		return res, err
+	}
+
+	var ceiling *bench.Result
+	if *calibrate {
+		srv, err := bench.StartNoop("127.0.0.1:0")
+		if err != nil {
+			return err
+		}
+		ceiling, err = measure(srv.Addr())
+		srv.Stop()
+		if ceiling == nil {
+			return err
+		}
+		if err != nil || !addrSet {
+			return report(stdout, *asJSON, "calibrate    in-process no-op RLS v3 server (the gRPC ceiling)", ceiling)
+		}
+	}
+	res, err := measure(*addr)
 	if res == nil {
 		return err
 	}
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "ratelimit-bench: interrupted; partial result:")
+	if ceiling == nil {
+		return report(stdout, *asJSON, "", res)
+	}
+	p := paired{Result: res, Ceiling: ceiling, OfCeilingRPS: math.NaN(), P99OfCeiling: math.NaN()}
+	if rps := ceiling.RPS(); rps > 0 {
+		p.OfCeilingRPS = res.RPS() / rps
+	}
+	if p99 := ceiling.Latency.P99; p99 > 0 {
+		p.P99OfCeiling = float64(res.Latency.P99) / float64(p99)
 	}
 	if *asJSON {
-		enc := json.NewEncoder(os.Stdout)
-		enc.SetIndent("", "  ")
-		return enc.Encode(res)
+		if math.IsNaN(p.OfCeilingRPS) || math.IsNaN(p.P99OfCeiling) {
+			return errors.New("the ceiling run answered nothing: no fraction to report")
+		}
+		return encodeJSON(stdout, p)
 	}
-	if *calibrate {
-		fmt.Println("calibrate    in-process no-op RLS v3 server (the gRPC ceiling)")
+	if err := res.WriteText(stdout); err != nil {
+		return err
 	}
-	return res.WriteText(os.Stdout)
+	_, err = fmt.Fprintf(stdout, "ceiling      in-process no-op RLS v3 server, same load just before: %.0f req/s, p99 %s\n"+
+		"of ceiling   %.0f%% of its requests/s, %.2f× its p99\n",
+		ceiling.RPS(), bench.FormatDuration(ceiling.Latency.P99), 100*p.OfCeilingRPS, p.P99OfCeiling)
+	return err
+}
+
+// report prints one result, as text under an optional title line, or JSON.
+func report(w io.Writer, asJSON bool, title string, res *bench.Result) error {
+	if asJSON {
+		return encodeJSON(w, res)
+	}
+	if title != "" {
+		if _, err := fmt.Fprintln(w, title); err != nil {
+			return err
+		}
+	}
+	return res.WriteText(w)
+}
+
+func encodeJSON(w io.Writer, v any) error {
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	return enc.Encode(v)
 }

@@ -1,0 +1,68 @@
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"strings"
+	"testing"
+
+	"github.com/ratelimitd/ratelimit/cmd/ratelimit-bench/bench"
+)
+
+// TestCalibrateWithAddr measures a no-op server as the target, paired with
+// the in-process ceiling, and reports the fraction in text and JSON.
+func TestCalibrateWithAddr(t *testing.T) {
+	target, err := bench.StartNoop("127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer target.Stop()
+	args := []string{"-calibrate", "-addr", target.Addr(), "-c", "4", "-n", "200", "-warmup", "0"}
+
+	var out, errOut bytes.Buffer
+	if err := run(args, &out, &errOut); err != nil {
+		t.Fatalf("run: %v (stderr %s)", err, errOut.String())
+	}
+	for _, want := range []string{"requests     200 ", "ceiling      in-process no-op RLS v3 server", "of ceiling   "} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("output lacks %q:\n%s", want, out.String())
+		}
+	}
+
+	out.Reset()
+	if err := run(append(args, "-json"), &out, &errOut); err != nil {
+		t.Fatalf("run -json: %v", err)
+	}
+	var p struct {
+		Result       struct{ Requests uint64 } `json:"result"`
+		Ceiling      struct{ Requests uint64 } `json:"ceiling"`
+		OfCeilingRPS float64                   `json:"of_ceiling_rps"`
+		P99OfCeiling float64                   `json:"p99_of_ceiling"`
+	}
+	if err := json.Unmarshal(out.Bytes(), &p); err != nil {
+		t.Fatalf("JSON: %v\n%s", err, out.String())
+	}
+	if p.Result.Requests != 200 || p.Ceiling.Requests != 200 || p.OfCeilingRPS <= 0 || p.P99OfCeiling <= 0 {
+		t.Errorf("paired JSON = %+v, want 200 requests each and positive ratios", p)
+	}
+}
+
+// TestCalibrateAlone measures only the ceiling when -addr is not given.
+func TestCalibrateAlone(t *testing.T) {
+	var out, errOut bytes.Buffer
+	if err := run([]string{"-calibrate", "-c", "2", "-n", "50", "-warmup", "0"}, &out, &errOut); err != nil {
+		t.Fatalf("run: %v", err)
+	}
+	if s := out.String(); !strings.HasPrefix(s, "calibrate    in-process no-op") || strings.Contains(s, "of ceiling") {
+		t.Errorf("output:\n%s", s)
+	}
+}
+
+func TestBadFlags(t *testing.T) {
+	for _, args := range [][]string{{"-c", "0"}, {"-hits", "99999999999"}, {"extra"}} {
+		var out, errOut bytes.Buffer
+		if err := run(args, &out, &errOut); err == nil {
+			t.Errorf("run(%q) = nil, want an error", args)
+		}
+	}
+}
