@@ -15,7 +15,7 @@ build: ## build every command into ./bin
 run: ## serve ./config/*.yaml on the memory store
 	$(GO) run ./cmd/ratelimit
 
-servers: ## install redis-server and memcached if they are missing
+servers: ## install redis-server, memcached and nutcracker (twemproxy) if they are missing
 	@./scripts/ensure-servers.sh
 
 test: servers ## the whole suite with the race detector (installs missing servers)

@@ -1,15 +1,20 @@
 package redis
 
 import (
+	"bytes"
 	"context"
 	"crypto/tls"
+	"errors"
 	"net"
+	"strconv"
+	"strings"
 	"syscall"
 	"time"
 )
 
 // dialer returns the go-redis Dialer for cfg: TCP (or a unix socket) with
-// the timeout, and TLS when configured.
+// the timeout, and TLS when configured. Every connection hides go-redis's
+// HELLO from the server (see noHelloConn).
 //
 // TLS connections are wrapped so that they expose the socket beneath
 // (syscall.Conn). go-redis checks an idle connection before reusing it by
@@ -22,8 +27,11 @@ func dialer(cfg Config) func(ctx context.Context, network, addr string) (net.Con
 	d := &net.Dialer{Timeout: cfg.Timeout, KeepAlive: 30 * time.Second}
 	return func(ctx context.Context, network, addr string) (net.Conn, error) {
 		raw, err := d.DialContext(ctx, network, addr)
-		if err != nil || cfg.TLS == nil {
-			return raw, err
+		if err != nil {
+			return nil, err
+		}
+		if cfg.TLS == nil {
+			return &noHelloConn{Conn: raw}, nil
 		}
 		conf := cfg.TLS
 		if conf.ServerName == "" {
@@ -41,9 +49,9 @@ func dialer(cfg Config) func(ctx context.Context, network, addr string) (net.Con
 		}
 		sc, ok := raw.(syscall.Conn)
 		if !ok {
-			return tc, nil
+			return &noHelloConn{Conn: tc}, nil
 		}
-		return &tlsConn{Conn: tc, raw: sc}, nil
+		return &noHelloConn{Conn: &tlsConn{Conn: tc, raw: sc}}, nil
 	}
 }
 
@@ -55,3 +63,92 @@ type tlsConn struct {
 
 // SyscallConn returns the raw connection of the socket beneath TLS.
 func (c *tlsConn) SyscallConn() (syscall.RawConn, error) { return c.raw.SyscallConn() }
+
+// noHelloConn answers go-redis's opening HELLO itself, with the error an old
+// Redis gives, instead of sending it. go-redis always opens a connection
+// with HELLO (even for RESP2), and twemproxy (nutcracker), the anchor's
+// default deployment, closes the connection on a command it does not know.
+// On that error go-redis goes on in RESP2 and authenticates with AUTH,
+// which is what the anchor's client does, and which Redis, Sentinel,
+// Cluster and twemproxy all accept; the store needs nothing from RESP3.
+//
+// Only the first write is looked at: go-redis writes HELLO alone, as the
+// first command of a new connection, and waits for its reply. Anything else
+// passes through untouched.
+type noHelloConn struct {
+	net.Conn
+	started bool   // the first write has been seen
+	reply   []byte // the answer to a swallowed HELLO, not yet read
+}
+
+// helloReply is the error Redis before 6.0 answers to HELLO.
+const helloReply = "-ERR unknown command 'HELLO'\r\n"
+
+func (c *noHelloConn) Write(p []byte) (int, error) {
+	if !c.started {
+		c.started = true
+		if isHello(p) {
+			c.reply = []byte(helloReply)
+			return len(p), nil
+		}
+	}
+	return c.Conn.Write(p)
+}
+
+func (c *noHelloConn) Read(p []byte) (int, error) {
+	if len(c.reply) > 0 {
+		n := copy(p, c.reply)
+		c.reply = c.reply[n:]
+		return n, nil
+	}
+	return c.Conn.Read(p)
+}
+
+// SyscallConn exposes the socket to go-redis's idle-connection check, as
+// tlsConn does beneath TLS.
+func (c *noHelloConn) SyscallConn() (syscall.RawConn, error) {
+	sc, ok := c.Conn.(syscall.Conn)
+	if !ok {
+		return nil, errNoSyscallConn
+	}
+	return sc.SyscallConn()
+}
+
+var errNoSyscallConn = errors.New("redis: connection has no socket")
+
+// isHello reports whether p is exactly one whole RESP command named HELLO:
+// an array header, then bulk strings, the first of them "hello" in any case.
+// A partial or longer write is not swallowed.
+func isHello(p []byte) bool {
+	n, rest, ok := respHeader(p, '*')
+	if !ok || n < 1 {
+		return false
+	}
+	for i := range n {
+		size, r, ok := respHeader(rest, '$')
+		if !ok || size < 0 || len(r) < size+2 || r[size] != '\r' || r[size+1] != '\n' {
+			return false
+		}
+		if i == 0 && !strings.EqualFold(string(r[:size]), "hello") {
+			return false
+		}
+		rest = r[size+2:]
+	}
+	return len(rest) == 0
+}
+
+// respHeader parses "<kind><decimal>\r\n" at the start of p.
+func respHeader(p []byte, kind byte) (n int, rest []byte, ok bool) {
+	if len(p) < 4 || p[0] != kind {
+		return 0, nil, false
+	}
+	i := bytes.Index(p, []byte("\r\n"))
+	if i < 2 || i > 11 {
+		return 0, nil, false
+	}
+	v, err := strconv.Atoi(string(p[1:i]))
+	if err != nil {
+		return 0, nil, false
+	}
+	return v, p[i+2:], true
+}

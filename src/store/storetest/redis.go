@@ -68,12 +68,19 @@ type RedisServer struct {
 // The test fails when the binary is missing or the server does not start.
 func StartRedis(tb testing.TB, opts RedisOptions) *RedisServer {
 	tb.Helper()
-	s, err := LaunchRedis(tb.TempDir(), opts)
+	return startFor(tb, func(dir string) (*RedisServer, error) { return LaunchRedis(dir, opts) })
+}
+
+// startFor launches a server in a temporary directory of the test and
+// closes it in t.Cleanup; the test fails when it does not start.
+func startFor[T interface{ Close() error }](tb testing.TB, launch func(dir string) (T, error)) T {
+	tb.Helper()
+	v, err := launch(tb.TempDir())
 	if err != nil {
 		tb.Fatal(err)
 	}
-	tb.Cleanup(func() { _ = s.Close() })
-	return s
+	tb.Cleanup(func() { _ = v.Close() })
+	return v
 }
 
 // LaunchRedis starts a redis-server whose files live in dir, for programs

@@ -28,12 +28,7 @@ var redisClusterSlots = [][2]int{{0, 5460}, {5461, 10922}, {10923, 16383}}
 // opts applies to every node (auth only; TLS is not supported).
 func StartRedisCluster(tb testing.TB, opts RedisOptions) *RedisCluster {
 	tb.Helper()
-	c, err := LaunchRedisCluster(tb.TempDir(), opts)
-	if err != nil {
-		tb.Fatal(err)
-	}
-	tb.Cleanup(func() { _ = c.Close() })
-	return c
+	return startFor(tb, func(dir string) (*RedisCluster, error) { return LaunchRedisCluster(dir, opts) })
 }
 
 // LaunchRedisCluster starts three cluster-enabled nodes under dir, assigns

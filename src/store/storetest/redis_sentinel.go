@@ -37,12 +37,7 @@ type RedisSentinel struct {
 // StartRedisSentinel starts a Sentinel group and stops it in t.Cleanup.
 func StartRedisSentinel(tb testing.TB, opts RedisSentinelOptions) *RedisSentinel {
 	tb.Helper()
-	g, err := LaunchRedisSentinel(tb.TempDir(), opts)
-	if err != nil {
-		tb.Fatal(err)
-	}
-	tb.Cleanup(func() { _ = g.Close() })
-	return g
+	return startFor(tb, func(dir string) (*RedisSentinel, error) { return LaunchRedisSentinel(dir, opts) })
 }
 
 // LaunchRedisSentinel starts a Sentinel group whose files live under dir and

@@ -1,0 +1,133 @@
+package storetest
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// Twemproxy is a nutcracker (twemproxy) process on a free 127.0.0.1 port,
+// sharding keys over Redis servers: the anchor's default deployment.
+type Twemproxy struct {
+	// Addr is "127.0.0.1:port" of the proxy.
+	Addr string
+	// Dir holds the configuration and the log.
+	Dir string
+
+	cmd  *exec.Cmd
+	done chan struct{}
+}
+
+// StartTwemproxy starts nutcracker in front of backends for the test and
+// stops it in t.Cleanup. The test fails when the binary is missing.
+func StartTwemproxy(tb testing.TB, backends ...*RedisServer) *Twemproxy {
+	tb.Helper()
+	return startFor(tb, func(dir string) (*Twemproxy, error) { return LaunchTwemproxy(dir, backends) })
+}
+
+// LaunchTwemproxy starts nutcracker in front of backends (plain TCP, no
+// auth: twemproxy speaks neither TLS nor ACLs) and waits until a PING through
+// it answers. The caller must call Close.
+func LaunchTwemproxy(dir string, backends []*RedisServer) (*Twemproxy, error) {
+	bin, err := nutcrackerPath()
+	if err != nil {
+		return nil, err
+	}
+	if len(backends) == 0 {
+		return nil, errors.New("storetest: twemproxy needs at least one Redis server")
+	}
+	var lastErr error
+	// As with redis-server: the ports can be taken between probe and bind.
+	for range 3 {
+		port, err := redisFreePort()
+		if err != nil {
+			return nil, err
+		}
+		statsPort, err := redisFreePort()
+		if err != nil {
+			return nil, err
+		}
+		p := &Twemproxy{Addr: net.JoinHostPort("127.0.0.1", strconv.Itoa(port)), Dir: dir}
+		if lastErr = p.start(bin, backends, statsPort); lastErr == nil {
+			return p, nil
+		}
+	}
+	return nil, lastErr
+}
+
+// nutcrackerPath finds the binary; Debian installs it in /usr/sbin, which
+// a user's PATH may lack.
+func nutcrackerPath() (string, error) {
+	if p, err := exec.LookPath("nutcracker"); err == nil {
+		return p, nil
+	}
+	if _, err := os.Stat("/usr/sbin/nutcracker"); err == nil {
+		return "/usr/sbin/nutcracker", nil
+	}
+	return "", errors.New("storetest: nutcracker (twemproxy) not found: run `make servers` (apt-get install nutcracker; brew install twemproxy)")
+}
+
+func (p *Twemproxy) start(bin string, backends []*RedisServer, statsPort int) error {
+	var conf strings.Builder
+	// One connection per backend (the default) keeps the order of a
+	// client's pipeline; timeout bounds a server that stopped answering.
+	fmt.Fprintf(&conf, "ratelimit:\n  listen: %s\n  hash: fnv1a_64\n  distribution: ketama\n  redis: true\n"+
+		"  auto_eject_hosts: false\n  timeout: 2000\n  servers:\n", p.Addr)
+	for i, b := range backends {
+		fmt.Fprintf(&conf, "   - %s:1 redis%d\n", b.Addr, i)
+	}
+	path := filepath.Join(p.Dir, fmt.Sprintf("twemproxy-%d.yml", statsPort))
+	if err := os.WriteFile(path, []byte(conf.String()), 0o600); err != nil {
+		return fmt.Errorf("storetest: %w", err)
+	}
+	log := filepath.Join(p.Dir, fmt.Sprintf("twemproxy-%d.log", statsPort))
+	cmd := exec.Command(bin, "-c", path, "-a", "127.0.0.1", "-s", strconv.Itoa(statsPort), "-o", log)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	if err := cmd.Start(); err != nil {
+		return fmt.Errorf("storetest: start nutcracker: %w", err)
+	}
+	done := make(chan struct{})
+	go func() {
+		_ = cmd.Wait()
+		close(done)
+	}()
+	p.cmd, p.done = cmd, done
+
+	ctx, cancel := context.WithTimeout(context.Background(), redisReadyTimeout)
+	defer cancel()
+	for {
+		reply, err := redisDo(ctx, p.Addr, nil, "", "", "PING")
+		if err == nil && reply == "PONG" {
+			return nil
+		}
+		select {
+		case <-done:
+			tail, _ := os.ReadFile(log)
+			return fmt.Errorf("storetest: nutcracker on %s exited at start: %v\n%s", p.Addr, err, tail)
+		case <-ctx.Done():
+			_ = p.Close()
+			return fmt.Errorf("storetest: nutcracker on %s not ready after %v: %v", p.Addr, redisReadyTimeout, err)
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+}
+
+// Close stops the proxy. It is safe to call more than once.
+func (p *Twemproxy) Close() error {
+	if p.cmd == nil {
+		return nil
+	}
+	_ = p.cmd.Process.Kill()
+	<-p.done
+	p.cmd = nil
+	return nil
+}
