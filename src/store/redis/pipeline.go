@@ -154,6 +154,13 @@ type backend struct {
 	timeout time.Duration
 	workers []*worker
 
+	// oneServer is set once the backend is known to keep every key on one
+	// server: a Sentinel master, or a SINGLE address that answers INFO as
+	// Redis does. Until then (and behind twemproxy, which shards keys and
+	// does not know INFO) an AllOrNothing batch runs one script per key
+	// (see Store.build).
+	oneServer atomic.Bool
+
 	// mu guards the fields below it.
 	mu         sync.Mutex
 	queue      []*request  // oldest first

@@ -165,6 +165,7 @@ func (s *Store) newBackend(name string, cfg Config) (*backend, error) {
 		c := goredis.NewFailoverClient(opts.Failover())
 		c.AddHook(hook)
 		be.client = c
+		be.oneServer.Store(true)
 	case TypeCluster:
 		c := goredis.NewClusterClient(opts.Cluster())
 		// Count round trips per node: the cluster client splits a pipeline
@@ -202,6 +203,7 @@ func (s *Store) probe(be *backend) {
 	wait := s.cfg.StartupInitialInterval
 	for !be.hasAnswered() {
 		if s.ping(be) == nil {
+			s.identify(be)
 			be.markUp()
 			break
 		}
@@ -229,6 +231,24 @@ func (s *Store) probe(be *backend) {
 		} else {
 			be.up.Store(false)
 		}
+	}
+}
+
+// identify sets be.oneServer when a SINGLE address is a Redis server
+// (INFO names its version), not a proxy sharding keys over several: the
+// anchor's default deployment puts twemproxy there, which closes the
+// connection on INFO. It runs before the backend is first marked up, so
+// WaitStarted returns with the answer known.
+func (s *Store) identify(be *backend) {
+	c, ok := be.client.(*goredis.Client)
+	if !ok {
+		return
+	}
+	ctx, cancel := context.WithTimeout(s.ctx, be.timeout)
+	defer cancel()
+	info, err := c.Info(ctx, "server").Result()
+	if err == nil && strings.Contains(info, "redis_version:") {
+		be.oneServer.Store(true)
 	}
 }
 
@@ -341,7 +361,7 @@ func (s *Store) Do(ctx context.Context, b *limiter.Batch) error {
 	}
 	for k, r := range reqs {
 		if r != nil {
-			s.build(r, b, bes[k].cluster)
+			s.build(r, b, bes[k])
 		}
 	}
 
@@ -378,8 +398,8 @@ func (s *Store) Do(ctx context.Context, b *limiter.Batch) error {
 }
 
 // compensate completes an AllOrNothing batch that needed more than one
-// script: on a Cluster, one per hash slot; with a per-second Redis, one per
-// Redis. Each script is all-or-nothing by itself; when one refused its ops
+// script: on a Cluster, one per hash slot; behind a proxy, one per key;
+// with a per-second Redis, one per Redis. Each script is all-or-nothing by itself; when one refused its ops
 // while another recorded its own, compensate takes the recorded ops back
 // with undoLua in a second round trip and reports their unchanged state,
 // as the Batch contract asks. Between the two round trips other requests
@@ -481,7 +501,7 @@ func (s *Store) undo(ctx context.Context, be *backend, r *request, b *limiter.Ba
 // pointers into r.vals, in slots of r.args, both kept with r across uses,
 // so that an op costs two allocations: its key's copy and its command
 // (fixed windows: two commands).
-func (s *Store) build(r *request, b *limiter.Batch, cluster bool) {
+func (s *Store) build(r *request, b *limiter.Batch, be *backend) {
 	ctx := context.Background() // commands run under the worker's deadline
 	// Commands point into r.vals: it must not grow once they exist.
 	r.vals = slices.Grow(r.vals[:0], len(r.idx))[:len(r.idx)]
@@ -526,7 +546,10 @@ func (s *Store) build(r *request, b *limiter.Batch, cluster bool) {
 		return
 	}
 	// AllOrNothing: one script per group of keys that may share a script:
-	// all of them, or on a cluster those of one hash slot.
+	// all of them on one server, on a cluster those of one hash slot, and
+	// each key alone when the server may be a sharding proxy (compensate
+	// then makes the groups all-or-nothing together).
+	cluster, perKey := be.cluster, !be.cluster && !be.oneServer.Load()
 	r.plan = slices.Grow(r.plan[:0], len(r.idx))[:len(r.idx)]
 	clear(r.plan) // kind 0: not placed yet
 	for j, i := range r.idx {
@@ -537,6 +560,9 @@ func (s *Store) build(r *request, b *limiter.Batch, cluster bool) {
 		for j, i := range r.idx {
 			if r.plan[j].kind == kindScript {
 				continue // in an earlier group
+			}
+			if perKey && n > 0 {
+				continue
 			}
 			if cluster {
 				ks := keySlot(b.Ops[i].Key)

@@ -31,6 +31,16 @@ func serverClock(a rules.Algorithm) storetest.Clock {
 func TestStore(t *testing.T) {
 	t.Parallel()
 	srv := storetest.StartRedis(t, storetest.RedisOptions{})
+	t.Run("knows_one_server", func(t *testing.T) {
+		t.Parallel()
+		s := newStore(t, Config{URL: srv.Addr})
+		if err := s.WaitStarted(t.Context()); err != nil {
+			t.Fatal(err)
+		}
+		if !s.main.oneServer.Load() {
+			t.Error("a plain redis-server was not recognised: all-or-nothing batches would take one script per key")
+		}
+	})
 	t.Run("script_clock", func(t *testing.T) {
 		t.Parallel()
 		storetest.Run(t, func(t *testing.T) limiter.Store {

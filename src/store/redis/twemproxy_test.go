@@ -44,6 +44,9 @@ func TestTwemproxy(t *testing.T) {
 		if !s.Healthy() {
 			t.Error("store through twemproxy is not healthy")
 		}
+		if s.main.oneServer.Load() {
+			t.Error("twemproxy taken for one Redis server: all-or-nothing batches would run one script on the first key's server")
+		}
 		now := time.Now()
 		for _, a := range rules.Algorithms {
 			for i := range 40 {
@@ -59,6 +62,50 @@ func TestTwemproxy(t *testing.T) {
 				}
 			}
 		}
+
+		// STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT across servers: every key
+		// of an all-or-nothing batch is counted on its own server, and a
+		// batch with a key over its limit records nothing anywhere.
+		k0, k1 := keysOnTwoServers(t, s, backends) // on servers 0 and 1, at 1 each
+		counts := func() [2][2]string {
+			var c [2][2]string
+			for i, key := range []string{k0, k1} {
+				for j, srv := range backends {
+					v, err := srv.Do(t.Context(), "GET", key)
+					if err != nil {
+						t.Fatal(err)
+					}
+					c[i][j] = fmt.Sprint(v)
+				}
+			}
+			return c
+		}
+		op := func(key string, limit uint64) limiter.Op {
+			return limiter.Op{Key: key, Limit: limit, Window: time.Hour, Hits: 1}
+		}
+		b := &limiter.Batch{Now: now, AllOrNothing: true, Ops: []limiter.Op{op(k0, 2), op(k1, 100)}}
+		if err := s.Do(t.Context(), b); err != nil {
+			t.Fatal(err)
+		}
+		if !b.Results[0].Allowed || !b.Results[1].Allowed {
+			t.Errorf("fitting all-or-nothing batch: allowed %v and %v, want both", b.Results[0].Allowed, b.Results[1].Allowed)
+		}
+		if got, want := counts(), [2][2]string{{"2", "<nil>"}, {"<nil>", "2"}}; got != want {
+			t.Errorf("after a fitting batch, GET per key and server = %v, want %v (each key on its own server)", got, want)
+		}
+		b = &limiter.Batch{Now: now, AllOrNothing: true, Ops: []limiter.Op{op(k0, 2), op(k1, 100)}}
+		if err := s.Do(t.Context(), b); err != nil {
+			t.Fatal(err)
+		}
+		// Per the Batch contract the op under its limit stays Allowed (its
+		// own evaluation) but is not recorded.
+		if b.Results[0].Allowed || !b.Results[1].Allowed {
+			t.Errorf("batch over k0's limit: allowed %v and %v, want false and true", b.Results[0].Allowed, b.Results[1].Allowed)
+		}
+		if got, want := counts(), [2][2]string{{"2", "<nil>"}, {"<nil>", "2"}}; got != want {
+			t.Errorf("after a refused batch, GET per key and server = %v, want %v (nothing recorded)", got, want)
+		}
+
 		for i, b := range backends {
 			n, err := b.Do(t.Context(), "DBSIZE")
 			if err != nil {
@@ -127,4 +174,29 @@ func TestIsHello(t *testing.T) {
 			}
 		})
 	}
+}
+
+// keysOnTwoServers returns two fixed-window keys that twemproxy put on
+// different servers, each hit once through s.
+func keysOnTwoServers(t *testing.T, s *Store, backends []*storetest.RedisServer) (string, string) {
+	t.Helper()
+	where := map[int]string{}
+	for i := 0; len(where) < 2; i++ {
+		if i == 200 {
+			t.Fatal("no two keys on different servers in 200 tries")
+		}
+		key := fmt.Sprintf("tw_aon_%d", i)
+		b := &limiter.Batch{Ops: []limiter.Op{{Key: key, Limit: 100, Window: time.Hour, Hits: 1}}}
+		if err := s.Do(t.Context(), b); err != nil {
+			t.Fatal(err)
+		}
+		for j, srv := range backends {
+			if n, err := srv.Do(t.Context(), "EXISTS", key); err == nil && n.(int64) == 1 {
+				if _, ok := where[j]; !ok {
+					where[j] = key
+				}
+			}
+		}
+	}
+	return where[0], where[1]
 }
