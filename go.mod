@@ -3,6 +3,7 @@ module github.com/ratelimitd/ratelimit
 go 1.26.8
 
 require (
+	github.com/bradfitz/gomemcache v0.0.0-20260422231931-4d751bb6e37c
 	github.com/envoyproxy/go-control-plane/envoy v1.40.0
 	github.com/fsnotify/fsnotify v1.10.1
 	github.com/kelseyhightower/envconfig v1.4.0

@@ -33,8 +33,14 @@ func redisEnv(r *storetest.RedisServer, extra ...string) []string {
 // Redis and hammers one key through both: exactly the limit is admitted.
 func TestInstancesShareCountsThroughRedis(t *testing.T) {
 	r := storetest.StartRedis(t, storetest.RedisOptions{})
-	a := start(t, map[string]string{"shared.yaml": sharedRules}, redisEnv(r)...)
-	b := start(t, map[string]string{"shared.yaml": sharedRules}, redisEnv(r)...)
+	testInstancesShareCounts(t, redisEnv(r))
+}
+
+// testInstancesShareCounts starts two instances with env and sends 200
+// requests for each algorithm's key through both, 8 clients at once.
+func testInstancesShareCounts(t *testing.T, env []string) {
+	a := start(t, map[string]string{"shared.yaml": sharedRules}, env...)
+	b := start(t, map[string]string{"shared.yaml": sharedRules}, env...)
 	for _, key := range []string{"user", "tb", "log"} {
 		t.Run(key, func(t *testing.T) {
 			var ok, over atomic.Int64
@@ -88,13 +94,20 @@ func TestRedisDownAtStartupThenUp(t *testing.T) {
 
 func TestRedisOutageFailsFastAndRecovers(t *testing.T) {
 	r := storetest.StartRedis(t, storetest.RedisOptions{})
-	p := start(t, map[string]string{"shared.yaml": sharedRules},
-		redisEnv(r, "REDIS_TIMEOUT=100ms", "REDIS_HEALTH_CHECK_ACTIVE_CONNECTION=true")...)
+	testOutageFailsFastAndRecovers(t, r.Stop, r.Start,
+		redisEnv(r, "REDIS_TIMEOUT=100ms", "REDIS_HEALTH_CHECK_ACTIVE_CONNECTION=true"))
+}
+
+// testOutageFailsFastAndRecovers serves with env, stops the store, expects
+// fast Unavailable answers and an unhealthy service, starts the store again
+// and expects health and answers back.
+func testOutageFailsFastAndRecovers(t *testing.T, stop, restart func() error, env []string) {
+	p := start(t, map[string]string{"shared.yaml": sharedRules}, env...)
 	c := p.client(t)
 	if _, err := c.ShouldRateLimit(callCtx(t), request("shared", "user", "o")); err != nil {
 		t.Fatal(err)
 	}
-	if err := r.Stop(); err != nil {
+	if err := stop(); err != nil {
 		t.Fatal(err)
 	}
 	for i := range 5 {
@@ -105,17 +118,17 @@ func TestRedisOutageFailsFastAndRecovers(t *testing.T) {
 		}
 		// Generous against a loaded machine; the point is "not 10 s".
 		if d := time.Since(began); d > 2*time.Second {
-			t.Errorf("error took %v with REDIS_TIMEOUT=100ms", d)
+			t.Errorf("error took %v; the store timeout is under a second", d)
 		}
 	}
 	p.waitHealth(t, 500)
-	if err := r.Start(); err != nil {
+	if err := restart(); err != nil {
 		t.Fatal(err)
 	}
 	p.waitHealth(t, 200)
 	for i := range 20 {
 		if _, err := c.ShouldRateLimit(callCtx(t), request("shared", "user", fmt.Sprint("after", i))); err != nil {
-			t.Fatalf("request %d after Redis returned: %v", i, err)
+			t.Fatalf("request %d after the store returned: %v", i, err)
 		}
 	}
 }

@@ -5,12 +5,14 @@ import (
 	"crypto/tls"
 	"fmt"
 	"log/slog"
+	"strings"
 	"time"
 
 	"github.com/ratelimitd/ratelimit/src/limiter"
 	"github.com/ratelimitd/ratelimit/src/rules"
 	"github.com/ratelimitd/ratelimit/src/settings"
 	"github.com/ratelimitd/ratelimit/src/stats"
+	"github.com/ratelimitd/ratelimit/src/store/memcached"
 	"github.com/ratelimitd/ratelimit/src/store/memory"
 	"github.com/ratelimitd/ratelimit/src/store/redis"
 )
@@ -57,8 +59,55 @@ func newBackend(ctx context.Context, set *settings.Settings, reg *stats.Registry
 			started: r.WaitStarted,
 			timeout: cfg.Timeout,
 		}, nil
+	case settings.BackendMemcache:
+		cfg, err := memcacheConfig(set)
+		if err != nil {
+			return nil, err
+		}
+		m, err := memcached.New(ctx, cfg)
+		if err != nil {
+			return nil, err
+		}
+		reg.CounterFunc("ratelimit.memcache.round_trips", func() uint64 { rt, _ := m.Counters(); return rt })
+		reg.CounterFunc("ratelimit.memcache.ops", func() uint64 { _, ops := m.Counters(); return ops })
+		return &backend{
+			store:   m,
+			healthy: m.Healthy,
+			close:   func() { _ = m.Close() },
+			started: m.WaitStarted,
+			timeout: cfg.Timeout,
+		}, nil
 	}
-	return nil, fmt.Errorf("server: BACKEND_TYPE %q is not available in this build yet", set.BackendType)
+	return nil, fmt.Errorf("server: BACKEND_TYPE %q is not available in this build", set.BackendType)
+}
+
+// memcacheConfig turns the MEMCACHE_* settings into the Memcached store's
+// Config. TLS files are read as for Redis.
+func memcacheConfig(set *settings.Settings) (memcached.Config, error) {
+	cfg := memcached.Config{
+		SRV:                 set.MemcacheSrv,
+		SRVRefresh:          set.MemcacheSrvRefresh,
+		MaxIdleConns:        set.MemcacheMaxIdleConns,
+		ExpirationJitterMax: time.Duration(set.ExpirationJitterMaxSeconds) * time.Second,
+	}
+	for _, a := range set.MemcacheHostPort {
+		if a = strings.TrimSpace(a); a != "" {
+			cfg.Addrs = append(cfg.Addrs, a)
+		}
+	}
+	if set.MemcacheTLS {
+		t, err := redis.TLSConfig(redis.TLSFiles{
+			ClientCert:               set.MemcacheTLSClientCert,
+			ClientKey:                set.MemcacheTLSClientKey,
+			CACert:                   set.MemcacheTLSCACert,
+			SkipHostnameVerification: set.MemcacheTLSSkipHostnameVerification,
+		})
+		if err != nil {
+			return memcached.Config{}, fmt.Errorf("server: MEMCACHE_TLS: %w", err)
+		}
+		cfg.TLS = t
+	}
+	return cfg, nil
 }
 
 // redisConfig turns the REDIS_* settings into the Redis store's Config.

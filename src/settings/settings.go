@@ -113,6 +113,17 @@ type Settings struct {
 	RedisStartupInitialInterval time.Duration `envconfig:"REDIS_STARTUP_INITIAL_INTERVAL" default:"500ms"`
 	RedisStartupMaxInterval     time.Duration `envconfig:"REDIS_STARTUP_MAX_INTERVAL" default:"30s"`
 	RedisStartupMaxElapsedTime  time.Duration `envconfig:"REDIS_STARTUP_MAX_ELAPSED_TIME" default:"0"`
+
+	// Memcached (BACKEND_TYPE=memcache).
+	MemcacheHostPort                    []string      `envconfig:"MEMCACHE_HOST_PORT" default:""`
+	MemcacheSrv                         string        `envconfig:"MEMCACHE_SRV" default:""`
+	MemcacheSrvRefresh                  time.Duration `envconfig:"MEMCACHE_SRV_REFRESH" default:"0"`
+	MemcacheMaxIdleConns                int           `envconfig:"MEMCACHE_MAX_IDLE_CONNS" default:"64"` // anchor: 2
+	MemcacheTLS                         bool          `envconfig:"MEMCACHE_TLS" default:"false"`
+	MemcacheTLSClientCert               string        `envconfig:"MEMCACHE_TLS_CLIENT_CERT" default:""`
+	MemcacheTLSClientKey                string        `envconfig:"MEMCACHE_TLS_CLIENT_KEY" default:""`
+	MemcacheTLSCACert                   string        `envconfig:"MEMCACHE_TLS_CACERT" default:""`
+	MemcacheTLSSkipHostnameVerification bool          `envconfig:"MEMCACHE_TLS_SKIP_HOSTNAME_VERIFICATION" default:"false"`
 }
 
 // Backend types accepted by BACKEND_TYPE.
@@ -188,6 +199,20 @@ func (s *Settings) Validate() error {
 	}
 	if s.MemoryMaxKeys < 0 {
 		bad("MEMORY_MAX_KEYS", "must not be negative")
+	}
+	if s.BackendType == BackendMemcache {
+		switch hosts := len(s.MemcacheHostPort) > 0; {
+		case hosts && s.MemcacheSrv != "":
+			bad("MEMCACHE_HOST_PORT", "set together with MEMCACHE_SRV; set one of them")
+		case !hosts && s.MemcacheSrv == "":
+			bad("MEMCACHE_HOST_PORT", "BACKEND_TYPE=memcache needs MEMCACHE_HOST_PORT (host:port,...) or MEMCACHE_SRV")
+		}
+	}
+	if s.MemcacheSrvRefresh < 0 {
+		bad("MEMCACHE_SRV_REFRESH", "must not be negative")
+	}
+	if s.MemcacheMaxIdleConns < 0 {
+		bad("MEMCACHE_MAX_IDLE_CONNS", "must not be negative")
 	}
 	for _, r := range []struct {
 		name, socket, typ string

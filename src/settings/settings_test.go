@@ -41,6 +41,9 @@ func TestDefaults(t *testing.T) {
 		{"GRPC_WRITE_BUFFER_SIZE", s.GRPCWriteBufferSize, 32768},
 		{"GRPC_SHARED_WRITE_BUFFER", s.GRPCSharedWriteBuffer, false},
 		{"GC_HEADROOM_BYTES", s.GCHeadroomBytes, int64(32 << 20)},
+		{"MEMCACHE_MAX_IDLE_CONNS", s.MemcacheMaxIdleConns, 64},
+		{"MEMCACHE_SRV_REFRESH", s.MemcacheSrvRefresh, time.Duration(0)},
+		{"MEMCACHE_TLS", s.MemcacheTLS, false},
 	}
 	for _, c := range checks {
 		if c.got != c.want {
@@ -66,6 +69,9 @@ func TestMalformedValuesNameTheVariable(t *testing.T) {
 		{"read_buffer", map[string]string{"GRPC_READ_BUFFER_SIZE": "-1"}, []string{"GRPC_READ_BUFFER_SIZE"}},
 		{"write_buffer", map[string]string{"GRPC_WRITE_BUFFER_SIZE": "99999999"}, []string{"GRPC_WRITE_BUFFER_SIZE"}},
 		{"gc_headroom", map[string]string{"GC_HEADROOM_BYTES": "-1"}, []string{"GC_HEADROOM_BYTES"}},
+		{"memcache_without_servers", map[string]string{"BACKEND_TYPE": "memcache"}, []string{"MEMCACHE_HOST_PORT", "MEMCACHE_SRV"}},
+		{"memcache_both", map[string]string{"BACKEND_TYPE": "memcache", "MEMCACHE_HOST_PORT": "a:1", "MEMCACHE_SRV": "_m._tcp.x"}, []string{"MEMCACHE_HOST_PORT", "MEMCACHE_SRV"}},
+		{"memcache_idle", map[string]string{"MEMCACHE_MAX_IDLE_CONNS": "-1"}, []string{"MEMCACHE_MAX_IDLE_CONNS"}},
 		{"several", map[string]string{"BACKEND_TYPE": "foo", "LOG_LEVEL": "loud"}, []string{"BACKEND_TYPE", "LOG_LEVEL"}},
 	}
 	for _, tt := range tests {

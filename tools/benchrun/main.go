@@ -45,6 +45,9 @@ import (
 // GET /stats on the debug port.
 const redisRoundTrips = "ratelimit.redis.round_trips"
 
+// memcacheRoundTrips is the same for the Memcached store.
+const memcacheRoundTrips = "ratelimit.memcache.round_trips"
+
 // noopEnv, when set, makes benchrun serve the no-op RLS server on the
 // address it holds instead of benchmarking: benchrun starts itself this way.
 const noopEnv = "BENCHRUN_NOOP_ADDR"
@@ -719,7 +722,7 @@ func startMemcached(ctx context.Context, path string) (*backend, error) {
 		p.stop()
 		return nil, err
 	}
-	return &backend{stop: p.stop, env: []string{"BACKEND_TYPE=memcache", "MEMCACHE_HOST_PORT=" + addr}}, nil
+	return &backend{stop: p.stop, env: []string{"BACKEND_TYPE=memcache", "MEMCACHE_HOST_PORT=" + addr}, rtStat: memcacheRoundTrips}, nil
 }
 
 // memcacheSupported starts the service with BACKEND_TYPE=memcache against a

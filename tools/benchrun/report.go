@@ -117,13 +117,13 @@ func (rep *report) markdown(pngRel string) string {
 		"the _no-op_ columns are the medians of the paired no-op runs.\n", noopWarmup)
 	w("- A decision is one ShouldRateLimit call, whatever its number of descriptors. "+
 		"CPU: utime+stime of the service process from /proc per decision; RSS: VmRSS after the run; "+
-		"round trips: the service's `%s` counter per decision; Redis CPU and commands: the change of "+
+		"round trips: the service's `%s` (Memcached: `%s`) counter per decision; Redis CPU and commands: the change of "+
 		"`used_cpu_user`+`used_cpu_sys` and `total_commands_processed` (which counts the commands a script calls) "+
-		"in Redis INFO per decision, summed over the cluster's masters.\n\n", redisRoundTrips)
+		"in Redis INFO per decision, summed over the cluster's masters.\n\n", redisRoundTrips, memcacheRoundTrips)
 	if pngRel != "" {
 		w("![throughput and p99 per store and scenario, the paired no-op ceiling as a gray line](%s)\n\n", pngRel)
 	}
-	w("| scenario | store | c | req/s | no-op req/s | of no-op | p50 | p99 | no-op p99 | CPU µs/decision | RSS MiB | Redis round trips/decision | Redis commands/decision | Redis CPU µs/decision | OK / OVER_LIMIT / errors |\n")
+	w("| scenario | store | c | req/s | no-op req/s | of no-op | p50 | p99 | no-op p99 | CPU µs/decision | RSS MiB | store round trips/decision | Redis commands/decision | Redis CPU µs/decision | OK / OVER_LIMIT / errors |\n")
 	w("|---|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|---|\n")
 	for _, rw := range rep.rows {
 		if rw.skip != "" {

@@ -1,0 +1,134 @@
+package memcached
+
+import (
+	"context"
+	"runtime"
+	"strconv"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/ratelimitd/ratelimit/src/limiter"
+	"github.com/ratelimitd/ratelimit/src/rules"
+	"github.com/ratelimitd/ratelimit/src/store/storetest"
+)
+
+// benchIdleConns is MaxIdleConns for the benchmarks: one idle connection
+// per concurrent client, so that none dials (see Config.MaxIdleConns).
+const benchIdleConns = 64
+
+// BenchmarkStoreFixedWindow measures one-op fixed-window requests from 64
+// concurrent clients over 10,000 keys against a local memcached, as the
+// Redis store's BenchmarkStore does, and reports the round trips per op and
+// the CPU spent per op by this process (the callers and the store) and by
+// memcached.
+func BenchmarkStoreFixedWindow(b *testing.B) {
+	benchStore(b, rules.FixedWindow)
+}
+
+// BenchmarkStore runs the same load for every algorithm.
+func BenchmarkStore(b *testing.B) {
+	for _, alg := range rules.Algorithms {
+		b.Run(alg.String(), func(b *testing.B) { benchStore(b, alg) })
+	}
+}
+
+func benchStore(b *testing.B, alg rules.Algorithm) {
+	// A fresh server per run, so that its item count checks the key set.
+	srv := storetest.StartMemcached(b)
+	s := newStore(b, Config{Addrs: []string{srv.Addr}, MaxIdleConns: benchIdleConns})
+	const keys = 10_000
+	names := make([]string, keys)
+	for i := range names {
+		names[i] = "bench_" + alg.String() + "_user_" + strconv.Itoa(i)
+	}
+	var next, sink atomic.Uint64
+	cpu := startCPU(b, srv)
+	b.ReportAllocs()
+	b.SetParallelism(64 / max(1, runtime.GOMAXPROCS(0)))
+	b.ResetTimer()
+	b.RunParallel(func(pb *testing.PB) {
+		batch := &limiter.Batch{Ops: make([]limiter.Op, 1), Results: make([]limiter.Result, 1)}
+		var admitted uint64
+		for pb.Next() {
+			batch.Now = time.Now()
+			batch.Ops[0] = limiter.Op{Key: names[next.Add(1)%keys], Algorithm: alg, Limit: 1 << 40, Window: 24 * time.Hour, Hits: 1}
+			if err := s.Do(context.Background(), batch); err != nil {
+				b.Error(err)
+				return
+			}
+			if batch.Results[0].Allowed {
+				admitted++
+			}
+		}
+		sink.Add(admitted)
+	})
+	b.StopTimer()
+	cpu.report(b)
+	rt, ops := s.Counters()
+	if ops > 0 {
+		b.ReportMetric(float64(rt)/float64(ops), "roundtrips/op")
+	}
+	if sink.Load() != uint64(b.N) {
+		b.Errorf("%d of %d ops admitted", sink.Load(), b.N)
+	}
+	// The key set really was populated.
+	if b.N >= keys {
+		stats, err := srv.Stats(b.Context())
+		if err != nil {
+			b.Fatal(err)
+		}
+		if got := stats["curr_items"]; got != strconv.Itoa(keys) {
+			b.Errorf("%s items in memcached, want %d", got, keys)
+		}
+	}
+}
+
+// cpuMeter measures the CPU time used during a benchmark by this process
+// and by the memcached server.
+type cpuMeter struct {
+	srv          *storetest.MemcachedServer
+	self, server time.Duration
+	ok           bool
+}
+
+func startCPU(b *testing.B, srv *storetest.MemcachedServer) *cpuMeter {
+	b.Helper()
+	m := &cpuMeter{srv: srv}
+	var okSelf, okServer bool
+	m.self, okSelf = processCPU()
+	m.server, okServer = memcachedCPU(b, srv)
+	m.ok = okSelf && okServer
+	return m
+}
+
+// report reports cpu-ns/op, the CPU of this process per op, and
+// memcached-cpu-ns/op, the server's.
+func (m *cpuMeter) report(b *testing.B) {
+	b.Helper()
+	self, okSelf := processCPU()
+	server, okServer := memcachedCPU(b, m.srv)
+	if !m.ok || !okSelf || !okServer || b.N == 0 {
+		return
+	}
+	b.ReportMetric(float64(self-m.self)/float64(b.N), "cpu-ns/op")
+	b.ReportMetric(float64(server-m.server)/float64(b.N), "memcached-cpu-ns/op")
+}
+
+// memcachedCPU returns the CPU time memcached has used (stats rusage_*).
+func memcachedCPU(b *testing.B, srv *storetest.MemcachedServer) (time.Duration, bool) {
+	b.Helper()
+	stats, err := srv.Stats(b.Context())
+	if err != nil {
+		return 0, false
+	}
+	var total float64
+	for _, name := range []string{"rusage_user", "rusage_system"} {
+		f, err := strconv.ParseFloat(stats[name], 64)
+		if err != nil {
+			return 0, false
+		}
+		total += f
+	}
+	return time.Duration(total * float64(time.Second)), true
+}

@@ -1,0 +1,139 @@
+package memcached
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"net"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// Config configures a Store. Its fields mirror envoyproxy/ratelimit's
+// MEMCACHE_* settings; the server builds it from them. Zero values take the
+// defaults given per field.
+type Config struct {
+	// Addrs lists the servers as host:port (MEMCACHE_HOST_PORT). Keys are
+	// sharded over them by gomemcache's ServerList (CRC-32 of the key modulo
+	// the number of servers, in this order), as the anchor does. Exactly one
+	// of Addrs and SRV must be set.
+	Addrs []string
+	// SRV is a DNS SRV record, such as "_memcache._tcp.example.com."
+	// (MEMCACHE_SRV), resolved with net.LookupSRV to the servers' host:port.
+	// The targets are sorted, so that every instance, and every refresh,
+	// shards keys the same way (the order of an SRV answer is random).
+	SRV string
+	// SRVRefresh, when positive, re-resolves SRV that often and switches to
+	// the new server list when it changed (MEMCACHE_SRV_REFRESH; default 0:
+	// resolved once, in New). A failed lookup keeps the current list.
+	// Ignored without SRV.
+	SRVRefresh time.Duration
+	// MaxIdleConns is the number of idle connections kept per server
+	// (MEMCACHE_MAX_IDLE_CONNS, which defaults to 64; 0 here means 2, the
+	// anchor's and gomemcache's default). A request that
+	// finds none idle dials a new connection, which is closed afterwards if
+	// MaxIdleConns are idle already: set it to about the number of
+	// concurrent requests, or connections churn under load.
+	MaxIdleConns int
+	// Timeout bounds dialling and every read and write of a round trip
+	// (default 500ms, gomemcache's). The memcached client takes no context,
+	// so this, not the request's deadline, bounds a round trip under way;
+	// keep it within the service's backend budget.
+	Timeout time.Duration
+	// TLS, when not nil, makes every connection TLS with this
+	// configuration (memcached built with --enable-ssl); its ServerName
+	// defaults to the server's host.
+	TLS *tls.Config
+	// ExpirationJitterMax adds a random [0, max) whole seconds to the
+	// expiration of every item, so that keys do not all expire at once
+	// (EXPIRATION_JITTER_MAX_SECONDS; default 0 here, 300s in settings).
+	ExpirationJitterMax time.Duration
+}
+
+// Defaults of the zero Config fields.
+const (
+	defaultMaxIdleConns = 2
+	defaultTimeout      = 500 * time.Millisecond
+)
+
+// withDefaults validates cfg and fills its zero fields. Every problem is
+// reported, each naming its field.
+func (cfg Config) withDefaults() (Config, error) {
+	var errs []error
+	bad := func(format string, args ...any) {
+		errs = append(errs, fmt.Errorf("memcached: "+format, args...))
+	}
+	switch {
+	case len(cfg.Addrs) == 0 && cfg.SRV == "":
+		bad("no servers: set Addrs (MEMCACHE_HOST_PORT) or SRV (MEMCACHE_SRV)")
+	case len(cfg.Addrs) > 0 && cfg.SRV != "":
+		bad("both Addrs (MEMCACHE_HOST_PORT) and SRV (MEMCACHE_SRV) are set; set one")
+	}
+	for i, a := range cfg.Addrs {
+		if err := checkAddr(a); err != nil {
+			bad("Addrs[%d] (MEMCACHE_HOST_PORT) %q: %v", i, a, err)
+		}
+	}
+	if cfg.SRVRefresh < 0 {
+		bad("SRVRefresh (MEMCACHE_SRV_REFRESH) %v is negative", cfg.SRVRefresh)
+	}
+	if cfg.MaxIdleConns < 0 {
+		bad("MaxIdleConns (MEMCACHE_MAX_IDLE_CONNS) %d is negative", cfg.MaxIdleConns)
+	}
+	if cfg.Timeout < 0 {
+		bad("Timeout %v is negative", cfg.Timeout)
+	}
+	if cfg.ExpirationJitterMax < 0 {
+		bad("ExpirationJitterMax (EXPIRATION_JITTER_MAX_SECONDS) %v is negative", cfg.ExpirationJitterMax)
+	}
+	if err := errors.Join(errs...); err != nil {
+		return cfg, err
+	}
+	if cfg.MaxIdleConns == 0 {
+		cfg.MaxIdleConns = defaultMaxIdleConns
+	}
+	if cfg.Timeout == 0 {
+		cfg.Timeout = defaultTimeout
+	}
+	cfg.Addrs = slices.Clone(cfg.Addrs)
+	return cfg, nil
+}
+
+// checkAddr checks that a is host:port with a port number.
+func checkAddr(a string) error {
+	host, port, err := net.SplitHostPort(a)
+	if err != nil {
+		return errors.New("want host:port")
+	}
+	if host == "" {
+		return errors.New("empty host")
+	}
+	if n, err := strconv.ParseUint(port, 10, 16); err != nil || n == 0 {
+		return fmt.Errorf("bad port %q", port)
+	}
+	return nil
+}
+
+// lookupSRVFunc is the signature of net.Resolver.LookupSRV; tests inject
+// their own.
+type lookupSRVFunc func(ctx context.Context, service, proto, name string) (string, []*net.SRV, error)
+
+// resolveSRV resolves name to the sorted host:port list of its targets.
+func resolveSRV(ctx context.Context, lookup lookupSRVFunc, name string) ([]string, error) {
+	_, records, err := lookup(ctx, "", "", name)
+	if err != nil {
+		return nil, fmt.Errorf("memcached: SRV (MEMCACHE_SRV) %q: %w", name, err)
+	}
+	if len(records) == 0 {
+		return nil, fmt.Errorf("memcached: SRV (MEMCACHE_SRV) %q: no targets", name)
+	}
+	addrs := make([]string, 0, len(records))
+	for _, r := range records {
+		addrs = append(addrs, net.JoinHostPort(strings.TrimSuffix(r.Target, "."), strconv.Itoa(int(r.Port))))
+	}
+	slices.Sort(addrs)
+	return addrs, nil
+}

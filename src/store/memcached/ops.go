@@ -1,0 +1,456 @@
+package memcached
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"math/bits"
+	"math/rand/v2"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/bradfitz/gomemcache/memcache"
+
+	"github.com/ratelimitd/ratelimit/src/limiter"
+	"github.com/ratelimitd/ratelimit/src/rules"
+)
+
+// undo is what it takes to take back one op that recorded hits, for an
+// AllOrNothing batch that was refused.
+type undo struct {
+	op  *limiter.Op // nil: the op recorded nothing
+	key string      // the item's key (see itemKey)
+	// now is the op's time, for the expiration of the state written back.
+	now time.Time
+	// a and b locate the hits: the window start they went into (sliding
+	// window), the time they were logged at (sliding log), or the TAT
+	// before and after them (token bucket).
+	a, b int64
+}
+
+// continuous reports whether a keeps a state item (read-modify-cas) rather
+// than a counter. Unknown algorithms count as fixed windows, as in the
+// memory store.
+func continuous(a rules.Algorithm) bool {
+	return a == rules.SlidingWindow || a == rules.SlidingLog || a == rules.TokenBucket
+}
+
+// apply applies op at now and fills *r with the pure function's result. It
+// returns the undo of the op when it recorded hits.
+func (s *Store) apply(ctx context.Context, op *limiter.Op, now time.Time, r *limiter.Result) (undo, error) {
+	key := itemKey(op.Key)
+	if continuous(op.Algorithm) {
+		return s.applyState(ctx, key, op, now, r)
+	}
+	return s.applyCount(ctx, key, op, now, r)
+}
+
+// applyCount applies a fixed-window op: incr, and on a miss add, and on
+// add's "not stored" (another instance added it meanwhile) incr again.
+// Every hit is counted, admitted or not, as the anchor does.
+func (s *Store) applyCount(ctx context.Context, key string, op *limiter.Op, now time.Time, r *limiter.Result) (undo, error) {
+	if op.Hits == 0 {
+		count, err := s.readCount(key)
+		if err != nil {
+			return undo{}, err
+		}
+		_, *r = limiter.FixedWindow(limiter.FixedWindowState{Count: count}, now, *op)
+		return undo{}, nil
+	}
+	for {
+		after, err := s.client.Increment(key, op.Hits)
+		if err == nil {
+			s.gotAnswer()
+			// after < Hits only if a concurrent undo's decr went to 0 on
+			// a key re-created meanwhile; count from 0 then.
+			_, *r = limiter.FixedWindow(limiter.FixedWindowState{Count: after - min(after, op.Hits)}, now, *op)
+			return undo{op: op, key: key, now: now}, nil
+		}
+		if !errors.Is(err, memcache.ErrCacheMiss) {
+			return undo{}, s.fail(key, err)
+		}
+		s.gotAnswer()
+		item := &memcache.Item{
+			Key:        key,
+			Value:      strconv.AppendUint(make([]byte, 0, 20), op.Hits, 10),
+			Expiration: s.expiration(max(int64(op.Window/time.Second), 1)),
+		}
+		err = s.client.Add(item)
+		if err == nil {
+			s.gotAnswer()
+			_, *r = limiter.FixedWindow(limiter.FixedWindowState{}, now, *op)
+			return undo{op: op, key: key, now: now}, nil
+		}
+		if !errors.Is(err, memcache.ErrNotStored) {
+			return undo{}, s.fail(key, err)
+		}
+		s.gotAnswer()
+		if err := s.check(ctx); err != nil {
+			return undo{}, err
+		}
+	}
+}
+
+// readCount returns a fixed window's count; a missing key counts 0.
+func (s *Store) readCount(key string) (uint64, error) {
+	it, err := s.client.Get(key)
+	if errors.Is(err, memcache.ErrCacheMiss) {
+		s.gotAnswer()
+		return 0, nil
+	}
+	if err != nil {
+		return 0, s.fail(key, err)
+	}
+	s.gotAnswer()
+	// decr may leave the number padded with spaces (memcached rewrites it
+	// in place when it gets shorter).
+	n, err := strconv.ParseUint(string(bytes.TrimRight(it.Value, " ")), 10, 64)
+	if err != nil {
+		return 0, fmt.Errorf("memcached: key %q: not a counter: %q", key, it.Value)
+	}
+	return n, nil
+}
+
+// applyState applies an op of a continuous algorithm: gets, the pure
+// function, and when the op records hits, cas (add for a new key), from
+// the start again when another op changed the item in between.
+func (s *Store) applyState(ctx context.Context, key string, op *limiter.Op, now time.Time, r *limiter.Result) (undo, error) {
+	for {
+		it, err := s.client.Get(key)
+		found := err == nil
+		if !found && !errors.Is(err, memcache.ErrCacheMiss) {
+			return undo{}, s.fail(key, err)
+		}
+		s.gotAnswer()
+		var data, dst []byte
+		if found {
+			data = it.Value
+			dst = it.Value[:0] // the state is parsed before this is written
+		}
+		value, idle, u, err := step(dst, op, now, data, found, r)
+		if err != nil {
+			return undo{}, fmt.Errorf("memcached: key %q: %w", key, err)
+		}
+		if value == nil { // nothing to record
+			return undo{}, nil
+		}
+		exp := s.expiration(secondsUntil(idle, now))
+		if found {
+			it.Value, it.Expiration = value, exp
+			err = s.client.CompareAndSwap(it)
+		} else {
+			err = s.client.Add(&memcache.Item{Key: key, Value: value, Expiration: exp})
+		}
+		switch {
+		case err == nil:
+			s.gotAnswer()
+			u.op, u.key, u.now = op, key, now
+			return u, nil
+		case conflict(err):
+			s.gotAnswer()
+		default:
+			return undo{}, s.fail(key, err)
+		}
+		if err := s.check(ctx); err != nil {
+			return undo{}, err
+		}
+	}
+}
+
+// conflict reports whether a cas or add failed because another op changed,
+// created or removed the item since it was read: the op starts again.
+func conflict(err error) bool {
+	return errors.Is(err, memcache.ErrCASConflict) || errors.Is(err, memcache.ErrNotStored) ||
+		errors.Is(err, memcache.ErrCacheMiss)
+}
+
+// step runs op's pure function on the state encoded in data (a new key
+// when !found), fills *r, and, when the op records hits, returns the new
+// state's encoding (appended to dst), when it goes idle (Unix µs) and the
+// values its undo needs. value is nil when nothing is to be written: a
+// read, or a refused op (the continuous algorithms do not record those).
+func step(dst []byte, op *limiter.Op, now time.Time, data []byte, found bool, r *limiter.Result) (value []byte, idle int64, u undo, err error) {
+	switch op.Algorithm {
+	case rules.SlidingWindow:
+		var st limiter.SlidingWindowState
+		if found {
+			if st, err = limiter.ParseSlidingWindowState(data); err != nil {
+				return nil, 0, undo{}, err
+			}
+		}
+		st, *r = limiter.SlidingWindow(st, now, *op)
+		if !records(op, r) {
+			return nil, 0, undo{}, nil
+		}
+		return limiter.AppendSlidingWindowState(dst, st), st.IdleAt(op.Window), undo{a: st.Start}, nil
+	case rules.SlidingLog:
+		var st limiter.SlidingLogState
+		if found {
+			if st, err = limiter.ParseSlidingLogState(data); err != nil {
+				return nil, 0, undo{}, err
+			}
+		}
+		st, *r = limiter.SlidingLog(st, now, *op)
+		if !records(op, r) {
+			return nil, 0, undo{}, nil
+		}
+		t, _ := st.Newest() // the time SlidingLog logged the hits at
+		return limiter.AppendSlidingLogState(dst, st), st.IdleAt(op.Window), undo{a: t}, nil
+	default: // token bucket
+		var st limiter.TokenBucketState
+		if found {
+			if st, err = limiter.ParseTokenBucketState(data); err != nil {
+				return nil, 0, undo{}, err
+			}
+		}
+		before := st.TAT
+		st, *r = limiter.TokenBucket(st, now, *op)
+		if !records(op, r) {
+			return nil, 0, undo{}, nil
+		}
+		return limiter.AppendTokenBucketState(dst, st), st.IdleAt(), undo{a: before, b: st.TAT}, nil
+	}
+}
+
+// records reports whether a continuous algorithm's op changed its state.
+func records(op *limiter.Op, r *limiter.Result) bool {
+	return op.Hits > 0 && r.Allowed
+}
+
+// undo takes back one recorded op with its inverse, which commutes with
+// the ops of other requests made since: decr for a fixed window; for the
+// others a cas loop that takes the hits out of the state where they still
+// are. A key gone meanwhile (expired, evicted) has nothing to take back.
+// The loop stops only when the store closes, not when a request's ctx
+// ends: hits of a refused batch must not stay recorded.
+func (s *Store) undo(u *undo) error {
+	op := u.op
+	if !continuous(op.Algorithm) {
+		_, err := s.client.Decrement(u.key, op.Hits)
+		if err == nil || errors.Is(err, memcache.ErrCacheMiss) {
+			s.gotAnswer()
+			return nil
+		}
+		return s.fail(u.key, err)
+	}
+	for {
+		it, err := s.client.Get(u.key)
+		if errors.Is(err, memcache.ErrCacheMiss) {
+			s.gotAnswer()
+			return nil
+		}
+		if err != nil {
+			return s.fail(u.key, err)
+		}
+		s.gotAnswer()
+		value, idle, err := takeBack(it.Value[:0], u, it.Value)
+		if err != nil {
+			return fmt.Errorf("memcached: key %q: %w", u.key, err)
+		}
+		if value == nil { // the hits are no longer there
+			return nil
+		}
+		it.Value, it.Expiration = value, s.expiration(secondsUntil(idle, u.now))
+		err = s.client.CompareAndSwap(it)
+		switch {
+		case err == nil:
+			s.gotAnswer()
+			return nil
+		case conflict(err):
+			s.gotAnswer()
+		default:
+			return s.fail(u.key, err)
+		}
+		if s.closed.Load() {
+			return unavailable(errClosed)
+		}
+	}
+}
+
+// takeBack removes u's hits from the state encoded in data and returns the
+// new encoding (appended to dst) and when it goes idle, or a nil value when
+// the hits are no longer in the state.
+func takeBack(dst []byte, u *undo, data []byte) (value []byte, idle int64, err error) {
+	op := u.op
+	switch op.Algorithm {
+	case rules.SlidingWindow:
+		st, err := limiter.ParseSlidingWindowState(data)
+		if err != nil {
+			return nil, 0, err
+		}
+		// The hits went into the current count of the window at u.a; it
+		// is the previous count once the next window has started.
+		switch w := windowMicros(op.Window); {
+		case st.Start == u.a:
+			st.Curr -= min(st.Curr, op.Hits)
+		case st.Start-w == u.a:
+			st.Prev -= min(st.Prev, op.Hits)
+		default:
+			return nil, 0, nil
+		}
+		return limiter.AppendSlidingWindowState(dst, st), st.IdleAt(op.Window), nil
+	case rules.SlidingLog:
+		st, err := limiter.ParseSlidingLogState(data)
+		if err != nil {
+			return nil, 0, err
+		}
+		if st.ForgetAt(u.a, int(min(op.Hits, math.MaxInt32))) == 0 {
+			return nil, 0, nil
+		}
+		return limiter.AppendSlidingLogState(dst, st), st.IdleAt(op.Window), nil
+	default: // token bucket
+		st, err := limiter.ParseTokenBucketState(data)
+		if err != nil {
+			return nil, 0, err
+		}
+		if op.Limit == 0 {
+			return nil, 0, nil
+		}
+		if st.TAT == u.b {
+			st.TAT = u.a // no op since ours: exact
+		} else {
+			// Others' ops came since: give back our tokens only, one
+			// refill interval T = ceil(W / Limit) each.
+			w := uint64(windowMicros(op.Window))
+			t := (w + op.Limit - 1) / op.Limit
+			hi, lo := bits.Mul64(op.Hits, t)
+			room := uint64(st.TAT - math.MinInt64) // TAT's distance above MinInt64, modulo 2^64
+			if hi != 0 || lo > room {
+				st.TAT = math.MinInt64
+			} else {
+				st.TAT -= int64(lo)
+			}
+		}
+		return limiter.AppendTokenBucketState(dst, st), st.IdleAt(), nil
+	}
+}
+
+// windowMicros is the window in whole microseconds, at least 1, as the
+// limiter's pure functions count it.
+func windowMicros(w time.Duration) int64 {
+	return max(int64(w/time.Microsecond), 1)
+}
+
+// secondsUntil is the whole seconds, rounded up, from now until idle (Unix
+// µs); 0 or less when idle has passed.
+func secondsUntil(idle int64, now time.Time) int64 {
+	d := idle - now.UnixMicro()
+	if idle < 0 && d > 0 { // idle - now overflowed: idle is long past
+		return 0
+	}
+	if d <= 0 {
+		return 0
+	}
+	return (d-1)/1_000_000 + 1
+}
+
+// maxRelativeExpiration is the largest expiration memcached reads as
+// seconds from now; above it, an expiration is a Unix time.
+const maxRelativeExpiration = 30 * 24 * 60 * 60
+
+// expiration is an item's expiration for a state that lasts seconds: at
+// least 1, plus one second because memcached's clock ticks in whole seconds
+// (an item given n seconds may go up to a second early), plus a random
+// jitter in [0, ExpirationJitterMax) as the Redis store's TTLs; beyond 30
+// days, the Unix time (on this instance's clock, which is the servers' for
+// practical purposes) that many seconds from now.
+func (s *Store) expiration(seconds int64) int32 {
+	seconds = max(seconds, 1) + 1
+	if j := int64(s.cfg.ExpirationJitterMax / time.Second); j > 0 {
+		seconds += rand.Int64N(j)
+	}
+	if seconds <= maxRelativeExpiration {
+		return int32(seconds)
+	}
+	seconds = min(seconds, math.MaxInt32)
+	return int32(min(time.Now().Unix()+seconds, math.MaxInt32))
+}
+
+// gotAnswer counts a round trip that memcached answered and, the first
+// time, marks it up.
+func (s *Store) gotAnswer() {
+	s.roundTrips.Add(1)
+	if !s.started.Load() {
+		s.markUp()
+	}
+}
+
+// fail classifies an error of the memcached client. Memcached refusing
+// the data (incr on a value that is not a number; a key it cannot take) is
+// returned as is; everything else (dial and network errors, timeouts,
+// SERVER_ERROR, no servers) means memcached cannot serve: the error wraps
+// limiter.ErrUnavailable and Healthy turns false until the next probe
+// succeeds.
+func (s *Store) fail(key string, err error) error {
+	if errors.Is(err, memcache.ErrMalformedKey) || strings.HasPrefix(err.Error(), "memcache: client error") {
+		s.gotAnswer()
+		return fmt.Errorf("memcached: key %q: %w", key, err)
+	}
+	s.up.Store(false)
+	if brokenConn(err) {
+		// An idle connection to a server that restarted fails this way
+		// once used; the others idle beside it are likely as dead: drop
+		// them all, so that one request fails, not one per connection.
+		_ = s.client.Close()
+	}
+	return unavailable(err)
+}
+
+// brokenConn reports whether err is an established connection found closed
+// or reset by the server, as opposed to a dial failure or a timeout.
+func brokenConn(err error) bool {
+	return errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) ||
+		errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE)
+}
+
+// Key substitution: memcached refuses keys over 250 bytes or with
+// whitespace or control characters. Those keys are stored under a stable
+// substitute: the first keyHead bytes with the bad characters turned into
+// '_', then "#sha256:" and the hex SHA-256 of the whole key.
+const (
+	maxKeyLen = 250
+	keyHead   = 100
+)
+
+// itemKey is the memcached key of a limiter key: key itself when memcached
+// takes it, else its substitute.
+func itemKey(key string) string {
+	if len(key) <= maxKeyLen && legalKey(key) {
+		return key
+	}
+	return substituteKey(key)
+}
+
+// legalKey reports whether key has only the characters memcached takes in
+// a key (gomemcache's rule: no byte <= ' ', no DEL).
+func legalKey(key string) bool {
+	for i := 0; i < len(key); i++ {
+		if c := key[i]; c <= ' ' || c == 0x7f {
+			return false
+		}
+	}
+	return true
+}
+
+func substituteKey(key string) string {
+	sum := sha256.Sum256([]byte(key))
+	head := key[:min(len(key), keyHead)]
+	b := make([]byte, 0, len(head)+len("#sha256:")+2*len(sum))
+	for i := 0; i < len(head); i++ {
+		c := head[i]
+		if c <= ' ' || c == 0x7f {
+			c = '_'
+		}
+		b = append(b, c)
+	}
+	b = append(b, "#sha256:"...)
+	b = hex.AppendEncode(b, sum[:])
+	return string(b)
+}

@@ -1,0 +1,230 @@
+package memcached
+
+import (
+	"context"
+	"errors"
+	"net"
+	"runtime"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/ratelimitd/ratelimit/src/limiter"
+	"github.com/ratelimitd/ratelimit/src/rules"
+	"github.com/ratelimitd/ratelimit/src/store/storetest"
+)
+
+// waitFor polls cond every 10ms until it holds or d passes.
+func waitFor(t *testing.T, d time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: not within %v", what, d)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// checkGoroutines fails if, after Close, more goroutines run than before
+// the store was made (with a small tolerance for the runtime's own).
+func checkGoroutines(t *testing.T, before int) {
+	t.Helper()
+	const tolerance = 2
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		n := runtime.NumGoroutine()
+		if n <= before+tolerance {
+			return
+		}
+		if time.Now().After(deadline) {
+			buf := make([]byte, 1<<16)
+			buf = buf[:runtime.Stack(buf, true)]
+			t.Fatalf("goroutines: %d before the store, %d after Close\n%s", before, n, buf)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// hit sends one single-op batch of every algorithm and returns the first error.
+func hit(ctx context.Context, s *Store, key string) error {
+	for _, alg := range rules.Algorithms {
+		b := &limiter.Batch{Now: time.Now(), Ops: []limiter.Op{{
+			Key: key + "_" + alg.String(), Algorithm: alg, Limit: 1 << 30, Window: time.Hour, Hits: 1,
+		}}}
+		if err := s.Do(ctx, b); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// TestOutage stops memcached and starts it again: requests fail fast with
+// ErrUnavailable while it is down, health follows, requests work again once
+// it is back, and Close leaves no goroutine behind. Not parallel: it
+// counts goroutines.
+func TestOutage(t *testing.T) {
+	srv := storetest.StartMemcached(t)
+	const timeout = 300 * time.Millisecond
+	goroutines := runtime.NumGoroutine()
+	s, err := New(t.Context(), Config{Addrs: []string{srv.Addr}, Timeout: timeout, SRVRefresh: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 5*time.Second, "healthy at start", s.Healthy)
+	if err := s.WaitStarted(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	// Fill the idle pool with connections that the restart will break.
+	var wg sync.WaitGroup
+	for range 4 {
+		wg.Go(func() {
+			if err := hit(t.Context(), s, "outage_warm"); err != nil {
+				t.Error(err)
+			}
+		})
+	}
+	wg.Wait()
+
+	if err := srv.Stop(); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 3 {
+		start := time.Now()
+		err := hit(t.Context(), s, "outage_down")
+		if took := time.Since(start); took > 2*timeout {
+			t.Errorf("request %d while down took %v, want within the %v timeout", i, took, timeout)
+		}
+		if !errors.Is(err, limiter.ErrUnavailable) {
+			t.Fatalf("request %d while down: %v, want ErrUnavailable", i, err)
+		}
+	}
+	waitFor(t, 3*time.Second, "unhealthy while down", func() bool { return !s.Healthy() })
+
+	if err := srv.Start(); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 5*time.Second, "healthy once back", s.Healthy)
+	if err := hit(t.Context(), s, "outage_back"); err != nil {
+		t.Errorf("request once healthy again: %v", err)
+	}
+
+	if err := s.Close(); err != nil {
+		t.Errorf("Close: %v", err)
+	}
+	if err := s.Close(); err != nil {
+		t.Errorf("second Close: %v", err)
+	}
+	if err := hit(t.Context(), s, "outage_closed"); !errors.Is(err, limiter.ErrUnavailable) {
+		t.Errorf("Do after Close: %v, want ErrUnavailable", err)
+	}
+	checkGoroutines(t, goroutines)
+}
+
+// TestTimeout bounds a request to a server that accepts connections but
+// never answers by Config.Timeout.
+func TestTimeout(t *testing.T) {
+	t.Parallel()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	var conns []net.Conn
+	go func() {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			mu.Lock()
+			conns = append(conns, c) // held open, never answered
+			mu.Unlock()
+		}
+	}()
+	t.Cleanup(func() {
+		_ = l.Close()
+		mu.Lock()
+		defer mu.Unlock()
+		for _, c := range conns {
+			_ = c.Close()
+		}
+	})
+	const timeout = 200 * time.Millisecond
+	s := newStore(t, Config{Addrs: []string{l.Addr().String()}, Timeout: timeout})
+	for _, alg := range rules.Algorithms {
+		b := &limiter.Batch{Now: time.Now(), Ops: []limiter.Op{{Key: "silent", Algorithm: alg, Limit: 5, Window: time.Minute, Hits: 1}}}
+		start := time.Now()
+		err := s.Do(t.Context(), b)
+		took := time.Since(start)
+		if !errors.Is(err, limiter.ErrUnavailable) {
+			t.Errorf("%s to a silent server: %v, want ErrUnavailable", alg, err)
+		}
+		if took < timeout/2 || took > 3*timeout {
+			t.Errorf("%s to a silent server failed after %v, want about the %v timeout", alg, took, timeout)
+		}
+	}
+	if s.Healthy() {
+		t.Error("Healthy with a server that never answered")
+	}
+}
+
+// TestCanceled: a canceled ctx fails before any round trip.
+func TestCanceled(t *testing.T) {
+	t.Parallel()
+	srv := storetest.StartMemcached(t)
+	s := newStore(t, Config{Addrs: []string{srv.Addr}})
+	ctx, cancel := context.WithCancel(t.Context())
+	cancel()
+	b := &limiter.Batch{Ops: []limiter.Op{{Key: "k", Limit: 1, Window: time.Minute, Hits: 1}}}
+	if err := s.Do(ctx, b); !errors.Is(err, limiter.ErrUnavailable) || !errors.Is(err, context.Canceled) {
+		t.Errorf("Do with a canceled ctx = %v, want ErrUnavailable wrapping context.Canceled", err)
+	}
+	if rt, _ := s.Counters(); rt != 0 {
+		t.Errorf("%d round trips for a canceled request", rt)
+	}
+}
+
+// TestRestartBetweenProbes restarts memcached while the store holds idle
+// connections to it and sends nothing: the first request finds them dead
+// and fails, and the store drops them all, so the next one succeeds.
+func TestRestartBetweenProbes(t *testing.T) {
+	t.Parallel()
+	srv := storetest.StartMemcached(t)
+	const conns = 8
+	s := newStore(t, Config{Addrs: []string{srv.Addr}, MaxIdleConns: conns})
+	// Fill the idle pool: conns concurrent requests, each on a connection.
+	var wg sync.WaitGroup
+	start := make(chan struct{})
+	for range conns {
+		wg.Go(func() {
+			<-start
+			if err := hit(t.Context(), s, "restart_warm"); err != nil {
+				t.Error(err)
+			}
+		})
+	}
+	close(start)
+	wg.Wait()
+	if err := srv.Stop(); err != nil {
+		t.Fatal(err)
+	}
+	if err := srv.Start(); err != nil {
+		t.Fatal(err)
+	}
+	failed := 0
+	for i := range 4 {
+		err := hit(t.Context(), s, "restart_after")
+		switch {
+		case err == nil:
+		case errors.Is(err, limiter.ErrUnavailable):
+			failed++
+		default:
+			t.Fatalf("request %d after the restart: %v", i, err)
+		}
+	}
+	// The prober may have found the dead connections first.
+	if failed > 1 {
+		t.Errorf("%d of 4 requests after the restart failed, want at most the first", failed)
+	}
+}

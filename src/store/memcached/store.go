@@ -1,0 +1,432 @@
+// Package memcached is the Memcached store: it keeps every key's state in
+// one or more memcached servers (keys sharded over them by the client), so
+// that any number of stateless instances share their counts. It knows the
+// limiter's Store contract and nothing above it: no rules tree, no
+// settings, no protos.
+//
+// Fixed windows count in envoyproxy/ratelimit's keys with incr, creating a
+// key with add (value = hits, expiration = window + jitter) when incr
+// misses, and incr again if another instance added it first. Each op is one
+// atomic incr, so concurrent instances never lose a hit (the anchor reads,
+// then increments in the background, and over-admits under load); the
+// common case is one round trip per op.
+//
+// The other algorithms keep their state (see the limiter's encoding.go) in
+// one item per key and update it optimistically: gets, the limiter's pure
+// function, then cas (or add for a new key), retried on a conflict until it
+// succeeds or the context ends, so the result is exact too. Memcached has
+// no clock a client can read, so these algorithms run on Batch.Now, the
+// instance's clock: the instances of a fleet must keep NTP time, and a skew
+// between them shifts their windows by that much.
+//
+// Items expire when their state would be the zero state again (the states'
+// IdleAt; for fixed windows, the window), plus a random jitter of up to
+// Config.ExpirationJitterMax, plus one second: memcached's clock ticks in
+// whole seconds, so an item given n seconds may go up to a second early.
+// Expirations beyond 30 days are sent as absolute Unix times, as memcached
+// reads them.
+//
+// Keys are the limiter's, as given, so a rolling upgrade from the anchor
+// keeps counting in the same keys. Memcached refuses keys longer than 250
+// bytes or with spaces or control characters (the anchor fails on them);
+// such a key is replaced by its first 100 bytes with those characters
+// turned into '_', then "#sha256:" and the hex SHA-256 of the whole key, a
+// stable name that every instance computes alike.
+//
+// AllOrNothing batches (STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT): memcached
+// has no multi-key atomicity, so, as the Redis store on Cluster, each op is
+// applied atomically on its own key, and when any op was refused the ops
+// that recorded hits (fixed windows always record them) are taken back with
+// commutative inverse ops: decr for a fixed window; for the others a cas
+// loop that takes the hits out of the window they went into, moves a token
+// bucket's TAT back by their worth, or forgets that many hits logged at
+// that instant. Results are the contract's, but not in one instant:
+// between the two steps other requests can see the hits being taken back
+// (they may be refused; nothing is ever over-admitted), and if memcached
+// fails in between, those hits stay counted.
+package memcached
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"net"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/bradfitz/gomemcache/memcache"
+
+	"github.com/ratelimitd/ratelimit/src/limiter"
+)
+
+// errClosed is the cause of errors after Close.
+var errClosed = errors.New("store closed")
+
+// The prober's schedule: backing off from probeInitial to probeInterval
+// until memcached first answers, then every probeInterval.
+const (
+	probeInitial  = 50 * time.Millisecond
+	probeInterval = time.Second
+)
+
+// Store is a limiter.Store backed by memcached. It is safe for concurrent
+// use. Create it with New and release it with Close; the zero value is not
+// usable.
+type Store struct {
+	cfg     Config
+	servers *memcache.ServerList
+	client  *memcache.Client
+	lookup  lookupSRVFunc
+	// srvAddrs is the server list last resolved from cfg.SRV; only New and
+	// then the refresher touch it.
+	srvAddrs []string
+	// unresolved holds cfg.Addrs while one of their names does not resolve
+	// (the ServerList is empty meanwhile); only New and then the prober
+	// touch it.
+	unresolved []string
+
+	roundTrips, ops atomic.Uint64
+
+	// answered is closed when memcached first answers; up is false while
+	// the last probe or op failed for want of memcached.
+	answered     chan struct{}
+	answeredOnce sync.Once
+	started      atomic.Bool
+	up           atomic.Bool
+
+	// mu is held shared by every Do and exclusively by Close, so that Close
+	// closes the connections once no Do uses them.
+	mu     sync.RWMutex
+	closed atomic.Bool
+
+	ctx       context.Context // ends at Close; bounds the prober and the refresher
+	cancel    context.CancelFunc
+	wg        sync.WaitGroup
+	closeOnce sync.Once
+}
+
+var _ limiter.Store = (*Store)(nil)
+
+// New returns a Store for cfg. It does not wait for memcached: with the
+// servers down, or their names not resolving yet, it returns a working
+// Store whose ops fail with limiter.ErrUnavailable and whose Healthy is
+// false until memcached first answers (see WaitStarted). It fails for a bad
+// cfg, and when the SRV record cannot be resolved (ctx bounds that lookup),
+// as the anchor does.
+func New(ctx context.Context, cfg Config) (*Store, error) {
+	return newWithLookup(ctx, cfg, net.DefaultResolver.LookupSRV)
+}
+
+func newWithLookup(ctx context.Context, cfg Config, lookup lookupSRVFunc) (*Store, error) {
+	cfg, err := cfg.withDefaults()
+	if err != nil {
+		return nil, err
+	}
+	s := &Store{
+		cfg:      cfg,
+		servers:  new(memcache.ServerList),
+		lookup:   lookup,
+		answered: make(chan struct{}),
+	}
+	addrs := cfg.Addrs
+	if cfg.SRV != "" {
+		if addrs, err = resolveSRV(ctx, lookup, cfg.SRV); err != nil {
+			return nil, err
+		}
+		s.srvAddrs = addrs
+	}
+	if err := s.servers.SetServers(addrs...); err != nil {
+		// A name that does not resolve yet (a service not yet in DNS):
+		// the prober tries again. ServerList resolves names only here,
+		// as the anchor's client does.
+		if cfg.SRV != "" {
+			return nil, fmt.Errorf("memcached: servers %q from SRV (MEMCACHE_SRV): %w", addrs, err)
+		}
+		s.unresolved = addrs
+	}
+	s.client = memcache.NewFromSelector(s.servers)
+	s.client.Timeout = cfg.Timeout
+	s.client.MaxIdleConns = cfg.MaxIdleConns
+	s.client.DialContext = dialer(cfg)
+
+	// The Store outlives New's ctx: it runs until Close.
+	s.ctx, s.cancel = context.WithCancel(context.WithoutCancel(ctx))
+	s.wg.Go(s.probe)
+	if cfg.SRV != "" && cfg.SRVRefresh > 0 {
+		s.wg.Go(s.refresh)
+	}
+	return s, nil
+}
+
+// dialer returns the client's dial function: TCP with the timeout and
+// keep-alives, and TLS when configured.
+func dialer(cfg Config) func(ctx context.Context, network, addr string) (net.Conn, error) {
+	d := &net.Dialer{Timeout: cfg.Timeout, KeepAlive: 30 * time.Second}
+	if cfg.TLS == nil {
+		return d.DialContext
+	}
+	// tls.Dialer takes ServerName from the address when the config has none.
+	td := &tls.Dialer{NetDialer: d, Config: cfg.TLS}
+	return td.DialContext
+}
+
+// probe pings every server until they first answer, backing off from
+// probeInitial to probeInterval, then every probeInterval, to keep Healthy
+// true to reality while no traffic flows.
+func (s *Store) probe() {
+	wait := probeInitial
+	for !s.started.Load() {
+		if s.ping() == nil {
+			s.markUp()
+			break
+		}
+		select {
+		case <-s.ctx.Done():
+			return
+		case <-s.answered: // an op got an answer first
+		case <-time.After(wait):
+		}
+		wait = min(2*wait, probeInterval)
+	}
+	t := time.NewTicker(probeInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-s.ctx.Done():
+			return
+		case <-t.C:
+		}
+		if s.ping() == nil {
+			s.up.Store(true)
+			continue
+		}
+		s.up.Store(false)
+		// The idle connections may be to a server that died: drop them so
+		// that the first requests after it is back do not fail on them.
+		_ = s.client.Close()
+	}
+}
+
+// ping checks that every server answers (gomemcache's Ping: version),
+// after resolving the servers' names if New could not.
+func (s *Store) ping() error {
+	if s.unresolved != nil {
+		if err := s.servers.SetServers(s.unresolved...); err != nil {
+			return err
+		}
+		s.unresolved = nil
+	}
+	n := 0
+	_ = s.servers.Each(func(net.Addr) error { n++; return nil })
+	if n == 0 {
+		return memcache.ErrNoServers
+	}
+	return s.client.Ping()
+}
+
+// markUp records that memcached answered.
+func (s *Store) markUp() {
+	s.up.Store(true)
+	s.answeredOnce.Do(func() {
+		s.started.Store(true)
+		close(s.answered)
+	})
+}
+
+// refresh re-resolves cfg.SRV every SRVRefresh and switches the client to
+// the new list when it changed. A failed lookup keeps the current list.
+func (s *Store) refresh() {
+	t := time.NewTicker(s.cfg.SRVRefresh)
+	defer t.Stop()
+	for {
+		select {
+		case <-s.ctx.Done():
+			return
+		case <-t.C:
+		}
+		ctx, cancel := context.WithTimeout(s.ctx, max(s.cfg.Timeout, 5*time.Second))
+		addrs, err := resolveSRV(ctx, s.lookup, s.cfg.SRV)
+		cancel()
+		if err != nil || slices.Equal(addrs, s.srvAddrs) {
+			continue
+		}
+		if s.servers.SetServers(addrs...) == nil {
+			s.srvAddrs = addrs
+		}
+	}
+}
+
+// Healthy reports whether the store can serve: false until memcached first
+// answered, then false while the last probe (every second) or op to it
+// failed for want of memcached. With several servers, every one must have
+// answered the last probe.
+func (s *Store) Healthy() bool {
+	return s.started.Load() && s.up.Load()
+}
+
+// WaitStarted blocks until memcached first answered, or ctx ends. The
+// server may use it to hold back readiness at startup.
+func (s *Store) WaitStarted(ctx context.Context) error {
+	select {
+	case <-s.answered:
+		return nil
+	case <-ctx.Done():
+		return fmt.Errorf("memcached: waiting for the first answer: %w", ctx.Err())
+	}
+}
+
+// Counters returns the cumulative number of round trips that reached
+// memcached (commands answered, misses and conflicts included; probes
+// excluded) and of ops applied. roundTrips/ops is about 1 for fixed
+// windows, 2 for the other algorithms when they record, plus retries.
+func (s *Store) Counters() (roundTrips, ops uint64) {
+	return s.roundTrips.Load(), s.ops.Load()
+}
+
+// Close stops the prober (and the SRV refresher), waits for the Do calls
+// in flight, and closes the idle connections. Do calls made afterwards
+// fail with an error wrapping limiter.ErrUnavailable. Close is idempotent.
+func (s *Store) Close() error {
+	var err error
+	s.closeOnce.Do(func() {
+		// Set first, so that retry loops in flight stop at their next turn.
+		s.closed.Store(true)
+		s.cancel()
+		s.wg.Wait()
+		s.mu.Lock()
+		err = s.client.Close()
+		s.mu.Unlock()
+	})
+	return err
+}
+
+// Do applies the batch: see limiter.Store, and the package documentation
+// for AllOrNothing. Ops run one after the other; an op takes one round trip
+// in the common case (two for the first hit of a fixed window, and for the
+// other algorithms when they record). A zero b.Now is set to the current
+// time.
+//
+// The memcached client takes no context: ctx is checked before every round
+// trip, and a round trip under way is bounded by Config.Timeout, not by
+// ctx's deadline.
+func (s *Store) Do(ctx context.Context, b *limiter.Batch) error {
+	if err := ctx.Err(); err != nil {
+		return unavailable(err)
+	}
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	if s.closed.Load() {
+		return unavailable(errClosed)
+	}
+	n := len(b.Ops)
+	if cap(b.Results) < n {
+		b.Results = make([]limiter.Result, n)
+	}
+	b.Results = b.Results[:n]
+	if n == 0 {
+		return nil
+	}
+	s.ops.Add(uint64(n))
+	if b.Now.IsZero() {
+		b.Now = time.Now()
+	}
+	if b.AllOrNothing {
+		return s.doAll(ctx, b)
+	}
+	for i := range b.Ops {
+		if i > 0 {
+			if err := s.check(ctx); err != nil {
+				return err
+			}
+		}
+		if _, err := s.apply(ctx, &b.Ops[i], b.Now, &b.Results[i]); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// doAll applies an AllOrNothing batch: every op on its own key, in order,
+// then, if any was refused, the recorded ones taken back (newest first)
+// and every op's Remaining and ResetAfter read from the unchanged state.
+func (s *Store) doAll(ctx context.Context, b *limiter.Batch) error {
+	var undoBuf [8]undo
+	undos := undoBuf[:0]
+	refused := false
+	for i := range b.Ops {
+		var err error
+		if i > 0 {
+			err = s.check(ctx)
+		}
+		var u undo
+		if err == nil {
+			u, err = s.apply(ctx, &b.Ops[i], b.Now, &b.Results[i])
+		}
+		if err != nil {
+			// Nothing may stay recorded: take back what was, as far as
+			// memcached lets us.
+			return errors.Join(err, s.rollback(undos))
+		}
+		if u.op != nil {
+			undos = append(undos, u)
+		}
+		refused = refused || !b.Results[i].Allowed
+	}
+	if !refused {
+		return nil
+	}
+	// Undo even when ctx has ended meanwhile (see undo): hits must not stay
+	// recorded for a refused batch. Each round trip is bounded by
+	// Config.Timeout.
+	if err := s.rollback(undos); err != nil {
+		return err
+	}
+	// Allowed, Before and After stay those of the evaluation in order;
+	// Remaining and ResetAfter become those of the unchanged state.
+	for i := range b.Ops {
+		if err := s.check(ctx); err != nil {
+			return err
+		}
+		op := b.Ops[i]
+		op.Hits = 0
+		var r limiter.Result
+		if _, err := s.apply(ctx, &op, b.Now, &r); err != nil {
+			return err
+		}
+		b.Results[i].Remaining, b.Results[i].ResetAfter = r.Remaining, r.ResetAfter
+	}
+	return nil
+}
+
+// rollback takes back the recorded ops, newest first, and returns the
+// first error; it goes on after one, so that as much as possible is taken
+// back.
+func (s *Store) rollback(undos []undo) error {
+	var first error
+	for i := len(undos) - 1; i >= 0; i-- {
+		if err := s.undo(&undos[i]); err != nil && first == nil {
+			first = err
+		}
+	}
+	return first
+}
+
+// check returns the error for a Do that must stop before its next round
+// trip: ctx ended or the store closed.
+func (s *Store) check(ctx context.Context) error {
+	if err := ctx.Err(); err != nil {
+		return unavailable(err)
+	}
+	if s.closed.Load() {
+		return unavailable(errClosed)
+	}
+	return nil
+}
+
+// unavailable wraps a failure to reach memcached.
+func unavailable(err error) error {
+	return fmt.Errorf("memcached: %w: %w", limiter.ErrUnavailable, err)
+}

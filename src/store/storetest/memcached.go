@@ -1,0 +1,273 @@
+package storetest
+
+import (
+	"bufio"
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// memcachedInstall is the "binary not found" advice: a missing server is a
+// test failure that says how to fix it, never a skip.
+const memcachedInstall = "run `make servers` (apt-get install memcached; brew install memcached)"
+
+// MemcachedServer is a memcached process on a free 127.0.0.1 port: TCP only
+// (-U 0), 64 MiB of memory. Its methods are safe for concurrent use.
+type MemcachedServer struct {
+	// Addr is "127.0.0.1:port"; it stays the same across Stop and Start.
+	Addr string
+	// Dir holds the process's log (and, with TLS, the certificates).
+	Dir string
+	// TLS holds the certificate files and client configuration when the
+	// server was started with StartMemcachedTLS; nil otherwise. The server
+	// does not ask for a client certificate.
+	TLS *RedisTLS
+
+	bin string
+
+	// mu guards cmd and done.
+	mu   sync.Mutex
+	cmd  *exec.Cmd
+	done chan struct{}
+}
+
+// StartMemcached starts a memcached for the test and stops it in t.Cleanup.
+// The test fails when the binary is missing or the server does not start.
+func StartMemcached(tb testing.TB) *MemcachedServer {
+	tb.Helper()
+	return startFor(tb, LaunchMemcached)
+}
+
+// StartMemcachedTLS starts a memcached that accepts only TLS connections
+// (-Z), with certificates generated for the test, and stops it in
+// t.Cleanup. Connect with TLS.ClientConfig().
+func StartMemcachedTLS(tb testing.TB) *MemcachedServer {
+	tb.Helper()
+	return startFor(tb, LaunchMemcachedTLS)
+}
+
+// LaunchMemcached starts a memcached whose log lives in dir, for programs
+// without a testing.TB (the benchmark runner). The caller must call Close.
+func LaunchMemcached(dir string) (*MemcachedServer, error) {
+	return launchMemcached(dir, false)
+}
+
+// LaunchMemcachedTLS is LaunchMemcached with TLS, as StartMemcachedTLS.
+func LaunchMemcachedTLS(dir string) (*MemcachedServer, error) {
+	return launchMemcached(dir, true)
+}
+
+func launchMemcached(dir string, withTLS bool) (*MemcachedServer, error) {
+	bin, err := memcachedPath()
+	if err != nil {
+		return nil, err
+	}
+	var files *RedisTLS
+	if withTLS {
+		if files, err = writeRedisTLS(dir); err != nil {
+			return nil, err
+		}
+	}
+	var lastErr error
+	// A free port can be taken by another process between our probe and
+	// memcached's bind; try a few fresh ports before giving up.
+	for range 3 {
+		port, err := redisFreePort()
+		if err != nil {
+			return nil, err
+		}
+		s := &MemcachedServer{Addr: net.JoinHostPort("127.0.0.1", strconv.Itoa(port)), Dir: dir, TLS: files, bin: bin}
+		if lastErr = s.Start(); lastErr == nil {
+			return s, nil
+		}
+	}
+	return nil, lastErr
+}
+
+// memcachedPath finds the binary; Debian installs it in /usr/bin, which is
+// normally on PATH, but a minimal PATH may lack it.
+func memcachedPath() (string, error) {
+	if p, err := exec.LookPath("memcached"); err == nil {
+		return p, nil
+	}
+	if _, err := os.Stat("/usr/bin/memcached"); err == nil {
+		return "/usr/bin/memcached", nil
+	}
+	return "", errors.New("storetest: memcached not found in PATH; " + memcachedInstall)
+}
+
+// Start starts the process again after Stop, on the same port, and waits
+// until it answers. Data is not kept.
+func (s *MemcachedServer) Start() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.cmd != nil {
+		return nil
+	}
+	_, port, _ := net.SplitHostPort(s.Addr)
+	args := []string{"-l", "127.0.0.1", "-p", port, "-U", "0", "-m", "64"}
+	if s.TLS != nil {
+		args = append(args, "-Z", "-o", "ssl_chain_cert="+s.TLS.ServerCertFile+",ssl_key="+s.TLS.ServerKeyFile)
+	}
+	if os.Geteuid() == 0 {
+		args = append(args, "-u", "root") // memcached refuses to run as root otherwise
+	}
+	cmd := exec.Command(s.bin, args...)
+	// Kill the server if the test binary dies without running its cleanups.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	logPath := filepath.Join(s.Dir, "memcached-"+port+".log")
+	out, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+	if err != nil {
+		return fmt.Errorf("storetest: %w", err)
+	}
+	cmd.Stdout, cmd.Stderr = out, out
+	if err := cmd.Start(); err != nil {
+		_ = out.Close()
+		return fmt.Errorf("storetest: start memcached: %w", err)
+	}
+	done := make(chan struct{})
+	go func() {
+		_ = cmd.Wait()
+		_ = out.Close()
+		close(done)
+	}()
+	s.cmd, s.done = cmd, done
+
+	ctx, cancel := context.WithTimeout(context.Background(), redisReadyTimeout)
+	defer cancel()
+	pid := strconv.Itoa(cmd.Process.Pid)
+	for {
+		// Ask for the process id after VERSION: another server that took
+		// the port first must not pass for ours.
+		stats, err := s.Stats(ctx)
+		if err == nil {
+			if stats["pid"] == pid {
+				return nil
+			}
+			err = fmt.Errorf("port %s answered by another process", s.Addr)
+		}
+		select {
+		case <-done:
+			s.cmd = nil
+			return fmt.Errorf("storetest: memcached on %s exited at start: %v\n%s", s.Addr, err, fileTail(logPath))
+		case <-ctx.Done():
+			s.killLocked()
+			return fmt.Errorf("storetest: memcached on %s not ready after %v: %v\n%s", s.Addr, redisReadyTimeout, err, fileTail(logPath))
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+}
+
+// Stop kills the process (SIGKILL, as a crash or a network cut would look to
+// clients) and waits for it to exit. The port stays reserved for Start.
+func (s *MemcachedServer) Stop() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.killLocked()
+	return nil
+}
+
+func (s *MemcachedServer) killLocked() {
+	if s.cmd == nil {
+		return
+	}
+	_ = s.cmd.Process.Kill()
+	<-s.done
+	s.cmd, s.done = nil, nil
+}
+
+// Close stops the process for good. It is safe to call more than once.
+func (s *MemcachedServer) Close() error { return s.Stop() }
+
+// Running reports whether the process is up.
+func (s *MemcachedServer) Running() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.cmd != nil
+}
+
+// Stats returns the server's "stats" (curr_items, pid, ...) read on a fresh
+// connection (TLS when the server uses it).
+func (s *MemcachedServer) Stats(ctx context.Context) (map[string]string, error) {
+	var tlsConf *tls.Config
+	if s.TLS != nil {
+		tlsConf = s.TLS.ClientConfig()
+	}
+	return memcachedStats(ctx, s.Addr, tlsConf)
+}
+
+// memcachedStats checks that addr answers "version" with VERSION, then
+// returns its "stats".
+func memcachedStats(ctx context.Context, addr string, tlsConf *tls.Config) (map[string]string, error) {
+	d := net.Dialer{Timeout: time.Second}
+	var conn net.Conn
+	var err error
+	if tlsConf != nil {
+		td := tls.Dialer{NetDialer: &d, Config: tlsConf}
+		conn, err = td.DialContext(ctx, "tcp", addr)
+	} else {
+		conn, err = d.DialContext(ctx, "tcp", addr)
+	}
+	if err != nil {
+		return nil, err
+	}
+	defer conn.Close()
+	deadline := time.Now().Add(5 * time.Second)
+	if dl, ok := ctx.Deadline(); ok && dl.Before(deadline) {
+		deadline = dl
+	}
+	_ = conn.SetDeadline(deadline)
+	rd := bufio.NewReader(conn)
+	if _, err := conn.Write([]byte("version\r\n")); err != nil {
+		return nil, err
+	}
+	line, err := rd.ReadString('\n')
+	if err != nil {
+		return nil, err
+	}
+	if !strings.HasPrefix(line, "VERSION") {
+		return nil, fmt.Errorf("storetest: %s answered version with %q", addr, line)
+	}
+	if _, err := conn.Write([]byte("stats\r\n")); err != nil {
+		return nil, err
+	}
+	stats := make(map[string]string)
+	for {
+		line, err := rd.ReadString('\n')
+		if err != nil {
+			return nil, err
+		}
+		line = strings.TrimSuffix(line, "\r\n")
+		if line == "END" {
+			return stats, nil
+		}
+		f := strings.SplitN(line, " ", 3)
+		if len(f) != 3 || f[0] != "STAT" {
+			return nil, fmt.Errorf("storetest: %s: unexpected stats line %q", addr, line)
+		}
+		stats[f[1]] = f[2]
+	}
+}
+
+// fileTail returns the end of a log file, for error messages.
+func fileTail(path string) string {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return ""
+	}
+	if len(data) > 2000 {
+		data = data[len(data)-2000:]
+	}
+	return fmt.Sprintf("--- %s\n%s", filepath.Base(path), data)
+}
