@@ -12,8 +12,6 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
-	"syscall"
 	"testing"
 	"time"
 )
@@ -34,12 +32,8 @@ type MemcachedServer struct {
 	// does not ask for a client certificate.
 	TLS *RedisTLS
 
-	bin string
-
-	// mu guards cmd and done.
-	mu   sync.Mutex
-	cmd  *exec.Cmd
-	done chan struct{}
+	bin  string
+	proc proc
 }
 
 // StartMemcached starts a memcached for the test and stops it in t.Cleanup.
@@ -79,20 +73,9 @@ func launchMemcached(dir string, withTLS bool) (*MemcachedServer, error) {
 			return nil, err
 		}
 	}
-	var lastErr error
-	// A free port can be taken by another process between our probe and
-	// memcached's bind; try a few fresh ports before giving up.
-	for range 3 {
-		port, err := redisFreePort()
-		if err != nil {
-			return nil, err
-		}
-		s := &MemcachedServer{Addr: net.JoinHostPort("127.0.0.1", strconv.Itoa(port)), Dir: dir, TLS: files, bin: bin}
-		if lastErr = s.Start(); lastErr == nil {
-			return s, nil
-		}
-	}
-	return nil, lastErr
+	return launchOnFreePort(func(port int) (*MemcachedServer, error) {
+		return &MemcachedServer{Addr: net.JoinHostPort("127.0.0.1", strconv.Itoa(port)), Dir: dir, TLS: files, bin: bin}, nil
+	}, (*MemcachedServer).Start)
 }
 
 // memcachedPath finds the binary; Debian installs it in /usr/bin, which is
@@ -110,11 +93,6 @@ func memcachedPath() (string, error) {
 // Start starts the process again after Stop, on the same port, and waits
 // until it answers. Data is not kept.
 func (s *MemcachedServer) Start() error {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.cmd != nil {
-		return nil
-	}
 	_, port, _ := net.SplitHostPort(s.Addr)
 	args := []string{"-l", "127.0.0.1", "-p", port, "-U", "0", "-m", "64"}
 	if s.TLS != nil {
@@ -123,79 +101,39 @@ func (s *MemcachedServer) Start() error {
 	if os.Geteuid() == 0 {
 		args = append(args, "-u", "root") // memcached refuses to run as root otherwise
 	}
-	cmd := exec.Command(s.bin, args...)
-	// Kill the server if the test binary dies without running its cleanups.
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	logPath := filepath.Join(s.Dir, "memcached-"+port+".log")
-	out, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
-	if err != nil {
-		return fmt.Errorf("storetest: %w", err)
-	}
-	cmd.Stdout, cmd.Stderr = out, out
-	if err := cmd.Start(); err != nil {
-		_ = out.Close()
-		return fmt.Errorf("storetest: start memcached: %w", err)
-	}
-	done := make(chan struct{})
-	go func() {
-		_ = cmd.Wait()
-		_ = out.Close()
-		close(done)
-	}()
-	s.cmd, s.done = cmd, done
-
-	ctx, cancel := context.WithTimeout(context.Background(), redisReadyTimeout)
-	defer cancel()
-	pid := strconv.Itoa(cmd.Process.Pid)
-	for {
-		// Ask for the process id after VERSION: another server that took
-		// the port first must not pass for ours.
-		stats, err := s.Stats(ctx)
-		if err == nil {
-			if stats["pid"] == pid {
-				return nil
+	return s.proc.start(exec.Command(s.bin, args...), procSpec{
+		name:   "memcached",
+		addr:   s.Addr,
+		output: logPath,
+		ready: func(ctx context.Context, pid int) error {
+			// Ask for the process id after VERSION: another server that took
+			// the port first must not pass for ours.
+			stats, err := s.Stats(ctx)
+			if err != nil {
+				return err
 			}
-			err = fmt.Errorf("port %s answered by another process", s.Addr)
-		}
-		select {
-		case <-done:
-			s.cmd = nil
-			return fmt.Errorf("storetest: memcached on %s exited at start: %v\n%s", s.Addr, err, fileTail(logPath))
-		case <-ctx.Done():
-			s.killLocked()
-			return fmt.Errorf("storetest: memcached on %s not ready after %v: %v\n%s", s.Addr, redisReadyTimeout, err, fileTail(logPath))
-		case <-time.After(20 * time.Millisecond):
-		}
-	}
+			if stats["pid"] != strconv.Itoa(pid) {
+				return fmt.Errorf("port %s answered by another process", s.Addr)
+			}
+			return nil
+		},
+		tail: func() string { return fileTail(logPath) },
+	})
 }
 
 // Stop kills the process (SIGKILL, as a crash or a network cut would look to
 // clients) and waits for it to exit. The port stays reserved for Start.
 func (s *MemcachedServer) Stop() error {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	s.killLocked()
+	s.proc.stop()
 	return nil
-}
-
-func (s *MemcachedServer) killLocked() {
-	if s.cmd == nil {
-		return
-	}
-	_ = s.cmd.Process.Kill()
-	<-s.done
-	s.cmd, s.done = nil, nil
 }
 
 // Close stops the process for good. It is safe to call more than once.
 func (s *MemcachedServer) Close() error { return s.Stop() }
 
 // Running reports whether the process is up.
-func (s *MemcachedServer) Running() bool {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.cmd != nil
-}
+func (s *MemcachedServer) Running() bool { return s.proc.running() }
 
 // Stats returns the server's "stats" (curr_items, pid, ...) read on a fresh
 // connection (TLS when the server uses it).
@@ -258,16 +196,4 @@ func memcachedStats(ctx context.Context, addr string, tlsConf *tls.Config) (map[
 		}
 		stats[f[1]] = f[2]
 	}
-}
-
-// fileTail returns the end of a log file, for error messages.
-func fileTail(path string) string {
-	data, err := os.ReadFile(path)
-	if err != nil {
-		return ""
-	}
-	if len(data) > 2000 {
-		data = data[len(data)-2000:]
-	}
-	return fmt.Sprintf("--- %s\n%s", filepath.Base(path), data)
 }

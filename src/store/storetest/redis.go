@@ -13,8 +13,6 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
-	"syscall"
 	"testing"
 	"time"
 )
@@ -22,9 +20,6 @@ import (
 // redisInstall is appended to every "binary not found" error: a missing
 // server is a test failure that says how to fix it, never a skip.
 const redisInstall = "install it with `apt-get install -y redis-server` (Debian/Ubuntu; also provides Sentinel) or `brew install redis` (macOS)"
-
-// redisReadyTimeout bounds how long a launcher waits for a process to answer PING.
-const redisReadyTimeout = 15 * time.Second
 
 // RedisOptions configures one redis-server process. The zero value is a plain
 // server without authentication or TLS.
@@ -57,11 +52,7 @@ type RedisServer struct {
 	opts     RedisOptions
 	conf     string
 	sentinel bool
-
-	// mu guards cmd and done.
-	mu   sync.Mutex
-	cmd  *exec.Cmd
-	done chan struct{}
+	proc     proc
 }
 
 // StartRedis starts a redis-server for the test and stops it in t.Cleanup.
@@ -139,14 +130,7 @@ func launchRedisProcess(p redisProcess) (*RedisServer, error) {
 	if p.sentinel {
 		name, writeConf = "sentinel", writeSentinelConf
 	}
-	var lastErr error
-	// A free port can be taken by another process between our probe and
-	// redis-server's bind; try a few fresh ports before giving up.
-	for range 3 {
-		port, err := redisFreePort()
-		if err != nil {
-			return nil, err
-		}
+	return launchOnFreePort(func(port int) (*RedisServer, error) {
 		s := &RedisServer{
 			Addr:     net.JoinHostPort("127.0.0.1", strconv.Itoa(port)),
 			Dir:      p.dir,
@@ -158,11 +142,8 @@ func launchRedisProcess(p redisProcess) (*RedisServer, error) {
 		if err := writeConf(s.conf, p.dir, port, p.lines(port)); err != nil {
 			return nil, err
 		}
-		if lastErr = s.Start(); lastErr == nil {
-			return s, nil
-		}
-	}
-	return nil, lastErr
+		return s, nil
+	}, (*RedisServer).Start)
 }
 
 func redisAuthLines(opts RedisOptions) []string {
@@ -199,88 +180,43 @@ func writeRedisConf(path, dir string, port int, extra []string) error {
 // Start starts the process again after Stop, on the same port and with the
 // same configuration, and waits until it answers. Data is not kept.
 func (s *RedisServer) Start() error {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.cmd != nil {
-		return nil
-	}
 	args := []string{s.conf}
 	if s.sentinel {
 		args = append(args, "--sentinel")
 	}
-	cmd := exec.Command("redis-server", args...)
-	// Kill the server if the test binary dies without running its cleanups.
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	out, err := os.OpenFile(filepath.Join(s.Dir, "stdout-"+filepath.Base(s.conf)+".log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
-	if err != nil {
-		return fmt.Errorf("storetest: %w", err)
-	}
-	cmd.Stdout, cmd.Stderr = out, out
-	if err := cmd.Start(); err != nil {
-		_ = out.Close()
-		return fmt.Errorf("storetest: start redis-server: %w", err)
-	}
-	done := make(chan struct{})
-	go func() {
-		_ = cmd.Wait()
-		_ = out.Close()
-		close(done)
-	}()
-	s.cmd, s.done = cmd, done
-
-	ctx, cancel := context.WithTimeout(context.Background(), redisReadyTimeout)
-	defer cancel()
-	pid := strconv.Itoa(cmd.Process.Pid)
-	for {
-		// Ask for the process id, not just PING: another server that took
-		// the port first must not pass for ours.
-		info, err := s.Do(ctx, "INFO", "server")
-		if err == nil {
-			if got := redisInfoField(info, "process_id"); got == pid {
-				return nil
+	return s.proc.start(exec.Command("redis-server", args...), procSpec{
+		name:   "redis-server",
+		addr:   s.Addr,
+		output: filepath.Join(s.Dir, "stdout-"+filepath.Base(s.conf)+".log"),
+		ready: func(ctx context.Context, pid int) error {
+			// Ask for the process id, not just PING: another server that
+			// took the port first must not pass for ours.
+			info, err := s.Do(ctx, "INFO", "server")
+			if err != nil {
+				return err
 			}
-			err = fmt.Errorf("port %s answered by another process", s.Addr)
-		}
-		select {
-		case <-done:
-			s.cmd = nil
-			return fmt.Errorf("storetest: redis-server on %s exited at start: %v\n%s", s.Addr, err, s.logTail())
-		case <-ctx.Done():
-			s.killLocked()
-			return fmt.Errorf("storetest: redis-server on %s not ready after %v: %v\n%s", s.Addr, redisReadyTimeout, err, s.logTail())
-		case <-time.After(20 * time.Millisecond):
-		}
-	}
+			if redisInfoField(info, "process_id") != strconv.Itoa(pid) {
+				return fmt.Errorf("port %s answered by another process", s.Addr)
+			}
+			return nil
+		},
+		tail: s.logTail,
+	})
 }
 
 // Stop kills the process (SIGKILL, as a crash or a network cut would look to
 // clients) and waits for it to exit. The port and directory stay reserved for
 // Start.
 func (s *RedisServer) Stop() error {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	s.killLocked()
+	s.proc.stop()
 	return nil
-}
-
-func (s *RedisServer) killLocked() {
-	if s.cmd == nil {
-		return
-	}
-	_ = s.cmd.Process.Kill()
-	<-s.done
-	s.cmd, s.done = nil, nil
 }
 
 // Close stops the process for good. It is safe to call more than once.
 func (s *RedisServer) Close() error { return s.Stop() }
 
 // Running reports whether the process is up.
-func (s *RedisServer) Running() bool {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.cmd != nil
-}
+func (s *RedisServer) Running() bool { return s.proc.running() }
 
 // Port returns the server's TCP port.
 func (s *RedisServer) Port() int {
@@ -312,34 +248,9 @@ func (s *RedisServer) logTail() string {
 	var b strings.Builder
 	logs, _ := filepath.Glob(filepath.Join(s.Dir, "*.log"))
 	for _, l := range logs {
-		data, err := os.ReadFile(l)
-		if err != nil {
-			continue
-		}
-		if len(data) > 2000 {
-			data = data[len(data)-2000:]
-		}
-		fmt.Fprintf(&b, "--- %s\n%s", filepath.Base(l), data)
+		b.WriteString(fileTail(l))
 	}
 	return b.String()
-}
-
-// redisFreePort returns a TCP port that was free on 127.0.0.1 a moment ago.
-// Ports above 55535 are skipped so that port+10000 (Redis Cluster's default
-// bus offset) stays valid should anyone rely on it.
-func redisFreePort() (int, error) {
-	for range 20 {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			return 0, fmt.Errorf("storetest: free port: %w", err)
-		}
-		port := l.Addr().(*net.TCPAddr).Port
-		_ = l.Close()
-		if port <= 55535 {
-			return port, nil
-		}
-	}
-	return 0, errors.New("storetest: no free port below 55536")
 }
 
 // redisDo is a minimal RESP2 client, enough to probe readiness and to set up

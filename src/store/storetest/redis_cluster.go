@@ -50,7 +50,7 @@ func LaunchRedisCluster(dir string, opts RedisOptions) (c *RedisCluster, err err
 		if err := os.MkdirAll(nodeDir, 0o700); err != nil {
 			return nil, err
 		}
-		if buses[i], err = redisFreePort(); err != nil {
+		if buses[i], err = freePort(); err != nil {
 			return nil, err
 		}
 		o := opts

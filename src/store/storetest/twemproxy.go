@@ -10,9 +10,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"syscall"
 	"testing"
-	"time"
 )
 
 // Twemproxy is a nutcracker (twemproxy) process on a free 127.0.0.1 port,
@@ -23,8 +21,8 @@ type Twemproxy struct {
 	// Dir holds the configuration and the log.
 	Dir string
 
-	cmd  *exec.Cmd
-	done chan struct{}
+	statsPort int
+	proc      proc
 }
 
 // StartTwemproxy starts nutcracker in front of backends for the test and
@@ -45,23 +43,13 @@ func LaunchTwemproxy(dir string, backends []*RedisServer) (*Twemproxy, error) {
 	if len(backends) == 0 {
 		return nil, errors.New("storetest: twemproxy needs at least one Redis server")
 	}
-	var lastErr error
-	// As with redis-server: the ports can be taken between probe and bind.
-	for range 3 {
-		port, err := redisFreePort()
+	return launchOnFreePort(func(port int) (*Twemproxy, error) {
+		statsPort, err := freePort()
 		if err != nil {
 			return nil, err
 		}
-		statsPort, err := redisFreePort()
-		if err != nil {
-			return nil, err
-		}
-		p := &Twemproxy{Addr: net.JoinHostPort("127.0.0.1", strconv.Itoa(port)), Dir: dir}
-		if lastErr = p.start(bin, backends, statsPort); lastErr == nil {
-			return p, nil
-		}
-	}
-	return nil, lastErr
+		return &Twemproxy{Addr: net.JoinHostPort("127.0.0.1", strconv.Itoa(port)), Dir: dir, statsPort: statsPort}, nil
+	}, func(p *Twemproxy) error { return p.start(bin, backends) })
 }
 
 // nutcrackerPath finds the binary; Debian installs it in /usr/sbin, which
@@ -76,7 +64,7 @@ func nutcrackerPath() (string, error) {
 	return "", errors.New("storetest: nutcracker (twemproxy) not found: run `make servers` (apt-get install nutcracker; brew install twemproxy)")
 }
 
-func (p *Twemproxy) start(bin string, backends []*RedisServer, statsPort int) error {
+func (p *Twemproxy) start(bin string, backends []*RedisServer) error {
 	var conf strings.Builder
 	// One connection per backend (the default) keeps the order of a
 	// client's pipeline; timeout bounds a server that stopped answering.
@@ -85,49 +73,29 @@ func (p *Twemproxy) start(bin string, backends []*RedisServer, statsPort int) er
 	for i, b := range backends {
 		fmt.Fprintf(&conf, "   - %s:1 redis%d\n", b.Addr, i)
 	}
-	path := filepath.Join(p.Dir, fmt.Sprintf("twemproxy-%d.yml", statsPort))
+	path := filepath.Join(p.Dir, fmt.Sprintf("twemproxy-%d.yml", p.statsPort))
 	if err := os.WriteFile(path, []byte(conf.String()), 0o600); err != nil {
 		return fmt.Errorf("storetest: %w", err)
 	}
-	log := filepath.Join(p.Dir, fmt.Sprintf("twemproxy-%d.log", statsPort))
-	cmd := exec.Command(bin, "-c", path, "-a", "127.0.0.1", "-s", strconv.Itoa(statsPort), "-o", log)
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	if err := cmd.Start(); err != nil {
-		return fmt.Errorf("storetest: start nutcracker: %w", err)
-	}
-	done := make(chan struct{})
-	go func() {
-		_ = cmd.Wait()
-		close(done)
-	}()
-	p.cmd, p.done = cmd, done
-
-	ctx, cancel := context.WithTimeout(context.Background(), redisReadyTimeout)
-	defer cancel()
-	for {
-		reply, err := redisDo(ctx, p.Addr, nil, "", "", "PING")
-		if err == nil && reply == "PONG" {
-			return nil
-		}
-		select {
-		case <-done:
-			tail, _ := os.ReadFile(log)
-			return fmt.Errorf("storetest: nutcracker on %s exited at start: %v\n%s", p.Addr, err, tail)
-		case <-ctx.Done():
-			_ = p.Close()
-			return fmt.Errorf("storetest: nutcracker on %s not ready after %v: %v", p.Addr, redisReadyTimeout, err)
-		case <-time.After(20 * time.Millisecond):
-		}
-	}
+	// nutcracker writes its log itself (-o); its stdout is not kept.
+	log := filepath.Join(p.Dir, fmt.Sprintf("twemproxy-%d.log", p.statsPort))
+	cmd := exec.Command(bin, "-c", path, "-a", "127.0.0.1", "-s", strconv.Itoa(p.statsPort), "-o", log)
+	return p.proc.start(cmd, procSpec{
+		name: "nutcracker",
+		addr: p.Addr,
+		ready: func(ctx context.Context, _ int) error {
+			reply, err := redisDo(ctx, p.Addr, nil, "", "", "PING")
+			if err == nil && reply != "PONG" {
+				err = fmt.Errorf("PING answered with %v", reply)
+			}
+			return err
+		},
+		tail: func() string { return fileTail(log) },
+	})
 }
 
 // Close stops the proxy. It is safe to call more than once.
 func (p *Twemproxy) Close() error {
-	if p.cmd == nil {
-		return nil
-	}
-	_ = p.cmd.Process.Kill()
-	<-p.done
-	p.cmd = nil
+	p.proc.stop()
 	return nil
 }
