@@ -1,6 +1,6 @@
 // Command benchrun is the program behind `make bench`. It builds the service,
-// starts redis-server (single and a three-master cluster; memcached once the
-// service has that store) on free loopback ports, runs the service on each
+// starts redis-server (single and a three-master cluster) and memcached on
+// free loopback ports, runs the service on each
 // store, measures the standard scenarios of issue 5 with the in-process load
 // generator of cmd/ratelimit-bench, measures one Redis's capacity with
 // redis-benchmark, and writes a markdown table, a PNG plot and the measured
