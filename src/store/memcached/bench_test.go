@@ -64,7 +64,7 @@ func benchStore(b *testing.B, alg rules.Algorithm) {
 		sink.Add(admitted)
 	})
 	b.StopTimer()
-	cpu.report(b)
+	cpu.Report(b)
 	rt, ops := s.Counters()
 	if ops > 0 {
 		b.ReportMetric(float64(rt)/float64(ops), "roundtrips/op")
@@ -84,35 +84,10 @@ func benchStore(b *testing.B, alg rules.Algorithm) {
 	}
 }
 
-// cpuMeter measures the CPU time used during a benchmark by this process
-// and by the memcached server.
-type cpuMeter struct {
-	srv          *storetest.MemcachedServer
-	self, server time.Duration
-	ok           bool
-}
-
-func startCPU(b *testing.B, srv *storetest.MemcachedServer) *cpuMeter {
-	b.Helper()
-	m := &cpuMeter{srv: srv}
-	var okSelf, okServer bool
-	m.self, okSelf = processCPU()
-	m.server, okServer = memcachedCPU(b, srv)
-	m.ok = okSelf && okServer
-	return m
-}
-
-// report reports cpu-ns/op, the CPU of this process per op, and
-// memcached-cpu-ns/op, the server's.
-func (m *cpuMeter) report(b *testing.B) {
-	b.Helper()
-	self, okSelf := processCPU()
-	server, okServer := memcachedCPU(b, m.srv)
-	if !m.ok || !okSelf || !okServer || b.N == 0 {
-		return
-	}
-	b.ReportMetric(float64(self-m.self)/float64(b.N), "cpu-ns/op")
-	b.ReportMetric(float64(server-m.server)/float64(b.N), "memcached-cpu-ns/op")
+// startCPU starts measuring the CPU time used by this process and by
+// memcached; the meter reports the server's as memcached-cpu-ns/op.
+func startCPU(b *testing.B, srv *storetest.MemcachedServer) *storetest.CPUMeter {
+	return storetest.StartCPU(func() (time.Duration, bool) { return memcachedCPU(b, srv) }, "memcached-cpu-ns/op")
 }
 
 // memcachedCPU returns the CPU time memcached has used (stats rusage_*).

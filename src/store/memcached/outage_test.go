@@ -14,38 +14,6 @@ import (
 	"github.com/ratelimitd/ratelimit/src/store/storetest"
 )
 
-// waitFor polls cond every 10ms until it holds or d passes.
-func waitFor(t *testing.T, d time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(d)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: not within %v", what, d)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-}
-
-// checkGoroutines fails if, after Close, more goroutines run than before
-// the store was made (with a small tolerance for the runtime's own).
-func checkGoroutines(t *testing.T, before int) {
-	t.Helper()
-	const tolerance = 2
-	deadline := time.Now().Add(5 * time.Second)
-	for {
-		n := runtime.NumGoroutine()
-		if n <= before+tolerance {
-			return
-		}
-		if time.Now().After(deadline) {
-			buf := make([]byte, 1<<16)
-			buf = buf[:runtime.Stack(buf, true)]
-			t.Fatalf("goroutines: %d before the store, %d after Close\n%s", before, n, buf)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-}
-
 // hit sends one single-op batch of every algorithm and returns the first error.
 func hit(ctx context.Context, s *Store, key string) error {
 	for _, alg := range rules.Algorithms {
@@ -71,7 +39,7 @@ func TestOutage(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 5*time.Second, "healthy at start", s.Healthy)
+	storetest.WaitFor(t, 5*time.Second, "healthy at start", s.Healthy)
 	if err := s.WaitStarted(t.Context()); err != nil {
 		t.Fatal(err)
 	}
@@ -99,12 +67,12 @@ func TestOutage(t *testing.T) {
 			t.Fatalf("request %d while down: %v, want ErrUnavailable", i, err)
 		}
 	}
-	waitFor(t, 3*time.Second, "unhealthy while down", func() bool { return !s.Healthy() })
+	storetest.WaitFor(t, 3*time.Second, "unhealthy while down", func() bool { return !s.Healthy() })
 
 	if err := srv.Start(); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 5*time.Second, "healthy once back", s.Healthy)
+	storetest.WaitFor(t, 5*time.Second, "healthy once back", s.Healthy)
 	if err := hit(t.Context(), s, "outage_back"); err != nil {
 		t.Errorf("request once healthy again: %v", err)
 	}
@@ -118,7 +86,7 @@ func TestOutage(t *testing.T) {
 	if err := hit(t.Context(), s, "outage_closed"); !errors.Is(err, limiter.ErrUnavailable) {
 		t.Errorf("Do after Close: %v, want ErrUnavailable", err)
 	}
-	checkGoroutines(t, goroutines)
+	storetest.CheckGoroutines(t, goroutines)
 }
 
 // TestTimeout bounds a request to a server that accepts connections but

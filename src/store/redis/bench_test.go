@@ -57,7 +57,7 @@ func BenchmarkStore(b *testing.B) {
 				sink.Add(admitted)
 			})
 			b.StopTimer()
-			cpu.report(b)
+			cpu.Report(b)
 			reportDepth(b, s)
 			if sink.Load() != uint64(b.N) {
 				b.Errorf("%d of %d ops admitted", sink.Load(), b.N)
@@ -142,7 +142,7 @@ func benchOps(b *testing.B, srv *storetest.RedisServer, s *Store, alg rules.Algo
 		}
 	})
 	b.StopTimer()
-	cpu.report(b)
+	cpu.Report(b)
 	reportDepth(b, s)
 }
 
@@ -154,35 +154,10 @@ func reportDepth(b *testing.B, s *Store) {
 	}
 }
 
-// cpuMeter measures the CPU time used during a benchmark by this process
-// and by the Redis server.
-type cpuMeter struct {
-	srv          *storetest.RedisServer
-	self, server time.Duration
-	ok           bool
-}
-
-func startCPU(b *testing.B, srv *storetest.RedisServer) *cpuMeter {
-	b.Helper()
-	m := &cpuMeter{srv: srv}
-	var okSelf, okServer bool
-	m.self, okSelf = processCPU()
-	m.server, okServer = redisCPU(b, srv)
-	m.ok = okSelf && okServer
-	return m
-}
-
-// report reports cpu-ns/op, the CPU of this process (the callers and the
-// store) per op, and redis-cpu-ns/op, Redis's.
-func (m *cpuMeter) report(b *testing.B) {
-	b.Helper()
-	self, okSelf := processCPU()
-	server, okServer := redisCPU(b, m.srv)
-	if !m.ok || !okSelf || !okServer || b.N == 0 {
-		return
-	}
-	b.ReportMetric(float64(self-m.self)/float64(b.N), "cpu-ns/op")
-	b.ReportMetric(float64(server-m.server)/float64(b.N), "redis-cpu-ns/op")
+// startCPU starts measuring the CPU time used by this process and by
+// Redis; the meter reports the server's as redis-cpu-ns/op.
+func startCPU(b *testing.B, srv *storetest.RedisServer) *storetest.CPUMeter {
+	return storetest.StartCPU(func() (time.Duration, bool) { return redisCPU(b, srv) }, "redis-cpu-ns/op")
 }
 
 // redisCPU returns the CPU time redis-server has used (INFO cpu).

@@ -23,38 +23,6 @@ func hitOnce(ctx context.Context, s *Store, key string, alg rules.Algorithm) err
 	return s.Do(ctx, b)
 }
 
-// waitFor polls cond every 10ms until it holds or d passes.
-func waitFor(t *testing.T, d time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(d)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: not within %v", what, d)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-}
-
-// checkGoroutines fails if, after Close, more goroutines run than before
-// the store was made (with a small tolerance for the runtime's own).
-func checkGoroutines(t *testing.T, before int) {
-	t.Helper()
-	const tolerance = 2
-	deadline := time.Now().Add(5 * time.Second)
-	for {
-		n := runtime.NumGoroutine()
-		if n <= before+tolerance {
-			return
-		}
-		if time.Now().After(deadline) {
-			buf := make([]byte, 1<<16)
-			buf = buf[:runtime.Stack(buf, true)]
-			t.Fatalf("goroutines: %d before the store, %d after Close\n%s", before, n, buf)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-}
-
 // TestOutage stops redis-server under traffic and starts it again: requests
 // fail with ErrUnavailable only while it is down, within the timeout, health
 // follows (REDIS_HEALTH_CHECK_ACTIVE_CONNECTION), every request sent after
@@ -87,7 +55,7 @@ func TestOutage(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			waitFor(t, 5*time.Second, "healthy at start", s.Healthy)
+			storetest.WaitFor(t, 5*time.Second, "healthy at start", s.Healthy)
 
 			var (
 				mu       sync.Mutex
@@ -149,7 +117,7 @@ func TestOutage(t *testing.T) {
 			if err := srv.Stop(); err != nil {
 				t.Fatal(err)
 			}
-			waitFor(t, 3*time.Second, "unhealthy while down", func() bool { return !s.Healthy() })
+			storetest.WaitFor(t, 3*time.Second, "unhealthy while down", func() bool { return !s.Healthy() })
 			time.Sleep(500 * time.Millisecond)
 			if err := srv.Start(); err != nil {
 				t.Fatal(err)
@@ -157,7 +125,7 @@ func TestOutage(t *testing.T) {
 			mu.Lock()
 			down, upSince = false, time.Now()
 			mu.Unlock()
-			waitFor(t, 3*time.Second, "healthy again", s.Healthy)
+			storetest.WaitFor(t, 3*time.Second, "healthy again", s.Healthy)
 			time.Sleep(300 * time.Millisecond)
 			close(stop)
 			wg.Wait()
@@ -201,7 +169,7 @@ func TestOutage(t *testing.T) {
 			if err := hitOnce(t.Context(), s, "closed", rules.FixedWindow); !errors.Is(err, limiter.ErrUnavailable) {
 				t.Errorf("Do after Close = %v, want ErrUnavailable", err)
 			}
-			checkGoroutines(t, goroutines)
+			storetest.CheckGoroutines(t, goroutines)
 		})
 	}
 }

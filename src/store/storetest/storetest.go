@@ -2,8 +2,9 @@
 // (Run), and the launchers of the real servers it runs against (the redis*
 // files start redis-server, Sentinel and Cluster on free loopback ports). The
 // suite holds each store to the limiter's pure functions, so the memory store
-// and the Redis and Memcached scripts cannot drift apart. It knows nothing of
-// any store's internals.
+// and the Redis and Memcached scripts cannot drift apart. It also holds the
+// helpers the stores' own tests share (WaitFor, CheckGoroutines, CPUMeter).
+// It knows nothing of any store's internals.
 package storetest
 
 import (

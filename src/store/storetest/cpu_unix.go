@@ -1,14 +1,15 @@
 //go:build unix
 
-package memcached
+package storetest
 
 import (
 	"syscall"
 	"time"
 )
 
-// processCPU returns the CPU time (user and system) this process has used.
-func processCPU() (time.Duration, bool) {
+// ProcessCPU returns the CPU time (user and system) this process has used,
+// or false if it cannot be read.
+func ProcessCPU() (time.Duration, bool) {
 	var ru syscall.Rusage
 	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
 		return 0, false

@@ -1,0 +1,9 @@
+//go:build !unix
+
+package storetest
+
+import "time"
+
+// ProcessCPU returns false: the CPU time of this process is not measured
+// on this platform.
+func ProcessCPU() (time.Duration, bool) { return 0, false }

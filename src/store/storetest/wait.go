@@ -1,0 +1,43 @@
+package storetest
+
+import (
+	"runtime"
+	"testing"
+	"time"
+)
+
+// WaitFor polls cond every 10ms until it holds, and fails t if it does not
+// within d. what says what is awaited, for the failure message.
+func WaitFor(t testing.TB, d time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: not within %v", what, d)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// CheckGoroutines fails t if, after a store's Close, more goroutines run
+// than before the store was made (before, from runtime.NumGoroutine), with
+// a small tolerance for the runtime's own. It waits up to 5 s for them to
+// exit, and on failure prints every goroutine's stack. Tests that call it
+// must not run in parallel.
+func CheckGoroutines(t testing.TB, before int) {
+	t.Helper()
+	const tolerance = 2
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		n := runtime.NumGoroutine()
+		if n <= before+tolerance {
+			return
+		}
+		if time.Now().After(deadline) {
+			buf := make([]byte, 1<<16)
+			buf = buf[:runtime.Stack(buf, true)]
+			t.Fatalf("goroutines: %d before the store, %d after Close\n%s", before, n, buf)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
