@@ -53,8 +53,10 @@ func (s *Store) apply(ctx context.Context, op *limiter.Op, now time.Time, r *lim
 }
 
 // applyCount applies a fixed-window op: incr, and on a miss add, and on
-// add's "not stored" (another instance added it meanwhile) incr again.
-// Every hit is counted, admitted or not, as the anchor does.
+// add's "not stored" (another instance added it meanwhile) incr again. A
+// key this instance has not written in the current window (see written)
+// starts with add instead, so that the first hit of a window takes one
+// round trip. Every hit is counted, admitted or not, as the anchor does.
 func (s *Store) applyCount(ctx context.Context, key string, op *limiter.Op, now time.Time, r *limiter.Result) (undo, error) {
 	if op.Hits == 0 {
 		count, err := s.readCount(key)
@@ -64,27 +66,34 @@ func (s *Store) applyCount(ctx context.Context, key string, op *limiter.Op, now 
 		_, *r = limiter.FixedWindow(limiter.FixedWindowState{Count: count}, now, *op)
 		return undo{}, nil
 	}
+	sec, end := now.Unix(), limiter.FixedWindowEnd(now, op.Window).Unix()
+	incrFirst := s.written.has(key, sec)
 	for {
-		after, err := s.client.Increment(key, op.Hits)
-		if err == nil {
+		if incrFirst {
+			after, err := s.client.Increment(key, op.Hits)
+			if err == nil {
+				s.gotAnswer()
+				s.written.add(key, end, sec)
+				// after < Hits only if a concurrent undo's decr went to 0
+				// on a key re-created meanwhile; count from 0 then.
+				_, *r = limiter.FixedWindow(limiter.FixedWindowState{Count: after - min(after, op.Hits)}, now, *op)
+				return undo{op: op, key: key, now: now}, nil
+			}
+			if !errors.Is(err, memcache.ErrCacheMiss) {
+				return undo{}, s.fail(key, err)
+			}
 			s.gotAnswer()
-			// after < Hits only if a concurrent undo's decr went to 0 on
-			// a key re-created meanwhile; count from 0 then.
-			_, *r = limiter.FixedWindow(limiter.FixedWindowState{Count: after - min(after, op.Hits)}, now, *op)
-			return undo{op: op, key: key, now: now}, nil
 		}
-		if !errors.Is(err, memcache.ErrCacheMiss) {
-			return undo{}, s.fail(key, err)
-		}
-		s.gotAnswer()
+		incrFirst = true
 		item := &memcache.Item{
 			Key:        key,
 			Value:      strconv.AppendUint(make([]byte, 0, 20), op.Hits, 10),
 			Expiration: s.expiration(max(int64(op.Window/time.Second), 1)),
 		}
-		err = s.client.Add(item)
+		err := s.client.Add(item)
 		if err == nil {
 			s.gotAnswer()
+			s.written.add(key, end, sec)
 			_, *r = limiter.FixedWindow(limiter.FixedWindowState{}, now, *op)
 			return undo{op: op, key: key, now: now}, nil
 		}

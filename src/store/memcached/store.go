@@ -8,8 +8,10 @@
 // key with add (value = hits, expiration = window + jitter) when incr
 // misses, and incr again if another instance added it first. Each op is one
 // atomic incr, so concurrent instances never lose a hit (the anchor reads,
-// then increments in the background, and over-admits under load); the
-// common case is one round trip per op.
+// then increments in the background, and over-admits under load). A key
+// this instance has not written in its current window is tried with add
+// first (see written), so that the common case, first hits included, is
+// one round trip per op.
 //
 // The other algorithms keep their state (see the limiter's encoding.go) in
 // one item per key and update it optimistically: gets, the limiter's pure
@@ -78,6 +80,8 @@ const (
 type Store struct {
 	cfg     Config
 	servers *memcache.ServerList
+	// written guides the first command of a fixed-window hit (applyCount).
+	written *written
 	client  *memcache.Client
 	lookup  lookupSRVFunc
 	// srvAddrs is the server list last resolved from cfg.SRV; only New and
@@ -130,6 +134,7 @@ func newWithLookup(ctx context.Context, cfg Config, lookup lookupSRVFunc) (*Stor
 		servers:  new(memcache.ServerList),
 		lookup:   lookup,
 		answered: make(chan struct{}),
+		written:  newWritten(),
 	}
 	addrs := cfg.Addrs
 	if cfg.SRV != "" {
@@ -305,9 +310,9 @@ func (s *Store) Close() error {
 
 // Do applies the batch: see limiter.Store, and the package documentation
 // for AllOrNothing. Ops run one after the other; an op takes one round trip
-// in the common case (two for the first hit of a fixed window, and for the
-// other algorithms when they record). A zero b.Now is set to the current
-// time.
+// in the common case (two when another instance created a fixed-window key
+// this one has not written in the window yet, and for the other algorithms
+// when they record). A zero b.Now is set to the current time.
 //
 // The memcached client takes no context: ctx is checked before every round
 // trip, and a round trip under way is bounded by Config.Timeout, not by
