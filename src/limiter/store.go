@@ -91,6 +91,18 @@ type Batch struct {
 	AllOrNothing bool
 }
 
+// SizeResults makes b.Results exactly len(b.Ops) long, reusing its array
+// when it is large enough, and returns that length. Stores call it first in
+// Do.
+func (b *Batch) SizeResults() int {
+	n := len(b.Ops)
+	if cap(b.Results) < n {
+		b.Results = make([]Result, n)
+	}
+	b.Results = b.Results[:n]
+	return n
+}
+
 // Store keeps the state of every key and applies ops to it.
 //
 // Do applies every op of the batch and fills its Results. Each op is applied

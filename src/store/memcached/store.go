@@ -326,11 +326,7 @@ func (s *Store) Do(ctx context.Context, b *limiter.Batch) error {
 	if s.closed.Load() {
 		return unavailable(errClosed)
 	}
-	n := len(b.Ops)
-	if cap(b.Results) < n {
-		b.Results = make([]limiter.Result, n)
-	}
-	b.Results = b.Results[:n]
+	n := b.SizeResults()
 	if n == 0 {
 		return nil
 	}

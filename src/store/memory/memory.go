@@ -201,9 +201,7 @@ func (s *Store) Do(ctx context.Context, b *limiter.Batch) error {
 	if now.IsZero() {
 		now = s.now()
 	}
-	if len(b.Results) < len(b.Ops) {
-		b.Results = append(b.Results[:0], make([]limiter.Result, len(b.Ops))...)
-	}
+	b.SizeResults()
 	if b.AllOrNothing {
 		return s.doAll(now, b)
 	}

@@ -326,11 +326,7 @@ func (s *Store) Do(ctx context.Context, b *limiter.Batch) error {
 	if err := ctx.Err(); err != nil {
 		return unavailable(s.main.name, err)
 	}
-	n := len(b.Ops)
-	if cap(b.Results) < n {
-		b.Results = make([]limiter.Result, n)
-	}
-	b.Results = b.Results[:n]
+	n := b.SizeResults()
 	if n == 0 {
 		return nil
 	}

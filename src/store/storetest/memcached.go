@@ -1,7 +1,6 @@
 package storetest
 
 import (
-	"bufio"
 	"context"
 	"crypto/tls"
 	"errors"
@@ -13,7 +12,6 @@ import (
 	"strconv"
 	"strings"
 	"testing"
-	"time"
 )
 
 // memcachedInstall is the "binary not found" advice: a missing server is a
@@ -148,25 +146,11 @@ func (s *MemcachedServer) Stats(ctx context.Context) (map[string]string, error) 
 // memcachedStats checks that addr answers "version" with VERSION, then
 // returns its "stats".
 func memcachedStats(ctx context.Context, addr string, tlsConf *tls.Config) (map[string]string, error) {
-	d := net.Dialer{Timeout: time.Second}
-	var conn net.Conn
-	var err error
-	if tlsConf != nil {
-		td := tls.Dialer{NetDialer: &d, Config: tlsConf}
-		conn, err = td.DialContext(ctx, "tcp", addr)
-	} else {
-		conn, err = d.DialContext(ctx, "tcp", addr)
-	}
+	conn, rd, err := dialProbe(ctx, addr, tlsConf)
 	if err != nil {
 		return nil, err
 	}
 	defer conn.Close()
-	deadline := time.Now().Add(5 * time.Second)
-	if dl, ok := ctx.Deadline(); ok && dl.Before(deadline) {
-		deadline = dl
-	}
-	_ = conn.SetDeadline(deadline)
-	rd := bufio.NewReader(conn)
 	if _, err := conn.Write([]byte("version\r\n")); err != nil {
 		return nil, err
 	}

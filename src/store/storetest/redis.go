@@ -253,9 +253,10 @@ func (s *RedisServer) logTail() string {
 	return b.String()
 }
 
-// redisDo is a minimal RESP2 client, enough to probe readiness and to set up
-// Sentinel and Cluster without depending on the client under test.
-func redisDo(ctx context.Context, addr string, tlsConf *tls.Config, user, password string, args ...string) (any, error) {
+// dialProbe opens a connection for a one-off probe or setup command: TLS
+// when tlsConf is set, dialling within a second, and every read and write
+// bounded by 5 s or ctx's deadline, whichever comes first.
+func dialProbe(ctx context.Context, addr string, tlsConf *tls.Config) (net.Conn, *bufio.Reader, error) {
 	d := net.Dialer{Timeout: time.Second}
 	var conn net.Conn
 	var err error
@@ -266,15 +267,24 @@ func redisDo(ctx context.Context, addr string, tlsConf *tls.Config, user, passwo
 		conn, err = d.DialContext(ctx, "tcp", addr)
 	}
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	defer conn.Close()
 	deadline := time.Now().Add(5 * time.Second)
 	if dl, ok := ctx.Deadline(); ok && dl.Before(deadline) {
 		deadline = dl
 	}
 	_ = conn.SetDeadline(deadline)
-	rd := bufio.NewReader(conn)
+	return conn, bufio.NewReader(conn), nil
+}
+
+// redisDo is a minimal RESP2 client, enough to probe readiness and to set up
+// Sentinel and Cluster without depending on the client under test.
+func redisDo(ctx context.Context, addr string, tlsConf *tls.Config, user, password string, args ...string) (any, error) {
+	conn, rd, err := dialProbe(ctx, addr, tlsConf)
+	if err != nil {
+		return nil, err
+	}
+	defer conn.Close()
 	if password != "" {
 		auth := []string{"AUTH", password}
 		if user != "" {
