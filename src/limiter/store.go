@@ -13,6 +13,26 @@ import (
 // code Unavailable; Envoy's failure_mode_deny then decides what traffic sees.
 var ErrUnavailable = errors.New("store unavailable")
 
+// ErrOverloaded is wrapped by a store error that means the store shed the op
+// at once because its own bound was reached (a full request queue, every
+// connection slot taken until the request's deadline). It is not an outage:
+// the store stays healthy. The service maps it to the gRPC code
+// ResourceExhausted and counts it as load shed.
+var ErrOverloaded = errors.New("store overloaded")
+
+// ErrData is wrapped by a store error that the backend raised because of
+// the data of the op or of its key (a key of another type, a value that is
+// not a counter), not because it cannot serve. It is never an outage: the
+// store stays healthy, the error never wraps ErrUnavailable, and the
+// service answers codes.Internal for that request only.
+var ErrData = errors.New("store refused the data")
+
+// MaxHits is the largest Op.Hits the service sends: 2^32-1, the largest
+// hits_addend a request may carry. Every store counts exactly up to its own
+// range and saturates beyond it, so no sum of ops can wrap or reset a
+// count, even if this bound is raised one day.
+const MaxHits = 1<<32 - 1
+
 // Op is one descriptor's hit on one key of a store.
 type Op struct {
 	// Key is the full cache key (see CacheKey). For fixed windows it ends
@@ -30,6 +50,7 @@ type Op struct {
 	// number of seconds.
 	Window time.Duration
 	// Hits is the number of units this op consumes; 0 only reads the state.
+	// It is at most MaxHits.
 	Hits uint64
 	// PerSecond is true for rules whose unit is second (REDIS_PERSECOND routing).
 	PerSecond bool
@@ -110,9 +131,12 @@ func (b *Batch) SizeResults() int {
 // double-count a hit, and no op is split into a read and a later write.
 // Stores are safe for concurrent use. Do checks ctx before it starts and
 // returns an error wrapping ErrUnavailable when the backend cannot be
-// reached, cannot answer within ctx's deadline, or cannot take a new key
-// (a full memory store); then no result is meaningful, and ops before the
-// failing one may have been recorded unless the batch is AllOrNothing.
+// reached or cannot answer within ctx's deadline, ErrOverloaded when the
+// store shed the batch at its own bound, and ErrData when the backend
+// refused an op for its data; then no result is meaningful, and ops before
+// the failing one may have been recorded unless the batch is AllOrNothing.
+// Counts saturate: a count that would pass the store's range stays at its
+// largest value (over any limit) instead of wrapping or failing.
 //
 // Do must not keep b, its slices or its strings' backing memory after it
 // returns: the limiter reuses the batch for the next request.

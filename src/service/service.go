@@ -87,6 +87,7 @@ type Service struct {
 
 	storeErrors   *stats.Counter
 	serviceErrors *stats.Counter
+	loadShed      *stats.Counter
 	globalShadow  *stats.Counter
 	totalRequests *stats.Counter
 }
@@ -115,6 +116,7 @@ func New(l *limiter.Limiter, reg *stats.Registry, cfg Config) *Service {
 		stats:         reg,
 		storeErrors:   reg.Counter("ratelimit.service.call.should_rate_limit.redis_error"),
 		serviceErrors: reg.Counter("ratelimit.service.call.should_rate_limit.service_error"),
+		loadShed:      reg.Counter("ratelimit.service.call.should_rate_limit.load_shed"),
 		globalShadow:  reg.Counter("ratelimit.service.global_shadow_mode"),
 		totalRequests: reg.Counter("ratelimit_server.ShouldRateLimit.total_requests"),
 	}
@@ -207,6 +209,9 @@ func (s *Service) toStatus(err error) error {
 		return status.Error(codes.DeadlineExceeded, err.Error())
 	case errors.Is(err, context.Canceled):
 		return status.Error(codes.Canceled, err.Error())
+	case errors.Is(err, limiter.ErrOverloaded):
+		s.loadShed.Inc()
+		return status.Error(codes.ResourceExhausted, err.Error())
 	case errors.Is(err, limiter.ErrUnavailable):
 		s.storeErrors.Inc()
 		s.cfg.Log.Warn("store unavailable", "err", err)
