@@ -33,6 +33,9 @@ type Match struct {
 	// asks for it with detailed_metric or value_to_metric, built exactly as
 	// envoyproxy/ratelimit builds it.
 	StatKey string
+	// StatLevels are StatKey's levels after the domain when StatKey holds
+	// request values; nil when StatKey is Limit.FullKey (see Limit.Levels).
+	StatLevels []string
 	// KeyEntries are the entries to build the cache key from. Nil means the
 	// request's own entries. They differ when share_threshold makes every
 	// value that matches a wildcard share one counter: the wildcard pattern
@@ -244,32 +247,34 @@ func (c *Config) matchDetailed(domain string, entries []Entry, limit *Limit) Mat
 		cur = next
 	}
 
-	var b strings.Builder
-	b.WriteString(domain)
+	levels := make([]string, len(entries))
 	for i, e := range entries {
-		b.WriteByte('.')
-		b.WriteString(e.Key)
 		switch {
 		case limit.DetailedMetric && shared && share[i] != "":
-			b.WriteByte('_')
-			b.WriteString(share[i])
+			levels[i] = e.Key + "_" + share[i]
 		case limit.DetailedMetric && shared:
+			levels[i] = e.Key
 			if e.Value != "" {
-				b.WriteByte('_')
-				b.WriteString(e.Value)
+				levels[i] += "_" + e.Value
 			}
 		case limit.DetailedMetric:
 			// envoyproxy/ratelimit writes "key_" for an empty value here.
-			b.WriteByte('_')
-			b.WriteString(e.Value)
+			levels[i] = e.Key + "_" + e.Value
 		case values[i] != "":
-			b.WriteByte('_')
-			b.WriteString(values[i])
+			levels[i] = e.Key + "_" + values[i]
+		default:
+			levels[i] = e.Key
 		}
 	}
-	m := Match{Limit: limit, StatKey: b.String()}
+	var b strings.Builder
+	b.WriteString(domain)
+	for _, l := range levels {
+		b.WriteByte('.')
+		b.WriteString(l)
+	}
+	m := Match{Limit: limit, StatKey: b.String(), StatLevels: levels}
 	if m.StatKey == limit.FullKey {
-		m.StatKey = limit.FullKey
+		m.StatKey, m.StatLevels = limit.FullKey, nil
 	}
 	if shared {
 		m.KeyEntries = make([]Entry, len(entries))

@@ -7,6 +7,7 @@ import (
 	"io"
 	"math"
 	"regexp"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -97,6 +98,7 @@ type domainState struct {
 type fileParser struct {
 	b       *builder
 	name    string
+	domain  string // of the file, once read
 	aliases int
 	aborted bool
 }
@@ -227,8 +229,9 @@ func (p *fileParser) parse(data []byte) {
 		// Still check the descriptors, on a tree of their own.
 		d = &domainState{root: newNode(domain, "")}
 	}
+	p.domain = domain
 	if f, ok := fs["descriptors"]; ok {
-		p.descriptors(f.val, d.root, domain)
+		p.descriptors(f.val, d.root, domain, nil)
 	}
 }
 
@@ -405,7 +408,7 @@ func (p *fileParser) uint32Field(f field, what string) (uint32, bool) {
 	return n, true
 }
 
-func (p *fileParser) descriptors(seq *yaml.Node, parent *node, parentKey string) {
+func (p *fileParser) descriptors(seq *yaml.Node, parent *node, parentKey string, levels []string) {
 	seq = p.deref(seq)
 	if seq == nil || isNull(seq) || p.aborted {
 		return
@@ -424,11 +427,11 @@ func (p *fileParser) descriptors(seq *yaml.Node, parent *node, parentKey string)
 				i+1, parentKey, describe(item))
 			continue
 		}
-		p.descriptor(item, i+1, parent, parentKey)
+		p.descriptor(item, i+1, parent, parentKey, levels)
 	}
 }
 
-func (p *fileParser) descriptor(item *yaml.Node, index int, parent *node, parentKey string) {
+func (p *fileParser) descriptor(item *yaml.Node, index int, parent *node, parentKey string, levels []string) {
 	pairs := p.pairs(item)
 	// The key and value name the descriptor in every other message, so
 	// read them before checking the rest.
@@ -440,6 +443,7 @@ func (p *fileParser) descriptor(item *yaml.Node, index int, parent *node, parent
 		composite += "_" + value
 	}
 	fullKey := parentKey + "." + composite
+	levels = append(slices.Clip(levels), composite)
 	where := fmt.Sprintf("descriptor %q", fullKey)
 	if key == "" {
 		where = fmt.Sprintf("descriptor %d of %q", index, parentKey)
@@ -472,6 +476,9 @@ func (p *fileParser) descriptor(item *yaml.Node, index int, parent *node, parent
 	}
 	if f, ok := fs["rate_limit"]; ok {
 		n.limit = p.rateLimit(f, where, fullKey, n.source, flags)
+		if n.limit != nil {
+			n.limit.Domain, n.limit.Levels = p.domain, levels
+		}
 	}
 	if f, ok := fs["metadata"]; ok {
 		md := p.metadata(f.val, where+": metadata")
@@ -488,7 +495,7 @@ func (p *fileParser) descriptor(item *yaml.Node, index int, parent *node, parent
 		}
 	}
 	if f, ok := fs["descriptors"]; ok {
-		p.descriptors(f.val, n, fullKey)
+		p.descriptors(f.val, n, fullKey, levels)
 	}
 }
 

@@ -194,22 +194,22 @@ func TestParseFields(t *testing.T) {
 		want Limit
 	}{
 		{"backend", Limit{
-			FullKey: "modes.backend_primary", Source: "modes.yaml:4", RequestsPerUnit: 1000, Unit: Minute,
+			FullKey: "modes.backend_primary", Domain: "modes", Levels: []string{"backend_primary"}, Source: "modes.yaml:4", RequestsPerUnit: 1000, Unit: Minute,
 			UnitMultiplier: 1, Name: "primary_quota", QuotaMode: true,
 			Metadata: map[string]any{"service_with_quota": map[string]any{
 				"name": "primary", "weight": int64(3), "ratio": 0.5, "tags": []any{"a", "b"}, "enabled": true,
 			}},
 		}},
 		{"api_key", Limit{
-			FullKey: "modes.api_key", Source: "modes.yaml:18", RequestsPerUnit: 20, Unit: Second,
+			FullKey: "modes.api_key", Domain: "modes", Levels: []string{"api_key"}, Source: "modes.yaml:18", RequestsPerUnit: 20, Unit: Second,
 			UnitMultiplier: 1, Algorithm: TokenBucket, Burst: 40,
 		}},
 		{"user", Limit{
-			FullKey: "modes.user", Source: "modes.yaml:24", RequestsPerUnit: 100, Unit: Minute,
+			FullKey: "modes.user", Domain: "modes", Levels: []string{"user"}, Source: "modes.yaml:24", RequestsPerUnit: 100, Unit: Minute,
 			UnitMultiplier: 5, Algorithm: SlidingWindow,
 		}},
 		{"login", Limit{
-			FullKey: "modes.login", Source: "modes.yaml:30", RequestsPerUnit: 10, Unit: Hour,
+			FullKey: "modes.login", Domain: "modes", Levels: []string{"login"}, Source: "modes.yaml:30", RequestsPerUnit: 10, Unit: Hour,
 			UnitMultiplier: 1, Algorithm: SlidingLog,
 		}},
 	}

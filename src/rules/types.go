@@ -129,6 +129,12 @@ type Entry struct {
 type Limit struct {
 	// FullKey is the statistics key: "domain.key_value.key2", as envoyproxy/ratelimit builds it.
 	FullKey string
+	// Domain and Levels are FullKey's parts: the domain and the composite
+	// key ("key" or "key_value") of each level of the rule's chain. They
+	// name the rule's statistics without parsing FullKey, whose parts may
+	// hold dots themselves. Empty for overrides.
+	Domain string
+	Levels []string
 	// Source is "file:line" of the rule, for error messages; empty for overrides.
 	Source string
 

@@ -90,6 +90,11 @@ func memcacheConfig(set *settings.Settings) (memcached.Config, error) {
 		MaxIdleConns:        set.MemcacheMaxIdleConns,
 		ExpirationJitterMax: time.Duration(set.ExpirationJitterMaxSeconds) * time.Second,
 	}
+	// The memcached client takes no context: its own round-trip timeout
+	// must fit in the request budget (gomemcache's default is 500ms).
+	if t := set.RequestTimeout; t > 0 && t < 500*time.Millisecond {
+		cfg.Timeout = t
+	}
 	for _, a := range set.MemcacheHostPort {
 		if a = strings.TrimSpace(a); a != "" {
 			cfg.Addrs = append(cfg.Addrs, a)
@@ -162,6 +167,16 @@ func redisConfig(set *settings.Settings) (redis.Config, error) {
 		}
 	}
 	return cfg, nil
+}
+
+// budget is the request budget the service gives this store: REQUEST_TIMEOUT
+// for the stores that wait on the network, none for the memory store, which
+// never waits for I/O (so a request pays for no timer).
+func (b *backend) budget(requestTimeout time.Duration) time.Duration {
+	if b.timeout == 0 {
+		return 0
+	}
+	return requestTimeout
 }
 
 // watchHealth reports the store's health until ctx is done.

@@ -101,8 +101,11 @@ func New(ctx context.Context, set *settings.Settings, log *slog.Logger) (*Server
 			Remaining: set.LimitRemainingHeader,
 			Reset:     set.LimitResetHeader,
 		},
-		DynamicMetadata: set.ResponseDynamicMetadata,
-		Log:             log,
+		DynamicMetadata:    set.ResponseDynamicMetadata,
+		Timeout:            b.budget(set.RequestTimeout),
+		MaxConcurrent:      set.MaxConcurrentRequests,
+		MaxDynamicStatKeys: set.StatsMaxDynamicKeys,
+		Log:                log,
 	})
 
 	if err := s.watchRules(); err != nil {
@@ -196,7 +199,10 @@ func (s *Server) listen() error {
 		s.promSrv = &http.Server{Handler: pmux, ReadHeaderTimeout: 10 * time.Second}
 	}
 
-	s.grpc = grpc.NewServer(grpcOptions(s.set, s.recoverUnary)...)
+	opts := append(grpcOptions(s.set, s.recoverUnary),
+		grpc.InTapHandle(s.svc.Tap),
+		grpc.ForceServerCodecV2(service.Codec()))
+	s.grpc = grpc.NewServer(opts...)
 	rlsv3.RegisterRateLimitServiceServer(s.grpc, s.svc)
 	healthpb.RegisterHealthServer(s.grpc, s.health.grpc)
 	reflection.Register(s.grpc)

@@ -2,42 +2,111 @@ package service
 
 import (
 	"strconv"
+	"strings"
 
 	"github.com/ratelimitd/ratelimit/src/limiter"
+	"github.com/ratelimitd/ratelimit/src/rules"
 	"github.com/ratelimitd/ratelimit/src/stats"
 )
 
-// ruleCounters are one rule's statistics, named as envoyproxy/ratelimit
-// names them: ratelimit.service.rate_limit.<stat key>.<counter>.
+// ruleCounters are one statistics key's counters, named as
+// envoyproxy/ratelimit names them: ratelimit.service.rate_limit.<key>.<counter>.
 type ruleCounters struct {
 	totalHits, overLimit, nearLimit, withinLimit, shadowMode, overLimitWithLocalCache *stats.Counter
 }
 
-func (s *Service) counters(key string) *ruleCounters {
-	if c, ok := s.ruleStats.Load(key); ok {
-		return c.(*ruleCounters)
-	}
-	prefix := "ratelimit.service.rate_limit." + key + "."
-	c := &ruleCounters{
-		totalHits:               s.stats.Counter(prefix + "total_hits"),
-		overLimit:               s.stats.Counter(prefix + "over_limit"),
-		nearLimit:               s.stats.Counter(prefix + "near_limit"),
-		withinLimit:             s.stats.Counter(prefix + "within_limit"),
-		shadowMode:              s.stats.Counter(prefix + "shadow_mode"),
-		overLimitWithLocalCache: s.stats.Counter(prefix + "over_limit_with_local_cache"),
-	}
-	actual, _ := s.ruleStats.LoadOrStore(key, c)
-	return actual.(*ruleCounters)
-}
-
-func (s *Service) count(key string, n *limiter.Counts) {
-	c := s.counters(key)
+func (c *ruleCounters) add(n *limiter.Counts) {
 	c.totalHits.Add(n.TotalHits)
 	c.overLimit.Add(n.OverLimit)
 	c.nearLimit.Add(n.NearLimit)
 	c.withinLimit.Add(n.WithinLimit)
 	c.shadowMode.Add(n.ShadowMode)
 	c.overLimitWithLocalCache.Add(n.OverLimitWithLocalCache)
+}
+
+// defaultMaxDynamicStatKeys is Config.MaxDynamicStatKeys's default.
+const defaultMaxDynamicStatKeys = 1000
+
+// overflowLevel names the statistics key under which a domain counts the
+// hits of request-made keys past Config.MaxDynamicStatKeys.
+const overflowLevel = "_overflow"
+
+// matchCounters returns the counters of a matched rule. A rule's own key
+// comes from the rules, so there are as many as there are rules; a key
+// holding request values (detailed_metric, value_to_metric) is bounded by
+// Config.MaxDynamicStatKeys.
+func (s *Service) matchCounters(m *rules.Match) *ruleCounters {
+	if c, ok := s.ruleStats.Load(m.StatKey); ok {
+		return c.(*ruleCounters)
+	}
+	if m.StatLevels == nil {
+		c, _ := s.newCounters(m.StatKey, m.Limit.Domain, m.Limit.Levels)
+		return c
+	}
+	return s.dynamicCounters(m.StatKey, m.Limit.Domain, m.StatLevels)
+}
+
+// overrideCounters returns the counters of a descriptor that carries its
+// own limit: one key per key path ("domain.key1.key2"), never per value,
+// so that the values a client invents create no statistics; the key paths
+// themselves are the client's too, so they are bounded as request values
+// are.
+func (s *Service) overrideCounters(domain string, entries []rules.Entry) *ruleCounters {
+	n := len(domain)
+	for _, e := range entries {
+		n += 1 + len(e.Key)
+	}
+	var b strings.Builder
+	b.Grow(n)
+	b.WriteString(domain)
+	for _, e := range entries {
+		b.WriteByte('.')
+		b.WriteString(e.Key)
+	}
+	key := b.String()
+	if c, ok := s.ruleStats.Load(key); ok {
+		return c.(*ruleCounters)
+	}
+	levels := make([]string, len(entries))
+	for i, e := range entries {
+		levels[i] = e.Key
+	}
+	return s.dynamicCounters(key, domain, levels)
+}
+
+// dynamicCounters returns the counters of a key made from request data,
+// creating them while fewer than Config.MaxDynamicStatKeys such keys exist,
+// and the domain's overflow counters afterwards.
+func (s *Service) dynamicCounters(key, domain string, levels []string) *ruleCounters {
+	if s.dynamicKeys.Add(1) > int64(s.cfg.MaxDynamicStatKeys) {
+		s.dynamicKeys.Add(-1)
+		s.statKeysOverflow.Inc()
+		okey := domain + "." + overflowLevel
+		if c, ok := s.ruleStats.Load(okey); ok {
+			return c.(*ruleCounters)
+		}
+		c, _ := s.newCounters(okey, domain, []string{overflowLevel})
+		return c
+	}
+	c, created := s.newCounters(key, domain, levels)
+	if !created {
+		s.dynamicKeys.Add(-1) // another request made it first
+	}
+	return c
+}
+
+// newCounters returns the counters of key, registering them on first use.
+func (s *Service) newCounters(key, domain string, levels []string) (c *ruleCounters, created bool) {
+	c = &ruleCounters{
+		totalHits:               s.stats.RuleCounter(domain, levels, "total_hits"),
+		overLimit:               s.stats.RuleCounter(domain, levels, "over_limit"),
+		nearLimit:               s.stats.RuleCounter(domain, levels, "near_limit"),
+		withinLimit:             s.stats.RuleCounter(domain, levels, "within_limit"),
+		shadowMode:              s.stats.RuleCounter(domain, levels, "shadow_mode"),
+		overLimitWithLocalCache: s.stats.RuleCounter(domain, levels, "over_limit_with_local_cache"),
+	}
+	actual, loaded := s.ruleStats.LoadOrStore(key, c)
+	return actual.(*ruleCounters), !loaded
 }
 
 func formatUint(v uint64) string { return strconv.FormatUint(v, 10) }

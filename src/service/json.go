@@ -16,12 +16,20 @@ const maxJSONBody = 1 << 20
 // ServeJSON is the HTTP form of ShouldRateLimit (POST /json): the body is a
 // RateLimitRequest in protobuf's JSON mapping, the answer a RateLimitResponse.
 // As in envoyproxy/ratelimit the status is 200 for OK and 429 for
-// OVER_LIMIT; a bad request is 400, an unavailable store 503, anything else 500.
+// OVER_LIMIT; a bad request is 400, an unavailable store or a request shed
+// for load (Config.MaxConcurrent, counted as load_shed) 503, anything else 500.
 func (s *Service) ServeJSON(w http.ResponseWriter, r *http.Request) {
 	if r.Method != http.MethodPost {
 		w.Header().Set("Allow", http.MethodPost)
 		http.Error(w, "use POST", http.StatusMethodNotAllowed)
 		return
+	}
+	if s.cfg.MaxConcurrent > 0 {
+		if !s.acquire() {
+			http.Error(w, status.Convert(s.shed()).Message(), http.StatusServiceUnavailable)
+			return
+		}
+		defer s.release()
 	}
 	body, err := io.ReadAll(io.LimitReader(r.Body, maxJSONBody+1))
 	if err != nil {
@@ -44,7 +52,7 @@ func (s *Service) ServeJSON(w http.ResponseWriter, r *http.Request) {
 		switch st.Code() {
 		case codes.InvalidArgument:
 			code = http.StatusBadRequest
-		case codes.Unavailable, codes.DeadlineExceeded:
+		case codes.Unavailable, codes.DeadlineExceeded, codes.ResourceExhausted:
 			code = http.StatusServiceUnavailable
 		}
 		http.Error(w, st.Message(), code)

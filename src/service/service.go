@@ -28,14 +28,25 @@ import (
 	"github.com/ratelimitd/ratelimit/src/stats"
 )
 
-// Request size limits. Envoy sends a handful of descriptors of a few entries;
-// these bounds only stop absurd or hostile requests before they cost memory.
+// Request bounds. Envoy sends a handful of descriptors of a few entries;
+// these bounds stop absurd or hostile requests before they cost memory or
+// reach a store. A request past one is refused with InvalidArgument and the
+// reason (the README's "Limits and hostile input" lists them).
 const (
 	MaxDomainLen          = 256
 	MaxDescriptors        = 256
 	MaxEntriesPerDescribe = 64
 	MaxKeyLen             = 256
 	MaxValueLen           = 4096
+	// MaxHitsAddend is the largest hits_addend of a descriptor (the
+	// request's own is a uint32 in the proto): every store counts that
+	// exactly, and a larger value could wrap a store's counter.
+	MaxHitsAddend = limiter.MaxHits
+	// MaxOverrideWindow is the longest window a per-request limit
+	// override may ask for: one YEAR (365 days), the longest unit. Longer
+	// windows (YEAR × 4294967295 is centuries) would make state that never
+	// expires.
+	MaxOverrideWindow = 365 * 24 * time.Hour
 )
 
 // ErrNoRules is returned while no valid rules have been loaded
@@ -62,9 +73,19 @@ type Config struct {
 	// DynamicMetadata adds the request summary to dynamic_metadata
 	// (RESPONSE_DYNAMIC_METADATA).
 	DynamicMetadata bool
-	// Timeout is the backend budget of one request; 0 means only the
-	// caller's deadline applies.
+	// Timeout is the backend budget of one request (REQUEST_TIMEOUT): the
+	// store's work ends by the caller's deadline or after Timeout, whichever
+	// comes first. 0 means only the caller's deadline applies.
 	Timeout time.Duration
+	// MaxConcurrent bounds the decisions in flight, gRPC and /json together
+	// (MAX_CONCURRENT_REQUESTS); a request beyond it is refused at once with
+	// ResourceExhausted and counted as load_shed. 0 means no bound.
+	MaxConcurrent int
+	// MaxDynamicStatKeys bounds the statistics keys made from request data
+	// (detailed_metric, value_to_metric, limit overrides:
+	// STATS_MAX_DYNAMIC_KEYS). Past it, their hits count under the domain's
+	// overflow key. 0 means 1000.
+	MaxDynamicStatKeys int
 	// Now is the clock; nil means time.Now.
 	Now func() time.Time
 	// Log receives errors worth an operator's attention; nil discards them.
@@ -81,15 +102,20 @@ type Service struct {
 	rules   atomic.Pointer[rules.Config]
 	stats   *stats.Registry
 
-	ruleStats   sync.Map // stat key -> *ruleCounters
-	protoLimits sync.Map // *rules.Limit -> *rlsv3.RateLimitResponse_RateLimit
+	ruleStats   sync.Map     // stat key -> *ruleCounters
+	dynamicKeys atomic.Int64 // stat keys made from request data (see dynamicCounters)
+	inFlight    atomic.Int64 // decisions under way (Config.MaxConcurrent)
+	protoLimits sync.Map     // *rules.Limit -> *rlsv3.RateLimitResponse_RateLimit
 	scratch     sync.Pool
 
 	storeErrors   *stats.Counter
 	serviceErrors *stats.Counter
 	loadShed      *stats.Counter
-	globalShadow  *stats.Counter
-	totalRequests *stats.Counter
+	// statKeysOverflow counts hits of request-made statistics keys
+	// counted under a domain's overflow key (Config.MaxDynamicStatKeys).
+	statKeysOverflow *stats.Counter
+	globalShadow     *stats.Counter
+	totalRequests    *stats.Counter
 }
 
 // New returns a Service that decides with l and counts into reg. It answers
@@ -100,6 +126,9 @@ func New(l *limiter.Limiter, reg *stats.Registry, cfg Config) *Service {
 	}
 	if cfg.Log == nil {
 		cfg.Log = slog.New(slog.DiscardHandler)
+	}
+	if cfg.MaxDynamicStatKeys <= 0 {
+		cfg.MaxDynamicStatKeys = defaultMaxDynamicStatKeys
 	}
 	if cfg.Headers.Limit == "" {
 		cfg.Headers.Limit = "RateLimit-Limit"
@@ -117,8 +146,10 @@ func New(l *limiter.Limiter, reg *stats.Registry, cfg Config) *Service {
 		storeErrors:   reg.Counter("ratelimit.service.call.should_rate_limit.redis_error"),
 		serviceErrors: reg.Counter("ratelimit.service.call.should_rate_limit.service_error"),
 		loadShed:      reg.Counter("ratelimit.service.call.should_rate_limit.load_shed"),
-		globalShadow:  reg.Counter("ratelimit.service.global_shadow_mode"),
-		totalRequests: reg.Counter("ratelimit_server.ShouldRateLimit.total_requests"),
+
+		statKeysOverflow: reg.Counter("ratelimit.service.stats_keys_overflow"),
+		globalShadow:     reg.Counter("ratelimit.service.global_shadow_mode"),
+		totalRequests:    reg.Counter("ratelimit_server.ShouldRateLimit.total_requests"),
 	}
 }
 
@@ -147,7 +178,7 @@ type scratch struct {
 	descs    []limiter.Descriptor
 	statuses []limiter.Status
 	entries  []rules.Entry
-	statKeys []string
+	counters []*ruleCounters
 	quota    []bool
 	unlim    []bool
 }
@@ -159,7 +190,7 @@ func (s *Service) getScratch(n, entries int) *scratch {
 	}
 	sc.descs = grow(sc.descs, n)
 	sc.statuses = grow(sc.statuses, n)
-	sc.statKeys = grow(sc.statKeys, n)
+	sc.counters = grow(sc.counters, n)
 	sc.quota = grow(sc.quota, n)
 	sc.unlim = grow(sc.unlim, n)
 	if cap(sc.entries) < entries {
@@ -172,7 +203,7 @@ func (s *Service) getScratch(n, entries int) *scratch {
 func (s *Service) putScratch(sc *scratch) {
 	clear(sc.descs)
 	clear(sc.entries[:cap(sc.entries)])
-	clear(sc.statKeys)
+	clear(sc.counters)
 	s.scratch.Put(sc)
 }
 
@@ -224,6 +255,9 @@ func (s *Service) toStatus(err error) error {
 }
 
 func validate(req *rlsv3.RateLimitRequest) error {
+	if msg, bad := malformed(req); bad {
+		return badRequest("invalid RateLimitRequest: %s", msg)
+	}
 	domain := req.GetDomain()
 	if domain == "" {
 		return badRequest("rate limit domain must not be empty")
@@ -239,10 +273,9 @@ func validate(req *rlsv3.RateLimitRequest) error {
 		return badRequest("request has %d descriptors, the limit is %d", len(descs), MaxDescriptors)
 	}
 	for i, d := range descs {
+		// A descriptor without entries is answered OK without a limit, as
+		// envoyproxy/ratelimit does: clients other than Envoy send them.
 		entries := d.GetEntries()
-		if len(entries) == 0 {
-			return badRequest("descriptor %d has no entries", i)
-		}
 		if len(entries) > MaxEntriesPerDescribe {
 			return badRequest("descriptor %d has %d entries, the limit is %d", i, len(entries), MaxEntriesPerDescribe)
 		}
@@ -257,12 +290,23 @@ func validate(req *rlsv3.RateLimitRequest) error {
 				return badRequest("descriptor %d entry %d: value is %d bytes long, the limit is %d", i, j, len(e.GetValue()), MaxValueLen)
 			}
 		}
+		if h := d.GetHitsAddend(); h != nil && h.GetValue() > MaxHitsAddend {
+			return badRequest("descriptor %d: hits_addend %d is over the limit of %d", i, h.GetValue(), uint64(MaxHitsAddend))
+		}
 		if o := d.GetLimit(); o != nil {
-			if rules.Unit(o.GetUnit()).Seconds() == 0 { // UNKNOWN or out of range
+			unit := rules.Unit(o.GetUnit())
+			if unit.Seconds() == 0 { // UNKNOWN or out of range
 				return badRequest("descriptor %d: limit override has unit %s", i, o.GetUnit())
 			}
-			if m := o.GetUnitMultiplier(); m != nil && m.GetValue() == 0 {
-				return badRequest("descriptor %d: limit override has unit_multiplier 0", i)
+			mult := uint64(1)
+			if m := o.GetUnitMultiplier(); m != nil {
+				if mult = uint64(m.GetValue()); mult == 0 {
+					return badRequest("descriptor %d: limit override has unit_multiplier 0", i)
+				}
+			}
+			// At most 3.2e7 s × 4.3e9: no overflow in seconds.
+			if secs := unit.Seconds() * int64(mult); secs > int64(MaxOverrideWindow/time.Second) {
+				return badRequest("descriptor %d: limit override window %s × %d is longer than the limit of one YEAR", i, o.GetUnit(), mult)
 			}
 		}
 		if d.GetIsNegativeHits() {
@@ -309,9 +353,15 @@ func (s *Service) decide(ctx context.Context, req *rlsv3.RateLimitRequest) (*rls
 		ld.Entries = entries
 		ld.Hits = hits
 		if o := d.GetLimit(); o != nil {
-			l := overrideLimit(domain, entries, o)
-			ld.Limit = l
-			sc.statKeys[i] = l.FullKey
+			// As in envoyproxy/ratelimit, an override applies only in a
+			// configured domain: a migration must not start limiting
+			// traffic that was never limited. Without entries there is
+			// nothing to key it on.
+			if len(entries) == 0 || !cfg.HasDomain(domain) {
+				continue
+			}
+			ld.Limit = overrideLimit(domain, entries, o)
+			sc.counters[i] = s.overrideCounters(domain, entries)
 			continue
 		}
 		m := cfg.Match(domain, entries)
@@ -323,7 +373,7 @@ func (s *Service) decide(ctx context.Context, req *rlsv3.RateLimitRequest) (*rls
 			continue
 		}
 		ld.Limit = m.Limit
-		sc.statKeys[i] = m.StatKey
+		sc.counters[i] = s.matchCounters(&m)
 		if m.KeyEntries != nil {
 			ld.Entries = m.KeyEntries
 		}
@@ -346,12 +396,17 @@ func (s *Service) decide(ctx context.Context, req *rlsv3.RateLimitRequest) (*rls
 		}
 	}
 
-	if s.cfg.Timeout > 0 {
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, s.cfg.Timeout)
-		defer cancel()
-	}
 	now := s.cfg.Now()
+	if s.cfg.Timeout > 0 {
+		// The budget: the caller's deadline or Timeout, whichever is
+		// first. Envoy sends its filter timeout as the deadline; when that
+		// is the sooner, no timer is needed.
+		if dl, ok := ctx.Deadline(); !ok || dl.After(time.Now().Add(s.cfg.Timeout)) {
+			var cancel context.CancelFunc
+			ctx, cancel = context.WithTimeout(ctx, s.cfg.Timeout)
+			defer cancel()
+		}
+	}
 	if err := s.limiter.Check(ctx, domain, now, sc.descs, sc.statuses); err != nil {
 		return nil, err
 	}
@@ -377,7 +432,7 @@ func (s *Service) decide(ctx context.Context, req *rlsv3.RateLimitRequest) (*rls
 			continue
 		}
 		ds := &sc.statuses[i]
-		s.count(sc.statKeys[i], &ds.Counts)
+		sc.counters[i].add(&ds.Counts)
 		st.CurrentLimit = s.protoLimit(l)
 		st.LimitRemaining = ds.Remaining
 		st.DurationUntilReset = setDuration(&backing[i].reset, resetDuration(l, ds.ResetAfter))
@@ -467,32 +522,15 @@ func setDuration(d *durationpb.Duration, v time.Duration) *durationpb.Duration {
 }
 
 // overrideLimit builds the limit a descriptor carries itself (Envoy's
-// per-route limit override). Its stat key is "domain.key_value.key2" as in
-// envoyproxy/ratelimit; overrides are never in shadow mode.
+// per-route limit override). Overrides are never in shadow mode; their hits
+// are counted per key path, never per value (see overrideCounters).
 func overrideLimit(domain string, entries []rules.Entry, o *ratelimitv3.RateLimitDescriptor_RateLimitOverride) *rules.Limit {
-	n := len(domain) + 1
-	for _, e := range entries {
-		n += len(e.Key) + len(e.Value) + 2
-	}
-	b := make([]byte, 0, n)
-	b = append(b, domain...)
-	b = append(b, '.')
-	for i, e := range entries {
-		if i > 0 {
-			b = append(b, '.')
-		}
-		b = append(b, e.Key...)
-		if e.Value != "" {
-			b = append(b, '_')
-			b = append(b, e.Value...)
-		}
-	}
 	mult := uint32(1)
 	if m := o.GetUnitMultiplier(); m != nil {
 		mult = m.GetValue()
 	}
 	return &rules.Limit{
-		FullKey:         string(b),
+		Domain:          domain,
 		RequestsPerUnit: o.GetRequestsPerUnit(),
 		Unit:            rules.Unit(o.GetUnit()),
 		UnitMultiplier:  mult,

@@ -78,6 +78,13 @@ type Settings struct {
 	LimitRemainingHeader        string `envconfig:"LIMIT_REMAINING_HEADER" default:"RateLimit-Remaining"`
 	LimitResetHeader            string `envconfig:"LIMIT_RESET_HEADER" default:"RateLimit-Reset"`
 
+	// Hostile input (extensions): the request budget, the decisions in
+	// flight, and the statistics keys made from request data. See the
+	// README's "Limits and hostile input".
+	RequestTimeout        time.Duration `envconfig:"REQUEST_TIMEOUT" default:"15ms"`
+	MaxConcurrentRequests int           `envconfig:"MAX_CONCURRENT_REQUESTS" default:"4096"`
+	StatsMaxDynamicKeys   int           `envconfig:"STATS_MAX_DYNAMIC_KEYS" default:"1000"`
+
 	// Memory store (our extension).
 	MemoryMaxKeys int `envconfig:"MEMORY_MAX_KEYS" default:"0"`
 
@@ -196,6 +203,15 @@ func (s *Settings) Validate() error {
 	}
 	if s.LocalCacheSizeInBytes < 0 {
 		bad("LOCAL_CACHE_SIZE_IN_BYTES", "must not be negative")
+	}
+	if s.RequestTimeout < 0 {
+		bad("REQUEST_TIMEOUT", "must not be negative (0: only the caller's deadline)")
+	}
+	if s.MaxConcurrentRequests < 0 {
+		bad("MAX_CONCURRENT_REQUESTS", "must not be negative (0: no bound)")
+	}
+	if s.StatsMaxDynamicKeys < 1 {
+		bad("STATS_MAX_DYNAMIC_KEYS", "must be at least 1")
 	}
 	if s.MemoryMaxKeys < 0 {
 		bad("MEMORY_MAX_KEYS", "must not be negative")

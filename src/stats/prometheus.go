@@ -10,18 +10,24 @@ import (
 )
 
 // Handler serves the registry in the Prometheus exposition format. Names are
-// mapped as envoyproxy/ratelimit's default statsd-exporter mapping does, so
+// those of envoyproxy/ratelimit's default statsd-exporter mapping, so
 // dashboards built on the anchor keep working:
 //
-//	ratelimit.service.rate_limit.D.K1[.K2].stat -> ratelimit_service_rate_limit_stat{domain=D,key1=K1[,key2=K2]}
-//	ratelimit.service.call.should_rate_limit.E  -> ratelimit_service_should_rate_limit_error{err_type=E}
-//	ratelimit_server.M.total_requests           -> ratelimit_service_total_requests{grpc_method=M}
+//	per rule (RuleCounter)                     -> ratelimit_service_rate_limit_<stat>{domain=D,key1=K1[,key2=K2...]}
+//	ratelimit.service.call.should_rate_limit.E -> ratelimit_service_should_rate_limit_error{err_type=E}
+//	ratelimit_server.M.total_requests          -> ratelimit_service_total_requests{grpc_method=M}
 //
-// Any other name has its dots and dashes replaced by underscores.
+// Any other name has the characters a metric name cannot hold replaced by
+// underscores.
+//
+// One bad series never fails the scrape: series are built from the
+// registered structure, label values are made valid UTF-8, a series that
+// would repeat another is dropped, and the handler serves every metric it
+// could gather (promhttp.ContinueOnError) instead of answering 500.
 func (r *Registry) Handler() http.Handler {
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collector{r})
-	return promhttp.HandlerFor(reg, promhttp.HandlerOpts{})
+	return promhttp.HandlerFor(reg, promhttp.HandlerOpts{ErrorHandling: promhttp.ContinueOnError})
 }
 
 type collector struct{ r *Registry }
@@ -31,44 +37,79 @@ type collector struct{ r *Registry }
 func (collector) Describe(chan<- *prometheus.Desc) {}
 
 func (c collector) Collect(ch chan<- prometheus.Metric) {
-	for name, v := range c.r.Snapshot() {
-		pname, labels := promName(name)
-		keys := make([]string, 0, len(labels))
-		vals := make([]string, 0, len(labels))
-		for _, l := range labels {
-			keys = append(keys, l[0])
-			vals = append(vals, l[1])
+	seen := map[string]struct{}{}
+	var id strings.Builder
+	c.r.metrics.Range(func(k, v any) bool {
+		m := v.(*metric)
+		name, labels := m.promName, m.labels
+		if labels == nil {
+			name, labels = promName(k.(string))
 		}
-		desc := prometheus.NewDesc(pname, "", keys, nil)
-		if m, err := prometheus.NewConstMetric(desc, prometheus.CounterValue, float64(v), vals...); err == nil {
-			ch <- m
+		keys := make([]string, len(labels))
+		vals := make([]string, len(labels))
+		id.Reset()
+		id.WriteString(name)
+		for i, l := range labels {
+			keys[i] = l.Name
+			vals[i] = strings.ToValidUTF8(l.Value, "\uFFFD")
+			id.WriteByte(0)
+			id.WriteString(keys[i])
+			id.WriteByte(0)
+			id.WriteString(vals[i])
 		}
-	}
+		if _, dup := seen[id.String()]; dup {
+			return true
+		}
+		seen[id.String()] = struct{}{}
+
+		kind, value := prometheus.CounterValue, 0.0
+		switch {
+		case m.counter != nil:
+			value = float64(m.counter.Value())
+		case m.fn != nil:
+			value = float64(m.fn())
+		case m.gauge != nil:
+			kind, value = prometheus.GaugeValue, float64(m.gauge.Value())
+		case m.gaugeFn != nil:
+			kind, value = prometheus.GaugeValue, float64(m.gaugeFn())
+		}
+		desc := prometheus.NewDesc(name, "", keys, nil)
+		if pm, err := prometheus.NewConstMetric(desc, kind, value, vals...); err == nil {
+			ch <- pm
+		}
+		return true
+	})
 }
 
 var unsafeChars = regexp.MustCompile(`[^a-zA-Z0-9_:]`)
+
+// promSafe replaces the characters a metric name cannot hold.
+func promSafe(s string) string { return unsafeChars.ReplaceAllString(s, "_") }
 
 var ruleStats = map[string]bool{
 	"total_hits": true, "over_limit": true, "near_limit": true, "within_limit": true,
 	"shadow_mode": true, "over_limit_with_local_cache": true,
 }
 
-// promName maps a statsd-style name to a Prometheus name and labels.
-func promName(name string) (string, [][2]string) {
+// promName maps a statsd-style name chosen by the code to a Prometheus name
+// and labels. Per-rule statistics are registered with their structure
+// instead (RuleCounter); the rule shape is still recognised here for names
+// registered with Counter.
+func promName(name string) (string, []Label) {
 	parts := strings.Split(name, ".")
 	switch {
 	case len(parts) == 6 || len(parts) == 7:
 		if parts[0] == "ratelimit" && parts[1] == "service" && parts[2] == "rate_limit" && ruleStats[parts[len(parts)-1]] {
-			labels := [][2]string{{"domain", parts[3]}, {"key1", parts[4]}}
+			labels := []Label{{"domain", parts[3]}, {"key1", parts[4]}}
 			if len(parts) == 7 {
-				labels = append(labels, [2]string{"key2", parts[5]})
+				labels = append(labels, Label{"key2", parts[5]})
 			}
 			return "ratelimit_service_rate_limit_" + parts[len(parts)-1], labels
 		}
 	case len(parts) == 5 && strings.HasPrefix(name, "ratelimit.service.call.should_rate_limit."):
-		return "ratelimit_service_should_rate_limit_error", [][2]string{{"err_type", parts[4]}}
+		return "ratelimit_service_should_rate_limit_error", []Label{{"err_type", parts[4]}}
 	case len(parts) == 3 && parts[0] == "ratelimit_server" && parts[2] == "total_requests":
-		return "ratelimit_service_total_requests", [][2]string{{"grpc_method", parts[1]}}
+		return "ratelimit_service_total_requests", []Label{{"grpc_method", parts[1]}}
 	}
-	return unsafeChars.ReplaceAllString(name, "_"), nil
+	return promSafe(name), nil
 }

@@ -2,31 +2,53 @@
 // statistic names and writes them as text (the debug port's /stats) and in
 // the Prometheus exposition format. The registry is passed in, never global;
 // the package knows nothing of requests, rules or stores.
+//
+// Names may carry what a client sent (a detailed_metric rule puts request
+// values in its statistics), so nothing here trusts a name: per-rule
+// counters are registered with their structure (domain and key levels),
+// from which the Prometheus series is built without parsing, so that no two
+// counters can become the same series; text output escapes control
+// characters, so that a value cannot start a line of its own; and counters
+// saturate instead of wrapping.
 package stats
 
 import (
-	"fmt"
 	"io"
-	"sort"
+	"math"
+	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
+	"unicode/utf8"
 )
 
-// Counter is a monotonically increasing count. It is safe for concurrent use.
+// Counter is a monotonically increasing count that stops at the largest
+// uint64 instead of wrapping. It is safe for concurrent use; the zero value
+// is a counter at 0.
 type Counter struct {
 	v atomic.Uint64
 }
 
-// Add adds n to the counter.
+// Add adds n to the counter, saturating at math.MaxUint64.
 func (c *Counter) Add(n uint64) {
-	if n != 0 {
-		c.v.Add(n)
+	if n == 0 {
+		return
+	}
+	for {
+		old := c.v.Load()
+		v := old + n
+		if v < old {
+			v = math.MaxUint64
+		}
+		if v == old || c.v.CompareAndSwap(old, v) {
+			return
+		}
 	}
 }
 
 // Inc adds one.
-func (c *Counter) Inc() { c.v.Add(1) }
+func (c *Counter) Inc() { c.Add(1) }
 
 // Value returns the current count.
 func (c *Counter) Value() uint64 { return c.v.Load() }
@@ -42,81 +64,214 @@ func (g *Gauge) Set(v int64) { g.v.Store(v) }
 // Value returns the gauge's value.
 func (g *Gauge) Value() int64 { return g.v.Load() }
 
+// Label is one Prometheus label of a series.
+type Label struct{ Name, Value string }
+
+// metric is one registered name: its value source and its Prometheus form.
+type metric struct {
+	counter *Counter
+	gauge   *Gauge
+	fn      func() uint64 // a counter kept elsewhere
+	gaugeFn func() int64  // a gauge kept elsewhere
+
+	// promName and labels are the Prometheus series; labels nil means the
+	// name is mapped by promName at export time (names chosen by the code).
+	promName string
+	labels   []Label
+}
+
 // Registry is a set of named counters, gauges and functions read at export
 // time. Lookups of existing names take no lock. The zero value is not
 // usable; call NewRegistry.
 type Registry struct {
-	counters sync.Map // name -> *Counter
-	gauges   sync.Map // name -> *Gauge
+	metrics sync.Map // name -> *metric
 
-	// mu guards funcs.
-	mu    sync.Mutex
-	funcs map[string]func() uint64
+	// mu serialises the creation of metrics, so that a name is registered
+	// once with one Prometheus form.
+	mu sync.Mutex
 }
 
 // NewRegistry returns an empty registry.
 func NewRegistry() *Registry {
-	return &Registry{funcs: map[string]func() uint64{}}
+	return &Registry{}
 }
 
-// Counter returns the counter called name, creating it on first use.
-func (r *Registry) Counter(name string) *Counter {
-	if c, ok := r.counters.Load(name); ok {
-		return c.(*Counter)
+// load returns the metric called name, creating it with mk on first use.
+func (r *Registry) load(name string, mk func() *metric) *metric {
+	if m, ok := r.metrics.Load(name); ok {
+		return m.(*metric)
 	}
-	c, _ := r.counters.LoadOrStore(name, new(Counter))
-	return c.(*Counter)
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if m, ok := r.metrics.Load(name); ok {
+		return m.(*metric)
+	}
+	m := mk()
+	r.metrics.Store(name, m)
+	return m
+}
+
+// Counter returns the counter called name, creating it on first use. Use it
+// for names the code chooses; names built from rules or requests go through
+// RuleCounter. If name was registered as something else, Counter returns a
+// counter that is not exported, so that a clash never breaks the export.
+func (r *Registry) Counter(name string) *Counter {
+	m := r.load(name, func() *metric { return &metric{counter: new(Counter)} })
+	if m.counter == nil {
+		return new(Counter)
+	}
+	return m.counter
 }
 
 // Gauge returns the gauge called name, creating it on first use.
 func (r *Registry) Gauge(name string) *Gauge {
-	if g, ok := r.gauges.Load(name); ok {
-		return g.(*Gauge)
+	m := r.load(name, func() *metric { return &metric{gauge: new(Gauge)} })
+	if m.gauge == nil {
+		return new(Gauge)
 	}
-	g, _ := r.gauges.LoadOrStore(name, new(Gauge))
-	return g.(*Gauge)
+	return m.gauge
 }
 
 // CounterFunc registers a counter whose value f returns at export time,
-// for counts kept elsewhere (a store's round trips, say).
+// for counts kept elsewhere (a store's round trips, say). A second
+// registration of the same name is ignored.
 func (r *Registry) CounterFunc(name string, f func() uint64) {
-	r.mu.Lock()
-	r.funcs[name] = f
-	r.mu.Unlock()
+	r.load(name, func() *metric { return &metric{fn: f} })
 }
 
-// Snapshot returns every metric's current value by name.
-func (r *Registry) Snapshot() map[string]int64 {
-	out := map[string]int64{}
-	r.counters.Range(func(k, v any) bool {
-		out[k.(string)] = int64(v.(*Counter).Value())
-		return true
+// GaugeFunc registers a gauge whose value f returns at export time (the keys
+// a store holds, say). A second registration of the same name is ignored.
+func (r *Registry) GaugeFunc(name string, f func() int64) {
+	r.load(name, func() *metric { return &metric{gaugeFn: f} })
+}
+
+// RulePrefix starts the name of every per-rule statistic.
+const RulePrefix = "ratelimit.service.rate_limit."
+
+// RuleCounter returns the counter of one per-rule statistic (total_hits,
+// over_limit, ...) of the rule at levels in domain, creating it on first use.
+// Its text name is envoyproxy/ratelimit's,
+//
+//	ratelimit.service.rate_limit.<domain>.<level1>.<level2>....<stat>
+//
+// and its Prometheus series is ratelimit_service_rate_limit_<stat> with the
+// labels domain, key1, key2, ... one per level, as the anchor's default
+// statsd-exporter mapping names them for one and two levels. The series
+// comes from the levels as given, never from parsing the name, so values
+// holding dots or other characters cannot move a level or merge two series.
+// Two calls whose text names are equal share one counter.
+func (r *Registry) RuleCounter(domain string, levels []string, stat string) *Counter {
+	name := RuleName(domain, levels, stat)
+	m := r.load(name, func() *metric {
+		labels := make([]Label, 0, 1+len(levels))
+		labels = append(labels, Label{"domain", domain})
+		for i, l := range levels {
+			labels = append(labels, Label{"key" + strconv.Itoa(i+1), l})
+		}
+		return &metric{counter: new(Counter), promName: "ratelimit_service_rate_limit_" + promSafe(stat), labels: labels}
 	})
-	r.gauges.Range(func(k, v any) bool {
-		out[k.(string)] = v.(*Gauge).Value()
-		return true
-	})
-	r.mu.Lock()
-	for k, f := range r.funcs {
-		out[k] = int64(f())
+	if m.counter == nil {
+		return new(Counter)
 	}
-	r.mu.Unlock()
+	return m.counter
+}
+
+// RuleName is the text name of a per-rule statistic (see RuleCounter).
+func RuleName(domain string, levels []string, stat string) string {
+	n := len(RulePrefix) + len(domain) + len(stat) + 1
+	for _, l := range levels {
+		n += len(l) + 1
+	}
+	var b strings.Builder
+	b.Grow(n)
+	b.WriteString(RulePrefix)
+	b.WriteString(domain)
+	for _, l := range levels {
+		b.WriteByte('.')
+		b.WriteString(l)
+	}
+	b.WriteByte('.')
+	b.WriteString(stat)
+	return b.String()
+}
+
+// Snapshot returns the current value of every counter (counter functions
+// included) by name. Gauges are in Gauges.
+func (r *Registry) Snapshot() map[string]uint64 {
+	out := map[string]uint64{}
+	r.metrics.Range(func(k, v any) bool {
+		m := v.(*metric)
+		switch {
+		case m.counter != nil:
+			out[k.(string)] = m.counter.Value()
+		case m.fn != nil:
+			out[k.(string)] = m.fn()
+		}
+		return true
+	})
+	return out
+}
+
+// Gauges returns the current value of every gauge by name.
+func (r *Registry) Gauges() map[string]int64 {
+	out := map[string]int64{}
+	r.metrics.Range(func(k, v any) bool {
+		m := v.(*metric)
+		switch {
+		case m.gauge != nil:
+			out[k.(string)] = m.gauge.Value()
+		case m.gaugeFn != nil:
+			out[k.(string)] = m.gaugeFn()
+		}
+		return true
+	})
 	return out
 }
 
 // WriteText writes "name: value" lines sorted by name, the format of
-// envoyproxy/ratelimit's /stats debug endpoint.
+// envoyproxy/ratelimit's /stats debug endpoint. Control characters,
+// backslashes and invalid UTF-8 in a name are escaped as in a Go string
+// literal (a newline becomes `\n`), so every statistic is exactly one line.
 func (r *Registry) WriteText(w io.Writer) error {
-	snap := r.Snapshot()
-	names := make([]string, 0, len(snap))
-	for n := range snap {
-		names = append(names, n)
+	type line struct {
+		name string
+		text string
 	}
-	sort.Strings(names)
+	var lines []line
+	for n, v := range r.Snapshot() {
+		lines = append(lines, line{n, strconv.FormatUint(v, 10)})
+	}
+	for n, v := range r.Gauges() {
+		lines = append(lines, line{n, strconv.FormatInt(v, 10)})
+	}
+	slices.SortFunc(lines, func(a, b line) int { return strings.Compare(a.name, b.name) })
 	var b strings.Builder
-	for _, n := range names {
-		fmt.Fprintf(&b, "%s: %d\n", n, snap[n])
+	for _, l := range lines {
+		b.WriteString(EscapeText(l.name))
+		b.WriteString(": ")
+		b.WriteString(l.text)
+		b.WriteByte('\n')
 	}
 	_, err := io.WriteString(w, b.String())
 	return err
+}
+
+// EscapeText returns s with backslashes, control characters and invalid
+// UTF-8 escaped as in a Go string literal (without the quotes); s is
+// returned as is when it needs nothing, which is the common case.
+func EscapeText(s string) string {
+	clean := true
+	for i := 0; i < len(s); i++ {
+		if c := s[i]; c < 0x20 || c == 0x7f || c == '\\' || c >= utf8.RuneSelf {
+			clean = false
+			break
+		}
+	}
+	if clean {
+		return s
+	}
+	q := strconv.Quote(s)
+	q = q[1 : len(q)-1]
+	// Quote escapes the double quote too; names may hold it as is.
+	return strings.ReplaceAll(q, `\"`, `"`)
 }

@@ -1,0 +1,118 @@
+package service
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"slices"
+
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/encoding"
+	"google.golang.org/grpc/mem"
+	"google.golang.org/grpc/status"
+	"google.golang.org/grpc/tap"
+	"google.golang.org/protobuf/encoding/protowire"
+	"google.golang.org/protobuf/proto"
+)
+
+// Codec returns the gRPC codec the server must use (grpc.ForceServerCodecV2):
+// grpc-go's proto codec, except that a RateLimitRequest that does not decode
+// (a string field holding invalid UTF-8, a truncated field) reaches the
+// service marked as malformed, and is answered InvalidArgument with the
+// reason, where grpc-go answers Internal from inside its own receive path —
+// which Envoy's default failure_mode_deny: false turns into an admitted
+// request. Other messages decode as usual.
+func Codec() encoding.CodecV2 {
+	return codec{encoding.GetCodecV2("proto")}
+}
+
+type codec struct{ encoding.CodecV2 }
+
+func (c codec) Unmarshal(data mem.BufferSlice, v any) error {
+	err := c.CodecV2.Unmarshal(data, v)
+	if r, ok := v.(*rlsv3.RateLimitRequest); ok && err != nil {
+		proto.Reset(r)
+		markMalformed(r, err)
+		return nil
+	}
+	return err
+}
+
+// malformedField is the field number of the mark: the largest valid one,
+// so that no version of the proto will ever use it.
+const malformedField = 536870911
+
+// malformedNonce makes the mark unforgeable: a client may send field
+// 536870911 itself, but not with this process's random prefix.
+var malformedNonce = func() []byte {
+	b := make([]byte, 16)
+	_, _ = rand.Read(b)
+	return b
+}()
+
+// markMalformed records err in r's unknown fields, behind the nonce.
+func markMalformed(r *rlsv3.RateLimitRequest, err error) {
+	var b []byte
+	b = protowire.AppendTag(b, malformedField, protowire.BytesType)
+	b = protowire.AppendBytes(b, append(slices.Clip(malformedNonce), err.Error()...))
+	r.ProtoReflect().SetUnknown(b)
+}
+
+// malformed returns the decoding error Codec recorded in r, if any.
+func malformed(r *rlsv3.RateLimitRequest) (string, bool) {
+	u := r.ProtoReflect().GetUnknown()
+	if len(u) == 0 {
+		return "", false
+	}
+	num, typ, n := protowire.ConsumeTag(u)
+	if n < 0 || num != malformedField || typ != protowire.BytesType {
+		return "", false
+	}
+	v, m := protowire.ConsumeBytes(u[n:])
+	if m < 0 || !bytes.HasPrefix(v, malformedNonce) {
+		return "", false
+	}
+	return string(v[len(malformedNonce):]), true
+}
+
+// Tap is a gRPC tap handle (grpc.InTapHandle) that applies
+// Config.MaxConcurrent to ShouldRateLimit before its message is read, so
+// that requests past the bound cost neither a goroutine nor the memory of
+// their message: they are refused at once with ResourceExhausted and
+// counted as load_shed. A request let in holds its place until its stream
+// ends, whatever way it ends (answered, refused while decoding, reset by
+// the client, connection closed).
+func (s *Service) Tap(ctx context.Context, info *tap.Info) (context.Context, error) {
+	if s.cfg.MaxConcurrent <= 0 || info.FullMethodName != rlsv3.RateLimitService_ShouldRateLimit_FullMethodName {
+		return ctx, nil
+	}
+	if !s.acquire() {
+		return nil, s.shed()
+	}
+	// grpc-go cancels a stream's context when the stream ends, on every
+	// path, including those where the handler never runs.
+	context.AfterFunc(ctx, s.release)
+	return ctx, nil
+}
+
+// acquire takes a place among the Config.MaxConcurrent decisions in flight.
+func (s *Service) acquire() bool {
+	if s.inFlight.Add(1) > int64(s.cfg.MaxConcurrent) {
+		s.inFlight.Add(-1)
+		return false
+	}
+	return true
+}
+
+func (s *Service) release() { s.inFlight.Add(-1) }
+
+// shed counts a request refused for load and returns its error.
+func (s *Service) shed() error {
+	s.loadShed.Inc()
+	return status.Errorf(codes.ResourceExhausted, "service: %d requests in flight already (MAX_CONCURRENT_REQUESTS)", s.cfg.MaxConcurrent)
+}
+
+// InFlight returns the number of decisions under way that count against
+// Config.MaxConcurrent (0 when it is not set).
+func (s *Service) InFlight() int64 { return s.inFlight.Load() }
