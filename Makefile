@@ -4,7 +4,7 @@ BIN      ?= bin
 PKGS     ?= ./...
 FUZZTIME ?= 30s
 
-.PHONY: help build run test race unit lint imports check bench bench-tuning bench-go fuzz docker servers clean
+.PHONY: help build run test race unit allocs lint imports check ci bench bench-tuning bench-go fuzz fuzz-all docker servers clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN{FS=":.*## "}{printf "  %-10s %s\n", $$1, $$2}'
@@ -27,15 +27,20 @@ race: test ## same as test: the suite always runs with -race
 unit: ## fast tests only, without the race detector
 	$(GO) test -short -count=1 $(PKGS)
 
-lint: ## gofmt, go vet and staticcheck
+allocs: ## the allocation tests, which -race skips (its pools drop items at random)
+	$(GO) test -count=1 -run 'Alloc|TestCacheKeyAppends' ./src/...
+
+lint: ## gofmt -s, go vet and staticcheck (pinned in go.mod as a tool)
 	@test -z "$$(gofmt -s -l $$(git ls-files '*.go'))" || (gofmt -s -l $$(git ls-files '*.go'); echo "gofmt -s needed"; exit 1)
 	$(GO) vet $(PKGS)
-	$(GO) run honnef.co/go/tools/cmd/staticcheck@2025.1.1 $(PKGS)
+	$(GO) tool staticcheck $(PKGS)
 
 imports: ## check that packages import only downwards (DESIGN.md)
 	@./scripts/check-imports.sh
 
-check: lint imports test ## everything CI checks
+check: lint imports test allocs fuzz-all ## everything CI checks
+
+ci: check ## what .ci/run runs
 
 bench-go: ## Go micro-benchmarks of the hot path
 	$(GO) test -run '^$$' -bench . -benchmem -count 3 ./src/...
@@ -49,6 +54,17 @@ bench-tuning: servers ## the gRPC and GC defaults against their alternatives, wr
 
 fuzz: ## run one fuzz target: make fuzz FUZZ=FuzzParse PKG=./src/rules
 	$(GO) test -run '^$$' -fuzz '$(FUZZ)' -fuzztime $(FUZZTIME) $(PKG)
+
+# Every fuzz target, FUZZ_CI_TIME each (CI runs them all): the rules parser,
+# cache keys, the stores' state decoders, gRPC requests and /json bodies.
+FUZZ_CI_TIME ?= 15s
+FUZZ_TARGETS = FuzzParse:./src/rules FuzzCacheKey:./src/limiter FuzzParseStates:./src/limiter \
+	FuzzRequest:./src/service FuzzJSON:./src/service
+fuzz-all: ## run every fuzz target for FUZZ_CI_TIME (15s) each
+	@set -e; for t in $(FUZZ_TARGETS); do \
+	  echo "fuzz $${t%%:*} $${t#*:} ($(FUZZ_CI_TIME))"; \
+	  $(GO) test -run '^$$' -fuzz "^$${t%%:*}$$" -fuzztime $(FUZZ_CI_TIME) "$${t#*:}"; \
+	done
 
 docker: ## build the container image (needs a Docker engine)
 	docker build -t ratelimit:dev .

@@ -330,7 +330,7 @@ func TestMalformedMessagesAreInvalidArgument(t *testing.T) {
 		"invalid_utf8_value": rawRequest("user", "a\xff\xfeb"),
 		"invalid_utf8_key":   rawRequest("us\xc0er", "a"),
 		"truncated":          rawRequest("user", "abc")[:10],
-		"garbage":            []byte{0xff, 0xff, 0xff, 0xff},
+		"garbage":            {0xff, 0xff, 0xff, 0xff},
 	} {
 		err := invokeRaw(t.Context(), cc, msg)
 		if status.Code(err) != codes.InvalidArgument {
