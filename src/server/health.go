@@ -8,8 +8,15 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 )
 
-// rlsServiceName is the gRPC service name health is also reported under.
+// rlsServiceName is the full name of the rate limit gRPC service.
 const rlsServiceName = "envoy.service.ratelimit.v3.RateLimitService"
+
+// healthNames are the service names the gRPC health service answers for,
+// all with the same status: "" (the whole server, grpc-health-probe's
+// default), "ratelimit" (the name envoyproxy/ratelimit registers, which
+// Kubernetes gRPC probes and meshes configured for it ask about) and the
+// full RLS name.
+var healthNames = []string{"", "ratelimit", rlsServiceName}
 
 // Health combines what the service's health depends on: valid rules, a
 // reachable store, and not shutting down. It drives both the gRPC health
@@ -63,8 +70,9 @@ func (h *Health) update() {
 	if h.Healthy() {
 		st = healthpb.HealthCheckResponse_SERVING
 	}
-	h.grpc.SetServingStatus("", st)
-	h.grpc.SetServingStatus(rlsServiceName, st)
+	for _, name := range healthNames {
+		h.grpc.SetServingStatus(name, st)
+	}
 }
 
 // ServeHTTP answers GET /healthcheck: 200 "OK" when healthy, 500 otherwise,

@@ -36,6 +36,14 @@ descriptors:
 // start runs a server on free loopback ports with rules in a temp dir.
 func start(t *testing.T, ruleText string, env map[string]string) (*Server, string) {
 	t.Helper()
+	srv, root, _ := startStoppable(t, ruleText, env)
+	return srv, root
+}
+
+// startStoppable is start that also returns a function that stops the
+// server, as SIGTERM does, and waits until Run has returned.
+func startStoppable(t *testing.T, ruleText string, env map[string]string) (*Server, string, func()) {
+	t.Helper()
 	root := t.TempDir()
 	if err := os.MkdirAll(filepath.Join(root, "config"), 0o755); err != nil {
 		t.Fatal(err)
@@ -67,13 +75,17 @@ func start(t *testing.T, ruleText string, env map[string]string) (*Server, strin
 	}
 	done := make(chan error, 1)
 	go func() { done <- srv.Run(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("Run: %v", err)
-		}
-	})
-	return srv, root
+	var once sync.Once
+	stop := func() {
+		once.Do(func() {
+			cancel()
+			if err := <-done; err != nil {
+				t.Errorf("Run: %v", err)
+			}
+		})
+	}
+	t.Cleanup(stop)
+	return srv, root, stop
 }
 
 func dial(t *testing.T, srv *Server) *grpc.ClientConn {
@@ -163,6 +175,60 @@ func TestGRPCSurface(t *testing.T) {
 	if !strings.Contains(strings.Join(names, ","), rlsServiceName) {
 		t.Errorf("reflection lists %v, want %s", names, rlsServiceName)
 	}
+}
+
+// TestGRPCHealthNames checks that every service name a probe may ask
+// about follows the server's health: unhealthy with invalid rules,
+// healthy once they are fixed, unhealthy again on shutdown.
+func TestGRPCHealthNames(t *testing.T) {
+	srv, root, stop := startStoppable(t, "domain: [broken", map[string]string{"FORCE_START_WITHOUT_INITIAL_CONFIG": "true"})
+	hc := healthpb.NewHealthClient(dial(t, srv))
+	names := []string{"", "ratelimit", "envoy.service.ratelimit.v3.RateLimitService"}
+	check := func(name string) (healthpb.HealthCheckResponse_ServingStatus, error) {
+		r, err := hc.Check(t.Context(), &healthpb.HealthCheckRequest{Service: name})
+		return r.GetStatus(), err
+	}
+
+	for _, name := range names {
+		if st, err := check(name); err != nil || st != healthpb.HealthCheckResponse_NOT_SERVING {
+			t.Errorf("Check(%q) with invalid rules = %v, %v; want NOT_SERVING", name, st, err)
+		}
+	}
+
+	if err := os.WriteFile(filepath.Join(root, "config", "web.yaml"), []byte(serverRules), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range names {
+		eventually(t, fmt.Sprintf("Check(%q) SERVING", name), func() bool {
+			st, err := check(name)
+			return err == nil && st == healthpb.HealthCheckResponse_SERVING
+		})
+	}
+
+	// A probe watching the status sees it turn on shutdown, before the
+	// listeners close.
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	var streams []healthpb.Health_WatchClient
+	for _, name := range names {
+		w, err := hc.Watch(ctx, &healthpb.HealthCheckRequest{Service: name})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if r, err := w.Recv(); err != nil || r.GetStatus() != healthpb.HealthCheckResponse_SERVING {
+			t.Fatalf("Watch(%q) first status = %v, %v; want SERVING", name, r.GetStatus(), err)
+		}
+		streams = append(streams, w)
+	}
+	stopped := make(chan struct{})
+	go func() { stop(); close(stopped) }()
+	for i, w := range streams {
+		if r, err := w.Recv(); err != nil || r.GetStatus() != healthpb.HealthCheckResponse_NOT_SERVING {
+			t.Errorf("Watch(%q) on shutdown = %v, %v; want NOT_SERVING", names[i], r.GetStatus(), err)
+		}
+	}
+	cancel() // the server drains open streams before it stops
+	<-stopped
 }
 
 func TestHTTPAndDebugEndpoints(t *testing.T) {
