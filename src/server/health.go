@@ -35,7 +35,9 @@ type Health struct {
 // reported good.
 func NewHealth() *Health {
 	h := &Health{grpc: health.NewServer()}
-	h.update()
+	h.mu.Lock()
+	h.publish()
+	h.mu.Unlock()
 	return h
 }
 
@@ -53,21 +55,28 @@ func (h *Health) Shutdown() {
 
 func (h *Health) set(f func()) {
 	h.mu.Lock()
+	defer h.mu.Unlock()
 	f()
-	h.mu.Unlock()
-	h.update()
+	h.publish()
 }
 
 // Healthy reports whether the service can answer correctly.
 func (h *Health) Healthy() bool {
 	h.mu.Lock()
 	defer h.mu.Unlock()
+	return h.healthy()
+}
+
+func (h *Health) healthy() bool {
 	return h.rulesOK && h.storeOK && !h.shuttingDown
 }
 
-func (h *Health) update() {
+// publish sets the gRPC status from the fields. It runs under mu, so that
+// two concurrent changes cannot publish their statuses in the opposite
+// order of the changes and leave gRPC saying what /healthcheck does not.
+func (h *Health) publish() {
 	st := healthpb.HealthCheckResponse_NOT_SERVING
-	if h.Healthy() {
+	if h.healthy() {
 		st = healthpb.HealthCheckResponse_SERVING
 	}
 	for _, name := range healthNames {

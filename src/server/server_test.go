@@ -369,3 +369,26 @@ func TestGRPCTuning(t *testing.T) {
 		}
 	}
 }
+
+// TestHealthConcurrentChangesAgree changes the store's health from four
+// goroutines at once, many times: the gRPC status must end as Healthy()
+// says, whatever the interleaving.
+func TestHealthConcurrentChangesAgree(t *testing.T) {
+	for i := range 5000 {
+		h := NewHealth()
+		h.SetRules(true)
+		var wg sync.WaitGroup
+		for j := range 4 {
+			wg.Go(func() { h.SetStore(j%2 == 0) })
+		}
+		wg.Wait()
+		want := healthpb.HealthCheckResponse_NOT_SERVING
+		if h.Healthy() {
+			want = healthpb.HealthCheckResponse_SERVING
+		}
+		r, err := h.grpc.Check(t.Context(), &healthpb.HealthCheckRequest{})
+		if err != nil || r.GetStatus() != want {
+			t.Fatalf("round %d: gRPC status %v, %v; Healthy() = %v", i, r.GetStatus(), err, h.Healthy())
+		}
+	}
+}
