@@ -46,7 +46,7 @@ type Settings struct {
 	PrometheusAddr string `envconfig:"PROMETHEUS_ADDR" default:":9090"`
 	PrometheusPath string `envconfig:"PROMETHEUS_PATH" default:"/metrics"`
 
-	// Logging.
+	// Logging. Both are read in any case; Validate lowers LogFormat.
 	LogLevel  string `envconfig:"LOG_LEVEL" default:"WARN"`
 	LogFormat string `envconfig:"LOG_FORMAT" default:"text"`
 
@@ -185,6 +185,7 @@ func (s *Settings) Validate() error {
 	}
 	switch strings.ToLower(s.LogFormat) {
 	case "text", "json":
+		s.LogFormat = strings.ToLower(s.LogFormat)
 	default:
 		bad("LOG_FORMAT", "unknown format %q (want text or json)", s.LogFormat)
 	}
@@ -240,6 +241,13 @@ func (s *Settings) Validate() error {
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// JSONLogsRequested reports whether LOG_FORMAT asks for JSON lines, in any
+// case. It reads that variable alone, so that when Load fails on another
+// setting its error can still be printed in the format asked for.
+func JSONLogsRequested() bool {
+	return strings.EqualFold(os.Getenv("LOG_FORMAT"), "json")
 }
 
 // RulesRoot is RUNTIME_ROOT, or the working directory when it is empty.

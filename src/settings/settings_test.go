@@ -122,3 +122,40 @@ func TestRulesRootDefaultsToWorkingDirectory(t *testing.T) {
 		t.Errorf("RulesRoot() = %q, want RUNTIME_ROOT", got)
 	}
 }
+
+// TestLogSettingsAnyCase accepts LOG_FORMAT and LOG_LEVEL in any case, as
+// envoyproxy/ratelimit does (it lowers both before comparing).
+func TestLogSettingsAnyCase(t *testing.T) {
+	tests := []struct {
+		format, level string
+		wantJSON      bool
+	}{
+		{"JSON", "Debug", true},
+		{"Json", "warning", true},
+		{"json", "TRACE", true},
+		{"Text", "Info", false},
+		{"TEXT", "eRRoR", false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.format+"_"+tt.level, func(t *testing.T) {
+			t.Setenv("LOG_FORMAT", tt.format)
+			t.Setenv("LOG_LEVEL", tt.level)
+			s, err := Load()
+			if err != nil {
+				t.Fatalf("Load() = %v", err)
+			}
+			if want := strings.ToLower(tt.format); s.LogFormat != want {
+				t.Errorf("LogFormat = %q, want %q", s.LogFormat, want)
+			}
+			if got := JSONLogsRequested(); got != tt.wantJSON {
+				t.Errorf("JSONLogsRequested() = %v, want %v", got, tt.wantJSON)
+			}
+		})
+	}
+	// Read on its own: a bad setting elsewhere does not hide it.
+	t.Setenv("LOG_FORMAT", "JSON")
+	t.Setenv("PORT", "abc")
+	if _, err := Load(); err == nil || !JSONLogsRequested() {
+		t.Errorf("with PORT=abc: Load() = %v, JSONLogsRequested() = %v; want an error and true", err, JSONLogsRequested())
+	}
+}
