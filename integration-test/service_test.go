@@ -2,6 +2,8 @@ package integration
 
 import (
 	"encoding/json"
+	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"syscall"
@@ -181,6 +183,45 @@ func TestReloadAppliesNewRulesAndKeepsOldOnError(t *testing.T) {
 	}
 	if p.healthCode() != 200 {
 		t.Error("unhealthy after an invalid reload; the old rules still serve")
+	}
+}
+
+// TestSymlinkSwapReloadsInBothWatchModes publishes new rules as the
+// anchor's runtime layout does: RUNTIME_ROOT is a symlink (current -> v1)
+// and a new link is renamed over it (current -> v2). Both values of
+// RUNTIME_WATCH_ROOT must apply the new limit.
+func TestSymlinkSwapReloadsInBothWatchModes(t *testing.T) {
+	for _, watchRoot := range []string{"true", "false"} {
+		t.Run("RUNTIME_WATCH_ROOT="+watchRoot, func(t *testing.T) {
+			base := t.TempDir()
+			for v, limit := range map[string]string{"v1": "3", "v2": "9"} {
+				writeRules(t, filepath.Join(base, v), "web.yaml", strings.Replace(webRules, "requests_per_unit: 3", "requests_per_unit: "+limit, 1))
+			}
+			current := filepath.Join(base, "current")
+			if err := os.Symlink("v1", current); err != nil {
+				t.Fatal(err)
+			}
+			p := start(t, nil, "RUNTIME_ROOT="+current, "RUNTIME_WATCH_ROOT="+watchRoot)
+			c := p.client(t)
+			limit := func() uint32 {
+				resp, err := c.ShouldRateLimit(callCtx(t), request("web", "user", "swap"))
+				if err != nil {
+					t.Fatal(err)
+				}
+				return resp.GetStatuses()[0].GetCurrentLimit().GetRequestsPerUnit()
+			}
+			if got := limit(); got != 3 {
+				t.Fatalf("limit before the swap = %d, want 3", got)
+			}
+			tmp := current + ".tmp"
+			if err := os.Symlink("v2", tmp); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.Rename(tmp, current); err != nil {
+				t.Fatal(err)
+			}
+			eventually(t, "limit 9 after the swap", 15*time.Second, func() bool { return limit() == 9 })
+		})
 	}
 }
 

@@ -23,8 +23,13 @@ import (
 // directory is Root/Subdirectory/AppDirectory, as envoyproxy/ratelimit
 // joins RUNTIME_ROOT, RUNTIME_SUBDIRECTORY and RUNTIME_APPDIRECTORY.
 type FileConfig struct {
-	// Root is RUNTIME_ROOT. It may be a symbolic link that deployments
-	// swap to publish a new version (current -> v2).
+	// Root is RUNTIME_ROOT. It, or any directory below it on the way to
+	// the rules, may be a symbolic link that deployments swap to publish
+	// a new version (current -> v2); Watch notices the swap.
+	//
+	// envoyproxy/ratelimit's RUNTIME_WATCH_ROOT chooses between watching
+	// Root and watching the rules directory, each mode missing some
+	// changes. Watch always watches both, so that setting has no field.
 	Root string
 	// Subdirectory is RUNTIME_SUBDIRECTORY (default "").
 	Subdirectory string
@@ -34,10 +39,6 @@ type FileConfig struct {
 	// dot (RUNTIME_IGNOREDOTFILES; default false). Directories whose names
 	// start with ".." (Kubernetes ConfigMap internals) are always skipped.
 	IgnoreDotFiles bool
-	// WatchRoot also watches the directory holding Root, so that swapping
-	// the Root symlink reloads (RUNTIME_WATCH_ROOT; default true in
-	// settings). Changes inside the rules directory reload either way.
-	WatchRoot bool
 	// Options is passed to rules.Parse.
 	Options rules.Options
 	// Debounce is how long Watch waits after the last change before it

@@ -270,39 +270,86 @@ func TestWatchIgnoresOtherFiles(t *testing.T) {
 	}
 }
 
+// TestWatchSymlinkSwap publishes new rules the way deployments do: a
+// symbolic link on the way to the rules is replaced, atomically, by one
+// to another version. Each swap must reload, wherever the link is.
 func TestWatchSymlinkSwap(t *testing.T) {
 	t.Parallel()
-	base := t.TempDir()
-	writeFile(t, filepath.Join(base, "v1", "ratelimit", "config", "a.yaml"), rule("a", 1))
-	writeFile(t, filepath.Join(base, "v2", "ratelimit", "config", "a.yaml"), rule("a", 2))
-	current := filepath.Join(base, "current")
-	if err := os.Symlink("v1", current); err != nil {
-		t.Fatal(err)
+	tests := []struct {
+		name string
+		// link is the symlink swapped, relative to the base directory;
+		// root, sub and app make the FileConfig.
+		link, root, sub, app string
+		// target is where link points for version v ("v1", "v2").
+		target func(v string) string
+		// chain links root to link when link is not root itself.
+		chain map[string]string
+	}{
+		{
+			// The anchor's (Lyft's) runtime layout.
+			name: "root", link: "current", root: "current", sub: "ratelimit", app: "config",
+			target: func(v string) string { return v },
+		},
+		{
+			name: "root_rules_at_top", link: "current", root: "current", app: "config",
+			target: func(v string) string { return filepath.Join(v, "ratelimit") },
+		},
+		{
+			name: "subdirectory", link: "root/ratelimit", root: "root", sub: "ratelimit", app: "config",
+			target: func(v string) string { return filepath.Join("..", v, "ratelimit") },
+		},
+		{
+			// current -> latest -> v1: the second link is the one swapped.
+			name: "chained", link: "latest", root: "current", sub: "ratelimit", app: "config",
+			target: func(v string) string { return v },
+			chain:  map[string]string{"current": "latest"},
+		},
 	}
-	_, r := startWatch(t, FileConfig{Root: current, Subdirectory: "ratelimit", AppDirectory: "config", WatchRoot: true})
-	if r.rpu("a") != 1 {
-		t.Fatalf("first load: a = %d, want 1", r.rpu("a"))
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			base := t.TempDir()
+			for _, v := range []string{"v1", "v2"} {
+				writeFile(t, filepath.Join(base, v, "ratelimit", "config", "a.yaml"), rule("a", map[string]int{"v1": 1, "v2": 2}[v]))
+			}
+			if err := os.MkdirAll(filepath.Join(base, filepath.Dir(tt.link)), 0o755); err != nil {
+				t.Fatal(err)
+			}
+			link := filepath.Join(base, tt.link)
+			if err := os.Symlink(tt.target("v1"), link); err != nil {
+				t.Fatal(err)
+			}
+			for from, to := range tt.chain {
+				if err := os.Symlink(to, filepath.Join(base, from)); err != nil {
+					t.Fatal(err)
+				}
+			}
+			_, r := startWatch(t, FileConfig{Root: filepath.Join(base, tt.root), Subdirectory: tt.sub, AppDirectory: tt.app})
+			if got := r.rpu("a"); got != 1 {
+				t.Fatalf("first load: a = %d, want 1", got)
+			}
+
+			// The deployment swap: a new link, renamed over the old one.
+			swap := func(v string) {
+				tmp := link + ".tmp"
+				if err := os.Symlink(tt.target(v), tmp); err != nil {
+					t.Fatal(err)
+				}
+				if err := os.Rename(tmp, link); err != nil {
+					t.Fatal(err)
+				}
+			}
+			swap("v2")
+			waitFor(t, "the swap to v2 reloads", func() bool { return r.rpu("a") == 2 })
+
+			// After the swap, changes inside the new version reload too.
+			writeFile(t, filepath.Join(base, "v2", "ratelimit", "config", "a.yaml"), rule("a", 3))
+			waitFor(t, "a write inside v2 reloads", func() bool { return r.rpu("a") == 3 })
+
+			swap("v1")
+			waitFor(t, "the swap back to v1 reloads", func() bool { return r.rpu("a") == 1 })
+		})
 	}
-
-	// The deployment swap: a new link, renamed over the old one.
-	swap := func(target string) {
-		tmp := filepath.Join(base, "current.tmp")
-		if err := os.Symlink(target, tmp); err != nil {
-			t.Fatal(err)
-		}
-		if err := os.Rename(tmp, current); err != nil {
-			t.Fatal(err)
-		}
-	}
-	swap("v2")
-	waitFor(t, "the swap to v2 reloads", func() bool { return r.rpu("a") == 2 })
-
-	// After the swap, changes inside the new version reload too.
-	writeFile(t, filepath.Join(base, "v2", "ratelimit", "config", "a.yaml"), rule("a", 3))
-	waitFor(t, "a write inside v2 reloads", func() bool { return r.rpu("a") == 3 })
-
-	swap("v1")
-	waitFor(t, "the swap back to v1 reloads", func() bool { return r.rpu("a") == 1 })
 }
 
 func TestWatchDirectoryReplaced(t *testing.T) {

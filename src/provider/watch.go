@@ -25,8 +25,8 @@ var errNoDirectory = errors.New("provider: nothing to watch: no ancestor of the 
 
 // Watcher reloads a rules directory whenever anything in it changes:
 // files written, created, removed, renamed or chmod-ed, subdirectories
-// added, the directory itself replaced, or (with WatchRoot) the Root
-// symlink swapped. Each reload reads and validates every file again and
+// added, the directory itself replaced, or a symbolic link on the way to
+// it (Root -> v2) swapped. Each reload reads and validates every file again and
 // reports a whole new Config, or the error, through the callbacks given
 // to Watch.
 //
@@ -229,10 +229,11 @@ func (w *Watcher) reload() {
 }
 
 // updateWatches watches what the rules depend on now: the rules directory
-// as its symlinks resolve today and its subdirectories (every event), the
-// directories holding it and holding Root (events about those entries
-// only, so a replaced directory or a swapped symlink reloads), or, while
-// the directory is missing, its nearest existing ancestor.
+// as its symlinks resolve today and its subdirectories (every event); the
+// directories holding it, holding Root and holding each symlink met on the
+// way from Root to it (events about those entries only, so a replaced
+// directory or a swapped symlink reloads); or, while the directory is
+// missing, its nearest existing ancestor.
 func (w *Watcher) updateWatches() error {
 	want := map[string]watchSpec{}
 	all := func(dir string) {
@@ -252,8 +253,17 @@ func (w *Watcher) updateWatches() error {
 
 	dir := w.cfg.Dir()
 	entry(filepath.Dir(dir), filepath.Base(dir))
-	if w.cfg.WatchRoot {
-		entry(filepath.Dir(w.cfg.Root), filepath.Base(w.cfg.Root))
+	entry(filepath.Dir(w.cfg.Root), filepath.Base(w.cfg.Root))
+	// A watch on a path follows its symlinks once, when it is added: a
+	// watch on current/ratelimit watches v1/ratelimit and sees nothing
+	// when current is swapped to v2. The swap is a change of the link's
+	// entry in the directory holding it, so watch that entry, for every
+	// link on the way (Root, Root/Subdirectory, the rules directory) and
+	// every link those point through.
+	for _, p := range []string{w.cfg.Root, filepath.Join(w.cfg.Root, w.cfg.Subdirectory), dir} {
+		for _, link := range symlinkHops(p) {
+			entry(filepath.Dir(link), filepath.Base(link))
+		}
 	}
 	if resolved, err := filepath.EvalSymlinks(dir); err == nil {
 		entry(filepath.Dir(resolved), filepath.Base(resolved))
@@ -300,4 +310,32 @@ func (w *Watcher) updateWatches() error {
 		errs = append(errs, errNoDirectory)
 	}
 	return errors.Join(errs...)
+}
+
+// maxSymlinkHops bounds symlinkHops, as the kernel bounds a lookup (40 on
+// Linux), so that a link loop ends.
+const maxSymlinkHops = 40
+
+// symlinkHops returns the symbolic links met when resolving the last
+// element of path: path itself if it is a link, then its target if that
+// is a link too, and so on. Directories earlier in path are resolved by
+// the system, and the caller asks about them separately.
+func symlinkHops(path string) []string {
+	var links []string
+	for range maxSymlinkHops {
+		info, err := os.Lstat(path)
+		if err != nil || info.Mode()&fs.ModeSymlink == 0 {
+			break
+		}
+		links = append(links, path)
+		target, err := os.Readlink(path)
+		if err != nil {
+			break
+		}
+		if !filepath.IsAbs(target) {
+			target = filepath.Join(filepath.Dir(path), target)
+		}
+		path = target
+	}
+	return links
 }
