@@ -352,6 +352,63 @@ func TestWatchSymlinkSwap(t *testing.T) {
 	}
 }
 
+// TestWatchRecheck changes a rule through a path no watch covers: the rule
+// file is a link to a file in a directory outside the rules tree (a
+// shared file, a mount), which is rewritten in place. No event reaches
+// the Watcher; the periodic re-check must load it, and must load nothing
+// while the content stays the same.
+func TestWatchRecheck(t *testing.T) {
+	t.Parallel()
+	base := t.TempDir()
+	shared := filepath.Join(base, "shared", "a.yaml")
+	writeFile(t, shared, rule("a", 1))
+	dir := filepath.Join(base, "root", "config")
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(shared, filepath.Join(dir, "a.yaml")); err != nil {
+		t.Fatal(err)
+	}
+	w, r := startWatch(t, FileConfig{Root: filepath.Join(base, "root"), AppDirectory: "config", Recheck: 10 * time.Millisecond})
+
+	// rechecks waits until n more re-checks have run.
+	rechecks := func(what string, n uint64) {
+		t.Helper()
+		from := w.Stats().Rechecks
+		waitFor(t, what, func() bool { return w.Stats().Rechecks >= from+n })
+	}
+	rechecks("re-checks of unchanged rules", 3)
+	if loads, errs := r.counts(); loads != 1 || errs != 0 {
+		t.Fatalf("unchanged rules: %d loads, %d errors; want only the first load", loads, errs)
+	}
+
+	if err := os.WriteFile(shared, []byte(rule("a", 2)), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the re-check loads the unseen change", func() bool { return r.rpu("a") == 2 })
+	rechecks("re-checks after the change", 3)
+	if loads, _ := r.counts(); loads != 2 {
+		t.Errorf("%d loads after one change, want 2", loads)
+	}
+
+	// Invalid content is reported once, keeps nothing from being used
+	// (the caller keeps its rules), and is not reported again while it
+	// stays the same.
+	if err := os.WriteFile(shared, []byte("domain: a\ndescriptors: [\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the re-check reports the invalid rules", func() bool { _, errs := r.counts(); return errs == 1 })
+	rechecks("re-checks of the same invalid rules", 3)
+	if loads, errs := r.counts(); loads != 2 || errs != 1 {
+		t.Errorf("same invalid rules: %d loads, %d errors; want 2 and 1", loads, errs)
+	}
+
+	if err := os.WriteFile(shared, []byte(rule("a", 4)), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the re-check loads the fixed rules", func() bool { return r.rpu("a") == 4 })
+}
+
 func TestWatchDirectoryReplaced(t *testing.T) {
 	t.Parallel()
 	root := t.TempDir()

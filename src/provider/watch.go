@@ -2,6 +2,8 @@ package provider
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -26,9 +28,10 @@ var errNoDirectory = errors.New("provider: nothing to watch: no ancestor of the 
 // Watcher reloads a rules directory whenever anything in it changes:
 // files written, created, removed, renamed or chmod-ed, subdirectories
 // added, the directory itself replaced, or a symbolic link on the way to
-// it (Root -> v2) swapped. Each reload reads and validates every file again and
-// reports a whole new Config, or the error, through the callbacks given
-// to Watch.
+// it (Root -> v2) swapped. Each reload reads and validates every file
+// again and reports a whole new Config, or the error, through the
+// callbacks given to Watch. With FileConfig.Recheck it also reads the
+// files periodically and reloads the same way when they changed unseen.
 //
 // Its goroutine is owned by the Watcher: it stops when the context given
 // to Watch is done or when Close is called, and Close waits for it. The
@@ -44,6 +47,9 @@ type Watcher struct {
 	// watched maps each watched directory to the entries of it that
 	// matter. Only Watch and then the run goroutine touch it.
 	watched map[string]watchSpec
+	// last is what the last load read. Only Watch and then the run
+	// goroutine touch it.
+	last content
 
 	// mu guards stats.
 	mu    sync.Mutex
@@ -67,6 +73,41 @@ type WatchStats struct {
 	LastLoad time.Time
 	// LastError is the error of the last load, nil if it succeeded.
 	LastError error
+	// Rechecks counts the periodic re-checks (FileConfig.Recheck),
+	// whether they found a change or not.
+	Rechecks uint64
+}
+
+// content identifies what a load read: the rules directory as its
+// symlinks resolved, and a hash of the rule files' names and bytes, or of
+// the error that stopped the reading.
+type content struct {
+	dir string
+	sum [sha256.Size]byte
+}
+
+// contentOf returns the content of what readFiles returned.
+func contentOf(dir string, files []rules.File, err error) content {
+	h := sha256.New()
+	// Each name and body is preceded by its length, so that no two sets
+	// of files hash the same by moving bytes from one to the next.
+	var n [8]byte
+	write := func(b []byte) {
+		binary.BigEndian.PutUint64(n[:], uint64(len(b)))
+		h.Write(n[:])
+		h.Write(b)
+	}
+	if err != nil {
+		write([]byte("error"))
+		write([]byte(err.Error()))
+	}
+	for _, f := range files {
+		write([]byte(f.Name))
+		write(f.Data)
+	}
+	c := content{dir: dir}
+	h.Sum(c.sum[:0])
+	return c
 }
 
 // Watch loads the rules directory, reports the result through onLoad or
@@ -155,6 +196,12 @@ func (w *Watcher) run(ctx context.Context) {
 	timer := time.NewTimer(w.cfg.Debounce)
 	timer.Stop()
 	defer timer.Stop()
+	var recheck <-chan time.Time
+	if w.cfg.Recheck > 0 {
+		ticker := time.NewTicker(w.cfg.Recheck)
+		defer ticker.Stop()
+		recheck = ticker.C
+	}
 	// pending is when the first change not yet loaded arrived. Changes
 	// that never pause still reload within maxWait of it.
 	var pending time.Time
@@ -190,8 +237,38 @@ func (w *Watcher) run(ctx context.Context) {
 				w.onError(err)
 			}
 			w.reload()
+		case <-recheck:
+			// A reload already scheduled will read everything anyway.
+			// A change found is handled as an event would be: a writer
+			// caught halfway (an in-place write) is done by the time the
+			// debounced reload reads the files again.
+			if pending.IsZero() && w.recheck() {
+				schedule()
+			}
 		}
 	}
+}
+
+// recheck reads the rule files and reports whether they are not what the
+// last load read, so that a reload is due.
+func (w *Watcher) recheck() bool {
+	now := contentOf(readFiles(w.cfg))
+	w.mu.Lock()
+	w.stats.Rechecks++
+	w.mu.Unlock()
+	if now.sum != w.last.sum {
+		return true
+	}
+	if now.dir != w.last.dir {
+		// The same rules reached through links that now lead elsewhere:
+		// nothing to load, but the watches are on the old place, which
+		// may be why no event came.
+		if err := w.updateWatches(); err != nil {
+			w.onError(err)
+		}
+		w.last = now
+	}
+	return false
 }
 
 // relevant reports whether an event may change the rules.
@@ -209,7 +286,12 @@ func (w *Watcher) relevant(ev fsnotify.Event) bool {
 
 // reload loads the rules and reports the result.
 func (w *Watcher) reload() {
-	cfg, err := LoadFiles(w.cfg)
+	dir, files, err := readFiles(w.cfg)
+	w.last = contentOf(dir, files, err)
+	var cfg *rules.Config
+	if err == nil {
+		cfg, err = rules.Parse(files, w.cfg.Options)
+	}
 	now := w.cfg.Now()
 	w.mu.Lock()
 	if err != nil {

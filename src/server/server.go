@@ -78,6 +78,7 @@ func New(ctx context.Context, set *settings.Settings, log *slog.Logger) (*Server
 		Subdirectory:   set.RuntimeSubdirectory,
 		AppDirectory:   set.RuntimeAppDirectory,
 		IgnoreDotFiles: set.RuntimeIgnoreDotFiles,
+		Recheck:        set.RuntimeRecheckInterval,
 		Options: rules.Options{
 			MergeDomains: set.MergeDomainConfig,
 			Supports:     b.supports,

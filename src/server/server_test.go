@@ -231,6 +231,79 @@ func TestGRPCHealthNames(t *testing.T) {
 	<-stopped
 }
 
+// TestRecheckAppliesUnseenChange serves a rule file that is a link to a
+// file outside the rules tree, rewritten in place: no watch sees it, and
+// RUNTIME_RECHECK_INTERVAL must put it in force. Re-checks of unchanged
+// rules load nothing: config_load_success does not move.
+func TestRecheckAppliesUnseenChange(t *testing.T) {
+	base := t.TempDir()
+	shared := filepath.Join(base, "shared", "web.yaml")
+	root := filepath.Join(base, "root")
+	for _, d := range []string{filepath.Dir(shared), filepath.Join(root, "config")} {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.WriteFile(shared, []byte(serverRules), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	// Linked before the start, so that the first load is the only one
+	// before the re-checks begin.
+	if err := os.Symlink(shared, filepath.Join(root, "config", "web.yaml")); err != nil {
+		t.Fatal(err)
+	}
+	srv, _ := start(t, "", map[string]string{"RUNTIME_ROOT": root, "RUNTIME_RECHECK_INTERVAL": "10ms"})
+	rls := rlsv3.NewRateLimitServiceClient(dial(t, srv))
+	limit := func() uint32 {
+		resp, err := rls.ShouldRateLimit(t.Context(), &rlsv3.RateLimitRequest{Domain: "web", Descriptors: []*ratelimitv3.RateLimitDescriptor{{
+			Entries: []*ratelimitv3.RateLimitDescriptor_Entry{{Key: "user", Value: "recheck"}},
+		}}})
+		if err != nil {
+			return 0
+		}
+		return resp.GetStatuses()[0].GetCurrentLimit().GetRequestsPerUnit()
+	}
+	if got := limit(); got != 2 {
+		t.Fatalf("limit %d at the start, want 2", got)
+	}
+
+	success := srv.stats.Counter("ratelimit.service.config_load_success")
+	failure := srv.stats.Counter("ratelimit.service.config_load_error")
+	rechecks := func(n uint64) {
+		t.Helper()
+		from := srv.watcher.Stats().Rechecks
+		eventually(t, fmt.Sprintf("%d more re-checks", n), func() bool { return srv.watcher.Stats().Rechecks >= from+n })
+	}
+	loaded := success.Value()
+	rechecks(3)
+	if got := success.Value(); got != loaded {
+		t.Errorf("config_load_success moved from %d to %d over re-checks of unchanged rules", loaded, got)
+	}
+
+	if err := os.WriteFile(shared, []byte(strings.Replace(serverRules, "requests_per_unit: 2", "requests_per_unit: 5", 1)), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "the re-check applies limit 5", func() bool { return limit() == 5 })
+	if got := success.Value(); got != loaded+1 {
+		t.Errorf("config_load_success = %d after one change, want %d", got, loaded+1)
+	}
+
+	// Invalid rules found by a re-check are counted once and never
+	// replace the rules in use.
+	failed := failure.Value()
+	if err := os.WriteFile(shared, []byte("domain: web\ndescriptors:\n  - key: \"\"\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "config_load_error counts the invalid rules", func() bool { return failure.Value() == failed+1 })
+	rechecks(3)
+	if got := failure.Value(); got != failed+1 {
+		t.Errorf("config_load_error = %d over re-checks of the same invalid rules, want %d", got, failed+1)
+	}
+	if got := limit(); got != 5 {
+		t.Errorf("limit %d after invalid rules, want the rules in use (5)", got)
+	}
+}
+
 func TestHTTPAndDebugEndpoints(t *testing.T) {
 	srv, _ := start(t, serverRules, nil)
 	a := srv.Addrs()

@@ -57,6 +57,10 @@ type Settings struct {
 	RuntimeIgnoreDotFiles bool   `envconfig:"RUNTIME_IGNOREDOTFILES" default:"false"`
 	RuntimeWatchRoot      bool   `envconfig:"RUNTIME_WATCH_ROOT" default:"true"` // accepted for compatibility: both values watch the same (see provider.FileConfig.Root)
 	MergeDomainConfig     bool   `envconfig:"MERGE_DOMAIN_CONFIG" default:"false"`
+	// RuntimeRecheckInterval (extension): how often the rule files are
+	// read again and reloaded if their content changed without a file
+	// system event; 0 disables.
+	RuntimeRecheckInterval time.Duration `envconfig:"RUNTIME_RECHECK_INTERVAL" default:"60s"`
 
 	ForceStartWithoutInitialConfig    bool `envconfig:"FORCE_START_WITHOUT_INITIAL_CONFIG" default:"false"`
 	HealthyWithAtLeastOneConfigLoaded bool `envconfig:"HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED" default:"false"`
@@ -188,6 +192,9 @@ func (s *Settings) Validate() error {
 		s.LogFormat = strings.ToLower(s.LogFormat)
 	default:
 		bad("LOG_FORMAT", "unknown format %q (want text or json)", s.LogFormat)
+	}
+	if s.RuntimeRecheckInterval < 0 {
+		bad("RUNTIME_RECHECK_INTERVAL", "must not be negative (0 disables the re-check)")
 	}
 	if s.NearLimitRatio < 0 || s.NearLimitRatio > 1 {
 		bad("NEAR_LIMIT_RATIO", "%v is outside 0..1", s.NearLimitRatio)

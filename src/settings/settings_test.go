@@ -44,6 +44,7 @@ func TestDefaults(t *testing.T) {
 		{"MEMCACHE_MAX_IDLE_CONNS", s.MemcacheMaxIdleConns, 64},
 		{"MEMCACHE_SRV_REFRESH", s.MemcacheSrvRefresh, time.Duration(0)},
 		{"MEMCACHE_TLS", s.MemcacheTLS, false},
+		{"RUNTIME_RECHECK_INTERVAL", s.RuntimeRecheckInterval, time.Minute},
 	}
 	for _, c := range checks {
 		if c.got != c.want {
@@ -72,6 +73,8 @@ func TestMalformedValuesNameTheVariable(t *testing.T) {
 		{"memcache_without_servers", map[string]string{"BACKEND_TYPE": "memcache"}, []string{"MEMCACHE_HOST_PORT", "MEMCACHE_SRV"}},
 		{"memcache_both", map[string]string{"BACKEND_TYPE": "memcache", "MEMCACHE_HOST_PORT": "a:1", "MEMCACHE_SRV": "_m._tcp.x"}, []string{"MEMCACHE_HOST_PORT", "MEMCACHE_SRV"}},
 		{"memcache_idle", map[string]string{"MEMCACHE_MAX_IDLE_CONNS": "-1"}, []string{"MEMCACHE_MAX_IDLE_CONNS"}},
+		{"recheck_negative", map[string]string{"RUNTIME_RECHECK_INTERVAL": "-1s"}, []string{"RUNTIME_RECHECK_INTERVAL"}},
+		{"recheck_not_a_duration", map[string]string{"RUNTIME_RECHECK_INTERVAL": "60"}, []string{"RUNTIME_RECHECK_INTERVAL"}},
 		{"several", map[string]string{"BACKEND_TYPE": "foo", "LOG_LEVEL": "loud"}, []string{"BACKEND_TYPE", "LOG_LEVEL"}},
 	}
 	for _, tt := range tests {
