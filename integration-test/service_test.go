@@ -2,6 +2,8 @@ package integration
 
 import (
 	"encoding/json"
+	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"syscall"
@@ -72,22 +74,46 @@ func TestMalformedSettingExitNonZero(t *testing.T) {
 	}
 }
 
+// TestJSONLogsFromTheFirstLine checks that with LOG_FORMAT=JSON (any case)
+// every line the service prints, the error about a bad setting included,
+// is JSON with envoyproxy/ratelimit's keys and value formats.
 func TestJSONLogsFromTheFirstLine(t *testing.T) {
-	p := start(t, map[string]string{"web.yaml": webRules}, "LOG_FORMAT=json")
+	p := start(t, map[string]string{"web.yaml": webRules}, "LOG_FORMAT=JSON", "LOG_LEVEL=debug")
+	if _, err := p.client(t).ShouldRateLimit(callCtx(t), request("web", "user", "log")); err != nil {
+		t.Fatal(err)
+	}
 	p.signal(t, syscall.SIGTERM)
 	if code := p.wait(t, 20*time.Second); code != 0 {
 		t.Fatalf("exit code %d after SIGTERM", code)
 	}
-	bad := launch(t, map[string]string{"web.yaml": webRules}, "LOG_FORMAT=json", "PORT=abc")
+	bad := launch(t, map[string]string{"web.yaml": webRules}, "LOG_FORMAT=Json", "PORT=abc")
 	bad.wait(t, 20*time.Second)
+	levels := map[string]bool{"debug": true, "info": true, "warning": true, "error": true}
 	for _, out := range []string{p.logs(), bad.logs()} {
 		lines := strings.Split(strings.TrimSpace(out), "\n")
 		if len(lines) == 0 || lines[0] == "" {
 			t.Fatal("no log lines")
 		}
 		for _, l := range lines {
-			if !json.Valid([]byte(l)) {
+			var line map[string]any
+			if err := json.Unmarshal([]byte(l), &line); err != nil {
 				t.Errorf("not JSON: %q", l)
+				continue
+			}
+			ts, _ := line["@timestamp"].(string)
+			if parsed, err := time.Parse(time.RFC3339Nano, ts); err != nil || parsed.Format(time.RFC3339Nano) != ts {
+				t.Errorf("@timestamp %q is not RFC 3339 with nanoseconds: %q", ts, l)
+			}
+			if msg, _ := line["@message"].(string); msg == "" {
+				t.Errorf("no @message: %q", l)
+			}
+			if lv, _ := line["level"].(string); !levels[lv] {
+				t.Errorf("level %q is not one of logrus's names: %q", lv, l)
+			}
+			for _, k := range []string{"time", "msg"} {
+				if _, ok := line[k]; ok {
+					t.Errorf("slog's key %q in %q", k, l)
+				}
 			}
 		}
 	}
@@ -157,6 +183,45 @@ func TestReloadAppliesNewRulesAndKeepsOldOnError(t *testing.T) {
 	}
 	if p.healthCode() != 200 {
 		t.Error("unhealthy after an invalid reload; the old rules still serve")
+	}
+}
+
+// TestSymlinkSwapReloadsInBothWatchModes publishes new rules as the
+// anchor's runtime layout does: RUNTIME_ROOT is a symlink (current -> v1)
+// and a new link is renamed over it (current -> v2). Both values of
+// RUNTIME_WATCH_ROOT must apply the new limit.
+func TestSymlinkSwapReloadsInBothWatchModes(t *testing.T) {
+	for _, watchRoot := range []string{"true", "false"} {
+		t.Run("RUNTIME_WATCH_ROOT="+watchRoot, func(t *testing.T) {
+			base := t.TempDir()
+			for v, limit := range map[string]string{"v1": "3", "v2": "9"} {
+				writeRules(t, filepath.Join(base, v), "web.yaml", strings.Replace(webRules, "requests_per_unit: 3", "requests_per_unit: "+limit, 1))
+			}
+			current := filepath.Join(base, "current")
+			if err := os.Symlink("v1", current); err != nil {
+				t.Fatal(err)
+			}
+			p := start(t, nil, "RUNTIME_ROOT="+current, "RUNTIME_WATCH_ROOT="+watchRoot)
+			c := p.client(t)
+			limit := func() uint32 {
+				resp, err := c.ShouldRateLimit(callCtx(t), request("web", "user", "swap"))
+				if err != nil {
+					t.Fatal(err)
+				}
+				return resp.GetStatuses()[0].GetCurrentLimit().GetRequestsPerUnit()
+			}
+			if got := limit(); got != 3 {
+				t.Fatalf("limit before the swap = %d, want 3", got)
+			}
+			tmp := current + ".tmp"
+			if err := os.Symlink("v2", tmp); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.Rename(tmp, current); err != nil {
+				t.Fatal(err)
+			}
+			eventually(t, "limit 9 after the swap", 15*time.Second, func() bool { return limit() == 9 })
+		})
 	}
 }
 

@@ -23,8 +23,9 @@ func main() {
 func run() int {
 	set, err := settings.Load()
 	if err != nil {
-		// LOG_FORMAT may itself be what is wrong; honour it when it says json.
-		if os.Getenv("LOG_FORMAT") == "json" {
+		// LOG_FORMAT may itself be what is wrong; honour it when it says
+		// json, so that even this first line is one a log pipeline parses.
+		if settings.JSONLogsRequested() {
 			server.NewLogger(os.Stderr, "error", "json").Error("invalid settings", "err", err)
 		} else {
 			fmt.Fprintln(os.Stderr, err)

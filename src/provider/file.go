@@ -23,8 +23,13 @@ import (
 // directory is Root/Subdirectory/AppDirectory, as envoyproxy/ratelimit
 // joins RUNTIME_ROOT, RUNTIME_SUBDIRECTORY and RUNTIME_APPDIRECTORY.
 type FileConfig struct {
-	// Root is RUNTIME_ROOT. It may be a symbolic link that deployments
-	// swap to publish a new version (current -> v2).
+	// Root is RUNTIME_ROOT. It, or any directory below it on the way to
+	// the rules, may be a symbolic link that deployments swap to publish
+	// a new version (current -> v2); Watch notices the swap.
+	//
+	// envoyproxy/ratelimit's RUNTIME_WATCH_ROOT chooses between watching
+	// Root and watching the rules directory, each mode missing some
+	// changes. Watch always watches both, so that setting has no field.
 	Root string
 	// Subdirectory is RUNTIME_SUBDIRECTORY (default "").
 	Subdirectory string
@@ -34,10 +39,6 @@ type FileConfig struct {
 	// dot (RUNTIME_IGNOREDOTFILES; default false). Directories whose names
 	// start with ".." (Kubernetes ConfigMap internals) are always skipped.
 	IgnoreDotFiles bool
-	// WatchRoot also watches the directory holding Root, so that swapping
-	// the Root symlink reloads (RUNTIME_WATCH_ROOT; default true in
-	// settings). Changes inside the rules directory reload either way.
-	WatchRoot bool
 	// Options is passed to rules.Parse.
 	Options rules.Options
 	// Debounce is how long Watch waits after the last change before it
@@ -46,6 +47,14 @@ type FileConfig struct {
 	Debounce time.Duration
 	// Now is the clock for WatchStats; nil means time.Now.
 	Now func() time.Time
+	// Recheck is how often Watch reads the rule files again, whatever
+	// the events, and compares a hash of them with what it last loaded:
+	// a change that raised no event (a network file system, a rule file
+	// linked to one outside the watched tree, a lost event) then reloads
+	// within Recheck + Debounce, as an event would. An unchanged
+	// re-check costs reading and hashing the files and reloads nothing.
+	// Zero (the default here; 60s in settings) disables it.
+	Recheck time.Duration
 }
 
 // Dir returns the rules directory: Root/Subdirectory/AppDirectory.
@@ -58,11 +67,18 @@ func (c FileConfig) Dir() string {
 // errors by its path relative to the directory. Other files are ignored.
 // Symbolic links to files are followed; links to directories are not.
 func ReadFiles(cfg FileConfig) ([]rules.File, error) {
+	_, files, err := readFiles(cfg)
+	return files, err
+}
+
+// readFiles is ReadFiles that also returns the rules directory with its
+// symlinks resolved, the one it read.
+func readFiles(cfg FileConfig) (string, []rules.File, error) {
 	dir := cfg.Dir()
 	// The root itself may be a symlink (current -> v2); walk its target.
 	resolved, err := filepath.EvalSymlinks(dir)
 	if err != nil {
-		return nil, fmt.Errorf("provider: rules directory: %w", err)
+		return "", nil, fmt.Errorf("provider: rules directory: %w", err)
 	}
 	var files []rules.File
 	err = filepath.WalkDir(resolved, func(path string, d fs.DirEntry, err error) error {
@@ -108,10 +124,10 @@ func ReadFiles(cfg FileConfig) ([]rules.File, error) {
 		return nil
 	})
 	if err != nil {
-		return nil, fmt.Errorf("provider: read rules in %s: %w", dir, err)
+		return "", nil, fmt.Errorf("provider: read rules in %s: %w", dir, err)
 	}
 	sort.Slice(files, func(i, j int) bool { return files[i].Name < files[j].Name })
-	return files, nil
+	return resolved, files, nil
 }
 
 // isRuleFile reports whether a file name is one to load.

@@ -270,39 +270,143 @@ func TestWatchIgnoresOtherFiles(t *testing.T) {
 	}
 }
 
+// TestWatchSymlinkSwap publishes new rules the way deployments do: a
+// symbolic link on the way to the rules is replaced, atomically, by one
+// to another version. Each swap must reload, wherever the link is.
 func TestWatchSymlinkSwap(t *testing.T) {
 	t.Parallel()
+	tests := []struct {
+		name string
+		// link is the symlink swapped, relative to the base directory;
+		// root, sub and app make the FileConfig.
+		link, root, sub, app string
+		// target is where link points for version v ("v1", "v2").
+		target func(v string) string
+		// chain links root to link when link is not root itself.
+		chain map[string]string
+	}{
+		{
+			// The anchor's (Lyft's) runtime layout.
+			name: "root", link: "current", root: "current", sub: "ratelimit", app: "config",
+			target: func(v string) string { return v },
+		},
+		{
+			name: "root_rules_at_top", link: "current", root: "current", app: "config",
+			target: func(v string) string { return filepath.Join(v, "ratelimit") },
+		},
+		{
+			name: "subdirectory", link: "root/ratelimit", root: "root", sub: "ratelimit", app: "config",
+			target: func(v string) string { return filepath.Join("..", v, "ratelimit") },
+		},
+		{
+			// current -> latest -> v1: the second link is the one swapped.
+			name: "chained", link: "latest", root: "current", sub: "ratelimit", app: "config",
+			target: func(v string) string { return v },
+			chain:  map[string]string{"current": "latest"},
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			base := t.TempDir()
+			for _, v := range []string{"v1", "v2"} {
+				writeFile(t, filepath.Join(base, v, "ratelimit", "config", "a.yaml"), rule("a", map[string]int{"v1": 1, "v2": 2}[v]))
+			}
+			if err := os.MkdirAll(filepath.Join(base, filepath.Dir(tt.link)), 0o755); err != nil {
+				t.Fatal(err)
+			}
+			link := filepath.Join(base, tt.link)
+			if err := os.Symlink(tt.target("v1"), link); err != nil {
+				t.Fatal(err)
+			}
+			for from, to := range tt.chain {
+				if err := os.Symlink(to, filepath.Join(base, from)); err != nil {
+					t.Fatal(err)
+				}
+			}
+			_, r := startWatch(t, FileConfig{Root: filepath.Join(base, tt.root), Subdirectory: tt.sub, AppDirectory: tt.app})
+			if got := r.rpu("a"); got != 1 {
+				t.Fatalf("first load: a = %d, want 1", got)
+			}
+
+			// The deployment swap: a new link, renamed over the old one.
+			swap := func(v string) {
+				tmp := link + ".tmp"
+				if err := os.Symlink(tt.target(v), tmp); err != nil {
+					t.Fatal(err)
+				}
+				if err := os.Rename(tmp, link); err != nil {
+					t.Fatal(err)
+				}
+			}
+			swap("v2")
+			waitFor(t, "the swap to v2 reloads", func() bool { return r.rpu("a") == 2 })
+
+			// After the swap, changes inside the new version reload too.
+			writeFile(t, filepath.Join(base, "v2", "ratelimit", "config", "a.yaml"), rule("a", 3))
+			waitFor(t, "a write inside v2 reloads", func() bool { return r.rpu("a") == 3 })
+
+			swap("v1")
+			waitFor(t, "the swap back to v1 reloads", func() bool { return r.rpu("a") == 1 })
+		})
+	}
+}
+
+// TestWatchRecheck changes a rule through a path no watch covers: the rule
+// file is a link to a file in a directory outside the rules tree (a
+// shared file, a mount), which is rewritten in place. No event reaches
+// the Watcher; the periodic re-check must load it, and must load nothing
+// while the content stays the same.
+func TestWatchRecheck(t *testing.T) {
+	t.Parallel()
 	base := t.TempDir()
-	writeFile(t, filepath.Join(base, "v1", "ratelimit", "config", "a.yaml"), rule("a", 1))
-	writeFile(t, filepath.Join(base, "v2", "ratelimit", "config", "a.yaml"), rule("a", 2))
-	current := filepath.Join(base, "current")
-	if err := os.Symlink("v1", current); err != nil {
+	shared := filepath.Join(base, "shared", "a.yaml")
+	writeFile(t, shared, rule("a", 1))
+	dir := filepath.Join(base, "root", "config")
+	if err := os.MkdirAll(dir, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	_, r := startWatch(t, FileConfig{Root: current, Subdirectory: "ratelimit", AppDirectory: "config", WatchRoot: true})
-	if r.rpu("a") != 1 {
-		t.Fatalf("first load: a = %d, want 1", r.rpu("a"))
+	if err := os.Symlink(shared, filepath.Join(dir, "a.yaml")); err != nil {
+		t.Fatal(err)
+	}
+	w, r := startWatch(t, FileConfig{Root: filepath.Join(base, "root"), AppDirectory: "config", Recheck: 10 * time.Millisecond})
+
+	// rechecks waits until n more re-checks have run.
+	rechecks := func(what string, n uint64) {
+		t.Helper()
+		from := w.Stats().Rechecks
+		waitFor(t, what, func() bool { return w.Stats().Rechecks >= from+n })
+	}
+	rechecks("re-checks of unchanged rules", 3)
+	if loads, errs := r.counts(); loads != 1 || errs != 0 {
+		t.Fatalf("unchanged rules: %d loads, %d errors; want only the first load", loads, errs)
 	}
 
-	// The deployment swap: a new link, renamed over the old one.
-	swap := func(target string) {
-		tmp := filepath.Join(base, "current.tmp")
-		if err := os.Symlink(target, tmp); err != nil {
-			t.Fatal(err)
-		}
-		if err := os.Rename(tmp, current); err != nil {
-			t.Fatal(err)
-		}
+	if err := os.WriteFile(shared, []byte(rule("a", 2)), 0o644); err != nil {
+		t.Fatal(err)
 	}
-	swap("v2")
-	waitFor(t, "the swap to v2 reloads", func() bool { return r.rpu("a") == 2 })
+	waitFor(t, "the re-check loads the unseen change", func() bool { return r.rpu("a") == 2 })
+	rechecks("re-checks after the change", 3)
+	if loads, _ := r.counts(); loads != 2 {
+		t.Errorf("%d loads after one change, want 2", loads)
+	}
 
-	// After the swap, changes inside the new version reload too.
-	writeFile(t, filepath.Join(base, "v2", "ratelimit", "config", "a.yaml"), rule("a", 3))
-	waitFor(t, "a write inside v2 reloads", func() bool { return r.rpu("a") == 3 })
+	// Invalid content is reported once, keeps nothing from being used
+	// (the caller keeps its rules), and is not reported again while it
+	// stays the same.
+	if err := os.WriteFile(shared, []byte("domain: a\ndescriptors: [\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the re-check reports the invalid rules", func() bool { _, errs := r.counts(); return errs == 1 })
+	rechecks("re-checks of the same invalid rules", 3)
+	if loads, errs := r.counts(); loads != 2 || errs != 1 {
+		t.Errorf("same invalid rules: %d loads, %d errors; want 2 and 1", loads, errs)
+	}
 
-	swap("v1")
-	waitFor(t, "the swap back to v1 reloads", func() bool { return r.rpu("a") == 1 })
+	if err := os.WriteFile(shared, []byte(rule("a", 4)), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the re-check loads the fixed rules", func() bool { return r.rpu("a") == 4 })
 }
 
 func TestWatchDirectoryReplaced(t *testing.T) {

@@ -2,6 +2,8 @@ package provider
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -25,10 +27,11 @@ var errNoDirectory = errors.New("provider: nothing to watch: no ancestor of the 
 
 // Watcher reloads a rules directory whenever anything in it changes:
 // files written, created, removed, renamed or chmod-ed, subdirectories
-// added, the directory itself replaced, or (with WatchRoot) the Root
-// symlink swapped. Each reload reads and validates every file again and
-// reports a whole new Config, or the error, through the callbacks given
-// to Watch.
+// added, the directory itself replaced, or a symbolic link on the way to
+// it (Root -> v2) swapped. Each reload reads and validates every file
+// again and reports a whole new Config, or the error, through the
+// callbacks given to Watch. With FileConfig.Recheck it also reads the
+// files periodically and reloads the same way when they changed unseen.
 //
 // Its goroutine is owned by the Watcher: it stops when the context given
 // to Watch is done or when Close is called, and Close waits for it. The
@@ -44,6 +47,9 @@ type Watcher struct {
 	// watched maps each watched directory to the entries of it that
 	// matter. Only Watch and then the run goroutine touch it.
 	watched map[string]watchSpec
+	// last is what the last load read. Only Watch and then the run
+	// goroutine touch it.
+	last content
 
 	// mu guards stats.
 	mu    sync.Mutex
@@ -67,6 +73,41 @@ type WatchStats struct {
 	LastLoad time.Time
 	// LastError is the error of the last load, nil if it succeeded.
 	LastError error
+	// Rechecks counts the periodic re-checks (FileConfig.Recheck),
+	// whether they found a change or not.
+	Rechecks uint64
+}
+
+// content identifies what a load read: the rules directory as its
+// symlinks resolved, and a hash of the rule files' names and bytes, or of
+// the error that stopped the reading.
+type content struct {
+	dir string
+	sum [sha256.Size]byte
+}
+
+// contentOf returns the content of what readFiles returned.
+func contentOf(dir string, files []rules.File, err error) content {
+	h := sha256.New()
+	// Each name and body is preceded by its length, so that no two sets
+	// of files hash the same by moving bytes from one to the next.
+	var n [8]byte
+	write := func(b []byte) {
+		binary.BigEndian.PutUint64(n[:], uint64(len(b)))
+		h.Write(n[:])
+		h.Write(b)
+	}
+	if err != nil {
+		write([]byte("error"))
+		write([]byte(err.Error()))
+	}
+	for _, f := range files {
+		write([]byte(f.Name))
+		write(f.Data)
+	}
+	c := content{dir: dir}
+	h.Sum(c.sum[:0])
+	return c
 }
 
 // Watch loads the rules directory, reports the result through onLoad or
@@ -155,6 +196,12 @@ func (w *Watcher) run(ctx context.Context) {
 	timer := time.NewTimer(w.cfg.Debounce)
 	timer.Stop()
 	defer timer.Stop()
+	var recheck <-chan time.Time
+	if w.cfg.Recheck > 0 {
+		ticker := time.NewTicker(w.cfg.Recheck)
+		defer ticker.Stop()
+		recheck = ticker.C
+	}
 	// pending is when the first change not yet loaded arrived. Changes
 	// that never pause still reload within maxWait of it.
 	var pending time.Time
@@ -190,8 +237,38 @@ func (w *Watcher) run(ctx context.Context) {
 				w.onError(err)
 			}
 			w.reload()
+		case <-recheck:
+			// A reload already scheduled will read everything anyway.
+			// A change found is handled as an event would be: a writer
+			// caught halfway (an in-place write) is done by the time the
+			// debounced reload reads the files again.
+			if pending.IsZero() && w.recheck() {
+				schedule()
+			}
 		}
 	}
+}
+
+// recheck reads the rule files and reports whether they are not what the
+// last load read, so that a reload is due.
+func (w *Watcher) recheck() bool {
+	now := contentOf(readFiles(w.cfg))
+	w.mu.Lock()
+	w.stats.Rechecks++
+	w.mu.Unlock()
+	if now.sum != w.last.sum {
+		return true
+	}
+	if now.dir != w.last.dir {
+		// The same rules reached through links that now lead elsewhere:
+		// nothing to load, but the watches are on the old place, which
+		// may be why no event came.
+		if err := w.updateWatches(); err != nil {
+			w.onError(err)
+		}
+		w.last = now
+	}
+	return false
 }
 
 // relevant reports whether an event may change the rules.
@@ -209,7 +286,12 @@ func (w *Watcher) relevant(ev fsnotify.Event) bool {
 
 // reload loads the rules and reports the result.
 func (w *Watcher) reload() {
-	cfg, err := LoadFiles(w.cfg)
+	dir, files, err := readFiles(w.cfg)
+	w.last = contentOf(dir, files, err)
+	var cfg *rules.Config
+	if err == nil {
+		cfg, err = rules.Parse(files, w.cfg.Options)
+	}
 	now := w.cfg.Now()
 	w.mu.Lock()
 	if err != nil {
@@ -229,10 +311,11 @@ func (w *Watcher) reload() {
 }
 
 // updateWatches watches what the rules depend on now: the rules directory
-// as its symlinks resolve today and its subdirectories (every event), the
-// directories holding it and holding Root (events about those entries
-// only, so a replaced directory or a swapped symlink reloads), or, while
-// the directory is missing, its nearest existing ancestor.
+// as its symlinks resolve today and its subdirectories (every event); the
+// directories holding it, holding Root and holding each symlink met on the
+// way from Root to it (events about those entries only, so a replaced
+// directory or a swapped symlink reloads); or, while the directory is
+// missing, its nearest existing ancestor.
 func (w *Watcher) updateWatches() error {
 	want := map[string]watchSpec{}
 	all := func(dir string) {
@@ -252,8 +335,17 @@ func (w *Watcher) updateWatches() error {
 
 	dir := w.cfg.Dir()
 	entry(filepath.Dir(dir), filepath.Base(dir))
-	if w.cfg.WatchRoot {
-		entry(filepath.Dir(w.cfg.Root), filepath.Base(w.cfg.Root))
+	entry(filepath.Dir(w.cfg.Root), filepath.Base(w.cfg.Root))
+	// A watch on a path follows its symlinks once, when it is added: a
+	// watch on current/ratelimit watches v1/ratelimit and sees nothing
+	// when current is swapped to v2. The swap is a change of the link's
+	// entry in the directory holding it, so watch that entry, for every
+	// link on the way (Root, Root/Subdirectory, the rules directory) and
+	// every link those point through.
+	for _, p := range []string{w.cfg.Root, filepath.Join(w.cfg.Root, w.cfg.Subdirectory), dir} {
+		for _, link := range symlinkHops(p) {
+			entry(filepath.Dir(link), filepath.Base(link))
+		}
 	}
 	if resolved, err := filepath.EvalSymlinks(dir); err == nil {
 		entry(filepath.Dir(resolved), filepath.Base(resolved))
@@ -300,4 +392,32 @@ func (w *Watcher) updateWatches() error {
 		errs = append(errs, errNoDirectory)
 	}
 	return errors.Join(errs...)
+}
+
+// maxSymlinkHops bounds symlinkHops, as the kernel bounds a lookup (40 on
+// Linux), so that a link loop ends.
+const maxSymlinkHops = 40
+
+// symlinkHops returns the symbolic links met when resolving the last
+// element of path: path itself if it is a link, then its target if that
+// is a link too, and so on. Directories earlier in path are resolved by
+// the system, and the caller asks about them separately.
+func symlinkHops(path string) []string {
+	var links []string
+	for range maxSymlinkHops {
+		info, err := os.Lstat(path)
+		if err != nil || info.Mode()&fs.ModeSymlink == 0 {
+			break
+		}
+		links = append(links, path)
+		target, err := os.Readlink(path)
+		if err != nil {
+			break
+		}
+		if !filepath.IsAbs(target) {
+			target = filepath.Join(filepath.Dir(path), target)
+		}
+		path = target
+	}
+	return links
 }

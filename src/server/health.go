@@ -8,8 +8,15 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 )
 
-// rlsServiceName is the gRPC service name health is also reported under.
+// rlsServiceName is the full name of the rate limit gRPC service.
 const rlsServiceName = "envoy.service.ratelimit.v3.RateLimitService"
+
+// healthNames are the service names the gRPC health service answers for,
+// all with the same status: "" (the whole server, grpc-health-probe's
+// default), "ratelimit" (the name envoyproxy/ratelimit registers, which
+// Kubernetes gRPC probes and meshes configured for it ask about) and the
+// full RLS name.
+var healthNames = []string{"", "ratelimit", rlsServiceName}
 
 // Health combines what the service's health depends on: valid rules, a
 // reachable store, and not shutting down. It drives both the gRPC health
@@ -28,7 +35,9 @@ type Health struct {
 // reported good.
 func NewHealth() *Health {
 	h := &Health{grpc: health.NewServer()}
-	h.update()
+	h.mu.Lock()
+	h.publish()
+	h.mu.Unlock()
 	return h
 }
 
@@ -46,25 +55,33 @@ func (h *Health) Shutdown() {
 
 func (h *Health) set(f func()) {
 	h.mu.Lock()
+	defer h.mu.Unlock()
 	f()
-	h.mu.Unlock()
-	h.update()
+	h.publish()
 }
 
 // Healthy reports whether the service can answer correctly.
 func (h *Health) Healthy() bool {
 	h.mu.Lock()
 	defer h.mu.Unlock()
+	return h.healthy()
+}
+
+func (h *Health) healthy() bool {
 	return h.rulesOK && h.storeOK && !h.shuttingDown
 }
 
-func (h *Health) update() {
+// publish sets the gRPC status from the fields. It runs under mu, so that
+// two concurrent changes cannot publish their statuses in the opposite
+// order of the changes and leave gRPC saying what /healthcheck does not.
+func (h *Health) publish() {
 	st := healthpb.HealthCheckResponse_NOT_SERVING
-	if h.Healthy() {
+	if h.healthy() {
 		st = healthpb.HealthCheckResponse_SERVING
 	}
-	h.grpc.SetServingStatus("", st)
-	h.grpc.SetServingStatus(rlsServiceName, st)
+	for _, name := range healthNames {
+		h.grpc.SetServingStatus(name, st)
+	}
 }
 
 // ServeHTTP answers GET /healthcheck: 200 "OK" when healthy, 500 otherwise,

@@ -78,7 +78,7 @@ func New(ctx context.Context, set *settings.Settings, log *slog.Logger) (*Server
 		Subdirectory:   set.RuntimeSubdirectory,
 		AppDirectory:   set.RuntimeAppDirectory,
 		IgnoreDotFiles: set.RuntimeIgnoreDotFiles,
-		WatchRoot:      set.RuntimeWatchRoot,
+		Recheck:        set.RuntimeRecheckInterval,
 		Options: rules.Options{
 			MergeDomains: set.MergeDomainConfig,
 			Supports:     b.supports,

@@ -36,6 +36,14 @@ descriptors:
 // start runs a server on free loopback ports with rules in a temp dir.
 func start(t *testing.T, ruleText string, env map[string]string) (*Server, string) {
 	t.Helper()
+	srv, root, _ := startStoppable(t, ruleText, env)
+	return srv, root
+}
+
+// startStoppable is start that also returns a function that stops the
+// server, as SIGTERM does, and waits until Run has returned.
+func startStoppable(t *testing.T, ruleText string, env map[string]string) (*Server, string, func()) {
+	t.Helper()
 	root := t.TempDir()
 	if err := os.MkdirAll(filepath.Join(root, "config"), 0o755); err != nil {
 		t.Fatal(err)
@@ -67,13 +75,17 @@ func start(t *testing.T, ruleText string, env map[string]string) (*Server, strin
 	}
 	done := make(chan error, 1)
 	go func() { done <- srv.Run(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("Run: %v", err)
-		}
-	})
-	return srv, root
+	var once sync.Once
+	stop := func() {
+		once.Do(func() {
+			cancel()
+			if err := <-done; err != nil {
+				t.Errorf("Run: %v", err)
+			}
+		})
+	}
+	t.Cleanup(stop)
+	return srv, root, stop
 }
 
 func dial(t *testing.T, srv *Server) *grpc.ClientConn {
@@ -162,6 +174,133 @@ func TestGRPCSurface(t *testing.T) {
 	}
 	if !strings.Contains(strings.Join(names, ","), rlsServiceName) {
 		t.Errorf("reflection lists %v, want %s", names, rlsServiceName)
+	}
+}
+
+// TestGRPCHealthNames checks that every service name a probe may ask
+// about follows the server's health: unhealthy with invalid rules,
+// healthy once they are fixed, unhealthy again on shutdown.
+func TestGRPCHealthNames(t *testing.T) {
+	srv, root, stop := startStoppable(t, "domain: [broken", map[string]string{"FORCE_START_WITHOUT_INITIAL_CONFIG": "true"})
+	hc := healthpb.NewHealthClient(dial(t, srv))
+	names := []string{"", "ratelimit", "envoy.service.ratelimit.v3.RateLimitService"}
+	check := func(name string) (healthpb.HealthCheckResponse_ServingStatus, error) {
+		r, err := hc.Check(t.Context(), &healthpb.HealthCheckRequest{Service: name})
+		return r.GetStatus(), err
+	}
+
+	for _, name := range names {
+		if st, err := check(name); err != nil || st != healthpb.HealthCheckResponse_NOT_SERVING {
+			t.Errorf("Check(%q) with invalid rules = %v, %v; want NOT_SERVING", name, st, err)
+		}
+	}
+
+	if err := os.WriteFile(filepath.Join(root, "config", "web.yaml"), []byte(serverRules), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range names {
+		eventually(t, fmt.Sprintf("Check(%q) SERVING", name), func() bool {
+			st, err := check(name)
+			return err == nil && st == healthpb.HealthCheckResponse_SERVING
+		})
+	}
+
+	// A probe watching the status sees it turn on shutdown, before the
+	// listeners close.
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	var streams []healthpb.Health_WatchClient
+	for _, name := range names {
+		w, err := hc.Watch(ctx, &healthpb.HealthCheckRequest{Service: name})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if r, err := w.Recv(); err != nil || r.GetStatus() != healthpb.HealthCheckResponse_SERVING {
+			t.Fatalf("Watch(%q) first status = %v, %v; want SERVING", name, r.GetStatus(), err)
+		}
+		streams = append(streams, w)
+	}
+	stopped := make(chan struct{})
+	go func() { stop(); close(stopped) }()
+	for i, w := range streams {
+		if r, err := w.Recv(); err != nil || r.GetStatus() != healthpb.HealthCheckResponse_NOT_SERVING {
+			t.Errorf("Watch(%q) on shutdown = %v, %v; want NOT_SERVING", names[i], r.GetStatus(), err)
+		}
+	}
+	cancel() // the server drains open streams before it stops
+	<-stopped
+}
+
+// TestRecheckAppliesUnseenChange serves a rule file that is a link to a
+// file outside the rules tree, rewritten in place: no watch sees it, and
+// RUNTIME_RECHECK_INTERVAL must put it in force. Re-checks of unchanged
+// rules load nothing: config_load_success does not move.
+func TestRecheckAppliesUnseenChange(t *testing.T) {
+	base := t.TempDir()
+	shared := filepath.Join(base, "shared", "web.yaml")
+	root := filepath.Join(base, "root")
+	for _, d := range []string{filepath.Dir(shared), filepath.Join(root, "config")} {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.WriteFile(shared, []byte(serverRules), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	// Linked before the start, so that the first load is the only one
+	// before the re-checks begin.
+	if err := os.Symlink(shared, filepath.Join(root, "config", "web.yaml")); err != nil {
+		t.Fatal(err)
+	}
+	srv, _ := start(t, "", map[string]string{"RUNTIME_ROOT": root, "RUNTIME_RECHECK_INTERVAL": "10ms"})
+	rls := rlsv3.NewRateLimitServiceClient(dial(t, srv))
+	limit := func() uint32 {
+		resp, err := rls.ShouldRateLimit(t.Context(), &rlsv3.RateLimitRequest{Domain: "web", Descriptors: []*ratelimitv3.RateLimitDescriptor{{
+			Entries: []*ratelimitv3.RateLimitDescriptor_Entry{{Key: "user", Value: "recheck"}},
+		}}})
+		if err != nil {
+			return 0
+		}
+		return resp.GetStatuses()[0].GetCurrentLimit().GetRequestsPerUnit()
+	}
+	if got := limit(); got != 2 {
+		t.Fatalf("limit %d at the start, want 2", got)
+	}
+
+	success := srv.stats.Counter("ratelimit.service.config_load_success")
+	failure := srv.stats.Counter("ratelimit.service.config_load_error")
+	rechecks := func(n uint64) {
+		t.Helper()
+		from := srv.watcher.Stats().Rechecks
+		eventually(t, fmt.Sprintf("%d more re-checks", n), func() bool { return srv.watcher.Stats().Rechecks >= from+n })
+	}
+	loaded := success.Value()
+	rechecks(3)
+	if got := success.Value(); got != loaded {
+		t.Errorf("config_load_success moved from %d to %d over re-checks of unchanged rules", loaded, got)
+	}
+
+	if err := os.WriteFile(shared, []byte(strings.Replace(serverRules, "requests_per_unit: 2", "requests_per_unit: 5", 1)), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "the re-check applies limit 5", func() bool { return limit() == 5 })
+	if got := success.Value(); got != loaded+1 {
+		t.Errorf("config_load_success = %d after one change, want %d", got, loaded+1)
+	}
+
+	// Invalid rules found by a re-check are counted once and never
+	// replace the rules in use.
+	failed := failure.Value()
+	if err := os.WriteFile(shared, []byte("domain: web\ndescriptors:\n  - key: \"\"\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "config_load_error counts the invalid rules", func() bool { return failure.Value() == failed+1 })
+	rechecks(3)
+	if got := failure.Value(); got != failed+1 {
+		t.Errorf("config_load_error = %d over re-checks of the same invalid rules, want %d", got, failed+1)
+	}
+	if got := limit(); got != 5 {
+		t.Errorf("limit %d after invalid rules, want the rules in use (5)", got)
 	}
 }
 
@@ -300,6 +439,29 @@ func TestGRPCTuning(t *testing.T) {
 	for u, codes := range got {
 		if !slices.Equal(codes, want) {
 			t.Errorf("user %d: %v, want %v", u, codes, want)
+		}
+	}
+}
+
+// TestHealthConcurrentChangesAgree changes the store's health from four
+// goroutines at once, many times: the gRPC status must end as Healthy()
+// says, whatever the interleaving.
+func TestHealthConcurrentChangesAgree(t *testing.T) {
+	for i := range 5000 {
+		h := NewHealth()
+		h.SetRules(true)
+		var wg sync.WaitGroup
+		for j := range 4 {
+			wg.Go(func() { h.SetStore(j%2 == 0) })
+		}
+		wg.Wait()
+		want := healthpb.HealthCheckResponse_NOT_SERVING
+		if h.Healthy() {
+			want = healthpb.HealthCheckResponse_SERVING
+		}
+		r, err := h.grpc.Check(t.Context(), &healthpb.HealthCheckRequest{})
+		if err != nil || r.GetStatus() != want {
+			t.Fatalf("round %d: gRPC status %v, %v; Healthy() = %v", i, r.GetStatus(), err, h.Healthy())
 		}
 	}
 }

@@ -46,7 +46,7 @@ type Settings struct {
 	PrometheusAddr string `envconfig:"PROMETHEUS_ADDR" default:":9090"`
 	PrometheusPath string `envconfig:"PROMETHEUS_PATH" default:"/metrics"`
 
-	// Logging.
+	// Logging. Both are read in any case; Validate lowers LogFormat.
 	LogLevel  string `envconfig:"LOG_LEVEL" default:"WARN"`
 	LogFormat string `envconfig:"LOG_FORMAT" default:"text"`
 
@@ -55,8 +55,12 @@ type Settings struct {
 	RuntimeSubdirectory   string `envconfig:"RUNTIME_SUBDIRECTORY" default:""`
 	RuntimeAppDirectory   string `envconfig:"RUNTIME_APPDIRECTORY" default:"config"`
 	RuntimeIgnoreDotFiles bool   `envconfig:"RUNTIME_IGNOREDOTFILES" default:"false"`
-	RuntimeWatchRoot      bool   `envconfig:"RUNTIME_WATCH_ROOT" default:"true"`
+	RuntimeWatchRoot      bool   `envconfig:"RUNTIME_WATCH_ROOT" default:"true"` // accepted for compatibility: both values watch the same (see provider.FileConfig.Root)
 	MergeDomainConfig     bool   `envconfig:"MERGE_DOMAIN_CONFIG" default:"false"`
+	// RuntimeRecheckInterval (extension): how often the rule files are
+	// read again and reloaded if their content changed without a file
+	// system event; 0 disables.
+	RuntimeRecheckInterval time.Duration `envconfig:"RUNTIME_RECHECK_INTERVAL" default:"60s"`
 
 	ForceStartWithoutInitialConfig    bool `envconfig:"FORCE_START_WITHOUT_INITIAL_CONFIG" default:"false"`
 	HealthyWithAtLeastOneConfigLoaded bool `envconfig:"HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED" default:"false"`
@@ -192,8 +196,12 @@ func (s *Settings) Validate() error {
 	}
 	switch strings.ToLower(s.LogFormat) {
 	case "text", "json":
+		s.LogFormat = strings.ToLower(s.LogFormat)
 	default:
 		bad("LOG_FORMAT", "unknown format %q (want text or json)", s.LogFormat)
+	}
+	if s.RuntimeRecheckInterval < 0 {
+		bad("RUNTIME_RECHECK_INTERVAL", "must not be negative (0 disables the re-check)")
 	}
 	if s.NearLimitRatio < 0 || s.NearLimitRatio > 1 {
 		bad("NEAR_LIMIT_RATIO", "%v is outside 0..1", s.NearLimitRatio)
@@ -256,6 +264,13 @@ func (s *Settings) Validate() error {
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// JSONLogsRequested reports whether LOG_FORMAT asks for JSON lines, in any
+// case. It reads that variable alone, so that when Load fails on another
+// setting its error can still be printed in the format asked for.
+func JSONLogsRequested() bool {
+	return strings.EqualFold(os.Getenv("LOG_FORMAT"), "json")
 }
 
 // RulesRoot is RUNTIME_ROOT, or the working directory when it is empty.

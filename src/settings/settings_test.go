@@ -44,6 +44,7 @@ func TestDefaults(t *testing.T) {
 		{"MEMCACHE_MAX_IDLE_CONNS", s.MemcacheMaxIdleConns, 64},
 		{"MEMCACHE_SRV_REFRESH", s.MemcacheSrvRefresh, time.Duration(0)},
 		{"MEMCACHE_TLS", s.MemcacheTLS, false},
+		{"RUNTIME_RECHECK_INTERVAL", s.RuntimeRecheckInterval, time.Minute},
 	}
 	for _, c := range checks {
 		if c.got != c.want {
@@ -72,6 +73,8 @@ func TestMalformedValuesNameTheVariable(t *testing.T) {
 		{"memcache_without_servers", map[string]string{"BACKEND_TYPE": "memcache"}, []string{"MEMCACHE_HOST_PORT", "MEMCACHE_SRV"}},
 		{"memcache_both", map[string]string{"BACKEND_TYPE": "memcache", "MEMCACHE_HOST_PORT": "a:1", "MEMCACHE_SRV": "_m._tcp.x"}, []string{"MEMCACHE_HOST_PORT", "MEMCACHE_SRV"}},
 		{"memcache_idle", map[string]string{"MEMCACHE_MAX_IDLE_CONNS": "-1"}, []string{"MEMCACHE_MAX_IDLE_CONNS"}},
+		{"recheck_negative", map[string]string{"RUNTIME_RECHECK_INTERVAL": "-1s"}, []string{"RUNTIME_RECHECK_INTERVAL"}},
+		{"recheck_not_a_duration", map[string]string{"RUNTIME_RECHECK_INTERVAL": "60"}, []string{"RUNTIME_RECHECK_INTERVAL"}},
 		{"several", map[string]string{"BACKEND_TYPE": "foo", "LOG_LEVEL": "loud"}, []string{"BACKEND_TYPE", "LOG_LEVEL"}},
 	}
 	for _, tt := range tests {
@@ -120,5 +123,42 @@ func TestRulesRootDefaultsToWorkingDirectory(t *testing.T) {
 	}
 	if got := s.RulesRoot(); got != "/srv/runtime_data/current" {
 		t.Errorf("RulesRoot() = %q, want RUNTIME_ROOT", got)
+	}
+}
+
+// TestLogSettingsAnyCase accepts LOG_FORMAT and LOG_LEVEL in any case, as
+// envoyproxy/ratelimit does (it lowers both before comparing).
+func TestLogSettingsAnyCase(t *testing.T) {
+	tests := []struct {
+		format, level string
+		wantJSON      bool
+	}{
+		{"JSON", "Debug", true},
+		{"Json", "warning", true},
+		{"json", "TRACE", true},
+		{"Text", "Info", false},
+		{"TEXT", "eRRoR", false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.format+"_"+tt.level, func(t *testing.T) {
+			t.Setenv("LOG_FORMAT", tt.format)
+			t.Setenv("LOG_LEVEL", tt.level)
+			s, err := Load()
+			if err != nil {
+				t.Fatalf("Load() = %v", err)
+			}
+			if want := strings.ToLower(tt.format); s.LogFormat != want {
+				t.Errorf("LogFormat = %q, want %q", s.LogFormat, want)
+			}
+			if got := JSONLogsRequested(); got != tt.wantJSON {
+				t.Errorf("JSONLogsRequested() = %v, want %v", got, tt.wantJSON)
+			}
+		})
+	}
+	// Read on its own: a bad setting elsewhere does not hide it.
+	t.Setenv("LOG_FORMAT", "JSON")
+	t.Setenv("PORT", "abc")
+	if _, err := Load(); err == nil || !JSONLogsRequested() {
+		t.Errorf("with PORT=abc: Load() = %v, JSONLogsRequested() = %v; want an error and true", err, JSONLogsRequested())
 	}
 }
