@@ -252,7 +252,7 @@ func TestRecheckAppliesUnseenChange(t *testing.T) {
 	if err := os.Symlink(shared, filepath.Join(root, "config", "web.yaml")); err != nil {
 		t.Fatal(err)
 	}
-	srv, _ := start(t, "", map[string]string{"RUNTIME_ROOT": root, "RUNTIME_RECHECK_INTERVAL": "10ms"})
+	srv, _ := start(t, "", map[string]string{"RUNTIME_ROOT": root, "RUNTIME_RECHECK_INTERVAL": "100ms"})
 	rls := rlsv3.NewRateLimitServiceClient(dial(t, srv))
 	limit := func() uint32 {
 		resp, err := rls.ShouldRateLimit(t.Context(), &rlsv3.RateLimitRequest{Domain: "web", Descriptors: []*ratelimitv3.RateLimitDescriptor{{

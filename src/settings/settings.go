@@ -200,8 +200,9 @@ func (s *Settings) Validate() error {
 	default:
 		bad("LOG_FORMAT", "unknown format %q (want text or json)", s.LogFormat)
 	}
-	if s.RuntimeRecheckInterval < 0 {
-		bad("RUNTIME_RECHECK_INTERVAL", "must not be negative (0 disables the re-check)")
+	if s.RuntimeRecheckInterval < 0 || (s.RuntimeRecheckInterval > 0 && s.RuntimeRecheckInterval < 100*time.Millisecond) {
+		// Each re-check reads and hashes every rule file: keep it rare.
+		bad("RUNTIME_RECHECK_INTERVAL", "%v: want 0 (no re-check) or at least 100ms", s.RuntimeRecheckInterval)
 	}
 	if s.NearLimitRatio < 0 || s.NearLimitRatio > 1 {
 		bad("NEAR_LIMIT_RATIO", "%v is outside 0..1", s.NearLimitRatio)
