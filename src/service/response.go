@@ -1,0 +1,173 @@
+package service
+
+import (
+	"math"
+	"time"
+
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/wrapperspb"
+
+	"github.com/ratelimitd/ratelimit/src/limiter"
+	"github.com/ratelimitd/ratelimit/src/rules"
+)
+
+// respond turns the limiter's statuses into the response: per-descriptor
+// statuses, the overall code (shadow and quota modes), headers and dynamic
+// metadata; and counts every descriptor's hits in its statistics.
+func (s *Service) respond(req *rlsv3.RateLimitRequest, sc *scratch) (*rlsv3.RateLimitResponse, error) {
+	resp, backing := newResponse(len(sc.descs))
+	var (
+		limitedOver     bool
+		quotaRules      int
+		quotaOver       int
+		quotaViolations []int
+		minStatus       *rlsv3.RateLimitResponse_DescriptorStatus
+		minReset        time.Duration
+		passedMetadata  []map[string]any
+	)
+	for i := range sc.descs {
+		st := &backing[i].status
+		st.Code = rlsv3.RateLimitResponse_OK
+		l := sc.descs[i].Limit
+		if l == nil {
+			if sc.unlim[i] {
+				st.LimitRemaining = math.MaxUint32
+			}
+			continue
+		}
+		ds := &sc.statuses[i]
+		sc.counters[i].add(&ds.Counts)
+		st.CurrentLimit = s.protoLimit(l)
+		st.LimitRemaining = ds.Remaining
+		st.DurationUntilReset = setDuration(&backing[i].reset, resetDuration(l, ds.ResetAfter))
+		quota := l.QuotaMode || s.cfg.GlobalQuotaMode
+		if quota {
+			quotaRules++
+		}
+		if ds.Code == limiter.OverLimit {
+			st.Code = rlsv3.RateLimitResponse_OVER_LIMIT
+			if quota {
+				quotaOver++
+				quotaViolations = append(quotaViolations, i)
+			} else {
+				limitedOver = true
+			}
+		} else if len(l.Metadata) > 0 && s.cfg.DynamicMetadata {
+			passedMetadata = append(passedMetadata, l.Metadata)
+		}
+		if s.cfg.Headers.Enabled && (minStatus == nil || st.LimitRemaining < minStatus.LimitRemaining) {
+			minStatus = st
+			minReset = ds.ResetAfter
+		}
+	}
+	if limitedOver || (quotaRules > 0 && quotaOver == quotaRules) {
+		resp.OverallCode = rlsv3.RateLimitResponse_OVER_LIMIT
+		if s.cfg.GlobalShadowMode {
+			resp.OverallCode = rlsv3.RateLimitResponse_OK
+			s.globalShadow.Inc()
+		}
+	}
+	if minStatus != nil {
+		resp.ResponseHeadersToAdd = s.headers(minStatus, minReset)
+	}
+	if s.cfg.DynamicMetadata {
+		md, err := dynamicMetadata(req, quotaRules > 0, quotaViolations, passedMetadata)
+		if err != nil {
+			return nil, err
+		}
+		resp.DynamicMetadata = md
+	}
+	return resp, nil
+}
+
+// statusSlot holds one descriptor's status and its duration, so that a
+// response's parts come from as few allocations as possible.
+type statusSlot struct {
+	status rlsv3.RateLimitResponse_DescriptorStatus
+	reset  durationpb.Duration
+}
+
+// oneStatusResponse is a response with room for one status: the common
+// case, in a single allocation.
+type oneStatusResponse struct {
+	resp rlsv3.RateLimitResponse
+	ptrs [1]*rlsv3.RateLimitResponse_DescriptorStatus
+	slot [1]statusSlot
+}
+
+// newResponse returns an OK response whose Statuses point into the
+// returned slots, one per descriptor.
+func newResponse(n int) (*rlsv3.RateLimitResponse, []statusSlot) {
+	var (
+		resp  *rlsv3.RateLimitResponse
+		slots []statusSlot
+	)
+	if n == 1 {
+		one := &oneStatusResponse{}
+		resp, slots = &one.resp, one.slot[:]
+		resp.Statuses = one.ptrs[:]
+	} else {
+		resp, slots = &rlsv3.RateLimitResponse{}, make([]statusSlot, n)
+		resp.Statuses = make([]*rlsv3.RateLimitResponse_DescriptorStatus, n)
+	}
+	resp.OverallCode = rlsv3.RateLimitResponse_OK
+	for i := range slots {
+		resp.Statuses[i] = &slots[i].status
+	}
+	return resp, slots
+}
+
+// setDuration fills d with v and returns it, as durationpb.New would
+// without allocating.
+func setDuration(d *durationpb.Duration, v time.Duration) *durationpb.Duration {
+	d.Seconds = int64(v / time.Second)
+	d.Nanos = int32(v % time.Second)
+	return d
+}
+
+// protoLimit returns the response form of l, built once per rule and shared
+// by every response (protos are only read when marshalled).
+func (s *Service) protoLimit(l *rules.Limit) *rlsv3.RateLimitResponse_RateLimit {
+	if l.Source == "" { // an override: built per request anyway
+		return newProtoLimit(l)
+	}
+	if p, ok := s.protoLimits.Load(l); ok {
+		return p.(*rlsv3.RateLimitResponse_RateLimit)
+	}
+	p, _ := s.protoLimits.LoadOrStore(l, newProtoLimit(l))
+	return p.(*rlsv3.RateLimitResponse_RateLimit)
+}
+
+func newProtoLimit(l *rules.Limit) *rlsv3.RateLimitResponse_RateLimit {
+	p := &rlsv3.RateLimitResponse_RateLimit{
+		Name:            l.Name,
+		RequestsPerUnit: l.RequestsPerUnit,
+		Unit:            rlsv3.RateLimitResponse_RateLimit_Unit(l.Unit),
+	}
+	if l.UnitMultiplier > 1 {
+		p.UnitMultiplier = wrapperspb.UInt32(l.UnitMultiplier)
+	}
+	return p
+}
+
+// headers describes the descriptor closest to its limit, as envoyproxy/ratelimit does.
+func (s *Service) headers(st *rlsv3.RateLimitResponse_DescriptorStatus, reset time.Duration) []*corev3.HeaderValue {
+	secs := int64((reset + time.Second - 1) / time.Second)
+	return []*corev3.HeaderValue{
+		{Key: s.cfg.Headers.Limit, Value: formatUint(uint64(st.GetCurrentLimit().GetRequestsPerUnit()))},
+		{Key: s.cfg.Headers.Remaining, Value: formatUint(uint64(st.GetLimitRemaining()))},
+		{Key: s.cfg.Headers.Reset, Value: formatUint(uint64(max(secs, 0)))},
+	}
+}
+
+// resetDuration is the duration_until_reset of a status. Fixed windows are
+// reported in whole seconds, rounded up, which equals envoyproxy/ratelimit's
+// "unit - now % unit"; the other algorithms report their exact value.
+func resetDuration(l *rules.Limit, d time.Duration) time.Duration {
+	if l.Algorithm == rules.FixedWindow {
+		return (d + time.Second - 1) / time.Second * time.Second
+	}
+	return d
+}

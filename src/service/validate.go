@@ -1,0 +1,103 @@
+package service
+
+import (
+	"fmt"
+	"time"
+
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+
+	"github.com/ratelimitd/ratelimit/src/limiter"
+	"github.com/ratelimitd/ratelimit/src/rules"
+)
+
+// Request bounds. Envoy sends a handful of descriptors of a few entries;
+// these bounds stop absurd or hostile requests before they cost memory or
+// reach a store. A request past one is refused with InvalidArgument and the
+// reason (the README's "Limits and hostile input" lists them).
+const (
+	MaxDomainLen          = 256
+	MaxDescriptors        = 256
+	MaxEntriesPerDescribe = 64
+	MaxKeyLen             = 256
+	MaxValueLen           = 4096
+	// MaxHitsAddend is the largest hits_addend of a descriptor (the
+	// request's own is a uint32 in the proto): every store counts that
+	// exactly, and a larger value could wrap a store's counter.
+	MaxHitsAddend = limiter.MaxHits
+	// MaxOverrideWindow is the longest window a per-request limit
+	// override may ask for: one YEAR (365 days), the longest unit. Longer
+	// windows (YEAR × 4294967295 is centuries) would make state that never
+	// expires.
+	MaxOverrideWindow = 365 * 24 * time.Hour
+)
+
+// requestError is a bad request; it maps to codes.InvalidArgument.
+type requestError struct{ msg string }
+
+func (e *requestError) Error() string { return e.msg }
+
+func badRequest(format string, args ...any) error {
+	return &requestError{msg: fmt.Sprintf(format, args...)}
+}
+
+func validate(req *rlsv3.RateLimitRequest) error {
+	if msg, bad := malformed(req); bad {
+		return badRequest("invalid RateLimitRequest: %s", msg)
+	}
+	domain := req.GetDomain()
+	if domain == "" {
+		return badRequest("rate limit domain must not be empty")
+	}
+	if len(domain) > MaxDomainLen {
+		return badRequest("rate limit domain is %d bytes long, the limit is %d", len(domain), MaxDomainLen)
+	}
+	descs := req.GetDescriptors()
+	if len(descs) == 0 {
+		return badRequest("rate limit descriptor list must not be empty")
+	}
+	if len(descs) > MaxDescriptors {
+		return badRequest("request has %d descriptors, the limit is %d", len(descs), MaxDescriptors)
+	}
+	for i, d := range descs {
+		// A descriptor without entries is answered OK without a limit, as
+		// envoyproxy/ratelimit does: clients other than Envoy send them.
+		entries := d.GetEntries()
+		if len(entries) > MaxEntriesPerDescribe {
+			return badRequest("descriptor %d has %d entries, the limit is %d", i, len(entries), MaxEntriesPerDescribe)
+		}
+		for j, e := range entries {
+			if e.GetKey() == "" {
+				return badRequest("descriptor %d entry %d has an empty key", i, j)
+			}
+			if len(e.GetKey()) > MaxKeyLen {
+				return badRequest("descriptor %d entry %d: key is %d bytes long, the limit is %d", i, j, len(e.GetKey()), MaxKeyLen)
+			}
+			if len(e.GetValue()) > MaxValueLen {
+				return badRequest("descriptor %d entry %d: value is %d bytes long, the limit is %d", i, j, len(e.GetValue()), MaxValueLen)
+			}
+		}
+		if h := d.GetHitsAddend(); h != nil && h.GetValue() > MaxHitsAddend {
+			return badRequest("descriptor %d: hits_addend %d is over the limit of %d", i, h.GetValue(), uint64(MaxHitsAddend))
+		}
+		if o := d.GetLimit(); o != nil {
+			unit := rules.Unit(o.GetUnit())
+			if unit.Seconds() == 0 { // UNKNOWN or out of range
+				return badRequest("descriptor %d: limit override has unit %s", i, o.GetUnit())
+			}
+			mult := uint64(1)
+			if m := o.GetUnitMultiplier(); m != nil {
+				if mult = uint64(m.GetValue()); mult == 0 {
+					return badRequest("descriptor %d: limit override has unit_multiplier 0", i)
+				}
+			}
+			// At most 3.2e7 s × 4.3e9: no overflow in seconds.
+			if secs := unit.Seconds() * int64(mult); secs > int64(MaxOverrideWindow/time.Second) {
+				return badRequest("descriptor %d: limit override window %s × %d is longer than the limit of one YEAR", i, o.GetUnit(), mult)
+			}
+		}
+		if d.GetIsNegativeHits() {
+			return badRequest("descriptor %d: is_negative_hits is not supported", i)
+		}
+	}
+	return nil
+}
