@@ -25,9 +25,13 @@ import (
 	"os"
 	"os/signal"
 	"runtime/pprof"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
+
+	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
+	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
 
 	"github.com/ratelimitd/ratelimit/cmd/ratelimit-bench/bench"
 )
@@ -68,6 +72,7 @@ func run(args []string, stdout, stderr io.Writer) error {
 		warmup    = fs.Duration("warmup", time.Second, "warm-up before measuring; its requests are not counted")
 		domain    = fs.String("domain", "bench", "request domain")
 		hits      = fs.Uint("hits", 0, "hits_addend of each request; 0 leaves it unset (the server counts 1)")
+		override  = fs.String("override", "", "a limit override on every descriptor, `N/unit` (e.g. 100/hour): the server applies it instead of its rules")
 		asJSON    = fs.Bool("json", false, "print the result as JSON")
 		calibrate = fs.Bool("calibrate", false, "first run the same load against an in-process no-op RLS server (the gRPC ceiling of this machine), then against -addr, and report -addr's figures as a fraction of the ceiling's; without -addr, measure only the ceiling")
 		timeout   = fs.Duration("timeout", time.Second, "deadline of each request; 0 for none")
@@ -99,6 +104,10 @@ func run(args []string, stdout, stderr io.Writer) error {
 	if len(descs) == 0 {
 		descs = listFlag{"user_id=user-{0..9999}"}
 	}
+	ov, err := parseOverride(*override)
+	if err != nil {
+		return err
+	}
 	if *c < 1 || *conns < 1 {
 		return errors.New("-c and -conns must be at least 1")
 	}
@@ -121,6 +130,7 @@ func run(args []string, stdout, stderr io.Writer) error {
 		Domain:      *domain,
 		Descriptors: descs,
 		Hits:        uint32(*hits),
+		Override:    ov,
 		Concurrency: *c,
 		Requests:    *n,
 		Duration:    *d,
@@ -203,4 +213,18 @@ func encodeJSON(w io.Writer, v any) error {
 	enc := json.NewEncoder(w)
 	enc.SetIndent("", "  ")
 	return enc.Encode(v)
+}
+
+// parseOverride reads -override's "N/unit"; "" is no override.
+func parseOverride(s string) (*ratelimitv3.RateLimitDescriptor_RateLimitOverride, error) {
+	if s == "" {
+		return nil, nil
+	}
+	n, unit, ok := strings.Cut(s, "/")
+	rpu, err := strconv.ParseUint(n, 10, 32)
+	u, known := typev3.RateLimitUnit_value[strings.ToUpper(unit)]
+	if !ok || err != nil || !known || u == 0 {
+		return nil, fmt.Errorf("-override %q: want N/unit, e.g. 100/hour", s)
+	}
+	return &ratelimitv3.RateLimitDescriptor_RateLimitOverride{RequestsPerUnit: uint32(rpu), Unit: typev3.RateLimitUnit(u)}, nil
 }

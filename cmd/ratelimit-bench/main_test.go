@@ -59,10 +59,20 @@ func TestCalibrateAlone(t *testing.T) {
 }
 
 func TestBadFlags(t *testing.T) {
-	for _, args := range [][]string{{"-c", "0"}, {"-hits", "99999999999"}, {"extra"}} {
+	for _, args := range [][]string{{"-c", "0"}, {"-hits", "99999999999"}, {"extra"}, {"-override", "5"}, {"-override", "5/fortnight"}, {"-override", "x/hour"}} {
 		var out, errOut bytes.Buffer
 		if err := run(args, &out, &errOut); err == nil {
 			t.Errorf("run(%q) = nil, want an error", args)
 		}
+	}
+}
+
+func TestParseOverride(t *testing.T) {
+	o, err := parseOverride("100/Hour")
+	if err != nil || o.GetRequestsPerUnit() != 100 || o.GetUnit().String() != "HOUR" {
+		t.Errorf("parseOverride(100/Hour) = %v, %v", o, err)
+	}
+	if o, err := parseOverride(""); o != nil || err != nil {
+		t.Errorf("parseOverride(\"\") = %v, %v, want none", o, err)
 	}
 }

@@ -36,6 +36,9 @@ type Load struct {
 	Descriptors []string
 	// Hits is the request's hits_addend; 0 leaves it unset (the server counts 1).
 	Hits uint32
+	// Override, when set, is the limit override every descriptor carries
+	// (Envoy's per-route limit): the server applies it instead of its rules.
+	Override *ratelimitv3.RateLimitDescriptor_RateLimitOverride
 	// Concurrency is the number of requests in flight; default 64.
 	Concurrency int
 	// Requests is the number of measured requests; 0 means no count limit.
@@ -230,7 +233,7 @@ func newWorker(conn *grpc.ClientConn, l *Load, tmpls []*Template, seed uint64) *
 				w.dyn = append(w.dyn, de)
 			}
 		}
-		descs = append(descs, &ratelimitv3.RateLimitDescriptor{Entries: entries})
+		descs = append(descs, &ratelimitv3.RateLimitDescriptor{Entries: entries, Limit: l.Override})
 	}
 	w.req.Descriptors = descs
 	return w
