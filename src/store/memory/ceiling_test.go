@@ -384,3 +384,40 @@ func TestKeyIsCopied(t *testing.T) {
 		t.Errorf("after the caller reused its buffer the key holds %d hits, want 1", rs[0].Before)
 	}
 }
+
+// TestSmallCeilingsTakeFewerShards: a small ceiling holds, since each
+// shard has room for at least 16 keys (a shard with nothing to evict
+// passes the ceiling by its new key).
+func TestSmallCeilingsTakeFewerShards(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name string
+		cfg  Config
+		want int
+	}{
+		{"default", Config{}, 256},
+		{"max_keys_4096", Config{MaxKeys: 4096}, 256},
+		{"max_keys_100", Config{MaxKeys: 100}, 4},
+		{"max_keys_1", Config{MaxKeys: 1}, 1},
+		{"max_bytes_1MiB", Config{MaxBytes: 1 << 20}, 256},
+		{"max_bytes_64KiB", Config{MaxBytes: 64 << 10}, 16},
+		{"no_byte_ceiling", Config{MaxBytes: -1}, 256},
+		{"explicit_shards_win", Config{MaxKeys: 1, Shards: 5}, 8},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			tt.cfg.SweepInterval = -1
+			if got := len(newStore(t, tt.cfg).shards); got != tt.want {
+				t.Errorf("New(%+v): %d shards, want %d", tt.cfg, got, tt.want)
+			}
+		})
+	}
+	s := newStore(t, Config{MaxKeys: 100, SweepInterval: -1})
+	rng := rand.New(rand.NewPCG(5, 6))
+	for i := range 5000 {
+		do(t, s, base, floodOp(i, rng))
+		if s.Len() > 104 {
+			t.Fatalf("after %d keys: Len = %d, want at most MaxKeys 100 plus a key a shard", i+1, s.Len())
+		}
+	}
+}

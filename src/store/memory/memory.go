@@ -48,7 +48,8 @@ type Config struct {
 	// 10 s. A negative value starts no sweeper: call Sweep yourself.
 	SweepInterval time.Duration
 	// Shards is the number of independently locked maps, rounded up to a
-	// power of two; default 256.
+	// power of two; default 256, fewer when a ceiling leaves room for
+	// under 16 keys a shard (MaxKeys below 4,096, MaxBytes below 1 MiB).
 	Shards int
 }
 
@@ -233,16 +234,7 @@ func (e *entry) bytes() int64 {
 // New returns a Store and starts its sweeper (unless cfg.SweepInterval is
 // negative).
 func New(cfg Config) *Store {
-	n := 256
-	if cfg.Shards > 0 {
-		n = 1
-		for n < cfg.Shards {
-			n <<= 1
-		}
-	}
 	s := &Store{
-		shards:   make([]shard, n),
-		mask:     uint64(n - 1),
 		seed:     maphash.MakeSeed(),
 		maxKeys:  int64(max(cfg.MaxKeys, 0)),
 		maxBytes: cfg.MaxBytes,
@@ -256,6 +248,15 @@ func New(cfg Config) *Store {
 	case s.maxBytes < 0:
 		s.maxBytes = 0 // no byte ceiling
 	}
+	n := 1
+	if cfg.Shards > 0 {
+		for n < cfg.Shards {
+			n <<= 1
+		}
+	} else {
+		n = s.defaultShards()
+	}
+	s.shards, s.mask = make([]shard, n), uint64(n-1)
 	if s.now == nil {
 		s.now = time.Now
 	}
@@ -272,6 +273,21 @@ func New(cfg Config) *Store {
 	}
 	go s.sweeper(interval)
 	return s
+}
+
+// defaultShards is 256, halved until each shard has room under the
+// ceilings for shardKeys keys (of shardKeyBytes each for MaxBytes). A
+// shard evicts only its own keys and one with none passes the ceiling by
+// its new key, so a small ceiling spread over many shards would hardly
+// bind: MaxKeys 100 over 256 shards could hold about 256 keys.
+func (s *Store) defaultShards() int {
+	const shardKeys, shardKeyBytes = 16, 256
+	n := int64(256)
+	for n > 1 && (s.maxKeys > 0 && n*shardKeys > s.maxKeys ||
+		s.maxBytes > 0 && n*shardKeys*shardKeyBytes > s.maxBytes) {
+		n >>= 1
+	}
+	return int(n)
 }
 
 // Close stops the sweeper and waits for it to return. The store stays
