@@ -35,7 +35,12 @@ type backend struct {
 func newBackend(ctx context.Context, set *settings.Settings, reg *stats.Registry, _ *slog.Logger) (*backend, error) {
 	switch set.BackendType {
 	case settings.BackendMemory:
-		m := memory.New(memory.Config{MaxKeys: set.MemoryMaxKeys})
+		m := memory.New(memory.Config{MaxBytes: set.MemoryMaxBytes, MaxKeys: set.MemoryMaxKeys})
+		// The keys the store dropped, by class. Its size (m.Len, m.Bytes)
+		// is for gauges.
+		reg.CounterFunc("ratelimit.memory.reclaimed_idle", func() uint64 { return m.Evictions().ReclaimedIdle })
+		reg.CounterFunc("ratelimit.memory.evicted_under_limit", func() uint64 { return m.Evictions().UnderLimit })
+		reg.CounterFunc("ratelimit.memory.evicted_over_limit", func() uint64 { return m.Evictions().OverLimit })
 		return &backend{
 			store:   m,
 			healthy: func() bool { return true },

@@ -78,8 +78,11 @@ type Settings struct {
 	LimitRemainingHeader        string `envconfig:"LIMIT_REMAINING_HEADER" default:"RateLimit-Remaining"`
 	LimitResetHeader            string `envconfig:"LIMIT_RESET_HEADER" default:"RateLimit-Reset"`
 
-	// Memory store (our extension).
-	MemoryMaxKeys int `envconfig:"MEMORY_MAX_KEYS" default:"0"`
+	// Memory store (our extension). MEMORY_MAX_BYTES: the most bytes its
+	// keys take (64 MiB; at least 1 MiB); MEMORY_MAX_KEYS: the most keys
+	// (0 = no key-count ceiling). At either the store evicts, never refuses.
+	MemoryMaxBytes int64 `envconfig:"MEMORY_MAX_BYTES" default:"67108864"`
+	MemoryMaxKeys  int   `envconfig:"MEMORY_MAX_KEYS" default:"0"`
 
 	// Redis.
 	RedisSocketType                  string        `envconfig:"REDIS_SOCKET_TYPE" default:"unix"`
@@ -196,6 +199,9 @@ func (s *Settings) Validate() error {
 	}
 	if s.LocalCacheSizeInBytes < 0 {
 		bad("LOCAL_CACHE_SIZE_IN_BYTES", "must not be negative")
+	}
+	if s.MemoryMaxBytes < 1<<20 {
+		bad("MEMORY_MAX_BYTES", "%d is below the minimum of 1048576 (1 MiB)", s.MemoryMaxBytes)
 	}
 	if s.MemoryMaxKeys < 0 {
 		bad("MEMORY_MAX_KEYS", "must not be negative")

@@ -44,6 +44,8 @@ func TestDefaults(t *testing.T) {
 		{"MEMCACHE_MAX_IDLE_CONNS", s.MemcacheMaxIdleConns, 64},
 		{"MEMCACHE_SRV_REFRESH", s.MemcacheSrvRefresh, time.Duration(0)},
 		{"MEMCACHE_TLS", s.MemcacheTLS, false},
+		{"MEMORY_MAX_BYTES", s.MemoryMaxBytes, int64(64 << 20)},
+		{"MEMORY_MAX_KEYS", s.MemoryMaxKeys, 0},
 	}
 	for _, c := range checks {
 		if c.got != c.want {
@@ -72,6 +74,10 @@ func TestMalformedValuesNameTheVariable(t *testing.T) {
 		{"memcache_without_servers", map[string]string{"BACKEND_TYPE": "memcache"}, []string{"MEMCACHE_HOST_PORT", "MEMCACHE_SRV"}},
 		{"memcache_both", map[string]string{"BACKEND_TYPE": "memcache", "MEMCACHE_HOST_PORT": "a:1", "MEMCACHE_SRV": "_m._tcp.x"}, []string{"MEMCACHE_HOST_PORT", "MEMCACHE_SRV"}},
 		{"memcache_idle", map[string]string{"MEMCACHE_MAX_IDLE_CONNS": "-1"}, []string{"MEMCACHE_MAX_IDLE_CONNS"}},
+		{"memory_max_bytes_zero", map[string]string{"MEMORY_MAX_BYTES": "0"}, []string{"MEMORY_MAX_BYTES", "1048576"}},
+		{"memory_max_bytes_small", map[string]string{"MEMORY_MAX_BYTES": "1048575"}, []string{"MEMORY_MAX_BYTES"}},
+		{"memory_max_bytes_not_a_number", map[string]string{"MEMORY_MAX_BYTES": "64MiB"}, []string{"MEMORY_MAX_BYTES"}},
+		{"memory_max_keys", map[string]string{"MEMORY_MAX_KEYS": "-1"}, []string{"MEMORY_MAX_KEYS"}},
 		{"several", map[string]string{"BACKEND_TYPE": "foo", "LOG_LEVEL": "loud"}, []string{"BACKEND_TYPE", "LOG_LEVEL"}},
 	}
 	for _, tt := range tests {
