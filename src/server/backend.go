@@ -30,6 +30,16 @@ type backend struct {
 	started func(ctx context.Context) error
 	// timeout is the store's own round-trip bound, for the request budget.
 	timeout time.Duration
+	// keyFormat is how the limiter builds the store's keys.
+	keyFormat limiter.KeyFormat
+}
+
+// keyFormat is CACHE_KEY_FORMAT for a store an anchor process may share.
+func keyFormat(set *settings.Settings) limiter.KeyFormat {
+	if set.CacheKeyFormat == settings.KeyFormatEscaped {
+		return limiter.EscapedKeys
+	}
+	return limiter.AnchorKeys
 }
 
 func newBackend(ctx context.Context, set *settings.Settings, reg *stats.Registry, _ *slog.Logger) (*backend, error) {
@@ -45,6 +55,9 @@ func newBackend(ctx context.Context, set *settings.Settings, reg *stats.Registry
 			store:   m,
 			healthy: func() bool { return true },
 			close:   m.Close,
+			// No anchor process shares this store, so its keys need not
+			// be the anchor's, whatever CACHE_KEY_FORMAT says.
+			keyFormat: limiter.EscapedKeys,
 		}, nil
 	case settings.BackendRedis:
 		cfg, err := redisConfig(set)
@@ -58,11 +71,12 @@ func newBackend(ctx context.Context, set *settings.Settings, reg *stats.Registry
 		reg.CounterFunc("ratelimit.redis.round_trips", func() uint64 { rt, _ := r.Counters(); return rt })
 		reg.CounterFunc("ratelimit.redis.ops", func() uint64 { _, ops := r.Counters(); return ops })
 		return &backend{
-			store:   r,
-			healthy: r.Healthy,
-			close:   func() { _ = r.Close() },
-			started: r.WaitStarted,
-			timeout: cfg.Timeout,
+			store:     r,
+			healthy:   r.Healthy,
+			close:     func() { _ = r.Close() },
+			started:   r.WaitStarted,
+			timeout:   cfg.Timeout,
+			keyFormat: keyFormat(set),
 		}, nil
 	case settings.BackendMemcache:
 		cfg, err := memcacheConfig(set)
@@ -76,11 +90,12 @@ func newBackend(ctx context.Context, set *settings.Settings, reg *stats.Registry
 		reg.CounterFunc("ratelimit.memcache.round_trips", func() uint64 { rt, _ := m.Counters(); return rt })
 		reg.CounterFunc("ratelimit.memcache.ops", func() uint64 { _, ops := m.Counters(); return ops })
 		return &backend{
-			store:   m,
-			healthy: m.Healthy,
-			close:   func() { _ = m.Close() },
-			started: m.WaitStarted,
-			timeout: cfg.Timeout,
+			store:     m,
+			healthy:   m.Healthy,
+			close:     func() { _ = m.Close() },
+			started:   m.WaitStarted,
+			timeout:   cfg.Timeout,
+			keyFormat: keyFormat(set),
 		}, nil
 	}
 	return nil, fmt.Errorf("server: BACKEND_TYPE %q is not available in this build", set.BackendType)

@@ -67,6 +67,7 @@ type Settings struct {
 	QuotaMode                          bool    `envconfig:"QUOTA_MODE" default:"false"`
 	NearLimitRatio                     float64 `envconfig:"NEAR_LIMIT_RATIO" default:"0.8"`
 	CacheKeyPrefix                     string  `envconfig:"CACHE_KEY_PREFIX" default:""`
+	CacheKeyFormat                     string  `envconfig:"CACHE_KEY_FORMAT" default:"anchor"` // extension: anchor or escaped (Redis, Memcached; memory always escapes)
 	StopCacheKeyIncrementWhenOverlimit bool    `envconfig:"STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT" default:"false"`
 	ExpirationJitterMaxSeconds         int64   `envconfig:"EXPIRATION_JITTER_MAX_SECONDS" default:"300"`
 	LocalCacheSizeInBytes              int     `envconfig:"LOCAL_CACHE_SIZE_IN_BYTES" default:"0"`
@@ -136,6 +137,14 @@ const (
 	BackendMemcache = "memcache"
 )
 
+// Cache key formats accepted by CACHE_KEY_FORMAT: the anchor's, where a '_'
+// in a value can make two descriptors share a key, or one escaped so that
+// they never do.
+const (
+	KeyFormatAnchor  = "anchor"
+	KeyFormatEscaped = "escaped"
+)
+
 // Load reads the settings from the environment and validates them. Every
 // problem names its variable; all problems are reported together.
 func Load() (*Settings, error) {
@@ -180,6 +189,12 @@ func (s *Settings) Validate() error {
 		s.BackendType = strings.ToLower(s.BackendType)
 	default:
 		bad("BACKEND_TYPE", "unknown backend %q (want memory, redis or memcache)", s.BackendType)
+	}
+	switch strings.ToLower(s.CacheKeyFormat) {
+	case KeyFormatAnchor, KeyFormatEscaped:
+		s.CacheKeyFormat = strings.ToLower(s.CacheKeyFormat)
+	default:
+		bad("CACHE_KEY_FORMAT", "unknown format %q (want anchor or escaped)", s.CacheKeyFormat)
 	}
 	switch strings.ToUpper(s.LogLevel) {
 	case "DEBUG", "INFO", "WARN", "WARNING", "ERROR", "FATAL", "PANIC", "TRACE":
