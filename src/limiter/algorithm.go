@@ -268,6 +268,11 @@ func (s *SlidingLogState) push(t int64, k int, limit uint64) {
 // window since the last op.
 func (s SlidingLogState) Len() int { return s.n }
 
+// Cap is the capacity of the log's ring: how many hit times it holds
+// before it grows, 8 bytes each. A store that bounds its memory accounts
+// the ring with it; the ring never shrinks.
+func (s SlidingLogState) Cap() int { return len(s.ring) }
+
 // Forget removes the k newest hits from the log. A store uses it to undo an
 // op of an AllOrNothing batch; k is the op's Hits.
 func (s *SlidingLogState) Forget(k int) {

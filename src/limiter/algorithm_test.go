@@ -211,9 +211,12 @@ func TestSlidingLogRingWraps(t *testing.T) {
 		if !r.Allowed {
 			t.Fatalf("hit %d refused: %+v", i, r)
 		}
-		if len(st.ring) > 4 {
-			t.Fatalf("ring grew to %d, above the limit", len(st.ring))
+		if st.Cap() > 4 {
+			t.Fatalf("ring grew to %d, above the limit", st.Cap())
 		}
+	}
+	if st.Cap() != 4 {
+		t.Errorf("Cap = %d, want the ring of the limit, 4", st.Cap())
 	}
 	if r.Before != 3 || r.ResetAfter != 1*s {
 		t.Errorf("last hit: %+v, want 3 logged before and the oldest (288 s) leaving in 1 s", r)

@@ -45,6 +45,71 @@ func CacheKey(dst []byte, prefix, domain string, entries []rules.Entry, l *rules
 		dst = append(dst, e.Value...)
 		dst = append(dst, '_')
 	}
+	return appendSuffix(dst, l, now)
+}
+
+// KeyFormat selects how the limiter builds cache keys (CACHE_KEY_FORMAT).
+type KeyFormat uint8
+
+// The key formats.
+const (
+	// AnchorKeys is CacheKey, envoyproxy/ratelimit's format: the zero
+	// value, for Redis and Memcached shared with the anchor during a
+	// rolling upgrade.
+	AnchorKeys KeyFormat = iota
+	// EscapedKeys is EscapedCacheKey, where no two descriptors share a key.
+	EscapedKeys
+)
+
+// EscapedCacheKey appends the cache key of one descriptor under limit l to
+// dst in the escaped format and returns the extended slice; like CacheKey,
+// it does not allocate when dst has enough capacity.
+//
+// CacheKey joins the parts with '_' as the anchor does, so a '_' inside a
+// part can move the border between two parts: under a rule k1 -> k2 the
+// descriptors (k1=x_k2_y)(k2=z) and (k1=x)(k2=y_k2_z) both give
+// "d_k1_x_k2_y_k2_z_..." and count on one key, and a client that controls a
+// header value can spend another client's budget. Here the domain, every
+// entry key and every value are escaped, '\' as `\\` and '_' as `\_`:
+//
+//	prefix + esc(domain) + "_" + esc(key1) + "_" + esc(value1) + "_" + ... + esc(valueN) + "_" + suffix
+//
+// with CacheKey's suffix (the window start, or the window and the
+// algorithm's name). Every unescaped '_' after the prefix is a border, so
+// the parts read back unambiguously and two descriptors that differ in any
+// part (or in their number of entries) never share a key. The prefix is the
+// operator's and is kept as it is. A key whose parts hold neither '_' nor
+// '\' is the same in both formats.
+func EscapedCacheKey(dst []byte, prefix, domain string, entries []rules.Entry, l *rules.Limit, now time.Time) []byte {
+	dst = append(dst, prefix...)
+	dst = appendEscaped(dst, domain)
+	dst = append(dst, '_')
+	for _, e := range entries {
+		dst = appendEscaped(dst, e.Key)
+		dst = append(dst, '_')
+		dst = appendEscaped(dst, e.Value)
+		dst = append(dst, '_')
+	}
+	return appendSuffix(dst, l, now)
+}
+
+// appendEscaped appends s with '\' and '_' preceded by a '\', copying the
+// runs between them whole.
+func appendEscaped(dst []byte, s string) []byte {
+	run := 0
+	for i := 0; i < len(s); i++ {
+		if c := s[i]; c == '_' || c == '\\' {
+			dst = append(dst, s[run:i]...)
+			dst = append(dst, '\\')
+			run = i
+		}
+	}
+	return append(dst, s[run:]...)
+}
+
+// appendSuffix appends what ends every key: the window start for a fixed
+// window, the window and the algorithm's name otherwise (see CacheKey).
+func appendSuffix(dst []byte, l *rules.Limit, now time.Time) []byte {
 	w := windowSeconds(l)
 	if l.Algorithm == rules.FixedWindow {
 		return strconv.AppendInt(dst, WindowStart(now, w), 10)

@@ -2,6 +2,7 @@ package limiter
 
 import (
 	"bytes"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -63,6 +64,80 @@ func TestCacheKey(t *testing.T) {
 	}
 }
 
+func TestEscapedCacheKey(t *testing.T) {
+	t.Parallel()
+	kv := func(pairs ...string) []rules.Entry {
+		var es []rules.Entry
+		for i := 0; i < len(pairs); i += 2 {
+			es = append(es, rules.Entry{Key: pairs[i], Value: pairs[i+1]})
+		}
+		return es
+	}
+	second := &rules.Limit{RequestsPerUnit: 10, Unit: rules.Second, UnitMultiplier: 1}
+	tests := []struct {
+		name    string
+		prefix  string
+		domain  string
+		entries []rules.Entry
+		limit   *rules.Limit
+		want    string
+	}{
+		{"plain_parts_as_anchor", "rl_", "api", kv("user", "alice"), &rules.Limit{Unit: rules.Minute, UnitMultiplier: 1, Algorithm: rules.SlidingWindow}, "rl_api_user_alice_60_sliding_window"},
+		{"underscore_in_value", "", "d", kv("k", "a_b"), second, `d_k_a\_b_7`},
+		{"backslash_in_value", "", "d", kv("k", `a\b`), second, `d_k_a\\b_7`},
+		{"backslash_then_underscore", "", "d", kv("k", `\_`), second, `d_k_\\\__7`},
+		{"value_ends_with_backslash", "", "d", kv("k", `v\`, "k2", "w"), second, `d_k_v\\_k2_w_7`},
+		{"underscores_in_domain_and_key", "", "my_domain", kv("remote_address", "10.0.0.1"), second, `my\_domain_remote\_address_10.0.0.1_7`},
+		{"prefix_kept_as_is", `p_\`, "d", kv("k", "v"), second, `p_\d_k_v_7`},
+		{"empty_value", "", "d", kv("k", ""), second, "d_k__7"},
+		{"no_entries", "", "d", nil, second, "d_7"},
+		{"token_bucket", "", "d", kv("k", "a_b"), &rules.Limit{Unit: rules.Second, UnitMultiplier: 1, Algorithm: rules.TokenBucket}, `d_k_a\_b_1_token_bucket`},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			got := string(EscapedCacheKey(nil, tt.prefix, tt.domain, tt.entries, tt.limit, time.Unix(7, 0)))
+			if got != tt.want {
+				t.Errorf("EscapedCacheKey() = %q, want %q", got, tt.want)
+			}
+		})
+	}
+}
+
+// TestEscapedKeysCannotCollide: descriptors that share an anchor key, one
+// value's '_' taking the place of a border, have keys of their own when
+// escaped.
+func TestEscapedKeysCannotCollide(t *testing.T) {
+	t.Parallel()
+	l := &rules.Limit{Unit: rules.Hour, UnitMultiplier: 1}
+	now := time.Unix(1_700_000_000, 0)
+	tests := []struct {
+		name string
+		a, b []rules.Entry
+	}{
+		{"value_holds_the_next_entry", // the issue's k1 -> k2 rule
+			[]rules.Entry{{Key: "k1", Value: "x_k2_y"}, {Key: "k2", Value: "z"}},
+			[]rules.Entry{{Key: "k1", Value: "x"}, {Key: "k2", Value: "y_k2_z"}}},
+		{"one_entry_against_two",
+			[]rules.Entry{{Key: "k1", Value: "v_k2_w"}},
+			[]rules.Entry{{Key: "k1", Value: "v"}, {Key: "k2", Value: "w"}}},
+		{"key_against_value",
+			[]rules.Entry{{Key: "a_b", Value: "c"}},
+			[]rules.Entry{{Key: "a", Value: "b_c"}}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			if a, b := CacheKey(nil, "", "d", tt.a, l, now), CacheKey(nil, "", "d", tt.b, l, now); !bytes.Equal(a, b) {
+				t.Fatalf("anchor keys %q and %q differ: the case shows no collision", a, b)
+			}
+			if a, b := EscapedCacheKey(nil, "", "d", tt.a, l, now), EscapedCacheKey(nil, "", "d", tt.b, l, now); bytes.Equal(a, b) {
+				t.Errorf("EscapedCacheKey gives %q for both %v and %v", a, tt.a, tt.b)
+			}
+		})
+	}
+}
+
 func TestCacheKeyAppends(t *testing.T) {
 	l := &rules.Limit{Unit: rules.Second, UnitMultiplier: 1}
 	dst := []byte("keep:")
@@ -80,6 +155,35 @@ func TestCacheKeyAppends(t *testing.T) {
 	if allocs != 0 {
 		t.Errorf("CacheKey into a large enough buffer: %v allocs, want 0", allocs)
 	}
+	allocs = testing.AllocsPerRun(100, func() {
+		buf = EscapedCacheKey(buf[:0], "prefix_", "my_domain", []rules.Entry{{Key: "remote_address", Value: `10.0.0.1_\`}}, l, time.Unix(1_700_000_000, 0))
+	})
+	if allocs != 0 {
+		t.Errorf("EscapedCacheKey into a large enough buffer: %v allocs, want 0", allocs)
+	}
+}
+
+// splitEscaped reads an escaped key back, after its prefix: it splits it
+// at every unescaped '_' and unescapes the parts. ok is false when a '\'
+// escapes neither '\' nor '_'.
+func splitEscaped(b []byte) (parts []string, ok bool) {
+	var part []byte
+	for i := 0; i < len(b); i++ {
+		switch c := b[i]; c {
+		case '\\':
+			if i+1 == len(b) || b[i+1] != '\\' && b[i+1] != '_' {
+				return nil, false
+			}
+			i++
+			part = append(part, b[i])
+		case '_':
+			parts = append(parts, string(part))
+			part = part[:0]
+		default:
+			part = append(part, c)
+		}
+	}
+	return append(parts, string(part)), true
 }
 
 // anchorKey is envoyproxy/ratelimit's GenerateCacheKey written out plainly:
@@ -105,6 +209,8 @@ func FuzzCacheKey(f *testing.F) {
 	f.Add("rl_", "api", "user", "alice", "", "", uint8(rules.Minute), uint32(5), uint8(rules.SlidingWindow), int64(1_700_000_029))
 	f.Add("", "api", "a_b", "c_", "_", "1", uint8(rules.Day), uint32(2), uint8(rules.TokenBucket), int64(1_700_000_029))
 	f.Add("", "d", "k", "v", "", "", uint8(rules.Year), uint32(4_000_000_000), uint8(rules.SlidingLog), int64(-5))
+	f.Add("p_\\", "d", "k1", "x_k2_y", "k2", "z", uint8(rules.Hour), uint32(1), uint8(rules.FixedWindow), int64(1_700_000_000))
+	f.Add("", "my_d", "k", "v\\", "_", "\\_", uint8(rules.Minute), uint32(1), uint8(rules.TokenBucket), int64(60))
 	f.Fuzz(func(t *testing.T, prefix, domain, k1, v1, k2, v2 string, unit uint8, mult uint32, alg uint8, now int64) {
 		u := rules.Unit(unit % 8)
 		a := rules.Algorithm(alg % uint8(len(rules.Algorithms)))
@@ -126,16 +232,50 @@ func FuzzCacheKey(f *testing.F) {
 			if want := anchorKey(prefix, domain, entries, divider, now); string(got) != want {
 				t.Fatalf("CacheKey() = %q, want the anchor's %q", got, want)
 			}
-			return
+		} else {
+			head := anchorKey(prefix, domain, entries, 1, 0)
+			head = head[:len(head)-1] // without the "0" window start
+			want := head + strconv.FormatInt(divider, 10) + "_" + a.String()
+			if string(got) != want {
+				t.Fatalf("CacheKey() = %q, want %q", got, want)
+			}
+			if last := got[len(got)-1]; last >= '0' && last <= '9' {
+				t.Fatalf("CacheKey() = %q ends with a digit: it could be a fixed-window key", got)
+			}
 		}
-		head := anchorKey(prefix, domain, entries, 1, 0)
-		head = head[:len(head)-1] // without the "0" window start
-		want := head + strconv.FormatInt(divider, 10) + "_" + a.String()
-		if string(got) != want {
-			t.Fatalf("CacheKey() = %q, want %q", got, want)
+
+		// The escaped format reads back into exactly its parts: so two
+		// descriptors that differ anywhere never share a key.
+		esc := EscapedCacheKey(nil, prefix, domain, entries, l, tm)
+		if again := EscapedCacheKey(make([]byte, 0, 3), prefix, domain, entries, l, tm); !bytes.Equal(esc, again) {
+			t.Fatalf("EscapedCacheKey not deterministic: %q then %q", esc, again)
 		}
-		if last := got[len(got)-1]; last >= '0' && last <= '9' {
-			t.Fatalf("CacheKey() = %q ends with a digit: it could be a fixed-window key", got)
+		if !bytes.HasPrefix(esc, []byte(prefix)) {
+			t.Fatalf("EscapedCacheKey() = %q does not start with the prefix %q", esc, prefix)
+		}
+		parts, ok := splitEscaped(esc[len(prefix):])
+		want := []string{domain}
+		for _, e := range entries {
+			want = append(want, e.Key, e.Value)
+		}
+		suffix := string(got[bytes.LastIndexByte(got, '_')+1:]) // the window start
+		if a != rules.FixedWindow {
+			suffix = strconv.FormatInt(divider, 10) + "_" + a.String()
+		}
+		want = append(want, strings.Split(suffix, "_")...)
+		if !ok || !slices.Equal(parts, want) {
+			t.Fatalf("EscapedCacheKey() = %q reads back as %q (ok %v), want %q", esc, parts, ok, want)
+		}
+		// Folding the second entry into the first value: one anchor key,
+		// two escaped ones.
+		if len(entries) == 2 {
+			folded := []rules.Entry{{Key: k1, Value: v1 + "_" + k2 + "_" + v2}}
+			if !bytes.Equal(CacheKey(nil, prefix, domain, folded, l, tm), got) {
+				t.Fatalf("anchor key of %v differs from %q", folded, got)
+			}
+			if bytes.Equal(EscapedCacheKey(nil, prefix, domain, folded, l, tm), esc) {
+				t.Fatalf("EscapedCacheKey gives %q for both %v and %v", esc, folded, entries)
+			}
 		}
 	})
 }

@@ -24,6 +24,23 @@ func ExampleCacheKey() {
 	// rl_edge_remote_address_10.0.0.1_path_/login_60_token_bucket
 }
 
+func ExampleEscapedCacheKey() {
+	perHour := &rules.Limit{RequestsPerUnit: 10, Unit: rules.Hour, UnitMultiplier: 1}
+	now := time.Unix(1_700_000_029, 0)
+	// Under a rule k1 -> k2, two clients whose values hold '_'.
+	a := []rules.Entry{{Key: "k1", Value: "x_k2_y"}, {Key: "k2", Value: "z"}}
+	b := []rules.Entry{{Key: "k1", Value: "x"}, {Key: "k2", Value: "y_k2_z"}}
+	fmt.Println(string(limiter.CacheKey(nil, "rl_", "edge", a, perHour, now)))
+	fmt.Println(string(limiter.CacheKey(nil, "rl_", "edge", b, perHour, now)))
+	fmt.Println(string(limiter.EscapedCacheKey(nil, "rl_", "edge", a, perHour, now)))
+	fmt.Println(string(limiter.EscapedCacheKey(nil, "rl_", "edge", b, perHour, now)))
+	// Output:
+	// rl_edge_k1_x_k2_y_k2_z_1699999200
+	// rl_edge_k1_x_k2_y_k2_z_1699999200
+	// rl_edge_k1_x\_k2\_y_k2_z_1699999200
+	// rl_edge_k1_x_k2_y\_k2\_z_1699999200
+}
+
 func ExampleFixedWindow() {
 	op := limiter.Op{Algorithm: rules.FixedWindow, Limit: 2, Window: time.Minute, Hits: 1}
 	now := time.Unix(1_700_000_020, 0) // 40 s into a minute

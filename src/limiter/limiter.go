@@ -22,6 +22,10 @@ import (
 type Config struct {
 	// Prefix is prepended to every cache key (CACHE_KEY_PREFIX; default "").
 	Prefix string
+	// KeyFormat is how cache keys are built (CACHE_KEY_FORMAT; default
+	// AnchorKeys, envoyproxy/ratelimit's; EscapedKeys never lets two
+	// descriptors share a key).
+	KeyFormat KeyFormat
 	// NearLimitRatio is the share of the limit above which admitted hits are
 	// counted as near_limit (NEAR_LIMIT_RATIO; default 0.8 in settings).
 	NearLimitRatio float64
@@ -143,7 +147,11 @@ func (l *Limiter) Check(ctx context.Context, domain string, now time.Time, ds []
 		if lim == nil || lim.Unlimited {
 			continue
 		}
-		r.key = CacheKey(r.key[:0], l.cfg.Prefix, domain, ds[i].Entries, lim, now)
+		if l.cfg.KeyFormat == EscapedKeys {
+			r.key = EscapedCacheKey(r.key[:0], l.cfg.Prefix, domain, ds[i].Entries, lim, now)
+		} else {
+			r.key = CacheKey(r.key[:0], l.cfg.Prefix, domain, ds[i].Entries, lim, now)
+		}
 		op := Op{
 			Algorithm: lim.Algorithm,
 			Limit:     uint64(lim.RequestsPerUnit),

@@ -194,3 +194,35 @@ func TestCheckAllocs(t *testing.T) {
 		t.Errorf("Check: %v allocs per call, want at most 1", allocs)
 	}
 }
+
+// TestCheckKeyFormat: Config.KeyFormat picks the key the store sees.
+func TestCheckKeyFormat(t *testing.T) {
+	t.Parallel()
+	lim := &rules.Limit{RequestsPerUnit: 10, Unit: rules.Minute, UnitMultiplier: 1}
+	ds := []Descriptor{{Entries: []rules.Entry{{Key: "k1", Value: "x_k2_y"}, {Key: "k2", Value: "z"}}, Limit: lim, Hits: 1}}
+	now := time.Unix(1_700_000_029, 0)
+	tests := []struct {
+		name   string
+		format KeyFormat
+		want   string
+	}{
+		{"anchor_default", AnchorKeys, "rl_api_k1_x_k2_y_k2_z_1699999980"},
+		{"escaped", EscapedKeys, `rl_api_k1_x\_k2\_y_k2_z_1699999980`},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			var got string
+			l := New(storeFunc(func(_ context.Context, b *Batch) error {
+				got = b.Ops[0].Key
+				return nil
+			}), Config{Prefix: "rl_", KeyFormat: tt.format})
+			if err := l.Check(t.Context(), "api", now, ds, make([]Status, 1)); err != nil {
+				t.Fatal(err)
+			}
+			if got != tt.want {
+				t.Errorf("key = %q, want %q", got, tt.want)
+			}
+		})
+	}
+}

@@ -30,16 +30,35 @@ type backend struct {
 	started func(ctx context.Context) error
 	// timeout is the store's own round-trip bound, for the request budget.
 	timeout time.Duration
+	// keyFormat is how the limiter builds the store's keys.
+	keyFormat limiter.KeyFormat
+}
+
+// keyFormat is CACHE_KEY_FORMAT for a store an anchor process may share.
+func keyFormat(set *settings.Settings) limiter.KeyFormat {
+	if set.CacheKeyFormat == settings.KeyFormatEscaped {
+		return limiter.EscapedKeys
+	}
+	return limiter.AnchorKeys
 }
 
 func newBackend(ctx context.Context, set *settings.Settings, reg *stats.Registry, _ *slog.Logger) (*backend, error) {
 	switch set.BackendType {
 	case settings.BackendMemory:
-		m := memory.New(memory.Config{MaxKeys: set.MemoryMaxKeys})
+		m := memory.New(memory.Config{MaxBytes: set.MemoryMaxBytes, MaxKeys: set.MemoryMaxKeys})
+		// The keys the store dropped, by class, and its size.
+		reg.GaugeFunc("ratelimit.memory.keys", func() int64 { return int64(m.Len()) })
+		reg.GaugeFunc("ratelimit.memory.bytes", func() int64 { return m.Bytes() })
+		reg.CounterFunc("ratelimit.memory.reclaimed_idle", func() uint64 { return m.Evictions().ReclaimedIdle })
+		reg.CounterFunc("ratelimit.memory.evicted_under_limit", func() uint64 { return m.Evictions().UnderLimit })
+		reg.CounterFunc("ratelimit.memory.evicted_over_limit", func() uint64 { return m.Evictions().OverLimit })
 		return &backend{
 			store:   m,
 			healthy: func() bool { return true },
 			close:   m.Close,
+			// No anchor process shares this store, so its keys need not
+			// be the anchor's, whatever CACHE_KEY_FORMAT says.
+			keyFormat: limiter.EscapedKeys,
 		}, nil
 	case settings.BackendRedis:
 		cfg, err := redisConfig(set)
@@ -53,11 +72,12 @@ func newBackend(ctx context.Context, set *settings.Settings, reg *stats.Registry
 		reg.CounterFunc("ratelimit.redis.round_trips", func() uint64 { rt, _ := r.Counters(); return rt })
 		reg.CounterFunc("ratelimit.redis.ops", func() uint64 { _, ops := r.Counters(); return ops })
 		return &backend{
-			store:   r,
-			healthy: r.Healthy,
-			close:   func() { _ = r.Close() },
-			started: r.WaitStarted,
-			timeout: cfg.Timeout,
+			store:     r,
+			healthy:   r.Healthy,
+			close:     func() { _ = r.Close() },
+			started:   r.WaitStarted,
+			timeout:   cfg.Timeout,
+			keyFormat: keyFormat(set),
 		}, nil
 	case settings.BackendMemcache:
 		cfg, err := memcacheConfig(set)
@@ -71,11 +91,12 @@ func newBackend(ctx context.Context, set *settings.Settings, reg *stats.Registry
 		reg.CounterFunc("ratelimit.memcache.round_trips", func() uint64 { rt, _ := m.Counters(); return rt })
 		reg.CounterFunc("ratelimit.memcache.ops", func() uint64 { _, ops := m.Counters(); return ops })
 		return &backend{
-			store:   m,
-			healthy: m.Healthy,
-			close:   func() { _ = m.Close() },
-			started: m.WaitStarted,
-			timeout: cfg.Timeout,
+			store:     m,
+			healthy:   m.Healthy,
+			close:     func() { _ = m.Close() },
+			started:   m.WaitStarted,
+			timeout:   cfg.Timeout,
+			keyFormat: keyFormat(set),
 		}, nil
 	}
 	return nil, fmt.Errorf("server: BACKEND_TYPE %q is not available in this build", set.BackendType)

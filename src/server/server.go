@@ -88,6 +88,7 @@ func New(ctx context.Context, set *settings.Settings, log *slog.Logger) (*Server
 
 	lim := limiter.New(b.store, limiter.Config{
 		Prefix:                     set.CacheKeyPrefix,
+		KeyFormat:                  b.keyFormat,
 		NearLimitRatio:             set.NearLimitRatio,
 		StopIncrementWhenOverLimit: set.StopCacheKeyIncrementWhenOverlimit,
 		NearCache:                  limiter.NewNearCache(set.LocalCacheSizeInBytes),

@@ -465,3 +465,64 @@ func TestHealthConcurrentChangesAgree(t *testing.T) {
 		}
 	}
 }
+
+// TestMemoryCeilingOverTheWire: at MEMORY_MAX_KEYS every request is still
+// answered, a spent key keeps its count, and /stats counts the evictions.
+func TestMemoryCeilingOverTheWire(t *testing.T) {
+	srv, _ := start(t, serverRules, map[string]string{"MEMORY_MAX_KEYS": "16"})
+	rls := rlsv3.NewRateLimitServiceClient(dial(t, srv))
+	check := func(user string) rlsv3.RateLimitResponse_Code {
+		t.Helper()
+		resp, err := rls.ShouldRateLimit(t.Context(), &rlsv3.RateLimitRequest{Domain: "web", Descriptors: []*ratelimitv3.RateLimitDescriptor{{
+			Entries: []*ratelimitv3.RateLimitDescriptor_Entry{{Key: "user", Value: user}},
+		}}})
+		if err != nil {
+			t.Fatalf("user %s: %v, want an answer at the ceiling", user, err)
+		}
+		return resp.GetOverallCode()
+	}
+	for range 3 {
+		check("spent")
+	}
+	for i := range 40 {
+		if code := check(fmt.Sprint("u", i)); code != rlsv3.RateLimitResponse_OK {
+			t.Errorf("new user u%d: %v, want OK", i, code)
+		}
+	}
+	if code := check("spent"); code != rlsv3.RateLimitResponse_OVER_LIMIT {
+		t.Errorf("the spent user after 40 new ones: %v, want OVER_LIMIT still", code)
+	}
+	_, body := get(t, "http://"+srv.Addrs().Debug.String()+"/stats")
+	for _, want := range []string{
+		"ratelimit.memory.evicted_under_limit: 25\n", // 41 keys in a store of 16
+		"ratelimit.memory.evicted_over_limit: 0\n",
+		"ratelimit.memory.reclaimed_idle: 0\n",
+	} {
+		if !strings.Contains(body, want) {
+			t.Errorf("/stats lacks %q:\n%s", want, body)
+		}
+	}
+}
+
+// TestMemoryMaxBytes: MEMORY_MAX_BYTES reaches the store: 3 MiB of keys in a
+// store of 1 MiB make it evict.
+func TestMemoryMaxBytes(t *testing.T) {
+	srv, _ := start(t, serverRules, map[string]string{"MEMORY_MAX_BYTES": "1048576"})
+	rls := rlsv3.NewRateLimitServiceClient(dial(t, srv))
+	big := strings.Repeat("v", 4000)
+	for r := range 3 {
+		req := &rlsv3.RateLimitRequest{Domain: "web"}
+		for i := range 256 {
+			req.Descriptors = append(req.Descriptors, &ratelimitv3.RateLimitDescriptor{
+				Entries: []*ratelimitv3.RateLimitDescriptor_Entry{{Key: "user", Value: fmt.Sprint(big, r, "_", i)}},
+			})
+		}
+		if _, err := rls.ShouldRateLimit(t.Context(), req); err != nil {
+			t.Fatal(err)
+		}
+	}
+	_, body := get(t, "http://"+srv.Addrs().Debug.String()+"/stats")
+	if !strings.Contains(body, "ratelimit.memory.evicted_under_limit: ") || strings.Contains(body, "ratelimit.memory.evicted_under_limit: 0\n") {
+		t.Errorf("/stats after 3 MiB of keys in 1 MiB: want evicted_under_limit above 0:\n%s", body)
+	}
+}

@@ -71,6 +71,7 @@ type Settings struct {
 	QuotaMode                          bool    `envconfig:"QUOTA_MODE" default:"false"`
 	NearLimitRatio                     float64 `envconfig:"NEAR_LIMIT_RATIO" default:"0.8"`
 	CacheKeyPrefix                     string  `envconfig:"CACHE_KEY_PREFIX" default:""`
+	CacheKeyFormat                     string  `envconfig:"CACHE_KEY_FORMAT" default:"anchor"` // extension: anchor or escaped (Redis, Memcached; memory always escapes)
 	StopCacheKeyIncrementWhenOverlimit bool    `envconfig:"STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT" default:"false"`
 	ExpirationJitterMaxSeconds         int64   `envconfig:"EXPIRATION_JITTER_MAX_SECONDS" default:"300"`
 	LocalCacheSizeInBytes              int     `envconfig:"LOCAL_CACHE_SIZE_IN_BYTES" default:"0"`
@@ -89,8 +90,11 @@ type Settings struct {
 	MaxConcurrentRequests int           `envconfig:"MAX_CONCURRENT_REQUESTS" default:"4096"`
 	StatsMaxDynamicKeys   int           `envconfig:"STATS_MAX_DYNAMIC_KEYS" default:"1000"`
 
-	// Memory store (our extension).
-	MemoryMaxKeys int `envconfig:"MEMORY_MAX_KEYS" default:"0"`
+	// Memory store (our extension). MEMORY_MAX_BYTES: the most bytes its
+	// keys take (64 MiB; at least 1 MiB); MEMORY_MAX_KEYS: the most keys
+	// (0 = no key-count ceiling). At either the store evicts, never refuses.
+	MemoryMaxBytes int64 `envconfig:"MEMORY_MAX_BYTES" default:"67108864"`
+	MemoryMaxKeys  int   `envconfig:"MEMORY_MAX_KEYS" default:"0"`
 
 	// Redis.
 	RedisSocketType                  string        `envconfig:"REDIS_SOCKET_TYPE" default:"unix"`
@@ -144,6 +148,14 @@ const (
 	BackendMemcache = "memcache"
 )
 
+// Cache key formats accepted by CACHE_KEY_FORMAT: the anchor's, where a '_'
+// in a value can make two descriptors share a key, or one escaped so that
+// they never do.
+const (
+	KeyFormatAnchor  = "anchor"
+	KeyFormatEscaped = "escaped"
+)
+
 // Load reads the settings from the environment and validates them. Every
 // problem names its variable; all problems are reported together.
 func Load() (*Settings, error) {
@@ -189,6 +201,12 @@ func (s *Settings) Validate() error {
 	default:
 		bad("BACKEND_TYPE", "unknown backend %q (want memory, redis or memcache)", s.BackendType)
 	}
+	switch strings.ToLower(s.CacheKeyFormat) {
+	case KeyFormatAnchor, KeyFormatEscaped:
+		s.CacheKeyFormat = strings.ToLower(s.CacheKeyFormat)
+	default:
+		bad("CACHE_KEY_FORMAT", "unknown format %q (want anchor or escaped)", s.CacheKeyFormat)
+	}
 	switch strings.ToUpper(s.LogLevel) {
 	case "DEBUG", "INFO", "WARN", "WARNING", "ERROR", "FATAL", "PANIC", "TRACE":
 	default:
@@ -221,6 +239,9 @@ func (s *Settings) Validate() error {
 	}
 	if s.StatsMaxDynamicKeys < 1 {
 		bad("STATS_MAX_DYNAMIC_KEYS", "must be at least 1")
+	}
+	if s.MemoryMaxBytes < 1<<20 {
+		bad("MEMORY_MAX_BYTES", "%d is below the minimum of 1048576 (1 MiB)", s.MemoryMaxBytes)
 	}
 	if s.MemoryMaxKeys < 0 {
 		bad("MEMORY_MAX_KEYS", "must not be negative")

@@ -45,6 +45,9 @@ func TestDefaults(t *testing.T) {
 		{"MEMCACHE_SRV_REFRESH", s.MemcacheSrvRefresh, time.Duration(0)},
 		{"MEMCACHE_TLS", s.MemcacheTLS, false},
 		{"RUNTIME_RECHECK_INTERVAL", s.RuntimeRecheckInterval, time.Minute},
+		{"MEMORY_MAX_BYTES", s.MemoryMaxBytes, int64(64 << 20)},
+		{"MEMORY_MAX_KEYS", s.MemoryMaxKeys, 0},
+		{"CACHE_KEY_FORMAT", s.CacheKeyFormat, "anchor"},
 	}
 	for _, c := range checks {
 		if c.got != c.want {
@@ -76,6 +79,11 @@ func TestMalformedValuesNameTheVariable(t *testing.T) {
 		{"recheck_negative", map[string]string{"RUNTIME_RECHECK_INTERVAL": "-1s"}, []string{"RUNTIME_RECHECK_INTERVAL"}},
 		{"recheck_too_often", map[string]string{"RUNTIME_RECHECK_INTERVAL": "1ms"}, []string{"RUNTIME_RECHECK_INTERVAL"}},
 		{"recheck_not_a_duration", map[string]string{"RUNTIME_RECHECK_INTERVAL": "60"}, []string{"RUNTIME_RECHECK_INTERVAL"}},
+		{"memory_max_bytes_zero", map[string]string{"MEMORY_MAX_BYTES": "0"}, []string{"MEMORY_MAX_BYTES", "1048576"}},
+		{"memory_max_bytes_small", map[string]string{"MEMORY_MAX_BYTES": "1048575"}, []string{"MEMORY_MAX_BYTES"}},
+		{"memory_max_bytes_not_a_number", map[string]string{"MEMORY_MAX_BYTES": "64MiB"}, []string{"MEMORY_MAX_BYTES"}},
+		{"memory_max_keys", map[string]string{"MEMORY_MAX_KEYS": "-1"}, []string{"MEMORY_MAX_KEYS"}},
+		{"cache_key_format", map[string]string{"CACHE_KEY_FORMAT": "escape"}, []string{"CACHE_KEY_FORMAT", "escape", "anchor or escaped"}},
 		{"several", map[string]string{"BACKEND_TYPE": "foo", "LOG_LEVEL": "loud"}, []string{"BACKEND_TYPE", "LOG_LEVEL"}},
 	}
 	for _, tt := range tests {
@@ -104,6 +112,17 @@ func TestBackendTypeIsCaseInsensitive(t *testing.T) {
 	}
 	if s.BackendType != BackendRedis {
 		t.Errorf("BackendType = %q, want %q", s.BackendType, BackendRedis)
+	}
+}
+
+func TestCacheKeyFormatIsCaseInsensitive(t *testing.T) {
+	t.Setenv("CACHE_KEY_FORMAT", "Escaped")
+	s, err := Load()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s.CacheKeyFormat != KeyFormatEscaped {
+		t.Errorf("CacheKeyFormat = %q, want %q", s.CacheKeyFormat, KeyFormatEscaped)
 	}
 }
 

@@ -154,7 +154,7 @@ func BenchmarkMillionKeys(b *testing.B) {
 	const keys = 1_000_000
 	for b.Loop() {
 		clk := &clock{now: base}
-		s := New(Config{Now: clk.Now, SweepInterval: -1})
+		s := New(Config{Now: clk.Now, SweepInterval: -1, MaxBytes: -1})
 		start := heap()
 		fill(b, s, keys)
 		full := heap()

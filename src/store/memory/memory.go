@@ -7,10 +7,11 @@ package memory
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"hash/maphash"
+	"math/rand/v2"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -19,21 +20,27 @@ import (
 	"github.com/ratelimitd/ratelimit/src/rules"
 )
 
-// ErrFull is wrapped by the error Do returns when an op needs a new key and
-// the store already holds Config.MaxKeys keys. That error wraps
-// limiter.ErrUnavailable too: the request is answered as when Redis is down,
-// and Envoy's failure_mode_deny decides. Evicting live keys instead would
-// let a flood of new keys reset the counts of the others: over-admission
-// by design.
-var ErrFull = errors.New("memory: store full")
+// DefaultMaxBytes is the byte ceiling of a Store whose Config.MaxBytes is
+// 0, and the default of MEMORY_MAX_BYTES: 64 MiB of keys, about 280,000
+// keys of 50 bytes or 12,000 of 4 KB. The keys' live heap stays under it
+// (TestDefaultCeilingHeap); with Go's GC pacing the heap peaks near twice
+// the live data, and the service stays under about 200 MiB RSS however many
+// keys its clients make up (181 MiB measured after 800,000 small keys, then
+// 80,000 of 4 KB). It fits a 256 MiB container.
+const DefaultMaxBytes = 64 << 20
 
-// Config tunes a Store. The zero value is usable: unbounded, the system
-// clock, a sweep every 10 seconds, 256 shards.
+// Config tunes a Store. The zero value is usable: a ceiling of
+// DefaultMaxBytes, no key-count ceiling, the system clock, a sweep every
+// 10 seconds, 256 shards.
 type Config struct {
-	// MaxKeys is the most keys the store holds; 0 means no limit. A new key
-	// beyond it is refused with ErrFull after the store has reclaimed the
-	// idle keys of the new key's shard (at most once a second per shard);
-	// the sweeper reclaims the rest. Keys still counting are never evicted.
+	// MaxBytes is the most memory the keys may take, in bytes, as Bytes
+	// accounts it; 0 means DefaultMaxBytes and a negative value no byte
+	// ceiling. At the ceiling a new key makes room by evicting others (see
+	// Store); it is never refused.
+	MaxBytes int64
+	// MaxKeys is the most keys the store holds; 0 (the default) means no
+	// key-count ceiling. At it a new key makes room as at MaxBytes. Both
+	// ceilings may apply.
 	MaxKeys int
 	// Now is the clock of the sweeper; default time.Now. Ops use Batch.Now.
 	Now func() time.Time
@@ -41,7 +48,8 @@ type Config struct {
 	// 10 s. A negative value starts no sweeper: call Sweep yourself.
 	SweepInterval time.Duration
 	// Shards is the number of independently locked maps, rounded up to a
-	// power of two; default 256.
+	// power of two; default 256, fewer when a ceiling leaves room for
+	// under 16 keys a shard (MaxKeys below 4,096, MaxBytes below 1 MiB).
 	Shards int
 }
 
@@ -50,29 +58,136 @@ type Config struct {
 // (or, for an AllOrNothing batch, the whole batch) holds its shards' locks
 // while it reads and writes. Make one with New and stop its sweeper with
 // Close.
+//
+// The store stays under Config.MaxBytes and Config.MaxKeys without ever
+// refusing an op: a new key that would pass a ceiling first evicts keys of
+// its own shard, under the lock the op already holds, in this order:
+//
+//  1. idle keys, whose state is that of a new key again (the whole shard
+//     is reclaimed at most once a second, and any idle key sampled below
+//     goes first): nothing is lost;
+//  2. keys under their limit, approximately least recently used first (the
+//     oldest of 5 sampled, as Redis samples for maxmemory-policy);
+//  3. only when the shard holds no key under its limit: keys over it (no
+//     further hit fits: the last op was refused or left Remaining 0), the
+//     one of 5 sampled whose state resets soonest, the least recently used
+//     on a tie.
+//
+// Over-limit keys are what enforce the limits: evicting one resets a spent
+// counter, while evicting a key under its limit only forgets hits that
+// limited no one yet. So a client flooding the store with new keys cannot
+// reset the spent counters of others; it only makes the store forget,
+// least recently used first, the keys of clients still within their
+// limits. The classes are per shard: a shard with no key under its limit
+// gives up the over-limit key nearest its reset. A client that puts its
+// own keys over their limit at once (a hits_addend above the limit) fills
+// that class too, and can then push out the spent keys of others, those
+// nearest their reset and least recently used first; Evictions.OverLimit
+// counts them, and a MaxBytes that holds all the keys over their limit at
+// once prevents it.
+//
+// The ops of one batch never evict each other's keys. When a shard has
+// nothing it may evict (it is empty, or holds only keys of the batch at
+// hand) the new key is added anyway, and two ops on different shards that
+// check a ceiling at the same moment may both add theirs: Bytes and Len
+// then pass the ceiling by those keys, at most one per shard plus the keys
+// of the batches in flight, until the next new key of a shard that has
+// keys to evict brings them back under it.
 type Store struct {
-	shards []shard
-	mask   uint64
-	seed   maphash.Seed
-	max    int64
-	now    func() time.Time
-	// keys counts the keys of all shards, for MaxKeys and Len.
-	keys atomic.Int64
+	shards   []shard
+	mask     uint64
+	seed     maphash.Seed
+	maxKeys  int64
+	maxBytes int64
+	now      func() time.Time
+	// keys and bytes are the totals of all shards, for the ceilings, Len
+	// and Bytes.
+	keys  atomic.Int64
+	bytes atomic.Int64
+	// The counts Evictions reports.
+	reclaimed, evictedUnder, evictedOver atomic.Uint64
 
 	stop      chan struct{}
 	done      chan struct{}
 	closeOnce sync.Once
 }
 
+// Evictions counts the keys a Store has dropped since New, by class.
+type Evictions struct {
+	// ReclaimedIdle counts keys removed because their state was that of a
+	// new key again (the sweeper's and those reclaimed at a ceiling):
+	// nothing was lost.
+	ReclaimedIdle uint64
+	// UnderLimit counts keys evicted at a ceiling while under their limit:
+	// their hits are forgotten, which admits at most one limit more for
+	// those clients.
+	UnderLimit uint64
+	// OverLimit counts keys evicted at a ceiling while over their limit,
+	// because their shard held no key under it: those clients may start
+	// afresh before their reset. It stays 0 unless the store is too small
+	// for the keys over their limit; raise MaxBytes when it grows.
+	OverLimit uint64
+}
+
+// What one key costs, as Bytes accounts it. TestAccountingCoversTheHeap
+// measures the heap against these numbers.
+const (
+	// entryBytes is one entry: unsafe.Sizeof(entry{}) is 72 bytes, in Go's
+	// 80-byte size class (TestEntrySize keeps it so).
+	entryBytes = 80
+	// logBytes is a sliding log's SlidingLogState (40 bytes, in the
+	// 48-byte class); its ring is counted apart, by capacity.
+	logBytes = 48
+	// slotBytes is the share of one key in its shard's map and order
+	// slice, charged for every key of the shard's peak since neither gives
+	// memory back when keys go. A map slot is 25 bytes (16 for the string
+	// header, 8 for the pointer, 1 control byte) and a map is as little as
+	// 7/16 full just after it grew: 57 bytes a key. The order slice holds
+	// 8 bytes a key, up to 16 just after append doubled it.
+	slotBytes = 80
+)
+
+// allocBytes bounds what Go's allocator takes for an object of n bytes: a
+// small object's size class is at most 19% above it (4097 bytes take
+// 4864) past 64 bytes and at most 16 bytes above it below; a large object
+// is rounded up to whole 8 KiB pages, at most n/4 from 32 KiB on.
+func allocBytes(n int) int64 {
+	return int64(n + n/4 + 16)
+}
+
+// ringBytes is a sliding log's ring of capacity c.
+func ringBytes(c int) int64 {
+	if c == 0 {
+		return 0
+	}
+	return allocBytes(8 * c)
+}
+
+const (
+	// evictSamples is how many keys of a class eviction compares, as Redis's
+	// maxmemory-samples.
+	evictSamples = 5
+	// reclaimEvery is how often (µs) a shard at a ceiling scans all its
+	// keys for idle ones: often enough to reclaim before evicting, rarely
+	// enough that a flood of new keys costs no full scan each.
+	reclaimEvery = int64(time.Second / time.Microsecond)
+)
+
 // shard is one lock and the keys it guards; padded so that neighbouring
 // shards' locks do not share a cache line.
 type shard struct {
-	// mu guards m, peak and lastReclaim.
+	// mu guards every field below and the entries of m.
 	mu sync.Mutex
 	m  map[string]*entry
+	// order holds the entries of m for eviction to sample: order[:under]
+	// are the keys under their limit, order[under:] those over it, and
+	// each entry's pos is its index.
+	order []*entry
+	under int
 	// peak is the largest len(m) since the map was last rebuilt: Go maps
 	// never give back the memory of deleted keys, so the sweeper rebuilds a
-	// map that has shrunk to a quarter of it.
+	// map that has shrunk to a quarter of it, and Bytes charges slotBytes
+	// for every key of it.
 	peak int
 	// lastReclaim is when (Unix µs) a full store last scanned this shard
 	// for idle keys.
@@ -80,10 +195,10 @@ type shard struct {
 	_           [64]byte
 }
 
-// entry is one key's state. Which fields are used depends on the algorithm:
-// fixed_window n1 = count; sliding_window t = start, n1 = prev, n2 = curr;
-// token_bucket t = TAT; sliding_log log.
-type entry struct {
+// state is what the algorithms keep for one key. Which fields are used
+// depends on the algorithm: fixed_window n1 = count; sliding_window t =
+// start, n1 = prev, n2 = curr; token_bucket t = TAT; sliding_log log.
+type state struct {
 	// idle is when (Unix µs) the state becomes that of a new key, so the
 	// key can go (see the IdleAt methods of the limiter's states).
 	idle   int64
@@ -92,25 +207,56 @@ type entry struct {
 	log    *limiter.SlidingLogState
 }
 
+// entry is one key: its state and what eviction needs to know of it.
+type entry struct {
+	state
+	// key is the key of the entry in its shard's map, to delete it when
+	// the entry is evicted.
+	key string
+	// used is when (Unix µs, the op's time) an op last used the key.
+	used int64
+	// pos is the entry's index in its shard's order.
+	pos int
+	// pinned keeps the entry from being evicted while the op or batch that
+	// uses it still holds the shard's lock.
+	pinned bool
+}
+
+// bytes is what e costs, as Bytes accounts it, apart from its slot.
+func (e *entry) bytes() int64 {
+	n := allocBytes(len(e.key)) + entryBytes
+	if e.log != nil {
+		n += logBytes + ringBytes(e.log.Cap())
+	}
+	return n
+}
+
 // New returns a Store and starts its sweeper (unless cfg.SweepInterval is
 // negative).
 func New(cfg Config) *Store {
-	n := 256
+	s := &Store{
+		seed:     maphash.MakeSeed(),
+		maxKeys:  int64(max(cfg.MaxKeys, 0)),
+		maxBytes: cfg.MaxBytes,
+		now:      cfg.Now,
+		stop:     make(chan struct{}),
+		done:     make(chan struct{}),
+	}
+	switch {
+	case s.maxBytes == 0:
+		s.maxBytes = DefaultMaxBytes
+	case s.maxBytes < 0:
+		s.maxBytes = 0 // no byte ceiling
+	}
+	n := 1
 	if cfg.Shards > 0 {
-		n = 1
 		for n < cfg.Shards {
 			n <<= 1
 		}
+	} else {
+		n = s.defaultShards()
 	}
-	s := &Store{
-		shards: make([]shard, n),
-		mask:   uint64(n - 1),
-		seed:   maphash.MakeSeed(),
-		max:    int64(cfg.MaxKeys),
-		now:    cfg.Now,
-		stop:   make(chan struct{}),
-		done:   make(chan struct{}),
-	}
+	s.shards, s.mask = make([]shard, n), uint64(n-1)
 	if s.now == nil {
 		s.now = time.Now
 	}
@@ -127,6 +273,21 @@ func New(cfg Config) *Store {
 	}
 	go s.sweeper(interval)
 	return s
+}
+
+// defaultShards is 256, halved until each shard has room under the
+// ceilings for shardKeys keys (of shardKeyBytes each for MaxBytes). A
+// shard evicts only its own keys and one with none passes the ceiling by
+// its new key, so a small ceiling spread over many shards would hardly
+// bind: MaxKeys 100 over 256 shards could hold about 256 keys.
+func (s *Store) defaultShards() int {
+	const shardKeys, shardKeyBytes = 16, 256
+	n := int64(256)
+	for n > 1 && (s.maxKeys > 0 && n*shardKeys > s.maxKeys ||
+		s.maxBytes > 0 && n*shardKeys*shardKeyBytes > s.maxBytes) {
+		n >>= 1
+	}
+	return int(n)
 }
 
 // Close stops the sweeper and waits for it to return. The store stays
@@ -169,19 +330,21 @@ func (s *Store) Sweep() int {
 // a quarter of its peak. The caller holds sh.mu.
 func (s *Store) reclaim(sh *shard, now int64) int {
 	n := 0
-	for k, e := range sh.m {
-		if e.idle <= now {
-			delete(sh.m, k)
+	for _, e := range sh.m {
+		if e.idle <= now && !e.pinned {
+			s.drop(sh, e)
 			n++
 		}
 	}
-	s.keys.Add(-int64(n))
+	s.reclaimed.Add(uint64(n))
 	if sh.peak >= 64 && len(sh.m) <= sh.peak/4 {
 		m := make(map[string]*entry, len(sh.m))
 		for k, e := range sh.m {
 			m[k] = e
 		}
+		s.bytes.Add(-int64(sh.peak-len(m)) * slotBytes)
 		sh.m, sh.peak = m, len(m)
+		sh.order = slices.Clone(sh.order)
 	}
 	return n
 }
@@ -189,10 +352,26 @@ func (s *Store) reclaim(sh *shard, now int64) int {
 // Len returns the number of keys held, idle ones not yet swept included.
 func (s *Store) Len() int { return int(s.keys.Load()) }
 
+// Bytes returns the memory the keys take, as the store accounts it against
+// Config.MaxBytes: for each key its bytes, its entry, a sliding log's ring
+// (by capacity), and its share of the shard's map, rounded up to what Go's
+// allocator takes. It leaves out a fixed 0.1 MiB or so of empty shards.
+func (s *Store) Bytes() int64 { return s.bytes.Load() }
+
+// Evictions returns how many keys the store has dropped, by class.
+func (s *Store) Evictions() Evictions {
+	return Evictions{
+		ReclaimedIdle: s.reclaimed.Load(),
+		UnderLimit:    s.evictedUnder.Load(),
+		OverLimit:     s.evictedOver.Load(),
+	}
+}
+
 // Do applies the batch's ops at b.Now (or Config.Now when b.Now is zero)
 // with the limiter's pure functions. Without AllOrNothing each op locks its
 // own shard; with it, the shards of all the batch's keys are locked in
-// index order, the ops applied, and all undone if any op was refused.
+// index order, the ops applied, and all undone if any op was refused. It
+// fails only when ctx is done before it starts: at a ceiling it evicts.
 func (s *Store) Do(ctx context.Context, b *limiter.Batch) error {
 	if err := ctx.Err(); err != nil {
 		return fmt.Errorf("memory: %w: %w", limiter.ErrUnavailable, err)
@@ -203,24 +382,27 @@ func (s *Store) Do(ctx context.Context, b *limiter.Batch) error {
 	}
 	b.SizeResults()
 	if b.AllOrNothing {
-		return s.doAll(now, b)
+		s.doAll(now, b)
+		return nil
 	}
+	t := now.UnixMicro()
 	for i := range b.Ops {
 		op := &b.Ops[i]
 		sh := s.shard(op.Key)
 		sh.mu.Lock()
-		e, _, err := s.lookup(sh, op.Key, now, op.Hits > 0)
-		if err == nil {
-			if e == nil { // a read of a missing key: the zero state, not stored
-				var zero entry
-				e = &zero
-			}
-			b.Results[i], _ = apply(e, now, op)
+		e, _ := s.lookup(sh, op.Key, t, op.Hits > 0)
+		if e == nil { // a read of a missing key: the zero state, not stored
+			var zero entry
+			b.Results[i], _, _ = apply(&zero, now, op)
+		} else {
+			var grown int64
+			e.pinned = true
+			b.Results[i], _, grown = apply(e, now, op)
+			s.grow(sh, grown, t)
+			e.pinned = false
+			sh.used(e, t, &b.Results[i])
 		}
 		sh.mu.Unlock()
-		if err != nil {
-			return err
-		}
 	}
 	return nil
 }
@@ -228,15 +410,15 @@ func (s *Store) Do(ctx context.Context, b *limiter.Batch) error {
 // undo is what it takes to take back one op of an AllOrNothing batch.
 type undo struct {
 	sh      *shard
-	key     string
 	e       *entry
-	old     entry // the state before the op (for a sliding log: its idle time)
+	op      int   // the op's index in the batch
+	old     state // the state before the op (for a sliding log: its idle time)
 	created bool
 	pushed  int // hits the op logged, for a sliding log
 }
 
 // doAll applies an AllOrNothing batch under the locks of all its shards.
-func (s *Store) doAll(now time.Time, b *limiter.Batch) error {
+func (s *Store) doAll(now time.Time, b *limiter.Batch) {
 	var idxBuf [8]uint64
 	locked := idxBuf[:0]
 	for i := range b.Ops {
@@ -255,46 +437,54 @@ func (s *Store) doAll(now time.Time, b *limiter.Batch) error {
 		}
 	}()
 
+	t := now.UnixMicro()
 	var undoBuf [8]undo
 	undos := undoBuf[:0]
-	refused := false
 	for i := range b.Ops {
 		op := &b.Ops[i]
 		sh := s.shard(op.Key)
-		e, created, err := s.lookup(sh, op.Key, now, op.Hits > 0)
-		if err != nil {
-			s.rollback(undos)
-			return err
-		}
+		e, created := s.lookup(sh, op.Key, t, op.Hits > 0)
 		if e == nil { // a read of a missing key: nothing to store or undo
 			var zero entry
-			b.Results[i], _ = apply(&zero, now, op)
+			b.Results[i], _, _ = apply(&zero, now, op)
 			continue
 		}
-		u := undo{sh: sh, key: op.Key, e: e, old: *e, created: created}
-		b.Results[i], u.pushed = apply(e, now, op)
+		// Pinned until the batch is over: a later op making room for its
+		// key must not evict a key this batch counts on (or will undo).
+		e.pinned = true
+		u := undo{sh: sh, e: e, op: i, old: e.state, created: created}
+		var grown int64
+		b.Results[i], u.pushed, grown = apply(e, now, op)
+		s.grow(sh, grown, t)
 		undos = append(undos, u)
 	}
+	refused := false
 	for i := range b.Results[:len(b.Ops)] {
 		refused = refused || !b.Results[i].Allowed
 	}
-	if !refused {
-		return nil
-	}
-	s.rollback(undos)
-	// Allowed, Before and After stay those of the evaluation in order;
-	// Remaining and ResetAfter become those of the unchanged state.
-	for i := range b.Ops {
-		op := b.Ops[i]
-		op.Hits = 0
-		e := s.shard(op.Key).m[op.Key]
-		if e == nil {
-			e = &entry{}
+	if refused {
+		s.rollback(undos)
+		// Allowed, Before and After stay those of the evaluation in
+		// order; Remaining and ResetAfter become those of the unchanged
+		// state.
+		for i := range b.Ops {
+			op := b.Ops[i]
+			op.Hits = 0
+			e := s.shard(op.Key).m[op.Key]
+			if e == nil {
+				e = &entry{}
+			}
+			read, _, _ := apply(e, now, &op)
+			b.Results[i].Remaining, b.Results[i].ResetAfter = read.Remaining, read.ResetAfter
 		}
-		read, _ := apply(e, now, &op)
-		b.Results[i].Remaining, b.Results[i].ResetAfter = read.Remaining, read.ResetAfter
 	}
-	return nil
+	for i := range undos {
+		u := &undos[i]
+		u.e.pinned = false
+		if !(refused && u.created) { // a key undone is gone
+			u.sh.used(u.e, t, &b.Results[u.op])
+		}
+	}
 }
 
 // rollback undoes the ops in reverse order. The caller holds the locks.
@@ -303,58 +493,213 @@ func (s *Store) rollback(undos []undo) {
 		u := &undos[i]
 		switch {
 		case u.created:
-			delete(u.sh.m, u.key)
-			s.keys.Add(-1)
+			s.drop(u.sh, u.e)
 		case u.e.log != nil:
 			u.e.log.Forget(u.pushed)
 			u.e.idle = u.old.idle
 		default:
-			*u.e = u.old
+			u.e.state = u.old
 		}
 	}
 }
 
-// lookup returns key's entry in sh, creating it when create is set; else a
-// missing key gives nil. An entry idle at now is reset: its key may not have
-// been swept yet. The caller holds sh.mu.
-func (s *Store) lookup(sh *shard, key string, now time.Time, create bool) (e *entry, created bool, err error) {
+// lookup returns key's entry in sh, creating it when create is set (after
+// making room for it at a ceiling); else a missing key gives nil. An entry
+// idle at t (Unix µs) is reset: its key may not have been swept yet. The
+// caller holds sh.mu.
+func (s *Store) lookup(sh *shard, key string, t int64, create bool) (e *entry, created bool) {
 	if e = sh.m[key]; e != nil {
-		if e.idle <= now.UnixMicro() {
+		if e.idle <= t {
 			// Reset what the pure functions would not: a fixed-window
 			// count whose window is over. A sliding log drops its old
 			// hits itself and keeps its ring.
-			*e = entry{log: e.log}
+			e.state = state{log: e.log}
 		}
-		return e, false, nil
+		return e, false
 	}
 	if !create {
-		return nil, false, nil
+		return nil, false
 	}
-	if s.max > 0 {
-		if s.keys.Load() >= s.max {
-			if t := now.UnixMicro(); t-sh.lastReclaim >= int64(time.Second/time.Microsecond) || t < sh.lastReclaim {
-				sh.lastReclaim = t
-				s.reclaim(sh, t)
-			}
-		}
-		if s.keys.Add(1) > s.max {
-			s.keys.Add(-1)
-			return nil, false, fmt.Errorf("%w (MaxKeys %d): %w", ErrFull, s.max, limiter.ErrUnavailable)
-		}
-	} else {
-		s.keys.Add(1)
+	cost := allocBytes(len(key)) + entryBytes
+	s.makeRoom(sh, cost, t)
+	// The key is copied: the batch's strings are the caller's (see
+	// limiter.Store), and a key sharing a larger buffer would keep all of
+	// it alive, unaccounted.
+	e = &entry{key: strings.Clone(key), used: t}
+	sh.m[e.key] = e
+	if len(sh.m) > sh.peak {
+		sh.peak = len(sh.m)
+		cost += slotBytes
 	}
-	e = &entry{}
-	sh.m[key] = e
-	sh.peak = max(sh.peak, len(sh.m))
-	return e, true, nil
+	sh.add(e)
+	s.keys.Add(1)
+	s.bytes.Add(cost)
+	return e, true
 }
 
-// apply runs op's pure function on e and returns its result and, for a
-// sliding log, how many hits it logged.
-func apply(e *entry, now time.Time, op *limiter.Op) (limiter.Result, int) {
-	var r limiter.Result
-	pushed := 0
+// makeRoom evicts keys of sh until one more key of cost bytes (0: none,
+// after a sliding log grew) fits under the ceilings, or sh has nothing left
+// it may evict. The caller holds sh.mu.
+func (s *Store) makeRoom(sh *shard, cost, t int64) {
+	for {
+		keys, bytes := int64(0), cost
+		if cost > 0 {
+			keys = 1
+			if len(sh.m) >= sh.peak { // the new key raises the peak
+				bytes += slotBytes
+			}
+		}
+		full := s.maxKeys > 0 && s.keys.Load()+keys > s.maxKeys ||
+			s.maxBytes > 0 && s.bytes.Load()+bytes > s.maxBytes
+		if !full || !s.evict(sh, t) {
+			return
+		}
+	}
+}
+
+// grow accounts the bytes a sliding log's ring grew by and makes room for
+// them at the ceiling. The caller holds sh.mu and has pinned the entry.
+func (s *Store) grow(sh *shard, grown, t int64) {
+	if grown == 0 {
+		return
+	}
+	s.bytes.Add(grown)
+	s.makeRoom(sh, 0, t)
+}
+
+// evict removes one key of sh, chosen as the Store doc says, and reports
+// whether there was one it may remove. The caller holds sh.mu.
+func (s *Store) evict(sh *shard, t int64) bool {
+	if t-sh.lastReclaim >= reclaimEvery || t < sh.lastReclaim {
+		sh.lastReclaim = t
+		if s.reclaim(sh, t) > 0 {
+			return true
+		}
+	}
+	count := &s.evictedUnder
+	e := sh.sample(0, sh.under, t, usedFirst)
+	if e == nil {
+		count = &s.evictedOver
+		e = sh.sample(sh.under, len(sh.order), t, resetsFirst)
+	}
+	if e == nil {
+		return false
+	}
+	if e.idle <= t {
+		count = &s.reclaimed
+	}
+	s.drop(sh, e)
+	count.Add(1)
+	return true
+}
+
+// sample returns the entry of sh.order[lo:hi] to evict first among
+// evictSamples unpinned ones drawn at random (all of them when there are
+// few): an idle one if it meets one, else the first by less. It returns nil
+// when every entry there is pinned.
+func (sh *shard) sample(lo, hi int, t int64, less func(a, b *entry) bool) *entry {
+	var best *entry
+	consider := func(e *entry) bool { // reports whether e is idle: take it
+		if e.pinned {
+			return false
+		}
+		if e.idle <= t {
+			best = e
+			return true
+		}
+		if best == nil || less(e, best) {
+			best = e
+		}
+		return false
+	}
+	if n := hi - lo; n <= evictSamples {
+		for _, e := range sh.order[lo:hi] {
+			if consider(e) {
+				break
+			}
+		}
+	} else {
+		for range evictSamples {
+			if consider(sh.order[lo+rand.IntN(n)]) {
+				break
+			}
+		}
+	}
+	if best == nil { // every draw was pinned; there are few pinned keys
+		for _, e := range sh.order[lo:hi] {
+			if !e.pinned {
+				return e
+			}
+		}
+	}
+	return best
+}
+
+// usedFirst orders keys under their limit: least recently used first.
+func usedFirst(a, b *entry) bool { return a.used < b.used }
+
+// resetsFirst orders keys over their limit: the one whose state resets
+// soonest first (it would have let its client in again the soonest), then
+// the least recently used.
+func resetsFirst(a, b *entry) bool {
+	return a.idle < b.idle || a.idle == b.idle && a.used < b.used
+}
+
+// drop deletes e from sh and the totals. The caller holds sh.mu.
+func (s *Store) drop(sh *shard, e *entry) {
+	delete(sh.m, e.key)
+	sh.remove(e)
+	s.keys.Add(-1)
+	s.bytes.Add(-e.bytes())
+}
+
+// used records that an op with result r used e at t: when, for the least
+// recently used order, and whether e is now over its limit (no further hit
+// fits). The caller holds sh.mu.
+func (sh *shard) used(e *entry, t int64, r *limiter.Result) {
+	e.used = t
+	sh.classify(e, !r.Allowed || r.Remaining == 0)
+}
+
+// add puts a new entry in sh.order, among the keys under their limit.
+func (sh *shard) add(e *entry) {
+	e.pos = len(sh.order)
+	sh.order = append(sh.order, e)
+	sh.swap(e.pos, sh.under)
+	sh.under++
+}
+
+// classify moves e among the keys over their limit or back. Each class is
+// a contiguous part of sh.order, so a move is one swap across the border.
+func (sh *shard) classify(e *entry, over bool) {
+	switch isOver := e.pos >= sh.under; {
+	case over && !isOver:
+		sh.under--
+		sh.swap(e.pos, sh.under)
+	case !over && isOver:
+		sh.swap(e.pos, sh.under)
+		sh.under++
+	}
+}
+
+// remove takes e out of sh.order.
+func (sh *shard) remove(e *entry) {
+	sh.classify(e, true) // the over part is unordered: swap e to its end
+	last := len(sh.order) - 1
+	sh.swap(e.pos, last)
+	sh.order[last] = nil
+	sh.order = sh.order[:last]
+}
+
+func (sh *shard) swap(i, j int) {
+	o := sh.order
+	o[i], o[j] = o[j], o[i]
+	o[i].pos, o[j].pos = i, j
+}
+
+// apply runs op's pure function on e and returns its result, how many hits
+// a sliding log logged, and how many bytes its ring grew by.
+func apply(e *entry, now time.Time, op *limiter.Op) (r limiter.Result, pushed int, grown int64) {
 	switch op.Algorithm {
 	case rules.SlidingWindow:
 		var st limiter.SlidingWindowState
@@ -364,11 +709,14 @@ func apply(e *entry, now time.Time, op *limiter.Op) (limiter.Result, int) {
 	case rules.SlidingLog:
 		if e.log == nil {
 			e.log = new(limiter.SlidingLogState)
+			grown = logBytes
 		}
+		c := e.log.Cap()
 		*e.log, r = limiter.SlidingLog(*e.log, now, *op)
 		if r.Allowed {
 			pushed = int(op.Hits)
 		}
+		grown += ringBytes(e.log.Cap()) - ringBytes(c)
 		e.idle = e.log.IdleAt(op.Window)
 	case rules.TokenBucket:
 		var st limiter.TokenBucketState
@@ -381,7 +729,7 @@ func apply(e *entry, now time.Time, op *limiter.Op) (limiter.Result, int) {
 		e.n1 = st.Count
 		e.idle = limiter.FixedWindowEnd(now, op.Window).UnixMicro()
 	}
-	return r, pushed
+	return r, pushed, grown
 }
 
 func (s *Store) shard(key string) *shard {

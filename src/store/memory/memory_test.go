@@ -1,7 +1,6 @@
 package memory
 
 import (
-	"errors"
 	"fmt"
 	"runtime"
 	"sync"
@@ -141,44 +140,92 @@ func TestSweeperRunsAndStops(t *testing.T) {
 	})
 }
 
+// TestMaxKeys: at MaxKeys a new key is never refused; it takes the place of
+// the least recently used key under its limit, and idle keys go first.
 func TestMaxKeys(t *testing.T) {
 	t.Parallel()
 	s := newStore(t, Config{MaxKeys: 3, Shards: 1, SweepInterval: -1})
+	at := func(sec int) time.Time { return base.Add(time.Duration(sec) * time.Second) }
 	for i := range 3 {
-		if _, err := do(t, s, base, op(rules.FixedWindow, fmt.Sprint("k", i), 5, time.Minute, 1)); err != nil {
+		if _, err := do(t, s, at(i), op(rules.FixedWindow, fmt.Sprint("k", i), 5, time.Minute, 1)); err != nil {
 			t.Fatalf("key %d: %v", i, err)
 		}
 	}
-	_, err := do(t, s, base, op(rules.FixedWindow, "k3", 5, time.Minute, 1))
-	if !errors.Is(err, ErrFull) || !errors.Is(err, limiter.ErrUnavailable) {
-		t.Fatalf("a key beyond MaxKeys: %v, want ErrFull wrapping limiter.ErrUnavailable", err)
+	if _, err := do(t, s, at(3), op(rules.FixedWindow, "k0", 5, time.Minute, 1)); err != nil {
+		t.Fatal(err)
 	}
-	// Existing keys and reads still work.
-	if _, err := do(t, s, base, op(rules.FixedWindow, "k0", 5, time.Minute, 1), op(rules.FixedWindow, "new", 5, time.Minute, 0)); err != nil {
-		t.Errorf("existing key and a read when full: %v", err)
+	// k1 is now the least recently used.
+	if _, err := do(t, s, at(4), op(rules.FixedWindow, "k3", 5, time.Minute, 1)); err != nil {
+		t.Fatalf("a key beyond MaxKeys: %v, want it admitted", err)
 	}
-	// Once the window is over, the idle keys make room without a sweep.
-	if _, err := do(t, s, base.Add(time.Minute), op(rules.FixedWindow, "k3", 5, time.Minute, 1)); err != nil {
-		t.Errorf("new key after the others went idle: %v", err)
+	if got := s.Len(); got != 3 {
+		t.Errorf("Len = %d, want 3", got)
+	}
+	for key, want := range map[string]uint64{"k0": 2, "k1": 0, "k2": 1, "k3": 1} {
+		rs, _ := do(t, s, at(5), op(rules.FixedWindow, key, 5, time.Minute, 0))
+		if rs[0].Before != want {
+			t.Errorf("%s holds %d hits, want %d", key, rs[0].Before, want)
+		}
+	}
+	if got, want := s.Evictions(), (Evictions{UnderLimit: 1}); got != want {
+		t.Errorf("Evictions = %+v, want %+v", got, want)
+	}
+	// Reads of a missing key create none.
+	if _, err := do(t, s, at(5), op(rules.FixedWindow, "new", 5, time.Minute, 0)); err != nil || s.Len() != 3 {
+		t.Errorf("a read when full: err %v, Len %d", err, s.Len())
+	}
+	// Once the window is over, the idle keys make room and nothing is lost.
+	if _, err := do(t, s, at(60), op(rules.FixedWindow, "k4", 5, time.Minute, 1)); err != nil {
+		t.Fatal(err)
 	}
 	if got := s.Len(); got != 1 {
-		t.Errorf("Len = %d, want 1", got)
+		t.Errorf("Len = %d, want 1 (the idle keys reclaimed)", got)
 	}
+	if got, want := s.Evictions(), (Evictions{ReclaimedIdle: 3, UnderLimit: 1}); got != want {
+		t.Errorf("Evictions = %+v, want %+v", got, want)
+	}
+	checkStore(t, s)
 }
 
-func TestMaxKeysAllOrNothingRollsBack(t *testing.T) {
+// TestMaxKeysAllOrNothing: a batch never fails for lack of room and never
+// evicts its own keys; a refused batch leaves none of its new keys.
+func TestMaxKeysAllOrNothing(t *testing.T) {
 	t.Parallel()
-	s := newStore(t, Config{MaxKeys: 1, SweepInterval: -1})
+	s := newStore(t, Config{MaxKeys: 1, Shards: 1, SweepInterval: -1})
+	if _, err := do(t, s, base, op(rules.FixedWindow, "x", 5, time.Minute, 1)); err != nil {
+		t.Fatal(err)
+	}
 	b := &limiter.Batch{Now: base, AllOrNothing: true, Ops: []limiter.Op{
 		op(rules.FixedWindow, "a", 5, time.Minute, 1),
-		op(rules.FixedWindow, "b", 5, time.Minute, 1),
+		op(rules.SlidingLog, "b", 5, time.Minute, 1),
+		op(rules.FixedWindow, "a", 5, time.Minute, 1),
 	}}
-	if err := s.Do(t.Context(), b); !errors.Is(err, ErrFull) {
-		t.Fatalf("Do = %v, want ErrFull", err)
+	if err := s.Do(t.Context(), b); err != nil {
+		t.Fatalf("Do = %v, want no error at MaxKeys", err)
+	}
+	if b.Results[2].Before != 1 || !b.Results[1].Allowed {
+		t.Errorf("results %+v: the batch lost its own keys", b.Results)
+	}
+	// x made room; a and b pass MaxKeys by the batch's keys.
+	if got := s.Len(); got != 2 {
+		t.Errorf("Len after the batch = %d, want 2", got)
+	}
+	checkStore(t, s)
+
+	b = &limiter.Batch{Now: base, AllOrNothing: true, Ops: []limiter.Op{
+		op(rules.TokenBucket, "c", 5, time.Minute, 1),
+		op(rules.SlidingWindow, "d", 0, time.Minute, 1), // refused
+	}}
+	if err := s.Do(t.Context(), b); err != nil {
+		t.Fatalf("Do = %v, want no error", err)
+	}
+	if b.Results[1].Allowed {
+		t.Fatalf("an op over a limit of 0 was admitted")
 	}
 	if got := s.Len(); got != 0 {
-		t.Errorf("Len after the refused batch = %d, want 0 (nothing recorded)", got)
+		t.Errorf("Len after the refused batch = %d, want 0 (a and b made room, c and d undone)", got)
 	}
+	checkStore(t, s)
 }
 
 func TestDoGrowsShortResults(t *testing.T) {
