@@ -122,7 +122,7 @@ func (s *Store) readCount(key string) (uint64, error) {
 	// in place when it gets shorter).
 	n, err := strconv.ParseUint(string(bytes.TrimRight(it.Value, " ")), 10, 64)
 	if err != nil {
-		return 0, fmt.Errorf("memcached: key %q: not a counter: %q", key, it.Value)
+		return 0, dataError(key, fmt.Errorf("not a counter: %q", it.Value))
 	}
 	return n, nil
 }
@@ -145,7 +145,7 @@ func (s *Store) applyState(ctx context.Context, key string, op *limiter.Op, now 
 		}
 		value, idle, u, err := step(dst, op, now, data, found, r)
 		if err != nil {
-			return undo{}, fmt.Errorf("memcached: key %q: %w", key, err)
+			return undo{}, dataError(key, err)
 		}
 		if value == nil { // nothing to record
 			return undo{}, nil
@@ -261,7 +261,7 @@ func (s *Store) undo(u *undo) error {
 		s.gotAnswer()
 		value, idle, err := takeBack(it.Value[:0], u, it.Value)
 		if err != nil {
-			return fmt.Errorf("memcached: key %q: %w", u.key, err)
+			return dataError(u.key, err)
 		}
 		if value == nil { // the hits are no longer there
 			return nil
@@ -392,15 +392,17 @@ func (s *Store) gotAnswer() {
 }
 
 // fail classifies an error of the memcached client. Memcached refusing
-// the data (incr on a value that is not a number; a key it cannot take) is
-// returned as is; everything else (dial and network errors, timeouts,
-// SERVER_ERROR, no servers) means memcached cannot serve: the error wraps
+// the data of an op (see refusedData) is an answer: the error wraps
+// limiter.ErrData, and neither health nor the idle connections are
+// touched, so that one poisoned key fails only the requests that use it.
+// Everything else (dial and network errors, timeouts, other SERVER_ERRORs,
+// no servers) means memcached cannot serve: the error wraps
 // limiter.ErrUnavailable and Healthy turns false until the next probe
 // succeeds.
 func (s *Store) fail(key string, err error) error {
-	if errors.Is(err, memcache.ErrMalformedKey) || strings.HasPrefix(err.Error(), "memcache: client error") {
+	if refusedData(err) {
 		s.gotAnswer()
-		return fmt.Errorf("memcached: key %q: %w", key, err)
+		return dataError(key, err)
 	}
 	s.up.Store(false)
 	if brokenConn(err) {
@@ -410,6 +412,26 @@ func (s *Store) fail(key string, err error) error {
 		_ = s.client.Close()
 	}
 	return unavailable(err)
+}
+
+// refusedData reports whether memcached refused an op for its data: a key
+// it cannot take, incr or decr on a value that is not a 64-bit decimal
+// number ("CLIENT_ERROR cannot increment or decrement non-numeric value"),
+// or a value too large for an item. gomemcache gives the first a sentinel
+// and the others only as text.
+func refusedData(err error) bool {
+	if errors.Is(err, memcache.ErrMalformedKey) {
+		return true
+	}
+	msg := err.Error()
+	return strings.HasPrefix(msg, "memcache: client error") ||
+		strings.Contains(msg, "SERVER_ERROR object too large")
+}
+
+// dataError wraps an error about the data of key: memcached refused it, or
+// its item is not a state this store wrote.
+func dataError(key string, err error) error {
+	return fmt.Errorf("memcached: key %q: %w: %w", key, limiter.ErrData, err)
 }
 
 // brokenConn reports whether err is an established connection found closed

@@ -28,6 +28,12 @@
 // Expirations beyond 30 days are sent as absolute Unix times, as memcached
 // reads them.
 //
+// An item the store cannot count in (a fixed window that memcached refuses
+// to incr because it is not a 64-bit decimal number, a state that does not
+// decode) fails the ops on its key with an error wrapping limiter.ErrData.
+// That is an answer, not an outage: health and the idle connections stay
+// as they are, and other keys are served.
+//
 // Keys are the limiter's, as given, so a rolling upgrade from the anchor
 // keeps counting in the same keys. Memcached refuses keys longer than 250
 // bytes or with spaces or control characters (the anchor fails on them);
@@ -121,10 +127,19 @@ var _ limiter.Store = (*Store)(nil)
 // cfg, and when the SRV record cannot be resolved (ctx bounds that lookup),
 // as the anchor does.
 func New(ctx context.Context, cfg Config) (*Store, error) {
-	return newWithLookup(ctx, cfg, net.DefaultResolver.LookupSRV)
+	return newWith(ctx, cfg, deps{lookup: net.DefaultResolver.LookupSRV})
 }
 
-func newWithLookup(ctx context.Context, cfg Config, lookup lookupSRVFunc) (*Store, error) {
+// deps are what a Store takes from the world outside memcached; tests
+// replace them.
+type deps struct {
+	lookup lookupSRVFunc
+	// wrapDial, when not nil, wraps the dial function (tests count the
+	// connections).
+	wrapDial func(dialFunc) dialFunc
+}
+
+func newWith(ctx context.Context, cfg Config, d deps) (*Store, error) {
 	cfg, err := cfg.withDefaults()
 	if err != nil {
 		return nil, err
@@ -132,13 +147,13 @@ func newWithLookup(ctx context.Context, cfg Config, lookup lookupSRVFunc) (*Stor
 	s := &Store{
 		cfg:      cfg,
 		servers:  new(memcache.ServerList),
-		lookup:   lookup,
+		lookup:   d.lookup,
 		answered: make(chan struct{}),
 		written:  newWritten(),
 	}
 	addrs := cfg.Addrs
 	if cfg.SRV != "" {
-		if addrs, err = resolveSRV(ctx, lookup, cfg.SRV); err != nil {
+		if addrs, err = resolveSRV(ctx, d.lookup, cfg.SRV); err != nil {
 			return nil, err
 		}
 		s.srvAddrs = addrs
@@ -156,6 +171,9 @@ func newWithLookup(ctx context.Context, cfg Config, lookup lookupSRVFunc) (*Stor
 	s.client.Timeout = cfg.Timeout
 	s.client.MaxIdleConns = cfg.MaxIdleConns
 	s.client.DialContext = dialer(cfg)
+	if d.wrapDial != nil {
+		s.client.DialContext = d.wrapDial(s.client.DialContext)
+	}
 
 	// The Store outlives New's ctx: it runs until Close.
 	s.ctx, s.cancel = context.WithCancel(context.WithoutCancel(ctx))
@@ -166,9 +184,12 @@ func newWithLookup(ctx context.Context, cfg Config, lookup lookupSRVFunc) (*Stor
 	return s, nil
 }
 
+// dialFunc is the signature of the client's DialContext.
+type dialFunc = func(ctx context.Context, network, addr string) (net.Conn, error)
+
 // dialer returns the client's dial function: TCP with the timeout and
 // keep-alives, and TLS when configured.
-func dialer(cfg Config) func(ctx context.Context, network, addr string) (net.Conn, error) {
+func dialer(cfg Config) dialFunc {
 	d := &net.Dialer{Timeout: cfg.Timeout, KeepAlive: 30 * time.Second}
 	if cfg.TLS == nil {
 		return d.DialContext

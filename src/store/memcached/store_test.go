@@ -354,28 +354,6 @@ func TestExpirationValues(t *testing.T) {
 	}
 }
 
-// TestCorruptState refuses a state item it cannot read with an error that
-// names the key and does not claim memcached is down.
-func TestCorruptState(t *testing.T) {
-	t.Parallel()
-	srv := storetest.StartMemcached(t)
-	s := newStore(t, Config{Addrs: []string{srv.Addr}})
-	for _, alg := range rules.Algorithms {
-		key := uniqueKey(t, alg.String())
-		if err := memcache.New(srv.Addr).Set(&memcache.Item{Key: key, Value: []byte("garbage"), Expiration: 60}); err != nil {
-			t.Fatal(err)
-		}
-		b := &limiter.Batch{Now: time.Now(), Ops: []limiter.Op{{Key: key, Algorithm: alg, Limit: 5, Window: time.Minute, Hits: 1}}}
-		err := s.Do(t.Context(), b)
-		if err == nil || errors.Is(err, limiter.ErrUnavailable) || !strings.Contains(err.Error(), key) {
-			t.Errorf("%s on a corrupt item: %v, want an error naming the key, not ErrUnavailable", alg, err)
-		}
-	}
-	if !s.Healthy() {
-		t.Error("corrupt items made the store unhealthy")
-	}
-}
-
 func TestConfig(t *testing.T) {
 	t.Parallel()
 	tests := []struct {
@@ -479,7 +457,7 @@ func TestSRV(t *testing.T) {
 		}
 		return name, current, nil
 	}
-	s, err := newWithLookup(t.Context(), Config{SRV: "_memcache._tcp.test.", SRVRefresh: 20 * time.Millisecond}, lookup)
+	s, err := newWith(t.Context(), Config{SRV: "_memcache._tcp.test.", SRVRefresh: 20 * time.Millisecond}, deps{lookup: lookup})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -510,9 +488,9 @@ func TestSRV(t *testing.T) {
 		t.Errorf("resolveSRV = %q, %v; want the sorted targets", got, err)
 	}
 	// A record that does not resolve at start fails New.
-	_, err = newWithLookup(t.Context(), Config{SRV: "_none._tcp.test."}, func(context.Context, string, string, string) (string, []*net.SRV, error) {
+	_, err = newWith(t.Context(), Config{SRV: "_none._tcp.test."}, deps{lookup: func(context.Context, string, string, string) (string, []*net.SRV, error) {
 		return "", nil, errors.New("no such host")
-	})
+	}})
 	if err == nil || !strings.Contains(err.Error(), "MEMCACHE_SRV") {
 		t.Errorf("New with an SRV that does not resolve = %v, want an error naming MEMCACHE_SRV", err)
 	}
