@@ -1,9 +1,13 @@
 package memcached
 
 import (
+	"bytes"
 	"context"
 	"errors"
+	"fmt"
+	"math"
 	"net"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -140,5 +144,160 @@ func TestDataErrors(t *testing.T) {
 	}
 	if !s.Healthy() {
 		t.Error("the data errors made the store unhealthy")
+	}
+}
+
+// TestSaturation sets fixed-window counts around the marks, and near 2^64
+// as a count written by others could be, and hits them with MaxHits, on
+// their own and in AllOrNothing batches: every op is over the limit
+// without an error, the ordinary hits after it too, and memcached's count
+// ends saturated and pinned below pinMark, never small again. The limit is
+// the largest a rule can set, so that a count that wrapped would show.
+func TestSaturation(t *testing.T) {
+	t.Parallel()
+	srv := storetest.StartMemcached(t)
+	s := newStore(t, Config{Addrs: []string{srv.Addr}})
+	raw := memcache.New(srv.Addr)
+	const limit = limiter.MaxHits
+	tests := []struct {
+		name string
+		give uint64
+	}{
+		{"near_wrap", math.MaxUint64 - 9},
+		{"max", math.MaxUint64},
+		{"wraps_to_zero", math.MaxUint64 - limiter.MaxHits + 1},
+		{"below_pin", pinMark - 1},
+		{"pin", pinMark},
+		{"below_saturation", satMark - 1},
+		{"saturation", satMark},
+		{"spent", limit},
+	}
+	now := time.Now()
+	for _, tt := range tests {
+		for _, all := range []bool{false, true} {
+			name := fmt.Sprintf("%s_all_%v", tt.name, all)
+			key := uniqueKey(t, name)
+			if err := raw.Set(&memcache.Item{Key: key, Value: strconv.AppendUint(nil, tt.give, 10), Expiration: 3600}); err != nil {
+				t.Fatal(err)
+			}
+			op := limiter.Op{Key: key, Limit: limit, Window: time.Hour, Hits: limiter.MaxHits}
+			for i := range 4 {
+				r := do(t, s, all, now, op)[0]
+				if r.Allowed || r.After <= limit || r.Remaining != 0 {
+					t.Errorf("%s: hit %d of %d: %+v, want over the limit", name, i, op.Hits, r)
+				}
+				op.Hits = 1 // then ordinary hits
+			}
+			op.Hits = 0
+			r := do(t, s, false, now, op)[0]
+			it, err := raw.Get(key)
+			if err != nil {
+				t.Fatal(err)
+			}
+			n, err := parseCount(it.Value)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if tt.name == "spent" {
+				if r.Before < limit || r.Remaining != 0 {
+					t.Errorf("%s: read %+v, want the limit spent", name, r)
+				}
+				continue
+			}
+			if r.Before != math.MaxUint64 || r.Remaining != 0 {
+				t.Errorf("%s: read %+v, want the count saturated", name, r)
+			}
+			if n < satMark || n >= pinMark {
+				t.Errorf("%s: memcached holds %d, want in [2^63, 2^63+2^62)", name, n)
+			}
+			// A pin or a repair keeps the key expiring.
+			if ttl := metaTTL(t, srv.Addr, key); ttl <= 0 || ttl > 3601 {
+				t.Errorf("%s: TTL %d s, want within the hour window", name, ttl)
+			}
+		}
+	}
+}
+
+// TestSaturationConcurrent hammers a count just below pinMark with maximal
+// ops from many goroutines, some in AllOrNothing batches: every op is over
+// the limit, and the pins keep the count within range.
+func TestSaturationConcurrent(t *testing.T) {
+	t.Parallel()
+	srv := storetest.StartMemcached(t)
+	s := newStore(t, Config{Addrs: []string{srv.Addr}, MaxIdleConns: testIdleConns})
+	raw := memcache.New(srv.Addr)
+	key := uniqueKey(t, "k")
+	if err := raw.Set(&memcache.Item{Key: key, Value: strconv.AppendUint(nil, pinMark-1000, 10), Expiration: 3600}); err != nil {
+		t.Fatal(err)
+	}
+	const workers, rounds = 8, 40
+	now := time.Now()
+	var wg sync.WaitGroup
+	for w := range workers {
+		wg.Go(func() {
+			b := &limiter.Batch{Now: now, AllOrNothing: w%2 == 0, Ops: []limiter.Op{{Key: key, Limit: limiter.MaxHits, Window: time.Hour, Hits: limiter.MaxHits}}}
+			for range rounds {
+				if err := s.Do(t.Context(), b); err != nil || b.Results[0].Allowed {
+					t.Errorf("maximal op: %v %+v, want over the limit", err, b.Results)
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	it, err := raw.Get(key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n, err := parseCount(it.Value); err != nil || n < satMark || n >= pinMark+workers*limiter.MaxHits {
+		t.Errorf("memcached holds %d (%v), want in [2^63, 2^63+2^62+%d maximal ops)", n, err, workers)
+	}
+}
+
+// TestSpentStates puts spent states of the continuous algorithms, some at
+// the edge of their encodings, in memcached and hits them with MaxHits and
+// then ordinary hits: every op is refused without an error, and the state
+// stays as it was.
+func TestSpentStates(t *testing.T) {
+	t.Parallel()
+	srv := storetest.StartMemcached(t)
+	s := newStore(t, Config{Addrs: []string{srv.Addr}})
+	raw := memcache.New(srv.Addr)
+	now := time.Now()
+	const limit, window = 5, time.Hour
+	start := now.UnixMicro() / window.Microseconds() * window.Microseconds()
+	log, _ := limiter.SlidingLog(limiter.SlidingLogState{}, now, limiter.Op{Algorithm: rules.SlidingLog, Limit: limit, Window: window, Hits: limit})
+	tests := []struct {
+		name  string
+		alg   rules.Algorithm
+		state []byte
+	}{
+		{"sliding_window_full", rules.SlidingWindow, limiter.AppendSlidingWindowState(nil, limiter.SlidingWindowState{Start: start, Curr: limit})},
+		{"sliding_window_max_counts", rules.SlidingWindow, limiter.AppendSlidingWindowState(nil, limiter.SlidingWindowState{Start: start, Prev: math.MaxUint64, Curr: math.MaxUint64})},
+		{"sliding_window_max_prev", rules.SlidingWindow, limiter.AppendSlidingWindowState(nil, limiter.SlidingWindowState{Start: start, Prev: math.MaxUint64})},
+		{"sliding_log_full", rules.SlidingLog, limiter.AppendSlidingLogState(nil, log)},
+		{"token_bucket_empty", rules.TokenBucket, limiter.AppendTokenBucketState(nil, limiter.TokenBucketState{TAT: now.Add(window).UnixMicro()})},
+		{"token_bucket_max_tat", rules.TokenBucket, limiter.AppendTokenBucketState(nil, limiter.TokenBucketState{TAT: math.MaxInt64})},
+	}
+	for _, tt := range tests {
+		key := uniqueKey(t, tt.name)
+		if err := raw.Set(&memcache.Item{Key: key, Value: tt.state, Expiration: 3600}); err != nil {
+			t.Fatal(err)
+		}
+		op := limiter.Op{Key: key, Algorithm: tt.alg, Limit: limit, Window: window, Hits: limiter.MaxHits}
+		for _, all := range []bool{false, true, false} {
+			r := do(t, s, all, now, op)[0]
+			if r.Allowed || r.After <= limit || r.Remaining != 0 {
+				t.Errorf("%s: %d hits: %+v, want refused", tt.name, op.Hits, r)
+			}
+			op.Hits = 1
+		}
+		it, err := raw.Get(key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !bytes.Equal(it.Value, tt.state) {
+			t.Errorf("%s: state %q after refused ops, want %q unchanged", tt.name, it.Value, tt.state)
+		}
 	}
 }

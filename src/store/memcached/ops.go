@@ -74,10 +74,7 @@ func (s *Store) applyCount(ctx context.Context, key string, op *limiter.Op, now 
 			if err == nil {
 				s.gotAnswer()
 				s.written.add(key, end, sec)
-				// after < Hits only if a concurrent undo's decr went to 0
-				// on a key re-created meanwhile; count from 0 then.
-				_, *r = limiter.FixedWindow(limiter.FixedWindowState{Count: after - min(after, op.Hits)}, now, *op)
-				return undo{op: op, key: key, now: now}, nil
+				return s.counted(ctx, key, op, now, after, r), nil
 			}
 			if !errors.Is(err, memcache.ErrCacheMiss) {
 				return undo{}, s.fail(key, err)
@@ -94,8 +91,7 @@ func (s *Store) applyCount(ctx context.Context, key string, op *limiter.Op, now 
 		if err == nil {
 			s.gotAnswer()
 			s.written.add(key, end, sec)
-			_, *r = limiter.FixedWindow(limiter.FixedWindowState{}, now, *op)
-			return undo{op: op, key: key, now: now}, nil
+			return s.counted(ctx, key, op, now, op.Hits, r), nil
 		}
 		if !errors.Is(err, memcache.ErrNotStored) {
 			return undo{}, s.fail(key, err)
@@ -107,7 +103,112 @@ func (s *Store) applyCount(ctx context.Context, key string, op *limiter.Op, now 
 	}
 }
 
-// readCount returns a fixed window's count; a missing key counts 0.
+// The marks of a fixed-window count (see the package doc): a count at or
+// above satMark is saturated, and one that passes pinMark is set back to
+// satMark.
+const (
+	satMark = 1 << 63
+	pinMark = satMark + 1<<62
+)
+
+// counted fills *r for a fixed-window op after which memcached holds the
+// count after (incr's answer; op.Hits for add), keeps the count within its
+// range, and returns the op's undo.
+//
+// incr is atomic and answers the count with the op's own hits in it, so
+// after < op.Hits means exactly that the count wrapped past 2^64 (a decr
+// cannot come in between: a concurrent undo that took the count down
+// shows as a smaller after, never below op.Hits). The op is then over any
+// limit, and the count is raised back to satMark plus what was added since
+// the wrap: one incr of satMark - after, which commutes with every other
+// incr and decr and keeps the item's expiration.
+//
+// A saturated op has no undo: taking its hits back from a count that was
+// pinned meanwhile would bring it below satMark.
+func (s *Store) counted(ctx context.Context, key string, op *limiter.Op, now time.Time, after uint64, r *limiter.Result) undo {
+	switch {
+	case after < op.Hits:
+		*r = saturated(math.MaxUint64, now, op)
+		// Best effort, as pin: the op's answer is right either way; an
+		// error that means an outage is recorded by fail.
+		if s.checkDeadline(ctx) == nil {
+			if _, err := s.client.Increment(key, satMark-after); err != nil {
+				_ = s.fail(key, err)
+			} else {
+				s.gotAnswer()
+			}
+		}
+		return undo{}
+	case after >= satMark:
+		before := after - op.Hits
+		if before >= satMark {
+			before = math.MaxUint64
+		}
+		*r = saturated(before, now, op)
+		if after >= pinMark {
+			s.pin(ctx, key, op)
+		}
+		return undo{}
+	}
+	_, *r = limiter.FixedWindow(limiter.FixedWindowState{Count: after - op.Hits}, now, *op)
+	return undo{op: op, key: key, now: now}
+}
+
+// saturated is the result of a fixed-window op that took the count to
+// saturation from before: After is the largest count, over any limit.
+func saturated(before uint64, now time.Time, op *limiter.Op) limiter.Result {
+	_, r := limiter.FixedWindow(limiter.FixedWindowState{Count: before}, now, *op)
+	r.After, r.Allowed, r.Remaining = math.MaxUint64, false, 0
+	return r
+}
+
+// pin sets a count that passed pinMark back to satMark: gets, then cas,
+// from the start again on a conflict, until the count is below pinMark
+// (another op pinned it) or ctx ends. It is best effort: a count left above
+// pinMark is still saturated, and the next op past the mark pins it. The
+// expiration is set again to a whole window, as add does, so that the key
+// lives at least as long as it would have (memcached does not tell an
+// item's expiration), and at most one window longer.
+func (s *Store) pin(ctx context.Context, key string, op *limiter.Op) {
+	for s.check(ctx) == nil {
+		it, err := s.client.Get(key)
+		if err != nil {
+			if errors.Is(err, memcache.ErrCacheMiss) {
+				s.gotAnswer()
+			} else {
+				_ = s.fail(key, err)
+			}
+			return
+		}
+		s.gotAnswer()
+		n, err := parseCount(it.Value)
+		if err != nil || n < pinMark {
+			return
+		}
+		it.Value = strconv.AppendUint(it.Value[:0], satMark, 10)
+		it.Expiration = s.expiration(max(int64(op.Window/time.Second), 1))
+		switch err := s.client.CompareAndSwap(it); {
+		case err == nil:
+			s.gotAnswer()
+			return
+		case conflict(err):
+			s.gotAnswer()
+		default:
+			_ = s.fail(key, err)
+			return
+		}
+	}
+}
+
+// parseCount reads a counter as memcached stores it. decr may leave the
+// number padded with spaces (memcached rewrites it in place when it gets
+// shorter).
+func parseCount(value []byte) (uint64, error) {
+	return strconv.ParseUint(string(bytes.TrimRight(value, " ")), 10, 64)
+}
+
+// readCount returns a fixed window's count (math.MaxUint64 once saturated);
+// a missing key counts 0.
 func (s *Store) readCount(key string) (uint64, error) {
 	it, err := s.client.Get(key)
 	if errors.Is(err, memcache.ErrCacheMiss) {
@@ -118,11 +219,12 @@ func (s *Store) readCount(key string) (uint64, error) {
 		return 0, s.fail(key, err)
 	}
 	s.gotAnswer()
-	// decr may leave the number padded with spaces (memcached rewrites it
-	// in place when it gets shorter).
-	n, err := strconv.ParseUint(string(bytes.TrimRight(it.Value, " ")), 10, 64)
+	n, err := parseCount(it.Value)
 	if err != nil {
 		return 0, dataError(key, fmt.Errorf("not a counter: %q", it.Value))
+	}
+	if n >= satMark {
+		return math.MaxUint64, nil
 	}
 	return n, nil
 }

@@ -13,6 +13,20 @@
 // first (see written), so that the common case, first hits included, is
 // one round trip per op.
 //
+// Fixed-window counts saturate instead of wrapping: memcached's incr wraps
+// at 2^64 without a word, and a count that wrapped would let the next
+// hits in, so that one request could reset a spent limit. A count at or
+// above 2^63 is saturated: reported as the largest count, over any limit.
+// An op adds at most limiter.MaxHits (2^32-1), and a count that passes
+// 2^63+2^62 is set back to 2^63 (gets, then cas), so to wrap, some 2^30
+// maximal ops would have to be under way at once. An op whose incr still
+// wrapped (it answers less than the op's hits: only a count written near
+// 2^64 by someone else gets there) is over the limit, and raises the count
+// back to 2^63 plus what was added since, with one more incr made before
+// the request's deadline. A saturated op is never taken back (AllOrNothing),
+// so a saturated count goes back under 2^63 only by the undos of ops
+// counted just under it, and stays over any (32-bit) limit.
+//
 // The other algorithms keep their state (see the limiter's encoding.go) in
 // one item per key and update it optimistically: gets, the limiter's pure
 // function, then cas (or add for a new key), retried on a conflict until it
@@ -441,6 +455,20 @@ func (s *Store) rollback(undos []undo) error {
 func (s *Store) check(ctx context.Context) error {
 	if err := ctx.Err(); err != nil {
 		return unavailable(err)
+	}
+	if s.closed.Load() {
+		return unavailable(errClosed)
+	}
+	return nil
+}
+
+// checkDeadline is check for the round trips that must not be left half
+// done when the request goes away (taking back an AllOrNothing batch's
+// hits, repairing a wrapped count): it ignores ctx's cancellation but
+// honours its deadline, which bounds every Do.
+func (s *Store) checkDeadline(ctx context.Context) error {
+	if d, ok := ctx.Deadline(); ok && !time.Now().Before(d) {
+		return unavailable(context.DeadlineExceeded)
 	}
 	if s.closed.Load() {
 		return unavailable(errClosed)
