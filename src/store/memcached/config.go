@@ -38,10 +38,11 @@ type Config struct {
 	// MaxIdleConns are idle already: set it to about the number of
 	// concurrent requests, or connections churn under load.
 	MaxIdleConns int
-	// Timeout bounds dialling and every read and write of a round trip
-	// (default 500ms, gomemcache's). The memcached client takes no context,
-	// so this, not the request's deadline, bounds a round trip under way;
-	// keep it within the service's backend budget.
+	// Timeout bounds every round trip, dial included (default 500ms,
+	// gomemcache's). The memcached client takes no context, so this, not
+	// the request's deadline, bounds a round trip under way: a Do returns
+	// at the latest Timeout after its ctx's deadline. Keep it within the
+	// service's backend budget.
 	Timeout time.Duration
 	// TLS, when not nil, makes every connection TLS with this
 	// configuration (memcached built with --enable-ssl); its ServerName

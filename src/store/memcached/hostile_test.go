@@ -25,6 +25,9 @@ import (
 // (dials under way included) at most at once.
 type connCounter struct {
 	dials, open, peak atomic.Int64
+	// onWrite, when set before the store is made, sees every write to
+	// memcached before it is sent.
+	onWrite func(p []byte)
 }
 
 func (c *connCounter) wrap(dial dialFunc) dialFunc {
@@ -46,6 +49,13 @@ type countedConn struct {
 	net.Conn
 	c    *connCounter
 	once sync.Once
+}
+
+func (cc *countedConn) Write(p []byte) (int, error) {
+	if cc.c.onWrite != nil {
+		cc.c.onWrite(p)
+	}
+	return cc.Conn.Write(p)
 }
 
 func (cc *countedConn) Close() error {

@@ -57,9 +57,12 @@ func (s *Store) apply(ctx context.Context, op *limiter.Op, now time.Time, r *lim
 // key this instance has not written in the current window (see written)
 // starts with add instead, so that the first hit of a window takes one
 // round trip. Every hit is counted, admitted or not, as the anchor does.
+//
+// ctx is checked before every round trip, here and in every function a Do
+// calls, so that none starts after ctx's deadline (see Do).
 func (s *Store) applyCount(ctx context.Context, key string, op *limiter.Op, now time.Time, r *limiter.Result) (undo, error) {
 	if op.Hits == 0 {
-		count, err := s.readCount(key)
+		count, err := s.readCount(ctx, key)
 		if err != nil {
 			return undo{}, err
 		}
@@ -70,6 +73,9 @@ func (s *Store) applyCount(ctx context.Context, key string, op *limiter.Op, now 
 	incrFirst := s.written.has(key, sec)
 	for {
 		if incrFirst {
+			if err := s.check(ctx); err != nil {
+				return undo{}, err
+			}
 			after, err := s.client.Increment(key, op.Hits)
 			if err == nil {
 				s.gotAnswer()
@@ -87,6 +93,9 @@ func (s *Store) applyCount(ctx context.Context, key string, op *limiter.Op, now 
 			Value:      strconv.AppendUint(make([]byte, 0, 20), op.Hits, 10),
 			Expiration: s.expiration(max(int64(op.Window/time.Second), 1)),
 		}
+		if err := s.check(ctx); err != nil {
+			return undo{}, err
+		}
 		err := s.client.Add(item)
 		if err == nil {
 			s.gotAnswer()
@@ -97,9 +106,6 @@ func (s *Store) applyCount(ctx context.Context, key string, op *limiter.Op, now 
 			return undo{}, s.fail(key, err)
 		}
 		s.gotAnswer()
-		if err := s.check(ctx); err != nil {
-			return undo{}, err
-		}
 	}
 }
 
@@ -185,6 +191,9 @@ func (s *Store) pin(ctx context.Context, key string, op *limiter.Op) {
 		if err != nil || n < pinMark {
 			return
 		}
+		if s.check(ctx) != nil {
+			return
+		}
 		it.Value = strconv.AppendUint(it.Value[:0], satMark, 10)
 		it.Expiration = s.expiration(max(int64(op.Window/time.Second), 1))
 		switch err := s.client.CompareAndSwap(it); {
@@ -209,7 +218,10 @@ func parseCount(value []byte) (uint64, error) {
 
 // readCount returns a fixed window's count (math.MaxUint64 once saturated);
 // a missing key counts 0.
-func (s *Store) readCount(key string) (uint64, error) {
+func (s *Store) readCount(ctx context.Context, key string) (uint64, error) {
+	if err := s.check(ctx); err != nil {
+		return 0, err
+	}
 	it, err := s.client.Get(key)
 	if errors.Is(err, memcache.ErrCacheMiss) {
 		s.gotAnswer()
@@ -234,6 +246,9 @@ func (s *Store) readCount(key string) (uint64, error) {
 // the start again when another op changed the item in between.
 func (s *Store) applyState(ctx context.Context, key string, op *limiter.Op, now time.Time, r *limiter.Result) (undo, error) {
 	for {
+		if err := s.check(ctx); err != nil {
+			return undo{}, err
+		}
 		it, err := s.client.Get(key)
 		found := err == nil
 		if !found && !errors.Is(err, memcache.ErrCacheMiss) {
@@ -252,6 +267,9 @@ func (s *Store) applyState(ctx context.Context, key string, op *limiter.Op, now 
 		if value == nil { // nothing to record
 			return undo{}, nil
 		}
+		if err := s.check(ctx); err != nil {
+			return undo{}, err
+		}
 		exp := s.expiration(secondsUntil(idle, now))
 		if found {
 			it.Value, it.Expiration = value, exp
@@ -268,9 +286,6 @@ func (s *Store) applyState(ctx context.Context, key string, op *limiter.Op, now 
 			s.gotAnswer()
 		default:
 			return undo{}, s.fail(key, err)
-		}
-		if err := s.check(ctx); err != nil {
-			return undo{}, err
 		}
 	}
 }
@@ -339,11 +354,16 @@ func records(op *limiter.Op, r *limiter.Result) bool {
 // the ops of other requests made since: decr for a fixed window; for the
 // others a cas loop that takes the hits out of the state where they still
 // are. A key gone meanwhile (expired, evicted) has nothing to take back.
-// The loop stops only when the store closes, not when a request's ctx
-// ends: hits of a refused batch must not stay recorded.
-func (s *Store) undo(u *undo) error {
+// It goes on when the request is canceled, so that hits of a refused batch
+// do not stay recorded, but starts no round trip after ctx's deadline or
+// once the store is closed (see checkDeadline): then the hits stay
+// counted, which refuses too much, never too little.
+func (s *Store) undo(ctx context.Context, u *undo) error {
 	op := u.op
 	if !continuous(op.Algorithm) {
+		if err := s.checkDeadline(ctx); err != nil {
+			return err
+		}
 		_, err := s.client.Decrement(u.key, op.Hits)
 		if err == nil || errors.Is(err, memcache.ErrCacheMiss) {
 			s.gotAnswer()
@@ -352,6 +372,9 @@ func (s *Store) undo(u *undo) error {
 		return s.fail(u.key, err)
 	}
 	for {
+		if err := s.checkDeadline(ctx); err != nil {
+			return err
+		}
 		it, err := s.client.Get(u.key)
 		if errors.Is(err, memcache.ErrCacheMiss) {
 			s.gotAnswer()
@@ -368,6 +391,9 @@ func (s *Store) undo(u *undo) error {
 		if value == nil { // the hits are no longer there
 			return nil
 		}
+		if err := s.checkDeadline(ctx); err != nil {
+			return err
+		}
 		it.Value, it.Expiration = value, s.expiration(secondsUntil(idle, u.now))
 		err = s.client.CompareAndSwap(it)
 		switch {
@@ -378,9 +404,6 @@ func (s *Store) undo(u *undo) error {
 			s.gotAnswer()
 		default:
 			return s.fail(u.key, err)
-		}
-		if s.closed.Load() {
-			return unavailable(errClosed)
 		}
 	}
 }

@@ -203,14 +203,45 @@ type dialFunc = func(ctx context.Context, network, addr string) (net.Conn, error
 
 // dialer returns the client's dial function: TCP with the timeout and
 // keep-alives, and TLS when configured.
+//
+// gomemcache dials (up to Timeout), then gives the connection a deadline
+// Timeout away for the round trip: on a new connection, a round trip could
+// last twice Timeout. The connections returned keep their first deadline
+// within Timeout of the start of the dial, so that every round trip, dial
+// included, ends within Timeout.
 func dialer(cfg Config) dialFunc {
 	d := &net.Dialer{Timeout: cfg.Timeout, KeepAlive: 30 * time.Second}
-	if cfg.TLS == nil {
-		return d.DialContext
+	dial := d.DialContext
+	if cfg.TLS != nil {
+		// tls.Dialer takes ServerName from the address when the config
+		// has none, and bounds the handshake by ctx too.
+		dial = (&tls.Dialer{NetDialer: d, Config: cfg.TLS}).DialContext
 	}
-	// tls.Dialer takes ServerName from the address when the config has none.
-	td := &tls.Dialer{NetDialer: d, Config: cfg.TLS}
-	return td.DialContext
+	return func(ctx context.Context, network, addr string) (net.Conn, error) {
+		limit := time.Now().Add(cfg.Timeout)
+		c, err := dial(ctx, network, addr)
+		if err != nil {
+			return nil, err
+		}
+		return &dialedConn{Conn: c, limit: limit}, nil
+	}
+}
+
+// dialedConn is a connection whose first deadline is at most limit (see
+// dialer). gomemcache uses a connection from one goroutine at a time.
+type dialedConn struct {
+	net.Conn
+	limit time.Time // zero once the first deadline is set
+}
+
+func (c *dialedConn) SetDeadline(t time.Time) error {
+	if !c.limit.IsZero() {
+		if t.After(c.limit) {
+			t = c.limit
+		}
+		c.limit = time.Time{}
+	}
+	return c.Conn.SetDeadline(t)
 }
 
 // probe pings every server until they first answer, backing off from
@@ -349,9 +380,14 @@ func (s *Store) Close() error {
 // this one has not written in the window yet, and for the other algorithms
 // when they record). A zero b.Now is set to the current time.
 //
-// The memcached client takes no context: ctx is checked before every round
-// trip, and a round trip under way is bounded by Config.Timeout, not by
-// ctx's deadline.
+// The memcached client takes no context, so ctx cannot interrupt a round
+// trip: ctx is checked before every round trip (retries after a cas
+// conflict or an add/incr race, AllOrNothing take-backs included), and a
+// round trip under way, dial included, ends within Config.Timeout. A Do
+// therefore returns at the latest one Config.Timeout after ctx's deadline;
+// the server keeps Timeout within the request's budget. The take-back of
+// an AllOrNothing batch goes on when ctx is canceled, but not past its
+// deadline: then the hits stay counted.
 func (s *Store) Do(ctx context.Context, b *limiter.Batch) error {
 	if err := ctx.Err(); err != nil {
 		return unavailable(err)
@@ -373,11 +409,6 @@ func (s *Store) Do(ctx context.Context, b *limiter.Batch) error {
 		return s.doAll(ctx, b)
 	}
 	for i := range b.Ops {
-		if i > 0 {
-			if err := s.check(ctx); err != nil {
-				return err
-			}
-		}
 		if _, err := s.apply(ctx, &b.Ops[i], b.Now, &b.Results[i]); err != nil {
 			return err
 		}
@@ -393,18 +424,11 @@ func (s *Store) doAll(ctx context.Context, b *limiter.Batch) error {
 	undos := undoBuf[:0]
 	refused := false
 	for i := range b.Ops {
-		var err error
-		if i > 0 {
-			err = s.check(ctx)
-		}
-		var u undo
-		if err == nil {
-			u, err = s.apply(ctx, &b.Ops[i], b.Now, &b.Results[i])
-		}
+		u, err := s.apply(ctx, &b.Ops[i], b.Now, &b.Results[i])
 		if err != nil {
 			// Nothing may stay recorded: take back what was, as far as
-			// memcached lets us.
-			return errors.Join(err, s.rollback(undos))
+			// memcached and ctx's deadline let us.
+			return errors.Join(err, s.rollback(ctx, undos))
 		}
 		if u.op != nil {
 			undos = append(undos, u)
@@ -414,18 +438,14 @@ func (s *Store) doAll(ctx context.Context, b *limiter.Batch) error {
 	if !refused {
 		return nil
 	}
-	// Undo even when ctx has ended meanwhile (see undo): hits must not stay
-	// recorded for a refused batch. Each round trip is bounded by
-	// Config.Timeout.
-	if err := s.rollback(undos); err != nil {
+	// Undo even when ctx is canceled meanwhile, until its deadline (see
+	// undo): hits must not stay recorded for a refused batch.
+	if err := s.rollback(ctx, undos); err != nil {
 		return err
 	}
 	// Allowed, Before and After stay those of the evaluation in order;
 	// Remaining and ResetAfter become those of the unchanged state.
 	for i := range b.Ops {
-		if err := s.check(ctx); err != nil {
-			return err
-		}
 		op := b.Ops[i]
 		op.Hits = 0
 		var r limiter.Result
@@ -440,10 +460,10 @@ func (s *Store) doAll(ctx context.Context, b *limiter.Batch) error {
 // rollback takes back the recorded ops, newest first, and returns the
 // first error; it goes on after one, so that as much as possible is taken
 // back.
-func (s *Store) rollback(undos []undo) error {
+func (s *Store) rollback(ctx context.Context, undos []undo) error {
 	var first error
 	for i := len(undos) - 1; i >= 0; i-- {
-		if err := s.undo(&undos[i]); err != nil && first == nil {
+		if err := s.undo(ctx, &undos[i]); err != nil && first == nil {
 			first = err
 		}
 	}
