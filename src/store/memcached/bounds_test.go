@@ -6,6 +6,7 @@ import (
 	"errors"
 	"io"
 	"net"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -245,4 +246,135 @@ func TestDialWithinTimeout(t *testing.T) {
 	if !errors.Is(err, limiter.ErrUnavailable) {
 		t.Errorf("Do = %v, want ErrUnavailable", err)
 	}
+}
+
+// TestConnectionBound freezes memcached and sends many concurrent Do calls
+// with a 200 ms deadline: at most MaxConns of them (the prober takes its
+// share) hold a connection, MaxWaiting wait for one until their deadline,
+// and the others fail at once; both fail with ErrOverloaded and are
+// counted in Shed. No more than MaxConns connections are ever open, in
+// the store's count and in memcached's, and once memcached is thawed the
+// calls that held a connection succeed and the store serves again. Not
+// parallel: it freezes a server and measures time.
+func TestConnectionBound(t *testing.T) {
+	srv := storetest.StartMemcached(t)
+	const (
+		maxConns, maxWaiting, calls = 4, 4, 24
+		deadline                    = 200 * time.Millisecond
+	)
+	var conns connCounter
+	s := newCountingStore(t, Config{
+		Addrs: []string{srv.Addr}, MaxIdleConns: maxConns, MaxConns: maxConns, MaxWaiting: maxWaiting,
+		Timeout: 10 * time.Second, // the calls that hold a connection last until the thaw
+	}, &conns)
+	currConns := func() int {
+		t.Helper()
+		stats, err := srv.Stats(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		n, err := strconv.Atoi(stats["curr_connections"])
+		if err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	// memcached's own connections (listener, the stats one): all but ours.
+	others := currConns() - int(conns.open.Load())
+
+	if err := srv.Pause(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = srv.Resume() })
+	type outcome struct {
+		err  error
+		took time.Duration
+	}
+	results := make(chan outcome, calls)
+	key := uniqueKey(t, "k")
+	for i := range calls {
+		go func() {
+			ctx, cancel := context.WithTimeout(context.Background(), deadline)
+			defer cancel()
+			b := &limiter.Batch{Ops: []limiter.Op{{Key: key + strconv.Itoa(i), Limit: 10, Window: time.Hour, Hits: 1}}}
+			start := time.Now()
+			err := s.Do(ctx, b)
+			results <- outcome{err, time.Since(start)}
+		}()
+	}
+	var fast, waited, ok int
+	check := func(r outcome) {
+		t.Helper()
+		switch {
+		case r.err == nil:
+			ok++
+		case !errors.Is(r.err, limiter.ErrOverloaded) || errors.Is(r.err, limiter.ErrUnavailable):
+			t.Errorf("Do = %v, want ErrOverloaded", r.err)
+		case strings.Contains(r.err.Error(), "waiting for one"): // shed at once
+			fast++
+			if r.took > deadline {
+				t.Errorf("a call shed at once took %v", r.took)
+			}
+		default:
+			waited++
+			if r.took > deadline+boundMargin {
+				t.Errorf("a call waiting for a connection failed after %v, want at its %v deadline", r.took, deadline)
+			}
+		}
+	}
+	// All but the calls holding a connection end while memcached is frozen.
+	wait := time.After(10 * time.Second)
+	for range calls - maxConns {
+		select {
+		case r := <-results:
+			check(r)
+		case <-wait:
+			t.Fatalf("%d calls ended while memcached was frozen, want %d", fast+waited+ok, calls-maxConns)
+		}
+	}
+	if ok > 0 {
+		t.Errorf("%d calls succeeded with memcached frozen", ok)
+	}
+	if want := calls - maxConns - maxWaiting; fast < want {
+		t.Errorf("%d calls shed at once, want at least %d (%d waited)", fast, want, waited)
+	}
+	if err := srv.Resume(); err != nil {
+		t.Fatal(err)
+	}
+	for range maxConns {
+		select {
+		case r := <-results:
+			check(r)
+		case <-wait:
+			t.Fatal("the calls holding a connection did not end after the thaw")
+		}
+	}
+	if ok == 0 {
+		t.Error("no call holding a connection succeeded after the thaw")
+	}
+	if got, want := s.Shed(), uint64(fast+waited); got != want {
+		t.Errorf("Shed() = %d, want the %d calls that failed with ErrOverloaded", got, want)
+	}
+	if peak := conns.peak.Load(); peak > maxConns {
+		t.Errorf("%d connections open at once, want at most MaxConns %d", peak, maxConns)
+	}
+	if n := currConns() - others; n > maxConns {
+		t.Errorf("memcached counts %d connections of the store, want at most %d", n, maxConns)
+	}
+
+	// Everything works again, under as many concurrent calls as there are
+	// connections.
+	var wg sync.WaitGroup
+	for range maxConns {
+		wg.Go(func() {
+			for range 20 {
+				if err := hit(t.Context(), s, uniqueKey(t, "after")); err != nil {
+					t.Errorf("after the thaw: %v", err)
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	storetest.WaitFor(t, 5*time.Second, "healthy after the thaw", s.Healthy)
 }

@@ -112,7 +112,13 @@ type Store struct {
 	// touch it.
 	unresolved []string
 
-	roundTrips, ops atomic.Uint64
+	roundTrips, ops, shed atomic.Uint64
+
+	// slots holds one token per Do (or probe) under way: at most
+	// cfg.MaxConns (see acquire). waiting counts the Do calls waiting for
+	// one.
+	slots   chan struct{}
+	waiting atomic.Int64
 
 	// answered is closed when memcached first answers; up is false while
 	// the last probe or op failed for want of memcached.
@@ -164,6 +170,7 @@ func newWith(ctx context.Context, cfg Config, d deps) (*Store, error) {
 		lookup:   d.lookup,
 		answered: make(chan struct{}),
 		written:  newWritten(),
+		slots:    make(chan struct{}, cfg.MaxConns),
 	}
 	addrs := cfg.Addrs
 	if cfg.SRV != "" {
@@ -270,20 +277,38 @@ func (s *Store) probe() {
 			return
 		case <-t.C:
 		}
-		if s.ping() == nil {
+		switch err := s.ping(); {
+		case err == nil:
 			s.up.Store(true)
-			continue
+		case errors.Is(err, errBusy):
+			// Every connection in use for a whole Timeout: the Do calls'
+			// own round trips tell whether memcached answers.
+		default:
+			s.up.Store(false)
+			// The idle connections may be to a server that died: drop
+			// them so that the first requests after it is back do not
+			// fail on them.
+			_ = s.client.Close()
 		}
-		s.up.Store(false)
-		// The idle connections may be to a server that died: drop them so
-		// that the first requests after it is back do not fail on them.
-		_ = s.client.Close()
 	}
 }
 
+// errBusy is the cause of a probe that found no free connection slot.
+var errBusy = errors.New("every connection busy")
+
 // ping checks that every server answers (gomemcache's Ping: version),
-// after resolving the servers' names if New could not.
+// after resolving the servers' names if New could not. It takes a
+// connection slot as a Do does, waiting for one at most Timeout, and
+// returns errBusy without a verdict when none came.
 func (s *Store) ping() error {
+	ctx, cancel := context.WithTimeout(s.ctx, s.cfg.Timeout)
+	defer cancel()
+	select {
+	case s.slots <- struct{}{}:
+	case <-ctx.Done():
+		return errBusy
+	}
+	defer s.release()
 	if s.unresolved != nil {
 		if err := s.servers.SetServers(s.unresolved...); err != nil {
 			return err
@@ -357,6 +382,13 @@ func (s *Store) Counters() (roundTrips, ops uint64) {
 	return s.roundTrips.Load(), s.ops.Load()
 }
 
+// Shed returns the cumulative number of Do calls that failed with
+// limiter.ErrOverloaded: MaxWaiting were waiting for a connection already,
+// or none came free before the call's deadline.
+func (s *Store) Shed() uint64 {
+	return s.shed.Load()
+}
+
 // Close stops the prober (and the SRV refresher), waits for the Do calls
 // in flight, and closes the idle connections. Do calls made afterwards
 // fail with an error wrapping limiter.ErrUnavailable. Close is idempotent.
@@ -380,6 +412,12 @@ func (s *Store) Close() error {
 // this one has not written in the window yet, and for the other algorithms
 // when they record). A zero b.Now is set to the current time.
 //
+// A Do first takes one of Config.MaxConns connection slots. When none is
+// free it waits, at most until ctx's deadline, unless Config.MaxWaiting
+// calls wait already; a call shed either way fails with an error wrapping
+// limiter.ErrOverloaded (counted in Shed), not ErrUnavailable: memcached
+// is slower than the load, not known to be down.
+//
 // The memcached client takes no context, so ctx cannot interrupt a round
 // trip: ctx is checked before every round trip (retries after a cas
 // conflict or an add/incr race, AllOrNothing take-backs included), and a
@@ -397,6 +435,10 @@ func (s *Store) Do(ctx context.Context, b *limiter.Batch) error {
 	if s.closed.Load() {
 		return unavailable(errClosed)
 	}
+	if err := s.acquire(ctx); err != nil {
+		return err
+	}
+	defer s.release()
 	n := b.SizeResults()
 	if n == 0 {
 		return nil
@@ -455,6 +497,47 @@ func (s *Store) doAll(ctx context.Context, b *limiter.Batch) error {
 		b.Results[i].Remaining, b.Results[i].ResetAfter = r.Remaining, r.ResetAfter
 	}
 	return nil
+}
+
+// acquire takes a connection slot for a Do: at once when one is free;
+// else, unless MaxWaiting calls wait already (then it sheds the call at
+// once), when one comes free, at most until ctx ends or the store closes.
+// A call shed, or whose deadline came first, fails with
+// limiter.ErrOverloaded and is counted in Shed; memcached is not known to
+// be down then, only slower than the load.
+func (s *Store) acquire(ctx context.Context) error {
+	select {
+	case s.slots <- struct{}{}:
+		return nil
+	default:
+	}
+	if s.waiting.Add(1) > int64(s.cfg.MaxWaiting) {
+		s.waiting.Add(-1)
+		s.shed.Add(1)
+		return fmt.Errorf("memcached: %w: %d connections busy and %d requests waiting for one",
+			limiter.ErrOverloaded, s.cfg.MaxConns, s.cfg.MaxWaiting)
+	}
+	defer s.waiting.Add(-1)
+	select {
+	case s.slots <- struct{}{}:
+		return nil
+	case <-ctx.Done():
+		if !errors.Is(ctx.Err(), context.DeadlineExceeded) {
+			return unavailable(ctx.Err())
+		}
+		s.shed.Add(1)
+		// Not wrapping ctx.Err(): the request was shed, and the service
+		// must answer so.
+		return fmt.Errorf("memcached: %w: %d connections busy until the request's deadline",
+			limiter.ErrOverloaded, s.cfg.MaxConns)
+	case <-s.ctx.Done():
+		return unavailable(errClosed)
+	}
+}
+
+// release gives back a slot taken by acquire (or the prober).
+func (s *Store) release() {
+	<-s.slots
 }
 
 // rollback takes back the recorded ops, newest first, and returns the

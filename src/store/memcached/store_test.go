@@ -368,6 +368,8 @@ func TestConfig(t *testing.T) {
 		{"addr_empty_host", Config{Addrs: []string{":11211"}}, "empty host"},
 		{"negative_timeout", Config{Addrs: []string{"127.0.0.1:1"}, Timeout: -1}, "Timeout"},
 		{"negative_idle_conns", Config{Addrs: []string{"127.0.0.1:1"}, MaxIdleConns: -1}, "MaxIdleConns"},
+		{"negative_max_conns", Config{Addrs: []string{"127.0.0.1:1"}, MaxConns: -1}, "MaxConns"},
+		{"negative_max_waiting", Config{Addrs: []string{"127.0.0.1:1"}, MaxWaiting: -1}, "MaxWaiting"},
 		{"negative_refresh", Config{SRV: "x", SRVRefresh: -time.Second}, "SRVRefresh"},
 		{"negative_jitter", Config{Addrs: []string{"127.0.0.1:1"}, ExpirationJitterMax: -time.Second}, "ExpirationJitterMax"},
 	}
@@ -380,6 +382,21 @@ func TestConfig(t *testing.T) {
 		}
 		if !strings.Contains(err.Error(), tt.want) || !strings.HasPrefix(err.Error(), "memcached: ") {
 			t.Errorf("%s: New(%+v) = %q, want a memcached error mentioning %q", tt.name, tt.give, err, tt.want)
+		}
+	}
+	// The bounds follow MaxIdleConns unless set.
+	for _, tt := range []struct {
+		give           Config
+		conns, waiting int
+	}{
+		{Config{Addrs: []string{"127.0.0.1:1"}}, 4, 16},
+		{Config{Addrs: []string{"127.0.0.1:1"}, MaxIdleConns: 64}, 128, 512},
+		{Config{Addrs: []string{"127.0.0.1:1"}, MaxIdleConns: 64, MaxConns: 10}, 10, 40},
+		{Config{Addrs: []string{"127.0.0.1:1"}, MaxConns: 10, MaxWaiting: 3}, 10, 3},
+	} {
+		got, err := tt.give.withDefaults()
+		if err != nil || got.MaxConns != tt.conns || got.MaxWaiting != tt.waiting {
+			t.Errorf("withDefaults(%+v) = MaxConns %d, MaxWaiting %d, %v; want %d, %d", tt.give, got.MaxConns, got.MaxWaiting, err, tt.conns, tt.waiting)
 		}
 	}
 	// Validation reports every problem at once.
