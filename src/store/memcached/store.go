@@ -127,14 +127,14 @@ type Store struct {
 	started      atomic.Bool
 	up           atomic.Bool
 
-	// mu is held shared by every Do and exclusively by Close, so that Close
-	// closes the connections once no Do uses them.
-	mu     sync.RWMutex
+	// closed is set by Close; a Do checks it before every round trip.
 	closed atomic.Bool
 
-	ctx       context.Context // ends at Close; bounds the prober and the refresher
-	cancel    context.CancelFunc
-	wg        sync.WaitGroup
+	ctx    context.Context // ends at Close; bounds the prober and the refresher
+	cancel context.CancelFunc
+	// exited holds a channel per background goroutine (the prober, the
+	// refresher), closed when it returns.
+	exited    []chan struct{}
 	closeOnce sync.Once
 }
 
@@ -198,11 +198,21 @@ func newWith(ctx context.Context, cfg Config, d deps) (*Store, error) {
 
 	// The Store outlives New's ctx: it runs until Close.
 	s.ctx, s.cancel = context.WithCancel(context.WithoutCancel(ctx))
-	s.wg.Go(s.probe)
+	s.start(s.probe)
 	if cfg.SRV != "" && cfg.SRVRefresh > 0 {
-		s.wg.Go(s.refresh)
+		s.start(s.refresh)
 	}
 	return s, nil
+}
+
+// start runs f in a goroutine that Close stops (s.ctx) and waits for.
+func (s *Store) start(f func()) {
+	done := make(chan struct{})
+	s.exited = append(s.exited, done)
+	go func() {
+		defer close(done)
+		f()
+	}()
 }
 
 // dialFunc is the signature of the client's DialContext.
@@ -389,21 +399,50 @@ func (s *Store) Shed() uint64 {
 	return s.shed.Load()
 }
 
+// closeGrace is how long Close waits beyond Config.Timeout for the calls
+// under way, whose round trips end within Timeout.
+const closeGrace = 100 * time.Millisecond
+
 // Close stops the prober (and the SRV refresher), waits for the Do calls
-// in flight, and closes the idle connections. Do calls made afterwards
-// fail with an error wrapping limiter.ErrUnavailable. Close is idempotent.
+// and the probe under way, and closes the idle connections. It returns
+// within Config.Timeout plus 100ms, memcached frozen or not: a call under
+// way stops before its next round trip, and its round trip ends within
+// Timeout; one that ends later (a name resolution without a timeout of
+// ours) closes the idle connections itself. Do calls made afterwards fail
+// with an error wrapping limiter.ErrUnavailable. Close is idempotent.
 func (s *Store) Close() error {
 	var err error
 	s.closeOnce.Do(func() {
-		// Set first, so that retry loops in flight stop at their next turn.
+		// Set first, so that the calls in flight stop at their next round
+		// trip, and cancel the waits for a connection slot.
 		s.closed.Store(true)
 		s.cancel()
-		s.wg.Wait()
-		s.mu.Lock()
+		t := time.NewTimer(s.cfg.Timeout + closeGrace)
+		defer t.Stop()
+		s.drain(t.C)
 		err = s.client.Close()
-		s.mu.Unlock()
 	})
 	return err
+}
+
+// drain waits until no call holds a connection slot and the background
+// goroutines have returned, or timeout fires. It takes every slot and
+// keeps them: a call that comes after Close gets none.
+func (s *Store) drain(timeout <-chan time.Time) {
+	for range cap(s.slots) {
+		select {
+		case s.slots <- struct{}{}:
+		case <-timeout:
+			return
+		}
+	}
+	for _, done := range s.exited {
+		select {
+		case <-done:
+		case <-timeout:
+			return
+		}
+	}
 }
 
 // Do applies the batch: see limiter.Store, and the package documentation
@@ -430,8 +469,6 @@ func (s *Store) Do(ctx context.Context, b *limiter.Batch) error {
 	if err := ctx.Err(); err != nil {
 		return unavailable(err)
 	}
-	s.mu.RLock()
-	defer s.mu.RUnlock()
 	if s.closed.Load() {
 		return unavailable(errClosed)
 	}
@@ -439,6 +476,11 @@ func (s *Store) Do(ctx context.Context, b *limiter.Batch) error {
 		return err
 	}
 	defer s.release()
+	// Close may have given up waiting and freed no slot for us, but a
+	// call that ended late did.
+	if s.closed.Load() {
+		return unavailable(errClosed)
+	}
 	n := b.SizeResults()
 	if n == 0 {
 		return nil
@@ -535,9 +577,14 @@ func (s *Store) acquire(ctx context.Context) error {
 	}
 }
 
-// release gives back a slot taken by acquire (or the prober).
+// release gives back a slot taken by acquire (or the prober). After
+// Close, the call's connection went back to the idle ones, maybe after
+// Close closed them, when Close did not wait for it: close it too.
 func (s *Store) release() {
 	<-s.slots
+	if s.closed.Load() {
+		_ = s.client.Close()
+	}
 }
 
 // rollback takes back the recorded ops, newest first, and returns the
