@@ -90,6 +90,7 @@ func newBackend(ctx context.Context, set *settings.Settings, reg *stats.Registry
 		}
 		reg.CounterFunc("ratelimit.memcache.round_trips", func() uint64 { rt, _ := m.Counters(); return rt })
 		reg.CounterFunc("ratelimit.memcache.ops", func() uint64 { _, ops := m.Counters(); return ops })
+		reg.CounterFunc("ratelimit.memcache.load_shed", m.Shed)
 		return &backend{
 			store:     m,
 			healthy:   m.Healthy,

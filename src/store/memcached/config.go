@@ -38,10 +38,25 @@ type Config struct {
 	// MaxIdleConns are idle already: set it to about the number of
 	// concurrent requests, or connections churn under load.
 	MaxIdleConns int
-	// Timeout bounds dialling and every read and write of a round trip
-	// (default 500ms, gomemcache's). The memcached client takes no context,
-	// so this, not the request's deadline, bounds a round trip under way;
-	// keep it within the service's backend budget.
+	// MaxConns bounds the Do calls under way at once, each of which has
+	// at most one round trip under way, and so the connections open to
+	// each server (default 2 × MaxIdleConns; the prober takes its share).
+	// gomemcache alone dials a new connection for every concurrent call
+	// beyond the idle ones, without limit: when memcached slows down or
+	// freezes, one connection per waiting request, until memcached's own
+	// connection limit refuses the whole fleet. A Do that finds every one
+	// taken waits for one, at most until its ctx's deadline, and then
+	// fails with an error wrapping limiter.ErrOverloaded.
+	MaxConns int
+	// MaxWaiting bounds the Do calls waiting for one of MaxConns (default
+	// 4 × MaxConns); one more fails at once with an error wrapping
+	// limiter.ErrOverloaded, so that the wait line is bounded too.
+	MaxWaiting int
+	// Timeout bounds every round trip, dial included (default 500ms,
+	// gomemcache's). The memcached client takes no context, so this, not
+	// the request's deadline, bounds a round trip under way: a Do returns
+	// at the latest Timeout after its ctx's deadline. Keep it within the
+	// service's backend budget.
 	Timeout time.Duration
 	// TLS, when not nil, makes every connection TLS with this
 	// configuration (memcached built with --enable-ssl); its ServerName
@@ -83,6 +98,12 @@ func (cfg Config) withDefaults() (Config, error) {
 	if cfg.MaxIdleConns < 0 {
 		bad("MaxIdleConns (MEMCACHE_MAX_IDLE_CONNS) %d is negative", cfg.MaxIdleConns)
 	}
+	if cfg.MaxConns < 0 {
+		bad("MaxConns %d is negative", cfg.MaxConns)
+	}
+	if cfg.MaxWaiting < 0 {
+		bad("MaxWaiting %d is negative", cfg.MaxWaiting)
+	}
 	if cfg.Timeout < 0 {
 		bad("Timeout %v is negative", cfg.Timeout)
 	}
@@ -94,6 +115,12 @@ func (cfg Config) withDefaults() (Config, error) {
 	}
 	if cfg.MaxIdleConns == 0 {
 		cfg.MaxIdleConns = defaultMaxIdleConns
+	}
+	if cfg.MaxConns == 0 {
+		cfg.MaxConns = 2 * cfg.MaxIdleConns
+	}
+	if cfg.MaxWaiting == 0 {
+		cfg.MaxWaiting = 4 * cfg.MaxConns
 	}
 	if cfg.Timeout == 0 {
 		cfg.Timeout = defaultTimeout

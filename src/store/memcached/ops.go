@@ -57,9 +57,12 @@ func (s *Store) apply(ctx context.Context, op *limiter.Op, now time.Time, r *lim
 // key this instance has not written in the current window (see written)
 // starts with add instead, so that the first hit of a window takes one
 // round trip. Every hit is counted, admitted or not, as the anchor does.
+//
+// ctx is checked before every round trip, here and in every function a Do
+// calls, so that none starts after ctx's deadline (see Do).
 func (s *Store) applyCount(ctx context.Context, key string, op *limiter.Op, now time.Time, r *limiter.Result) (undo, error) {
 	if op.Hits == 0 {
-		count, err := s.readCount(key)
+		count, err := s.readCount(ctx, key)
 		if err != nil {
 			return undo{}, err
 		}
@@ -70,14 +73,14 @@ func (s *Store) applyCount(ctx context.Context, key string, op *limiter.Op, now 
 	incrFirst := s.written.has(key, sec)
 	for {
 		if incrFirst {
+			if err := s.check(ctx); err != nil {
+				return undo{}, err
+			}
 			after, err := s.client.Increment(key, op.Hits)
 			if err == nil {
 				s.gotAnswer()
 				s.written.add(key, end, sec)
-				// after < Hits only if a concurrent undo's decr went to 0
-				// on a key re-created meanwhile; count from 0 then.
-				_, *r = limiter.FixedWindow(limiter.FixedWindowState{Count: after - min(after, op.Hits)}, now, *op)
-				return undo{op: op, key: key, now: now}, nil
+				return s.counted(ctx, key, op, now, after, r), nil
 			}
 			if !errors.Is(err, memcache.ErrCacheMiss) {
 				return undo{}, s.fail(key, err)
@@ -90,25 +93,135 @@ func (s *Store) applyCount(ctx context.Context, key string, op *limiter.Op, now 
 			Value:      strconv.AppendUint(make([]byte, 0, 20), op.Hits, 10),
 			Expiration: s.expiration(max(int64(op.Window/time.Second), 1)),
 		}
+		if err := s.check(ctx); err != nil {
+			return undo{}, err
+		}
 		err := s.client.Add(item)
 		if err == nil {
 			s.gotAnswer()
 			s.written.add(key, end, sec)
-			_, *r = limiter.FixedWindow(limiter.FixedWindowState{}, now, *op)
-			return undo{op: op, key: key, now: now}, nil
+			return s.counted(ctx, key, op, now, op.Hits, r), nil
 		}
 		if !errors.Is(err, memcache.ErrNotStored) {
 			return undo{}, s.fail(key, err)
 		}
 		s.gotAnswer()
-		if err := s.check(ctx); err != nil {
-			return undo{}, err
+	}
+}
+
+// The marks of a fixed-window count (see the package doc): a count at or
+// above satMark is saturated, and one that passes pinMark is set back to
+// satMark.
+const (
+	satMark = 1 << 63
+	pinMark = satMark + 1<<62
+)
+
+// counted fills *r for a fixed-window op after which memcached holds the
+// count after (incr's answer; op.Hits for add), keeps the count within its
+// range, and returns the op's undo.
+//
+// incr is atomic and answers the count with the op's own hits in it, so
+// after < op.Hits means exactly that the count wrapped past 2^64 (a decr
+// cannot come in between: a concurrent undo that took the count down
+// shows as a smaller after, never below op.Hits). The op is then over any
+// limit, and the count is raised back to satMark plus what was added since
+// the wrap: one incr of satMark - after, which commutes with every other
+// incr and decr and keeps the item's expiration.
+//
+// A saturated op has no undo: taking its hits back from a count that was
+// pinned meanwhile would bring it below satMark.
+func (s *Store) counted(ctx context.Context, key string, op *limiter.Op, now time.Time, after uint64, r *limiter.Result) undo {
+	switch {
+	case after < op.Hits:
+		*r = saturated(math.MaxUint64, now, op)
+		// Best effort, as pin: the op's answer is right either way; an
+		// error that means an outage is recorded by fail.
+		if s.checkDeadline(ctx) == nil {
+			if _, err := s.client.Increment(key, satMark-after); err != nil {
+				_ = s.fail(key, err)
+			} else {
+				s.gotAnswer()
+			}
+		}
+		return undo{}
+	case after >= satMark:
+		before := after - op.Hits
+		if before >= satMark {
+			before = math.MaxUint64
+		}
+		*r = saturated(before, now, op)
+		if after >= pinMark {
+			s.pin(ctx, key, op)
+		}
+		return undo{}
+	}
+	_, *r = limiter.FixedWindow(limiter.FixedWindowState{Count: after - op.Hits}, now, *op)
+	return undo{op: op, key: key, now: now}
+}
+
+// saturated is the result of a fixed-window op that took the count to
+// saturation from before: After is the largest count, over any limit.
+func saturated(before uint64, now time.Time, op *limiter.Op) limiter.Result {
+	_, r := limiter.FixedWindow(limiter.FixedWindowState{Count: before}, now, *op)
+	r.After, r.Allowed, r.Remaining = math.MaxUint64, false, 0
+	return r
+}
+
+// pin sets a count that passed pinMark back to satMark: gets, then cas,
+// from the start again on a conflict, until the count is below pinMark
+// (another op pinned it) or ctx ends. It is best effort: a count left above
+// pinMark is still saturated, and the next op past the mark pins it. The
+// expiration is set again to a whole window, as add does, so that the key
+// lives at least as long as it would have (memcached does not tell an
+// item's expiration), and at most one window longer.
+func (s *Store) pin(ctx context.Context, key string, op *limiter.Op) {
+	for s.check(ctx) == nil {
+		it, err := s.client.Get(key)
+		if err != nil {
+			if errors.Is(err, memcache.ErrCacheMiss) {
+				s.gotAnswer()
+			} else {
+				_ = s.fail(key, err)
+			}
+			return
+		}
+		s.gotAnswer()
+		n, err := parseCount(it.Value)
+		if err != nil || n < pinMark {
+			return
+		}
+		if s.check(ctx) != nil {
+			return
+		}
+		it.Value = strconv.AppendUint(it.Value[:0], satMark, 10)
+		it.Expiration = s.expiration(max(int64(op.Window/time.Second), 1))
+		switch err := s.client.CompareAndSwap(it); {
+		case err == nil:
+			s.gotAnswer()
+			return
+		case conflict(err):
+			s.gotAnswer()
+		default:
+			_ = s.fail(key, err)
+			return
 		}
 	}
 }
 
-// readCount returns a fixed window's count; a missing key counts 0.
-func (s *Store) readCount(key string) (uint64, error) {
+// parseCount reads a counter as memcached stores it. decr may leave the
+// number padded with spaces (memcached rewrites it in place when it gets
+// shorter).
+func parseCount(value []byte) (uint64, error) {
+	return strconv.ParseUint(string(bytes.TrimRight(value, " ")), 10, 64)
+}
+
+// readCount returns a fixed window's count (math.MaxUint64 once saturated);
+// a missing key counts 0.
+func (s *Store) readCount(ctx context.Context, key string) (uint64, error) {
+	if err := s.check(ctx); err != nil {
+		return 0, err
+	}
 	it, err := s.client.Get(key)
 	if errors.Is(err, memcache.ErrCacheMiss) {
 		s.gotAnswer()
@@ -118,11 +231,12 @@ func (s *Store) readCount(key string) (uint64, error) {
 		return 0, s.fail(key, err)
 	}
 	s.gotAnswer()
-	// decr may leave the number padded with spaces (memcached rewrites it
-	// in place when it gets shorter).
-	n, err := strconv.ParseUint(string(bytes.TrimRight(it.Value, " ")), 10, 64)
+	n, err := parseCount(it.Value)
 	if err != nil {
-		return 0, fmt.Errorf("memcached: key %q: not a counter: %q", key, it.Value)
+		return 0, dataError(key, fmt.Errorf("not a counter: %q", it.Value))
+	}
+	if n >= satMark {
+		return math.MaxUint64, nil
 	}
 	return n, nil
 }
@@ -132,6 +246,9 @@ func (s *Store) readCount(key string) (uint64, error) {
 // the start again when another op changed the item in between.
 func (s *Store) applyState(ctx context.Context, key string, op *limiter.Op, now time.Time, r *limiter.Result) (undo, error) {
 	for {
+		if err := s.check(ctx); err != nil {
+			return undo{}, err
+		}
 		it, err := s.client.Get(key)
 		found := err == nil
 		if !found && !errors.Is(err, memcache.ErrCacheMiss) {
@@ -145,10 +262,13 @@ func (s *Store) applyState(ctx context.Context, key string, op *limiter.Op, now 
 		}
 		value, idle, u, err := step(dst, op, now, data, found, r)
 		if err != nil {
-			return undo{}, fmt.Errorf("memcached: key %q: %w", key, err)
+			return undo{}, dataError(key, err)
 		}
 		if value == nil { // nothing to record
 			return undo{}, nil
+		}
+		if err := s.check(ctx); err != nil {
+			return undo{}, err
 		}
 		exp := s.expiration(secondsUntil(idle, now))
 		if found {
@@ -166,9 +286,6 @@ func (s *Store) applyState(ctx context.Context, key string, op *limiter.Op, now 
 			s.gotAnswer()
 		default:
 			return undo{}, s.fail(key, err)
-		}
-		if err := s.check(ctx); err != nil {
-			return undo{}, err
 		}
 	}
 }
@@ -237,11 +354,16 @@ func records(op *limiter.Op, r *limiter.Result) bool {
 // the ops of other requests made since: decr for a fixed window; for the
 // others a cas loop that takes the hits out of the state where they still
 // are. A key gone meanwhile (expired, evicted) has nothing to take back.
-// The loop stops only when the store closes, not when a request's ctx
-// ends: hits of a refused batch must not stay recorded.
-func (s *Store) undo(u *undo) error {
+// It goes on when the request is canceled, so that hits of a refused batch
+// do not stay recorded, but starts no round trip after ctx's deadline or
+// once the store is closed (see checkDeadline): then the hits stay
+// counted, which refuses too much, never too little.
+func (s *Store) undo(ctx context.Context, u *undo) error {
 	op := u.op
 	if !continuous(op.Algorithm) {
+		if err := s.checkDeadline(ctx); err != nil {
+			return err
+		}
 		_, err := s.client.Decrement(u.key, op.Hits)
 		if err == nil || errors.Is(err, memcache.ErrCacheMiss) {
 			s.gotAnswer()
@@ -250,6 +372,9 @@ func (s *Store) undo(u *undo) error {
 		return s.fail(u.key, err)
 	}
 	for {
+		if err := s.checkDeadline(ctx); err != nil {
+			return err
+		}
 		it, err := s.client.Get(u.key)
 		if errors.Is(err, memcache.ErrCacheMiss) {
 			s.gotAnswer()
@@ -261,10 +386,13 @@ func (s *Store) undo(u *undo) error {
 		s.gotAnswer()
 		value, idle, err := takeBack(it.Value[:0], u, it.Value)
 		if err != nil {
-			return fmt.Errorf("memcached: key %q: %w", u.key, err)
+			return dataError(u.key, err)
 		}
 		if value == nil { // the hits are no longer there
 			return nil
+		}
+		if err := s.checkDeadline(ctx); err != nil {
+			return err
 		}
 		it.Value, it.Expiration = value, s.expiration(secondsUntil(idle, u.now))
 		err = s.client.CompareAndSwap(it)
@@ -276,9 +404,6 @@ func (s *Store) undo(u *undo) error {
 			s.gotAnswer()
 		default:
 			return s.fail(u.key, err)
-		}
-		if s.closed.Load() {
-			return unavailable(errClosed)
 		}
 	}
 }
@@ -392,15 +517,17 @@ func (s *Store) gotAnswer() {
 }
 
 // fail classifies an error of the memcached client. Memcached refusing
-// the data (incr on a value that is not a number; a key it cannot take) is
-// returned as is; everything else (dial and network errors, timeouts,
-// SERVER_ERROR, no servers) means memcached cannot serve: the error wraps
+// the data of an op (see refusedData) is an answer: the error wraps
+// limiter.ErrData, and neither health nor the idle connections are
+// touched, so that one poisoned key fails only the requests that use it.
+// Everything else (dial and network errors, timeouts, other SERVER_ERRORs,
+// no servers) means memcached cannot serve: the error wraps
 // limiter.ErrUnavailable and Healthy turns false until the next probe
 // succeeds.
 func (s *Store) fail(key string, err error) error {
-	if errors.Is(err, memcache.ErrMalformedKey) || strings.HasPrefix(err.Error(), "memcache: client error") {
+	if refusedData(err) {
 		s.gotAnswer()
-		return fmt.Errorf("memcached: key %q: %w", key, err)
+		return dataError(key, err)
 	}
 	s.up.Store(false)
 	if brokenConn(err) {
@@ -410,6 +537,26 @@ func (s *Store) fail(key string, err error) error {
 		_ = s.client.Close()
 	}
 	return unavailable(err)
+}
+
+// refusedData reports whether memcached refused an op for its data: a key
+// it cannot take, incr or decr on a value that is not a 64-bit decimal
+// number ("CLIENT_ERROR cannot increment or decrement non-numeric value"),
+// or a value too large for an item. gomemcache gives the first a sentinel
+// and the others only as text.
+func refusedData(err error) bool {
+	if errors.Is(err, memcache.ErrMalformedKey) {
+		return true
+	}
+	msg := err.Error()
+	return strings.HasPrefix(msg, "memcache: client error") ||
+		strings.Contains(msg, "SERVER_ERROR object too large")
+}
+
+// dataError wraps an error about the data of key: memcached refused it, or
+// its item is not a state this store wrote.
+func dataError(key string, err error) error {
+	return fmt.Errorf("memcached: key %q: %w: %w", key, limiter.ErrData, err)
 }
 
 // brokenConn reports whether err is an established connection found closed

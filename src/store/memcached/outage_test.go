@@ -5,7 +5,10 @@ import (
 	"errors"
 	"net"
 	"runtime"
+	"strconv"
+	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -195,4 +198,70 @@ func TestRestartBetweenProbes(t *testing.T) {
 	if failed > 1 {
 		t.Errorf("%d of 4 requests after the restart failed, want at most the first", failed)
 	}
+}
+
+// TestCloseBounded closes a store while memcached, frozen as the calls in
+// flight were taking back the hits of refused AllOrNothing batches, holds
+// every one of them in a round trip, with no deadline: Close returns
+// within about one Timeout, later calls fail, and once everything under
+// way has ended, no goroutine and no connection is left. Not parallel: it
+// counts goroutines and measures time.
+func TestCloseBounded(t *testing.T) {
+	srv := storetest.StartMemcached(t)
+	const timeout, calls = 300 * time.Millisecond, 8
+	goroutines := runtime.NumGoroutine()
+	var (
+		frozen   atomic.Bool
+		freezing sync.Once
+	)
+	// Freeze memcached at the first take-back, as all the calls are near
+	// theirs.
+	conns := connCounter{onWrite: func(p []byte) {
+		if strings.HasPrefix(string(p), "decr ") {
+			freezing.Do(func() {
+				if err := srv.Pause(); err != nil {
+					t.Error(err)
+				}
+				frozen.Store(true)
+			})
+		}
+	}}
+	s, err := newWith(t.Context(), Config{Addrs: []string{srv.Addr}, Timeout: timeout, MaxIdleConns: calls}, deps{wrapDial: conns.wrap})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = srv.Resume() })
+	if err := s.WaitStarted(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	for range calls {
+		wg.Go(func() {
+			// Four hits recorded, then one refused: four decr to take back.
+			ops := make([]limiter.Op, 5)
+			for i := range ops {
+				ops[i] = limiter.Op{Key: uniqueKey(t, "k") + strconv.Itoa(i), Limit: 10, Window: time.Hour, Hits: 1}
+			}
+			ops[4].Limit = 0
+			b := &limiter.Batch{Ops: ops, AllOrNothing: true}
+			if err := s.Do(context.Background(), b); !errors.Is(err, limiter.ErrUnavailable) {
+				t.Errorf("Do with memcached frozen, then closed: %v, want ErrUnavailable", err)
+			}
+		})
+	}
+	storetest.WaitFor(t, 5*time.Second, "memcached frozen at a take-back", frozen.Load)
+
+	start := time.Now()
+	if err := s.Close(); err != nil {
+		t.Errorf("Close: %v", err)
+	}
+	if took, bound := time.Since(start), timeout+boundMargin; took > bound {
+		t.Errorf("Close took %v, want within the %v Timeout (+%v margin)", took, timeout, boundMargin)
+	}
+	if err := hit(t.Context(), s, "closed"); !errors.Is(err, limiter.ErrUnavailable) {
+		t.Errorf("Do after Close: %v, want ErrUnavailable", err)
+	}
+	wg.Wait()
+	storetest.WaitFor(t, 5*time.Second, "every connection closed", func() bool { return conns.open.Load() == 0 })
+	storetest.CheckGoroutines(t, goroutines)
 }

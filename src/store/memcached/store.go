@@ -13,6 +13,20 @@
 // first (see written), so that the common case, first hits included, is
 // one round trip per op.
 //
+// Fixed-window counts saturate instead of wrapping: memcached's incr wraps
+// at 2^64 without a word, and a count that wrapped would let the next
+// hits in, so that one request could reset a spent limit. A count at or
+// above 2^63 is saturated: reported as the largest count, over any limit.
+// An op adds at most limiter.MaxHits (2^32-1), and a count that passes
+// 2^63+2^62 is set back to 2^63 (gets, then cas), so to wrap, some 2^30
+// maximal ops would have to be under way at once. An op whose incr still
+// wrapped (it answers less than the op's hits: only a count written near
+// 2^64 by someone else gets there) is over the limit, and raises the count
+// back to 2^63 plus what was added since, with one more incr made before
+// the request's deadline. A saturated op is never taken back (AllOrNothing),
+// so a saturated count goes back under 2^63 only by the undos of ops
+// counted just under it, and stays over any (32-bit) limit.
+//
 // The other algorithms keep their state (see the limiter's encoding.go) in
 // one item per key and update it optimistically: gets, the limiter's pure
 // function, then cas (or add for a new key), retried on a conflict until it
@@ -27,6 +41,12 @@
 // whole seconds, so an item given n seconds may go up to a second early.
 // Expirations beyond 30 days are sent as absolute Unix times, as memcached
 // reads them.
+//
+// An item the store cannot count in (a fixed window that memcached refuses
+// to incr because it is not a 64-bit decimal number, a state that does not
+// decode) fails the ops on its key with an error wrapping limiter.ErrData.
+// That is an answer, not an outage: health and the idle connections stay
+// as they are, and other keys are served.
 //
 // Keys are the limiter's, as given, so a rolling upgrade from the anchor
 // keeps counting in the same keys. Memcached refuses keys longer than 250
@@ -92,7 +112,13 @@ type Store struct {
 	// touch it.
 	unresolved []string
 
-	roundTrips, ops atomic.Uint64
+	roundTrips, ops, shed atomic.Uint64
+
+	// slots holds one token per Do (or probe) under way: at most
+	// cfg.MaxConns (see acquire). waiting counts the Do calls waiting for
+	// one.
+	slots   chan struct{}
+	waiting atomic.Int64
 
 	// answered is closed when memcached first answers; up is false while
 	// the last probe or op failed for want of memcached.
@@ -101,14 +127,14 @@ type Store struct {
 	started      atomic.Bool
 	up           atomic.Bool
 
-	// mu is held shared by every Do and exclusively by Close, so that Close
-	// closes the connections once no Do uses them.
-	mu     sync.RWMutex
+	// closed is set by Close; a Do checks it before every round trip.
 	closed atomic.Bool
 
-	ctx       context.Context // ends at Close; bounds the prober and the refresher
-	cancel    context.CancelFunc
-	wg        sync.WaitGroup
+	ctx    context.Context // ends at Close; bounds the prober and the refresher
+	cancel context.CancelFunc
+	// exited holds a channel per background goroutine (the prober, the
+	// refresher), closed when it returns.
+	exited    []chan struct{}
 	closeOnce sync.Once
 }
 
@@ -121,10 +147,19 @@ var _ limiter.Store = (*Store)(nil)
 // cfg, and when the SRV record cannot be resolved (ctx bounds that lookup),
 // as the anchor does.
 func New(ctx context.Context, cfg Config) (*Store, error) {
-	return newWithLookup(ctx, cfg, net.DefaultResolver.LookupSRV)
+	return newWith(ctx, cfg, deps{lookup: net.DefaultResolver.LookupSRV})
 }
 
-func newWithLookup(ctx context.Context, cfg Config, lookup lookupSRVFunc) (*Store, error) {
+// deps are what a Store takes from the world outside memcached; tests
+// replace them.
+type deps struct {
+	lookup lookupSRVFunc
+	// wrapDial, when not nil, wraps the dial function (tests count the
+	// connections).
+	wrapDial func(dialFunc) dialFunc
+}
+
+func newWith(ctx context.Context, cfg Config, d deps) (*Store, error) {
 	cfg, err := cfg.withDefaults()
 	if err != nil {
 		return nil, err
@@ -132,13 +167,14 @@ func newWithLookup(ctx context.Context, cfg Config, lookup lookupSRVFunc) (*Stor
 	s := &Store{
 		cfg:      cfg,
 		servers:  new(memcache.ServerList),
-		lookup:   lookup,
+		lookup:   d.lookup,
 		answered: make(chan struct{}),
 		written:  newWritten(),
+		slots:    make(chan struct{}, cfg.MaxConns),
 	}
 	addrs := cfg.Addrs
 	if cfg.SRV != "" {
-		if addrs, err = resolveSRV(ctx, lookup, cfg.SRV); err != nil {
+		if addrs, err = resolveSRV(ctx, d.lookup, cfg.SRV); err != nil {
 			return nil, err
 		}
 		s.srvAddrs = addrs
@@ -156,26 +192,73 @@ func newWithLookup(ctx context.Context, cfg Config, lookup lookupSRVFunc) (*Stor
 	s.client.Timeout = cfg.Timeout
 	s.client.MaxIdleConns = cfg.MaxIdleConns
 	s.client.DialContext = dialer(cfg)
+	if d.wrapDial != nil {
+		s.client.DialContext = d.wrapDial(s.client.DialContext)
+	}
 
 	// The Store outlives New's ctx: it runs until Close.
 	s.ctx, s.cancel = context.WithCancel(context.WithoutCancel(ctx))
-	s.wg.Go(s.probe)
+	s.start(s.probe)
 	if cfg.SRV != "" && cfg.SRVRefresh > 0 {
-		s.wg.Go(s.refresh)
+		s.start(s.refresh)
 	}
 	return s, nil
 }
 
+// start runs f in a goroutine that Close stops (s.ctx) and waits for.
+func (s *Store) start(f func()) {
+	done := make(chan struct{})
+	s.exited = append(s.exited, done)
+	go func() {
+		defer close(done)
+		f()
+	}()
+}
+
+// dialFunc is the signature of the client's DialContext.
+type dialFunc = func(ctx context.Context, network, addr string) (net.Conn, error)
+
 // dialer returns the client's dial function: TCP with the timeout and
 // keep-alives, and TLS when configured.
-func dialer(cfg Config) func(ctx context.Context, network, addr string) (net.Conn, error) {
+//
+// gomemcache dials (up to Timeout), then gives the connection a deadline
+// Timeout away for the round trip: on a new connection, a round trip could
+// last twice Timeout. The connections returned keep their first deadline
+// within Timeout of the start of the dial, so that every round trip, dial
+// included, ends within Timeout.
+func dialer(cfg Config) dialFunc {
 	d := &net.Dialer{Timeout: cfg.Timeout, KeepAlive: 30 * time.Second}
-	if cfg.TLS == nil {
-		return d.DialContext
+	dial := d.DialContext
+	if cfg.TLS != nil {
+		// tls.Dialer takes ServerName from the address when the config
+		// has none, and bounds the handshake by ctx too.
+		dial = (&tls.Dialer{NetDialer: d, Config: cfg.TLS}).DialContext
 	}
-	// tls.Dialer takes ServerName from the address when the config has none.
-	td := &tls.Dialer{NetDialer: d, Config: cfg.TLS}
-	return td.DialContext
+	return func(ctx context.Context, network, addr string) (net.Conn, error) {
+		limit := time.Now().Add(cfg.Timeout)
+		c, err := dial(ctx, network, addr)
+		if err != nil {
+			return nil, err
+		}
+		return &dialedConn{Conn: c, limit: limit}, nil
+	}
+}
+
+// dialedConn is a connection whose first deadline is at most limit (see
+// dialer). gomemcache uses a connection from one goroutine at a time.
+type dialedConn struct {
+	net.Conn
+	limit time.Time // zero once the first deadline is set
+}
+
+func (c *dialedConn) SetDeadline(t time.Time) error {
+	if !c.limit.IsZero() {
+		if t.After(c.limit) {
+			t = c.limit
+		}
+		c.limit = time.Time{}
+	}
+	return c.Conn.SetDeadline(t)
 }
 
 // probe pings every server until they first answer, backing off from
@@ -204,20 +287,38 @@ func (s *Store) probe() {
 			return
 		case <-t.C:
 		}
-		if s.ping() == nil {
+		switch err := s.ping(); {
+		case err == nil:
 			s.up.Store(true)
-			continue
+		case errors.Is(err, errBusy):
+			// Every connection in use for a whole Timeout: the Do calls'
+			// own round trips tell whether memcached answers.
+		default:
+			s.up.Store(false)
+			// The idle connections may be to a server that died: drop
+			// them so that the first requests after it is back do not
+			// fail on them.
+			_ = s.client.Close()
 		}
-		s.up.Store(false)
-		// The idle connections may be to a server that died: drop them so
-		// that the first requests after it is back do not fail on them.
-		_ = s.client.Close()
 	}
 }
 
+// errBusy is the cause of a probe that found no free connection slot.
+var errBusy = errors.New("every connection busy")
+
 // ping checks that every server answers (gomemcache's Ping: version),
-// after resolving the servers' names if New could not.
+// after resolving the servers' names if New could not. It takes a
+// connection slot as a Do does, waiting for one at most Timeout, and
+// returns errBusy without a verdict when none came.
 func (s *Store) ping() error {
+	ctx, cancel := context.WithTimeout(s.ctx, s.cfg.Timeout)
+	defer cancel()
+	select {
+	case s.slots <- struct{}{}:
+	case <-ctx.Done():
+		return errBusy
+	}
+	defer s.release()
 	if s.unresolved != nil {
 		if err := s.servers.SetServers(s.unresolved...); err != nil {
 			return err
@@ -291,21 +392,57 @@ func (s *Store) Counters() (roundTrips, ops uint64) {
 	return s.roundTrips.Load(), s.ops.Load()
 }
 
+// Shed returns the cumulative number of Do calls that failed with
+// limiter.ErrOverloaded: MaxWaiting were waiting for a connection already,
+// or none came free before the call's deadline.
+func (s *Store) Shed() uint64 {
+	return s.shed.Load()
+}
+
+// closeGrace is how long Close waits beyond Config.Timeout for the calls
+// under way, whose round trips end within Timeout.
+const closeGrace = 100 * time.Millisecond
+
 // Close stops the prober (and the SRV refresher), waits for the Do calls
-// in flight, and closes the idle connections. Do calls made afterwards
-// fail with an error wrapping limiter.ErrUnavailable. Close is idempotent.
+// and the probe under way, and closes the idle connections. It returns
+// within Config.Timeout plus 100ms, memcached frozen or not: a call under
+// way stops before its next round trip, and its round trip ends within
+// Timeout; one that ends later (a name resolution without a timeout of
+// ours) closes the idle connections itself. Do calls made afterwards fail
+// with an error wrapping limiter.ErrUnavailable. Close is idempotent.
 func (s *Store) Close() error {
 	var err error
 	s.closeOnce.Do(func() {
-		// Set first, so that retry loops in flight stop at their next turn.
+		// Set first, so that the calls in flight stop at their next round
+		// trip, and cancel the waits for a connection slot.
 		s.closed.Store(true)
 		s.cancel()
-		s.wg.Wait()
-		s.mu.Lock()
+		t := time.NewTimer(s.cfg.Timeout + closeGrace)
+		defer t.Stop()
+		s.drain(t.C)
 		err = s.client.Close()
-		s.mu.Unlock()
 	})
 	return err
+}
+
+// drain waits until no call holds a connection slot and the background
+// goroutines have returned, or timeout fires. It takes every slot and
+// keeps them: a call that comes after Close gets none.
+func (s *Store) drain(timeout <-chan time.Time) {
+	for range cap(s.slots) {
+		select {
+		case s.slots <- struct{}{}:
+		case <-timeout:
+			return
+		}
+	}
+	for _, done := range s.exited {
+		select {
+		case <-done:
+		case <-timeout:
+			return
+		}
+	}
 }
 
 // Do applies the batch: see limiter.Store, and the package documentation
@@ -314,15 +451,33 @@ func (s *Store) Close() error {
 // this one has not written in the window yet, and for the other algorithms
 // when they record). A zero b.Now is set to the current time.
 //
-// The memcached client takes no context: ctx is checked before every round
-// trip, and a round trip under way is bounded by Config.Timeout, not by
-// ctx's deadline.
+// A Do first takes one of Config.MaxConns connection slots. When none is
+// free it waits, at most until ctx's deadline, unless Config.MaxWaiting
+// calls wait already; a call shed either way fails with an error wrapping
+// limiter.ErrOverloaded (counted in Shed), not ErrUnavailable: memcached
+// is slower than the load, not known to be down.
+//
+// The memcached client takes no context, so ctx cannot interrupt a round
+// trip: ctx is checked before every round trip (retries after a cas
+// conflict or an add/incr race, AllOrNothing take-backs included), and a
+// round trip under way, dial included, ends within Config.Timeout. A Do
+// therefore returns at the latest one Config.Timeout after ctx's deadline;
+// the server keeps Timeout within the request's budget. The take-back of
+// an AllOrNothing batch goes on when ctx is canceled, but not past its
+// deadline: then the hits stay counted.
 func (s *Store) Do(ctx context.Context, b *limiter.Batch) error {
 	if err := ctx.Err(); err != nil {
 		return unavailable(err)
 	}
-	s.mu.RLock()
-	defer s.mu.RUnlock()
+	if s.closed.Load() {
+		return unavailable(errClosed)
+	}
+	if err := s.acquire(ctx); err != nil {
+		return err
+	}
+	defer s.release()
+	// Close may have given up waiting and freed no slot for us, but a
+	// call that ended late did.
 	if s.closed.Load() {
 		return unavailable(errClosed)
 	}
@@ -338,11 +493,6 @@ func (s *Store) Do(ctx context.Context, b *limiter.Batch) error {
 		return s.doAll(ctx, b)
 	}
 	for i := range b.Ops {
-		if i > 0 {
-			if err := s.check(ctx); err != nil {
-				return err
-			}
-		}
 		if _, err := s.apply(ctx, &b.Ops[i], b.Now, &b.Results[i]); err != nil {
 			return err
 		}
@@ -358,18 +508,11 @@ func (s *Store) doAll(ctx context.Context, b *limiter.Batch) error {
 	undos := undoBuf[:0]
 	refused := false
 	for i := range b.Ops {
-		var err error
-		if i > 0 {
-			err = s.check(ctx)
-		}
-		var u undo
-		if err == nil {
-			u, err = s.apply(ctx, &b.Ops[i], b.Now, &b.Results[i])
-		}
+		u, err := s.apply(ctx, &b.Ops[i], b.Now, &b.Results[i])
 		if err != nil {
 			// Nothing may stay recorded: take back what was, as far as
-			// memcached lets us.
-			return errors.Join(err, s.rollback(undos))
+			// memcached and ctx's deadline let us.
+			return errors.Join(err, s.rollback(ctx, undos))
 		}
 		if u.op != nil {
 			undos = append(undos, u)
@@ -379,18 +522,14 @@ func (s *Store) doAll(ctx context.Context, b *limiter.Batch) error {
 	if !refused {
 		return nil
 	}
-	// Undo even when ctx has ended meanwhile (see undo): hits must not stay
-	// recorded for a refused batch. Each round trip is bounded by
-	// Config.Timeout.
-	if err := s.rollback(undos); err != nil {
+	// Undo even when ctx is canceled meanwhile, until its deadline (see
+	// undo): hits must not stay recorded for a refused batch.
+	if err := s.rollback(ctx, undos); err != nil {
 		return err
 	}
 	// Allowed, Before and After stay those of the evaluation in order;
 	// Remaining and ResetAfter become those of the unchanged state.
 	for i := range b.Ops {
-		if err := s.check(ctx); err != nil {
-			return err
-		}
 		op := b.Ops[i]
 		op.Hits = 0
 		var r limiter.Result
@@ -402,13 +541,59 @@ func (s *Store) doAll(ctx context.Context, b *limiter.Batch) error {
 	return nil
 }
 
+// acquire takes a connection slot for a Do: at once when one is free;
+// else, unless MaxWaiting calls wait already (then it sheds the call at
+// once), when one comes free, at most until ctx ends or the store closes.
+// A call shed, or whose deadline came first, fails with
+// limiter.ErrOverloaded and is counted in Shed; memcached is not known to
+// be down then, only slower than the load.
+func (s *Store) acquire(ctx context.Context) error {
+	select {
+	case s.slots <- struct{}{}:
+		return nil
+	default:
+	}
+	if s.waiting.Add(1) > int64(s.cfg.MaxWaiting) {
+		s.waiting.Add(-1)
+		s.shed.Add(1)
+		return fmt.Errorf("memcached: %w: %d connections busy and %d requests waiting for one",
+			limiter.ErrOverloaded, s.cfg.MaxConns, s.cfg.MaxWaiting)
+	}
+	defer s.waiting.Add(-1)
+	select {
+	case s.slots <- struct{}{}:
+		return nil
+	case <-ctx.Done():
+		if !errors.Is(ctx.Err(), context.DeadlineExceeded) {
+			return unavailable(ctx.Err())
+		}
+		s.shed.Add(1)
+		// Not wrapping ctx.Err(): the request was shed, and the service
+		// must answer so.
+		return fmt.Errorf("memcached: %w: %d connections busy until the request's deadline",
+			limiter.ErrOverloaded, s.cfg.MaxConns)
+	case <-s.ctx.Done():
+		return unavailable(errClosed)
+	}
+}
+
+// release gives back a slot taken by acquire (or the prober). After
+// Close, the call's connection went back to the idle ones, maybe after
+// Close closed them, when Close did not wait for it: close it too.
+func (s *Store) release() {
+	<-s.slots
+	if s.closed.Load() {
+		_ = s.client.Close()
+	}
+}
+
 // rollback takes back the recorded ops, newest first, and returns the
 // first error; it goes on after one, so that as much as possible is taken
 // back.
-func (s *Store) rollback(undos []undo) error {
+func (s *Store) rollback(ctx context.Context, undos []undo) error {
 	var first error
 	for i := len(undos) - 1; i >= 0; i-- {
-		if err := s.undo(&undos[i]); err != nil && first == nil {
+		if err := s.undo(ctx, &undos[i]); err != nil && first == nil {
 			first = err
 		}
 	}
@@ -420,6 +605,20 @@ func (s *Store) rollback(undos []undo) error {
 func (s *Store) check(ctx context.Context) error {
 	if err := ctx.Err(); err != nil {
 		return unavailable(err)
+	}
+	if s.closed.Load() {
+		return unavailable(errClosed)
+	}
+	return nil
+}
+
+// checkDeadline is check for the round trips that must not be left half
+// done when the request goes away (taking back an AllOrNothing batch's
+// hits, repairing a wrapped count): it ignores ctx's cancellation but
+// honours its deadline, which bounds every Do.
+func (s *Store) checkDeadline(ctx context.Context) error {
+	if d, ok := ctx.Deadline(); ok && !time.Now().Before(d) {
+		return unavailable(context.DeadlineExceeded)
 	}
 	if s.closed.Load() {
 		return unavailable(errClosed)

@@ -354,28 +354,6 @@ func TestExpirationValues(t *testing.T) {
 	}
 }
 
-// TestCorruptState refuses a state item it cannot read with an error that
-// names the key and does not claim memcached is down.
-func TestCorruptState(t *testing.T) {
-	t.Parallel()
-	srv := storetest.StartMemcached(t)
-	s := newStore(t, Config{Addrs: []string{srv.Addr}})
-	for _, alg := range rules.Algorithms {
-		key := uniqueKey(t, alg.String())
-		if err := memcache.New(srv.Addr).Set(&memcache.Item{Key: key, Value: []byte("garbage"), Expiration: 60}); err != nil {
-			t.Fatal(err)
-		}
-		b := &limiter.Batch{Now: time.Now(), Ops: []limiter.Op{{Key: key, Algorithm: alg, Limit: 5, Window: time.Minute, Hits: 1}}}
-		err := s.Do(t.Context(), b)
-		if err == nil || errors.Is(err, limiter.ErrUnavailable) || !strings.Contains(err.Error(), key) {
-			t.Errorf("%s on a corrupt item: %v, want an error naming the key, not ErrUnavailable", alg, err)
-		}
-	}
-	if !s.Healthy() {
-		t.Error("corrupt items made the store unhealthy")
-	}
-}
-
 func TestConfig(t *testing.T) {
 	t.Parallel()
 	tests := []struct {
@@ -390,6 +368,8 @@ func TestConfig(t *testing.T) {
 		{"addr_empty_host", Config{Addrs: []string{":11211"}}, "empty host"},
 		{"negative_timeout", Config{Addrs: []string{"127.0.0.1:1"}, Timeout: -1}, "Timeout"},
 		{"negative_idle_conns", Config{Addrs: []string{"127.0.0.1:1"}, MaxIdleConns: -1}, "MaxIdleConns"},
+		{"negative_max_conns", Config{Addrs: []string{"127.0.0.1:1"}, MaxConns: -1}, "MaxConns"},
+		{"negative_max_waiting", Config{Addrs: []string{"127.0.0.1:1"}, MaxWaiting: -1}, "MaxWaiting"},
 		{"negative_refresh", Config{SRV: "x", SRVRefresh: -time.Second}, "SRVRefresh"},
 		{"negative_jitter", Config{Addrs: []string{"127.0.0.1:1"}, ExpirationJitterMax: -time.Second}, "ExpirationJitterMax"},
 	}
@@ -402,6 +382,21 @@ func TestConfig(t *testing.T) {
 		}
 		if !strings.Contains(err.Error(), tt.want) || !strings.HasPrefix(err.Error(), "memcached: ") {
 			t.Errorf("%s: New(%+v) = %q, want a memcached error mentioning %q", tt.name, tt.give, err, tt.want)
+		}
+	}
+	// The bounds follow MaxIdleConns unless set.
+	for _, tt := range []struct {
+		give           Config
+		conns, waiting int
+	}{
+		{Config{Addrs: []string{"127.0.0.1:1"}}, 4, 16},
+		{Config{Addrs: []string{"127.0.0.1:1"}, MaxIdleConns: 64}, 128, 512},
+		{Config{Addrs: []string{"127.0.0.1:1"}, MaxIdleConns: 64, MaxConns: 10}, 10, 40},
+		{Config{Addrs: []string{"127.0.0.1:1"}, MaxConns: 10, MaxWaiting: 3}, 10, 3},
+	} {
+		got, err := tt.give.withDefaults()
+		if err != nil || got.MaxConns != tt.conns || got.MaxWaiting != tt.waiting {
+			t.Errorf("withDefaults(%+v) = MaxConns %d, MaxWaiting %d, %v; want %d, %d", tt.give, got.MaxConns, got.MaxWaiting, err, tt.conns, tt.waiting)
 		}
 	}
 	// Validation reports every problem at once.
@@ -479,7 +474,7 @@ func TestSRV(t *testing.T) {
 		}
 		return name, current, nil
 	}
-	s, err := newWithLookup(t.Context(), Config{SRV: "_memcache._tcp.test.", SRVRefresh: 20 * time.Millisecond}, lookup)
+	s, err := newWith(t.Context(), Config{SRV: "_memcache._tcp.test.", SRVRefresh: 20 * time.Millisecond}, deps{lookup: lookup})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -510,9 +505,9 @@ func TestSRV(t *testing.T) {
 		t.Errorf("resolveSRV = %q, %v; want the sorted targets", got, err)
 	}
 	// A record that does not resolve at start fails New.
-	_, err = newWithLookup(t.Context(), Config{SRV: "_none._tcp.test."}, func(context.Context, string, string, string) (string, []*net.SRV, error) {
+	_, err = newWith(t.Context(), Config{SRV: "_none._tcp.test."}, deps{lookup: func(context.Context, string, string, string) (string, []*net.SRV, error) {
 		return "", nil, errors.New("no such host")
-	})
+	}})
 	if err == nil || !strings.Contains(err.Error(), "MEMCACHE_SRV") {
 		t.Errorf("New with an SRV that does not resolve = %v, want an error naming MEMCACHE_SRV", err)
 	}

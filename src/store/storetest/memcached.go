@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 )
 
@@ -126,6 +127,17 @@ func (s *MemcachedServer) Stop() error {
 	s.proc.stop()
 	return nil
 }
+
+// Pause freezes the process (SIGSTOP), as a server stuck in swap or a
+// network that drops packets looks to clients: the kernel still accepts
+// connections into the listen backlog, but nothing answers. It returns
+// once the process has stopped. Resume thaws it; Stop works on a paused
+// process too.
+func (s *MemcachedServer) Pause() error { return s.proc.signal(syscall.SIGSTOP) }
+
+// Resume lets a paused process run again (SIGCONT); it answers what it
+// was sent meanwhile.
+func (s *MemcachedServer) Resume() error { return s.proc.signal(syscall.SIGCONT) }
 
 // Close stops the process for good. It is safe to call more than once.
 func (s *MemcachedServer) Close() error { return s.Stop() }

@@ -1,6 +1,7 @@
 package storetest
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -114,6 +115,55 @@ func (p *proc) killLocked() {
 	_ = p.cmd.Process.Kill()
 	<-p.done
 	p.cmd, p.done = nil, nil
+}
+
+// signal sends sig to the process; it fails when none is running. With
+// SIGSTOP it returns once every thread of the process has stopped (as far
+// as /proc tells), so that the process answers nothing sent afterwards.
+func (p *proc) signal(sig syscall.Signal) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.cmd == nil {
+		return errors.New("storetest: no process to signal")
+	}
+	if err := p.cmd.Process.Signal(sig); err != nil {
+		return err
+	}
+	if sig != syscall.SIGSTOP {
+		return nil
+	}
+	deadline := time.Now().Add(readyTimeout)
+	for !stopped(p.cmd.Process.Pid) {
+		if time.Now().After(deadline) {
+			return fmt.Errorf("storetest: process %d not stopped after %v", p.cmd.Process.Pid, readyTimeout)
+		}
+		time.Sleep(time.Millisecond)
+	}
+	return nil
+}
+
+// stopped reports whether every thread of process pid is stopped (state T
+// in /proc); true when /proc cannot tell.
+func stopped(pid int) bool {
+	stats, err := filepath.Glob(fmt.Sprintf("/proc/%d/task/*/stat", pid))
+	if err != nil || len(stats) == 0 {
+		return true
+	}
+	for _, path := range stats {
+		data, err := os.ReadFile(path)
+		if err != nil {
+			continue // the thread exited
+		}
+		// The state follows the command name, which is in parentheses.
+		i := bytes.LastIndexByte(data, ')')
+		if i < 0 || i+2 >= len(data) {
+			return true
+		}
+		if data[i+2] != 'T' && data[i+2] != 't' {
+			return false
+		}
+	}
+	return true
 }
 
 // running reports whether the process is up.

@@ -1,0 +1,380 @@
+package memcached
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"io"
+	"net"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/bradfitz/gomemcache/memcache"
+
+	"github.com/ratelimitd/ratelimit/src/limiter"
+	"github.com/ratelimitd/ratelimit/src/rules"
+	"github.com/ratelimitd/ratelimit/src/store/storetest"
+)
+
+// boundMargin is the slack the timing tests allow for a loaded machine
+// (and the race detector) on top of the bound they check; the failures
+// they catch are later by more than that.
+const boundMargin = 300 * time.Millisecond
+
+// TestDeadlineBound freezes memcached (SIGSTOP) when a chosen command of a
+// batch is sent, with a 200 ms Timeout: the Do returns within its deadline
+// plus one Timeout, AllOrNothing take-backs and retries included, and
+// sends no command after the frozen one. With resume set, memcached
+// answers the frozen command 100 ms past the deadline (and before the
+// Timeout), and the op must not go on to its next round trip. Not parallel: it freezes a server and
+// measures time.
+func TestDeadlineBound(t *testing.T) {
+	srv := storetest.StartMemcached(t)
+	const timeout = 200 * time.Millisecond
+	var (
+		mu      sync.Mutex
+		trigger string        // the command prefix that freezes memcached
+		resume  time.Duration // thaw it that long after freezing it; 0: never
+		late    []string      // commands of the test's keys sent after the frozen one
+		fired   bool
+		thaw    *time.Timer // resumes memcached
+	)
+	var conns connCounter
+	conns.onWrite = func(p []byte) {
+		cmd := string(p)
+		if !strings.Contains(cmd, "TestDeadlineBound") {
+			return // the prober's version
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		switch {
+		case fired:
+			late = append(late, strings.Fields(cmd)[0])
+		case strings.HasPrefix(cmd, trigger):
+			fired = true
+			if err := srv.Pause(); err != nil {
+				t.Error(err)
+			}
+			if resume > 0 {
+				thaw = time.AfterFunc(resume, func() { _ = srv.Resume() })
+			}
+		}
+	}
+	s := newCountingStore(t, Config{Addrs: []string{srv.Addr}, Timeout: timeout}, &conns)
+	raw := memcache.New(srv.Addr)
+
+	fixed := func(key string, limit uint64) limiter.Op {
+		return limiter.Op{Key: key, Algorithm: rules.FixedWindow, Limit: limit, Window: time.Hour, Hits: 1}
+	}
+	// Batches that freeze memcached after a few round trips get a 200 ms
+	// deadline, room for those on a loaded machine. They record five ops
+	// before, so that taking them back without minding the deadline would
+	// take five Timeouts more.
+	const midBatch = 200 * time.Millisecond
+	tests := []struct {
+		name string
+		// prepare returns the batch and the command that freezes memcached.
+		prepare  func(t *testing.T) (b *limiter.Batch, trigger string)
+		deadline time.Duration
+		resume   bool
+	}{
+		{
+			name: "take_back_after_failure",
+			prepare: func(t *testing.T) (*limiter.Batch, string) {
+				k := uniqueKey(t, "k")
+				return &limiter.Batch{AllOrNothing: true, Ops: []limiter.Op{
+					fixed(k+"1", 10), fixed(k+"2", 10), fixed(k+"3", 10), fixed(k+"4", 10), fixed(k+"5", 10), fixed(k+"6", 10),
+				}}, "add " + k + "6"
+			},
+			deadline: midBatch,
+		},
+		{
+			name: "take_back_after_refusal",
+			prepare: func(t *testing.T) (*limiter.Batch, string) {
+				k := uniqueKey(t, "k")
+				sw := limiter.Op{Key: k + "sw", Algorithm: rules.SlidingWindow, Limit: 10, Window: time.Hour, Hits: 1}
+				return &limiter.Batch{AllOrNothing: true, Ops: []limiter.Op{
+					fixed(k+"1", 10), sw, fixed(k+"2", 10), fixed(k+"3", 10), fixed(k+"4", 10), fixed(k+"5", 0),
+				}}, "decr " + k + "4"
+			},
+			deadline: midBatch,
+		},
+		{
+			name: "state_answered_late",
+			prepare: func(t *testing.T) (*limiter.Batch, string) {
+				k := uniqueKey(t, "k")
+				return &limiter.Batch{Ops: []limiter.Op{
+					{Key: k, Algorithm: rules.TokenBucket, Limit: 10, Window: time.Hour, Hits: 1},
+				}}, "gets " + k
+			},
+			deadline: 50 * time.Millisecond,
+			resume:   true,
+		},
+		{
+			name: "incr_missed_late",
+			prepare: func(t *testing.T) (*limiter.Batch, string) {
+				k := uniqueKey(t, "k")
+				// Counted once, so that the next hit starts with incr, then
+				// gone: that incr misses and add would follow.
+				do(t, s, false, time.Now(), fixed(k, 10))
+				if err := raw.Delete(k); err != nil {
+					t.Fatal(err)
+				}
+				return &limiter.Batch{Ops: []limiter.Op{fixed(k, 10)}}, "incr " + k
+			},
+			deadline: 50 * time.Millisecond,
+			resume:   true,
+		},
+		{
+			name: "frozen_at_start",
+			prepare: func(t *testing.T) (*limiter.Batch, string) {
+				k := uniqueKey(t, "k")
+				var ops []limiter.Op
+				for _, alg := range rules.Algorithms {
+					ops = append(ops, limiter.Op{Key: k + alg.String(), Algorithm: alg, Limit: 10, Window: time.Hour, Hits: 1})
+				}
+				return &limiter.Batch{Ops: ops}, "" // any: the first command
+			},
+			deadline: 50 * time.Millisecond,
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Cleanup(func() {
+				mu.Lock()
+				trigger = "\x00" // nothing matches
+				if thaw != nil {
+					thaw.Stop()
+				}
+				mu.Unlock()
+				if err := srv.Resume(); err != nil {
+					t.Error(err)
+				}
+				storetest.WaitFor(t, 5*time.Second, "memcached answers again", func() bool {
+					_, err := srv.Stats(context.Background()) // t.Context() has ended
+					return err == nil
+				})
+			})
+			// A machine so loaded that the deadline passes before the
+			// command that freezes memcached is sent proves nothing: try
+			// again with new keys.
+			for attempt := 1; ; attempt++ {
+				b, trig := tt.prepare(t)
+				b.Now = time.Now()
+				mu.Lock()
+				trigger, late, fired = trig, nil, false
+				resume = 0
+				if tt.resume {
+					resume = tt.deadline + 100*time.Millisecond
+				}
+				mu.Unlock()
+				ctx, cancel := context.WithTimeout(t.Context(), tt.deadline)
+				start := time.Now()
+				err := s.Do(ctx, b)
+				took := time.Since(start)
+				cancel()
+				mu.Lock()
+				fired, late := fired, late
+				mu.Unlock()
+				if !fired {
+					if attempt == 5 {
+						t.Fatalf("memcached never frozen in %d attempts; last Do: %v", attempt, err)
+					}
+					t.Logf("attempt %d: the deadline passed before the freezing command (%v)", attempt, err)
+					continue
+				}
+				if !errors.Is(err, limiter.ErrUnavailable) {
+					t.Errorf("Do = %v, want ErrUnavailable", err)
+				}
+				if bound := tt.deadline + timeout + boundMargin; took > bound {
+					t.Errorf("Do took %v, want within the %v deadline plus the %v Timeout (+%v margin)", took, tt.deadline, timeout, boundMargin)
+				}
+				if len(late) > 0 {
+					t.Errorf("commands %q sent after the frozen one, past the deadline", late)
+				}
+				return
+			}
+		})
+	}
+}
+
+// TestDialWithinTimeout: a round trip on a new connection ends within
+// Timeout, the dial included. The server completes the TLS handshake
+// late, then never answers; gomemcache alone would give the round trip a
+// Timeout of its own after the dial.
+func TestDialWithinTimeout(t *testing.T) {
+	t.Parallel()
+	files := storetest.StartMemcachedTLS(t).TLS // for its certificates
+	cert, err := tls.LoadX509KeyPair(files.ServerCertFile, files.ServerKeyFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const timeout, handshakeDelay = 600 * time.Millisecond, 500 * time.Millisecond
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	t.Cleanup(func() { _ = l.Close(); wg.Wait() })
+	wg.Go(func() {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			wg.Go(func() {
+				defer c.Close()
+				time.Sleep(handshakeDelay) // the slow part of the dial
+				tc := tls.Server(c, &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12})
+				if tc.Handshake() != nil {
+					return
+				}
+				_, _ = io.Copy(io.Discard, tc) // never answers
+			})
+		}
+	})
+	s := newStore(t, Config{Addrs: []string{l.Addr().String()}, TLS: files.ClientConfig(), Timeout: timeout})
+	b := &limiter.Batch{Ops: []limiter.Op{{Key: "k", Limit: 1, Window: time.Minute, Hits: 1}}}
+	start := time.Now()
+	err = s.Do(t.Context(), b)
+	if took := time.Since(start); took > timeout+boundMargin {
+		t.Errorf("Do took %v, want within the %v Timeout (+%v margin), dial included", took, timeout, boundMargin)
+	}
+	if !errors.Is(err, limiter.ErrUnavailable) {
+		t.Errorf("Do = %v, want ErrUnavailable", err)
+	}
+}
+
+// TestConnectionBound freezes memcached and sends many concurrent Do calls
+// with a 200 ms deadline: at most MaxConns of them (the prober takes its
+// share) hold a connection, MaxWaiting wait for one until their deadline,
+// and the others fail at once; both fail with ErrOverloaded and are
+// counted in Shed. No more than MaxConns connections are ever open, in
+// the store's count and in memcached's, and once memcached is thawed the
+// calls that held a connection succeed and the store serves again. Not
+// parallel: it freezes a server and measures time.
+func TestConnectionBound(t *testing.T) {
+	srv := storetest.StartMemcached(t)
+	const (
+		maxConns, maxWaiting, calls = 4, 4, 24
+		deadline                    = 200 * time.Millisecond
+	)
+	var conns connCounter
+	s := newCountingStore(t, Config{
+		Addrs: []string{srv.Addr}, MaxIdleConns: maxConns, MaxConns: maxConns, MaxWaiting: maxWaiting,
+		Timeout: 10 * time.Second, // the calls that hold a connection last until the thaw
+	}, &conns)
+	currConns := func() int {
+		t.Helper()
+		stats, err := srv.Stats(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		n, err := strconv.Atoi(stats["curr_connections"])
+		if err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	// memcached's own connections (listener, the stats one): all but ours.
+	others := currConns() - int(conns.open.Load())
+
+	if err := srv.Pause(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = srv.Resume() })
+	type outcome struct {
+		err  error
+		took time.Duration
+	}
+	results := make(chan outcome, calls)
+	key := uniqueKey(t, "k")
+	for i := range calls {
+		go func() {
+			ctx, cancel := context.WithTimeout(context.Background(), deadline)
+			defer cancel()
+			b := &limiter.Batch{Ops: []limiter.Op{{Key: key + strconv.Itoa(i), Limit: 10, Window: time.Hour, Hits: 1}}}
+			start := time.Now()
+			err := s.Do(ctx, b)
+			results <- outcome{err, time.Since(start)}
+		}()
+	}
+	var fast, waited, ok int
+	check := func(r outcome) {
+		t.Helper()
+		switch {
+		case r.err == nil:
+			ok++
+		case !errors.Is(r.err, limiter.ErrOverloaded) || errors.Is(r.err, limiter.ErrUnavailable):
+			t.Errorf("Do = %v, want ErrOverloaded", r.err)
+		case strings.Contains(r.err.Error(), "waiting for one"): // shed at once
+			fast++
+			if r.took > deadline {
+				t.Errorf("a call shed at once took %v", r.took)
+			}
+		default:
+			waited++
+			if r.took > deadline+boundMargin {
+				t.Errorf("a call waiting for a connection failed after %v, want at its %v deadline", r.took, deadline)
+			}
+		}
+	}
+	// All but the calls holding a connection end while memcached is frozen.
+	wait := time.After(10 * time.Second)
+	for range calls - maxConns {
+		select {
+		case r := <-results:
+			check(r)
+		case <-wait:
+			t.Fatalf("%d calls ended while memcached was frozen, want %d", fast+waited+ok, calls-maxConns)
+		}
+	}
+	if ok > 0 {
+		t.Errorf("%d calls succeeded with memcached frozen", ok)
+	}
+	if want := calls - maxConns - maxWaiting; fast < want {
+		t.Errorf("%d calls shed at once, want at least %d (%d waited)", fast, want, waited)
+	}
+	if err := srv.Resume(); err != nil {
+		t.Fatal(err)
+	}
+	for range maxConns {
+		select {
+		case r := <-results:
+			check(r)
+		case <-wait:
+			t.Fatal("the calls holding a connection did not end after the thaw")
+		}
+	}
+	if ok == 0 {
+		t.Error("no call holding a connection succeeded after the thaw")
+	}
+	if got, want := s.Shed(), uint64(fast+waited); got != want {
+		t.Errorf("Shed() = %d, want the %d calls that failed with ErrOverloaded", got, want)
+	}
+	if peak := conns.peak.Load(); peak > maxConns {
+		t.Errorf("%d connections open at once, want at most MaxConns %d", peak, maxConns)
+	}
+	if n := currConns() - others; n > maxConns {
+		t.Errorf("memcached counts %d connections of the store, want at most %d", n, maxConns)
+	}
+
+	// Everything works again, under as many concurrent calls as there are
+	// connections.
+	var wg sync.WaitGroup
+	for range maxConns {
+		wg.Go(func() {
+			for range 20 {
+				if err := hit(t.Context(), s, uniqueKey(t, "after")); err != nil {
+					t.Errorf("after the thaw: %v", err)
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	storetest.WaitFor(t, 5*time.Second, "healthy after the thaw", s.Healthy)
+}
