@@ -61,6 +61,13 @@ type Settings struct {
 	// read again and reloaded if their content changed without a file
 	// system event; 0 disables.
 	RuntimeRecheckInterval time.Duration `envconfig:"RUNTIME_RECHECK_INTERVAL" default:"60s"`
+	// RuntimeQuietPeriod (extension): how long the rule files must stay
+	// unchanged before a reload reads them, and again before it trusts
+	// what it read, so that a file being written is never loaded halfway.
+	RuntimeQuietPeriod time.Duration `envconfig:"RUNTIME_QUIET_PERIOD" default:"1s"`
+	// RuntimeAllowEmptyReload (extension): let a reload that finds no
+	// domain at all replace rules that had some (default: refused).
+	RuntimeAllowEmptyReload bool `envconfig:"RUNTIME_ALLOW_EMPTY_RELOAD" default:"false"`
 
 	ForceStartWithoutInitialConfig    bool `envconfig:"FORCE_START_WITHOUT_INITIAL_CONFIG" default:"false"`
 	HealthyWithAtLeastOneConfigLoaded bool `envconfig:"HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED" default:"false"`
@@ -203,6 +210,11 @@ func (s *Settings) Validate() error {
 	if s.RuntimeRecheckInterval < 0 || (s.RuntimeRecheckInterval > 0 && s.RuntimeRecheckInterval < 100*time.Millisecond) {
 		// Each re-check reads and hashes every rule file: keep it rare.
 		bad("RUNTIME_RECHECK_INTERVAL", "%v: want 0 (no re-check) or at least 100ms", s.RuntimeRecheckInterval)
+	}
+	if s.RuntimeQuietPeriod < 10*time.Millisecond || s.RuntimeQuietPeriod > time.Minute {
+		// Below 10ms a writer's ordinary pauses look like its end; above
+		// a minute nobody would wait for a reload.
+		bad("RUNTIME_QUIET_PERIOD", "%v is outside 10ms..1m", s.RuntimeQuietPeriod)
 	}
 	if s.NearLimitRatio < 0 || s.NearLimitRatio > 1 {
 		bad("NEAR_LIMIT_RATIO", "%v is outside 0..1", s.NearLimitRatio)

@@ -45,6 +45,8 @@ func TestDefaults(t *testing.T) {
 		{"MEMCACHE_SRV_REFRESH", s.MemcacheSrvRefresh, time.Duration(0)},
 		{"MEMCACHE_TLS", s.MemcacheTLS, false},
 		{"RUNTIME_RECHECK_INTERVAL", s.RuntimeRecheckInterval, time.Minute},
+		{"RUNTIME_QUIET_PERIOD", s.RuntimeQuietPeriod, time.Second},
+		{"RUNTIME_ALLOW_EMPTY_RELOAD", s.RuntimeAllowEmptyReload, false},
 	}
 	for _, c := range checks {
 		if c.got != c.want {
@@ -76,6 +78,10 @@ func TestMalformedValuesNameTheVariable(t *testing.T) {
 		{"recheck_negative", map[string]string{"RUNTIME_RECHECK_INTERVAL": "-1s"}, []string{"RUNTIME_RECHECK_INTERVAL"}},
 		{"recheck_too_often", map[string]string{"RUNTIME_RECHECK_INTERVAL": "1ms"}, []string{"RUNTIME_RECHECK_INTERVAL"}},
 		{"recheck_not_a_duration", map[string]string{"RUNTIME_RECHECK_INTERVAL": "60"}, []string{"RUNTIME_RECHECK_INTERVAL"}},
+		{"quiet_period_too_short", map[string]string{"RUNTIME_QUIET_PERIOD": "1ms"}, []string{"RUNTIME_QUIET_PERIOD", "10ms..1m"}},
+		{"quiet_period_zero", map[string]string{"RUNTIME_QUIET_PERIOD": "0"}, []string{"RUNTIME_QUIET_PERIOD"}},
+		{"quiet_period_too_long", map[string]string{"RUNTIME_QUIET_PERIOD": "2m"}, []string{"RUNTIME_QUIET_PERIOD"}},
+		{"allow_empty_reload", map[string]string{"RUNTIME_ALLOW_EMPTY_RELOAD": "sometimes"}, []string{"RUNTIME_ALLOW_EMPTY_RELOAD"}},
 		{"several", map[string]string{"BACKEND_TYPE": "foo", "LOG_LEVEL": "loud"}, []string{"BACKEND_TYPE", "LOG_LEVEL"}},
 	}
 	for _, tt := range tests {
