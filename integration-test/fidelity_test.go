@@ -59,3 +59,34 @@ func TestEmptyReloadKeepsRules(t *testing.T) {
 		p.waitHealth(t, http.StatusInternalServerError)
 	})
 }
+
+// TestAnchorSettingsNotImplemented starts the service with settings of
+// envoyproxy/ratelimit that it does not implement. One that would change
+// security or the rules in force stops it at start, naming the setting;
+// a harmless one is logged once, and the service serves.
+func TestAnchorSettingsNotImplemented(t *testing.T) {
+	for _, env := range []string{"CONFIG_TYPE=GRPC_XDS_SOTW", "GRPC_SERVER_USE_TLS=true"} {
+		t.Run(env, func(t *testing.T) {
+			p := launch(t, map[string]string{"web.yaml": webRules}, env)
+			if code := p.wait(t, 30*time.Second); code == 0 {
+				t.Errorf("exit code 0 with %s, want a failure", env)
+			}
+			if name, _, _ := strings.Cut(env, "="); !strings.Contains(p.logs(), name) {
+				t.Errorf("stderr does not name %s:\n%s", name, p.logs())
+			}
+		})
+	}
+	t.Run("USE_STATSD=true", func(t *testing.T) {
+		p := start(t, map[string]string{"web.yaml": webRules}, "USE_STATSD=true", "USE_DOG_STATSD=false", "LOG_FORMAT=json")
+		logs := p.logs()
+		if n := strings.Count(logs, `"setting":"USE_STATSD"`); n != 1 {
+			t.Errorf("%d warnings naming USE_STATSD, want 1:\n%s", n, logs)
+		}
+		if strings.Contains(logs, "USE_DOG_STATSD") {
+			t.Errorf("USE_DOG_STATSD=false asks for nothing, but was warned about:\n%s", logs)
+		}
+		if _, err := p.client(t).ShouldRateLimit(callCtx(t), request("web", "user", "statsd")); err != nil {
+			t.Errorf("ShouldRateLimit: %v", err)
+		}
+	})
+}

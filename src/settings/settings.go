@@ -142,6 +142,10 @@ type Settings struct {
 	MemcacheTLSClientKey                string        `envconfig:"MEMCACHE_TLS_CLIENT_KEY" default:""`
 	MemcacheTLSCACert                   string        `envconfig:"MEMCACHE_TLS_CACERT" default:""`
 	MemcacheTLSSkipHostnameVerification bool          `envconfig:"MEMCACHE_TLS_SKIP_HOSTNAME_VERIFICATION" default:"false"`
+
+	// warnings are the settings of envoyproxy/ratelimit that are set but
+	// not implemented, found by Load. Unexported, so envconfig skips it.
+	warnings []Warning
 }
 
 // Backend types accepted by BACKEND_TYPE.
@@ -153,15 +157,29 @@ const (
 
 // Load reads the settings from the environment and validates them. Every
 // problem names its variable; all problems are reported together.
+//
+// Settings of envoyproxy/ratelimit that are not implemented are looked up
+// too (see AnchorSettings): a value that asks for a Refused one is an
+// error, and one that asks for a Warned one is kept for Warnings, so that
+// no setting of the anchor is ignored without a word.
 func Load() (*Settings, error) {
 	var s Settings
+	warnings, refused := checkAnchor(os.LookupEnv)
 	if err := envconfig.Process("", &s); err != nil {
-		return nil, fmt.Errorf("settings: %w", err)
+		return nil, errors.Join(append(refused, fmt.Errorf("settings: %w", err))...)
 	}
-	if err := s.Validate(); err != nil {
+	if err := errors.Join(append(refused, s.Validate())...); err != nil {
 		return nil, err
 	}
+	s.warnings = warnings
 	return &s, nil
+}
+
+// Warnings returns the settings of envoyproxy/ratelimit that Load found
+// set to a value this service does not honour, and that are harmless to
+// go without. The caller logs each once, at startup.
+func (s *Settings) Warnings() []Warning {
+	return append([]Warning(nil), s.warnings...)
 }
 
 // Validate checks values and combinations that the types alone do not.
