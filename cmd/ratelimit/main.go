@@ -33,6 +33,9 @@ func run() int {
 		return 2
 	}
 	log := server.NewLogger(os.Stderr, set.LogLevel, set.LogFormat)
+	for _, w := range set.Warnings() {
+		log.Warn("setting of envoyproxy/ratelimit not implemented; ignored", "setting", w.Name, "why", w.Why)
+	}
 	defer gctune.Start(uint64(set.GCHeadroomBytes))()
 
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)

@@ -41,17 +41,38 @@ type FileConfig struct {
 	IgnoreDotFiles bool
 	// Options is passed to rules.Parse.
 	Options rules.Options
-	// Debounce is how long Watch waits after the last change before it
-	// reloads, so that a burst of writes gives one reload; changes that
-	// never pause still reload every 10 × Debounce. Default 100ms.
-	Debounce time.Duration
+	// QuietPeriod is how long the rule files must stay unchanged before
+	// Watch loads them (RUNTIME_QUIET_PERIOD; default 1s). Watch reads the
+	// files once no change has been seen for QuietPeriod, and again
+	// QuietPeriod later, and loads only when both reads agree, so a file
+	// being written (removed then created again, truncated then written,
+	// written piece by piece) is loaded once its writer has paused for at
+	// least QuietPeriod, never halfway. A reload therefore takes about
+	// 2 × QuietPeriod after the last change. While changes never pause,
+	// the files are still read every 10 × QuietPeriod, and loaded as soon
+	// as two reads agree.
+	QuietPeriod time.Duration
+	// MaxSettle bounds the wait for the files to settle: when the reads
+	// still disagree after MaxSettle (a writer that never stops), Watch
+	// reports an ErrUnsettled error, loads nothing, and goes on waiting,
+	// reporting again every MaxSettle; the rules in use stay. Default
+	// 30 × QuietPeriod.
+	MaxSettle time.Duration
+	// AllowEmptyReload lets a reload with no domain at all replace rules
+	// that had some (RUNTIME_ALLOW_EMPTY_RELOAD; default false). Without
+	// it such a reload is reported as ErrEmptyReload and the rules in use
+	// stay: an emptied directory, or a symlink swapped to one without
+	// rules, is far more often a deployment mistake than a wish to drop
+	// every limit. Dropping every limit on purpose stays possible without
+	// it: a file with a domain and no descriptors.
+	AllowEmptyReload bool
 	// Now is the clock for WatchStats; nil means time.Now.
 	Now func() time.Time
 	// Recheck is how often Watch reads the rule files again, whatever
 	// the events, and compares a hash of them with what it last loaded:
 	// a change that raised no event (a network file system, a rule file
 	// linked to one outside the watched tree, a lost event) then reloads
-	// within Recheck + Debounce, as an event would. An unchanged
+	// within Recheck + 2 × QuietPeriod, as an event would. An unchanged
 	// re-check costs reading and hashing the files and reloads nothing.
 	// Zero (the default here; 60s in settings) disables it.
 	Recheck time.Duration

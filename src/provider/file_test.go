@@ -164,7 +164,7 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 
 func startWatch(t *testing.T, cfg FileConfig) (*Watcher, *recorder) {
 	t.Helper()
-	cfg.Debounce = 20 * time.Millisecond
+	cfg.QuietPeriod = 20 * time.Millisecond
 	r := &recorder{}
 	w, err := Watch(t.Context(), cfg, r.onLoad, r.onError)
 	if err != nil {
@@ -437,7 +437,7 @@ func TestWatchStops(t *testing.T) {
 	writeFile(t, filepath.Join(root, "a.yaml"), rule("a", 1))
 	ctx, cancel := context.WithCancel(t.Context())
 	r := &recorder{}
-	w, err := Watch(ctx, FileConfig{Root: root, Debounce: time.Millisecond}, r.onLoad, r.onError)
+	w, err := Watch(ctx, FileConfig{Root: root, QuietPeriod: time.Millisecond}, r.onLoad, r.onError)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -18,20 +18,36 @@ import (
 	"github.com/ratelimitd/ratelimit/src/rules"
 )
 
-// defaultDebounce is FileConfig.Debounce when unset.
-const defaultDebounce = 100 * time.Millisecond
+// defaultQuietPeriod is FileConfig.QuietPeriod when unset. A writer that
+// pauses longer than this between two pieces of a file is seen as done, so
+// it is generous: tools that remove and recreate a file, or write it in
+// several steps, pause for milliseconds, and one that paused 0.35 s was
+// seen in the field. Two of them are the delay of a reload.
+const defaultQuietPeriod = time.Second
 
 // errNoDirectory is returned by Watch when not even an ancestor of the
 // rules directory can be watched.
 var errNoDirectory = errors.New("provider: nothing to watch: no ancestor of the rules directory exists")
 
+// ErrEmptyReload is reported (wrapped) when a reload finds no domain at all
+// while the rules in use have some, and FileConfig.AllowEmptyReload is
+// false. Nothing is loaded.
+var ErrEmptyReload = errors.New("no domain left")
+
+// ErrUnsettled is reported (wrapped) when the rule files kept changing for
+// FileConfig.MaxSettle. Nothing is loaded; Watch goes on waiting.
+var ErrUnsettled = errors.New("still changing")
+
 // Watcher reloads a rules directory whenever anything in it changes:
 // files written, created, removed, renamed or chmod-ed, subdirectories
 // added, the directory itself replaced, or a symbolic link on the way to
-// it (Root -> v2) swapped. Each reload reads and validates every file
-// again and reports a whole new Config, or the error, through the
-// callbacks given to Watch. With FileConfig.Recheck it also reads the
-// files periodically and reloads the same way when they changed unseen.
+// it (Root -> v2) swapped. Each reload waits for the files to settle (see
+// FileConfig.QuietPeriod), reads and validates every file again and
+// reports a whole new Config, or the error, through the callbacks given
+// to Watch. A reload that would leave no domain after rules with some is
+// an error unless FileConfig.AllowEmptyReload is set. With
+// FileConfig.Recheck it also reads the files periodically and reloads the
+// same way when they changed unseen.
 //
 // Its goroutine is owned by the Watcher: it stops when the context given
 // to Watch is done or when Close is called, and Close waits for it. The
@@ -47,9 +63,11 @@ type Watcher struct {
 	// watched maps each watched directory to the entries of it that
 	// matter. Only Watch and then the run goroutine touch it.
 	watched map[string]watchSpec
-	// last is what the last load read. Only Watch and then the run
-	// goroutine touch it.
-	last content
+	// last is what the last load read, and domains how many domains the
+	// last successful load had. Only Watch and then the run goroutine
+	// touch them.
+	last    content
+	domains int
 
 	// mu guards stats.
 	mu    sync.Mutex
@@ -67,7 +85,9 @@ type watchSpec struct {
 type WatchStats struct {
 	// Loads counts the successful loads, the first one included.
 	Loads uint64
-	// Failures counts the loads that gave an error.
+	// Failures counts the loads that gave an error: invalid rules, a
+	// reload with no domain left (ErrEmptyReload), files that would not
+	// settle (ErrUnsettled, once per FileConfig.MaxSettle).
 	Failures uint64
 	// LastLoad is when the last successful load finished.
 	LastLoad time.Time
@@ -112,16 +132,21 @@ func contentOf(dir string, files []rules.File, err error) content {
 
 // Watch loads the rules directory, reports the result through onLoad or
 // onError before it returns, and then watches the directory, reloading
-// after each burst of changes (see FileConfig.Debounce). Callbacks run one
-// at a time, from Watch and then from the Watcher's goroutine; they must
-// not block for long. A failed reload is only reported: keeping the
-// previous config is the caller's job.
+// once each burst of changes has settled (see FileConfig.QuietPeriod).
+// The first load does not wait: there are no rules in use yet to protect
+// from a half-written file, and the files are read again if they change.
+// Callbacks run one at a time, from Watch and then from the Watcher's
+// goroutine; they must not block for long. A failed reload is only
+// reported: keeping the previous config is the caller's job.
 //
 // Watch fails only when the watching itself cannot start. A missing rules
 // directory is a load error, and its creation is noticed later.
 func Watch(ctx context.Context, cfg FileConfig, onLoad func(*rules.Config), onError func(error)) (*Watcher, error) {
-	if cfg.Debounce <= 0 {
-		cfg.Debounce = defaultDebounce
+	if cfg.QuietPeriod <= 0 {
+		cfg.QuietPeriod = defaultQuietPeriod
+	}
+	if cfg.MaxSettle <= 0 {
+		cfg.MaxSettle = 30 * cfg.QuietPeriod
 	}
 	if cfg.Now == nil {
 		cfg.Now = time.Now
@@ -155,7 +180,7 @@ func Watch(ctx context.Context, cfg FileConfig, onLoad func(*rules.Config), onEr
 	}
 	// Load only once the watches are in place, so that no change falls
 	// between the first load and the watching.
-	w.reload()
+	w.load(readFiles(w.cfg))
 	ctx, w.cancel = context.WithCancel(ctx)
 	go w.run(ctx)
 	return w, nil
@@ -191,9 +216,10 @@ func (w *Watcher) Stats() WatchStats {
 func (w *Watcher) run(ctx context.Context) {
 	defer close(w.done)
 	defer w.fsw.Close()
+	quiet := w.cfg.QuietPeriod
 	// Since Go 1.23 a stopped timer's channel holds no stale tick, so
-	// Reset alone restarts the debounce window.
-	timer := time.NewTimer(w.cfg.Debounce)
+	// Reset alone restarts the quiet period.
+	timer := time.NewTimer(quiet)
 	timer.Stop()
 	defer timer.Stop()
 	var recheck <-chan time.Time
@@ -202,16 +228,35 @@ func (w *Watcher) run(ctx context.Context) {
 		defer ticker.Stop()
 		recheck = ticker.C
 	}
-	// pending is when the first change not yet loaded arrived. Changes
-	// that never pause still reload within maxWait of it.
-	var pending time.Time
-	maxWait := 10 * w.cfg.Debounce
-	schedule := func() {
+
+	// A reload is due from a change until two reads of the files agree.
+	// A read happens once no change has been seen for the quiet period,
+	// or maxWait after the previous read (or the first change) while
+	// changes never pause. An event only says that something changed, not
+	// that the writer is done: removing a file before writing it again,
+	// truncating it, or writing it in pieces each raise events with pauses
+	// between them, and a read in such a pause finds a valid but partial
+	// configuration. Asking a second read, a quiet period later, to find
+	// the same bytes means a writer is seen as done only after pausing
+	// for at least that long.
+	var (
+		due bool
+		// since is when the wait for the next read began: the first
+		// change of this reload, then the last read.
+		since time.Time
+		// candidate is what the last read of this reload found, if
+		// read; settling is when that reload's first read was made.
+		candidate content
+		read      bool
+		settling  time.Time
+	)
+	maxWait := 10 * quiet
+	changed := func() {
 		now := time.Now()
-		if pending.IsZero() {
-			pending = now
+		if !due {
+			due, since = true, now
 		}
-		timer.Reset(max(min(w.cfg.Debounce, pending.Add(maxWait).Sub(now)), 0))
+		timer.Reset(max(min(quiet, since.Add(maxWait).Sub(now)), 0))
 	}
 	for {
 		select {
@@ -222,7 +267,7 @@ func (w *Watcher) run(ctx context.Context) {
 				return
 			}
 			if w.relevant(ev) {
-				schedule()
+				changed()
 			}
 		case err, ok := <-w.fsw.Errors:
 			if !ok {
@@ -230,20 +275,35 @@ func (w *Watcher) run(ctx context.Context) {
 			}
 			// An overflowed event queue loses events: reload to be sure.
 			w.onError(fmt.Errorf("provider: watch %s: %w", w.cfg.Dir(), err))
-			schedule()
+			changed()
 		case <-timer.C:
-			pending = time.Time{}
 			if err := w.updateWatches(); err != nil {
 				w.onError(err)
 			}
-			w.reload()
+			dir, files, err := readFiles(w.cfg)
+			now, at := contentOf(dir, files, err), time.Now()
+			if read && now == candidate {
+				due, read, settling = false, false, time.Time{}
+				w.load(dir, files, err)
+				continue
+			}
+			switch {
+			case settling.IsZero():
+				settling = at
+			case at.Sub(settling) >= w.cfg.MaxSettle:
+				// A writer that never stops: say so, keep the rules in
+				// use, and keep waiting for a pause, counting again.
+				w.fail(fmt.Errorf("provider: reload of %s: %w after %v; keeping the rules in use until the files stay unchanged for %v",
+					w.cfg.Dir(), ErrUnsettled, w.cfg.MaxSettle, quiet))
+				settling = at
+			}
+			candidate, read, since = now, true, at
+			timer.Reset(quiet)
 		case <-recheck:
-			// A reload already scheduled will read everything anyway.
-			// A change found is handled as an event would be: a writer
-			// caught halfway (an in-place write) is done by the time the
-			// debounced reload reads the files again.
-			if pending.IsZero() && w.recheck() {
-				schedule()
+			// A reload already due will read everything anyway. A change
+			// found is handled as an event would be, settling included.
+			if !due && w.recheck() {
+				changed()
 			}
 		}
 	}
@@ -284,30 +344,38 @@ func (w *Watcher) relevant(ev fsnotify.Event) bool {
 	return spec.all || spec.names[filepath.Base(ev.Name)]
 }
 
-// reload loads the rules and reports the result.
-func (w *Watcher) reload() {
-	dir, files, err := readFiles(w.cfg)
+// load parses what readFiles returned and reports the result.
+func (w *Watcher) load(dir string, files []rules.File, err error) {
 	w.last = contentOf(dir, files, err)
 	var cfg *rules.Config
 	if err == nil {
 		cfg, err = rules.Parse(files, w.cfg.Options)
 	}
-	now := w.cfg.Now()
-	w.mu.Lock()
-	if err != nil {
-		w.stats.Failures++
-		w.stats.LastError = err
-	} else {
-		w.stats.Loads++
-		w.stats.LastLoad = now
-		w.stats.LastError = nil
+	if err == nil && cfg.Empty() && w.domains > 0 && !w.cfg.AllowEmptyReload {
+		err = fmt.Errorf("provider: reload of %s: %w (the rules in use have %d); keeping them (RUNTIME_ALLOW_EMPTY_RELOAD=true allows an empty reload)",
+			w.cfg.Dir(), ErrEmptyReload, w.domains)
 	}
-	w.mu.Unlock()
 	if err != nil {
-		w.onError(err)
+		w.fail(err)
 		return
 	}
+	w.domains = len(cfg.Domains())
+	now := w.cfg.Now()
+	w.mu.Lock()
+	w.stats.Loads++
+	w.stats.LastLoad = now
+	w.stats.LastError = nil
+	w.mu.Unlock()
 	w.onLoad(cfg)
+}
+
+// fail counts a failed load and reports it.
+func (w *Watcher) fail(err error) {
+	w.mu.Lock()
+	w.stats.Failures++
+	w.stats.LastError = err
+	w.mu.Unlock()
+	w.onError(err)
 }
 
 // updateWatches watches what the rules depend on now: the rules directory

@@ -79,6 +79,9 @@ func New(ctx context.Context, set *settings.Settings, log *slog.Logger) (*Server
 		AppDirectory:   set.RuntimeAppDirectory,
 		IgnoreDotFiles: set.RuntimeIgnoreDotFiles,
 		Recheck:        set.RuntimeRecheckInterval,
+
+		QuietPeriod:      set.RuntimeQuietPeriod,
+		AllowEmptyReload: set.RuntimeAllowEmptyReload,
 		Options: rules.Options{
 			MergeDomains: set.MergeDomainConfig,
 			Supports:     b.supports,

@@ -61,6 +61,13 @@ type Settings struct {
 	// read again and reloaded if their content changed without a file
 	// system event; 0 disables.
 	RuntimeRecheckInterval time.Duration `envconfig:"RUNTIME_RECHECK_INTERVAL" default:"60s"`
+	// RuntimeQuietPeriod (extension): how long the rule files must stay
+	// unchanged before a reload reads them, and again before it trusts
+	// what it read, so that a file being written is never loaded halfway.
+	RuntimeQuietPeriod time.Duration `envconfig:"RUNTIME_QUIET_PERIOD" default:"1s"`
+	// RuntimeAllowEmptyReload (extension): let a reload that finds no
+	// domain at all replace rules that had some (default: refused).
+	RuntimeAllowEmptyReload bool `envconfig:"RUNTIME_ALLOW_EMPTY_RELOAD" default:"false"`
 
 	ForceStartWithoutInitialConfig    bool `envconfig:"FORCE_START_WITHOUT_INITIAL_CONFIG" default:"false"`
 	HealthyWithAtLeastOneConfigLoaded bool `envconfig:"HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED" default:"false"`
@@ -139,6 +146,10 @@ type Settings struct {
 	MemcacheTLSClientKey                string        `envconfig:"MEMCACHE_TLS_CLIENT_KEY" default:""`
 	MemcacheTLSCACert                   string        `envconfig:"MEMCACHE_TLS_CACERT" default:""`
 	MemcacheTLSSkipHostnameVerification bool          `envconfig:"MEMCACHE_TLS_SKIP_HOSTNAME_VERIFICATION" default:"false"`
+
+	// warnings are the settings of envoyproxy/ratelimit that are set but
+	// not implemented, found by Load. Unexported, so envconfig skips it.
+	warnings []Warning
 }
 
 // Backend types accepted by BACKEND_TYPE.
@@ -158,15 +169,29 @@ const (
 
 // Load reads the settings from the environment and validates them. Every
 // problem names its variable; all problems are reported together.
+//
+// Settings of envoyproxy/ratelimit that are not implemented are looked up
+// too (see AnchorSettings): a value that asks for a Refused one is an
+// error, and one that asks for a Warned one is kept for Warnings, so that
+// no setting of the anchor is ignored without a word.
 func Load() (*Settings, error) {
 	var s Settings
+	warnings, refused := checkAnchor(os.LookupEnv)
 	if err := envconfig.Process("", &s); err != nil {
-		return nil, fmt.Errorf("settings: %w", err)
+		return nil, errors.Join(append(refused, fmt.Errorf("settings: %w", err))...)
 	}
-	if err := s.Validate(); err != nil {
+	if err := errors.Join(append(refused, s.Validate())...); err != nil {
 		return nil, err
 	}
+	s.warnings = warnings
 	return &s, nil
+}
+
+// Warnings returns the settings of envoyproxy/ratelimit that Load found
+// set to a value this service does not honour, and that are harmless to
+// go without. The caller logs each once, at startup.
+func (s *Settings) Warnings() []Warning {
+	return append([]Warning(nil), s.warnings...)
 }
 
 // Validate checks values and combinations that the types alone do not.
@@ -221,6 +246,11 @@ func (s *Settings) Validate() error {
 	if s.RuntimeRecheckInterval < 0 || (s.RuntimeRecheckInterval > 0 && s.RuntimeRecheckInterval < 100*time.Millisecond) {
 		// Each re-check reads and hashes every rule file: keep it rare.
 		bad("RUNTIME_RECHECK_INTERVAL", "%v: want 0 (no re-check) or at least 100ms", s.RuntimeRecheckInterval)
+	}
+	if s.RuntimeQuietPeriod < 10*time.Millisecond || s.RuntimeQuietPeriod > time.Minute {
+		// Below 10ms a writer's ordinary pauses look like its end; above
+		// a minute nobody would wait for a reload.
+		bad("RUNTIME_QUIET_PERIOD", "%v is outside 10ms..1m", s.RuntimeQuietPeriod)
 	}
 	if s.NearLimitRatio < 0 || s.NearLimitRatio > 1 {
 		bad("NEAR_LIMIT_RATIO", "%v is outside 0..1", s.NearLimitRatio)

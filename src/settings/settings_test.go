@@ -48,6 +48,8 @@ func TestDefaults(t *testing.T) {
 		{"MEMORY_MAX_BYTES", s.MemoryMaxBytes, int64(64 << 20)},
 		{"MEMORY_MAX_KEYS", s.MemoryMaxKeys, 0},
 		{"CACHE_KEY_FORMAT", s.CacheKeyFormat, "anchor"},
+		{"RUNTIME_QUIET_PERIOD", s.RuntimeQuietPeriod, time.Second},
+		{"RUNTIME_ALLOW_EMPTY_RELOAD", s.RuntimeAllowEmptyReload, false},
 	}
 	for _, c := range checks {
 		if c.got != c.want {
@@ -84,6 +86,10 @@ func TestMalformedValuesNameTheVariable(t *testing.T) {
 		{"memory_max_bytes_not_a_number", map[string]string{"MEMORY_MAX_BYTES": "64MiB"}, []string{"MEMORY_MAX_BYTES"}},
 		{"memory_max_keys", map[string]string{"MEMORY_MAX_KEYS": "-1"}, []string{"MEMORY_MAX_KEYS"}},
 		{"cache_key_format", map[string]string{"CACHE_KEY_FORMAT": "escape"}, []string{"CACHE_KEY_FORMAT", "escape", "anchor or escaped"}},
+		{"quiet_period_too_short", map[string]string{"RUNTIME_QUIET_PERIOD": "1ms"}, []string{"RUNTIME_QUIET_PERIOD", "10ms..1m"}},
+		{"quiet_period_zero", map[string]string{"RUNTIME_QUIET_PERIOD": "0"}, []string{"RUNTIME_QUIET_PERIOD"}},
+		{"quiet_period_too_long", map[string]string{"RUNTIME_QUIET_PERIOD": "2m"}, []string{"RUNTIME_QUIET_PERIOD"}},
+		{"allow_empty_reload", map[string]string{"RUNTIME_ALLOW_EMPTY_RELOAD": "sometimes"}, []string{"RUNTIME_ALLOW_EMPTY_RELOAD"}},
 		{"several", map[string]string{"BACKEND_TYPE": "foo", "LOG_LEVEL": "loud"}, []string{"BACKEND_TYPE", "LOG_LEVEL"}},
 	}
 	for _, tt := range tests {
