@@ -15,7 +15,12 @@ import (
 // SlidingLog, TokenBucket): same integer arithmetic, same roundings, times in
 // Unix microseconds. Lua numbers are doubles, exact below 2^53; every value
 // stays below that for limits up to 2^32 and windows up to a century, and
-// divisions go through idiv, which corrects the rounding of a / b.
+// divisions go through idiv, which corrects the rounding of a / b. Two
+// values can pass 2^53, and are clamped below 2^63 (see MAXN): the count of
+// a fixed-window key that plain INCRBY took there, and the TAT of a token
+// bucket whose Burst × window / limit spans more than 285 years; they are
+// then exact to 53 bits only (so such a bucket's tokens in use may be one
+// off), and never wrap.
 //
 // KEYS[i] is the key of op i. ARGV[1] is the time in µs, or "" for Redis
 // TIME (production: one clock for the whole fleet); ARGV[2] is "1" when no
@@ -65,6 +70,11 @@ local function cdiv(a, b)
   return q
 end
 local function str(x) return string.format('%.0f', x) end
+-- MAXN is the largest double below 2^63. Redis turns a reply number of
+-- 2^63 or more into -2^63, so counts and times are clamped to it: a fixed
+-- window's count recorded near 2^63-1 by INCRBY (beyond doubles' exact
+-- 2^53, so reported to 53 bits), a token bucket's TAT far in the future.
+local MAXN = 9223372036854774784
 local function ttlms(us)
   local ms = cdiv(us, 1000)
   if ms < 1 then ms = 1 end
@@ -118,8 +128,8 @@ end
 local function decide(alg, s, limit, cap, w, hits)
   local t = now
   if alg == 0 then
-    local before = s.count
-    s.count = before + hits
+    local before = math.min(s.count, MAXN)
+    s.count = math.min(before + hits, MAXN)
     local allowed = s.count <= limit
     local remaining = 0
     if allowed then remaining = limit - s.count end
@@ -215,8 +225,10 @@ local function decide(alg, s, limit, cap, w, hits)
   local allowed, tat0 = false, s.tat
   if after <= cap then
     allowed = true
-    x = x + hits * T
-    s.tat = t + x
+    -- TokenBucket saturates the TAT at 2^63-1 µs; here at MAXN. Both give
+    -- the same ResetAfter: beyond 2^63 ns a Duration saturates.
+    s.tat = math.min(t + x + hits * T, MAXN)
+    x = s.tat - t
     used = after
   end
   local remaining = 0
@@ -300,7 +312,12 @@ for i = 1, n do
   local o = out[i]
   if alg == 0 then
     if hits > 0 then
-      redis.call('INCRBY', key, str(hits))
+      -- Past 2^63-1 INCRBY fails and the count stays where it is, within
+      -- hits of the top of its range and over any limit: the count
+      -- saturates, which is not an error. (AllOrNothing records only
+      -- admitted hits, so this needs a count written by plain INCRBY.)
+      local r = redis.pcall('INCRBY', key, str(hits))
+      if type(r) == 'table' and r.err and not string.find(r.err, 'overflow', 1, true) then return r end
       redis.call('EXPIRE', key, ARGV[2 + (i - 1) * 6 + 6])
     end
   elseif o[1] and hits > 0 and not done[key] then

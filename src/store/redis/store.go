@@ -13,6 +13,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"slices"
 	"strconv"
@@ -482,7 +483,7 @@ func (s *Store) undo(ctx context.Context, be *backend, r *request, b *limiter.Ba
 				res := &b.Results[i]
 				res.Remaining = uint64(vals[2*j])
 				if b.Ops[i].Algorithm != rules.FixedWindow {
-					res.ResetAfter = time.Duration(vals[2*j+1]) * time.Microsecond
+					res.ResetAfter = microseconds(vals[2*j+1])
 				}
 			}
 		}
@@ -614,12 +615,16 @@ func (s *Store) decode(be *backend, r *request, b *limiter.Batch) error {
 		op := &b.Ops[i]
 		c := r.cmds[p.cmd]
 		if err := c.Err(); err != nil && !errors.Is(err, goredis.Nil) {
+			if p.kind == kindIncr && isOverflow(err) {
+				b.Results[i] = saturated(op, b.Now)
+				continue
+			}
 			return cmdError(be.name, op.Key, err)
 		}
 		switch p.kind {
 		case kindIncr:
-			after := c.(intCmd).Val()
-			_, b.Results[i] = limiter.FixedWindow(limiter.FixedWindowState{Count: uint64(after) - op.Hits}, b.Now, *op)
+			after := uint64(max(c.(intCmd).Val(), 0)) // < 0 only if another program wrote the key
+			_, b.Results[i] = limiter.FixedWindow(limiter.FixedWindowState{Count: after - min(op.Hits, after)}, b.Now, *op)
 		case kindGet:
 			count, err := strconv.ParseUint(c.(stringCmd).Val(), 10, 64)
 			if err != nil && !errors.Is(c.Err(), goredis.Nil) {
@@ -635,6 +640,25 @@ func (s *Store) decode(be *backend, r *request, b *limiter.Batch) error {
 		}
 	}
 	return nil
+}
+
+// saturated is the Result of a fixed-window op whose INCRBY would have
+// passed 2^63-1, the top of Redis's integer range: Redis refused it and
+// left the count where it was, within op.Hits of the top and over any
+// limit. The count is reported at the top, as the limiter's contract has
+// counts saturate; a client can neither wrap it nor turn the refusal into
+// an outage. Later hits find it still over the limit, each saturating
+// again once it reaches the top.
+func saturated(op *limiter.Op, now time.Time) limiter.Result {
+	read := *op
+	read.Hits = 0
+	_, r := limiter.FixedWindow(limiter.FixedWindowState{Count: math.MaxInt64}, now, read)
+	return r
+}
+
+// isOverflow reports whether err is Redis refusing INCRBY past 2^63-1.
+func isOverflow(err error) bool {
+	return isRedisError(err) && strings.Contains(err.Error(), "increment or decrement would overflow")
 }
 
 // scriptReply is one op's part of decideLua's reply.
@@ -670,12 +694,25 @@ func toResult(res scriptReply, op *limiter.Op, now time.Time) limiter.Result {
 		After:      uint64(res.after),
 		Allowed:    res.allowed,
 		Remaining:  uint64(res.remaining),
-		ResetAfter: time.Duration(res.resetMicros) * time.Microsecond,
+		ResetAfter: microseconds(res.resetMicros),
 	}
 	if op.Algorithm == rules.FixedWindow {
 		r.ResetAfter = limiter.FixedWindowEnd(now, op.Window).Sub(time.Unix(now.Unix(), 0))
 	}
 	return r
+}
+
+// microseconds converts a script's µs to a Duration, saturating as the
+// limiter's pure functions do: a token bucket's TAT may lie up to 2^63 µs
+// ahead, past the largest Duration.
+func microseconds(us int64) time.Duration {
+	switch {
+	case us <= 0:
+		return 0
+	case us > math.MaxInt64/int64(time.Microsecond):
+		return math.MaxInt64
+	}
+	return time.Duration(us) * time.Microsecond
 }
 
 // unavailable wraps a failure to reach Redis.
@@ -702,7 +739,7 @@ func isDataError(err error) bool {
 		return false
 	}
 	msg := err.Error()
-	return strings.HasPrefix(msg, "WRONGTYPE") ||
+	return strings.HasPrefix(msg, "WRONGTYPE") || isOverflow(err) ||
 		strings.Contains(msg, "user_script") || strings.Contains(msg, "Error running script")
 }
 
