@@ -2,6 +2,7 @@ package redis
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math"
 	"strconv"
@@ -170,4 +171,173 @@ func TestSaturation(t *testing.T) {
 			}
 		}
 	})
+}
+
+// TestDataErrors: a key holding what the op does not expect (another
+// type, a value that is not a counter) fails that request with
+// limiter.ErrData, never ErrUnavailable. It leaves the store healthy and
+// the request that shared its pipeline answered.
+func TestDataErrors(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name string
+		op   limiter.Op
+		aon  bool
+		set  []string // writes the bad value; "KEY" stands for the op's key
+	}{
+		{name: "fixed_window_on_a_list", op: limiter.Op{Hits: 1}, set: []string{"LPUSH", "KEY", "x"}},
+		{name: "fixed_window_read_on_a_list", op: limiter.Op{Hits: 0}, set: []string{"LPUSH", "KEY", "x"}},
+		{name: "fixed_window_on_text", op: limiter.Op{Hits: 1}, set: []string{"SET", "KEY", "abc"}},
+		{name: "fixed_window_read_on_text", op: limiter.Op{Hits: 0}, set: []string{"SET", "KEY", "abc"}},
+		{name: "fixed_window_all_or_nothing_on_a_list", op: limiter.Op{Hits: 1}, aon: true, set: []string{"LPUSH", "KEY", "x"}},
+		{name: "sliding_window_on_a_list", op: limiter.Op{Algorithm: rules.SlidingWindow, Hits: 1}, set: []string{"LPUSH", "KEY", "x"}},
+		{name: "sliding_log_on_a_string", op: limiter.Op{Algorithm: rules.SlidingLog, Hits: 1}, set: []string{"SET", "KEY", "1"}},
+		{name: "sliding_log_on_text_entries", op: limiter.Op{Algorithm: rules.SlidingLog, Hits: 1}, set: []string{"RPUSH", "KEY", "abc"}},
+		{name: "token_bucket_on_text", op: limiter.Op{Algorithm: rules.TokenBucket, Hits: 1}, set: []string{"SET", "KEY", "abc"}},
+		{name: "token_bucket_on_a_hash", op: limiter.Op{Algorithm: rules.TokenBucket, Hits: 1}, aon: true, set: []string{"HSET", "KEY", "f", "v"}},
+	}
+	deployments(t, func(t *testing.T, cfg Config, raw rawDo) {
+		for _, tt := range tests {
+			t.Run(tt.name, func(t *testing.T) {
+				key := "data_" + tt.name
+				set := append([]string(nil), tt.set...)
+				set[1] = key
+				if _, err := raw(t.Context(), key, set...); err != nil {
+					t.Fatal(err)
+				}
+				bad := tt.op
+				bad.Key, bad.Limit, bad.Window = key, 10, time.Hour
+				good := limiter.Op{Key: "data_good_" + tt.name, Limit: 10, Window: time.Hour, Hits: 1}
+
+				// Hold the pipeline until both requests are queued, so
+				// that they share it. The probe would mark the store up
+				// again: only round trips may change its health here.
+				c := cfg
+				c.PipelineWindow, c.PipelineLimit = 10*time.Second, requestCommands(bad, tt.aon)+requestCommands(good, tt.aon)
+				c.HealthCheckActiveConnection, c.HealthCheckInterval = true, time.Hour
+				s := newStore(t, c)
+				if err := s.WaitStarted(t.Context()); err != nil {
+					t.Fatal(err)
+				}
+				// Load the script first: NOSCRIPT would take a round trip.
+				for _, k := range []string{bad.Key, good.Key} {
+					if _, err := raw(t.Context(), k, "SCRIPT", "LOAD", decideLua); err != nil {
+						t.Fatal(err)
+					}
+				}
+				before, _ := s.Counters()
+				errs := make(chan error, 2)
+				for _, op := range []limiter.Op{bad, good} {
+					go func() {
+						ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+						defer cancel()
+						errs <- s.Do(ctx, &limiter.Batch{Now: time.Now(), Ops: []limiter.Op{op}, AllOrNothing: tt.aon})
+					}()
+				}
+				var errBad error
+				for range 2 {
+					if err := <-errs; err != nil {
+						if errBad != nil {
+							t.Fatalf("both requests failed: %v; %v", errBad, err)
+						}
+						errBad = err
+					}
+				}
+				if !errors.Is(errBad, limiter.ErrData) || errors.Is(errBad, limiter.ErrUnavailable) {
+					t.Errorf("Do on %s = %v, want ErrData and not ErrUnavailable", tt.name, errBad)
+				}
+				if !s.Healthy() {
+					t.Error("a key of the wrong kind marked the store unhealthy")
+				}
+				if after, _ := s.Counters(); cfg.Type != TypeCluster && after-before != 1 {
+					t.Errorf("the two requests took %d round trips, want 1: they did not share a pipeline", after-before)
+				}
+			})
+		}
+	})
+}
+
+// requestCommands is the number of Redis commands of a one-op request.
+func requestCommands(op limiter.Op, aon bool) int {
+	if op.Algorithm == rules.FixedWindow && !aon && op.Hits > 0 {
+		return 2 // INCRBY, EXPIRE
+	}
+	return 1
+}
+
+// TestServerErrors: an error reply about Redis's state is an outage, even
+// when it comes from inside a script.
+func TestServerErrors(t *testing.T) {
+	t.Parallel()
+	srv := storetest.StartRedis(t, storetest.RedisOptions{})
+	s := newStore(t, Config{URL: srv.Addr, HealthCheckActiveConnection: true, HealthCheckInterval: time.Hour})
+	if err := s.WaitStarted(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	// A replica refuses writes with READONLY; port 1 has no master, so it
+	// stays a replica of nothing.
+	if _, err := srv.Do(t.Context(), "REPLICAOF", "127.0.0.1", "1"); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _, _ = srv.Do(context.Background(), "REPLICAOF", "NO", "ONE") })
+	for _, alg := range rules.Algorithms {
+		err := hitOnce(t.Context(), s, "readonly_"+alg.String(), alg)
+		if !errors.Is(err, limiter.ErrUnavailable) || errors.Is(err, limiter.ErrData) {
+			t.Errorf("%s on a read-only replica: %v, want ErrUnavailable and not ErrData", alg, err)
+		}
+	}
+	if s.Healthy() {
+		t.Error("Healthy() = true after READONLY")
+	}
+}
+
+// replyError is an error reply as go-redis reports it.
+type replyError string
+
+func (e replyError) Error() string { return string(e) }
+func (replyError) RedisError()     {}
+
+func TestIsDataError(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		give string
+		want bool
+	}{
+		{"WRONGTYPE Operation against a key holding the wrong kind of value", true},
+		{"ERR value is not an integer or out of range", true},
+		{"ERR increment or decrement would overflow", true},
+		// Redis 7, from inside a script.
+		{"WRONGTYPE Operation against a key holding the wrong kind of value script: e4b6, on @user_script:30.", true},
+		{"ERR value is not an integer or out of range script: e4b6, on @user_script:1.", true},
+		{"ERR user_script:57: attempt to compare number with nil script: a21d, on @user_script:57.", true},
+		{"READONLY You can't write against a read only replica. script: 897a, on @user_script:1.", false},
+		{"OOM command not allowed when used memory > 'maxmemory'. script: 897a, on @user_script:1.", false},
+		{"ERR Script killed by user with SCRIPT KILL... script: 694a, on @user_script:1.", false},
+		// Redis 6 wraps what a script raised.
+		{"ERR Error running script (call to f_e4b6): @user_script:30: @user_script: 30: -WRONGTYPE Operation against a key holding the wrong kind of value", true},
+		{"ERR Error running script (call to f_a21d): @user_script:57: user_script:57: attempt to compare number with nil", true},
+		{"ERR Error running script (call to f_897a): @user_script:1: @user_script: 1: -READONLY You can't write against a read only replica.", false},
+		{"ERR Error running script (call to f_694a): @user_script:1: Script killed by user with SCRIPT KILL...", false},
+		// Redis cannot serve.
+		{"LOADING Redis is loading the dataset in memory", false},
+		{"READONLY You can't write against a read only replica.", false},
+		{"CLUSTERDOWN The cluster is down", false},
+		{"MASTERDOWN Link with MASTER is down and replica-serve-stale-data is set to 'no'.", false},
+		{"NOAUTH Authentication required.", false},
+		{"WRONGPASS invalid username-password pair or user is disabled.", false},
+		{"NOPERM this user has no permissions to run the 'evalsha' command", false},
+		{"BUSY Redis is busy running a script. You can only call SCRIPT KILL or SHUTDOWN NOSAVE.", false},
+		{"TRYAGAIN Multiple keys request during rehashing of slot", false},
+		{"NOSCRIPT No matching script. Please use EVAL.", false},
+		{"ERR max number of clients reached", false},
+		{"ERR unknown command 'evalsha'", false},
+	}
+	for _, tt := range tests {
+		if got := isDataError(replyError(tt.give)); got != tt.want {
+			t.Errorf("isDataError(%q) = %v, want %v", tt.give, got, tt.want)
+		}
+	}
+	if isDataError(errors.New("WRONGTYPE from a transport, not a reply")) {
+		t.Error("isDataError of an error that is no Redis reply = true")
+	}
 }

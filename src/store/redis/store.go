@@ -628,7 +628,7 @@ func (s *Store) decode(be *backend, r *request, b *limiter.Batch) error {
 		case kindGet:
 			count, err := strconv.ParseUint(c.(stringCmd).Val(), 10, 64)
 			if err != nil && !errors.Is(c.Err(), goredis.Nil) {
-				return fmt.Errorf("redis: key %q: not a counter: %w", op.Key, err)
+				return fmt.Errorf("%s: key %q: %w: not a counter: %w", be.name, op.Key, limiter.ErrData, err)
 			}
 			_, b.Results[i] = limiter.FixedWindow(limiter.FixedWindowState{Count: count}, b.Now, *op)
 		case kindScript:
@@ -720,27 +720,68 @@ func unavailable(name string, err error) error {
 	return fmt.Errorf("%s: %w: %w", name, limiter.ErrUnavailable, err)
 }
 
-// cmdError classifies a command's error: a reply that says the data or our
-// script is wrong (isDataError) is returned as is; everything else
+// cmdError classifies a command's error: Redis refusing the op for its data
+// or its key (isDataError) wraps limiter.ErrData; everything else
 // (transport errors, timeouts, LOADING, READONLY, CLUSTERDOWN, NOAUTH,
-// WRONGPASS ...) means Redis cannot serve and wraps limiter.ErrUnavailable.
+// WRONGPASS, OOM, BUSY ...) means Redis cannot serve and wraps
+// limiter.ErrUnavailable.
 func cmdError(name, key string, err error) error {
 	if isDataError(err) {
-		return fmt.Errorf("%s: key %q: %w", name, key, err)
+		return fmt.Errorf("%s: key %q: %w: %w", name, key, limiter.ErrData, err)
 	}
 	return unavailable(name, err)
 }
 
-// isDataError reports whether err is Redis refusing a command for what it
-// holds or runs, not for its own state: a key of another type (WRONGTYPE),
-// or an error raised inside a script.
+// isDataError reports whether err is Redis refusing a command for what its
+// key holds, not for its own state: a key of another type (WRONGTYPE), a
+// value that is not a counter, a count at the top of its range, or an error
+// our script raised on such a value. The classes a client's data can
+// cause are listed, and everything else is an outage: the other way
+// round, a new server error would let one client's key mark Redis down
+// for everyone (see exec), while here it costs that client an Internal
+// error and the operators a log line.
 func isDataError(err error) bool {
 	if !isRedisError(err) {
 		return false
 	}
-	msg := err.Error()
-	return strings.HasPrefix(msg, "WRONGTYPE") || isOverflow(err) ||
-		strings.Contains(msg, "user_script") || strings.Contains(msg, "Error running script")
+	msg := scriptCause(err.Error())
+	code, text, _ := strings.Cut(msg, " ")
+	switch code {
+	case "WRONGTYPE":
+		return true
+	case "ERR":
+		// A Lua error in our script ("ERR user_script:12: attempt to
+		// compare nil with number") comes from a value it did not write.
+		return strings.HasPrefix(text, "value is not an integer") ||
+			strings.HasPrefix(text, "increment or decrement would overflow") ||
+			strings.HasPrefix(text, "user_script:")
+	}
+	// A Lua error as Redis 6 reports it, unwrapped by scriptCause.
+	return strings.HasPrefix(msg, "user_script:")
+}
+
+// scriptCause returns the error a script raised, as Redis 6 wraps it:
+// "ERR Error running script (call to f_<sha>): @user_script:<line>: <cause>",
+// where the cause of a failed redis.call adds "@user_script: <line>: -"
+// before the command's error. Redis 7 reports that error itself, followed
+// by " script: <sha>, on @user_script:<line>."; other messages are
+// returned as they are.
+func scriptCause(msg string) string {
+	rest, ok := strings.CutPrefix(msg, "ERR Error running script")
+	if !ok {
+		return msg
+	}
+	if _, rest, ok = strings.Cut(rest, "): "); !ok {
+		return msg
+	}
+	for strings.HasPrefix(rest, "@user_script:") {
+		_, after, ok := strings.Cut(rest[len("@user_script:"):], ": ")
+		if !ok {
+			break
+		}
+		rest = after
+	}
+	return strings.TrimPrefix(rest, "-")
 }
 
 // isRedisError reports whether err is an error reply from Redis (the server
