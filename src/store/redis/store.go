@@ -51,7 +51,7 @@ type Store struct {
 	main      *backend
 	perSecond *backend // nil: every op goes to main
 
-	ops, roundTrips atomic.Uint64
+	ops, roundTrips, shed atomic.Uint64
 
 	ctx    context.Context // ends at Close; bounds workers and probes
 	cancel context.CancelFunc
@@ -124,6 +124,9 @@ func (s *Store) newBackend(name string, cfg Config) (*backend, error) {
 		limit:    maxPipelineCommands,
 		deep:     deepQueue,
 		timeout:  cfg.Timeout,
+		maxQueue: cfg.MaxQueue,
+		full:     fmt.Errorf("%s: %w: %d requests wait for Redis already (MaxQueue)", name, limiter.ErrOverloaded, cfg.MaxQueue),
+		shed:     &s.shed,
 		answered: make(chan struct{}),
 	}
 	if cfg.PipelineLimit > 0 {
@@ -302,6 +305,12 @@ func (s *Store) Counters() (roundTrips, ops uint64) {
 	return s.roundTrips.Load(), s.ops.Load()
 }
 
+// Shed returns the cumulative number of requests refused at once because
+// MaxQueue requests were waiting for that Redis already
+// (ratelimit.redis.load_shed). A request with both per-second and other
+// ops counts once per Redis that refused it.
+func (s *Store) Shed() uint64 { return s.shed.Load() }
+
 // Close stops the workers and closes the connections. Do calls in flight or
 // made afterwards fail with limiter.ErrUnavailable.
 func (s *Store) Close() error {
@@ -322,7 +331,8 @@ func (s *Store) Close() error {
 // with the concurrent requests of the same pipeline; a second one only after
 // NOSCRIPT (Redis lost the script) or to take back the ops of a split
 // AllOrNothing batch (see compensate). A zero b.Now is set to the current
-// time.
+// time. When MaxQueue requests wait for a Redis already, Do fails at once
+// with an error wrapping limiter.ErrOverloaded.
 func (s *Store) Do(ctx context.Context, b *limiter.Batch) error {
 	if err := ctx.Err(); err != nil {
 		return unavailable(s.main.name, err)

@@ -116,6 +116,16 @@ func (p *proc) killLocked() {
 	p.cmd, p.done = nil, nil
 }
 
+// signal sends sig to the process; it fails when none is running.
+func (p *proc) signal(sig os.Signal) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.cmd == nil {
+		return errors.New("storetest: no process to signal")
+	}
+	return p.cmd.Process.Signal(sig)
+}
+
 // running reports whether the process is up.
 func (p *proc) running() bool {
 	p.mu.Lock()
