@@ -16,10 +16,15 @@ import (
 // loaded machine.
 const fastFail = time.Second
 
-// freeze stops srv with SIGSTOP and resumes it in t.Cleanup, if the test
-// has not.
-func freeze(t *testing.T, srv *storetest.RedisServer) {
+// freeze waits until s's workers are idle, so that the test can tell when
+// its next requests are in flight, then stops srv with SIGSTOP and resumes
+// it in t.Cleanup, if the test has not.
+func freeze(t *testing.T, s *Store, srv *storetest.RedisServer) {
 	t.Helper()
+	storetest.WaitFor(t, 10*time.Second, "idle workers", func() bool {
+		q, busy := queueState(s.main)
+		return q == 0 && busy == 0
+	})
 	if err := srv.Freeze(); err != nil {
 		t.Fatal(err)
 	}
@@ -67,7 +72,7 @@ func TestQueueBound(t *testing.T) {
 	if err := hitOnce(t.Context(), s, "warm", rules.FixedWindow); err != nil {
 		t.Fatal(err)
 	}
-	freeze(t, srv)
+	freeze(t, s, srv)
 
 	// The one worker takes a request into a round trip that cannot end.
 	var live []<-chan outcome

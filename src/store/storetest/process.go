@@ -1,6 +1,7 @@
 package storetest
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -124,6 +125,36 @@ func (p *proc) signal(sig os.Signal) error {
 		return errors.New("storetest: no process to signal")
 	}
 	return p.cmd.Process.Signal(sig)
+}
+
+// freeze stops the process with SIGSTOP and waits until the kernel reports
+// it stopped: a signal is delivered asynchronously, and a process still
+// running could answer a request sent after freeze returned.
+func (p *proc) freeze() error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.cmd == nil {
+		return errors.New("storetest: no process to freeze")
+	}
+	if err := p.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
+		return fmt.Errorf("storetest: freeze: %w", err)
+	}
+	stat := fmt.Sprintf("/proc/%d/stat", p.cmd.Process.Pid)
+	deadline := time.Now().Add(readyTimeout)
+	for {
+		// "pid (comm) state ...": the state follows the last ')'.
+		b, err := os.ReadFile(stat)
+		if err != nil {
+			return fmt.Errorf("storetest: freeze: %w", err)
+		}
+		if i := bytes.LastIndexByte(b, ')'); i >= 0 && i+2 < len(b) && b[i+2] == 'T' {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("storetest: freeze: process %d not stopped after %v", p.cmd.Process.Pid, readyTimeout)
+		}
+		time.Sleep(time.Millisecond)
+	}
 }
 
 // running reports whether the process is up.
