@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"runtime"
 	"testing"
 	"time"
 
@@ -140,4 +141,60 @@ func TestQueueBound(t *testing.T) {
 	if !s.Healthy() {
 		t.Error("Healthy() = false after Redis resumed")
 	}
+}
+
+// TestCloseFrozen: Close returns at once although Redis is frozen with
+// round trips in flight (and the health probe in one) and the timeout is
+// long: the server's 10 s drain relies on it. Every Do in flight fails
+// with ErrUnavailable and no goroutine is left behind.
+func TestCloseFrozen(t *testing.T) {
+	srv := storetest.StartRedis(t, storetest.RedisOptions{})
+	goroutines := runtime.NumGoroutine()
+	const poolSize = 2
+	s, err := New(t.Context(), Config{
+		URL: srv.Addr, PoolSize: poolSize, Timeout: 30 * time.Second,
+		HealthCheckActiveConnection: true, HealthCheckInterval: 20 * time.Millisecond,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = s.Close() })
+	if err := s.WaitStarted(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	if err := hitOnce(t.Context(), s, "warm", rules.FixedWindow); err != nil {
+		t.Fatal(err)
+	}
+	freeze(t, s, srv)
+
+	var inFlight []<-chan outcome
+	for i := range poolSize {
+		inFlight = append(inFlight, goDo(s, fmt.Sprint("in_flight_", i), time.Minute))
+		storetest.WaitFor(t, 10*time.Second, "a worker stuck in a round trip", func() bool {
+			q, busy := queueState(s.main)
+			return q == 0 && busy == i+1
+		})
+	}
+	for i := range 4 {
+		inFlight = append(inFlight, goDo(s, fmt.Sprint("queued_", i), time.Minute))
+	}
+
+	start := time.Now()
+	if err := s.Close(); err != nil {
+		t.Errorf("Close: %v", err)
+	}
+	d := time.Since(start)
+	t.Logf("Close on a frozen Redis took %v", d)
+	if d > fastFail {
+		t.Errorf("Close on a frozen Redis took %v, want within %v", d, fastFail)
+	}
+	for i, c := range inFlight {
+		if o := <-c; !errors.Is(o.err, limiter.ErrUnavailable) {
+			t.Errorf("Do %d in flight at Close: %v, want ErrUnavailable", i, o.err)
+		}
+	}
+	if err := srv.Thaw(); err != nil {
+		t.Fatal(err)
+	}
+	storetest.CheckGoroutines(t, goroutines)
 }

@@ -312,15 +312,25 @@ func (s *Store) Counters() (roundTrips, ops uint64) {
 func (s *Store) Shed() uint64 { return s.shed.Load() }
 
 // Close stops the workers and closes the connections. Do calls in flight or
-// made afterwards fail with limiter.ErrUnavailable.
+// made afterwards fail with limiter.ErrUnavailable. It does not wait for
+// Redis: round trips in flight are cut short, so that Close returns at once
+// even when Redis has stopped answering (the server's shutdown drain
+// relies on it).
 func (s *Store) Close() error {
 	var err error
 	s.closed.Do(func() {
+		// Cancelling ends dials, probes' waits and the Do calls waiting
+		// for a worker, but not a read from Redis: go-redis bounds that by
+		// a deadline (Timeout, 10 s by default), never by ctx. Closing the
+		// clients closes their connections, in use or idle, which ends
+		// those reads; only then wait for the workers.
 		s.cancel()
+		for _, be := range s.backends() {
+			err = errors.Join(err, be.client.Close())
+		}
 		s.wg.Wait()
 		for _, be := range s.backends() {
 			be.stop()
-			err = errors.Join(err, be.client.Close())
 		}
 	})
 	return err
