@@ -71,6 +71,7 @@ func newBackend(ctx context.Context, set *settings.Settings, reg *stats.Registry
 		}
 		reg.CounterFunc("ratelimit.redis.round_trips", func() uint64 { rt, _ := r.Counters(); return rt })
 		reg.CounterFunc("ratelimit.redis.ops", func() uint64 { _, ops := r.Counters(); return ops })
+		reg.CounterFunc("ratelimit.redis.load_shed", r.Shed)
 		return &backend{
 			store:     r,
 			healthy:   r.Healthy,

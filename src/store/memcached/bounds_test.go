@@ -55,11 +55,11 @@ func TestDeadlineBound(t *testing.T) {
 			late = append(late, strings.Fields(cmd)[0])
 		case strings.HasPrefix(cmd, trigger):
 			fired = true
-			if err := srv.Pause(); err != nil {
+			if err := srv.Freeze(); err != nil {
 				t.Error(err)
 			}
 			if resume > 0 {
-				thaw = time.AfterFunc(resume, func() { _ = srv.Resume() })
+				thaw = time.AfterFunc(resume, func() { _ = srv.Thaw() })
 			}
 		}
 	}
@@ -150,7 +150,7 @@ func TestDeadlineBound(t *testing.T) {
 					thaw.Stop()
 				}
 				mu.Unlock()
-				if err := srv.Resume(); err != nil {
+				if err := srv.Thaw(); err != nil {
 					t.Error(err)
 				}
 				storetest.WaitFor(t, 5*time.Second, "memcached answers again", func() bool {
@@ -282,10 +282,10 @@ func TestConnectionBound(t *testing.T) {
 	// memcached's own connections (listener, the stats one): all but ours.
 	others := currConns() - int(conns.open.Load())
 
-	if err := srv.Pause(); err != nil {
+	if err := srv.Freeze(); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { _ = srv.Resume() })
+	t.Cleanup(func() { _ = srv.Thaw() })
 	type outcome struct {
 		err  error
 		took time.Duration
@@ -338,7 +338,7 @@ func TestConnectionBound(t *testing.T) {
 	if want := calls - maxConns - maxWaiting; fast < want {
 		t.Errorf("%d calls shed at once, want at least %d (%d waited)", fast, want, waited)
 	}
-	if err := srv.Resume(); err != nil {
+	if err := srv.Thaw(); err != nil {
 		t.Fatal(err)
 	}
 	for range maxConns {

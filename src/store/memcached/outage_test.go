@@ -219,7 +219,7 @@ func TestCloseBounded(t *testing.T) {
 	conns := connCounter{onWrite: func(p []byte) {
 		if strings.HasPrefix(string(p), "decr ") {
 			freezing.Do(func() {
-				if err := srv.Pause(); err != nil {
+				if err := srv.Freeze(); err != nil {
 					t.Error(err)
 				}
 				frozen.Store(true)
@@ -230,7 +230,7 @@ func TestCloseBounded(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { _ = srv.Resume() })
+	t.Cleanup(func() { _ = srv.Thaw() })
 	if err := s.WaitStarted(t.Context()); err != nil {
 		t.Fatal(err)
 	}

@@ -55,6 +55,16 @@ type Config struct {
 	// many Redis commands (REDIS_PIPELINE_LIMIT; default 0: no limit beyond
 	// maxPipelineCommands). One request's commands are never split.
 	PipelineLimit int
+	// MaxQueue bounds the requests waiting for a connection to one Redis
+	// (default 4096; not a setting of the anchor). When that many wait, Do
+	// fails at once with an error wrapping limiter.ErrOverloaded (the
+	// service answers ResourceExhausted) and the store stays healthy; a
+	// request whose caller gives up leaves the queue. The default holds
+	// 20-40 ms of a busy instance's traffic (100-200k requests/s), more
+	// than Envoy's 20 ms filter timeout lets a queued request wait, and
+	// keeps the queue to a few MB (a request of a few ops holds about a
+	// kilobyte: its keys and commands).
+	MaxQueue int
 	// ExpirationJitterMax adds a random [0, max) whole seconds to the TTL of
 	// fixed-window keys so that they do not all expire at once
 	// (EXPIRATION_JITTER_MAX_SECONDS; default 0 here, 300s in settings).
@@ -76,8 +86,8 @@ type Config struct {
 	// PerSecond, when not nil, is a second Redis for the ops of rules whose
 	// unit is second (REDIS_PERSECOND=true and REDIS_PERSECOND_*). Only its
 	// connection fields are used (Type, SocketType, URL, Auth, SentinelAuth,
-	// TLS, PoolSize, Timeout, PipelineWindow, PipelineLimit); the others come
-	// from the main Config.
+	// TLS, PoolSize, Timeout, PipelineWindow, PipelineLimit, MaxQueue); the
+	// others come from the main Config.
 	PerSecond *Config
 
 	// ScriptClock is for tests only: when set, the Lua scripts take the time
@@ -90,6 +100,7 @@ type Config struct {
 // Defaults.
 const (
 	defaultPoolSize               = 10
+	defaultMaxQueue               = 4096
 	defaultTimeout                = 10 * time.Second
 	defaultHealthCheckInterval    = time.Second
 	defaultStartupInitialInterval = 500 * time.Millisecond
@@ -118,6 +129,9 @@ func (c Config) withDefaults() (Config, error) {
 	}
 	if c.PoolSize <= 0 {
 		c.PoolSize = defaultPoolSize
+	}
+	if c.MaxQueue <= 0 {
+		c.MaxQueue = defaultMaxQueue
 	}
 	if c.Timeout <= 0 {
 		c.Timeout = defaultTimeout

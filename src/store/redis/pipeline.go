@@ -3,6 +3,7 @@ package redis
 import (
 	"context"
 	"errors"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -154,6 +155,13 @@ type backend struct {
 	timeout time.Duration
 	workers []*worker
 
+	// maxQueue bounds len(queue) (Config.MaxQueue); a request beyond it
+	// fails with full, made once so that shedding allocates nothing, and
+	// counts in shed (Store.Shed).
+	maxQueue int
+	full     error
+	shed     *atomic.Uint64
+
 	// oneServer is set once the backend is known to keep every key on one
 	// server: a Sentinel master, or a SINGLE address that answers INFO as
 	// Redis does. Until then (and behind twemproxy, which shards keys and
@@ -242,15 +250,38 @@ func (be *backend) stop() {
 	be.mu.Unlock()
 }
 
-// enqueue queues r and wakes a worker if the queue justifies one.
-func (be *backend) enqueue(r *request) {
+// enqueue queues r and wakes a worker if the queue justifies one. It
+// queues nothing and reports false when be.maxQueue requests wait already.
+func (be *backend) enqueue(r *request) bool {
 	r.at = time.Now()
 	be.mu.Lock()
+	defer be.mu.Unlock()
+	if len(be.queue) >= be.maxQueue {
+		return false
+	}
 	be.queue = append(be.queue, r)
 	be.queued += r.ncmds
 	be.queuedWork += r.work
 	be.dispatchLocked()
-	be.mu.Unlock()
+	return true
+}
+
+// dequeue takes r out of the queue unless a worker has taken it already,
+// so that a request whose caller gave up neither holds a place in the
+// queue (a stalled Redis would otherwise fill it with the dead, and shed
+// the living) nor is sent. It reports whether it did: r may be recycled.
+func (be *backend) dequeue(r *request) bool {
+	be.mu.Lock()
+	defer be.mu.Unlock()
+	// The oldest requests are the likeliest to have given up.
+	i := slices.Index(be.queue, r)
+	if i < 0 {
+		return false
+	}
+	be.queue = slices.Delete(be.queue, i, i+1)
+	be.queued -= r.ncmds
+	be.queuedWork -= r.work
+	return true
 }
 
 // dispatchLocked wakes an idle worker when the queue needs one: when no
@@ -527,7 +558,7 @@ func (be *backend) submit(ctx context.Context, stop <-chan struct{}, r *request)
 	return be.wait(ctx, stop, r)
 }
 
-// send queues r, unless ctx or the store has ended.
+// send queues r, unless ctx or the store has ended or the queue is full.
 func (be *backend) send(ctx context.Context, stop <-chan struct{}, r *request) error {
 	if err := ctx.Err(); err != nil {
 		return unavailable(be.name, err)
@@ -537,7 +568,10 @@ func (be *backend) send(ctx context.Context, stop <-chan struct{}, r *request) e
 		return unavailable(be.name, errClosed)
 	default:
 	}
-	be.enqueue(r)
+	if !be.enqueue(r) {
+		be.shed.Add(1)
+		return be.full
+	}
 	return nil
 }
 
@@ -548,7 +582,7 @@ func (be *backend) wait(ctx context.Context, stop <-chan struct{}, r *request) (
 	case <-r.done:
 		return true, r.err
 	case <-ctx.Done():
-		return false, unavailable(be.name, ctx.Err())
+		return be.dequeue(r), unavailable(be.name, ctx.Err())
 	case <-stop:
 		return false, unavailable(be.name, errClosed)
 	}

@@ -214,7 +214,7 @@ func TestPerSecond(t *testing.T) {
 // the queue is empty.
 func TestDispatch(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		be := &backend{limit: maxPipelineCommands, deep: deepQueue}
+		be := &backend{limit: maxPipelineCommands, deep: deepQueue, maxQueue: defaultMaxQueue}
 		be.initQueue(3)
 		defer be.stop()
 		woken := func() (ws []*worker) {
@@ -307,7 +307,7 @@ func TestDispatch(t *testing.T) {
 // at most the limit.
 func TestDispatchPipelineLimit(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		be := &backend{limit: 8, deep: deepQueue}
+		be := &backend{limit: 8, deep: deepQueue, maxQueue: defaultMaxQueue}
 		be.initQueue(2)
 		defer be.stop()
 		wake := func() int {

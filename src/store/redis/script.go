@@ -15,7 +15,12 @@ import (
 // SlidingLog, TokenBucket): same integer arithmetic, same roundings, times in
 // Unix microseconds. Lua numbers are doubles, exact below 2^53; every value
 // stays below that for limits up to 2^32 and windows up to a century, and
-// divisions go through idiv, which corrects the rounding of a / b.
+// divisions go through idiv, which corrects the rounding of a / b. Two
+// values can pass 2^53, and are clamped below 2^63 (see MAXN): the count of
+// a fixed-window key that plain INCRBY took there, and the TAT of a token
+// bucket whose Burst × window / limit spans more than 285 years; they are
+// then exact to 53 bits only (so such a bucket's tokens in use may be one
+// off), and never wrap.
 //
 // KEYS[i] is the key of op i. ARGV[1] is the time in µs, or "" for Redis
 // TIME (production: one clock for the whole fleet); ARGV[2] is "1" when no
@@ -65,6 +70,11 @@ local function cdiv(a, b)
   return q
 end
 local function str(x) return string.format('%.0f', x) end
+-- MAXN is the largest double below 2^63. Redis turns a reply number of
+-- 2^63 or more into -2^63, so counts and times are clamped to it: a fixed
+-- window's count recorded near 2^63-1 by INCRBY (beyond doubles' exact
+-- 2^53, so reported to 53 bits), a token bucket's TAT far in the future.
+local MAXN = 9223372036854774784
 local function ttlms(us)
   local ms = cdiv(us, 1000)
   if ms < 1 then ms = 1 end
@@ -83,17 +93,19 @@ local function load(alg, key)
     end
     return {start = 0, prev = 0, curr = 0}
   elseif alg == 2 then
-    -- len: the list in Redis; popped: entries dropped from its head; pushed: new entries.
-    return {key = key, len = redis.call('LLEN', key), popped = 0, pushed = {}}
+    -- len: the list in Redis; popped: entries dropped from its head;
+    -- npush entries of time tpush pushed by this call. Every entry pushed
+    -- in one call has the same time (see decide), so a count is enough.
+    return {key = key, len = redis.call('LLEN', key), popped = 0, npush = 0}
   end
   return {tat = tonumber(redis.call('GET', key) or '0')}
 end
 
-local function logN(s) return s.len - s.popped + #s.pushed end
+local function logN(s) return s.len - s.popped + s.npush end
 local function logAt(s, i)
   local j = s.popped + i
   if j < s.len then return tonumber(redis.call('LINDEX', s.key, j)) end
-  return s.pushed[j - s.len + 1]
+  return s.tpush
 end
 
 -- weigh: ceil(prev * ceil(rem * 1e6 / w) / 1e6). Windows are whole seconds,
@@ -116,8 +128,8 @@ end
 local function decide(alg, s, limit, cap, w, hits)
   local t = now
   if alg == 0 then
-    local before = s.count
-    s.count = before + hits
+    local before = math.min(s.count, MAXN)
+    s.count = math.min(before + hits, MAXN)
     local allowed = s.count <= limit
     local remaining = 0
     if allowed then remaining = limit - s.count end
@@ -159,17 +171,36 @@ local function decide(alg, s, limit, cap, w, hits)
     return allowed, before, after, remaining, reset, s.start, 0
   elseif alg == 2 then
     local n = logN(s)
-    if n > 0 then t = math.max(t, logAt(s, n - 1)) end
-    while n > 0 and logAt(s, 0) <= t - w do
-      s.popped = s.popped + 1
-      n = n - 1
+    if n > 0 then
+      local last = logAt(s, n - 1)
+      t = math.max(t, last)
+      -- Drop the expired entries, a prefix of the sorted log. Dropping them
+      -- one LINDEX at a time cost Redis 16-25 ms for 10,000 expired entries,
+      -- stalling every client; a binary search finds how many with at most
+      -- log2(n) + 2 LINDEX calls, and commit removes them with one LTRIM.
+      if last <= t - w then
+        s.popped = s.popped + n
+        n = 0
+      elseif logAt(s, 0) <= t - w then
+        -- logAt(lo - 1) has expired and logAt(hi) has not: the number
+        -- expired is in [lo, hi].
+        local lo, hi = 1, n - 1
+        while lo < hi do
+          local mid = idiv(lo + hi, 2)
+          if logAt(s, mid) <= t - w then lo = mid + 1 else hi = mid end
+        end
+        s.popped = s.popped + lo
+        n = n - lo
+      end
     end
     local before, after = n, n + hits
     local used = n
     local allowed = false
     if after <= limit then
       allowed = true
-      for _ = 1, hits do s.pushed[#s.pushed + 1] = t end
+      -- t is the same for every op of this call on this key: it is at
+      -- least the newest entry, which an earlier push made t.
+      s.npush, s.tpush = s.npush + hits, t
       used = after
     end
     local remaining = 0
@@ -194,8 +225,10 @@ local function decide(alg, s, limit, cap, w, hits)
   local allowed, tat0 = false, s.tat
   if after <= cap then
     allowed = true
-    x = x + hits * T
-    s.tat = t + x
+    -- TokenBucket saturates the TAT at 2^63-1 µs; here at MAXN. Both give
+    -- the same ResetAfter: beyond 2^63 ns a Duration saturates.
+    s.tat = math.min(t + x + hits * T, MAXN)
+    x = s.tat - t
     used = after
   end
   local remaining = 0
@@ -217,15 +250,21 @@ local function commit(alg, key, s, w)
     elseif s.popped > 0 then
       redis.call('LTRIM', key, s.popped, -1)
     end
-    local first = 1
-    if s.popped > s.len then first = s.popped - s.len + 1 end
-    local batch = {}
-    for i = first, #s.pushed do
-      batch[#batch + 1] = str(s.pushed[i])
-      if #batch == 1000 then redis.call('RPUSH', key, unpack(batch)); batch = {} end
+    local k = s.npush
+    if s.popped > s.len then k = k - (s.popped - s.len) end
+    -- At most limit <= rules.MaxSlidingLog (10,000) entries, in RPUSH
+    -- calls of 1000 arguments: Lua's unpack and the command's argv stay
+    -- small.
+    if k > 0 then
+      local v, batch = str(s.tpush), {}
+      for i = 1, math.min(k, 1000) do batch[i] = v end
+      while k >= 1000 do
+        redis.call('RPUSH', key, unpack(batch))
+        k = k - 1000
+      end
+      if k > 0 then redis.call('RPUSH', key, unpack(batch, 1, k)) end
+      redis.call('PEXPIRE', key, ttlms(s.newest + w - now))
     end
-    if #batch > 0 then redis.call('RPUSH', key, unpack(batch)) end
-    if first <= #s.pushed then redis.call('PEXPIRE', key, ttlms(s.newest + w - now)) end
   elseif alg == 3 then
     redis.call('SET', key, str(s.tat), 'PX', ttlms(s.tat - now))
   end
@@ -273,7 +312,12 @@ for i = 1, n do
   local o = out[i]
   if alg == 0 then
     if hits > 0 then
-      redis.call('INCRBY', key, str(hits))
+      -- Past 2^63-1 INCRBY fails and the count stays where it is, within
+      -- hits of the top of its range and over any limit: the count
+      -- saturates, which is not an error. (AllOrNothing records only
+      -- admitted hits, so this needs a count written by plain INCRBY.)
+      local r = redis.pcall('INCRBY', key, str(hits))
+      if type(r) == 'table' and r.err and not string.find(r.err, 'overflow', 1, true) then return r end
       redis.call('EXPIRE', key, ARGV[2 + (i - 1) * 6 + 6])
     end
   elseif o[1] and hits > 0 and not done[key] then

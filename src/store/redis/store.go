@@ -13,6 +13,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"slices"
 	"strconv"
@@ -50,7 +51,7 @@ type Store struct {
 	main      *backend
 	perSecond *backend // nil: every op goes to main
 
-	ops, roundTrips atomic.Uint64
+	ops, roundTrips, shed atomic.Uint64
 
 	ctx    context.Context // ends at Close; bounds workers and probes
 	cancel context.CancelFunc
@@ -123,6 +124,9 @@ func (s *Store) newBackend(name string, cfg Config) (*backend, error) {
 		limit:    maxPipelineCommands,
 		deep:     deepQueue,
 		timeout:  cfg.Timeout,
+		maxQueue: cfg.MaxQueue,
+		full:     fmt.Errorf("%s: %w: %d requests wait for Redis already (MaxQueue)", name, limiter.ErrOverloaded, cfg.MaxQueue),
+		shed:     &s.shed,
 		answered: make(chan struct{}),
 	}
 	if cfg.PipelineLimit > 0 {
@@ -301,16 +305,32 @@ func (s *Store) Counters() (roundTrips, ops uint64) {
 	return s.roundTrips.Load(), s.ops.Load()
 }
 
+// Shed returns the cumulative number of requests refused at once because
+// MaxQueue requests were waiting for that Redis already
+// (ratelimit.redis.load_shed). A request with both per-second and other
+// ops counts once per Redis that refused it.
+func (s *Store) Shed() uint64 { return s.shed.Load() }
+
 // Close stops the workers and closes the connections. Do calls in flight or
-// made afterwards fail with limiter.ErrUnavailable.
+// made afterwards fail with limiter.ErrUnavailable. It does not wait for
+// Redis: round trips in flight are cut short, so that Close returns at once
+// even when Redis has stopped answering (the server's shutdown drain
+// relies on it).
 func (s *Store) Close() error {
 	var err error
 	s.closed.Do(func() {
+		// Cancelling ends dials, probes' waits and the Do calls waiting
+		// for a worker, but not a read from Redis: go-redis bounds that by
+		// a deadline (Timeout, 10 s by default), never by ctx. Closing the
+		// clients closes their connections, in use or idle, which ends
+		// those reads; only then wait for the workers.
 		s.cancel()
+		for _, be := range s.backends() {
+			err = errors.Join(err, be.client.Close())
+		}
 		s.wg.Wait()
 		for _, be := range s.backends() {
 			be.stop()
-			err = errors.Join(err, be.client.Close())
 		}
 	})
 	return err
@@ -321,7 +341,8 @@ func (s *Store) Close() error {
 // with the concurrent requests of the same pipeline; a second one only after
 // NOSCRIPT (Redis lost the script) or to take back the ops of a split
 // AllOrNothing batch (see compensate). A zero b.Now is set to the current
-// time.
+// time. When MaxQueue requests wait for a Redis already, Do fails at once
+// with an error wrapping limiter.ErrOverloaded.
 func (s *Store) Do(ctx context.Context, b *limiter.Batch) error {
 	if err := ctx.Err(); err != nil {
 		return unavailable(s.main.name, err)
@@ -482,7 +503,7 @@ func (s *Store) undo(ctx context.Context, be *backend, r *request, b *limiter.Ba
 				res := &b.Results[i]
 				res.Remaining = uint64(vals[2*j])
 				if b.Ops[i].Algorithm != rules.FixedWindow {
-					res.ResetAfter = time.Duration(vals[2*j+1]) * time.Microsecond
+					res.ResetAfter = microseconds(vals[2*j+1])
 				}
 			}
 		}
@@ -614,16 +635,20 @@ func (s *Store) decode(be *backend, r *request, b *limiter.Batch) error {
 		op := &b.Ops[i]
 		c := r.cmds[p.cmd]
 		if err := c.Err(); err != nil && !errors.Is(err, goredis.Nil) {
+			if p.kind == kindIncr && isOverflow(err) {
+				b.Results[i] = saturated(op, b.Now)
+				continue
+			}
 			return cmdError(be.name, op.Key, err)
 		}
 		switch p.kind {
 		case kindIncr:
-			after := c.(intCmd).Val()
-			_, b.Results[i] = limiter.FixedWindow(limiter.FixedWindowState{Count: uint64(after) - op.Hits}, b.Now, *op)
+			after := uint64(max(c.(intCmd).Val(), 0)) // < 0 only if another program wrote the key
+			_, b.Results[i] = limiter.FixedWindow(limiter.FixedWindowState{Count: after - min(op.Hits, after)}, b.Now, *op)
 		case kindGet:
 			count, err := strconv.ParseUint(c.(stringCmd).Val(), 10, 64)
 			if err != nil && !errors.Is(c.Err(), goredis.Nil) {
-				return fmt.Errorf("redis: key %q: not a counter: %w", op.Key, err)
+				return fmt.Errorf("%s: key %q: %w: not a counter: %w", be.name, op.Key, limiter.ErrData, err)
 			}
 			_, b.Results[i] = limiter.FixedWindow(limiter.FixedWindowState{Count: count}, b.Now, *op)
 		case kindScript:
@@ -635,6 +660,25 @@ func (s *Store) decode(be *backend, r *request, b *limiter.Batch) error {
 		}
 	}
 	return nil
+}
+
+// saturated is the Result of a fixed-window op whose INCRBY would have
+// passed 2^63-1, the top of Redis's integer range: Redis refused it and
+// left the count where it was, within op.Hits of the top and over any
+// limit. The count is reported at the top, as the limiter's contract has
+// counts saturate; a client can neither wrap it nor turn the refusal into
+// an outage. Later hits find it still over the limit, each saturating
+// again once it reaches the top.
+func saturated(op *limiter.Op, now time.Time) limiter.Result {
+	read := *op
+	read.Hits = 0
+	_, r := limiter.FixedWindow(limiter.FixedWindowState{Count: math.MaxInt64}, now, read)
+	return r
+}
+
+// isOverflow reports whether err is Redis refusing INCRBY past 2^63-1.
+func isOverflow(err error) bool {
+	return isRedisError(err) && strings.Contains(err.Error(), "increment or decrement would overflow")
 }
 
 // scriptReply is one op's part of decideLua's reply.
@@ -670,7 +714,7 @@ func toResult(res scriptReply, op *limiter.Op, now time.Time) limiter.Result {
 		After:      uint64(res.after),
 		Allowed:    res.allowed,
 		Remaining:  uint64(res.remaining),
-		ResetAfter: time.Duration(res.resetMicros) * time.Microsecond,
+		ResetAfter: microseconds(res.resetMicros),
 	}
 	if op.Algorithm == rules.FixedWindow {
 		r.ResetAfter = limiter.FixedWindowEnd(now, op.Window).Sub(time.Unix(now.Unix(), 0))
@@ -678,32 +722,86 @@ func toResult(res scriptReply, op *limiter.Op, now time.Time) limiter.Result {
 	return r
 }
 
+// microseconds converts a script's µs to a Duration, saturating as the
+// limiter's pure functions do: a token bucket's TAT may lie up to 2^63 µs
+// ahead, past the largest Duration.
+func microseconds(us int64) time.Duration {
+	switch {
+	case us <= 0:
+		return 0
+	case us > math.MaxInt64/int64(time.Microsecond):
+		return math.MaxInt64
+	}
+	return time.Duration(us) * time.Microsecond
+}
+
 // unavailable wraps a failure to reach Redis.
 func unavailable(name string, err error) error {
 	return fmt.Errorf("%s: %w: %w", name, limiter.ErrUnavailable, err)
 }
 
-// cmdError classifies a command's error: a reply that says the data or our
-// script is wrong (isDataError) is returned as is; everything else
+// cmdError classifies a command's error: Redis refusing the op for its data
+// or its key (isDataError) wraps limiter.ErrData; everything else
 // (transport errors, timeouts, LOADING, READONLY, CLUSTERDOWN, NOAUTH,
-// WRONGPASS ...) means Redis cannot serve and wraps limiter.ErrUnavailable.
+// WRONGPASS, OOM, BUSY ...) means Redis cannot serve and wraps
+// limiter.ErrUnavailable.
 func cmdError(name, key string, err error) error {
 	if isDataError(err) {
-		return fmt.Errorf("%s: key %q: %w", name, key, err)
+		return fmt.Errorf("%s: key %q: %w: %w", name, key, limiter.ErrData, err)
 	}
 	return unavailable(name, err)
 }
 
-// isDataError reports whether err is Redis refusing a command for what it
-// holds or runs, not for its own state: a key of another type (WRONGTYPE),
-// or an error raised inside a script.
+// isDataError reports whether err is Redis refusing a command for what its
+// key holds, not for its own state: a key of another type (WRONGTYPE), a
+// value that is not a counter, a count at the top of its range, or an error
+// our script raised on such a value. The classes a client's data can
+// cause are listed, and everything else is an outage: the other way
+// round, a new server error would let one client's key mark Redis down
+// for everyone (see exec), while here it costs that client an Internal
+// error and the operators a log line.
 func isDataError(err error) bool {
 	if !isRedisError(err) {
 		return false
 	}
-	msg := err.Error()
-	return strings.HasPrefix(msg, "WRONGTYPE") ||
-		strings.Contains(msg, "user_script") || strings.Contains(msg, "Error running script")
+	msg := scriptCause(err.Error())
+	code, text, _ := strings.Cut(msg, " ")
+	switch code {
+	case "WRONGTYPE":
+		return true
+	case "ERR":
+		// A Lua error in our script ("ERR user_script:12: attempt to
+		// compare nil with number") comes from a value it did not write.
+		return strings.HasPrefix(text, "value is not an integer") ||
+			strings.HasPrefix(text, "increment or decrement would overflow") ||
+			strings.HasPrefix(text, "user_script:")
+	}
+	// A Lua error as Redis 6 reports it, unwrapped by scriptCause.
+	return strings.HasPrefix(msg, "user_script:")
+}
+
+// scriptCause returns the error a script raised, as Redis 6 wraps it:
+// "ERR Error running script (call to f_<sha>): @user_script:<line>: <cause>",
+// where the cause of a failed redis.call adds "@user_script: <line>: -"
+// before the command's error. Redis 7 reports that error itself, followed
+// by " script: <sha>, on @user_script:<line>."; other messages are
+// returned as they are.
+func scriptCause(msg string) string {
+	rest, ok := strings.CutPrefix(msg, "ERR Error running script")
+	if !ok {
+		return msg
+	}
+	if _, rest, ok = strings.Cut(rest, "): "); !ok {
+		return msg
+	}
+	for strings.HasPrefix(rest, "@user_script:") {
+		_, after, ok := strings.Cut(rest[len("@user_script:"):], ": ")
+		if !ok {
+			break
+		}
+		rest = after
+	}
+	return strings.TrimPrefix(rest, "-")
 }
 
 // isRedisError reports whether err is an error reply from Redis (the server

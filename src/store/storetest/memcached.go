@@ -128,16 +128,16 @@ func (s *MemcachedServer) Stop() error {
 	return nil
 }
 
-// Pause freezes the process (SIGSTOP), as a server stuck in swap or a
+// Freeze stops the process (SIGSTOP), as a server stuck in swap or a
 // network that drops packets looks to clients: the kernel still accepts
 // connections into the listen backlog, but nothing answers. It returns
-// once the process has stopped. Resume thaws it; Stop works on a paused
-// process too.
-func (s *MemcachedServer) Pause() error { return s.proc.signal(syscall.SIGSTOP) }
+// once the process has stopped. Thaw resumes it; Stop works on a frozen
+// process too. (RedisServer has the same pair.)
+func (s *MemcachedServer) Freeze() error { return s.proc.freeze() }
 
-// Resume lets a paused process run again (SIGCONT); it answers what it
-// was sent meanwhile.
-func (s *MemcachedServer) Resume() error { return s.proc.signal(syscall.SIGCONT) }
+// Thaw lets a frozen process run again (SIGCONT); it answers what it was
+// sent meanwhile.
+func (s *MemcachedServer) Thaw() error { return s.proc.signal(syscall.SIGCONT) }
 
 // Close stops the process for good. It is safe to call more than once.
 func (s *MemcachedServer) Close() error { return s.Stop() }

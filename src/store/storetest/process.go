@@ -166,6 +166,16 @@ func stopped(pid int) bool {
 	return true
 }
 
+// freeze stops the process with SIGSTOP and returns once the kernel reports
+// it stopped (see signal): a signal is delivered asynchronously, and a
+// process still running could answer a request sent after freeze returned.
+func (p *proc) freeze() error {
+	if err := p.signal(syscall.SIGSTOP); err != nil {
+		return fmt.Errorf("storetest: freeze: %w", err)
+	}
+	return nil
+}
+
 // running reports whether the process is up.
 func (p *proc) running() bool {
 	p.mu.Lock()

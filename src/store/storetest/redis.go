@@ -13,6 +13,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -211,6 +212,15 @@ func (s *RedisServer) Stop() error {
 	s.proc.stop()
 	return nil
 }
+
+// Freeze stops the process with SIGSTOP and returns once it has stopped:
+// it keeps its connections and the kernel still accepts new ones, but
+// nothing is answered, as with a Redis stuck in a long command or a machine
+// that froze. Thaw resumes it; Stop kills it even frozen.
+func (s *RedisServer) Freeze() error { return s.proc.freeze() }
+
+// Thaw resumes a process stopped by Freeze (SIGCONT).
+func (s *RedisServer) Thaw() error { return s.proc.signal(syscall.SIGCONT) }
 
 // Close stops the process for good. It is safe to call more than once.
 func (s *RedisServer) Close() error { return s.Stop() }

@@ -1,0 +1,200 @@
+package redis
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"runtime"
+	"testing"
+	"time"
+
+	"github.com/ratelimitd/ratelimit/src/limiter"
+	"github.com/ratelimitd/ratelimit/src/rules"
+	"github.com/ratelimitd/ratelimit/src/store/storetest"
+)
+
+// fastFail is how soon a request refused without waiting must return, on a
+// loaded machine.
+const fastFail = time.Second
+
+// freeze waits until s's workers are idle, so that the test can tell when
+// its next requests are in flight, then stops srv with SIGSTOP and resumes
+// it in t.Cleanup, if the test has not.
+func freeze(t *testing.T, s *Store, srv *storetest.RedisServer) {
+	t.Helper()
+	storetest.WaitFor(t, 10*time.Second, "idle workers", func() bool {
+		q, busy := queueState(s.main)
+		return q == 0 && busy == 0
+	})
+	if err := srv.Freeze(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = srv.Thaw() })
+}
+
+// queueState is the backend's queue and workers, for polling.
+func queueState(be *backend) (queued, busy int) {
+	be.mu.Lock()
+	defer be.mu.Unlock()
+	return len(be.queue), be.busy - be.starting
+}
+
+// outcome is what a request of goDo got, and how long it took.
+type outcome struct {
+	err  error
+	took time.Duration
+}
+
+// goDo runs hitOnce on key in a goroutine with a deadline of d.
+func goDo(s *Store, key string, d time.Duration) <-chan outcome {
+	c := make(chan outcome, 1)
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), d)
+		defer cancel()
+		start := time.Now()
+		err := hitOnce(ctx, s, key, rules.FixedWindow)
+		c <- outcome{err, time.Since(start)}
+	}()
+	return c
+}
+
+// TestQueueBound freezes Redis under a load: the requests beyond MaxQueue
+// fail at once with ErrOverloaded and are counted, the store stays
+// healthy, a caller's short deadline is honoured although the store's
+// timeout is long, and everything queued is answered once Redis resumes.
+func TestQueueBound(t *testing.T) {
+	t.Parallel()
+	srv := storetest.StartRedis(t, storetest.RedisOptions{})
+	const maxQueue = 8
+	s := newStore(t, Config{
+		URL: srv.Addr, PoolSize: 1, MaxQueue: maxQueue, Timeout: 30 * time.Second,
+		HealthCheckActiveConnection: true, HealthCheckInterval: time.Hour,
+	})
+	if err := hitOnce(t.Context(), s, "warm", rules.FixedWindow); err != nil {
+		t.Fatal(err)
+	}
+	freeze(t, s, srv)
+
+	// The one worker takes a request into a round trip that cannot end.
+	var live []<-chan outcome
+	live = append(live, goDo(s, "stuck", time.Minute))
+	storetest.WaitFor(t, 10*time.Second, "the worker stuck in a round trip", func() bool {
+		q, busy := queueState(s.main)
+		return q == 0 && busy == 1
+	})
+
+	// A caller's deadline bounds its wait, not Config.Timeout, and its
+	// request leaves the queue.
+	o := <-goDo(s, "deadline", 50*time.Millisecond)
+	if o.took > fastFail {
+		t.Errorf("Do with a 50ms deadline on a frozen Redis returned after %v", o.took)
+	}
+	if !errors.Is(o.err, limiter.ErrUnavailable) || !errors.Is(o.err, context.DeadlineExceeded) {
+		t.Errorf("Do past its deadline = %v, want ErrUnavailable and DeadlineExceeded", o.err)
+	}
+	if q, _ := queueState(s.main); q != 0 {
+		t.Errorf("%d requests queued after the only waiting one gave up, want 0", q)
+	}
+
+	for i := range maxQueue {
+		live = append(live, goDo(s, fmt.Sprint("queued_", i), time.Minute))
+	}
+	storetest.WaitFor(t, 10*time.Second, "a full queue", func() bool {
+		q, _ := queueState(s.main)
+		return q == maxQueue
+	})
+
+	// Beyond it, requests fail at once. (Their deadline is short enough
+	// for the test to end if they waited instead.)
+	const extra = 50
+	var shed []<-chan outcome
+	for i := range extra {
+		shed = append(shed, goDo(s, fmt.Sprint("shed_", i), 5*time.Second))
+	}
+	for i, c := range shed {
+		o := <-c
+		if !errors.Is(o.err, limiter.ErrOverloaded) || errors.Is(o.err, limiter.ErrUnavailable) {
+			t.Errorf("request %d beyond a full queue: %v, want ErrOverloaded and not ErrUnavailable", i, o.err)
+		}
+		if o.took > fastFail {
+			t.Errorf("request %d beyond a full queue failed after %v, want at once", i, o.took)
+		}
+	}
+	if got := s.Shed(); got != extra {
+		t.Errorf("Shed() = %d, want %d", got, extra)
+	}
+	if !s.Healthy() {
+		t.Error("Healthy() = false after shedding load")
+	}
+
+	if err := srv.Thaw(); err != nil {
+		t.Fatal(err)
+	}
+	for i, c := range live {
+		if o := <-c; o.err != nil {
+			t.Errorf("queued request %d after Redis resumed: %v", i, o.err)
+		}
+	}
+	if err := hitOnce(t.Context(), s, "after", rules.FixedWindow); err != nil {
+		t.Errorf("Do after Redis resumed: %v", err)
+	}
+	if !s.Healthy() {
+		t.Error("Healthy() = false after Redis resumed")
+	}
+}
+
+// TestCloseFrozen: Close returns at once although Redis is frozen with
+// round trips in flight (and the health probe in one) and the timeout is
+// long: the server's 10 s drain relies on it. Every Do in flight fails
+// with ErrUnavailable and no goroutine is left behind.
+func TestCloseFrozen(t *testing.T) {
+	srv := storetest.StartRedis(t, storetest.RedisOptions{})
+	goroutines := runtime.NumGoroutine()
+	const poolSize = 2
+	s, err := New(t.Context(), Config{
+		URL: srv.Addr, PoolSize: poolSize, Timeout: 30 * time.Second,
+		HealthCheckActiveConnection: true, HealthCheckInterval: 20 * time.Millisecond,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = s.Close() })
+	if err := s.WaitStarted(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	if err := hitOnce(t.Context(), s, "warm", rules.FixedWindow); err != nil {
+		t.Fatal(err)
+	}
+	freeze(t, s, srv)
+
+	var inFlight []<-chan outcome
+	for i := range poolSize {
+		inFlight = append(inFlight, goDo(s, fmt.Sprint("in_flight_", i), time.Minute))
+		storetest.WaitFor(t, 10*time.Second, "a worker stuck in a round trip", func() bool {
+			q, busy := queueState(s.main)
+			return q == 0 && busy == i+1
+		})
+	}
+	for i := range 4 {
+		inFlight = append(inFlight, goDo(s, fmt.Sprint("queued_", i), time.Minute))
+	}
+
+	start := time.Now()
+	if err := s.Close(); err != nil {
+		t.Errorf("Close: %v", err)
+	}
+	d := time.Since(start)
+	t.Logf("Close on a frozen Redis took %v", d)
+	if d > fastFail {
+		t.Errorf("Close on a frozen Redis took %v, want within %v", d, fastFail)
+	}
+	for i, c := range inFlight {
+		if o := <-c; !errors.Is(o.err, limiter.ErrUnavailable) {
+			t.Errorf("Do %d in flight at Close: %v, want ErrUnavailable", i, o.err)
+		}
+	}
+	if err := srv.Thaw(); err != nil {
+		t.Fatal(err)
+	}
+	storetest.CheckGoroutines(t, goroutines)
+}
