@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"log/slog"
 	"math"
 	"net"
 	"net/http"
@@ -419,5 +420,61 @@ func TestConcurrencyBoundSheds(t *testing.T) {
 	waitFor(t, func() bool { return f.svc.InFlight() == 0 }, "in-flight count back to 0 after a canceled call")
 	if _, err := client.ShouldRateLimit(t.Context(), req(desc("user", "after"))); err != nil {
 		t.Errorf("after the held requests ended: %v", err)
+	}
+}
+
+// An outage, or a client whose every request fails, logs one line a second
+// per kind, not one per request; the counters still count every request.
+func TestErrorLogsAreRateLimited(t *testing.T) {
+	var logs strings.Builder
+	var mu sync.Mutex
+	log := slog.New(slog.NewTextHandler(writerFunc(func(b []byte) (int, error) {
+		mu.Lock()
+		defer mu.Unlock()
+		return logs.Write(b)
+	}), nil))
+	f := newFixtureWithStore(t, service.Config{Log: log}, failingStore{fmt.Errorf("redis: %w", limiter.ErrUnavailable)})
+	for range 500 {
+		f.svc.ShouldRateLimit(t.Context(), req(desc("user", "a")))
+	}
+	mu.Lock()
+	lines := strings.Count(logs.String(), "store unavailable")
+	mu.Unlock()
+	if lines < 1 || lines > 3 {
+		t.Errorf("%d log lines for 500 failed requests, want about one a second", lines)
+	}
+	if got := f.reg.Snapshot()["ratelimit.service.call.should_rate_limit.redis_error"]; got != 500 {
+		t.Errorf("redis_error = %d, want 500", got)
+	}
+}
+
+type writerFunc func([]byte) (int, error)
+
+func (f writerFunc) Write(b []byte) (int, error) { return f(b) }
+
+// A request may write at most MaxSlidingLogHits timestamps to sliding logs,
+// all its descriptors together.
+func TestSlidingLogHitsPerRequest(t *testing.T) {
+	f := newFixture(t, service.Config{})
+	rc, err := rules.Parse([]rules.File{{Name: "s.yaml", Data: []byte(`
+domain: test
+descriptors:
+  - key: log
+    rate_limit: {unit: hour, requests_per_unit: 10000, algorithm: sliding_log}
+`)}}, rules.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.svc.SetRules(rc)
+	var descs []*ratelimitv3.RateLimitDescriptor
+	for i := range 3 {
+		descs = append(descs, withHits(desc("log", fmt.Sprint(i)), 5000))
+	}
+	_, err = f.svc.ShouldRateLimit(t.Context(), req(descs...))
+	if status.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), "sliding_log") {
+		t.Errorf("3 × 5000 sliding-log hits: %v, want InvalidArgument", err)
+	}
+	if _, err := f.svc.ShouldRateLimit(t.Context(), req(descs[:2]...)); err != nil {
+		t.Errorf("2 × 5000 sliding-log hits: %v, want answered", err)
 	}
 }

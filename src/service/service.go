@@ -88,6 +88,9 @@ type Service struct {
 	// statKeysOverflow counts hits of request-made statistics keys
 	// counted under a domain's overflow key (Config.MaxDynamicStatKeys).
 	statKeysOverflow *stats.Counter
+
+	// unavailableLog and errorLog hold back log lines past one a second.
+	unavailableLog, errorLog logEvery
 	globalShadow     *stats.Counter
 	totalRequests    *stats.Counter
 }
@@ -210,11 +213,15 @@ func (s *Service) toStatus(err error) error {
 		return status.Error(codes.ResourceExhausted, err.Error())
 	case errors.Is(err, limiter.ErrUnavailable):
 		s.storeErrors.Inc()
-		s.cfg.Log.Warn("store unavailable", "err", err)
+		if ok, held := s.unavailableLog.allow(time.Now()); ok {
+			s.cfg.Log.Warn("store unavailable", "err", err, "suppressed", held)
+		}
 		return status.Error(codes.Unavailable, err.Error())
 	default:
 		s.serviceErrors.Inc()
-		s.cfg.Log.Error("rate limit decision failed", "err", err)
+		if ok, held := s.errorLog.allow(time.Now()); ok {
+			s.cfg.Log.Error("rate limit decision failed", "err", err, "suppressed", held)
+		}
 		return status.Error(codes.Internal, err.Error())
 	}
 }
@@ -235,6 +242,9 @@ func (s *Service) decide(ctx context.Context, req *rlsv3.RateLimitRequest) (*rls
 	defer s.putScratch(sc)
 
 	s.match(cfg, req, sc)
+	if err := slidingLogBudget(sc.descs); err != nil {
+		return nil, err
+	}
 	ctx, cancel := s.budget(ctx)
 	err := s.limiter.Check(ctx, req.GetDomain(), s.cfg.Now(), sc.descs, sc.statuses)
 	cancel()

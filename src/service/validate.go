@@ -101,3 +101,25 @@ func validate(req *rlsv3.RateLimitRequest) error {
 	}
 	return nil
 }
+
+// MaxSlidingLogHits bounds the hits a request may add to sliding_log rules,
+// all its descriptors together: each such hit is one timestamp a store
+// writes (on Redis, inside one script that holds the server). A key holds at
+// most its limit (rules.MaxSlidingLog, 10,000), but a request of 256
+// descriptors on 256 keys could otherwise write 2.5 million at once.
+const MaxSlidingLogHits = rules.MaxSlidingLog
+
+// slidingLogBudget refuses a request whose matched sliding_log rules would
+// take more than MaxSlidingLogHits hits in all.
+func slidingLogBudget(ds []limiter.Descriptor) error {
+	var sum uint64
+	for i := range ds {
+		if l := ds[i].Limit; l != nil && l.Algorithm == rules.SlidingLog {
+			sum += ds[i].Hits // each at most 2^32-1: no overflow over 256 descriptors
+		}
+	}
+	if sum > MaxSlidingLogHits {
+		return badRequest("request adds %d hits to sliding_log rules, the limit is %d in all", sum, MaxSlidingLogHits)
+	}
+	return nil
+}
