@@ -213,7 +213,7 @@ func (s *Server) listen() error {
 
 	mux := http.NewServeMux()
 	mux.Handle("/healthcheck", s.health)
-	mux.HandleFunc("/json", s.svc.ServeJSON)
+	mux.Handle("/json", s.svc.JSONHandler(int64(s.set.GRPCMaxRecvMsgSize)))
 	s.httpSrv = &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
 
 	dmux := http.NewServeMux()
@@ -249,6 +249,26 @@ func (s *Server) serveRulesDump(w http.ResponseWriter, _ *http.Request) {
 	fmt.Fprint(w, cfg.Dump())
 }
 
+// Bounds of the gRPC listener besides the settings (see grpcOptions).
+const (
+	// grpcHandshakeTimeout bounds a new connection's HTTP/2 preface and
+	// settings (grpc-go's default is 120 s): a client that connects and says
+	// nothing, holding a slot of GRPC_MAX_CONNECTIONS, is dropped after it.
+	grpcHandshakeTimeout = 10 * time.Second
+	// grpcPingMinTime is the shortest interval between a client's keepalive
+	// pings. grpc-go answers a client that pings more often (three strikes)
+	// with GOAWAY ENHANCE_YOUR_CALM "too_many_pings" and closes the
+	// connection. 10 s is laxer than grpc-go's default of 5 min, so that no
+	// Envoy keepalive setting that works with the anchor breaks; pings are
+	// also allowed with no call in flight, since Envoy keeps idle
+	// connections alive that way.
+	grpcPingMinTime = 10 * time.Second
+	// grpcMaxHeaderListSize bounds a call's metadata (grpc-go's default is
+	// 16 MiB; Envoy's own default for the requests it accepts is 60 KiB); a
+	// larger one is refused with codes.Internal by the transport.
+	grpcMaxHeaderListSize = 64 << 10
+)
+
 // grpcOptions are the gRPC server's options from the settings.
 func grpcOptions(set *settings.Settings, intercept grpc.UnaryServerInterceptor) []grpc.ServerOption {
 	opts := []grpc.ServerOption{
@@ -256,6 +276,15 @@ func grpcOptions(set *settings.Settings, intercept grpc.UnaryServerInterceptor) 
 			MaxConnectionAge:      set.GRPCMaxConnectionAge,
 			MaxConnectionAgeGrace: set.GRPCMaxConnectionAgeGrace,
 		}),
+		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{
+			MinTime:             grpcPingMinTime,
+			PermitWithoutStream: true,
+		}),
+		// grpc-go reads a message's 5-byte length prefix first and refuses
+		// a longer message with ResourceExhausted before buffering it.
+		grpc.MaxRecvMsgSize(set.GRPCMaxRecvMsgSize),
+		grpc.MaxHeaderListSize(grpcMaxHeaderListSize),
+		grpc.ConnectionTimeout(grpcHandshakeTimeout),
 		grpc.ChainUnaryInterceptor(intercept),
 		grpc.ReadBufferSize(set.GRPCReadBufferSize),
 		grpc.WriteBufferSize(set.GRPCWriteBufferSize),
@@ -264,6 +293,10 @@ func grpcOptions(set *settings.Settings, intercept grpc.UnaryServerInterceptor) 
 		// measured with (false: docs/BENCHMARKS.md) until measured again.
 		//lint:ignore SA1019 see above
 		grpc.SharedWriteBuffer(set.GRPCSharedWriteBuffer),
+	}
+	// 0 is the anchor's default: no bound, as grpc-go's own.
+	if n := set.GRPCMaxConcurrentStreams; n > 0 {
+		opts = append(opts, grpc.MaxConcurrentStreams(uint32(n)))
 	}
 	workers := set.GRPCNumStreamWorkers
 	if workers < 0 {

@@ -507,7 +507,8 @@ func TestMemoryCeilingOverTheWire(t *testing.T) {
 // TestMemoryMaxBytes: MEMORY_MAX_BYTES reaches the store: 3 MiB of keys in a
 // store of 1 MiB make it evict.
 func TestMemoryMaxBytes(t *testing.T) {
-	srv, _ := start(t, serverRules, map[string]string{"MEMORY_MAX_BYTES": "1048576"})
+	// Each request below is 1 MiB: above GRPC_MAX_RECV_MSG_SIZE's default.
+	srv, _ := start(t, serverRules, map[string]string{"MEMORY_MAX_BYTES": "1048576", "GRPC_MAX_RECV_MSG_SIZE": "4194304"})
 	rls := rlsv3.NewRateLimitServiceClient(dial(t, srv))
 	big := strings.Repeat("v", 4000)
 	for r := range 3 {
