@@ -200,7 +200,7 @@ func (s *Server) listen() error {
 		}
 		pmux := http.NewServeMux()
 		pmux.Handle(s.set.PrometheusPath, s.stats.Handler())
-		s.promSrv = &http.Server{Handler: pmux, ReadHeaderTimeout: 10 * time.Second}
+		s.promSrv = newHTTPServer(pmux, httpWriteTimeout, s.log)
 	}
 
 	opts := append(grpcOptions(s.set, s.recoverUnary),
@@ -214,7 +214,7 @@ func (s *Server) listen() error {
 	mux := http.NewServeMux()
 	mux.Handle("/healthcheck", s.health)
 	mux.Handle("/json", s.svc.JSONHandler(int64(s.set.GRPCMaxRecvMsgSize)))
-	s.httpSrv = &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+	s.httpSrv = newHTTPServer(mux, httpWriteTimeout+s.store.timeout, s.log)
 
 	dmux := http.NewServeMux()
 	dmux.HandleFunc("/rlconfig", s.serveRulesDump)
@@ -235,7 +235,7 @@ func (s *Server) listen() error {
 		}
 		fmt.Fprintln(w, "/rlconfig: the rules in use\n/stats: counters as text\n/metrics: counters for Prometheus\n/debug/pprof/: profiles")
 	})
-	s.debugSrv = &http.Server{Handler: dmux, ReadHeaderTimeout: 10 * time.Second}
+	s.debugSrv = newHTTPServer(dmux, debugWriteTimeout, s.log)
 	return nil
 }
 
