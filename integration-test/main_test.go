@@ -119,6 +119,9 @@ func launch(t *testing.T, rules map[string]string, env ...string) *proc {
 type launchOpts struct {
 	// binary replaces the -race build.
 	binary string
+	// nofile, when set, is the open-file limit (soft and hard) the service
+	// starts with, set through the shell.
+	nofile int
 }
 
 // launchWith is launch with opts.
@@ -135,6 +138,10 @@ func launchWith(t *testing.T, opts launchOpts, rules map[string]string, env ...s
 		bin = opts.binary
 	}
 	p.cmd = exec.Command(bin)
+	if opts.nofile > 0 {
+		// exec keeps the pid, so signals and /proc still reach the service.
+		p.cmd = exec.Command("sh", "-c", fmt.Sprintf(`ulimit -n %d && exec "$0"`, opts.nofile), bin)
+	}
 	p.cmd.Env = append(os.Environ(),
 		"RUNTIME_ROOT="+p.root, "HOST=127.0.0.1", "GRPC_HOST=127.0.0.1", "DEBUG_HOST=127.0.0.1",
 		fmt.Sprintf("PORT=%d", hp), fmt.Sprintf("GRPC_PORT=%d", gp), fmt.Sprintf("DEBUG_PORT=%d", dp),

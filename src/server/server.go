@@ -168,34 +168,55 @@ func (s *Server) setRules(cfg *rules.Config) {
 }
 
 func (s *Server) listen() error {
+	// One cap per listener, so that no single listener can take every file
+	// descriptor; together they must also fit the open-file limit.
+	caps := connCaps{grpc: s.set.GRPCMaxConnections, http: s.set.HTTPMaxConnections, httpListeners: 2}
+	if s.set.UsePrometheus {
+		caps.httpListeners++
+	}
+	nofile := openFileLimit()
+	caps, lowered := caps.fit(nofile)
+	if lowered {
+		s.log.Warn("connection caps lowered to fit the open-file limit",
+			"RLIMIT_NOFILE", nofile, "GRPC_MAX_CONNECTIONS", caps.grpc, "HTTP_MAX_CONNECTIONS", caps.http)
+	}
+	grpcCap, httpCap := caps.grpc, caps.http
+
+	var opened []net.Listener
+	open := func(network, addr string, capacity int, setting string) (net.Listener, error) {
+		l, err := net.Listen(network, addr)
+		if err != nil {
+			for _, o := range opened {
+				o.Close()
+			}
+			return nil, err
+		}
+		ll := newLimitListener(l, capacity, setting, s.log)
+		opened = append(opened, ll)
+		return ll, nil
+	}
 	var err error
 	if s.set.GRPCUDS != "" {
 		_ = os.Remove(s.set.GRPCUDS)
-		s.grpcLn, err = net.Listen("unix", s.set.GRPCUDS)
+		s.grpcLn, err = open("unix", s.set.GRPCUDS, grpcCap, "GRPC_MAX_CONNECTIONS")
 	} else {
-		s.grpcLn, err = net.Listen("tcp", net.JoinHostPort(s.set.GRPCHost, fmt.Sprint(s.set.GRPCPort)))
+		s.grpcLn, err = open("tcp", net.JoinHostPort(s.set.GRPCHost, fmt.Sprint(s.set.GRPCPort)), grpcCap, "GRPC_MAX_CONNECTIONS")
 	}
 	if err != nil {
 		return fmt.Errorf("server: grpc listener: %w", err)
 	}
-	s.httpLn, err = net.Listen("tcp", net.JoinHostPort(s.set.Host, fmt.Sprint(s.set.Port)))
+	s.httpLn, err = open("tcp", net.JoinHostPort(s.set.Host, fmt.Sprint(s.set.Port)), httpCap, "HTTP_MAX_CONNECTIONS")
 	if err != nil {
-		s.grpcLn.Close()
 		return fmt.Errorf("server: http listener: %w", err)
 	}
-	s.debugLn, err = net.Listen("tcp", net.JoinHostPort(s.set.DebugHost, fmt.Sprint(s.set.DebugPort)))
+	s.debugLn, err = open("tcp", net.JoinHostPort(s.set.DebugHost, fmt.Sprint(s.set.DebugPort)), httpCap, "HTTP_MAX_CONNECTIONS")
 	if err != nil {
-		s.grpcLn.Close()
-		s.httpLn.Close()
 		return fmt.Errorf("server: debug listener: %w", err)
 	}
 
 	if s.set.UsePrometheus {
-		s.promLn, err = net.Listen("tcp", s.set.PrometheusAddr)
+		s.promLn, err = open("tcp", s.set.PrometheusAddr, httpCap, "HTTP_MAX_CONNECTIONS")
 		if err != nil {
-			s.grpcLn.Close()
-			s.httpLn.Close()
-			s.debugLn.Close()
 			return fmt.Errorf("server: prometheus listener: %w", err)
 		}
 		pmux := http.NewServeMux()

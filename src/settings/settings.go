@@ -32,8 +32,14 @@ type Settings struct {
 	// (grpc-go's default is 4 MiB; a maximal Envoy request is a few KiB).
 	// GRPC_MAX_CONCURRENT_STREAMS (the anchor's, whose default 0 means no
 	// bound): requests in flight on one gRPC connection.
+	// GRPC_MAX_CONNECTIONS and HTTP_MAX_CONNECTIONS (extensions): connections
+	// open at once on the gRPC listener and on each HTTP listener (PORT,
+	// DEBUG_PORT, PROMETHEUS_ADDR); more wait. The server lowers them at
+	// start to fit the open-file limit.
 	GRPCMaxRecvMsgSize       int `envconfig:"GRPC_MAX_RECV_MSG_SIZE" default:"65536"`
 	GRPCMaxConcurrentStreams int `envconfig:"GRPC_MAX_CONCURRENT_STREAMS" default:"1024"`
+	GRPCMaxConnections       int `envconfig:"GRPC_MAX_CONNECTIONS" default:"10000"`
+	HTTPMaxConnections       int `envconfig:"HTTP_MAX_CONNECTIONS" default:"1024"`
 
 	// gRPC server tuning (extensions; defaults chosen by measurement, see
 	// docs/BENCHMARKS.md). GRPC_NUM_STREAM_WORKERS: handler goroutines reused
@@ -183,8 +189,13 @@ const (
 	maxRecvMsgSize = 4 << 20
 )
 
-// maxStreams bounds GRPC_MAX_CONCURRENT_STREAMS.
-const maxStreams = 1 << 20
+// maxStreams bounds GRPC_MAX_CONCURRENT_STREAMS, and maxConnections
+// GRPC_MAX_CONNECTIONS and HTTP_MAX_CONNECTIONS (far above any open-file
+// limit; the server lowers them further to fit the real one).
+const (
+	maxStreams     = 1 << 20
+	maxConnections = 1 << 24
+)
 
 // Load reads the settings from the environment and validates them. Every
 // problem names its variable; all problems are reported together.
@@ -235,6 +246,12 @@ func (s *Settings) Validate() error {
 	}
 	if s.GRPCMaxConcurrentStreams < 0 || s.GRPCMaxConcurrentStreams > maxStreams {
 		bad("GRPC_MAX_CONCURRENT_STREAMS", "%d is outside 0..%d (0: no bound)", s.GRPCMaxConcurrentStreams, maxStreams)
+	}
+	if s.GRPCMaxConnections < 1 || s.GRPCMaxConnections > maxConnections {
+		bad("GRPC_MAX_CONNECTIONS", "%d is outside 1..%d", s.GRPCMaxConnections, maxConnections)
+	}
+	if s.HTTPMaxConnections < 1 || s.HTTPMaxConnections > maxConnections {
+		bad("HTTP_MAX_CONNECTIONS", "%d is outside 1..%d", s.HTTPMaxConnections, maxConnections)
 	}
 	if s.GCHeadroomBytes < 0 {
 		bad("GC_HEADROOM_BYTES", "must not be negative")
