@@ -36,8 +36,9 @@ import (
 	"github.com/ratelimitd/ratelimit/src/stats"
 )
 
-// shutdownGrace bounds how long in-flight requests may take after SIGTERM.
-const shutdownGrace = 10 * time.Second
+// shutdownDrain bounds the whole shutdown after SIGTERM: in-flight requests
+// finish within it, and the store's close gets what is left of it.
+const shutdownDrain = 10 * time.Second
 
 // Server is a running rate-limit service.
 type Server struct {
@@ -48,14 +49,16 @@ type Server struct {
 	svc    *service.Service
 	store  *backend
 
-	grpc       *grpc.Server
-	httpSrv    *http.Server
-	debugSrv   *http.Server
-	promSrv    *http.Server
-	grpcLn     net.Listener
-	httpLn     net.Listener
-	debugLn    net.Listener
-	promLn     net.Listener
+	grpc     *grpc.Server
+	httpSrv  *http.Server
+	debugSrv *http.Server
+	promSrv  *http.Server
+	grpcLn   net.Listener
+	httpLn   net.Listener
+	debugLn  net.Listener
+	promLn   net.Listener
+	// drain is shutdownDrain; tests shorten it.
+	drain      time.Duration
 	rulesFiles provider.FileConfig
 	watcher    *provider.Watcher
 	stopWatch  context.CancelFunc
@@ -65,7 +68,7 @@ type Server struct {
 // directory is an error unless FORCE_START_WITHOUT_INITIAL_CONFIG is set),
 // connects the store and opens the listeners. It does not serve yet.
 func New(ctx context.Context, set *settings.Settings, log *slog.Logger) (*Server, error) {
-	s := &Server{set: set, log: log, stats: stats.NewRegistry(), health: NewHealth()}
+	s := &Server{set: set, log: log, stats: stats.NewRegistry(), health: NewHealth(), drain: shutdownDrain}
 
 	b, err := newBackend(ctx, set, s.stats, log)
 	if err != nil {
@@ -354,8 +357,10 @@ func (s *Server) Addrs() Addrs {
 func (s *Server) Health() *Health { return s.health }
 
 // Run serves until ctx is done, then shuts down gracefully: health turns
-// NOT_SERVING, in-flight requests finish (within a grace period) and
-// listeners close. It returns nil after a clean shutdown.
+// NOT_SERVING, listeners close, in-flight requests finish and the store
+// closes, all within the drain time (10 s); past it Run returns without
+// waiting for what is still running. It returns nil unless a listener or
+// the store's startup failed.
 func (s *Server) Run(ctx context.Context) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
@@ -403,29 +408,71 @@ func (s *Server) Run(ctx context.Context) error {
 	s.log.Info("shutting down")
 	s.health.Shutdown()
 	cancel()
+	s.shutdown(&wg)
+	return runErr
+}
 
-	stopped := make(chan struct{})
-	go func() { s.grpc.GracefulStop(); close(stopped) }()
-	timer := time.NewTimer(shutdownGrace)
-	select {
-	case <-stopped:
-	case <-timer.C:
-		s.grpc.Stop()
+// shutdown drains and stops everything within s.drain, whatever the
+// clients and the store do: one deadline covers the gRPC and HTTP drains,
+// the goroutines of Run and the store's close. Past it, connections still
+// open are closed and shutdown returns without waiting for what is left (a
+// store blocked on a frozen Redis, a handler waiting for it): the process
+// is about to exit, and an orchestrator that waits longer than the drain it
+// was promised kills it anyway.
+func (s *Server) shutdown(run *sync.WaitGroup) {
+	dctx, dcancel := context.WithTimeout(context.Background(), s.drain)
+	defer dcancel()
+
+	var drain sync.WaitGroup
+	drain.Go(s.grpc.GracefulStop)
+	for _, h := range s.httpServers() {
+		drain.Go(func() { _ = h.Shutdown(dctx) })
 	}
-	timer.Stop()
-	sctx, scancel := context.WithTimeout(context.Background(), shutdownGrace)
-	defer scancel()
-	_ = s.httpSrv.Shutdown(sctx)
-	_ = s.debugSrv.Shutdown(sctx)
-	if s.promSrv != nil {
-		_ = s.promSrv.Shutdown(sctx)
+	if !waitCtx(dctx, drain.Wait) {
+		s.log.Warn("drain time over; closing the connections still open", "drain", s.drain)
+		// Stop closes every connection and cancels the calls in flight; it
+		// does not wait for their handlers, but run it aside all the same.
+		go s.grpc.Stop()
+		for _, h := range s.httpServers() {
+			_ = h.Close()
+		}
 	}
-	s.stopWatch()
-	s.watcher.Wait()
-	wg.Wait()
-	s.store.close()
+	// The watcher, Run's goroutines and the store's close get the time
+	// left, if any.
+	if !waitCtx(dctx, func() {
+		s.stopWatch()
+		s.watcher.Wait()
+		run.Wait()
+		s.store.close()
+	}) {
+		s.log.Warn("drain time over before the store closed; exiting without waiting for it", "drain", s.drain)
+	}
 	if s.set.GRPCUDS != "" {
 		_ = os.Remove(filepath.Clean(s.set.GRPCUDS))
 	}
-	return runErr
+}
+
+// httpServers are the HTTP servers in use.
+func (s *Server) httpServers() []*http.Server {
+	hs := []*http.Server{s.httpSrv, s.debugSrv}
+	if s.promSrv != nil {
+		hs = append(hs, s.promSrv)
+	}
+	return hs
+}
+
+// waitCtx runs f and waits until it returns (true) or ctx is done (false),
+// leaving f running.
+func waitCtx(ctx context.Context, f func()) bool {
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		f()
+	}()
+	select {
+	case <-done:
+		return true
+	case <-ctx.Done():
+		return false
+	}
 }
