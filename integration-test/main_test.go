@@ -24,8 +24,9 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 )
 
-// binary is the service built once for the whole package.
-var binary string
+// binary is the service built once for the whole package, with -race, in
+// buildDir.
+var binary, buildDir string
 
 func TestMain(m *testing.M) {
 	dir, err := os.MkdirTemp("", "ratelimit-it")
@@ -33,6 +34,7 @@ func TestMain(m *testing.M) {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
 	}
+	buildDir = dir
 	binary = filepath.Join(dir, "ratelimit")
 	build := exec.Command("go", "build", "-race", "-o", binary, "../cmd/ratelimit")
 	build.Stdout, build.Stderr = os.Stdout, os.Stderr
@@ -43,6 +45,30 @@ func TestMain(m *testing.M) {
 	code := m.Run()
 	os.RemoveAll(dir)
 	os.Exit(code)
+}
+
+var plain struct {
+	once sync.Once
+	path string
+	err  error
+}
+
+// plainBinary builds the service without -race, once, for the tests that
+// measure memory: the race detector's shadow memory multiplies RSS several
+// times over, and by how much depends on the machine's load.
+func plainBinary(t *testing.T) string {
+	t.Helper()
+	plain.once.Do(func() {
+		plain.path = filepath.Join(buildDir, "ratelimit-plain")
+		out, err := exec.Command("go", "build", "-o", plain.path, "../cmd/ratelimit").CombinedOutput()
+		if err != nil {
+			plain.err = fmt.Errorf("building the service without -race: %w\n%s", err, out)
+		}
+	})
+	if plain.err != nil {
+		t.Fatal(plain.err)
+	}
+	return plain.path
 }
 
 // proc is one running service process.
@@ -86,13 +112,36 @@ func writeRules(t *testing.T, root, name, text string) {
 // top of free loopback ports. It does not wait for readiness.
 func launch(t *testing.T, rules map[string]string, env ...string) *proc {
 	t.Helper()
+	return launchWith(t, launchOpts{}, rules, env...)
+}
+
+// launchOpts change how launchWith starts the service.
+type launchOpts struct {
+	// binary replaces the -race build.
+	binary string
+	// nofile, when set, is the open-file limit (soft and hard) the service
+	// starts with, set through the shell.
+	nofile int
+}
+
+// launchWith is launch with opts.
+func launchWith(t *testing.T, opts launchOpts, rules map[string]string, env ...string) *proc {
+	t.Helper()
 	p := &proc{root: t.TempDir(), done: make(chan struct{})}
 	for name, text := range rules {
 		writeRules(t, p.root, name, text)
 	}
 	gp, hp, dp := freePort(t), freePort(t), freePort(t)
 	p.grpc, p.http, p.debug = fmt.Sprintf("127.0.0.1:%d", gp), fmt.Sprintf("127.0.0.1:%d", hp), fmt.Sprintf("127.0.0.1:%d", dp)
-	p.cmd = exec.Command(binary)
+	bin := binary
+	if opts.binary != "" {
+		bin = opts.binary
+	}
+	p.cmd = exec.Command(bin)
+	if opts.nofile > 0 {
+		// exec keeps the pid, so signals and /proc still reach the service.
+		p.cmd = exec.Command("sh", "-c", fmt.Sprintf(`ulimit -n %d && exec "$0"`, opts.nofile), bin)
+	}
 	p.cmd.Env = append(os.Environ(),
 		"RUNTIME_ROOT="+p.root, "HOST=127.0.0.1", "GRPC_HOST=127.0.0.1", "DEBUG_HOST=127.0.0.1",
 		fmt.Sprintf("PORT=%d", hp), fmt.Sprintf("GRPC_PORT=%d", gp), fmt.Sprintf("DEBUG_PORT=%d", dp),

@@ -28,7 +28,9 @@ type backend struct {
 	close    func()
 	// started, when set, waits until the store first answers.
 	started func(ctx context.Context) error
-	// timeout is the store's own round-trip bound, for the request budget.
+	// timeout is the store's own round-trip bound (the longer of REDIS_TIMEOUT
+	// and REDIS_PERSECOND_TIMEOUT), which an answer may wait for; 0 for the
+	// memory store.
 	timeout time.Duration
 	// keyFormat is how the limiter builds the store's keys.
 	keyFormat limiter.KeyFormat
@@ -77,7 +79,7 @@ func newBackend(ctx context.Context, set *settings.Settings, reg *stats.Registry
 			healthy:   r.Healthy,
 			close:     func() { _ = r.Close() },
 			started:   r.WaitStarted,
-			timeout:   cfg.Timeout,
+			timeout:   redisTimeout(cfg),
 			keyFormat: keyFormat(set),
 		}, nil
 	case settings.BackendMemcache:
@@ -200,6 +202,15 @@ func (b *backend) budget(requestTimeout time.Duration) time.Duration {
 		return 0
 	}
 	return requestTimeout
+}
+
+// redisTimeout is the longer of the main and per-second timeouts: a request
+// with both kinds of rule waits for both Redis at once.
+func redisTimeout(cfg redis.Config) time.Duration {
+	if cfg.PerSecond != nil {
+		return max(cfg.Timeout, cfg.PerSecond.Timeout)
+	}
+	return cfg.Timeout
 }
 
 // watchHealth reports the store's health until ctx is done.

@@ -36,8 +36,9 @@ import (
 	"github.com/ratelimitd/ratelimit/src/stats"
 )
 
-// shutdownGrace bounds how long in-flight requests may take after SIGTERM.
-const shutdownGrace = 10 * time.Second
+// shutdownDrain bounds the whole shutdown after SIGTERM: in-flight requests
+// finish within it, and the store's close gets what is left of it.
+const shutdownDrain = 10 * time.Second
 
 // Server is a running rate-limit service.
 type Server struct {
@@ -48,14 +49,16 @@ type Server struct {
 	svc    *service.Service
 	store  *backend
 
-	grpc       *grpc.Server
-	httpSrv    *http.Server
-	debugSrv   *http.Server
-	promSrv    *http.Server
-	grpcLn     net.Listener
-	httpLn     net.Listener
-	debugLn    net.Listener
-	promLn     net.Listener
+	grpc     *grpc.Server
+	httpSrv  *http.Server
+	debugSrv *http.Server
+	promSrv  *http.Server
+	grpcLn   net.Listener
+	httpLn   net.Listener
+	debugLn  net.Listener
+	promLn   net.Listener
+	// drain is shutdownDrain; tests shorten it.
+	drain      time.Duration
 	rulesFiles provider.FileConfig
 	watcher    *provider.Watcher
 	stopWatch  context.CancelFunc
@@ -65,7 +68,7 @@ type Server struct {
 // directory is an error unless FORCE_START_WITHOUT_INITIAL_CONFIG is set),
 // connects the store and opens the listeners. It does not serve yet.
 func New(ctx context.Context, set *settings.Settings, log *slog.Logger) (*Server, error) {
-	s := &Server{set: set, log: log, stats: stats.NewRegistry(), health: NewHealth()}
+	s := &Server{set: set, log: log, stats: stats.NewRegistry(), health: NewHealth(), drain: shutdownDrain}
 
 	b, err := newBackend(ctx, set, s.stats, log)
 	if err != nil {
@@ -168,39 +171,60 @@ func (s *Server) setRules(cfg *rules.Config) {
 }
 
 func (s *Server) listen() error {
+	// One cap per listener, so that no single listener can take every file
+	// descriptor; together they must also fit the open-file limit.
+	caps := connCaps{grpc: s.set.GRPCMaxConnections, http: s.set.HTTPMaxConnections, httpListeners: 2}
+	if s.set.UsePrometheus {
+		caps.httpListeners++
+	}
+	nofile := openFileLimit()
+	caps, lowered := caps.fit(nofile)
+	if lowered {
+		s.log.Warn("connection caps lowered to fit the open-file limit",
+			"RLIMIT_NOFILE", nofile, "GRPC_MAX_CONNECTIONS", caps.grpc, "HTTP_MAX_CONNECTIONS", caps.http)
+	}
+	grpcCap, httpCap := caps.grpc, caps.http
+
+	var opened []net.Listener
+	open := func(network, addr string, capacity int, setting string) (net.Listener, error) {
+		l, err := net.Listen(network, addr)
+		if err != nil {
+			for _, o := range opened {
+				o.Close()
+			}
+			return nil, err
+		}
+		ll := newLimitListener(l, capacity, setting, s.log)
+		opened = append(opened, ll)
+		return ll, nil
+	}
 	var err error
 	if s.set.GRPCUDS != "" {
 		_ = os.Remove(s.set.GRPCUDS)
-		s.grpcLn, err = net.Listen("unix", s.set.GRPCUDS)
+		s.grpcLn, err = open("unix", s.set.GRPCUDS, grpcCap, "GRPC_MAX_CONNECTIONS")
 	} else {
-		s.grpcLn, err = net.Listen("tcp", net.JoinHostPort(s.set.GRPCHost, fmt.Sprint(s.set.GRPCPort)))
+		s.grpcLn, err = open("tcp", net.JoinHostPort(s.set.GRPCHost, fmt.Sprint(s.set.GRPCPort)), grpcCap, "GRPC_MAX_CONNECTIONS")
 	}
 	if err != nil {
 		return fmt.Errorf("server: grpc listener: %w", err)
 	}
-	s.httpLn, err = net.Listen("tcp", net.JoinHostPort(s.set.Host, fmt.Sprint(s.set.Port)))
+	s.httpLn, err = open("tcp", net.JoinHostPort(s.set.Host, fmt.Sprint(s.set.Port)), httpCap, "HTTP_MAX_CONNECTIONS")
 	if err != nil {
-		s.grpcLn.Close()
 		return fmt.Errorf("server: http listener: %w", err)
 	}
-	s.debugLn, err = net.Listen("tcp", net.JoinHostPort(s.set.DebugHost, fmt.Sprint(s.set.DebugPort)))
+	s.debugLn, err = open("tcp", net.JoinHostPort(s.set.DebugHost, fmt.Sprint(s.set.DebugPort)), httpCap, "HTTP_MAX_CONNECTIONS")
 	if err != nil {
-		s.grpcLn.Close()
-		s.httpLn.Close()
 		return fmt.Errorf("server: debug listener: %w", err)
 	}
 
 	if s.set.UsePrometheus {
-		s.promLn, err = net.Listen("tcp", s.set.PrometheusAddr)
+		s.promLn, err = open("tcp", s.set.PrometheusAddr, httpCap, "HTTP_MAX_CONNECTIONS")
 		if err != nil {
-			s.grpcLn.Close()
-			s.httpLn.Close()
-			s.debugLn.Close()
 			return fmt.Errorf("server: prometheus listener: %w", err)
 		}
 		pmux := http.NewServeMux()
 		pmux.Handle(s.set.PrometheusPath, s.stats.Handler())
-		s.promSrv = &http.Server{Handler: pmux, ReadHeaderTimeout: 10 * time.Second}
+		s.promSrv = newHTTPServer(pmux, httpWriteTimeout, s.log)
 	}
 
 	opts := append(grpcOptions(s.set, s.recoverUnary),
@@ -213,8 +237,8 @@ func (s *Server) listen() error {
 
 	mux := http.NewServeMux()
 	mux.Handle("/healthcheck", s.health)
-	mux.HandleFunc("/json", s.svc.ServeJSON)
-	s.httpSrv = &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+	mux.Handle("/json", s.svc.JSONHandler(int64(s.set.GRPCMaxRecvMsgSize)))
+	s.httpSrv = newHTTPServer(mux, httpWriteTimeout+s.store.timeout, s.log)
 
 	dmux := http.NewServeMux()
 	dmux.HandleFunc("/rlconfig", s.serveRulesDump)
@@ -235,7 +259,7 @@ func (s *Server) listen() error {
 		}
 		fmt.Fprintln(w, "/rlconfig: the rules in use\n/stats: counters as text\n/metrics: counters for Prometheus\n/debug/pprof/: profiles")
 	})
-	s.debugSrv = &http.Server{Handler: dmux, ReadHeaderTimeout: 10 * time.Second}
+	s.debugSrv = newHTTPServer(dmux, debugWriteTimeout, s.log)
 	return nil
 }
 
@@ -249,6 +273,26 @@ func (s *Server) serveRulesDump(w http.ResponseWriter, _ *http.Request) {
 	fmt.Fprint(w, cfg.Dump())
 }
 
+// Bounds of the gRPC listener besides the settings (see grpcOptions).
+const (
+	// grpcHandshakeTimeout bounds a new connection's HTTP/2 preface and
+	// settings (grpc-go's default is 120 s): a client that connects and says
+	// nothing, holding a slot of GRPC_MAX_CONNECTIONS, is dropped after it.
+	grpcHandshakeTimeout = 10 * time.Second
+	// grpcPingMinTime is the shortest interval between a client's keepalive
+	// pings. grpc-go answers a client that pings more often (three strikes)
+	// with GOAWAY ENHANCE_YOUR_CALM "too_many_pings" and closes the
+	// connection. 10 s is laxer than grpc-go's default of 5 min, so that no
+	// Envoy keepalive setting that works with the anchor breaks; pings are
+	// also allowed with no call in flight, since Envoy keeps idle
+	// connections alive that way.
+	grpcPingMinTime = 10 * time.Second
+	// grpcMaxHeaderListSize bounds a call's metadata (grpc-go's default is
+	// 16 MiB; Envoy's own default for the requests it accepts is 60 KiB); a
+	// larger one is refused with codes.Internal by the transport.
+	grpcMaxHeaderListSize = 64 << 10
+)
+
 // grpcOptions are the gRPC server's options from the settings.
 func grpcOptions(set *settings.Settings, intercept grpc.UnaryServerInterceptor) []grpc.ServerOption {
 	opts := []grpc.ServerOption{
@@ -256,6 +300,15 @@ func grpcOptions(set *settings.Settings, intercept grpc.UnaryServerInterceptor) 
 			MaxConnectionAge:      set.GRPCMaxConnectionAge,
 			MaxConnectionAgeGrace: set.GRPCMaxConnectionAgeGrace,
 		}),
+		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{
+			MinTime:             grpcPingMinTime,
+			PermitWithoutStream: true,
+		}),
+		// grpc-go reads a message's 5-byte length prefix first and refuses
+		// a longer message with ResourceExhausted before buffering it.
+		grpc.MaxRecvMsgSize(set.GRPCMaxRecvMsgSize),
+		grpc.MaxHeaderListSize(grpcMaxHeaderListSize),
+		grpc.ConnectionTimeout(grpcHandshakeTimeout),
 		grpc.ChainUnaryInterceptor(intercept),
 		grpc.ReadBufferSize(set.GRPCReadBufferSize),
 		grpc.WriteBufferSize(set.GRPCWriteBufferSize),
@@ -264,6 +317,10 @@ func grpcOptions(set *settings.Settings, intercept grpc.UnaryServerInterceptor) 
 		// measured with (false: docs/BENCHMARKS.md) until measured again.
 		//lint:ignore SA1019 see above
 		grpc.SharedWriteBuffer(set.GRPCSharedWriteBuffer),
+	}
+	// 0 is the anchor's default: no bound, as grpc-go's own.
+	if n := set.GRPCMaxConcurrentStreams; n > 0 {
+		opts = append(opts, grpc.MaxConcurrentStreams(uint32(n)))
 	}
 	workers := set.GRPCNumStreamWorkers
 	if workers < 0 {
@@ -300,8 +357,10 @@ func (s *Server) Addrs() Addrs {
 func (s *Server) Health() *Health { return s.health }
 
 // Run serves until ctx is done, then shuts down gracefully: health turns
-// NOT_SERVING, in-flight requests finish (within a grace period) and
-// listeners close. It returns nil after a clean shutdown.
+// NOT_SERVING, listeners close, in-flight requests finish and the store
+// closes, all within the drain time (10 s); past it Run returns without
+// waiting for what is still running. It returns nil unless a listener or
+// the store's startup failed.
 func (s *Server) Run(ctx context.Context) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
@@ -349,29 +408,71 @@ func (s *Server) Run(ctx context.Context) error {
 	s.log.Info("shutting down")
 	s.health.Shutdown()
 	cancel()
+	s.shutdown(&wg)
+	return runErr
+}
 
-	stopped := make(chan struct{})
-	go func() { s.grpc.GracefulStop(); close(stopped) }()
-	timer := time.NewTimer(shutdownGrace)
-	select {
-	case <-stopped:
-	case <-timer.C:
-		s.grpc.Stop()
+// shutdown drains and stops everything within s.drain, whatever the
+// clients and the store do: one deadline covers the gRPC and HTTP drains,
+// the goroutines of Run and the store's close. Past it, connections still
+// open are closed and shutdown returns without waiting for what is left (a
+// store blocked on a frozen Redis, a handler waiting for it): the process
+// is about to exit, and an orchestrator that waits longer than the drain it
+// was promised kills it anyway.
+func (s *Server) shutdown(run *sync.WaitGroup) {
+	dctx, dcancel := context.WithTimeout(context.Background(), s.drain)
+	defer dcancel()
+
+	var drain sync.WaitGroup
+	drain.Go(s.grpc.GracefulStop)
+	for _, h := range s.httpServers() {
+		drain.Go(func() { _ = h.Shutdown(dctx) })
 	}
-	timer.Stop()
-	sctx, scancel := context.WithTimeout(context.Background(), shutdownGrace)
-	defer scancel()
-	_ = s.httpSrv.Shutdown(sctx)
-	_ = s.debugSrv.Shutdown(sctx)
-	if s.promSrv != nil {
-		_ = s.promSrv.Shutdown(sctx)
+	if !waitCtx(dctx, drain.Wait) {
+		s.log.Warn("drain time over; closing the connections still open", "drain", s.drain)
+		// Stop closes every connection and cancels the calls in flight; it
+		// does not wait for their handlers, but run it aside all the same.
+		go s.grpc.Stop()
+		for _, h := range s.httpServers() {
+			_ = h.Close()
+		}
 	}
-	s.stopWatch()
-	s.watcher.Wait()
-	wg.Wait()
-	s.store.close()
+	// The watcher, Run's goroutines and the store's close get the time
+	// left, if any.
+	if !waitCtx(dctx, func() {
+		s.stopWatch()
+		s.watcher.Wait()
+		run.Wait()
+		s.store.close()
+	}) {
+		s.log.Warn("drain time over before the store closed; exiting without waiting for it", "drain", s.drain)
+	}
 	if s.set.GRPCUDS != "" {
 		_ = os.Remove(filepath.Clean(s.set.GRPCUDS))
 	}
-	return runErr
+}
+
+// httpServers are the HTTP servers in use.
+func (s *Server) httpServers() []*http.Server {
+	hs := []*http.Server{s.httpSrv, s.debugSrv}
+	if s.promSrv != nil {
+		hs = append(hs, s.promSrv)
+	}
+	return hs
+}
+
+// waitCtx runs f and waits until it returns (true) or ctx is done (false),
+// leaving f running.
+func waitCtx(ctx context.Context, f func()) bool {
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		f()
+	}()
+	select {
+	case <-done:
+		return true
+	case <-ctx.Done():
+		return false
+	}
 }

@@ -44,6 +44,14 @@ func start(t *testing.T, ruleText string, env map[string]string) (*Server, strin
 // server, as SIGTERM does, and waits until Run has returned.
 func startStoppable(t *testing.T, ruleText string, env map[string]string) (*Server, string, func()) {
 	t.Helper()
+	srv, root := build(t, ruleText, env, io.Discard)
+	return srv, root, run(t, srv)
+}
+
+// build makes a server on free loopback ports with rules in a temp dir,
+// logging to w, without running it.
+func build(t *testing.T, ruleText string, env map[string]string, w io.Writer) (*Server, string) {
+	t.Helper()
 	root := t.TempDir()
 	if err := os.MkdirAll(filepath.Join(root, "config"), 0o755); err != nil {
 		t.Fatal(err)
@@ -66,13 +74,18 @@ func startStoppable(t *testing.T, ruleText string, env map[string]string) (*Serv
 	if err != nil {
 		t.Fatal(err)
 	}
-	log := slog.New(slog.NewTextHandler(io.Discard, nil))
-	ctx, cancel := context.WithCancel(context.Background())
-	srv, err := New(ctx, set, log)
+	srv, err := New(context.Background(), set, slog.New(slog.NewTextHandler(w, nil)))
 	if err != nil {
-		cancel()
 		t.Fatalf("New: %v", err)
 	}
+	return srv, root
+}
+
+// run runs srv until the test ends or the function it returns is called,
+// which stops the server as SIGTERM does and waits until Run has returned.
+func run(t *testing.T, srv *Server) func() {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- srv.Run(ctx) }()
 	var once sync.Once
@@ -85,7 +98,7 @@ func startStoppable(t *testing.T, ruleText string, env map[string]string) (*Serv
 		})
 	}
 	t.Cleanup(stop)
-	return srv, root, stop
+	return stop
 }
 
 func dial(t *testing.T, srv *Server) *grpc.ClientConn {
@@ -507,7 +520,8 @@ func TestMemoryCeilingOverTheWire(t *testing.T) {
 // TestMemoryMaxBytes: MEMORY_MAX_BYTES reaches the store: 3 MiB of keys in a
 // store of 1 MiB make it evict.
 func TestMemoryMaxBytes(t *testing.T) {
-	srv, _ := start(t, serverRules, map[string]string{"MEMORY_MAX_BYTES": "1048576"})
+	// Each request below is 1 MiB: above GRPC_MAX_RECV_MSG_SIZE's default.
+	srv, _ := start(t, serverRules, map[string]string{"MEMORY_MAX_BYTES": "1048576", "GRPC_MAX_RECV_MSG_SIZE": "4194304"})
 	rls := rlsv3.NewRateLimitServiceClient(dial(t, srv))
 	big := strings.Repeat("v", 4000)
 	for r := range 3 {

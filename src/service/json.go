@@ -1,6 +1,8 @@
 package service
 
 import (
+	"errors"
+	"fmt"
 	"io"
 	"net/http"
 
@@ -10,18 +12,51 @@ import (
 	"google.golang.org/protobuf/encoding/protojson"
 )
 
-// maxJSONBody bounds a /json request body.
-const maxJSONBody = 1 << 20
+// DefaultMaxJSONBody bounds a body served by ServeJSON: 64 KiB, the default
+// of GRPC_MAX_RECV_MSG_SIZE, so that /json accepts no larger request than
+// gRPC does.
+const DefaultMaxJSONBody = 64 << 10
 
 // ServeJSON is the HTTP form of ShouldRateLimit (POST /json): the body is a
 // RateLimitRequest in protobuf's JSON mapping, the answer a RateLimitResponse.
 // As in envoyproxy/ratelimit the status is 200 for OK and 429 for
-// OVER_LIMIT; a bad request is 400, an unavailable store or a request shed
-// for load (Config.MaxConcurrent, counted as load_shed) 503, anything else 500.
+// OVER_LIMIT; a bad request is 400, a body larger than DefaultMaxJSONBody
+// 413, an unavailable store or a request shed for load (Config.MaxConcurrent,
+// counted as load_shed) 503, anything else 500.
 func (s *Service) ServeJSON(w http.ResponseWriter, r *http.Request) {
+	s.serveJSON(w, r, DefaultMaxJSONBody)
+}
+
+// JSONHandler returns ServeJSON with bodies bounded to maxBody bytes instead
+// of DefaultMaxJSONBody. The server passes GRPC_MAX_RECV_MSG_SIZE, so that
+// one setting bounds a request on both paths.
+func (s *Service) JSONHandler(maxBody int64) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { s.serveJSON(w, r, maxBody) })
+}
+
+func (s *Service) serveJSON(w http.ResponseWriter, r *http.Request, maxBody int64) {
 	if r.Method != http.MethodPost {
 		w.Header().Set("Allow", http.MethodPost)
 		http.Error(w, "use POST", http.StatusMethodNotAllowed)
+		return
+	}
+	// A declared length over the bound is refused before reading a byte;
+	// MaxBytesReader stops a chunked body at the bound and makes the HTTP
+	// server close the connection instead of reading the rest of it.
+	if r.ContentLength > maxBody {
+		http.Error(w, fmt.Sprintf("body too large: over %d bytes", maxBody), http.StatusRequestEntityTooLarge)
+		return
+	}
+	// The body is read before a slot of MaxConcurrent is taken: a client
+	// that sends it slowly (for up to the HTTP server's read timeout) must
+	// not hold a slot that gRPC requests need meanwhile.
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxBody))
+	if err != nil {
+		if _, ok := errors.AsType[*http.MaxBytesError](err); ok {
+			http.Error(w, fmt.Sprintf("body too large: over %d bytes", maxBody), http.StatusRequestEntityTooLarge)
+			return
+		}
+		http.Error(w, "reading body: "+err.Error(), http.StatusBadRequest)
 		return
 	}
 	if s.cfg.MaxConcurrent > 0 {
@@ -30,15 +65,6 @@ func (s *Service) ServeJSON(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 		defer s.release()
-	}
-	body, err := io.ReadAll(io.LimitReader(r.Body, maxJSONBody+1))
-	if err != nil {
-		http.Error(w, "reading body: "+err.Error(), http.StatusBadRequest)
-		return
-	}
-	if len(body) > maxJSONBody {
-		http.Error(w, "body too large", http.StatusRequestEntityTooLarge)
-		return
 	}
 	var req rlsv3.RateLimitRequest
 	if err := protojson.Unmarshal(body, &req); err != nil {

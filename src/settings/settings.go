@@ -27,6 +27,20 @@ type Settings struct {
 	GRPCMaxConnectionAge      time.Duration `envconfig:"GRPC_MAX_CONNECTION_AGE" default:"24h"`
 	GRPCMaxConnectionAgeGrace time.Duration `envconfig:"GRPC_MAX_CONNECTION_AGE_GRACE" default:"1h"`
 
+	// Bounds on what clients may hold. GRPC_MAX_RECV_MSG_SIZE (extension):
+	// the largest request, in bytes, for gRPC and for the /json body alike
+	// (grpc-go's default is 4 MiB; a maximal Envoy request is a few KiB).
+	// GRPC_MAX_CONCURRENT_STREAMS (the anchor's, whose default 0 means no
+	// bound): requests in flight on one gRPC connection.
+	// GRPC_MAX_CONNECTIONS and HTTP_MAX_CONNECTIONS (extensions): connections
+	// open at once on the gRPC listener and on each HTTP listener (PORT,
+	// DEBUG_PORT, PROMETHEUS_ADDR); more wait. The server lowers them at
+	// start to fit the open-file limit.
+	GRPCMaxRecvMsgSize       int `envconfig:"GRPC_MAX_RECV_MSG_SIZE" default:"65536"`
+	GRPCMaxConcurrentStreams int `envconfig:"GRPC_MAX_CONCURRENT_STREAMS" default:"1024"`
+	GRPCMaxConnections       int `envconfig:"GRPC_MAX_CONNECTIONS" default:"10000"`
+	HTTPMaxConnections       int `envconfig:"HTTP_MAX_CONNECTIONS" default:"1024"`
+
 	// gRPC server tuning (extensions; defaults chosen by measurement, see
 	// docs/BENCHMARKS.md). GRPC_NUM_STREAM_WORKERS: handler goroutines reused
 	// across requests (0 = a new goroutine per request, grpc-go's default);
@@ -167,6 +181,22 @@ const (
 	KeyFormatEscaped = "escaped"
 )
 
+// Limits of GRPC_MAX_RECV_MSG_SIZE. The upper one is grpc-go's own default:
+// a larger request is never needed (Envoy's are a few KiB) and would only
+// let a client make the server buffer more.
+const (
+	minRecvMsgSize = 1 << 10
+	maxRecvMsgSize = 4 << 20
+)
+
+// maxStreams bounds GRPC_MAX_CONCURRENT_STREAMS, and maxConnections
+// GRPC_MAX_CONNECTIONS and HTTP_MAX_CONNECTIONS (far above any open-file
+// limit; the server lowers them further to fit the real one).
+const (
+	maxStreams     = 1 << 20
+	maxConnections = 1 << 24
+)
+
 // Load reads the settings from the environment and validates them. Every
 // problem names its variable; all problems are reported together.
 //
@@ -210,6 +240,18 @@ func (s *Settings) Validate() error {
 	port("DEBUG_PORT", s.DebugPort)
 	if s.GRPCNumStreamWorkers < -1 || s.GRPCNumStreamWorkers > 1<<16 {
 		bad("GRPC_NUM_STREAM_WORKERS", "%d is outside -1..65536 (-1: one per CPU, 0: a goroutine per request)", s.GRPCNumStreamWorkers)
+	}
+	if s.GRPCMaxRecvMsgSize < minRecvMsgSize || s.GRPCMaxRecvMsgSize > maxRecvMsgSize {
+		bad("GRPC_MAX_RECV_MSG_SIZE", "%d is outside %d..%d bytes", s.GRPCMaxRecvMsgSize, minRecvMsgSize, maxRecvMsgSize)
+	}
+	if s.GRPCMaxConcurrentStreams < 0 || s.GRPCMaxConcurrentStreams > maxStreams {
+		bad("GRPC_MAX_CONCURRENT_STREAMS", "%d is outside 0..%d (0: no bound)", s.GRPCMaxConcurrentStreams, maxStreams)
+	}
+	if s.GRPCMaxConnections < 1 || s.GRPCMaxConnections > maxConnections {
+		bad("GRPC_MAX_CONNECTIONS", "%d is outside 1..%d", s.GRPCMaxConnections, maxConnections)
+	}
+	if s.HTTPMaxConnections < 1 || s.HTTPMaxConnections > maxConnections {
+		bad("HTTP_MAX_CONNECTIONS", "%d is outside 1..%d", s.HTTPMaxConnections, maxConnections)
 	}
 	if s.GCHeadroomBytes < 0 {
 		bad("GC_HEADROOM_BYTES", "must not be negative")
