@@ -91,8 +91,8 @@ type Service struct {
 
 	// unavailableLog and errorLog hold back log lines past one a second.
 	unavailableLog, errorLog logEvery
-	globalShadow     *stats.Counter
-	totalRequests    *stats.Counter
+	globalShadow             *stats.Counter
+	totalRequests            *stats.Counter
 }
 
 // New returns a Service that decides with l and counts into reg. It answers
