@@ -17,6 +17,8 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/types/known/wrapperspb"
+
+	"github.com/ratelimitd/ratelimit/src/store/storetest"
 )
 
 const hostileRules = `
@@ -41,10 +43,19 @@ func (p *proc) get(t *testing.T, url string) (int, string) {
 }
 
 // The hostile cases of the service, against the built binary on the
-// memory store: each was a way to beat a limit, break the metrics or grow
-// the process (docs/RELIABILITY.md).
+// memory store and on Redis: each was a way to beat a limit, break the
+// metrics or grow the process (docs/RELIABILITY.md), or a way we differed
+// from the anchor where a deployment can see it (an override in a domain
+// without rules, a descriptor without entries).
 func TestHostileRequestsOverTheWire(t *testing.T) {
-	p := start(t, map[string]string{"web.yaml": hostileRules}, "STATS_MAX_DYNAMIC_KEYS=20")
+	t.Run("memory", func(t *testing.T) { testHostileRequests(t) })
+	t.Run("redis", func(t *testing.T) {
+		testHostileRequests(t, redisEnv(storetest.StartRedis(t, storetest.RedisOptions{}))...)
+	})
+}
+
+func testHostileRequests(t *testing.T, env ...string) {
+	p := start(t, map[string]string{"web.yaml": hostileRules}, append([]string{"STATS_MAX_DYNAMIC_KEYS=20"}, env...)...)
 	rls := p.client(t)
 	ctx := callCtx(t)
 
