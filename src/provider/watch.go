@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/binary"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -43,7 +44,7 @@ var ErrUnsettled = errors.New("still changing")
 // added, the directory itself replaced, or a symbolic link on the way to
 // it (Root -> v2) swapped. Each reload waits for the files to settle (see
 // FileConfig.QuietPeriod), reads and validates every file again and
-// reports a whole new Config, or the error, through the callbacks given
+// reports a whole new Snapshot, or the error, through the callbacks given
 // to Watch. A reload that would leave no domain after rules with some is
 // an error unless FileConfig.AllowEmptyReload is set. With
 // FileConfig.Recheck it also reads the files periodically and reloads the
@@ -55,7 +56,7 @@ var ErrUnsettled = errors.New("still changing")
 type Watcher struct {
 	cfg     FileConfig
 	fsw     *fsnotify.Watcher
-	onLoad  func(*rules.Config)
+	onLoad  func(Snapshot)
 	onError func(error)
 	cancel  context.CancelFunc
 	done    chan struct{}
@@ -141,7 +142,7 @@ func contentOf(dir string, files []rules.File, err error) content {
 //
 // Watch fails only when the watching itself cannot start. A missing rules
 // directory is a load error, and its creation is noticed later.
-func Watch(ctx context.Context, cfg FileConfig, onLoad func(*rules.Config), onError func(error)) (*Watcher, error) {
+func Watch(ctx context.Context, cfg FileConfig, onLoad func(Snapshot), onError func(error)) (*Watcher, error) {
 	if cfg.QuietPeriod <= 0 {
 		cfg.QuietPeriod = defaultQuietPeriod
 	}
@@ -157,7 +158,7 @@ func Watch(ctx context.Context, cfg FileConfig, onLoad func(*rules.Config), onEr
 	}
 	cfg.Root = root
 	if onLoad == nil {
-		onLoad = func(*rules.Config) {}
+		onLoad = func(Snapshot) {}
 	}
 	if onError == nil {
 		onError = func(error) {}
@@ -366,7 +367,11 @@ func (w *Watcher) load(dir string, files []rules.File, err error) {
 	w.stats.LastLoad = now
 	w.stats.LastError = nil
 	w.mu.Unlock()
-	w.onLoad(cfg)
+	src := Source{Kind: SourceFiles, Location: w.cfg.Dir(), Version: "sha256:" + hex.EncodeToString(w.last.sum[:8]), LoadedAt: now}
+	if dir != w.cfg.Dir() {
+		src.Location += " -> " + dir
+	}
+	w.onLoad(Snapshot{Rules: cfg, Source: src})
 }
 
 // fail counts a failed load and reports it.
