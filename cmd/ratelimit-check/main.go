@@ -1,8 +1,14 @@
 // Command ratelimit-check validates a directory of rate limit rules, like
-// envoyproxy/ratelimit's config_check_cmd: it prints every problem with
-// its file and line and exits 1, or prints a summary and exits 0.
+// envoyproxy/ratelimit's config_check_cmd, prints the rules the service
+// would serve, or compares two directories, so that a change can be
+// checked before it ships. It reads and parses the files with the code the
+// service uses (provider.ReadFiles and rules.Parse with the same options),
+// so it cannot accept what the service refuses or the reverse.
 //
-//	ratelimit-check -config_dir /srv/runtime_data/current/ratelimit/config
+//	ratelimit-check -config_dir DIR         check; exit 0 valid, 1 invalid, 2 usage
+//	ratelimit-check -config_dir DIR -dump   print the rules as /rlconfig does; same exit codes
+//	ratelimit-check -diff OLD_DIR NEW_DIR   print what changes; exit 0 no difference,
+//	                                        1 differences, 2 invalid rules or usage
 package main
 
 import (
@@ -21,49 +27,119 @@ func main() {
 	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
 }
 
-// run checks the rules and returns the exit code: 0 when they are valid,
-// 1 when they are not, 2 for bad usage.
+const usage = `usage:
+  ratelimit-check -config_dir DIR [-dump] [-merge_domain_configs] [-ignore_dot_files]
+  ratelimit-check -diff [-merge_domain_configs] [-ignore_dot_files] OLD_DIR NEW_DIR`
+
+// The exit codes of -diff, as diff(1)'s: CI pipelines tell "changed" from
+// "broken" by them.
+const (
+	diffSame    = 0
+	diffChanged = 1
+	diffTrouble = 2
+)
+
+// run runs the command and returns the exit code: for a check or -dump, 0
+// when the rules are valid, 1 when they are not, 2 for bad usage; for
+// -diff, see diffSame, diffChanged and diffTrouble.
 func run(args []string, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("ratelimit-check", flag.ContinueOnError)
 	fs.SetOutput(stderr)
+	fs.Usage = func() {
+		fmt.Fprintln(stderr, usage)
+		fs.PrintDefaults()
+	}
 	var dir string
-	var merge, ignoreDotFiles bool
+	var merge, ignoreDotFiles, dump, diff bool
 	// config_dir and merge_domain_configs are envoyproxy/ratelimit's names.
 	fs.StringVar(&dir, "config_dir", "", "directory of rule files (*.yaml, *.yml) to check")
 	fs.StringVar(&dir, "config-dir", "", "same as -config_dir")
 	fs.BoolVar(&merge, "merge_domain_configs", false, "let several files share a domain (MERGE_DOMAIN_CONFIG)")
 	fs.BoolVar(&merge, "merge-domain-configs", false, "same as -merge_domain_configs")
 	fs.BoolVar(&ignoreDotFiles, "ignore_dot_files", false, "skip files whose names start with a dot (RUNTIME_IGNOREDOTFILES)")
+	fs.BoolVar(&dump, "dump", false, "print every rule, one line each, as the debug endpoint /rlconfig does")
+	fs.BoolVar(&diff, "diff", false, "compare the rules of OLD_DIR and NEW_DIR: rules added (+), removed (-) and changed (~)")
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
-	if dir == "" || fs.NArg() > 0 {
-		fmt.Fprintln(stderr, "usage: ratelimit-check -config_dir DIR [-merge_domain_configs] [-ignore_dot_files]")
-		return 2
+	opts := rules.Options{MergeDomains: merge}
+	load := func(dir string) (int, *rules.Config, error) {
+		cfg := provider.FileConfig{Root: dir, IgnoreDotFiles: ignoreDotFiles, Options: opts}
+		files, err := provider.ReadFiles(cfg)
+		if err != nil {
+			return 0, nil, err
+		}
+		c, err := rules.Parse(files, cfg.Options)
+		return len(files), c, err
 	}
 
-	cfg := provider.FileConfig{
-		Root:           dir,
-		IgnoreDotFiles: ignoreDotFiles,
-		Options:        rules.Options{MergeDomains: merge},
+	if diff {
+		if dump || dir != "" || fs.NArg() != 2 {
+			fmt.Fprintln(stderr, usage)
+			return diffTrouble
+		}
+		return runDiff(fs.Arg(0), fs.Arg(1), load, stdout, stderr)
 	}
-	files, err := provider.ReadFiles(cfg)
+	if dir == "" || fs.NArg() > 0 {
+		fmt.Fprintln(stderr, usage)
+		return 2
+	}
+	n, c, err := load(dir)
 	if err != nil {
-		fmt.Fprintln(stderr, err)
+		fmt.Fprintf(stderr, "%d problem(s) in %s\n", printProblems(stderr, err), dir)
 		return 1
 	}
-	c, err := rules.Parse(files, cfg.Options)
-	if err != nil {
-		n := printProblems(stderr, err)
-		fmt.Fprintf(stderr, "%d problem(s) in %s\n", n, dir)
-		return 1
+	if dump {
+		fmt.Fprint(stdout, c.Dump())
+		return 0
 	}
 	domains := c.Domains()
-	fmt.Fprintf(stdout, "ok: %d file(s), %d domain(s), %d rule(s) in %s\n", len(files), len(domains), len(c.Limits()), dir)
+	fmt.Fprintf(stdout, "ok: %d file(s), %d domain(s), %d rule(s) in %s\n", n, len(domains), len(c.Limits()), dir)
 	if len(domains) > 0 {
 		fmt.Fprintf(stdout, "domains: %s\n", strings.Join(domains, ", "))
 	}
 	return 0
+}
+
+// runDiff loads both directories and prints their differences, one per
+// line (see rules.Change.String), then a summary.
+func runDiff(oldDir, newDir string, load func(string) (int, *rules.Config, error), stdout, stderr io.Writer) int {
+	var cfgs [2]*rules.Config
+	invalid := false
+	for i, dir := range []string{oldDir, newDir} {
+		_, c, err := load(dir)
+		if err != nil {
+			fmt.Fprintf(stderr, "%d problem(s) in %s\n", printProblems(stderr, err), dir)
+			invalid = true
+			continue
+		}
+		cfgs[i] = c
+	}
+	if invalid {
+		return diffTrouble
+	}
+	changes := rules.Diff(cfgs[0], cfgs[1])
+	if len(changes) == 0 {
+		fmt.Fprintf(stdout, "no difference between %s and %s\n", oldDir, newDir)
+		return diffSame
+	}
+	count := map[rules.ChangeKind]int{}
+	restarts := 0
+	for _, c := range changes {
+		fmt.Fprintln(stdout, c)
+		count[c.Kind]++
+		if c.Restarts {
+			restarts++
+		}
+	}
+	fmt.Fprintf(stdout, "%d change(s) from %s to %s: %d added, %d removed, %d changed, %d restarting counters\n",
+		len(changes), oldDir, newDir, count[rules.Added], count[rules.Removed], count[rules.Changed], restarts)
+	if cfgs[1].Empty() && !cfgs[0].Empty() {
+		// The service refuses such a reload unless told otherwise; say so
+		// before a pipeline ships it believing it drops every limit.
+		fmt.Fprintf(stderr, "warning: %s has no domain left; a running service keeps its rules on such a reload unless RUNTIME_ALLOW_EMPTY_RELOAD=true\n", newDir)
+	}
+	return diffChanged
 }
 
 // printProblems prints each problem of a joined error on its own line and

@@ -6,20 +6,71 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/ratelimitd/ratelimit/src/provider"
+)
+
+// write writes a rule file, creating its directory.
+func write(t *testing.T, dir, name, content string) {
+	t.Helper()
+	path := filepath.Join(dir, name)
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(path, []byte(content), 0o644); err != nil {
+		t.Fatal(err)
+	}
+}
+
+const (
+	webV1 = `domain: web
+descriptors:
+  - key: user
+    rate_limit: {unit: minute, requests_per_unit: 10}
+  - key: path
+    value: /login
+    rate_limit: {unit: hour, requests_per_unit: 5}
+`
+	// webV2 raises one limit, changes one algorithm and adds a rule.
+	webV2 = `domain: web
+descriptors:
+  - key: user
+    rate_limit: {unit: minute, requests_per_unit: 20}
+  - key: path
+    value: /login
+    rate_limit: {unit: hour, requests_per_unit: 5, algorithm: sliding_window}
+  - key: ip
+    rate_limit: {unit: second, requests_per_unit: 100}
+`
+	// apiRules and apiMore define one domain in two files: valid only
+	// with -merge_domain_configs.
+	apiRules = "domain: api\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 1}\n"
+	apiMore  = "domain: api\ndescriptors:\n  - key: j\n    rate_limit: {unit: second, requests_per_unit: 2}\n"
 )
 
 func TestRun(t *testing.T) {
 	t.Parallel()
 	good := t.TempDir()
-	write := func(dir, name, content string) {
-		if err := os.WriteFile(filepath.Join(dir, name), []byte(content), 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
-	write(good, "a.yaml", "domain: a\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 1}\n")
-	write(good, "README.md", "not rules")
+	write(t, good, "a.yaml", "domain: a\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 1}\n")
+	write(t, good, "README.md", "not rules")
 	bad := t.TempDir()
-	write(bad, "a.yaml", "domain: a\ndescriptors:\n  - key: k\n    rate_limit: {unit: fortnight}\n  - key: \"\"\n")
+	write(t, bad, "a.yaml", "domain: a\ndescriptors:\n  - key: k\n    rate_limit: {unit: fortnight}\n  - key: \"\"\n")
+
+	v1, v2, v1Again := t.TempDir(), t.TempDir(), t.TempDir()
+	write(t, v1, "web.yaml", webV1)
+	write(t, v2, "web.yaml", webV2)
+	// The same rules in other files and lines: no difference.
+	write(t, v1Again, "team/web.yml", "# moved\n"+webV1)
+	merged := t.TempDir()
+	write(t, merged, "api.yaml", apiRules)
+	write(t, merged, "api-more.yaml", apiMore)
+	dotted := t.TempDir()
+	write(t, dotted, "web.yaml", webV1)
+	write(t, dotted, ".api.yaml", apiRules)
+	empty := t.TempDir()
+
+	webV1Dump := "web.path_/login: unit=HOUR requests_per_unit=5, shadow_mode: false, quota_mode: false\n" +
+		"web.user: unit=MINUTE requests_per_unit=10, shadow_mode: false, quota_mode: false\n"
 
 	tests := []struct {
 		name       string
@@ -34,7 +85,7 @@ func TestRun(t *testing.T) {
 			wantStdout: "ok: 1 file(s), 1 domain(s), 1 rule(s) in " + good + "\ndomains: a\n",
 		},
 		{
-			name:       "valid with the dashed flag",
+			name:       "valid_with_the_dashed_flag",
 			args:       []string{"-config-dir", good},
 			wantStdout: "ok: 1 file(s), 1 domain(s), 1 rule(s) in " + good + "\ndomains: a\n",
 		},
@@ -49,18 +100,106 @@ func TestRun(t *testing.T) {
 			},
 		},
 		{
-			name:       "missing directory",
+			name:       "missing_directory",
 			args:       []string{"-config_dir", filepath.Join(bad, "nope")},
 			wantCode:   1,
 			wantStderr: []string{"provider: rules directory"},
 		},
-		{name: "no directory", args: nil, wantCode: 2, wantStderr: []string{"usage:"}},
+		{name: "no_directory", args: nil, wantCode: 2, wantStderr: []string{"usage:"}},
 		{
 			// The rules `go run ./cmd/ratelimit` serves must stay valid.
-			name:       "repository config",
+			name:       "repository_config",
 			args:       []string{"-config_dir", "../../config"},
 			wantStdout: "ok: 1 file(s), 1 domain(s), 7 rule(s) in ../../config\ndomains: default\n",
 		},
+		{
+			name:       "dump",
+			args:       []string{"-config_dir", v1, "-dump"},
+			wantStdout: webV1Dump,
+		},
+		{
+			name:       "dump_invalid",
+			args:       []string{"-dump", "-config_dir", bad},
+			wantCode:   1,
+			wantStderr: []string{"2 problem(s) in " + bad},
+		},
+		{
+			name:       "dump_ignore_dot_files",
+			args:       []string{"-config_dir", dotted, "-dump", "-ignore_dot_files"},
+			wantStdout: webV1Dump,
+		},
+		{
+			name:       "diff_same",
+			args:       []string{"-diff", v1, v1Again},
+			wantStdout: "no difference between " + v1 + " and " + v1Again + "\n",
+		},
+		{
+			name:     "diff_changes",
+			args:     []string{"-diff", v1, v2},
+			wantCode: 1,
+			wantStdout: "+ web.ip: unit=SECOND requests_per_unit=100, shadow_mode: false, quota_mode: false\n" +
+				"~ web.path_/login: algorithm fixed_window -> sliding_window (counters restart)\n" +
+				"~ web.user: requests_per_unit 10 -> 20\n" +
+				"3 change(s) from " + v1 + " to " + v2 + ": 1 added, 0 removed, 2 changed, 1 restarting counters\n",
+		},
+		{
+			name:     "diff_back",
+			args:     []string{"-diff", v2, v1},
+			wantCode: 1,
+			wantStdout: "- web.ip: unit=SECOND requests_per_unit=100, shadow_mode: false, quota_mode: false\n" +
+				"~ web.path_/login: algorithm sliding_window -> fixed_window (counters restart)\n" +
+				"~ web.user: requests_per_unit 20 -> 10\n" +
+				"3 change(s) from " + v2 + " to " + v1 + ": 0 added, 1 removed, 2 changed, 1 restarting counters\n",
+		},
+		{
+			name:       "diff_invalid_new",
+			args:       []string{"-diff", v1, bad},
+			wantCode:   2,
+			wantStderr: []string{`rules: a.yaml:4: descriptor "a.k"`, "2 problem(s) in " + bad},
+		},
+		{
+			name:       "diff_invalid_both",
+			args:       []string{"-diff", merged, bad},
+			wantCode:   2,
+			wantStderr: []string{`duplicate domain "api"`, "1 problem(s) in " + merged, "2 problem(s) in " + bad},
+		},
+		{
+			name:     "diff_merge_domain_configs",
+			args:     []string{"-diff", "-merge_domain_configs", v1, merged},
+			wantCode: 1,
+			wantStdout: "+ domain api\n" +
+				"+ api.j: unit=SECOND requests_per_unit=2, shadow_mode: false, quota_mode: false\n" +
+				"+ api.k: unit=SECOND requests_per_unit=1, shadow_mode: false, quota_mode: false\n" +
+				"- domain web\n" +
+				"- web.path_/login: unit=HOUR requests_per_unit=5, shadow_mode: false, quota_mode: false\n" +
+				"- web.user: unit=MINUTE requests_per_unit=10, shadow_mode: false, quota_mode: false\n" +
+				"6 change(s) from " + v1 + " to " + merged + ": 3 added, 3 removed, 0 changed, 0 restarting counters\n",
+		},
+		{
+			name:       "diff_ignore_dot_files",
+			args:       []string{"-diff", "-ignore_dot_files", v1, dotted},
+			wantStdout: "no difference between " + v1 + " and " + dotted + "\n",
+		},
+		{
+			name:     "diff_to_empty",
+			args:     []string{"-diff", v1, empty},
+			wantCode: 1,
+			wantStdout: "- domain web\n" +
+				"- web.path_/login: unit=HOUR requests_per_unit=5, shadow_mode: false, quota_mode: false\n" +
+				"- web.user: unit=MINUTE requests_per_unit=10, shadow_mode: false, quota_mode: false\n" +
+				"3 change(s) from " + v1 + " to " + empty + ": 0 added, 3 removed, 0 changed, 0 restarting counters\n",
+			wantStderr: []string{"warning: " + empty + " has no domain left", "RUNTIME_ALLOW_EMPTY_RELOAD=true"},
+		},
+		{
+			name:       "diff_missing_directory",
+			args:       []string{"-diff", v1, filepath.Join(v1, "nope")},
+			wantCode:   2,
+			wantStderr: []string{"provider: rules directory"},
+		},
+		{name: "diff_one_directory", args: []string{"-diff", v1}, wantCode: 2, wantStderr: []string{"usage:"}},
+		{name: "diff_with_config_dir", args: []string{"-diff", "-config_dir", v1, v1, v2}, wantCode: 2, wantStderr: []string{"usage:"}},
+		{name: "diff_with_dump", args: []string{"-diff", "-dump", v1, v2}, wantCode: 2, wantStderr: []string{"usage:"}},
+		{name: "unknown_flag", args: []string{"-config_dir", v1, "-dupm"}, wantCode: 2, wantStderr: []string{"-dupm", "usage:"}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -71,7 +210,7 @@ func TestRun(t *testing.T) {
 				t.Errorf("run(%q) = %d, want %d; stderr:\n%s", tt.args, code, tt.wantCode, stderr.String())
 			}
 			if stdout.String() != tt.wantStdout {
-				t.Errorf("run(%q) stdout = %q, want %q", tt.args, stdout.String(), tt.wantStdout)
+				t.Errorf("run(%q) stdout =\n%s\nwant\n%s", tt.args, stdout.String(), tt.wantStdout)
 			}
 			for _, s := range tt.wantStderr {
 				if !strings.Contains(stderr.String(), s) {
@@ -79,5 +218,37 @@ func TestRun(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestDumpIsWhatTheServiceLoads compares -dump with the rules the
+// service's file provider loads from the same directory (a Kubernetes
+// ConfigMap volume, with the settings Envoy Gateway uses): the same
+// lines, so the command cannot show rules the service would not serve.
+func TestDumpIsWhatTheServiceLoads(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	// The kubelet's layout: the files are links through ..data into a
+	// timestamped directory.
+	write(t, dir, "..2026_11_24_10_00_00.123456789/web.yaml", webV2)
+	write(t, dir, "..2026_11_24_10_00_00.123456789/api.yaml", apiRules)
+	if err := os.Symlink("..2026_11_24_10_00_00.123456789", filepath.Join(dir, "..data")); err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range []string{"web.yaml", "api.yaml"} {
+		if err := os.Symlink(filepath.Join("..data", f), filepath.Join(dir, f)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	cfg, err := provider.LoadFiles(provider.FileConfig{Root: dir, IgnoreDotFiles: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var stdout, stderr bytes.Buffer
+	if code := run([]string{"-config_dir", dir, "-dump", "-ignore_dot_files"}, &stdout, &stderr); code != 0 {
+		t.Fatalf("run = %d, want 0; stderr:\n%s", code, stderr.String())
+	}
+	if got, want := stdout.String(), cfg.Dump(); got != want || !strings.Contains(got, "api.k:") || !strings.Contains(got, "web.ip:") {
+		t.Errorf("-dump =\n%s\nwant the service's\n%s", got, want)
 	}
 }

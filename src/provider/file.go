@@ -37,7 +37,10 @@ type FileConfig struct {
 	AppDirectory string
 	// IgnoreDotFiles skips files and directories whose names start with a
 	// dot (RUNTIME_IGNOREDOTFILES; default false). Directories whose names
-	// start with ".." (Kubernetes ConfigMap internals) are always skipped.
+	// start with ".." (Kubernetes ConfigMap internals) are always skipped,
+	// and a file is judged by its own name, not its link's target: the
+	// files of a ConfigMap volume (web.yaml -> ..data/web.yaml) load either
+	// way, as in envoyproxy/ratelimit.
 	IgnoreDotFiles bool
 	// Options is passed to rules.Parse.
 	Options rules.Options
@@ -51,6 +54,14 @@ type FileConfig struct {
 	// 2 × QuietPeriod after the last change. While changes never pause,
 	// the files are still read every 10 × QuietPeriod, and loaded as soon
 	// as two reads agree.
+	//
+	// Changes that are all atomic swaps write nothing in place and wait
+	// less: a Kubernetes ConfigMap or Secret update (the kubelet renames
+	// ..data_tmp over ..data) or a symbolic link renamed over another
+	// (current -> v2) loads once no change has been seen for
+	// min(QuietPeriod, 100ms), after two reads in a row agree; about
+	// 0.1 s in all. Any other change in the same burst, or reads that
+	// disagree, make it settle as above.
 	QuietPeriod time.Duration
 	// MaxSettle bounds the wait for the files to settle: when the reads
 	// still disagree after MaxSettle (a writer that never stops), Watch

@@ -111,13 +111,15 @@ func TestLoadFilesErrors(t *testing.T) {
 type recorder struct {
 	mu      sync.Mutex
 	configs []*rules.Config
+	sources []Source
 	errs    []error
 }
 
-func (r *recorder) onLoad(c *rules.Config) {
+func (r *recorder) onLoad(s Snapshot) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	r.configs = append(r.configs, c)
+	r.configs = append(r.configs, s.Rules)
+	r.sources = append(r.sources, s.Source)
 }
 
 func (r *recorder) onError(err error) {
@@ -450,5 +452,64 @@ func TestWatchStops(t *testing.T) {
 	w.Wait()
 	if err := w.Close(); err != nil {
 		t.Errorf("Close after stop = %v", err)
+	}
+}
+
+// TestWatchSource checks what a Snapshot says of where its rules came
+// from: the directory as configured and as its symlinks resolve, a version
+// that depends on the files' content only, and the time of the load.
+func TestWatchSource(t *testing.T) {
+	t.Parallel()
+	base := t.TempDir()
+	// v1 and v2 hold the same bytes: one version, whichever is linked.
+	for _, v := range []string{"v1", "v2"} {
+		writeFile(t, filepath.Join(base, v, "config", "a.yaml"), rule("a", 1))
+	}
+	current := filepath.Join(base, "current")
+	if err := os.Symlink("v1", current); err != nil {
+		t.Fatal(err)
+	}
+	at := time.Date(2026, 11, 24, 10, 0, 0, 0, time.UTC)
+	_, r := startWatch(t, FileConfig{Root: current, AppDirectory: "config", Now: func() time.Time { return at }})
+	source := func() Source {
+		r.mu.Lock()
+		defer r.mu.Unlock()
+		return r.sources[len(r.sources)-1]
+	}
+	first := source()
+	want := Source{Kind: SourceFiles, Location: filepath.Join(current, "config") + " -> " + filepath.Join(base, "v1", "config"), LoadedAt: at}
+	if first.Kind != want.Kind || first.Location != want.Location || !first.LoadedAt.Equal(at) || !strings.HasPrefix(first.Version, "sha256:") || len(first.Version) != len("sha256:")+16 {
+		t.Errorf("first load's Source = %+v, want %+v with a sha256: version", first, want)
+	}
+
+	tmp := current + ".tmp"
+	if err := os.Symlink("v2", tmp); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(tmp, current); err != nil {
+		t.Fatal(err)
+	}
+	writeFile(t, filepath.Join(base, "v2", "config", "b.yaml"), rule("b", 2))
+	waitFor(t, "v2 loads", func() bool { return r.rpu("b") == 2 })
+	second := source()
+	if want := filepath.Join(current, "config") + " -> " + filepath.Join(base, "v2", "config"); second.Location != want {
+		t.Errorf("after the swap, Location = %q, want %q", second.Location, want)
+	}
+	if second.Version == first.Version {
+		t.Errorf("Version %s for other content, want a new one", second.Version)
+	}
+	if err := os.Remove(filepath.Join(base, "v2", "config", "b.yaml")); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "b unloads", func() bool { return r.rpu("b") == -1 })
+	if third := source(); third.Version != first.Version {
+		t.Errorf("Version %s for v1's content in v2, want v1's %s", third.Version, first.Version)
+	}
+
+	plain := t.TempDir()
+	writeFile(t, filepath.Join(plain, "config", "a.yaml"), rule("a", 1))
+	_, r = startWatch(t, FileConfig{Root: plain, AppDirectory: "config"})
+	if got := source(); got.Location != filepath.Join(plain, "config") || got.Version != first.Version {
+		t.Errorf("without symlinks, Source = %+v, want Location %s and the version of the same content, %s", got, filepath.Join(plain, "config"), first.Version)
 	}
 }

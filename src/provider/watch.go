@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/binary"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -25,6 +26,13 @@ import (
 // seen in the field. Two of them are the delay of a reload.
 const defaultQuietPeriod = time.Second
 
+// maxSwapQuiet bounds the quiet period of a reload whose changes were all
+// atomic swaps (see atomicChange). Such a reload has no writer to wait
+// for; a short pause still gathers the steps of one swap (Kubernetes
+// makes ..data_tmp, renames it over ..data, links new files and removes
+// the old version within milliseconds) into one reload.
+const maxSwapQuiet = 100 * time.Millisecond
+
 // errNoDirectory is returned by Watch when not even an ancestor of the
 // rules directory can be watched.
 var errNoDirectory = errors.New("provider: nothing to watch: no ancestor of the rules directory exists")
@@ -43,7 +51,7 @@ var ErrUnsettled = errors.New("still changing")
 // added, the directory itself replaced, or a symbolic link on the way to
 // it (Root -> v2) swapped. Each reload waits for the files to settle (see
 // FileConfig.QuietPeriod), reads and validates every file again and
-// reports a whole new Config, or the error, through the callbacks given
+// reports a whole new Snapshot, or the error, through the callbacks given
 // to Watch. A reload that would leave no domain after rules with some is
 // an error unless FileConfig.AllowEmptyReload is set. With
 // FileConfig.Recheck it also reads the files periodically and reloads the
@@ -55,7 +63,7 @@ var ErrUnsettled = errors.New("still changing")
 type Watcher struct {
 	cfg     FileConfig
 	fsw     *fsnotify.Watcher
-	onLoad  func(*rules.Config)
+	onLoad  func(Snapshot)
 	onError func(error)
 	cancel  context.CancelFunc
 	done    chan struct{}
@@ -141,7 +149,7 @@ func contentOf(dir string, files []rules.File, err error) content {
 //
 // Watch fails only when the watching itself cannot start. A missing rules
 // directory is a load error, and its creation is noticed later.
-func Watch(ctx context.Context, cfg FileConfig, onLoad func(*rules.Config), onError func(error)) (*Watcher, error) {
+func Watch(ctx context.Context, cfg FileConfig, onLoad func(Snapshot), onError func(error)) (*Watcher, error) {
 	if cfg.QuietPeriod <= 0 {
 		cfg.QuietPeriod = defaultQuietPeriod
 	}
@@ -157,7 +165,7 @@ func Watch(ctx context.Context, cfg FileConfig, onLoad func(*rules.Config), onEr
 	}
 	cfg.Root = root
 	if onLoad == nil {
-		onLoad = func(*rules.Config) {}
+		onLoad = func(Snapshot) {}
 	}
 	if onError == nil {
 		onError = func(error) {}
@@ -239,8 +247,20 @@ func (w *Watcher) run(ctx context.Context) {
 	// configuration. Asking a second read, a quiet period later, to find
 	// the same bytes means a writer is seen as done only after pausing
 	// for at least that long.
+	//
+	// Changes that are all atomic swaps (see atomicChange) leave no file
+	// half-written: each read sees one whole version, and only a read
+	// that raced a swap can mix two. For them the first read is made
+	// after a shorter pause (maxSwapQuiet) and checked by a second one at
+	// once, which differs if a swap fell inside the first; a disagreement
+	// or any other change makes the reload settle as usual. A Kubernetes
+	// ConfigMap update then applies in about 0.1 s instead of 2 s.
+	swapQuiet := min(quiet, maxSwapQuiet)
 	var (
 		due bool
+		// swapsOnly holds while every change of this reload was an
+		// atomic swap.
+		swapsOnly bool
 		// since is when the wait for the next read began: the first
 		// change of this reload, then the last read.
 		since time.Time
@@ -251,12 +271,17 @@ func (w *Watcher) run(ctx context.Context) {
 		settling  time.Time
 	)
 	maxWait := 10 * quiet
-	changed := func() {
+	changed := func(swap bool) {
 		now := time.Now()
 		if !due {
-			due, since = true, now
+			due, since, swapsOnly = true, now, true
 		}
-		timer.Reset(max(min(quiet, since.Add(maxWait).Sub(now)), 0))
+		swapsOnly = swapsOnly && swap
+		wait := quiet
+		if swapsOnly {
+			wait = swapQuiet
+		}
+		timer.Reset(max(min(wait, since.Add(maxWait).Sub(now)), 0))
 	}
 	for {
 		select {
@@ -267,7 +292,7 @@ func (w *Watcher) run(ctx context.Context) {
 				return
 			}
 			if w.relevant(ev) {
-				changed()
+				changed(atomicChange(ev))
 			}
 		case err, ok := <-w.fsw.Errors:
 			if !ok {
@@ -275,18 +300,22 @@ func (w *Watcher) run(ctx context.Context) {
 			}
 			// An overflowed event queue loses events: reload to be sure.
 			w.onError(fmt.Errorf("provider: watch %s: %w", w.cfg.Dir(), err))
-			changed()
+			changed(false)
 		case <-timer.C:
 			if err := w.updateWatches(); err != nil {
 				w.onError(err)
 			}
+			if swapsOnly && !read {
+				candidate, read = contentOf(readFiles(w.cfg)), true
+			}
 			dir, files, err := readFiles(w.cfg)
 			now, at := contentOf(dir, files, err), time.Now()
 			if read && now == candidate {
-				due, read, settling = false, false, time.Time{}
+				due, swapsOnly, read, settling = false, false, false, time.Time{}
 				w.load(dir, files, err)
 				continue
 			}
+			swapsOnly = false
 			switch {
 			case settling.IsZero():
 				settling = at
@@ -303,10 +332,35 @@ func (w *Watcher) run(ctx context.Context) {
 			// A reload already due will read everything anyway. A change
 			// found is handled as an event would be, settling included.
 			if !due && w.recheck() {
-				changed()
+				changed(false)
 			}
 		}
 	}
+}
+
+// atomicChange reports whether an event is an atomic swap, after which a
+// read of the rule files sees either the version before or the one after,
+// whole:
+//   - a change of an entry whose name starts with ".." and is no rule
+//     file: the internals of a Kubernetes ConfigMap or Secret volume
+//     (..data, ..data_tmp, ..2026_11_24_10_00_00.123456789), which the
+//     kubelet fills completely before renaming ..data_tmp over ..data,
+//     the link every visible file goes through;
+//   - the creation of a symbolic link, which is how a link is renamed over
+//     another (current -> v2) and how the kubelet adds a file.
+//
+// Writes, removals and creations of anything else may be steps of an
+// unfinished change, so they are not.
+func atomicChange(ev fsnotify.Event) bool {
+	name := filepath.Base(ev.Name)
+	if strings.HasPrefix(name, "..") && !isRuleFile(name, false) {
+		return true
+	}
+	if !ev.Has(fsnotify.Create) {
+		return false
+	}
+	info, err := os.Lstat(ev.Name)
+	return err == nil && info.Mode()&fs.ModeSymlink != 0
 }
 
 // recheck reads the rule files and reports whether they are not what the
@@ -366,7 +420,11 @@ func (w *Watcher) load(dir string, files []rules.File, err error) {
 	w.stats.LastLoad = now
 	w.stats.LastError = nil
 	w.mu.Unlock()
-	w.onLoad(cfg)
+	src := Source{Kind: SourceFiles, Location: w.cfg.Dir(), Version: "sha256:" + hex.EncodeToString(w.last.sum[:8]), LoadedAt: now}
+	if dir != w.cfg.Dir() {
+		src.Location += " -> " + dir
+	}
+	w.onLoad(Snapshot{Rules: cfg, Source: src})
 }
 
 // fail counts a failed load and reports it.

@@ -8,6 +8,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"net/http"
@@ -62,6 +63,10 @@ type Server struct {
 	rulesFiles provider.FileConfig
 	watcher    *provider.Watcher
 	stopWatch  context.CancelFunc
+	// snapshot is the rules in use with their source, and reloadErr the
+	// last failed load since they loaded, for /rlconfig. Nil when none.
+	snapshot  atomic.Pointer[provider.Snapshot]
+	reloadErr atomic.Pointer[loadError]
 }
 
 // New builds a server from settings: it loads the rules (an invalid rules
@@ -140,6 +145,7 @@ func (s *Server) watchRules() error {
 	var initial error
 	w, err := provider.Watch(ctx, s.rulesFiles, s.setRules, func(err error) {
 		s.stats.Counter("ratelimit.service.config_load_error").Inc()
+		s.reloadErr.Store(&loadError{err: err, at: time.Now()})
 		if !started.Load() {
 			initial = err // reported synchronously, before Watch returns
 			return
@@ -163,11 +169,14 @@ func (s *Server) watchRules() error {
 	return nil
 }
 
-func (s *Server) setRules(cfg *rules.Config) {
+func (s *Server) setRules(snap provider.Snapshot) {
+	cfg := snap.Rules
 	s.svc.SetRules(cfg)
+	s.snapshot.Store(&snap)
+	s.reloadErr.Store(nil)
 	s.stats.Counter("ratelimit.service.config_load_success").Inc()
 	s.health.SetRules(!s.set.HealthyWithAtLeastOneConfigLoaded || !cfg.Empty())
-	s.log.Info("rules loaded", "domains", cfg.Domains())
+	s.log.Info("rules loaded", "domains", cfg.Domains(), "version", snap.Source.Version)
 }
 
 func (s *Server) listen() error {
@@ -265,12 +274,7 @@ func (s *Server) listen() error {
 
 func (s *Server) serveRulesDump(w http.ResponseWriter, _ *http.Request) {
 	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
-	cfg := s.svc.Rules()
-	if cfg == nil {
-		fmt.Fprintln(w, "no rules loaded")
-		return
-	}
-	fmt.Fprint(w, cfg.Dump())
+	_, _ = io.WriteString(w, rulesDump(s.snapshot.Load(), s.reloadErr.Load()))
 }
 
 // Bounds of the gRPC listener besides the settings (see grpcOptions).
