@@ -8,6 +8,7 @@ import (
 	"strings"
 	"testing"
 
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
@@ -178,3 +179,44 @@ type rawBytes struct{}
 func (rawBytes) Marshal(v any) ([]byte, error)      { return *v.(*[]byte), nil }
 func (rawBytes) Unmarshal(data []byte, v any) error { *v.(*[]byte) = data; return nil }
 func (rawBytes) Name() string                       { return "proto" }
+
+// What a limited client can act on, over the wire: the IETF header pair,
+// Retry-After, the 429 body and the headers for the upstream.
+func TestAnswersOverTheWire(t *testing.T) {
+	p := start(t, map[string]string{"web.yaml": hostileRules},
+		"LIMIT_RESPONSE_HEADERS_ENABLED=true", "LIMIT_RESPONSE_HEADERS_STYLE=IETF", "LIMIT_REQUEST_HEADERS_ENABLED=true",
+		"LIMIT_RESPONSE_RETRY_AFTER_ENABLED=true", "LIMIT_RESPONSE_BODY_ENABLED=true")
+	rls := p.client(t)
+	ctx := callCtx(t)
+	headers := func(hs []*corev3.HeaderValue) map[string]string {
+		m := map[string]string{}
+		for _, h := range hs {
+			m[h.GetKey()] = h.GetValue()
+		}
+		return m
+	}
+	for i := range 3 {
+		resp, err := rls.ShouldRateLimit(ctx, request("web", "user", "ietf"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		h := headers(resp.GetResponseHeadersToAdd())
+		if h["RateLimit-Policy"] != `"user";q=3;w=3600` || !strings.HasPrefix(h["RateLimit"], fmt.Sprintf(`"user";r=%d;t=`, 2-i)) {
+			t.Errorf("hit %d: headers %v", i, h)
+		}
+		if up := headers(resp.GetRequestHeadersToAdd()); up["RateLimit"] != h["RateLimit"] {
+			t.Errorf("hit %d: upstream headers %v, want the client's", i, up)
+		}
+	}
+	resp, err := rls.ShouldRateLimit(ctx, request("web", "user", "ietf"))
+	if err != nil || resp.GetOverallCode() != rlsv3.RateLimitResponse_OVER_LIMIT {
+		t.Fatalf("4th hit: %v %v, want OVER_LIMIT", resp, err)
+	}
+	h := headers(resp.GetResponseHeadersToAdd())
+	if h["Retry-After"] == "" || h["Retry-After"] == "0" || h["Content-Type"] != "application/json" {
+		t.Errorf("over limit: headers %v, want Retry-After and a JSON Content-Type", h)
+	}
+	if body := string(resp.GetRawBody()); !strings.Contains(body, `"rule":"user"`) || !strings.Contains(body, `"retry_after_seconds":`+h["Retry-After"]) {
+		t.Errorf("over limit: body %s", body)
+	}
+}

@@ -108,10 +108,14 @@ func New(ctx context.Context, set *settings.Settings, log *slog.Logger) (*Server
 		GlobalShadowMode: set.ShadowMode,
 		GlobalQuotaMode:  set.QuotaMode,
 		Headers: service.Headers{
-			Enabled:   set.LimitResponseHeadersEnabled,
-			Limit:     set.LimitLimitHeader,
-			Remaining: set.LimitRemainingHeader,
-			Reset:     set.LimitResetHeader,
+			Enabled:    set.LimitResponseHeadersEnabled,
+			Style:      headerStyle(set.LimitResponseHeadersStyle),
+			Limit:      set.LimitLimitHeader,
+			Remaining:  set.LimitRemainingHeader,
+			Reset:      set.LimitResetHeader,
+			Upstream:   set.LimitRequestHeadersEnabled,
+			RetryAfter: set.LimitResponseRetryAfterEnabled,
+			Body:       set.LimitResponseBodyEnabled,
 		},
 		DynamicMetadata:    set.ResponseDynamicMetadata,
 		Timeout:            b.budget(set.RequestTimeout),
@@ -479,4 +483,10 @@ func waitCtx(ctx context.Context, f func()) bool {
 	case <-ctx.Done():
 		return false
 	}
+}
+
+// headerStyle is LIMIT_RESPONSE_HEADERS_STYLE, which settings validated.
+func headerStyle(s string) service.HeaderStyle {
+	st, _ := service.ParseHeaderStyle(s)
+	return st
 }

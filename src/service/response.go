@@ -4,7 +4,6 @@ import (
 	"math"
 	"time"
 
-	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/wrapperspb"
@@ -23,8 +22,6 @@ func (s *Service) respond(req *rlsv3.RateLimitRequest, sc *scratch) (*rlsv3.Rate
 		quotaRules      int
 		quotaOver       int
 		quotaViolations []int
-		minStatus       *rlsv3.RateLimitResponse_DescriptorStatus
-		minReset        time.Duration
 		passedMetadata  []map[string]any
 	)
 	for i := range sc.descs {
@@ -57,10 +54,6 @@ func (s *Service) respond(req *rlsv3.RateLimitRequest, sc *scratch) (*rlsv3.Rate
 		} else if len(l.Metadata) > 0 && s.cfg.DynamicMetadata {
 			passedMetadata = append(passedMetadata, l.Metadata)
 		}
-		if s.cfg.Headers.Enabled && (minStatus == nil || st.LimitRemaining < minStatus.LimitRemaining) {
-			minStatus = st
-			minReset = ds.ResetAfter
-		}
 	}
 	if limitedOver || (quotaRules > 0 && quotaOver == quotaRules) {
 		resp.OverallCode = rlsv3.RateLimitResponse_OVER_LIMIT
@@ -69,9 +62,7 @@ func (s *Service) respond(req *rlsv3.RateLimitRequest, sc *scratch) (*rlsv3.Rate
 			s.globalShadow.Inc()
 		}
 	}
-	if minStatus != nil {
-		resp.ResponseHeadersToAdd = s.headers(minStatus, minReset)
-	}
+	s.answer(resp, req, sc)
 	if s.cfg.DynamicMetadata {
 		md, err := dynamicMetadata(req, quotaRules > 0, quotaViolations, passedMetadata)
 		if err != nil {
@@ -152,15 +143,6 @@ func newProtoLimit(l *rules.Limit) *rlsv3.RateLimitResponse_RateLimit {
 	return p
 }
 
-// headers describes the descriptor closest to its limit, as envoyproxy/ratelimit does.
-func (s *Service) headers(st *rlsv3.RateLimitResponse_DescriptorStatus, reset time.Duration) []*corev3.HeaderValue {
-	secs := int64((reset + time.Second - 1) / time.Second)
-	return []*corev3.HeaderValue{
-		{Key: s.cfg.Headers.Limit, Value: formatUint(uint64(st.GetCurrentLimit().GetRequestsPerUnit()))},
-		{Key: s.cfg.Headers.Remaining, Value: formatUint(uint64(st.GetLimitRemaining()))},
-		{Key: s.cfg.Headers.Reset, Value: formatUint(uint64(max(secs, 0)))},
-	}
-}
 
 // resetDuration is the duration_until_reset of a status. Fixed windows are
 // reported in whole seconds, rounded up, which equals envoyproxy/ratelimit's

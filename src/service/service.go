@@ -27,12 +27,30 @@ import (
 // (FORCE_START_WITHOUT_INITIAL_CONFIG); it maps to codes.Unavailable.
 var ErrNoRules = errors.New("service: no rate limit configuration loaded")
 
-// Headers configures the rate-limit response headers (LIMIT_RESPONSE_HEADERS_ENABLED).
+// Headers configures what an answer tells the client and the upstream
+// about their quota. The zero value adds nothing.
 type Headers struct {
-	Enabled   bool
-	Limit     string // default "RateLimit-Limit"
-	Remaining string // default "RateLimit-Remaining"
-	Reset     string // default "RateLimit-Reset"
+	// Enabled adds the quota headers to every answer
+	// (LIMIT_RESPONSE_HEADERS_ENABLED), in Style.
+	Enabled bool
+	// Style is the headers' form (LIMIT_RESPONSE_HEADERS_STYLE): the
+	// anchor's draft-03 trio (the default) or the IETF pair.
+	Style HeaderStyle
+	// Limit, Remaining and Reset name the draft-03 headers
+	// (LIMIT_LIMIT_HEADER, ...; defaults RateLimit-Limit,
+	// RateLimit-Remaining, RateLimit-Reset).
+	Limit, Remaining, Reset string
+	// Upstream also sends the quota headers to the upstream with an
+	// allowed request, in request_headers_to_add
+	// (LIMIT_REQUEST_HEADERS_ENABLED).
+	Upstream bool
+	// RetryAfter adds Retry-After, in seconds, to an OVER_LIMIT answer
+	// (LIMIT_RESPONSE_RETRY_AFTER_ENABLED).
+	RetryAfter bool
+	// Body makes an OVER_LIMIT answer carry a JSON body, with its
+	// Content-Type, which Envoy sends as the 429's body
+	// (LIMIT_RESPONSE_BODY_ENABLED).
+	Body bool
 }
 
 // Config tunes a Service. The zero value serves with no global modes, no

@@ -103,6 +103,12 @@ type Settings struct {
 	LimitLimitHeader            string `envconfig:"LIMIT_LIMIT_HEADER" default:"RateLimit-Limit"`
 	LimitRemainingHeader        string `envconfig:"LIMIT_REMAINING_HEADER" default:"RateLimit-Remaining"`
 	LimitResetHeader            string `envconfig:"LIMIT_RESET_HEADER" default:"RateLimit-Reset"`
+	// Extensions: the IETF header pair instead of the trio, the headers to
+	// the upstream too, and Retry-After and a JSON body on OVER_LIMIT.
+	LimitResponseHeadersStyle      string `envconfig:"LIMIT_RESPONSE_HEADERS_STYLE" default:"draft03"`
+	LimitRequestHeadersEnabled     bool   `envconfig:"LIMIT_REQUEST_HEADERS_ENABLED" default:"false"`
+	LimitResponseRetryAfterEnabled bool   `envconfig:"LIMIT_RESPONSE_RETRY_AFTER_ENABLED" default:"false"`
+	LimitResponseBodyEnabled       bool   `envconfig:"LIMIT_RESPONSE_BODY_ENABLED" default:"false"`
 
 	// Hostile input (extensions): the request budget, the decisions in
 	// flight, and the statistics keys made from request data. See the
@@ -302,6 +308,12 @@ func (s *Settings) Validate() error {
 	}
 	if s.LocalCacheSizeInBytes < 0 {
 		bad("LOCAL_CACHE_SIZE_IN_BYTES", "must not be negative")
+	}
+	switch strings.ToLower(s.LimitResponseHeadersStyle) {
+	case "draft03", "ietf":
+		s.LimitResponseHeadersStyle = strings.ToLower(s.LimitResponseHeadersStyle)
+	default:
+		bad("LIMIT_RESPONSE_HEADERS_STYLE", "unknown style %q (want draft03 or ietf)", s.LimitResponseHeadersStyle)
 	}
 	if s.RequestTimeout < 0 {
 		bad("REQUEST_TIMEOUT", "must not be negative (0: only the caller's deadline)")
