@@ -143,7 +143,6 @@ func newProtoLimit(l *rules.Limit) *rlsv3.RateLimitResponse_RateLimit {
 	return p
 }
 
-
 // resetDuration is the duration_until_reset of a status. Fixed windows are
 // reported in whole seconds, rounded up, which equals envoyproxy/ratelimit's
 // "unit - now % unit"; the other algorithms report their exact value.
