@@ -17,7 +17,10 @@ import (
 // WriteTLS generates into dir a new CA, a server certificate for hosts and
 // the loopback addresses, and a client certificate, and returns the files.
 // Each call makes a different CA, so the files of two calls do not trust
-// each other.
+// each other. As in Envoy Gateway's /certs, the client certificate
+// (tls.crt, tls.key) may serve too: it is valid for both uses, for
+// localhost and the loopback addresses, so that the rate-limit service
+// can present it on its own listener.
 func WriteTLS(dir string, hosts ...string) (*TLSFiles, error) {
 	f := &TLSFiles{
 		CAFile:         filepath.Join(dir, "ca.crt"),
@@ -59,7 +62,9 @@ func WriteTLS(dir string, hosts ...string) (*TLSFiles, error) {
 	}
 	client := &x509.Certificate{
 		Subject:     pkix.Name{CommonName: "envoy-ratelimit"},
-		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth},
+		DNSNames:    []string{"localhost"},
+		IPAddresses: []net.IP{net.IPv4(127, 0, 0, 1), net.IPv6loopback},
+		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth, x509.ExtKeyUsageServerAuth},
 	}
 	for i, leaf := range []struct {
 		tmpl      *x509.Certificate
