@@ -65,7 +65,7 @@ func TestEmptyReloadKeepsRules(t *testing.T) {
 // security or the rules in force stops it at start, naming the setting;
 // a harmless one is logged once, and the service serves.
 func TestAnchorSettingsNotImplemented(t *testing.T) {
-	for _, env := range []string{"CONFIG_TYPE=GRPC_XDS_SOTW", "GRPC_SERVER_USE_TLS=true"} {
+	for _, env := range []string{"DESCRIPTOR_KEY_CONFIG=/etc/keys.yaml", "GRPC_SERVER_USE_TLS=true"} {
 		t.Run(env, func(t *testing.T) {
 			p := launch(t, map[string]string{"web.yaml": webRules}, env)
 			if code := p.wait(t, 30*time.Second); code == 0 {

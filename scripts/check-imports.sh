@@ -26,4 +26,12 @@ check src/provider src/limiter src/service src/server src/store
 if grep -rl --include='*.go' 'go-control-plane/envoy/service/ratelimit' src/limiter src/rules src/store 2>/dev/null; then
   echo "imports: RLS protos must stop at service"; fail=1
 fi
+# xDS types stay in provider; its test server stays in tests.
+if bad=$(grep -rl --include='*.go' --exclude='*_test.go' -e 'go-control-plane/ratelimit' -e 'envoy/service/discovery' \
+  -e 'go-control-plane/pkg/' src cmd 2>/dev/null | grep -v '^src/provider/'); then
+  echo "imports: xDS types must stay in src/provider: $bad"; fail=1
+fi
+if grep -rl --include='*.go' --exclude='*_test.go' 'src/provider/xdstest' src cmd | grep -v '^src/provider/xdstest/'; then
+  echo "imports: provider/xdstest is for tests only"; fail=1
+fi
 exit $fail

@@ -1,10 +1,11 @@
-// Package provider finds rule files and turns them into whole, validated
+// Package provider finds rules and turns them into whole, validated
 // rules.Config snapshots: from a directory on disk (read once or watched
-// for changes). It hands every snapshot to its caller and never swaps a
-// config itself; publishing it and keeping the last good one on a failed
-// reload is the caller's job.
+// for changes) or from an xDS management server (WatchXDS). It hands every
+// snapshot to its caller and never swaps a config itself; publishing it
+// and keeping the last good one on a failed reload is the caller's job.
 //
-// It knows the file system and nothing of gRPC, stores or statistics.
+// It knows the file system and the xDS client protocol, and nothing of the
+// rate-limit service, stores or statistics; xDS types stay inside it.
 package provider
 
 import (

@@ -1,10 +1,11 @@
 // Package rules reads the rate limit rules (the YAML format of
 // envoyproxy/ratelimit, plus per-rule algorithms) into an immutable tree
-// and matches request descriptors against it.
+// and matches request descriptors against it. Rules already decoded from
+// another form (xDS) are built into the same tree with the same checks.
 //
-// It is pure: it gets bytes and gives a tree or errors. It knows nothing of
-// files on disk, gRPC, stores or statistics; provider finds the bytes,
-// service and limiter use the matches.
+// It is pure: it gets bytes or data and gives a tree or errors. It knows
+// nothing of files on disk, gRPC, xDS, stores or statistics; provider
+// finds the rules, service and limiter use the matches.
 package rules
 
 import (

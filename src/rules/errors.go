@@ -2,14 +2,15 @@ package rules
 
 import "fmt"
 
-// Error is one problem found in a rule file. Parse joins every Error it
-// finds with errors.Join, in file order and, within a file, in document
-// order; walk the joined error's Unwrap() []error to get them one by one.
+// Error is one problem found in a rule file, or in a Source given to
+// Build. Parse and Build join every Error they find with errors.Join, in
+// source order and, within a source, in document order; walk the joined
+// error's Unwrap() []error to get them one by one.
 type Error struct {
-	// File is the file's name as given in File.Name.
+	// File is the file's name as given in File.Name, or the Source's Name.
 	File string
-	// Line is the 1-based line of the problem, or 0 when the file has no
-	// usable line (a YAML syntax error without position).
+	// Line is the 1-based line of the problem, or 0 when there is no
+	// usable line (a Source, a YAML syntax error without position).
 	Line int
 	// Msg says what is wrong, without the file and line.
 	Msg string

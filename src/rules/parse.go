@@ -219,15 +219,9 @@ func (p *fileParser) parse(data []byte) {
 		return
 	}
 	domainLine := fs["domain"].key.Line
-	d := p.b.domains[domain]
-	switch {
-	case d == nil:
-		d = &domainState{root: newNode(domain, p.name+":"+strconv.Itoa(domainLine)), file: p.name}
-		p.b.domains[domain] = d
-	case !p.b.opts.MergeDomains:
-		p.errorf(domainLine, "duplicate domain %q (also in %s; set MERGE_DOMAIN_CONFIG=true to merge)", domain, d.file)
-		// Still check the descriptors, on a tree of their own.
-		d = &domainState{root: newNode(domain, "")}
+	d, msg := p.b.domain(domain, p.name, p.name+":"+strconv.Itoa(domainLine))
+	if msg != "" {
+		p.errorf(domainLine, "%s", msg)
 	}
 	p.domain = domain
 	if f, ok := fs["descriptors"]; ok {
@@ -438,16 +432,9 @@ func (p *fileParser) descriptor(item *yaml.Node, index int, parent *node, parent
 	keyField, valueField := lookup(pairs, "key"), lookup(pairs, "value")
 	key, keyOK := p.quietStr(keyField)
 	value, _ := p.quietStr(valueField)
-	composite := key
-	if value != "" {
-		composite += "_" + value
-	}
-	fullKey := parentKey + "." + composite
+	names := descriptorNames(parentKey, key, value, index)
+	composite, fullKey, where := names.composite, names.fullKey, names.where
 	levels = append(slices.Clip(levels), composite)
-	where := fmt.Sprintf("descriptor %q", fullKey)
-	if key == "" {
-		where = fmt.Sprintf("descriptor %d of %q", index, parentKey)
-	}
 
 	fs := p.fields(pairs, descriptorKeys, where)
 	p.str(fs["key"], where+": key")
@@ -457,7 +444,7 @@ func (p *fileParser) descriptor(item *yaml.Node, index int, parent *node, parent
 		if keyField.key != nil {
 			line = keyField.key.Line
 		}
-		p.errorf(line, "%s: empty key", where)
+		p.errorf(line, "%s: %s", where, msgEmptyKey)
 	}
 
 	flags := descriptorFlags{
@@ -470,9 +457,8 @@ func (p *fileParser) descriptor(item *yaml.Node, index int, parent *node, parent
 	n := newNode(composite, p.source(item))
 	n.valueToMetric = flags.valueToMetric
 	n.shareThreshold = flags.shareThreshold
-	if flags.shareThreshold && !strings.Contains(composite, "*") {
-		p.errorf(fs["share_threshold"].key.Line,
-			"%s: share_threshold needs a wildcard value (containing '*'), so that the values it matches can share one counter", where)
+	if msg := checkShareThreshold(flags, composite); msg != "" {
+		p.errorf(fs["share_threshold"].key.Line, "%s: %s", where, msg)
 	}
 	if f, ok := fs["rate_limit"]; ok {
 		n.limit = p.rateLimit(f, where, fullKey, n.source, flags)
@@ -488,10 +474,8 @@ func (p *fileParser) descriptor(item *yaml.Node, index int, parent *node, parent
 	}
 
 	if key != "" {
-		if prev := parent.children[composite]; prev != nil {
-			p.errorf(item.Line, "%s: duplicate composite key (first defined at %s)", where, prev.source)
-		} else {
-			parent.add(n)
+		if msg := addChild(parent, n); msg != "" {
+			p.errorf(item.Line, "%s: %s", where, msg)
 		}
 	}
 	if f, ok := fs["descriptors"]; ok {
@@ -533,140 +517,69 @@ func (p *fileParser) rateLimit(f field, where, fullKey, source string, flags des
 	}
 	where += ": rate_limit"
 	fs := p.fields(p.pairs(m), rateLimitKeys, where)
-	l := &Limit{
-		FullKey:        fullKey,
-		Source:         source,
-		UnitMultiplier: 1,
-		ShadowMode:     flags.shadow,
-		QuotaMode:      flags.quota,
-		DetailedMetric: flags.detailed,
-		ValueToMetric:  flags.valueToMetric,
-		ShareThreshold: flags.shareThreshold,
+	var s limitSpec
+	s.unlimited = p.boolean(fs["unlimited"], where+": unlimited")
+	s.requests, _ = p.uint32Field(fs["requests_per_unit"], where+": requests_per_unit")
+	s.name, _ = p.str(fs["name"], where+": name")
+	var unitOK bool
+	_, s.hasUnit = fs["unit"]
+	s.unit, unitOK = p.str(fs["unit"], where+": unit")
+	s.badUnit = !unitOK
+	var replaceLines []int
+	s.replaces, replaceLines = p.replaces(fs["replaces"], where)
+	_, s.hasAlgorithm = fs["algorithm"]
+	s.algorithm, _ = p.str(fs["algorithm"], where+": algorithm")
+	if !s.unlimited {
+		// An unlimited rule reads neither: their presence is its problem.
+		var isNum bool
+		if f, present := fs["burst"]; present {
+			s.burst, isNum = p.uint32Field(f, where+": burst")
+			s.hasBurst, s.badBurst = true, !isNum
+		}
+		if f, present := fs["unit_multiplier"]; present {
+			s.multiplier, isNum = p.uint32Field(f, where+": unit_multiplier")
+			s.hasMultiplier, s.badMultiplier = true, !isNum
+		}
+	} else {
+		_, s.hasBurst = fs["burst"]
+		_, s.hasMultiplier = fs["unit_multiplier"]
 	}
-	ok := true
-	l.Unlimited = p.boolean(fs["unlimited"], where+": unlimited")
-	l.RequestsPerUnit, _ = p.uint32Field(fs["requests_per_unit"], where+": requests_per_unit")
-	l.Name, _ = p.str(fs["name"], where+": name")
 
-	unitField, hasUnit := fs["unit"]
-	unit, unitOK := p.str(unitField, where+": unit")
-	switch {
-	case !unitOK:
-		ok = false
-	case l.Unlimited && unit != "":
-		p.errorf(unitField.key.Line, "%s: unit %q given with unlimited: true; an unlimited rule has no unit", where, unit)
-		ok = false
-	case l.Unlimited:
-	case !hasUnit || unit == "":
+	l, probs := newLimit(s, fullKey, source, flags, p.b.opts)
+	for _, pr := range probs {
 		line := m.Line
-		if hasUnit {
-			line = unitField.key.Line
-		}
-		p.errorf(line, "%s: missing unit (second, minute, hour, day, week, month or year)", where)
-		ok = false
-	default:
-		u, valid := ParseUnit(unit)
-		if !valid {
-			p.errorf(unitField.val.Line, "%s: invalid unit %q (want second, minute, hour, day, week, month or year)", where, unit)
-			ok = false
-		}
-		l.Unit = u
-	}
-
-	l.Replaces = p.replaces(fs["replaces"], where, l.Name)
-
-	if l.Unlimited {
-		for _, k := range []string{"algorithm", "burst", "unit_multiplier"} {
-			if f, present := fs[k]; present {
-				p.errorf(f.key.Line, "%s: %s has no effect with unlimited: true", where, k)
-				ok = false
+		if f, present := fs[pr.field]; present && pr.field != fieldLimit {
+			line = f.key.Line
+			switch {
+			case pr.field == fieldReplaces:
+				line = replaceLines[pr.index]
+			case pr.atValue:
+				line = f.val.Line
 			}
 		}
-		if !ok {
-			return nil
-		}
-		return l
-	}
-
-	algField, hasAlg := fs["algorithm"]
-	algName, _ := p.str(algField, where+": algorithm")
-	alg, valid := ParseAlgorithm(algName)
-	if !valid {
-		p.errorf(algField.val.Line, "%s: unknown algorithm %q (want fixed_window, sliding_window, sliding_log or token_bucket)", where, algName)
-		ok = false
-	}
-	l.Algorithm = alg
-
-	if f, present := fs["burst"]; present {
-		b, isNum := p.uint32Field(f, where+": burst")
-		switch {
-		case !isNum:
-			ok = false
-		case valid && alg != TokenBucket:
-			p.errorf(f.key.Line, "%s: burst is only for algorithm token_bucket", where)
-			ok = false
-		case b == 0:
-			p.errorf(f.val.Line, "%s: burst must be at least 1 (leave it out to use requests_per_unit)", where)
-			ok = false
-		}
-		l.Burst = b
-	}
-
-	if f, present := fs["unit_multiplier"]; present {
-		mult, isNum := p.uint32Field(f, where+": unit_multiplier")
-		switch {
-		case !isNum:
-			ok = false
-		case mult == 0:
-			p.errorf(f.val.Line, "%s: unit_multiplier must be at least 1", where)
-			ok = false
-		case l.Unit.Seconds()*int64(mult) > maxWindowSeconds:
-			p.errorf(f.val.Line, "%s: unit_multiplier %d makes a window longer than %d seconds", where, mult, maxWindowSeconds)
-			ok = false
-		default:
-			l.UnitMultiplier = mult
-		}
-	}
-
-	if valid && alg == SlidingLog && l.RequestsPerUnit > MaxSlidingLog {
-		p.errorf(fs["requests_per_unit"].val.Line,
-			"%s: sliding_log keeps one timestamp per request; requests_per_unit %d is above its maximum of %d (use sliding_window)",
-			where, l.RequestsPerUnit, MaxSlidingLog)
-		ok = false
-	}
-	if valid && p.b.opts.Supports != nil && !p.b.opts.Supports(alg) {
-		store := p.b.opts.StoreName
-		if store == "" {
-			store = "configured"
-		}
-		line := m.Line
-		if hasAlg {
-			line = algField.val.Line
-		}
-		p.errorf(line, "%s: algorithm %s is not supported by the %s store (it cannot run it atomically)", where, alg, store)
-		ok = false
-	}
-	if !ok {
-		return nil
+		p.errorf(line, "%s: %s", where, pr.msg)
 	}
 	return l
 }
 
-func (p *fileParser) replaces(f field, where string, ownName string) []string {
+// replaces reads the names of a replaces list, empty ones included, and
+// the line of each; newLimit checks them.
+func (p *fileParser) replaces(f field, where string) ([]string, []int) {
 	seq := p.deref(f.val)
 	if seq == nil || isNull(seq) {
-		return nil
+		return nil, nil
 	}
 	where += ": replaces"
 	if seq.Kind != yaml.SequenceNode {
 		p.errorf(seq.Line, "%s: want a list of {name: ...}, got %s", where, describe(seq))
-		return nil
+		return nil, nil
 	}
 	var names []string
+	var lines []int
 	for _, item := range seq.Content {
 		item = p.deref(item)
 		if item == nil {
-			return names
+			break
 		}
 		if item.Kind != yaml.MappingNode {
 			p.errorf(item.Line, "%s: want a list of {name: ...}, got %s", where, describe(item))
@@ -674,16 +587,10 @@ func (p *fileParser) replaces(f field, where string, ownName string) []string {
 		}
 		fs := p.fields(p.pairs(item), replacesKeys, where)
 		name, _ := p.str(fs["name"], where+": name")
-		switch {
-		case name == "":
-			p.errorf(item.Line, "%s: empty name", where)
-		case name == ownName:
-			p.errorf(item.Line, "%s: a rule cannot replace its own name %q", where, name)
-		default:
-			names = append(names, name)
-		}
+		names = append(names, name)
+		lines = append(lines, item.Line)
 	}
-	return names
+	return names, lines
 }
 
 // metadata converts the metadata map to plain Go values that

@@ -61,8 +61,10 @@ type Server struct {
 	// drain is shutdownDrain; tests shorten it.
 	drain      time.Duration
 	rulesFiles provider.FileConfig
-	watcher    *provider.Watcher
-	stopWatch  context.CancelFunc
+	// watcher is the rules' provider: a *provider.Watcher or, with
+	// CONFIG_TYPE=GRPC_XDS_SOTW, a *provider.XDSWatcher.
+	watcher   interface{ Wait() }
+	stopWatch context.CancelFunc
 	// snapshot is the rules in use with their source, and reloadErr the
 	// last failed load since they loaded, for /rlconfig. Nil when none.
 	snapshot  atomic.Pointer[provider.Snapshot]
@@ -70,8 +72,9 @@ type Server struct {
 }
 
 // New builds a server from settings: it loads the rules (an invalid rules
-// directory is an error unless FORCE_START_WITHOUT_INITIAL_CONFIG is set),
-// connects the store and opens the listeners. It does not serve yet.
+// directory is an error unless FORCE_START_WITHOUT_INITIAL_CONFIG is set;
+// from an xDS server, it waits for the first valid rules unless that is
+// set), connects the store and opens the listeners. It does not serve yet.
 func New(ctx context.Context, set *settings.Settings, log *slog.Logger) (*Server, error) {
 	s := &Server{set: set, log: log, stats: stats.NewRegistry(), health: NewHealth(), drain: shutdownDrain}
 
@@ -124,7 +127,12 @@ func New(ctx context.Context, set *settings.Settings, log *slog.Logger) (*Server
 		Log:                log,
 	})
 
-	if err := s.watchRules(); err != nil {
+	if set.ConfigType == settings.ConfigTypeXDS {
+		err = s.watchXDS(ctx)
+	} else {
+		err = s.watchRules()
+	}
+	if err != nil {
 		b.close()
 		return nil, err
 	}
@@ -171,6 +179,74 @@ func (s *Server) watchRules() error {
 	}
 	s.watcher = w
 	return nil
+}
+
+// watchXDS subscribes to the rules of the xDS server. Without
+// FORCE_START_WITHOUT_INITIAL_CONFIG it returns once the first valid rules
+// are in use, as envoyproxy/ratelimit waits for them before serving: the
+// ports stay closed meanwhile, and refused updates are NACKed and logged.
+// With it, it returns at once and the server starts unhealthy until then.
+// Lost connections and refused updates keep the rules in use.
+func (s *Server) watchXDS(ctx context.Context) error {
+	md, err := s.set.XDSNodeMetadata()
+	if err != nil {
+		return fmt.Errorf("server: %w", err)
+	}
+	cfg := provider.XDSConfig{
+		ServerURL:    s.set.ConfigGRPCXDSServerURL,
+		NodeID:       s.set.ConfigGRPCXDSNodeID,
+		NodeMetadata: md,
+		Headers:      s.set.ConfigGRPCXDSClientAdditionalHeaders,
+		Backoff: provider.Backoff{
+			Initial:      s.set.XDSClientBackoffInitialInterval,
+			Max:          s.set.XDSClientBackoffMaxInterval,
+			RandomFactor: s.set.XDSClientBackoffRandomFactor,
+			Jitter:       s.set.XDSClientBackoffJitter,
+		},
+		MaxMessageBytes: s.set.XDSClientMaxMsgSizeInBytes,
+		Options:         s.rulesFiles.Options,
+	}
+	if s.set.ConfigGRPCXDSServerUseTLS {
+		cfg.TLS = &provider.XDSTLS{
+			CertFile:   s.set.ConfigGRPCXDSClientTLSCert,
+			KeyFile:    s.set.ConfigGRPCXDSClientTLSKey,
+			CAFile:     s.set.ConfigGRPCXDSServerTLSCACert,
+			ServerName: s.set.ConfigGRPCXDSServerTLSSAN,
+		}
+	}
+	var wctx context.Context
+	wctx, s.stopWatch = context.WithCancel(context.Background())
+	loaded := make(chan struct{})
+	var once sync.Once
+	w, err := provider.WatchXDS(wctx, cfg, func(snap provider.Snapshot) {
+		s.setRules(snap)
+		once.Do(func() { close(loaded) })
+	}, func(err error) {
+		if errors.Is(err, provider.ErrXDSConnection) {
+			s.log.Warn("no connection to the xDS server; keeping the rules in use", "err", err)
+			return
+		}
+		s.stats.Counter("ratelimit.service.config_load_error").Inc()
+		s.reloadErr.Store(&loadError{err: err, at: time.Now()})
+		s.log.Error("rules from the xDS server refused (NACK); keeping the rules in use", "err", err)
+	})
+	if err != nil {
+		s.stopWatch()
+		return err
+	}
+	s.watcher = w
+	if s.set.ForceStartWithoutInitialConfig {
+		return nil
+	}
+	s.log.Info("waiting for the first rules from the xDS server", "server", cfg.ServerURL, "node", cfg.NodeID)
+	select {
+	case <-loaded:
+		return nil
+	case <-ctx.Done():
+		s.stopWatch()
+		w.Wait()
+		return fmt.Errorf("server: stopped while waiting for the first rules from the xDS server %s: %w", cfg.ServerURL, ctx.Err())
+	}
 }
 
 func (s *Server) setRules(snap provider.Snapshot) {

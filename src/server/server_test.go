@@ -23,6 +23,7 @@ import (
 	reflectionpb "google.golang.org/grpc/reflection/grpc_reflection_v1"
 	"google.golang.org/grpc/status"
 
+	"github.com/ratelimitd/ratelimit/src/provider"
 	"github.com/ratelimitd/ratelimit/src/settings"
 )
 
@@ -284,8 +285,9 @@ func TestRecheckAppliesUnseenChange(t *testing.T) {
 	failure := srv.stats.Counter("ratelimit.service.config_load_error")
 	rechecks := func(n uint64) {
 		t.Helper()
-		from := srv.watcher.Stats().Rechecks
-		eventually(t, fmt.Sprintf("%d more re-checks", n), func() bool { return srv.watcher.Stats().Rechecks >= from+n })
+		w := srv.watcher.(*provider.Watcher)
+		from := w.Stats().Rechecks
+		eventually(t, fmt.Sprintf("%d more re-checks", n), func() bool { return w.Stats().Rechecks >= from+n })
 	}
 	loaded := success.Value()
 	rechecks(3)

@@ -98,7 +98,6 @@ func oneOf(values ...string) func(string) bool {
 const (
 	whyStatsd  = "statsd is not implemented: the statistics are served on the debug port's /stats and /metrics, and on their own listener with USE_PROMETHEUS=true"
 	whyTracing = "OpenTelemetry tracing is not implemented"
-	whyXDS     = "it configures the xDS client of CONFIG_TYPE=GRPC_XDS_SOTW, which is not implemented: the rules come from files"
 	whyGRPCTLS = "it has no effect without GRPC_SERVER_USE_TLS=true, as with envoyproxy/ratelimit, and TLS on the gRPC listener is not implemented"
 )
 
@@ -137,24 +136,23 @@ var anchorSettings = []AnchorSetting{
 	{Name: "LOG_FORMAT", Status: Same, Default: "text"},
 
 	// Where the rules come from.
-	{Name: "CONFIG_TYPE", Status: Refused, Default: "FILE", honoured: oneOf("FILE"),
-		Why: "rules from an xDS management server are not implemented and this service would apply the rules of RUNTIME_ROOT instead: unset CONFIG_TYPE or set FILE"},
+	{Name: "CONFIG_TYPE", Status: Same, Default: "FILE"},
 	{Name: "FORCE_START_WITHOUT_INITIAL_CONFIG", Status: Different, Default: "false"},
-	{Name: "CONFIG_GRPC_XDS_NODE_ID", Status: Warned, Default: "default", Why: whyXDS},
-	{Name: "CONFIG_GRPC_XDS_NODE_METADATA", Status: Warned, Why: whyXDS},
-	{Name: "CONFIG_GRPC_XDS_SERVER_URL", Status: Warned, Default: "localhost:18000", Why: whyXDS},
-	{Name: "CONFIG_GRPC_XDS_SERVER_CONNECT_RETRY_INTERVAL", Status: Warned, Default: "3s", Why: whyXDS},
-	{Name: "CONFIG_GRPC_XDS_CLIENT_ADDITIONAL_HEADERS", Status: Warned, Why: whyXDS},
-	{Name: "CONFIG_GRPC_XDS_SERVER_USE_TLS", Status: Warned, Default: "false", honoured: isFalse, Why: whyXDS},
-	{Name: "CONFIG_GRPC_XDS_CLIENT_TLS_CERT", Status: Warned, Why: whyXDS},
-	{Name: "CONFIG_GRPC_XDS_CLIENT_TLS_KEY", Status: Warned, Why: whyXDS},
-	{Name: "CONFIG_GRPC_XDS_SERVER_TLS_CACERT", Status: Warned, Why: whyXDS},
-	{Name: "CONFIG_GRPC_XDS_SERVER_TLS_SAN", Status: Warned, Why: whyXDS},
-	{Name: "XDS_CLIENT_BACKOFF_INITIAL_INTERVAL", Status: Warned, Default: "10s", Why: whyXDS},
-	{Name: "XDS_CLIENT_BACKOFF_MAX_INTERVAL", Status: Warned, Default: "60s", Why: whyXDS},
-	{Name: "XDS_CLIENT_BACKOFF_RANDOM_FACTOR", Status: Warned, Default: "0.5", Why: whyXDS},
-	{Name: "XDS_CLIENT_BACKOFF_JITTER", Status: Warned, Default: "true", Why: whyXDS},
-	{Name: "XDS_CLIENT_MAX_MSG_SIZE_IN_BYTES", Status: Warned, Why: whyXDS},
+	{Name: "CONFIG_GRPC_XDS_NODE_ID", Status: Same, Default: "default"},
+	{Name: "CONFIG_GRPC_XDS_NODE_METADATA", Status: Different},
+	{Name: "CONFIG_GRPC_XDS_SERVER_URL", Status: Same, Default: "localhost:18000"},
+	{Name: "CONFIG_GRPC_XDS_SERVER_CONNECT_RETRY_INTERVAL", Status: Different, Default: "3s"},
+	{Name: "CONFIG_GRPC_XDS_CLIENT_ADDITIONAL_HEADERS", Status: Same},
+	{Name: "CONFIG_GRPC_XDS_SERVER_USE_TLS", Status: Same, Default: "false"},
+	{Name: "CONFIG_GRPC_XDS_CLIENT_TLS_CERT", Status: Same},
+	{Name: "CONFIG_GRPC_XDS_CLIENT_TLS_KEY", Status: Same},
+	{Name: "CONFIG_GRPC_XDS_SERVER_TLS_CACERT", Status: Same},
+	{Name: "CONFIG_GRPC_XDS_SERVER_TLS_SAN", Status: Same},
+	{Name: "XDS_CLIENT_BACKOFF_INITIAL_INTERVAL", Status: Same, Default: "10s"},
+	{Name: "XDS_CLIENT_BACKOFF_MAX_INTERVAL", Status: Same, Default: "60s"},
+	{Name: "XDS_CLIENT_BACKOFF_RANDOM_FACTOR", Status: Same, Default: "0.5"},
+	{Name: "XDS_CLIENT_BACKOFF_JITTER", Status: Same, Default: "true"},
+	{Name: "XDS_CLIENT_MAX_MSG_SIZE_IN_BYTES", Status: Same},
 	{Name: "DESCRIPTOR_KEY_CONFIG", Status: Refused,
 		Why: "choosing which descriptor values enter the cache keys of limit overrides is not implemented, so overridden limits would count under other keys than asked: unset DESCRIPTOR_KEY_CONFIG"},
 
@@ -183,6 +181,9 @@ var anchorSettings = []AnchorSetting{
 	{Name: "TRACING_SERVICE_INSTANCE_ID", Status: Warned, Why: whyTracing},
 	{Name: "TRACING_EXPORTER_PROTOCOL", Status: Warned, Default: "http", Why: whyTracing},
 	{Name: "TRACING_SAMPLING_RATE", Status: Warned, Default: "1", Why: whyTracing},
+	// Read by the OpenTelemetry SDK rather than by the anchor's settings,
+	// and set by Envoy Gateway's Deployment when tracing is on.
+	{Name: "OTEL_EXPORTER_OTLP_ENDPOINT", Status: Warned, Why: whyTracing},
 
 	// Rules on disk.
 	{Name: "RUNTIME_ROOT", Status: Different, Default: "/srv/runtime_data/current"},

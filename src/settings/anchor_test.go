@@ -213,7 +213,8 @@ func TestAnchorSettingsNotImplemented(t *testing.T) {
 		warnings []string // the names warned about, in order
 	}{
 		{name: "none"},
-		{name: "config_type_xds", env: map[string]string{"CONFIG_TYPE": "GRPC_XDS_SOTW"}, errs: []string{"CONFIG_TYPE=GRPC_XDS_SOTW", "xDS"}},
+		{name: "config_type_xds", env: map[string]string{"CONFIG_TYPE": "GRPC_XDS_SOTW"}},
+		{name: "config_type_unknown", env: map[string]string{"CONFIG_TYPE": "GRPC_XDS_DELTA"}, errs: []string{"CONFIG_TYPE", "GRPC_XDS_DELTA"}},
 		{name: "config_type_file", env: map[string]string{"CONFIG_TYPE": "file"}},
 		{name: "config_type_empty", env: map[string]string{"CONFIG_TYPE": ""}},
 		{name: "grpc_tls", env: map[string]string{"GRPC_SERVER_USE_TLS": "true", "GRPC_SERVER_TLS_CERT": "/c.pem"}, errs: []string{"GRPC_SERVER_USE_TLS=true", "plaintext"}},
@@ -223,12 +224,12 @@ func TestAnchorSettingsNotImplemented(t *testing.T) {
 			warnings: []string{"GRPC_CLIENT_TLS_CACERT", "GRPC_SERVER_TLS_CERT"}},
 		{name: "statsd_default_on", env: map[string]string{"USE_STATSD": "true", "STATSD_HOST": "statsd"}, warnings: []string{"STATSD_HOST", "USE_STATSD"}},
 		{name: "statsd_off", env: map[string]string{"USE_STATSD": "false"}},
-		{name: "xds_client_with_files", env: map[string]string{"CONFIG_GRPC_XDS_SERVER_URL": "xds:18000", "CONFIG_GRPC_XDS_SERVER_USE_TLS": "false"},
-			warnings: []string{"CONFIG_GRPC_XDS_SERVER_URL"}},
-		{name: "xds_client_with_xds", env: map[string]string{"CONFIG_TYPE": "GRPC_XDS_SOTW", "CONFIG_GRPC_XDS_SERVER_URL": "xds:18000"}, errs: []string{"CONFIG_TYPE"}},
+		{name: "xds_client_with_files", env: map[string]string{"CONFIG_GRPC_XDS_SERVER_URL": "xds:18000", "CONFIG_GRPC_XDS_SERVER_USE_TLS": "false"}},
+		{name: "xds_client_with_xds", env: map[string]string{"CONFIG_TYPE": "GRPC_XDS_SOTW", "CONFIG_GRPC_XDS_SERVER_URL": "xds:18000"}},
+		{name: "otel_endpoint", env: map[string]string{"OTEL_EXPORTER_OTLP_ENDPOINT": "http://otel:4318"}, warnings: []string{"OTEL_EXPORTER_OTLP_ENDPOINT"}},
 		{name: "tracing", env: map[string]string{"TRACING_ENABLED": "true", "TRACING_SAMPLING_RATE": "0.1"}, warnings: []string{"TRACING_ENABLED", "TRACING_SAMPLING_RATE"}},
 		{name: "descriptor_key_config", env: map[string]string{"DESCRIPTOR_KEY_CONFIG": "/etc/keys.yaml"}, errs: []string{"DESCRIPTOR_KEY_CONFIG"}},
-		{name: "refused_and_malformed", env: map[string]string{"CONFIG_TYPE": "GRPC_XDS_SOTW", "PORT": "abc"}, errs: []string{"CONFIG_TYPE", "PORT"}},
+		{name: "refused_and_malformed", env: map[string]string{"DESCRIPTOR_KEY_CONFIG": "/k.yaml", "PORT": "abc"}, errs: []string{"DESCRIPTOR_KEY_CONFIG", "PORT"}},
 		{name: "refused_and_invalid", env: map[string]string{"GRPC_SERVER_USE_TLS": "1", "BACKEND_TYPE": "foo"}, errs: []string{"GRPC_SERVER_USE_TLS", "BACKEND_TYPE"}},
 	}
 	for _, tt := range tests {
@@ -266,10 +267,10 @@ func TestAnchorSettingsNotImplemented(t *testing.T) {
 	}
 }
 
-// TestWarningsHideValues keeps credentials out of the logs: some of the
-// anchor's settings hold them (headers for the xDS server).
+// TestWarningsHideValues keeps credentials out of the logs: a value may
+// hold them (tags, endpoints with tokens).
 func TestWarningsHideValues(t *testing.T) {
-	t.Setenv("CONFIG_GRPC_XDS_CLIENT_ADDITIONAL_HEADERS", "authorization:Bearer s3cr3t")
+	t.Setenv("EXTRA_TAGS", "token:s3cr3t")
 	s, err := Load()
 	if err != nil {
 		t.Fatal(err)

@@ -86,6 +86,39 @@ type Settings struct {
 	ForceStartWithoutInitialConfig    bool `envconfig:"FORCE_START_WITHOUT_INITIAL_CONFIG" default:"false"`
 	HealthyWithAtLeastOneConfigLoaded bool `envconfig:"HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED" default:"false"`
 
+	// ConfigType is where the rules come from: FILE (the RUNTIME_*
+	// folder) or GRPC_XDS_SOTW (an xDS management server, state of the
+	// world over ADS). Validate upper-cases it.
+	ConfigType string `envconfig:"CONFIG_TYPE" default:"FILE"`
+
+	// The xDS client of CONFIG_TYPE=GRPC_XDS_SOTW. NODE_METADATA is
+	// key=value pairs separated by commas (key:value is read too);
+	// ADDITIONAL_HEADERS is key:value pairs sent as gRPC metadata on the
+	// stream (credentials: never logged). CONNECT_RETRY_INTERVAL is
+	// accepted and has no effect, as in the anchor; the waits between
+	// connection attempts are the XDS_CLIENT_BACKOFF_* ones.
+	ConfigGRPCXDSNodeID                     string            `envconfig:"CONFIG_GRPC_XDS_NODE_ID" default:"default"`
+	ConfigGRPCXDSNodeMetadata               string            `envconfig:"CONFIG_GRPC_XDS_NODE_METADATA" default:""`
+	ConfigGRPCXDSServerURL                  string            `envconfig:"CONFIG_GRPC_XDS_SERVER_URL" default:"localhost:18000"`
+	ConfigGRPCXDSServerConnectRetryInterval time.Duration     `envconfig:"CONFIG_GRPC_XDS_SERVER_CONNECT_RETRY_INTERVAL" default:"3s"`
+	ConfigGRPCXDSClientAdditionalHeaders    map[string]string `envconfig:"CONFIG_GRPC_XDS_CLIENT_ADDITIONAL_HEADERS" default:""`
+	ConfigGRPCXDSServerUseTLS               bool              `envconfig:"CONFIG_GRPC_XDS_SERVER_USE_TLS" default:"false"`
+	ConfigGRPCXDSClientTLSCert              string            `envconfig:"CONFIG_GRPC_XDS_CLIENT_TLS_CERT" default:""`
+	ConfigGRPCXDSClientTLSKey               string            `envconfig:"CONFIG_GRPC_XDS_CLIENT_TLS_KEY" default:""`
+	ConfigGRPCXDSServerTLSCACert            string            `envconfig:"CONFIG_GRPC_XDS_SERVER_TLS_CACERT" default:""`
+	ConfigGRPCXDSServerTLSSAN               string            `envconfig:"CONFIG_GRPC_XDS_SERVER_TLS_SAN" default:""`
+	// The wait before reconnecting to the xDS server, and before
+	// answering again a server that repeats an update it was refused:
+	// INITIAL_INTERVAL, doubled after each failure up to MAX_INTERVAL,
+	// and with JITTER spread by ±RANDOM_FACTOR of itself (0..1).
+	XDSClientBackoffInitialInterval time.Duration `envconfig:"XDS_CLIENT_BACKOFF_INITIAL_INTERVAL" default:"10s"`
+	XDSClientBackoffMaxInterval     time.Duration `envconfig:"XDS_CLIENT_BACKOFF_MAX_INTERVAL" default:"60s"`
+	XDSClientBackoffRandomFactor    float64       `envconfig:"XDS_CLIENT_BACKOFF_RANDOM_FACTOR" default:"0.5"`
+	XDSClientBackoffJitter          bool          `envconfig:"XDS_CLIENT_BACKOFF_JITTER" default:"true"`
+	// XDSClientMaxMsgSizeInBytes bounds one message from the xDS server;
+	// 0 (unset) is gRPC's default, 4 MiB.
+	XDSClientMaxMsgSizeInBytes int `envconfig:"XDS_CLIENT_MAX_MSG_SIZE_IN_BYTES" default:""`
+
 	// Decisions.
 	BackendType                        string  `envconfig:"BACKEND_TYPE" default:"memory"` // anchor: redis
 	ShadowMode                         bool    `envconfig:"SHADOW_MODE" default:"false"`
@@ -177,6 +210,12 @@ const (
 	BackendMemory   = "memory"
 	BackendRedis    = "redis"
 	BackendMemcache = "memcache"
+)
+
+// Rule sources accepted by CONFIG_TYPE.
+const (
+	ConfigTypeFile = "FILE"
+	ConfigTypeXDS  = "GRPC_XDS_SOTW"
 )
 
 // Cache key formats accepted by CACHE_KEY_FORMAT: the anchor's, where a '_'
@@ -300,6 +339,42 @@ func (s *Settings) Validate() error {
 		// a minute nobody would wait for a reload.
 		bad("RUNTIME_QUIET_PERIOD", "%v is outside 10ms..1m", s.RuntimeQuietPeriod)
 	}
+	switch t := strings.ToUpper(strings.TrimSpace(s.ConfigType)); t {
+	case "":
+		// Set but empty: envconfig keeps the empty value, which means the
+		// default as with every other setting.
+		s.ConfigType = ConfigTypeFile
+	case ConfigTypeFile, ConfigTypeXDS:
+		s.ConfigType = t
+	default:
+		bad("CONFIG_TYPE", "unknown type %q (want FILE or GRPC_XDS_SOTW)", s.ConfigType)
+	}
+	if _, err := s.XDSNodeMetadata(); err != nil {
+		bad("CONFIG_GRPC_XDS_NODE_METADATA", "%v", err)
+	}
+	if s.ConfigType == ConfigTypeXDS {
+		if s.ConfigGRPCXDSServerURL == "" {
+			bad("CONFIG_GRPC_XDS_SERVER_URL", "must not be empty with CONFIG_TYPE=GRPC_XDS_SOTW")
+		}
+		if s.ConfigGRPCXDSNodeID == "" {
+			bad("CONFIG_GRPC_XDS_NODE_ID", "must not be empty with CONFIG_TYPE=GRPC_XDS_SOTW: the server keys its rules by it")
+		}
+	}
+	if (s.ConfigGRPCXDSClientTLSCert == "") != (s.ConfigGRPCXDSClientTLSKey == "") {
+		bad("CONFIG_GRPC_XDS_CLIENT_TLS_CERT", "CONFIG_GRPC_XDS_CLIENT_TLS_CERT and CONFIG_GRPC_XDS_CLIENT_TLS_KEY go together: set both or neither")
+	}
+	if s.XDSClientBackoffInitialInterval <= 0 {
+		bad("XDS_CLIENT_BACKOFF_INITIAL_INTERVAL", "must be positive")
+	}
+	if s.XDSClientBackoffMaxInterval < s.XDSClientBackoffInitialInterval {
+		bad("XDS_CLIENT_BACKOFF_MAX_INTERVAL", "%v is below XDS_CLIENT_BACKOFF_INITIAL_INTERVAL (%v)", s.XDSClientBackoffMaxInterval, s.XDSClientBackoffInitialInterval)
+	}
+	if s.XDSClientBackoffRandomFactor < 0 || s.XDSClientBackoffRandomFactor > 1 {
+		bad("XDS_CLIENT_BACKOFF_RANDOM_FACTOR", "%v is outside 0..1", s.XDSClientBackoffRandomFactor)
+	}
+	if s.XDSClientMaxMsgSizeInBytes < 0 {
+		bad("XDS_CLIENT_MAX_MSG_SIZE_IN_BYTES", "must not be negative (0: gRPC's default of 4 MiB)")
+	}
 	if s.NearLimitRatio < 0 || s.NearLimitRatio > 1 {
 		bad("NEAR_LIMIT_RATIO", "%v is outside 0..1", s.NearLimitRatio)
 	}
@@ -377,6 +452,32 @@ func (s *Settings) Validate() error {
 // setting its error can still be printed in the format asked for.
 func JSONLogsRequested() bool {
 	return strings.EqualFold(os.Getenv("LOG_FORMAT"), "json")
+}
+
+// XDSNodeMetadata returns CONFIG_GRPC_XDS_NODE_METADATA as a map: pairs
+// separated by commas, each key=value. The anchor's code reads key=value
+// and its documentation shows key:value, so a pair without '=' is split at
+// its first ':'. Empty pairs are skipped; a pair with neither, or with an
+// empty key, is an error (the anchor drops it without a word).
+func (s *Settings) XDSNodeMetadata() (map[string]string, error) {
+	if strings.TrimSpace(s.ConfigGRPCXDSNodeMetadata) == "" {
+		return nil, nil
+	}
+	md := map[string]string{}
+	for i, pair := range strings.Split(s.ConfigGRPCXDSNodeMetadata, ",") {
+		if strings.TrimSpace(pair) == "" {
+			continue
+		}
+		k, v, ok := strings.Cut(pair, "=")
+		if !ok {
+			k, v, ok = strings.Cut(pair, ":")
+		}
+		if !ok || k == "" {
+			return nil, fmt.Errorf("pair %d: want key=value", i+1)
+		}
+		md[k] = v
+	}
+	return md, nil
 }
 
 // RulesRoot is RUNTIME_ROOT, or the working directory when it is empty.

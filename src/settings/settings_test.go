@@ -197,3 +197,101 @@ func TestLogSettingsAnyCase(t *testing.T) {
 		t.Errorf("with PORT=abc: Load() = %v, JSONLogsRequested() = %v; want an error and true", err, JSONLogsRequested())
 	}
 }
+
+// TestXDSSettings reads the xDS client's settings the way Envoy Gateway
+// and the anchor's documentation write them, and refuses the values that
+// would leave the client unable to do what was asked.
+func TestXDSSettings(t *testing.T) {
+	tests := []struct {
+		name    string
+		env     map[string]string
+		wantErr string // "" means Load succeeds
+		check   func(t *testing.T, s *Settings)
+	}{
+		{
+			name: "defaults",
+			check: func(t *testing.T, s *Settings) {
+				if s.ConfigType != ConfigTypeFile || s.ConfigGRPCXDSNodeID != "default" || s.ConfigGRPCXDSServerURL != "localhost:18000" ||
+					s.XDSClientBackoffInitialInterval != 10*time.Second || s.XDSClientBackoffMaxInterval != time.Minute ||
+					s.XDSClientBackoffRandomFactor != 0.5 || !s.XDSClientBackoffJitter || s.XDSClientMaxMsgSizeInBytes != 0 {
+					t.Errorf("defaults = %+v", s)
+				}
+			},
+		},
+		{
+			name: "envoy_gateway",
+			env: map[string]string{
+				"CONFIG_TYPE": "GRPC_XDS_SOTW", "CONFIG_GRPC_XDS_SERVER_URL": "envoy-gateway:18001",
+				"CONFIG_GRPC_XDS_NODE_ID": "envoy-ratelimit", "CONFIG_GRPC_XDS_SERVER_USE_TLS": "true",
+				"CONFIG_GRPC_XDS_CLIENT_TLS_CERT": "/certs/tls.crt", "CONFIG_GRPC_XDS_CLIENT_TLS_KEY": "/certs/tls.key",
+				"CONFIG_GRPC_XDS_SERVER_TLS_CACERT": "/certs/ca.crt", "FORCE_START_WITHOUT_INITIAL_CONFIG": "true",
+			},
+			check: func(t *testing.T, s *Settings) {
+				if s.ConfigType != ConfigTypeXDS || !s.ConfigGRPCXDSServerUseTLS || s.ConfigGRPCXDSServerTLSCACert != "/certs/ca.crt" {
+					t.Errorf("settings = %+v", s)
+				}
+			},
+		},
+		{
+			name:  "config_type_any_case",
+			env:   map[string]string{"CONFIG_TYPE": " grpc_xds_sotw "},
+			check: func(t *testing.T, s *Settings) { want(t, "ConfigType", s.ConfigType, ConfigTypeXDS) },
+		},
+		{
+			name: "headers",
+			env:  map[string]string{"CONFIG_GRPC_XDS_CLIENT_ADDITIONAL_HEADERS": "authorization:Bearer t1,x-tenant:a"},
+			check: func(t *testing.T, s *Settings) {
+				h := s.ConfigGRPCXDSClientAdditionalHeaders
+				if len(h) != 2 || h["authorization"] != "Bearer t1" || h["x-tenant"] != "a" {
+					t.Errorf("headers = %q", h)
+				}
+			},
+		},
+		{
+			name: "node_metadata",
+			env:  map[string]string{"CONFIG_GRPC_XDS_NODE_METADATA": "zone=eu-1,team:edge,,url=http://x:1"},
+			check: func(t *testing.T, s *Settings) {
+				md, err := s.XDSNodeMetadata()
+				if err != nil || len(md) != 3 || md["zone"] != "eu-1" || md["team"] != "edge" || md["url"] != "http://x:1" {
+					t.Errorf("XDSNodeMetadata() = %q, %v", md, err)
+				}
+			},
+		},
+		{name: "node_metadata_without_separator", env: map[string]string{"CONFIG_GRPC_XDS_NODE_METADATA": "zone=eu,oops"}, wantErr: "CONFIG_GRPC_XDS_NODE_METADATA: pair 2"},
+		{name: "node_metadata_empty_key", env: map[string]string{"CONFIG_GRPC_XDS_NODE_METADATA": "=v"}, wantErr: "CONFIG_GRPC_XDS_NODE_METADATA"},
+		{name: "empty_url", env: map[string]string{"CONFIG_TYPE": "GRPC_XDS_SOTW", "CONFIG_GRPC_XDS_SERVER_URL": ""}, wantErr: "CONFIG_GRPC_XDS_SERVER_URL"},
+		{name: "empty_node_id", env: map[string]string{"CONFIG_TYPE": "GRPC_XDS_SOTW", "CONFIG_GRPC_XDS_NODE_ID": ""}, wantErr: "CONFIG_GRPC_XDS_NODE_ID"},
+		{name: "cert_without_key", env: map[string]string{"CONFIG_GRPC_XDS_CLIENT_TLS_CERT": "/c.pem"}, wantErr: "CONFIG_GRPC_XDS_CLIENT_TLS_KEY go together"},
+		{name: "zero_backoff", env: map[string]string{"XDS_CLIENT_BACKOFF_INITIAL_INTERVAL": "0s"}, wantErr: "XDS_CLIENT_BACKOFF_INITIAL_INTERVAL"},
+		{name: "max_below_initial", env: map[string]string{"XDS_CLIENT_BACKOFF_MAX_INTERVAL": "5s"}, wantErr: "XDS_CLIENT_BACKOFF_MAX_INTERVAL"},
+		{name: "random_factor", env: map[string]string{"XDS_CLIENT_BACKOFF_RANDOM_FACTOR": "1.5"}, wantErr: "XDS_CLIENT_BACKOFF_RANDOM_FACTOR"},
+		{name: "negative_msg_size", env: map[string]string{"XDS_CLIENT_MAX_MSG_SIZE_IN_BYTES": "-1"}, wantErr: "XDS_CLIENT_MAX_MSG_SIZE_IN_BYTES"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			for k, v := range tt.env {
+				t.Setenv(k, v)
+			}
+			s, err := Load()
+			if tt.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), tt.wantErr) {
+					t.Fatalf("Load() = %v, want an error containing %q", err, tt.wantErr)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatalf("Load() = %v", err)
+			}
+			if tt.check != nil {
+				tt.check(t, s)
+			}
+		})
+	}
+}
+
+func want[T comparable](t *testing.T, name string, got, want T) {
+	t.Helper()
+	if got != want {
+		t.Errorf("%s = %v, want %v", name, got, want)
+	}
+}

@@ -1,0 +1,615 @@
+package provider
+
+import (
+	"context"
+	"crypto/sha256"
+	"crypto/tls"
+	"crypto/x509"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"sync"
+	"time"
+	"unicode/utf8"
+
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
+	rlsconfv3 "github.com/envoyproxy/go-control-plane/ratelimit/config/ratelimit/v3"
+	rpcstatus "google.golang.org/genproto/googleapis/rpc/status"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/protobuf/types/known/anypb"
+	"google.golang.org/protobuf/types/known/structpb"
+
+	"github.com/ratelimitd/ratelimit/src/rules"
+)
+
+// RateLimitConfigType is the type URL of the xDS resources that carry
+// rules: go-control-plane's ratelimit.config.ratelimit.v3.RateLimitConfig,
+// the type envoyproxy/ratelimit subscribes to.
+const RateLimitConfigType = "type.googleapis.com/ratelimit.config.ratelimit.v3.RateLimitConfig"
+
+// maxErrorDetail bounds the message of a NACK: the server logs it, and a
+// snapshot with thousands of problems would otherwise send them all back.
+const maxErrorDetail = 4096
+
+// ErrXDSConnection is reported (wrapped) when a connection to the xDS
+// server cannot be made or ends. It says nothing about the rules: those
+// in use stay, and the watcher connects again after the back-off.
+var ErrXDSConnection = errors.New("xds connection")
+
+// XDSConfig says which xDS management server to take the rules from, and
+// how. The rules are RateLimitConfig resources, one per domain, received
+// state of the world over the aggregated discovery service (ADS), as
+// envoyproxy/ratelimit receives them.
+type XDSConfig struct {
+	// ServerURL is the server: host:port, or any gRPC target such as
+	// dns:///host:port (CONFIG_GRPC_XDS_SERVER_URL).
+	ServerURL string
+	// NodeID is this client's node id (CONFIG_GRPC_XDS_NODE_ID): the key
+	// under which a snapshot cache holds its rules.
+	NodeID string
+	// NodeMetadata is sent as the node's metadata, each value a string
+	// (CONFIG_GRPC_XDS_NODE_METADATA).
+	NodeMetadata map[string]string
+	// Headers are sent as gRPC metadata on every stream
+	// (CONFIG_GRPC_XDS_CLIENT_ADDITIONAL_HEADERS), for servers that want
+	// a token. Their values never appear in errors.
+	Headers map[string]string
+	// TLS secures the connection when not nil; nil is plaintext.
+	TLS *XDSTLS
+	// Backoff is the wait between connection attempts. A server that
+	// sends again an update it was refused gets the NACK again after a
+	// wait that starts at 1s (or Backoff.Initial if shorter) and doubles
+	// up to Backoff.Initial: the pair does not spin, and a fixed snapshot
+	// is taken within Backoff.Initial.
+	Backoff Backoff
+	// MaxMessageBytes bounds one message from the server
+	// (XDS_CLIENT_MAX_MSG_SIZE_IN_BYTES); 0 is gRPC's default, 4 MiB. A
+	// larger message ends the connection, as any broken one, and the
+	// rules in use stay.
+	MaxMessageBytes int
+	// Options is passed to rules.Build.
+	Options rules.Options
+	// Now is the clock for XDSStats; nil means time.Now.
+	Now func() time.Time
+}
+
+// XDSTLS is the TLS of the connection to the xDS server. The files are
+// read at every connection attempt, so renewed certificates are used
+// without a restart.
+type XDSTLS struct {
+	// CertFile and KeyFile are the client certificate and its key, for
+	// servers that ask for one (CONFIG_GRPC_XDS_CLIENT_TLS_CERT, _KEY).
+	// Both or neither.
+	CertFile, KeyFile string
+	// CAFile holds the certificates the server's must chain to
+	// (CONFIG_GRPC_XDS_SERVER_TLS_CACERT); empty means the system's.
+	CAFile string
+	// ServerName is the name the server's certificate must hold
+	// (CONFIG_GRPC_XDS_SERVER_TLS_SAN); empty means the host of ServerURL.
+	ServerName string
+}
+
+// Backoff is a wait that starts at Initial, doubles after each failure up
+// to Max, and is reset by a success. With Jitter, each wait is spread by up
+// to RandomFactor (0..1) of itself, still never beyond Max, so that clients
+// that lost one server together do not come back together.
+type Backoff struct {
+	// Initial is the first wait; 0 means 10s.
+	Initial time.Duration
+	// Max bounds the waits; below Initial it is Initial.
+	Max          time.Duration
+	RandomFactor float64
+	Jitter       bool
+}
+
+// backoff is the state of one Backoff schedule.
+type backoff struct {
+	cfg  Backoff
+	next time.Duration
+}
+
+func newBackoff(cfg Backoff) *backoff {
+	cfg = cfg.normal()
+	return &backoff{cfg: cfg, next: cfg.Initial}
+}
+
+// normal returns cfg with its defaults and bounds applied.
+func (cfg Backoff) normal() Backoff {
+	if cfg.Initial <= 0 {
+		cfg.Initial = 10 * time.Second
+	}
+	cfg.Max = max(cfg.Max, cfg.Initial)
+	cfg.RandomFactor = min(max(cfg.RandomFactor, 0), 1)
+	return cfg
+}
+
+// repeatBackoff is the schedule of the NACKs answering a server that
+// repeats a refused update (see XDSConfig.Backoff).
+func repeatBackoff(cfg Backoff) *backoff {
+	cfg = cfg.normal()
+	cfg.Initial, cfg.Max = min(time.Second, cfg.Initial), cfg.Initial
+	return newBackoff(cfg)
+}
+
+// wait returns the next wait and doubles the one after.
+func (b *backoff) wait() time.Duration {
+	d := b.next
+	b.next = min(2*b.next, b.cfg.Max)
+	if b.cfg.Jitter && b.cfg.RandomFactor > 0 {
+		spread := 1 + b.cfg.RandomFactor*(2*rand.Float64()-1)
+		d = min(time.Duration(float64(d)*spread), b.cfg.Max)
+	}
+	return d
+}
+
+func (b *backoff) reset() { b.next = b.cfg.Initial }
+
+// XDSStats counts what an XDSWatcher did.
+type XDSStats struct {
+	// Attempts counts the connection attempts, the first one included;
+	// Connects those that opened a stream to the server.
+	Attempts, Connects uint64
+	// Connected is whether a stream is open now.
+	Connected bool
+	// Loads counts the updates applied; Failures the updates refused
+	// (NACKed). An update the server sends again after it was refused is
+	// counted once.
+	Loads, Failures uint64
+	// Version is the version_info of the last update applied.
+	Version string
+	// LastLoad is when the last update was applied.
+	LastLoad time.Time
+	// LastError is the last error: a refused update or a failed
+	// connection; nil after an update is applied.
+	LastError error
+}
+
+// XDSWatcher subscribes to the rules of an xDS management server and
+// reports each update as a whole validated rules.Config, or the reason it
+// was refused, through the callbacks given to WatchXDS. An applied update
+// is ACKed; a refused one is NACKed with the reason in error_detail and
+// the rules in use stay. A broken connection is reported as
+// ErrXDSConnection and made again after the back-off; the rules in use
+// stay meanwhile.
+//
+// Its goroutine is owned by the XDSWatcher: it stops when the context
+// given to WatchXDS is done or when Close is called, and Close waits for
+// it. The methods are safe for concurrent use.
+type XDSWatcher struct {
+	cfg     XDSConfig
+	node    *corev3.Node
+	onLoad  func(Snapshot)
+	onError func(error)
+	cancel  context.CancelFunc
+	done    chan struct{}
+
+	// The fields below are the protocol's state: only the run goroutine
+	// touches them. version is the version_info of the last update
+	// applied; applied and refused are the hashes of the resources of
+	// the last update applied and of the last one refused (with why).
+	version    string
+	applied    [sha256.Size]byte
+	hasApplied bool
+	refused    [sha256.Size]byte
+	hasRefused bool
+	refusal    string
+
+	// mu guards stats.
+	mu    sync.Mutex
+	stats XDSStats
+}
+
+// WatchXDS connects to the xDS server in the background and reports every
+// update through onLoad or onError until ctx is done or Close is called.
+// Callbacks run one at a time, from the watcher's goroutine; they must not
+// block for long. Keeping the previous config when an update is refused
+// is the caller's job, as with Watch.
+//
+// WatchXDS returns at once, before the first rules arrive; it fails only
+// when the configuration cannot work at all (no server, TLS files that
+// cannot be read).
+func WatchXDS(ctx context.Context, cfg XDSConfig, onLoad func(Snapshot), onError func(error)) (*XDSWatcher, error) {
+	if cfg.ServerURL == "" {
+		return nil, errors.New("provider: xds: no server URL")
+	}
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	if onLoad == nil {
+		onLoad = func(Snapshot) {}
+	}
+	if onError == nil {
+		onError = func(error) {}
+	}
+	if cfg.TLS != nil {
+		// Read the files once now: a path that is wrong from the start
+		// is a configuration error, better refused at startup than
+		// retried forever.
+		if _, err := cfg.TLS.config(); err != nil {
+			return nil, err
+		}
+	}
+	node := &corev3.Node{Id: cfg.NodeID}
+	if len(cfg.NodeMetadata) > 0 {
+		fields := make(map[string]*structpb.Value, len(cfg.NodeMetadata))
+		for k, v := range cfg.NodeMetadata {
+			fields[k] = structpb.NewStringValue(v)
+		}
+		node.Metadata = &structpb.Struct{Fields: fields}
+	}
+	w := &XDSWatcher{cfg: cfg, node: node, onLoad: onLoad, onError: onError, done: make(chan struct{})}
+	ctx, w.cancel = context.WithCancel(ctx)
+	go w.run(ctx)
+	return w, nil
+}
+
+// Close stops the watcher, closing its connection, and waits for its
+// goroutine to end. No callback runs after Close returns. Close may be
+// called more than once.
+func (w *XDSWatcher) Close() error {
+	w.cancel()
+	<-w.done
+	return nil
+}
+
+// Wait blocks until the watcher has stopped, by Close or by the end of
+// the context given to WatchXDS.
+func (w *XDSWatcher) Wait() { <-w.done }
+
+// Done is closed when the watcher has stopped.
+func (w *XDSWatcher) Done() <-chan struct{} { return w.done }
+
+// Stats returns what the watcher did so far.
+func (w *XDSWatcher) Stats() XDSStats {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.stats
+}
+
+func (w *XDSWatcher) run(ctx context.Context) {
+	defer close(w.done)
+	reconnect := newBackoff(w.cfg.Backoff)
+	for {
+		answered, err := w.session(ctx)
+		w.mu.Lock()
+		w.stats.Connected = false
+		w.mu.Unlock()
+		if ctx.Err() != nil {
+			return
+		}
+		// A connection that carried an update was a good one: the next
+		// failure starts the schedule again. One that never did, such as
+		// a server that accepts and hangs up, keeps backing off.
+		if answered {
+			reconnect.reset()
+		}
+		err = fmt.Errorf("provider: xds server %s: %w: %w", w.cfg.ServerURL, ErrXDSConnection, err)
+		w.mu.Lock()
+		w.stats.LastError = err
+		w.mu.Unlock()
+		w.onError(err)
+		if !sleep(ctx, reconnect.wait()) {
+			return
+		}
+	}
+}
+
+// sleep waits for d or the end of ctx, and reports whether d passed.
+func sleep(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+		return true
+	}
+}
+
+// session makes one connection, subscribes and handles updates until the
+// stream ends. It reports whether the server sent any update.
+func (w *XDSWatcher) session(ctx context.Context) (answered bool, err error) {
+	w.mu.Lock()
+	w.stats.Attempts++
+	w.mu.Unlock()
+
+	creds := insecure.NewCredentials()
+	if w.cfg.TLS != nil {
+		c, err := w.cfg.TLS.config()
+		if err != nil {
+			return false, err
+		}
+		creds = credentials.NewTLS(c)
+	}
+	opts := []grpc.DialOption{grpc.WithTransportCredentials(creds)}
+	if w.cfg.MaxMessageBytes > 0 {
+		opts = append(opts, grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(w.cfg.MaxMessageBytes)))
+	}
+	// A connection of its own per attempt, so that the waits between
+	// attempts are ours (XDS_CLIENT_BACKOFF_*) and not those of a channel
+	// reconnecting by itself in the background.
+	cc, err := grpc.NewClient(w.cfg.ServerURL, opts...)
+	if err != nil {
+		return false, err
+	}
+	defer cc.Close()
+
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	if len(w.cfg.Headers) > 0 {
+		ctx = metadata.NewOutgoingContext(ctx, metadata.New(w.cfg.Headers))
+	}
+	stream, err := discoveryv3.NewAggregatedDiscoveryServiceClient(cc).StreamAggregatedResources(ctx)
+	if err != nil {
+		return false, err
+	}
+	// Say which version is applied already, so that a server that still
+	// has it sends nothing new after a reconnection.
+	if err := stream.Send(&discoveryv3.DiscoveryRequest{Node: w.node, TypeUrl: RateLimitConfigType, VersionInfo: w.version}); err != nil {
+		return false, recvError(stream, err)
+	}
+	w.mu.Lock()
+	w.stats.Connects++
+	w.stats.Connected = true
+	w.mu.Unlock()
+
+	repeat := repeatBackoff(w.cfg.Backoff)
+	for {
+		resp, err := stream.Recv()
+		if err != nil {
+			return answered, err
+		}
+		answered = true
+		req := w.handle(ctx, resp, repeat)
+		if req == nil {
+			continue
+		}
+		if err := stream.Send(req); err != nil {
+			return answered, recvError(stream, err)
+		}
+	}
+}
+
+// recvError returns the error that ended a stream on which Send failed:
+// Send only says io.EOF, Recv says why.
+func recvError(stream grpc.ClientStream, sendErr error) error {
+	if err := stream.RecvMsg(new(discoveryv3.DiscoveryResponse)); err != nil {
+		return err
+	}
+	return sendErr
+}
+
+// handle applies or refuses one update and returns the ACK or NACK to
+// send, or nil when there is nothing to answer.
+func (w *XDSWatcher) handle(ctx context.Context, resp *discoveryv3.DiscoveryResponse, repeat *backoff) *discoveryv3.DiscoveryRequest {
+	if resp.GetTypeUrl() != RateLimitConfigType {
+		// Only this type is subscribed to; a server that sends others
+		// gets no answer for them, as they ask nothing of us.
+		return nil
+	}
+	sum := hashResources(resp.GetResources())
+	switch {
+	case w.hasRefused && sum == w.refused:
+		// A server may answer a NACK with the very update it refers to:
+		// go-control-plane's snapshot cache does, until its snapshot
+		// changes (envoyproxy/go-control-plane#962). Answering at once
+		// would spin both ends, so wait first (repeatBackoff); the rules
+		// and the counts stay as they are.
+		if !sleep(ctx, repeat.wait()) {
+			return nil
+		}
+		return w.nack(resp, w.refusal)
+	case w.hasApplied && sum == w.applied:
+		// The rules in use, sent again (a reconnection, a new version
+		// of the same snapshot): nothing to load.
+		repeat.reset()
+		w.version = resp.GetVersionInfo()
+		w.mu.Lock()
+		w.stats.Version = w.version
+		w.mu.Unlock()
+		return w.ack(resp)
+	}
+	repeat.reset()
+	cfg, err := w.build(resp.GetResources())
+	if err != nil {
+		w.refused, w.hasRefused, w.refusal = sum, true, err.Error()
+		w.mu.Lock()
+		w.stats.Failures++
+		w.stats.LastError = err
+		w.mu.Unlock()
+		w.onError(err)
+		return w.nack(resp, w.refusal)
+	}
+	w.applied, w.hasApplied, w.hasRefused = sum, true, false
+	w.version = resp.GetVersionInfo()
+	now := w.cfg.Now()
+	w.mu.Lock()
+	w.stats.Loads++
+	w.stats.Version = w.version
+	w.stats.LastLoad = now
+	w.stats.LastError = nil
+	w.mu.Unlock()
+	w.onLoad(Snapshot{Rules: cfg, Source: Source{Kind: SourceXDS, Location: w.cfg.ServerURL, Version: w.version, LoadedAt: now}})
+	return w.ack(resp)
+}
+
+func (w *XDSWatcher) ack(resp *discoveryv3.DiscoveryResponse) *discoveryv3.DiscoveryRequest {
+	return &discoveryv3.DiscoveryRequest{
+		Node:          w.node,
+		TypeUrl:       RateLimitConfigType,
+		VersionInfo:   resp.GetVersionInfo(),
+		ResponseNonce: resp.GetNonce(),
+	}
+}
+
+// nack refuses resp: version_info stays the last one applied, as the xDS
+// protocol asks, and error_detail says why.
+func (w *XDSWatcher) nack(resp *discoveryv3.DiscoveryResponse, why string) *discoveryv3.DiscoveryRequest {
+	if len(why) > maxErrorDetail {
+		// Cut on a rune boundary: a proto string must be valid UTF-8.
+		cut := maxErrorDetail
+		for cut > 0 && !utf8.RuneStart(why[cut]) {
+			cut--
+		}
+		why = why[:cut] + " …"
+	}
+	return &discoveryv3.DiscoveryRequest{
+		Node:          w.node,
+		TypeUrl:       RateLimitConfigType,
+		VersionInfo:   w.version,
+		ResponseNonce: resp.GetNonce(),
+		ErrorDetail:   &rpcstatus.Status{Code: int32(codes.InvalidArgument), Message: why},
+	}
+}
+
+// hashResources identifies the content of an update, whatever its version
+// and nonce.
+func hashResources(res []*anypb.Any) [sha256.Size]byte {
+	h := sha256.New()
+	var n [8]byte
+	write := func(s []byte) {
+		// Lengths first, so that no two lists hash the same by moving
+		// bytes from one resource to the next.
+		binary.BigEndian.PutUint64(n[:], uint64(len(s)))
+		h.Write(n[:])
+		h.Write(s)
+	}
+	for _, r := range res {
+		write([]byte(r.GetTypeUrl()))
+		write(r.GetValue())
+	}
+	var sum [sha256.Size]byte
+	h.Sum(sum[:0])
+	return sum
+}
+
+// build decodes the resources of an update and builds their rules. Every
+// problem is one line of the error, naming the config and the descriptor:
+// `xds: config "web" (domain web): descriptor "web.user": ...`.
+func (w *XDSWatcher) build(res []*anypb.Any) (*rules.Config, error) {
+	var errs []error
+	srcs := make([]rules.Source, 0, len(res))
+	for i, r := range res {
+		if r.GetTypeUrl() != RateLimitConfigType {
+			errs = append(errs, fmt.Errorf("xds: resource %d: type %s, want %s", i+1, r.GetTypeUrl(), RateLimitConfigType))
+			continue
+		}
+		var pb rlsconfv3.RateLimitConfig
+		if err := r.UnmarshalTo(&pb); err != nil {
+			errs = append(errs, fmt.Errorf("xds: resource %d: %w", i+1, err))
+			continue
+		}
+		srcs = append(srcs, sourceOf(&pb))
+	}
+	if len(errs) > 0 {
+		return nil, errors.Join(errs...)
+	}
+	cfg, err := rules.Build(srcs, w.cfg.Options)
+	if err != nil {
+		return nil, xdsProblems(err)
+	}
+	return cfg, nil
+}
+
+// sourceOf converts a RateLimitConfig to the rules' data form. The proto
+// has no field for this service's extensions (algorithm, burst,
+// unit_multiplier) nor for quota_mode, value_to_metric, share_threshold
+// and metadata: rules from xDS have the anchor's fields only.
+func sourceOf(pb *rlsconfv3.RateLimitConfig) rules.Source {
+	name := fmt.Sprintf("config %q", pb.GetName())
+	if pb.GetDomain() != "" {
+		name += fmt.Sprintf(" (domain %s)", pb.GetDomain())
+	}
+	return rules.Source{Name: name, Domain: pb.GetDomain(), Descriptors: descriptorsOf(pb.GetDescriptors())}
+}
+
+func descriptorsOf(pbs []*rlsconfv3.RateLimitDescriptor) []rules.Descriptor {
+	if len(pbs) == 0 {
+		return nil
+	}
+	out := make([]rules.Descriptor, len(pbs))
+	for i, d := range pbs {
+		out[i] = rules.Descriptor{
+			Key:            d.GetKey(),
+			Value:          d.GetValue(),
+			ShadowMode:     d.GetShadowMode(),
+			DetailedMetric: d.GetDetailedMetric(),
+			Descriptors:    descriptorsOf(d.GetDescriptors()),
+		}
+		if p := d.GetRateLimit(); p != nil {
+			rl := &rules.RateLimit{
+				RequestsPerUnit: p.GetRequestsPerUnit(),
+				Unlimited:       p.GetUnlimited(),
+				Name:            p.GetName(),
+			}
+			// By name, not number: the proto's units stop at DAY, and a
+			// number it does not name is an invalid unit, not the unit of
+			// ours that happens to share it.
+			if u := p.GetUnit(); u != rlsconfv3.RateLimitUnit_UNKNOWN {
+				rl.Unit = u.String()
+			}
+			for _, r := range p.GetReplaces() {
+				rl.Replaces = append(rl.Replaces, r.GetName())
+			}
+			out[i].RateLimit = rl
+		}
+	}
+	return out
+}
+
+// xdsProblem is a problem of a rules.Source built from xDS, named the way
+// the xDS server and an operator read it.
+type xdsProblem struct{ err *rules.Error }
+
+func (p xdsProblem) Error() string { return "xds: " + p.err.File + ": " + p.err.Msg }
+func (p xdsProblem) Unwrap() error { return p.err }
+
+// xdsProblems rewrites the *rules.Error parts of a Build error.
+func xdsProblems(err error) error {
+	var parts []error
+	if j, ok := err.(interface{ Unwrap() []error }); ok {
+		parts = j.Unwrap()
+	} else {
+		parts = []error{err}
+	}
+	out := make([]error, 0, len(parts))
+	for _, e := range parts {
+		var re *rules.Error
+		if errors.As(e, &re) {
+			out = append(out, xdsProblem{re})
+		} else {
+			out = append(out, e)
+		}
+	}
+	return errors.Join(out...)
+}
+
+// config builds the TLS configuration from the files.
+func (t *XDSTLS) config() (*tls.Config, error) {
+	c := &tls.Config{MinVersion: tls.VersionTLS12, ServerName: t.ServerName}
+	if t.CAFile != "" {
+		pem, err := os.ReadFile(t.CAFile)
+		if err != nil {
+			return nil, fmt.Errorf("provider: xds tls: %w", err)
+		}
+		c.RootCAs = x509.NewCertPool()
+		if !c.RootCAs.AppendCertsFromPEM(pem) {
+			return nil, fmt.Errorf("provider: xds tls: %s holds no PEM certificate", t.CAFile)
+		}
+	}
+	if t.CertFile != "" || t.KeyFile != "" {
+		cert, err := tls.LoadX509KeyPair(t.CertFile, t.KeyFile)
+		if err != nil {
+			return nil, fmt.Errorf("provider: xds tls: client certificate: %w", err)
+		}
+		c.Certificates = []tls.Certificate{cert}
+	}
+	return c, nil
+}

@@ -1,0 +1,447 @@
+package provider
+
+import (
+	"errors"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	resourcev3 "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
+	rlsconfv3 "github.com/envoyproxy/go-control-plane/ratelimit/config/ratelimit/v3"
+	"google.golang.org/protobuf/types/known/anypb"
+
+	"github.com/ratelimitd/ratelimit/src/provider/xdstest"
+	"github.com/ratelimitd/ratelimit/src/rules"
+)
+
+const testNode = "envoy-ratelimit"
+
+// webConfig is a RateLimitConfig for domain web: userLimit per minute for
+// each user, and 100 per second for each path.
+func webConfig(userLimit uint32) *rlsconfv3.RateLimitConfig {
+	return &rlsconfv3.RateLimitConfig{
+		Name:   "web",
+		Domain: "web",
+		Descriptors: []*rlsconfv3.RateLimitDescriptor{
+			{Key: "user", RateLimit: &rlsconfv3.RateLimitPolicy{Unit: rlsconfv3.RateLimitUnit_MINUTE, RequestsPerUnit: userLimit}},
+			{Key: "path", RateLimit: &rlsconfv3.RateLimitPolicy{Unit: rlsconfv3.RateLimitUnit_SECOND, RequestsPerUnit: 100}},
+		},
+	}
+}
+
+// collector records what a watcher reports.
+type collector struct {
+	mu      sync.Mutex
+	configs []*rules.Config
+	errs    []error
+	changed chan struct{}
+}
+
+func newCollector() *collector { return &collector{changed: make(chan struct{})} }
+
+func (c *collector) onLoad(snap Snapshot) {
+	cfg := snap.Rules
+	c.mu.Lock()
+	c.configs = append(c.configs, cfg)
+	close(c.changed)
+	c.changed = make(chan struct{})
+	c.mu.Unlock()
+}
+
+func (c *collector) onError(err error) {
+	c.mu.Lock()
+	c.errs = append(c.errs, err)
+	close(c.changed)
+	c.changed = make(chan struct{})
+	c.mu.Unlock()
+}
+
+func (c *collector) last() *rules.Config {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if len(c.configs) == 0 {
+		return nil
+	}
+	return c.configs[len(c.configs)-1]
+}
+
+// errors returns the errors reported so far, connection errors apart.
+func (c *collector) ruleErrors() []error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	var out []error
+	for _, err := range c.errs {
+		if !errors.Is(err, ErrXDSConnection) {
+			out = append(out, err)
+		}
+	}
+	return out
+}
+
+// wait waits until cond holds, checking it at each report, for at most
+// within.
+func (c *collector) wait(t *testing.T, within time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.NewTimer(within)
+	defer deadline.Stop()
+	for {
+		c.mu.Lock()
+		changed := c.changed
+		c.mu.Unlock()
+		if cond() {
+			return
+		}
+		select {
+		case <-changed:
+		case <-deadline.C:
+			c.mu.Lock()
+			defer c.mu.Unlock()
+			t.Fatalf("no %s within %v; errors: %v", what, within, c.errs)
+		}
+	}
+}
+
+// userLimit returns the limit of web's user rule in cfg, or 0.
+func userLimit(cfg *rules.Config) uint32 {
+	m := cfg.Match("web", []rules.Entry{{Key: "user", Value: "alice"}})
+	if m.Limit == nil {
+		return 0
+	}
+	return m.Limit.RequestsPerUnit
+}
+
+// fastBackoff keeps the tests short; no jitter, so that counts of
+// attempts are predictable.
+var fastBackoff = Backoff{Initial: 100 * time.Millisecond, Max: 400 * time.Millisecond}
+
+func watchXDS(t *testing.T, cfg XDSConfig) (*XDSWatcher, *collector) {
+	t.Helper()
+	c := newCollector()
+	if cfg.NodeID == "" {
+		cfg.NodeID = testNode
+	}
+	if cfg.Backoff == (Backoff{}) {
+		cfg.Backoff = fastBackoff
+	}
+	w, err := WatchXDS(t.Context(), cfg, c.onLoad, c.onError)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { w.Close() })
+	return w, c
+}
+
+func TestRateLimitConfigType(t *testing.T) {
+	if RateLimitConfigType != resourcev3.RateLimitConfigType {
+		t.Errorf("RateLimitConfigType = %q, want go-control-plane's %q", RateLimitConfigType, resourcev3.RateLimitConfigType)
+	}
+}
+
+// TestXDSSnapshots drives the watcher through the life of a deployment:
+// the first snapshot, a change, an invalid snapshot (NACKed, the rules in
+// use stay, and go-control-plane's immediate resending of it does not spin
+// the pair), a fix, and an empty snapshot.
+func TestXDSSnapshots(t *testing.T) {
+	srv := xdstest.Start(t, xdstest.Options{})
+	v1 := srv.SetConfigs(t, testNode, webConfig(5))
+	w, c := watchXDS(t, XDSConfig{
+		ServerURL:    srv.Addr,
+		NodeMetadata: map[string]string{"zone": "eu-1"},
+		Headers:      map[string]string{"authorization": "Bearer t0ken"},
+	})
+
+	c.wait(t, 10*time.Second, "first snapshot", func() bool { return userLimit(c.last()) == 5 })
+	ack := srv.WaitRequest(t, 0, 5*time.Second, "ACK of "+v1, func(r xdstest.Request) bool { return xdstest.ACKed(r, testNode, v1) })
+	first := srv.Requests()[0]
+	if first.GetTypeUrl() != RateLimitConfigType || first.GetNode().GetMetadata().GetFields()["zone"].GetStringValue() != "eu-1" {
+		t.Errorf("first request = %v, want type %s and node metadata zone=eu-1", first.DiscoveryRequest, RateLimitConfigType)
+	}
+	if got := ack.Metadata.Get("authorization"); len(got) != 1 || got[0] != "Bearer t0ken" {
+		t.Errorf("stream metadata authorization = %q, want the header", got)
+	}
+
+	t.Run("change", func(t *testing.T) {
+		start := time.Now()
+		v := srv.SetConfigs(t, testNode, webConfig(7))
+		c.wait(t, 2*time.Second, "changed limit", func() bool { return userLimit(c.last()) == 7 })
+		t.Logf("snapshot %s applied in %v", v, time.Since(start).Round(time.Millisecond))
+		srv.WaitRequest(t, 0, 5*time.Second, "ACK of "+v, func(r xdstest.Request) bool { return xdstest.ACKed(r, testNode, v) })
+		if s := w.Stats(); s.Version != v || s.Loads != 2 {
+			t.Errorf("Stats() = %+v, want version %s after 2 loads", s, v)
+		}
+	})
+
+	t.Run("invalid", func(t *testing.T) {
+		good := w.Stats().Version
+		bad := webConfig(9)
+		bad.Descriptors[0].RateLimit.Unit = rlsconfv3.RateLimitUnit_UNKNOWN
+		from := len(srv.Requests())
+		v := srv.SetConfigs(t, testNode, bad)
+		nack := srv.WaitRequest(t, from, 5*time.Second, "NACK of "+v, xdstest.Request.NACK)
+		want := `xds: config "web" (domain web): descriptor "web.user": rate_limit: missing unit (second, minute, hour, day, week, month or year)`
+		if got := nack.GetErrorDetail().GetMessage(); got != want {
+			t.Errorf("NACK error_detail = %q, want %q", got, want)
+		}
+		if nack.GetVersionInfo() != good {
+			t.Errorf("NACK version_info = %q, want the version in use, %q", nack.GetVersionInfo(), good)
+		}
+		errs := c.ruleErrors()
+		if len(errs) != 1 || errs[0].Error() != want {
+			t.Errorf("errors reported = %v, want [%s]", errs, want)
+		}
+		var re *rules.Error
+		if len(errs) == 1 && !errors.As(errs[0], &re) {
+			t.Errorf("error %v does not wrap a *rules.Error", errs[0])
+		}
+		if got := userLimit(c.last()); got != 7 {
+			t.Errorf("limit after the invalid snapshot = %d, want 7 (the rules in use)", got)
+		}
+
+		// The cache answers each NACK with the same snapshot; the watcher
+		// answers again only after a wait (100 ms here, Backoff.Initial),
+		// so about 15 NACKs in 1.5 s, not thousands.
+		time.Sleep(1500 * time.Millisecond)
+		nacks := 0
+		for _, r := range srv.Requests()[from:] {
+			if r.NACK() {
+				nacks++
+			}
+		}
+		if nacks < 2 || nacks > 20 {
+			t.Errorf("%d NACKs in 1.5 s of a resent invalid snapshot, want 2..20 (one per 100 ms)", nacks)
+		}
+		if s := w.Stats(); s.Failures != 1 || len(c.ruleErrors()) != 1 {
+			t.Errorf("Stats().Failures = %d, errors reported %d, want 1 and 1: a resent refusal is not reported again", s.Failures, len(c.ruleErrors()))
+		}
+
+		start := time.Now()
+		fixed := srv.SetConfigs(t, testNode, webConfig(11))
+		c.wait(t, 2*time.Second, "fixed snapshot", func() bool { return userLimit(c.last()) == 11 })
+		t.Logf("fixed snapshot %s applied in %v", fixed, time.Since(start).Round(time.Millisecond))
+	})
+
+	t.Run("empty", func(t *testing.T) {
+		// Deleting the last policy in Envoy Gateway sends no resources:
+		// the server means no limits, and says so on purpose.
+		srv.SetConfigs(t, testNode)
+		c.wait(t, 5*time.Second, "empty snapshot", func() bool { return c.last().Empty() })
+	})
+}
+
+// TestXDSReconnect stops the server mid-run: the rules in use stay, the
+// watcher retries on its back-off (not in a loop), and once the server is
+// back it subscribes again and takes new snapshots.
+func TestXDSReconnect(t *testing.T) {
+	srv := xdstest.Start(t, xdstest.Options{})
+	srv.SetConfigs(t, testNode, webConfig(5))
+	w, c := watchXDS(t, XDSConfig{ServerURL: srv.Addr})
+	c.wait(t, 10*time.Second, "first snapshot", func() bool { return userLimit(c.last()) == 5 })
+
+	srv.Stop()
+	c.wait(t, 5*time.Second, "connection error", func() bool {
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		return len(c.errs) > 0 && errors.Is(c.errs[len(c.errs)-1], ErrXDSConnection)
+	})
+	before := w.Stats().Attempts
+	time.Sleep(1500 * time.Millisecond)
+	// 100, 200, 400, 400... ms: about 5 attempts in 1.5 s.
+	if n := w.Stats().Attempts - before; n < 2 || n > 10 {
+		t.Errorf("%d connection attempts in 1.5 s while the server is down, want 2..10 (one per back-off)", n)
+	}
+	if got := userLimit(c.last()); got != 5 || len(c.configs) != 1 {
+		t.Errorf("rules while the server is down: limit %d after %d loads, want 5 after 1", got, len(c.configs))
+	}
+
+	srv.Restart(t)
+	start := time.Now()
+	srv.SetConfigs(t, testNode, webConfig(8))
+	c.wait(t, 5*time.Second, "snapshot after the restart", func() bool { return userLimit(c.last()) == 8 })
+	t.Logf("reconnected and applied in %v", time.Since(start).Round(time.Millisecond))
+	if s := w.Stats(); s.Connects < 2 || !s.Connected {
+		t.Errorf("Stats() = %+v, want at least 2 connects and connected", s)
+	}
+}
+
+// TestXDSTLS connects with mutual TLS, as to Envoy Gateway, and refuses a
+// server whose certificate does not chain to the CA given or does not
+// hold the name asked for.
+func TestXDSTLS(t *testing.T) {
+	srv := xdstest.Start(t, xdstest.Options{TLS: true})
+	srv.SetConfigs(t, testNode, webConfig(5))
+	files := srv.TLS
+	clientTLS := func(ca, name string) *XDSTLS {
+		return &XDSTLS{CertFile: files.ClientCertFile, KeyFile: files.ClientKeyFile, CAFile: ca, ServerName: name}
+	}
+
+	t.Run("mutual", func(t *testing.T) {
+		_, c := watchXDS(t, XDSConfig{ServerURL: srv.Addr, TLS: clientTLS(files.CAFile, "")})
+		c.wait(t, 10*time.Second, "snapshot over TLS", func() bool { return userLimit(c.last()) == 5 })
+	})
+	t.Run("san", func(t *testing.T) {
+		_, c := watchXDS(t, XDSConfig{ServerURL: srv.Addr, TLS: clientTLS(files.CAFile, "xds.test")})
+		c.wait(t, 10*time.Second, "snapshot over TLS with a SAN", func() bool { return userLimit(c.last()) == 5 })
+	})
+
+	other, err := xdstest.WriteTLS(t.TempDir(), "localhost")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tt := range []struct {
+		name string
+		tls  *XDSTLS
+		want string
+	}{
+		{"wrong_ca", clientTLS(other.CAFile, ""), "certificate signed by unknown authority"},
+		{"wrong_san", clientTLS(files.CAFile, "other.test"), "other.test"},
+		// Envoy Gateway's server requires a client certificate.
+		{"no_client_cert", &XDSTLS{CAFile: files.CAFile}, "certificate required"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			opened := srv.StreamsOpened()
+			w, c := watchXDS(t, XDSConfig{ServerURL: srv.Addr, TLS: tt.tls})
+			c.wait(t, 10*time.Second, "TLS error", func() bool {
+				err := w.Stats().LastError
+				return err != nil && strings.Contains(err.Error(), tt.want)
+			})
+			if n := srv.StreamsOpened() - opened; n != 0 || c.last() != nil {
+				t.Errorf("%d streams opened and rules %v with %s, want none", n, c.last(), tt.name)
+			}
+		})
+	}
+
+	t.Run("missing_file", func(t *testing.T) {
+		_, err := WatchXDS(t.Context(), XDSConfig{ServerURL: srv.Addr, NodeID: testNode, TLS: clientTLS(files.CAFile+".missing", "")}, nil, nil)
+		if err == nil || !strings.Contains(err.Error(), "ca.crt.missing") {
+			t.Errorf("WatchXDS with a missing CA file = %v, want an error naming it", err)
+		}
+	})
+}
+
+// TestXDSMaxMessageSize bounds what the server may send: a message larger
+// than MaxMessageBytes is refused by gRPC before it is decoded, and no
+// rules load from it.
+func TestXDSMaxMessageSize(t *testing.T) {
+	srv := xdstest.Start(t, xdstest.Options{})
+	big := webConfig(5)
+	for range 200 {
+		big.Descriptors = append(big.Descriptors, &rlsconfv3.RateLimitDescriptor{
+			Key: "k" + strings.Repeat("x", 20) + string(rune('a'+len(big.Descriptors)%26)) + strings.Repeat("y", len(big.Descriptors)),
+		})
+	}
+	srv.SetConfigs(t, testNode, big)
+	w, c := watchXDS(t, XDSConfig{ServerURL: srv.Addr, MaxMessageBytes: 4096})
+	c.wait(t, 10*time.Second, "size error", func() bool {
+		err := w.Stats().LastError
+		return err != nil && strings.Contains(err.Error(), "larger than max")
+	})
+	if c.last() != nil {
+		t.Errorf("rules loaded from a message above the bound")
+	}
+
+	_, c = watchXDS(t, XDSConfig{ServerURL: srv.Addr})
+	c.wait(t, 10*time.Second, "snapshot under gRPC's default bound", func() bool { return userLimit(c.last()) == 5 })
+}
+
+func TestSourceOf(t *testing.T) {
+	t.Parallel()
+	pb := &rlsconfv3.RateLimitConfig{Name: "cfg", Domain: "d", Descriptors: []*rlsconfv3.RateLimitDescriptor{
+		{Key: "a", Value: "1", ShadowMode: true, DetailedMetric: true, RateLimit: &rlsconfv3.RateLimitPolicy{
+			Unit: rlsconfv3.RateLimitUnit_DAY, RequestsPerUnit: 3, Name: "n", Replaces: []*rlsconfv3.RateLimitReplace{{Name: "m"}},
+		}},
+		{Key: "b", RateLimit: &rlsconfv3.RateLimitPolicy{Unlimited: true}, Descriptors: []*rlsconfv3.RateLimitDescriptor{
+			{Key: "c", RateLimit: &rlsconfv3.RateLimitPolicy{Unit: rlsconfv3.RateLimitUnit_SECOND, RequestsPerUnit: 1}},
+		}},
+	}}
+	cfg, err := rules.Build([]rules.Source{sourceOf(pb)}, rules.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := `d.a_1: unit=DAY requests_per_unit=3, shadow_mode: true, quota_mode: false, name: n, replaces: m, detailed_metric: true
+d.b: unit=UNKNOWN requests_per_unit=0, shadow_mode: false, quota_mode: false, unlimited: true
+d.b.c: unit=SECOND requests_per_unit=1, shadow_mode: false, quota_mode: false
+`
+	if got := cfg.Dump(); got != want {
+		t.Errorf("Dump() =\n%s\nwant\n%s", got, want)
+	}
+
+	// A unit number the proto does not name is invalid, not our unit of
+	// that number (5 is MONTH here).
+	pb.Descriptors[0].RateLimit.Unit = rlsconfv3.RateLimitUnit(5)
+	w := &XDSWatcher{}
+	_, err = w.build(anyOf(t, pb))
+	wantErr := `xds: config "cfg" (domain d): descriptor "d.a_1": rate_limit: invalid unit "5" (want second, minute, hour, day, week, month or year)`
+	if err == nil || err.Error() != wantErr {
+		t.Errorf("build(unit 5) = %v, want %q", err, wantErr)
+	}
+}
+
+func TestBackoff(t *testing.T) {
+	t.Parallel()
+	b := newBackoff(Backoff{Initial: 100 * time.Millisecond, Max: 350 * time.Millisecond})
+	var got []time.Duration
+	for range 5 {
+		got = append(got, b.wait())
+	}
+	want := []time.Duration{100, 200, 350, 350, 350}
+	for i := range want {
+		if got[i] != want[i]*time.Millisecond {
+			t.Fatalf("waits = %v, want %v ms", got, want)
+		}
+	}
+	b.reset()
+	if d := b.wait(); d != 100*time.Millisecond {
+		t.Errorf("wait after reset = %v, want 100ms", d)
+	}
+
+	j := newBackoff(Backoff{Initial: time.Second, Max: 4 * time.Second, RandomFactor: 0.5, Jitter: true})
+	seen := map[time.Duration]bool{}
+	for i := range 200 {
+		if i%3 == 0 {
+			j.reset()
+		}
+		base := j.next
+		d := j.wait()
+		if d < base/2 || d > min(base*3/2, 4*time.Second) {
+			t.Fatalf("jittered wait %v for %v, want within ±50%% and at most 4s", d, base)
+		}
+		seen[d] = true
+	}
+	if len(seen) < 50 {
+		t.Errorf("%d distinct jittered waits of 200, want them spread", len(seen))
+	}
+
+	if d := newBackoff(Backoff{}).wait(); d != 10*time.Second {
+		t.Errorf("zero Backoff waits %v, want the anchor's 10s", d)
+	}
+
+	// Answering a repeated refusal: from 1 s up to Initial.
+	r := repeatBackoff(Backoff{Initial: 10 * time.Second, Max: time.Minute})
+	got = got[:0]
+	for range 6 {
+		got = append(got, r.wait())
+	}
+	want = []time.Duration{1, 2, 4, 8, 10, 10}
+	for i := range want {
+		if got[i] != want[i]*time.Second {
+			t.Fatalf("repeat waits = %v, want %v s", got, want)
+		}
+	}
+	if d := repeatBackoff(fastBackoff).wait(); d != fastBackoff.Initial {
+		t.Errorf("repeat wait with Initial %v = %v, want %v", fastBackoff.Initial, d, fastBackoff.Initial)
+	}
+}
+
+func anyOf(t *testing.T, msgs ...*rlsconfv3.RateLimitConfig) []*anypb.Any {
+	t.Helper()
+	out := make([]*anypb.Any, len(msgs))
+	for i, m := range msgs {
+		a, err := anypb.New(m)
+		if err != nil {
+			t.Fatal(err)
+		}
+		out[i] = a
+	}
+	return out
+}

@@ -1,0 +1,393 @@
+package rules
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+)
+
+// Source is the rules of one domain given as data, already decoded, rather
+// than as YAML: an xDS RateLimitConfig, for example. Build checks it exactly
+// as Parse checks a rule file.
+type Source struct {
+	// Name names the source in errors and in each Limit.Source, for
+	// example `config "web" (domain web)`. It must not be empty.
+	Name string
+	// Domain is the domain the descriptors belong to.
+	Domain string
+	// Descriptors are the domain's top-level descriptors.
+	Descriptors []Descriptor
+}
+
+// Descriptor is one descriptor of a Source: the `descriptors` item of the
+// YAML format, field for field.
+type Descriptor struct {
+	Key   string
+	Value string
+	// RateLimit is the descriptor's rule; nil sets none, as an absent or
+	// empty rate_limit does in YAML.
+	RateLimit   *RateLimit
+	Descriptors []Descriptor
+
+	ShadowMode     bool
+	QuotaMode      bool
+	DetailedMetric bool
+	ValueToMetric  bool
+	ShareThreshold bool
+
+	// Metadata is the rule's metadata, with the value types Limit.Metadata
+	// allows. Build keeps the map itself, so the caller must not modify
+	// it afterwards. Nil when absent.
+	Metadata map[string]any
+}
+
+// RateLimit is the rate_limit of a Descriptor. Zero values mean absent:
+// data has no way to tell `burst: 0` from no burst, so a zero Burst or
+// UnitMultiplier takes the default instead of being an error as in YAML.
+type RateLimit struct {
+	// Unit is a unit's name, in any case ("second", "MINUTE"); "" is none,
+	// which only an unlimited rule may have.
+	Unit            string
+	RequestsPerUnit uint32
+	Unlimited       bool
+	Name            string
+	Replaces        []string
+	// Algorithm is an algorithm's YAML name; "" is fixed_window.
+	Algorithm string
+	// Burst is the token bucket's capacity; 0 is RequestsPerUnit.
+	Burst uint32
+	// UnitMultiplier makes a window of that many units; 0 is 1.
+	UnitMultiplier uint32
+}
+
+// Build makes a Config from rules given as data, with the checks Parse
+// applies to YAML: it reports every problem, each an *Error whose File is
+// the Source's Name and whose Line is 0, joined with errors.Join; on error
+// the Config is nil. Two sources with the same domain are an error unless
+// opts.MergeDomains is set, as two files are.
+func Build(srcs []Source, opts Options) (*Config, error) {
+	b := &builder{opts: opts, domains: map[string]*domainState{}}
+	for i := range srcs {
+		b.source(&srcs[i])
+	}
+	if len(b.errs) > 0 {
+		return nil, errors.Join(b.errs...)
+	}
+	return b.build(), nil
+}
+
+// source adds the descriptors of one Source.
+func (b *builder) source(s *Source) {
+	errorf := func(format string, args ...any) {
+		b.errs = append(b.errs, &Error{File: s.Name, Msg: fmt.Sprintf(format, args...)})
+	}
+	d, msg := b.domain(s.Domain, s.Name, s.Name)
+	if msg != "" {
+		errorf("%s", msg)
+		if d == nil {
+			return
+		}
+	}
+	b.descriptors(s, s.Descriptors, d.root, s.Domain, nil, errorf)
+}
+
+// descriptors adds a list of data descriptors below parent.
+func (b *builder) descriptors(s *Source, list []Descriptor, parent *node, parentKey string, levels []string, errorf func(string, ...any)) {
+	for i := range list {
+		d := &list[i]
+		n := descriptorNames(parentKey, d.Key, d.Value, i+1)
+		levels := append(levels[:len(levels):len(levels)], n.composite)
+		if d.Key == "" {
+			errorf("%s: %s", n.where, msgEmptyKey)
+		}
+		flags := descriptorFlags{
+			shadow:         d.ShadowMode,
+			quota:          d.QuotaMode,
+			detailed:       d.DetailedMetric,
+			valueToMetric:  d.ValueToMetric,
+			shareThreshold: d.ShareThreshold,
+		}
+		// A data descriptor has no line: name it by its place instead,
+		// which also tells two descriptors with one key apart.
+		source := fmt.Sprintf("%s, descriptor %d of %q", s.Name, i+1, parentKey)
+		nd := newNode(n.composite, source)
+		nd.valueToMetric = flags.valueToMetric
+		nd.shareThreshold = flags.shareThreshold
+		if msg := checkShareThreshold(flags, n.composite); msg != "" {
+			errorf("%s: %s", n.where, msg)
+		}
+		if d.RateLimit != nil {
+			spec := d.RateLimit.spec()
+			l, problems := newLimit(spec, n.fullKey, source, flags, b.opts)
+			for _, p := range problems {
+				errorf("%s: rate_limit: %s", n.where, p.msg)
+			}
+			if l != nil {
+				l.Domain, l.Levels = s.Domain, levels
+				if len(d.Metadata) > 0 {
+					l.Metadata = d.Metadata
+				}
+			}
+			nd.limit = l
+		}
+		if d.Key != "" {
+			if msg := addChild(parent, nd); msg != "" {
+				errorf("%s: %s", n.where, msg)
+			}
+		}
+		b.descriptors(s, d.Descriptors, nd, n.fullKey, levels, errorf)
+	}
+}
+
+// spec is the limitSpec of a data rate limit: zero values are absent.
+func (r *RateLimit) spec() limitSpec {
+	return limitSpec{
+		unit:          r.Unit,
+		hasUnit:       r.Unit != "",
+		requests:      r.RequestsPerUnit,
+		unlimited:     r.Unlimited,
+		name:          r.Name,
+		replaces:      r.Replaces,
+		algorithm:     r.Algorithm,
+		hasAlgorithm:  r.Algorithm != "",
+		burst:         r.Burst,
+		hasBurst:      r.Burst != 0,
+		multiplier:    r.UnitMultiplier,
+		hasMultiplier: r.UnitMultiplier != 0,
+	}
+}
+
+// The checks below are shared by Parse and Build, so that YAML and data
+// are held to the same rules and described in the same words. Each returns
+// its problems as text without a place; the caller adds the file and line,
+// or the source's name.
+
+// msgEmptyKey is the problem of a descriptor without a key.
+const msgEmptyKey = "empty key"
+
+// names are how a descriptor is named: its composite key ("key" or
+// "key_value"), its full key ("domain.key_value.key2", as in FullKey) and
+// how messages name it.
+type names struct {
+	composite, fullKey, where string
+}
+
+// descriptorNames names the index-th (1-based) descriptor of parentKey.
+func descriptorNames(parentKey, key, value string, index int) names {
+	composite := key
+	if value != "" {
+		composite += "_" + value
+	}
+	n := names{composite: composite, fullKey: parentKey + "." + composite}
+	if key == "" {
+		n.where = fmt.Sprintf("descriptor %d of %q", index, parentKey)
+	} else {
+		n.where = fmt.Sprintf("descriptor %q", n.fullKey)
+	}
+	return n
+}
+
+// domain returns the state of a domain for a source (a file, or a Source
+// named name) that defines it, and a problem: an empty domain (the state
+// is then nil) or a duplicate one (the state is then a throwaway tree, so
+// that the descriptors are still checked).
+func (b *builder) domain(domain, name, source string) (*domainState, string) {
+	if domain == "" {
+		return nil, "empty domain"
+	}
+	d := b.domains[domain]
+	switch {
+	case d == nil:
+		d = &domainState{root: newNode(domain, source), file: name}
+		b.domains[domain] = d
+	case !b.opts.MergeDomains:
+		return &domainState{root: newNode(domain, "")},
+			fmt.Sprintf("duplicate domain %q (also in %s; set MERGE_DOMAIN_CONFIG=true to merge)", domain, d.file)
+	}
+	return d, ""
+}
+
+// checkShareThreshold returns the problem of a share_threshold set on a
+// descriptor whose value is not a wildcard, or "".
+func checkShareThreshold(flags descriptorFlags, composite string) string {
+	if flags.shareThreshold && !strings.Contains(composite, "*") {
+		return "share_threshold needs a wildcard value (containing '*'), so that the values it matches can share one counter"
+	}
+	return ""
+}
+
+// addChild adds n below parent, or returns the problem of a composite key
+// parent already has.
+func addChild(parent, n *node) string {
+	if prev := parent.children[n.key]; prev != nil {
+		return fmt.Sprintf("duplicate composite key (first defined at %s)", prev.source)
+	}
+	parent.add(n)
+	return ""
+}
+
+// limitSpec is a rate_limit as read, from YAML or data, before it is
+// checked.
+type limitSpec struct {
+	unit    string
+	hasUnit bool
+	// badUnit, badBurst and badMultiplier mark a field whose YAML could
+	// not be read at all; that problem is reported already, so the
+	// field's own checks are skipped.
+	badUnit, badBurst, badMultiplier bool
+
+	requests  uint32
+	unlimited bool
+	name      string
+	replaces  []string
+
+	// hasAlgorithm, hasBurst and hasMultiplier are the field given (in
+	// YAML, its key present, whatever its value).
+	algorithm     string
+	hasAlgorithm  bool
+	burst         uint32
+	hasBurst      bool
+	multiplier    uint32
+	hasMultiplier bool
+}
+
+// Fields of a rate_limit that a limitProblem may be about.
+const (
+	fieldLimit      = "" // the rate_limit as a whole
+	fieldUnit       = "unit"
+	fieldRequests   = "requests_per_unit"
+	fieldReplaces   = "replaces"
+	fieldAlgorithm  = "algorithm"
+	fieldBurst      = "burst"
+	fieldMultiplier = "unit_multiplier"
+)
+
+// limitProblem is one problem of a rate_limit: its text and what it is
+// about, so that YAML can point at the line of that field's key or value
+// (or at the index-th item of replaces).
+type limitProblem struct {
+	field   string
+	atValue bool
+	index   int
+	msg     string
+}
+
+// newLimit checks a rate_limit and builds its Limit. It returns the Limit
+// (nil when a problem makes it unusable) and every problem found.
+func newLimit(s limitSpec, fullKey, source string, flags descriptorFlags, opts Options) (*Limit, []limitProblem) {
+	var probs []limitProblem
+	report := func(field string, atValue bool, format string, args ...any) {
+		probs = append(probs, limitProblem{field: field, atValue: atValue, msg: fmt.Sprintf(format, args...)})
+	}
+	l := &Limit{
+		FullKey:         fullKey,
+		Source:          source,
+		RequestsPerUnit: s.requests,
+		UnitMultiplier:  1,
+		Name:            s.name,
+		Unlimited:       s.unlimited,
+		ShadowMode:      flags.shadow,
+		QuotaMode:       flags.quota,
+		DetailedMetric:  flags.detailed,
+		ValueToMetric:   flags.valueToMetric,
+		ShareThreshold:  flags.shareThreshold,
+	}
+	ok := !s.badUnit && !s.badBurst && !s.badMultiplier
+
+	switch {
+	case s.badUnit:
+	case s.unlimited && s.unit != "":
+		report(fieldUnit, false, "unit %q given with unlimited: true; an unlimited rule has no unit", s.unit)
+		ok = false
+	case s.unlimited:
+	case !s.hasUnit || s.unit == "":
+		report(fieldUnit, false, "missing unit (second, minute, hour, day, week, month or year)")
+		ok = false
+	default:
+		u, valid := ParseUnit(s.unit)
+		if !valid {
+			report(fieldUnit, true, "invalid unit %q (want second, minute, hour, day, week, month or year)", s.unit)
+			ok = false
+		}
+		l.Unit = u
+	}
+
+	for i, name := range s.replaces {
+		switch {
+		case name == "":
+			probs = append(probs, limitProblem{field: fieldReplaces, index: i, msg: "replaces: empty name"})
+		case name == s.name:
+			probs = append(probs, limitProblem{field: fieldReplaces, index: i,
+				msg: fmt.Sprintf("replaces: a rule cannot replace its own name %q", name)})
+		default:
+			l.Replaces = append(l.Replaces, name)
+		}
+	}
+
+	if s.unlimited {
+		for _, f := range []struct {
+			name    string
+			present bool
+		}{{fieldAlgorithm, s.hasAlgorithm}, {fieldBurst, s.hasBurst}, {fieldMultiplier, s.hasMultiplier}} {
+			if f.present {
+				report(f.name, false, "%s has no effect with unlimited: true", f.name)
+				ok = false
+			}
+		}
+		if !ok {
+			return nil, probs
+		}
+		return l, probs
+	}
+
+	alg, valid := ParseAlgorithm(s.algorithm)
+	if !valid {
+		report(fieldAlgorithm, true, "unknown algorithm %q (want fixed_window, sliding_window, sliding_log or token_bucket)", s.algorithm)
+		ok = false
+	}
+	l.Algorithm = alg
+
+	if s.hasBurst && !s.badBurst {
+		switch {
+		case valid && alg != TokenBucket:
+			report(fieldBurst, false, "burst is only for algorithm token_bucket")
+			ok = false
+		case s.burst == 0:
+			report(fieldBurst, true, "burst must be at least 1 (leave it out to use requests_per_unit)")
+			ok = false
+		}
+		l.Burst = s.burst
+	}
+
+	if s.hasMultiplier && !s.badMultiplier {
+		switch {
+		case s.multiplier == 0:
+			report(fieldMultiplier, true, "unit_multiplier must be at least 1")
+			ok = false
+		case l.Unit.Seconds()*int64(s.multiplier) > maxWindowSeconds:
+			report(fieldMultiplier, true, "unit_multiplier %d makes a window longer than %d seconds", s.multiplier, maxWindowSeconds)
+			ok = false
+		default:
+			l.UnitMultiplier = s.multiplier
+		}
+	}
+
+	if valid && alg == SlidingLog && s.requests > MaxSlidingLog {
+		report(fieldRequests, true,
+			"sliding_log keeps one timestamp per request; requests_per_unit %d is above its maximum of %d (use sliding_window)",
+			s.requests, MaxSlidingLog)
+		ok = false
+	}
+	if valid && opts.Supports != nil && !opts.Supports(alg) {
+		store := opts.StoreName
+		if store == "" {
+			store = "configured"
+		}
+		report(fieldAlgorithm, true, "algorithm %s is not supported by the %s store (it cannot run it atomically)", alg, store)
+		ok = false
+	}
+	if !ok {
+		return nil, probs
+	}
+	return l, probs
+}
