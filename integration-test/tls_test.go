@@ -168,6 +168,48 @@ func TestGRPCTLSTrustsTheCAFileAlone(t *testing.T) {
 	p.refusedWith(t, credentials.NewTLS(tlstest.ClientConfig(publicCA.Client(t, clientSAN), serverCA)))
 }
 
+// TestGRPCTLSRotation swaps the secret's files as the kubelet does, with
+// the service running: a connection made before keeps working, new ones
+// get the new certificate within a deadline; a swap to a key of another
+// certificate keeps the certificate in use, logged and counted.
+func TestGRPCTLSRotation(t *testing.T) {
+	ca1, ca2 := tlstest.NewCA(t, "CA one"), tlstest.NewCA(t, "CA two")
+	first := ca1.Server(t)
+	sec := tlsSecret(t, first, nil)
+	p := start(t, map[string]string{"web.yaml": webRules}, tlsSettings(sec, false)...)
+
+	// It trusts CA one alone: a new connection after the swap would fail.
+	established := p.conn(t, credentials.NewTLS(tlstest.ClientConfig(nil, ca1)))
+	if _, err := tlsHealth(t, established, ""); err != nil {
+		t.Fatal(err)
+	}
+
+	second := ca2.Server(t)
+	sec.Update(t, secretContents(second, nil))
+	eventually(t, "the new certificate served to a new connection", 15*time.Second, func() bool {
+		serial, err := p.servedWith(t, tlstest.ClientConfig(nil, ca2))
+		return err == nil && serial.Cmp(second.Leaf.SerialNumber) == 0
+	})
+	resp, err := rlsv3.NewRateLimitServiceClient(established).ShouldRateLimit(callCtx(t), request("web", "user", "established"))
+	if err != nil || resp.GetOverallCode() != rlsv3.RateLimitResponse_OK {
+		t.Fatalf("the connection made before the swap: %v, %v; want OK", resp, err)
+	}
+	if got := p.stat(t, "ratelimit.server.tls_reload_success"); got != "ratelimit.server.tls_reload_success: 1" {
+		t.Errorf("/stats: %q, want tls_reload_success 1", got)
+	}
+
+	sec.Update(t, map[string][]byte{"tls.crt": ca1.Server(t).CertPEM, "tls.key": first.KeyPEM})
+	eventually(t, "the invalid swap counted", 15*time.Second, func() bool {
+		return p.stat(t, "ratelimit.server.tls_reload_error") == "ratelimit.server.tls_reload_error: 1"
+	})
+	if !strings.Contains(p.logs(), "keeping the certificate in use") {
+		t.Errorf("the invalid swap was not logged")
+	}
+	if serial, err := p.servedWith(t, tlstest.ClientConfig(nil, ca2)); err != nil || serial.Cmp(second.Leaf.SerialNumber) != 0 {
+		t.Errorf("after the invalid swap: certificate %v, %v; want %v, no error", serial, err, second.Leaf.SerialNumber)
+	}
+}
+
 // TestGRPCTLSStartupFailures checks that TLS files that cannot serve stop
 // the service at start, non-zero, with a message naming the setting.
 func TestGRPCTLSStartupFailures(t *testing.T) {

@@ -270,7 +270,7 @@ func (s *Server) listen() error {
 			key:       s.set.GRPCServerTLSKey,
 			clientCA:  s.set.GRPCClientTLSCACert,
 			clientSAN: s.set.GRPCClientTLSSAN,
-		}, s.stats)
+		}, s.stats, s.log)
 		if err != nil {
 			return err
 		}
@@ -491,6 +491,13 @@ func (s *Server) Run(ctx context.Context) error {
 		defer wg.Done()
 		s.store.watchHealth(ctx, s.health)
 	}()
+	if s.tls != nil {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			s.tls.watch(ctx)
+		}()
+	}
 	if s.store.started != nil && s.set.RedisStartupMaxElapsedTime > 0 {
 		wg.Add(1)
 		go func() {

@@ -12,9 +12,11 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
+	"github.com/fsnotify/fsnotify"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
@@ -28,6 +30,7 @@ import (
 
 	"github.com/ratelimitd/ratelimit/src/server/tlstest"
 	"github.com/ratelimitd/ratelimit/src/settings"
+	"github.com/ratelimitd/ratelimit/src/stats"
 )
 
 // secretFiles are the files of a Kubernetes TLS secret: the server's pair
@@ -235,6 +238,169 @@ func TestVerifyClientSAN(t *testing.T) {
 				t.Errorf("verifyClientSAN(%q) = %v, want ok %v", tt.san, err, tt.ok)
 			}
 		})
+	}
+}
+
+// TestTLSRotation swaps the secret's files as the kubelet does: new
+// connections get the new certificate within a deadline, a connection
+// made before keeps working, and a swap to files that are not a valid
+// whole keeps the certificate in use, logged and counted once.
+func TestTLSRotation(t *testing.T) {
+	ca1, ca2 := tlstest.NewCA(t, "CA one"), tlstest.NewCA(t, "CA two")
+	first := ca1.Server(t)
+	sec := tlstest.NewSecretDir(t, secretFiles(first, nil))
+	var logs syncBuffer
+	srv, _ := build(t, serverRules, tlsEnv(sec, false, ""), &logs)
+	run(t, srv)
+
+	// Trusts CA one only: if it had to connect again after the swap, its
+	// calls would fail.
+	established := dialWith(t, srv, credentials.NewTLS(tlstest.ClientConfig(nil, ca1)))
+	if _, err := healthCheck(t, established); err != nil {
+		t.Fatal(err)
+	}
+
+	second := ca2.Server(t)
+	sec.Update(t, secretFiles(second, nil))
+	eventually(t, "the new certificate served to a new connection", func() bool {
+		cc, err := grpc.NewClient(srv.Addrs().GRPC.String(), grpc.WithTransportCredentials(credentials.NewTLS(tlstest.ClientConfig(nil, ca2))))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer cc.Close()
+		serial, err := healthCheck(t, cc)
+		return err == nil && serial.Cmp(second.Leaf.SerialNumber) == 0
+	})
+	if serial, err := healthCheck(t, established); err != nil || serial.Cmp(first.Leaf.SerialNumber) != 0 {
+		t.Fatalf("established connection after the swap: certificate %v, %v; want %v, no error", serial, err, first.Leaf.SerialNumber)
+	}
+	refused(t, dialWith(t, srv, credentials.NewTLS(tlstest.ClientConfig(nil, ca1))))
+	if got := counter(srv, "ratelimit.server.tls_reload_success"); got != 1 {
+		t.Errorf("tls_reload_success = %d, want 1", got)
+	}
+
+	invalid := []struct {
+		name  string
+		files map[string][]byte
+	}{
+		{name: "key_of_another_certificate", files: map[string][]byte{"tls.crt": ca2.Server(t).CertPEM, "tls.key": first.KeyPEM}},
+		{name: "key_missing", files: map[string][]byte{"tls.crt": ca2.Server(t).CertPEM}},
+		{name: "certificate_truncated", files: map[string][]byte{"tls.crt": second.CertPEM[:len(second.CertPEM)/2], "tls.key": second.KeyPEM}},
+	}
+	for i, tt := range invalid {
+		t.Run(tt.name, func(t *testing.T) {
+			sec.Update(t, tt.files)
+			eventually(t, "the failed reload counted", func() bool {
+				return counter(srv, "ratelimit.server.tls_reload_error") == uint64(i+1)
+			})
+			serial, err := healthCheck(t, dialWith(t, srv, credentials.NewTLS(tlstest.ClientConfig(nil, ca2))))
+			if err != nil || serial.Cmp(second.Leaf.SerialNumber) != 0 {
+				t.Fatalf("after an invalid swap: certificate %v, %v; want %v, no error", serial, err, second.Leaf.SerialNumber)
+			}
+			if !strings.Contains(logs.String(), "keeping the certificate in use") {
+				t.Errorf("no error logged:\n%s", logs.String())
+			}
+		})
+	}
+
+	third := ca1.Server(t)
+	sec.Update(t, secretFiles(third, nil))
+	eventually(t, "a valid swap after invalid ones", func() bool {
+		cc, err := grpc.NewClient(srv.Addrs().GRPC.String(), grpc.WithTransportCredentials(credentials.NewTLS(tlstest.ClientConfig(nil, ca1))))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer cc.Close()
+		serial, err := healthCheck(t, cc)
+		return err == nil && serial.Cmp(third.Leaf.SerialNumber) == 0
+	})
+	if got, want := counter(srv, "ratelimit.server.tls_reload_error"), uint64(len(invalid)); got != want {
+		t.Errorf("tls_reload_error = %d, want %d (once per invalid version)", got, want)
+	}
+}
+
+// TestMTLSCARotation swaps the client CA file: a client of the new CA is
+// served within a deadline, and a client of the old one is refused.
+func TestMTLSCARotation(t *testing.T) {
+	serverCA, old, next := tlstest.NewCA(t, "server CA"), tlstest.NewCA(t, "old client CA"), tlstest.NewCA(t, "new client CA")
+	server := serverCA.Server(t)
+	sec := tlstest.NewSecretDir(t, secretFiles(server, old))
+	srv, _ := start(t, serverRules, tlsEnv(sec, true, ""))
+	oldClient, nextClient := old.Client(t, "envoy"), next.Client(t, "envoy")
+
+	if _, err := healthCheck(t, dialWith(t, srv, credentials.NewTLS(tlstest.ClientConfig(oldClient, serverCA)))); err != nil {
+		t.Fatalf("client of the CA in force: %v", err)
+	}
+	refused(t, dialWith(t, srv, credentials.NewTLS(tlstest.ClientConfig(nextClient, serverCA))))
+
+	sec.Update(t, secretFiles(server, next))
+	eventually(t, "a client of the new CA served", func() bool {
+		cc, err := grpc.NewClient(srv.Addrs().GRPC.String(), grpc.WithTransportCredentials(credentials.NewTLS(tlstest.ClientConfig(nextClient, serverCA))))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer cc.Close()
+		_, err = healthCheck(t, cc)
+		return err == nil
+	})
+	refused(t, dialWith(t, srv, credentials.NewTLS(tlstest.ClientConfig(oldClient, serverCA))))
+}
+
+// TestTLSRecheckWithoutEvents shows that the periodic re-check alone picks
+// up new files when they cannot be watched (no inotify instance left).
+func TestTLSRecheckWithoutEvents(t *testing.T) {
+	ca := tlstest.NewCA(t, "CA")
+	sec := tlstest.NewSecretDir(t, secretFiles(ca.Server(t), nil))
+	r, err := newServerTLS(tlsFiles{cert: sec.Path("tls.crt"), key: sec.Path("tls.key")}, stats.NewRegistry(), slog.New(slog.NewTextHandler(io.Discard, nil)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.newWatcher = func() (*fsnotify.Watcher, error) { return nil, errors.New("too many open files") }
+	r.recheck = 20 * time.Millisecond
+	ctx, cancel := context.WithCancel(t.Context())
+	var wg sync.WaitGroup
+	wg.Go(func() { r.watch(ctx) })
+	t.Cleanup(func() { cancel(); wg.Wait() })
+
+	next := ca.Server(t)
+	sec.Update(t, secretFiles(next, nil))
+	eventually(t, "the re-check to load the new certificate", func() bool {
+		return r.cur.Load().config.Certificates[0].Leaf.SerialNumber.Cmp(next.Leaf.SerialNumber) == 0
+	})
+}
+
+// TestTLSInvalidFilesCountedOnce re-reads files that stay invalid, as
+// every re-check does: the failure is logged and counted once, and again
+// only for another invalid version.
+func TestTLSInvalidFilesCountedOnce(t *testing.T) {
+	ca := tlstest.NewCA(t, "CA")
+	first := ca.Server(t)
+	sec := tlstest.NewSecretDir(t, secretFiles(first, nil))
+	reg := stats.NewRegistry()
+	var logs syncBuffer
+	r, err := newServerTLS(tlsFiles{cert: sec.Path("tls.crt"), key: sec.Path("tls.key")}, reg, slog.New(slog.NewTextHandler(&logs, nil)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	failed := func() uint64 { return reg.Snapshot()["ratelimit.server.tls_reload_error"] }
+
+	sec.Update(t, map[string][]byte{"tls.crt": ca.Server(t).CertPEM, "tls.key": first.KeyPEM})
+	for range 3 {
+		r.reload()
+	}
+	if got := failed(); got != 1 {
+		t.Errorf("after three reads of one invalid version: tls_reload_error = %d, want 1", got)
+	}
+	if n := strings.Count(logs.String(), "keeping the certificate in use"); n != 1 {
+		t.Errorf("logged %d times, want once:\n%s", n, logs.String())
+	}
+	sec.Update(t, map[string][]byte{"tls.crt": ca.Server(t).CertPEM, "tls.key": first.KeyPEM})
+	r.reload()
+	if got := failed(); got != 2 {
+		t.Errorf("after another invalid version: tls_reload_error = %d, want 2", got)
+	}
+	if got := r.cur.Load().config.Certificates[0].Leaf.SerialNumber; got.Cmp(first.Leaf.SerialNumber) != 0 {
+		t.Errorf("certificate in use %v, want the first, %v", got, first.Leaf.SerialNumber)
 	}
 }
 

@@ -33,9 +33,9 @@ type Settings struct {
 	// (PEM files). GRPC_CLIENT_TLS_CACERT (PEM): clients must present a
 	// certificate signed by one of its CAs (mTLS); empty asks for none.
 	// GRPC_CLIENT_TLS_SAN: the client certificate must also hold this DNS
-	// name (or IP address), as hostname verification matches it.
-	// Without GRPC_SERVER_USE_TLS the others have no effect, as in the
-	// anchor (Load warns).
+	// name (or IP address), as hostname verification matches it. The
+	// files are re-read when they change. Without GRPC_SERVER_USE_TLS
+	// the others have no effect, as in the anchor (Load warns).
 	GRPCServerUseTLS    bool   `envconfig:"GRPC_SERVER_USE_TLS" default:"false"`
 	GRPCServerTLSCert   string `envconfig:"GRPC_SERVER_TLS_CERT" default:""`
 	GRPCServerTLSKey    string `envconfig:"GRPC_SERVER_TLS_KEY" default:""`
