@@ -187,12 +187,12 @@ func TestXDSTLS(t *testing.T) {
 	})
 }
 
-// rlsListenerTLS is where TLS on the rate-limit listener is switched on
-// for the Envoy Gateway scenario, once GRPC_SERVER_USE_TLS is merged.
-// MERGE(grpc-tls): set it to true; egEnv then adds GRPC_SERVER_USE_TLS=true
-// and egClient dials with TLS, trusting the CA and presenting the client
-// certificate, as Envoy does with Envoy Gateway's ratelimit_cluster.
-var rlsListenerTLS = false
+// rlsListenerTLS switches on TLS on the rate-limit listener for the Envoy
+// Gateway scenario, as Envoy Gateway deploys it: egEnv adds
+// GRPC_SERVER_USE_TLS=true and egClient dials with TLS, trusting the CA
+// and presenting the client certificate, as Envoy does with Envoy
+// Gateway's ratelimit_cluster.
+var rlsListenerTLS = true
 
 // egEnv is the environment Envoy Gateway's Deployment gives the service
 // (internal/infrastructure/kubernetes/ratelimit/resource.go), with

@@ -34,7 +34,7 @@ func run() int {
 	}
 	log := server.NewLogger(os.Stderr, set.LogLevel, set.LogFormat)
 	for _, w := range set.Warnings() {
-		log.Warn("setting of envoyproxy/ratelimit not implemented; ignored", "setting", w.Name, "why", w.Why)
+		log.Warn(w.Message(), "setting", w.Name, "why", w.Why)
 	}
 	defer gctune.Start(uint64(set.GCHeadroomBytes))()
 

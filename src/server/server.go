@@ -69,6 +69,8 @@ type Server struct {
 	// last failed load since they loaded, for /rlconfig. Nil when none.
 	snapshot  atomic.Pointer[provider.Snapshot]
 	reloadErr atomic.Pointer[loadError]
+	// tls serves TLS on the gRPC listener; nil without GRPC_SERVER_USE_TLS.
+	tls *serverTLS
 }
 
 // New builds a server from settings: it loads the rules (an invalid rules
@@ -260,6 +262,21 @@ func (s *Server) setRules(snap provider.Snapshot) {
 }
 
 func (s *Server) listen() error {
+	// The TLS files first: a misconfiguration stops the start before any
+	// socket opens.
+	if s.set.GRPCServerUseTLS {
+		r, err := newServerTLS(tlsFiles{
+			cert:      s.set.GRPCServerTLSCert,
+			key:       s.set.GRPCServerTLSKey,
+			clientCA:  s.set.GRPCClientTLSCACert,
+			clientSAN: s.set.GRPCClientTLSSAN,
+		}, s.stats, s.log)
+		if err != nil {
+			return err
+		}
+		s.tls = r
+	}
+
 	// One cap per listener, so that no single listener can take every file
 	// descriptor; together they must also fit the open-file limit.
 	caps := connCaps{grpc: s.set.GRPCMaxConnections, http: s.set.HTTPMaxConnections, httpListeners: 2}
@@ -319,6 +336,9 @@ func (s *Server) listen() error {
 	opts := append(grpcOptions(s.set, s.recoverUnary),
 		grpc.InTapHandle(s.svc.Tap),
 		grpc.ForceServerCodecV2(service.Codec()))
+	if s.tls != nil {
+		opts = append(opts, grpc.Creds(s.tls.credentials()))
+	}
 	s.grpc = grpc.NewServer(opts...)
 	rlsv3.RegisterRateLimitServiceServer(s.grpc, s.svc)
 	healthpb.RegisterHealthServer(s.grpc, s.health.grpc)
@@ -471,6 +491,13 @@ func (s *Server) Run(ctx context.Context) error {
 		defer wg.Done()
 		s.store.watchHealth(ctx, s.health)
 	}()
+	if s.tls != nil {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			s.tls.watch(ctx)
+		}()
+	}
 	if s.store.started != nil && s.set.RedisStartupMaxElapsedTime > 0 {
 		wg.Add(1)
 		go func() {
@@ -482,7 +509,7 @@ func (s *Server) Run(ctx context.Context) error {
 			}
 		}()
 	}
-	s.log.Info("serving", "grpc", s.grpcLn.Addr().String(), "http", s.httpLn.Addr().String(), "debug", s.debugLn.Addr().String(), "backend", s.set.BackendType)
+	s.log.Info("serving", "grpc", s.grpcLn.Addr().String(), "grpc_tls", s.tls != nil, "http", s.httpLn.Addr().String(), "debug", s.debugLn.Addr().String(), "backend", s.set.BackendType)
 
 	var runErr error
 	select {

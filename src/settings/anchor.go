@@ -67,13 +67,24 @@ type AnchorSetting struct {
 	honoured func(string) bool
 }
 
-// Warning is a setting of the anchor that is set, not implemented, and
-// harmless to go without.
+// Warning is a setting that is set and ignored: one of the anchor's that
+// is not implemented and harmless to go without, or (Unused) one that is
+// implemented but has no effect with the other settings, as in the anchor.
 type Warning struct {
 	// Name is the variable.
 	Name string
 	// Why says what this service does instead.
 	Why string
+	// Unused is true for an implemented setting without effect.
+	Unused bool
+}
+
+// Message is the line to log for the warning; Name and Why go with it.
+func (w Warning) Message() string {
+	if w.Unused {
+		return "setting has no effect; ignored"
+	}
+	return "setting of envoyproxy/ratelimit not implemented; ignored"
 }
 
 // isFalse honours a boolean setting that is off.
@@ -98,7 +109,6 @@ func oneOf(values ...string) func(string) bool {
 const (
 	whyStatsd  = "statsd is not implemented: the statistics are served on the debug port's /stats and /metrics, and on their own listener with USE_PROMETHEUS=true"
 	whyTracing = "OpenTelemetry tracing is not implemented"
-	whyGRPCTLS = "it has no effect without GRPC_SERVER_USE_TLS=true, as with envoyproxy/ratelimit, and TLS on the gRPC listener is not implemented"
 )
 
 // anchorSettings is every envconfig name of envoyproxy/ratelimit's
@@ -123,13 +133,15 @@ var anchorSettings = []AnchorSetting{
 	{Name: "MAX_CONCURRENT_REQUESTS", Status: Different, Default: "0"},
 	{Name: "REQUEST_TIMEOUT", Status: Different, Default: "0"},
 
-	// TLS on the gRPC listener.
-	{Name: "GRPC_SERVER_USE_TLS", Status: Refused, Default: "false", honoured: isFalse,
-		Why: "TLS on the gRPC listener is not implemented and this service would serve in plaintext: terminate TLS in front of it (a sidecar) or unset GRPC_SERVER_USE_TLS"},
-	{Name: "GRPC_SERVER_TLS_CERT", Status: Warned, Why: whyGRPCTLS},
-	{Name: "GRPC_SERVER_TLS_KEY", Status: Warned, Why: whyGRPCTLS},
-	{Name: "GRPC_CLIENT_TLS_CACERT", Status: Warned, Why: whyGRPCTLS},
-	{Name: "GRPC_CLIENT_TLS_SAN", Status: Warned, Why: whyGRPCTLS},
+	// TLS on the gRPC listener. The anchor also trusts the system's CAs
+	// for client certificates; only GRPC_CLIENT_TLS_CACERT's are trusted
+	// here. GRPC_SERVER_TLS_CA_CERT, which Envoy Gateway sets, is no
+	// setting of the anchor's: it is ignored silently, as there.
+	{Name: "GRPC_SERVER_USE_TLS", Status: Same, Default: "false"},
+	{Name: "GRPC_SERVER_TLS_CERT", Status: Same},
+	{Name: "GRPC_SERVER_TLS_KEY", Status: Same},
+	{Name: "GRPC_CLIENT_TLS_CACERT", Status: Different},
+	{Name: "GRPC_CLIENT_TLS_SAN", Status: Same},
 
 	// Logs.
 	{Name: "LOG_LEVEL", Status: Same, Default: "WARN"},

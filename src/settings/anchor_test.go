@@ -204,7 +204,9 @@ func TestSettingsDocument(t *testing.T) {
 // TestAnchorSettingsNotImplemented sets the anchor's settings that are not
 // implemented: a value that asks for a refused one stops Load with an
 // error naming it, one that asks for a warned one gives one warning naming
-// it, and values that ask for nothing are accepted silently.
+// it, and values that ask for nothing are accepted silently. The gRPC TLS
+// settings, implemented, are here too: set without effect, as in the
+// anchor, they warn the same way.
 func TestAnchorSettingsNotImplemented(t *testing.T) {
 	tests := []struct {
 		name     string
@@ -217,11 +219,24 @@ func TestAnchorSettingsNotImplemented(t *testing.T) {
 		{name: "config_type_unknown", env: map[string]string{"CONFIG_TYPE": "GRPC_XDS_DELTA"}, errs: []string{"CONFIG_TYPE", "GRPC_XDS_DELTA"}},
 		{name: "config_type_file", env: map[string]string{"CONFIG_TYPE": "file"}},
 		{name: "config_type_empty", env: map[string]string{"CONFIG_TYPE": ""}},
-		{name: "grpc_tls", env: map[string]string{"GRPC_SERVER_USE_TLS": "true", "GRPC_SERVER_TLS_CERT": "/c.pem"}, errs: []string{"GRPC_SERVER_USE_TLS=true", "plaintext"}},
+		{name: "grpc_tls", env: map[string]string{"GRPC_SERVER_USE_TLS": "true", "GRPC_SERVER_TLS_CERT": "/c.pem", "GRPC_SERVER_TLS_KEY": "/k.pem"}},
+		{name: "grpc_mtls", env: map[string]string{"GRPC_SERVER_USE_TLS": "true", "GRPC_SERVER_TLS_CERT": "/c.pem", "GRPC_SERVER_TLS_KEY": "/k.pem",
+			"GRPC_CLIENT_TLS_CACERT": "/ca.pem", "GRPC_CLIENT_TLS_SAN": "envoy.example.com"}},
+		{name: "grpc_tls_without_key", env: map[string]string{"GRPC_SERVER_USE_TLS": "true", "GRPC_SERVER_TLS_CERT": "/c.pem"}, errs: []string{"GRPC_SERVER_TLS_KEY"}},
+		{name: "grpc_tls_without_files", env: map[string]string{"GRPC_SERVER_USE_TLS": "true"}, errs: []string{"GRPC_SERVER_TLS_CERT", "GRPC_SERVER_TLS_KEY"}},
 		{name: "grpc_tls_not_a_bool", env: map[string]string{"GRPC_SERVER_USE_TLS": "yes please"}, errs: []string{"GRPC_SERVER_USE_TLS"}},
 		{name: "grpc_tls_off", env: map[string]string{"GRPC_SERVER_USE_TLS": "false"}},
 		{name: "grpc_tls_files_without_tls", env: map[string]string{"GRPC_SERVER_TLS_CERT": "/c.pem", "GRPC_CLIENT_TLS_CACERT": "/ca.pem"},
 			warnings: []string{"GRPC_CLIENT_TLS_CACERT", "GRPC_SERVER_TLS_CERT"}},
+		{name: "grpc_tls_san_without_ca", env: map[string]string{"GRPC_SERVER_USE_TLS": "true", "GRPC_SERVER_TLS_CERT": "/c.pem", "GRPC_SERVER_TLS_KEY": "/k.pem",
+			"GRPC_CLIENT_TLS_SAN": "envoy.example.com"}, warnings: []string{"GRPC_CLIENT_TLS_SAN"}},
+		// Envoy Gateway's deployment sets GRPC_SERVER_TLS_CA_CERT, a name
+		// the anchor does not read: it must change nothing here either.
+		{name: "envoy_gateway_ca_name", env: map[string]string{"GRPC_SERVER_USE_TLS": "true", "GRPC_SERVER_TLS_CERT": "/certs/tls.crt", "GRPC_SERVER_TLS_KEY": "/certs/tls.key",
+			"GRPC_SERVER_TLS_CA_CERT": "/certs/ca.crt"}},
+		{name: "envoy_gateway_ca_name_without_tls", env: map[string]string{"GRPC_SERVER_TLS_CA_CERT": "/certs/ca.crt"}},
+		{name: "mixed_warnings_sorted", env: map[string]string{"GRPC_CLIENT_TLS_SAN": "x", "USE_STATSD": "true", "EXTRA_TAGS": "a:b"},
+			warnings: []string{"EXTRA_TAGS", "GRPC_CLIENT_TLS_SAN", "USE_STATSD"}},
 		{name: "statsd_default_on", env: map[string]string{"USE_STATSD": "true", "STATSD_HOST": "statsd"}, warnings: []string{"STATSD_HOST", "USE_STATSD"}},
 		{name: "statsd_off", env: map[string]string{"USE_STATSD": "false"}},
 		{name: "xds_client_with_files", env: map[string]string{"CONFIG_GRPC_XDS_SERVER_URL": "xds:18000", "CONFIG_GRPC_XDS_SERVER_USE_TLS": "false"}},
@@ -230,7 +245,7 @@ func TestAnchorSettingsNotImplemented(t *testing.T) {
 		{name: "tracing", env: map[string]string{"TRACING_ENABLED": "true", "TRACING_SAMPLING_RATE": "0.1"}, warnings: []string{"TRACING_ENABLED", "TRACING_SAMPLING_RATE"}},
 		{name: "descriptor_key_config", env: map[string]string{"DESCRIPTOR_KEY_CONFIG": "/etc/keys.yaml"}, errs: []string{"DESCRIPTOR_KEY_CONFIG"}},
 		{name: "refused_and_malformed", env: map[string]string{"DESCRIPTOR_KEY_CONFIG": "/k.yaml", "PORT": "abc"}, errs: []string{"DESCRIPTOR_KEY_CONFIG", "PORT"}},
-		{name: "refused_and_invalid", env: map[string]string{"GRPC_SERVER_USE_TLS": "1", "BACKEND_TYPE": "foo"}, errs: []string{"GRPC_SERVER_USE_TLS", "BACKEND_TYPE"}},
+		{name: "refused_and_invalid", env: map[string]string{"DESCRIPTOR_KEY_CONFIG": "/k.yaml", "BACKEND_TYPE": "foo"}, errs: []string{"DESCRIPTOR_KEY_CONFIG", "BACKEND_TYPE"}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

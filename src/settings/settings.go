@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"sort"
 	"strings"
 	"time"
 
@@ -26,6 +27,20 @@ type Settings struct {
 
 	GRPCMaxConnectionAge      time.Duration `envconfig:"GRPC_MAX_CONNECTION_AGE" default:"24h"`
 	GRPCMaxConnectionAgeGrace time.Duration `envconfig:"GRPC_MAX_CONNECTION_AGE_GRACE" default:"1h"`
+
+	// TLS on the gRPC listener, as in the anchor. GRPC_SERVER_USE_TLS
+	// turns it on and needs GRPC_SERVER_TLS_CERT and GRPC_SERVER_TLS_KEY
+	// (PEM files). GRPC_CLIENT_TLS_CACERT (PEM): clients must present a
+	// certificate signed by one of its CAs (mTLS); empty asks for none.
+	// GRPC_CLIENT_TLS_SAN: the client certificate must also hold this DNS
+	// name (or IP address), as hostname verification matches it. The
+	// files are re-read when they change. Without GRPC_SERVER_USE_TLS
+	// the others have no effect, as in the anchor (Load warns).
+	GRPCServerUseTLS    bool   `envconfig:"GRPC_SERVER_USE_TLS" default:"false"`
+	GRPCServerTLSCert   string `envconfig:"GRPC_SERVER_TLS_CERT" default:""`
+	GRPCServerTLSKey    string `envconfig:"GRPC_SERVER_TLS_KEY" default:""`
+	GRPCClientTLSCACert string `envconfig:"GRPC_CLIENT_TLS_CACERT" default:""`
+	GRPCClientTLSSAN    string `envconfig:"GRPC_CLIENT_TLS_SAN" default:""`
 
 	// Bounds on what clients may hold. GRPC_MAX_RECV_MSG_SIZE (extension):
 	// the largest request, in bytes, for gRPC and for the /json body alike
@@ -258,8 +273,40 @@ func Load() (*Settings, error) {
 	if err := errors.Join(append(refused, s.Validate())...); err != nil {
 		return nil, err
 	}
+	warnings = append(warnings, s.unusedTLS()...)
+	sort.SliceStable(warnings, func(i, j int) bool { return warnings[i].Name < warnings[j].Name })
 	s.warnings = warnings
 	return &s, nil
+}
+
+// unusedTLS warns about the gRPC TLS settings that are set but have no
+// effect, as in the anchor: any of them without GRPC_SERVER_USE_TLS=true,
+// where the listener serves in plaintext, and GRPC_CLIENT_TLS_SAN without
+// GRPC_CLIENT_TLS_CACERT, where no client certificate is asked for and so
+// none is checked. They are warnings, not errors, so that a deployment the
+// anchor starts starts here too; the warning tells its operator that the
+// security it seems to ask for is not there.
+func (s *Settings) unusedTLS() []Warning {
+	var out []Warning
+	if !s.GRPCServerUseTLS {
+		for _, f := range []struct{ name, value string }{
+			{"GRPC_SERVER_TLS_CERT", s.GRPCServerTLSCert},
+			{"GRPC_SERVER_TLS_KEY", s.GRPCServerTLSKey},
+			{"GRPC_CLIENT_TLS_CACERT", s.GRPCClientTLSCACert},
+			{"GRPC_CLIENT_TLS_SAN", s.GRPCClientTLSSAN},
+		} {
+			if f.value != "" {
+				out = append(out, Warning{Name: f.name, Unused: true,
+					Why: "it has no effect without GRPC_SERVER_USE_TLS=true, as with envoyproxy/ratelimit: the gRPC listener serves in plaintext"})
+			}
+		}
+		return out
+	}
+	if s.GRPCClientTLSSAN != "" && s.GRPCClientTLSCACert == "" {
+		out = append(out, Warning{Name: "GRPC_CLIENT_TLS_SAN", Unused: true,
+			Why: "it has no effect without GRPC_CLIENT_TLS_CACERT, as with envoyproxy/ratelimit: no client certificate is asked for, so none is checked"})
+	}
+	return out
 }
 
 // Warnings returns the settings of envoyproxy/ratelimit that Load found
@@ -297,6 +344,16 @@ func (s *Settings) Validate() error {
 	}
 	if s.HTTPMaxConnections < 1 || s.HTTPMaxConnections > maxConnections {
 		bad("HTTP_MAX_CONNECTIONS", "%d is outside 1..%d", s.HTTPMaxConnections, maxConnections)
+	}
+	if s.GRPCServerUseTLS {
+		// The files themselves are read by the server, which names the
+		// setting of any it cannot use.
+		if s.GRPCServerTLSCert == "" {
+			bad("GRPC_SERVER_TLS_CERT", "GRPC_SERVER_USE_TLS=true needs the server certificate's PEM file")
+		}
+		if s.GRPCServerTLSKey == "" {
+			bad("GRPC_SERVER_TLS_KEY", "GRPC_SERVER_USE_TLS=true needs the server private key's PEM file")
+		}
 	}
 	if s.GCHeadroomBytes < 0 {
 		bad("GC_HEADROOM_BYTES", "must not be negative")

@@ -1,0 +1,377 @@
+package server
+
+import (
+	"context"
+	"crypto/sha256"
+	"crypto/tls"
+	"crypto/x509"
+	"encoding/binary"
+	"encoding/pem"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"os"
+	"path/filepath"
+	"sync/atomic"
+	"time"
+
+	"github.com/fsnotify/fsnotify"
+	"google.golang.org/grpc/credentials"
+
+	"github.com/ratelimitd/ratelimit/src/stats"
+)
+
+// tlsFiles are the files of TLS on the gRPC listener, from the settings.
+type tlsFiles struct {
+	// cert and key are GRPC_SERVER_TLS_CERT and GRPC_SERVER_TLS_KEY.
+	cert, key string
+	// clientCA is GRPC_CLIENT_TLS_CACERT: when set, clients must present
+	// a certificate signed by one of its CAs.
+	clientCA string
+	// clientSAN is GRPC_CLIENT_TLS_SAN: when set with clientCA, the
+	// client certificate must hold it.
+	clientSAN string
+}
+
+// How the TLS files are watched.
+const (
+	// tlsRecheck is how often the files are read again without a file
+	// event, for what inotify does not see (network file systems, a
+	// watch that could not be set up, a lost event). A read of three small
+	// files compared with the last ones costs nothing worth counting.
+	tlsRecheck = time.Minute
+	// tlsQuiet is how long events must stop before the files are read,
+	// so that a writer that replaces the certificate and then the key
+	// (not atomically, as Kubernetes does) is read once, after both.
+	tlsQuiet = 200 * time.Millisecond
+)
+
+// tlsState is one loaded version of the files: immutable once published.
+type tlsState struct {
+	// sum identifies the files' contents, so that an unchanged re-read
+	// is recognised without parsing.
+	sum [sha256.Size]byte
+	// config is what a handshake uses.
+	config *tls.Config
+}
+
+// serverTLS serves TLS on the gRPC listener from files that may change
+// while the server runs (a Kubernetes secret update swaps them). Each
+// handshake takes the version in force at that moment; established
+// connections keep the one they were made with. A change that does not
+// make a valid whole (a key that does not match the certificate, a file
+// missing) keeps the version in force, logged and counted.
+//
+// It is safe for concurrent use once built by newServerTLS.
+type serverTLS struct {
+	files tlsFiles
+	log   *slog.Logger
+	// reloaded and failed count reloads after the first load.
+	reloaded, failed *stats.Counter
+	// refused counts handshakes that failed for another reason than the
+	// client going away: plaintext, untrusted or missing certificates.
+	refused *stats.Counter
+	// recheck and quiet are tlsRecheck and tlsQuiet; tests shorten them.
+	recheck, quiet time.Duration
+	// newWatcher is fsnotify.NewWatcher; a test makes it fail to show
+	// that the periodic re-check alone picks up a change.
+	newWatcher func() (*fsnotify.Watcher, error)
+
+	cur atomic.Pointer[tlsState]
+	// lastFailure is the last failure logged, so that files that stay
+	// invalid are logged and counted once, not at every re-check. Only
+	// the goroutine of watch touches it.
+	lastFailure string
+}
+
+// newServerTLS loads the files once. An error names the setting of
+// the file at fault, as a misconfiguration at start must stop the service.
+func newServerTLS(files tlsFiles, reg *stats.Registry, log *slog.Logger) (*serverTLS, error) {
+	tl := &serverTLS{
+		files:      files,
+		log:        log,
+		reloaded:   reg.Counter("ratelimit.server.tls_reload_success"),
+		failed:     reg.Counter("ratelimit.server.tls_reload_error"),
+		refused:    reg.Counter("ratelimit.server.tls_handshake_error"),
+		recheck:    tlsRecheck,
+		quiet:      tlsQuiet,
+		newWatcher: fsnotify.NewWatcher,
+	}
+	st, err := tl.load()
+	if err != nil {
+		return nil, err
+	}
+	tl.cur.Store(st)
+	return tl, nil
+}
+
+// credentials returns the gRPC server's transport credentials.
+func (tl *serverTLS) credentials() credentials.TransportCredentials {
+	base := &tls.Config{
+		// Called at every handshake: the version in force now.
+		GetConfigForClient: func(*tls.ClientHelloInfo) (*tls.Config, error) {
+			return tl.cur.Load().config, nil
+		},
+	}
+	return countRefused{TransportCredentials: credentials.NewTLS(base), refused: tl.refused}
+}
+
+// load reads and checks the files and builds their handshake config.
+func (tl *serverTLS) load() (*tlsState, error) {
+	contents, sum, err := tl.read()
+	if err != nil {
+		return nil, err
+	}
+	return tl.parse(contents, sum)
+}
+
+// read reads the files and sums their contents.
+func (tl *serverTLS) read() ([3][]byte, [sha256.Size]byte, error) {
+	var contents [3][]byte
+	h := sha256.New()
+	for i, f := range []struct{ setting, path string }{
+		{"GRPC_SERVER_TLS_CERT", tl.files.cert},
+		{"GRPC_SERVER_TLS_KEY", tl.files.key},
+		{"GRPC_CLIENT_TLS_CACERT", tl.files.clientCA},
+	} {
+		if f.path == "" {
+			continue
+		}
+		b, err := os.ReadFile(f.path)
+		if err != nil {
+			return contents, [sha256.Size]byte{}, fmt.Errorf("server: %s: %w", f.setting, err)
+		}
+		contents[i] = b
+		// Length-prefixed, so that moving bytes from one file to the
+		// next changes the sum.
+		_ = binary.Write(h, binary.BigEndian, uint64(len(b)))
+		h.Write(b)
+	}
+	var sum [sha256.Size]byte
+	h.Sum(sum[:0])
+	return contents, sum, nil
+}
+
+// parse builds the handshake config from the files' contents.
+func (tl *serverTLS) parse(contents [3][]byte, sum [sha256.Size]byte) (*tlsState, error) {
+	certPEM, keyPEM, caPEM := contents[0], contents[1], contents[2]
+	// tls.X509KeyPair names neither file; look at the certificate alone
+	// first, so that the error names the setting at fault.
+	if err := checkCertPEM(certPEM); err != nil {
+		return nil, fmt.Errorf("server: GRPC_SERVER_TLS_CERT %s: %w", tl.files.cert, err)
+	}
+	pair, err := tls.X509KeyPair(certPEM, keyPEM)
+	if err != nil {
+		return nil, fmt.Errorf("server: GRPC_SERVER_TLS_KEY %s (with GRPC_SERVER_TLS_CERT %s): %w", tl.files.key, tl.files.cert, err)
+	}
+	cfg := &tls.Config{
+		Certificates: []tls.Certificate{pair},
+		// grpc-go's credentials add both to a config of ours too; set
+		// here, they hold whatever it does.
+		MinVersion: tls.VersionTLS12,
+		NextProtos: []string{"h2"},
+		// A resumed session skips the full check of the client's
+		// certificate against the CAs in force now; Envoy holds its
+		// connections for hours, so a full handshake costs nothing.
+		SessionTicketsDisabled: true,
+	}
+	if tl.files.clientCA != "" {
+		// Only the file's CAs: the anchor adds the system's roots, which
+		// would let any client with a certificate from a public CA in.
+		pool := x509.NewCertPool()
+		if !pool.AppendCertsFromPEM(caPEM) {
+			return nil, fmt.Errorf("server: GRPC_CLIENT_TLS_CACERT %s: no PEM certificate in it", tl.files.clientCA)
+		}
+		cfg.ClientCAs = pool
+		cfg.ClientAuth = tls.RequireAndVerifyClientCert
+		if tl.files.clientSAN != "" {
+			cfg.VerifyConnection = verifyClientSAN(tl.files.clientSAN)
+		}
+	}
+	return &tlsState{sum: sum, config: cfg}, nil
+}
+
+// checkCertPEM reports whether b holds a certificate Go can parse.
+func checkCertPEM(b []byte) error {
+	for {
+		var block *pem.Block
+		block, b = pem.Decode(b)
+		if block == nil {
+			return errors.New("no PEM certificate in it")
+		}
+		if block.Type == "CERTIFICATE" {
+			_, err := x509.ParseCertificate(block.Bytes)
+			return err
+		}
+	}
+}
+
+// verifyClientSAN checks the client certificate, already verified against
+// the CAs, for the name GRPC_CLIENT_TLS_SAN. The anchor verifies the chain
+// again with this name as x509.VerifyOptions.DNSName, which comes down to
+// the leaf's VerifyHostname: a DNS SAN, case-insensitive, where a wildcard
+// SAN covers one label; an IP address matches an IP SAN; no other SAN type,
+// and never the common name.
+func verifyClientSAN(san string) func(tls.ConnectionState) error {
+	return func(cs tls.ConnectionState) error {
+		if len(cs.PeerCertificates) == 0 {
+			return errors.New("server: no client certificate")
+		}
+		if err := cs.PeerCertificates[0].VerifyHostname(san); err != nil {
+			return fmt.Errorf("server: client certificate: %w", err)
+		}
+		return nil
+	}
+}
+
+// reload reads the files and publishes them when they changed and make a
+// valid whole; otherwise it logs and counts the failure, once per
+// distinct failure, and keeps the version in force.
+func (tl *serverTLS) reload() {
+	contents, sum, err := tl.read()
+	failure := ""
+	if err == nil {
+		if sum == tl.cur.Load().sum {
+			tl.lastFailure = ""
+			return
+		}
+		var st *tlsState
+		if st, err = tl.parse(contents, sum); err == nil {
+			tl.cur.Store(st)
+			tl.lastFailure = ""
+			tl.reloaded.Inc()
+			leaf := st.config.Certificates[0].Leaf
+			tl.log.Info("TLS files reloaded", "subject", leaf.Subject.String(), "serial", leaf.SerialNumber.String(), "not_after", leaf.NotAfter)
+			return
+		}
+		// Two different invalid versions are two failures, even when
+		// their errors read the same.
+		failure = string(sum[:])
+	}
+	failure += err.Error()
+	if failure == tl.lastFailure {
+		return
+	}
+	tl.lastFailure = failure
+	tl.failed.Inc()
+	tl.log.Error("TLS files changed but cannot be used; keeping the certificate in use", "err", err)
+}
+
+// watch reloads the files when they change until ctx is done: on file
+// events, once they stop for the quiet period, and every recheck interval.
+func (tl *serverTLS) watch(ctx context.Context) {
+	var events <-chan fsnotify.Event
+	var errs <-chan error
+	fsw, err := tl.newWatcher()
+	if err != nil {
+		tl.log.Warn("cannot watch the TLS files; re-reading them periodically only", "every", tl.recheck, "err", err)
+	} else {
+		defer fsw.Close()
+		events, errs = fsw.Events, fsw.Errors
+		tl.addWatches(fsw)
+	}
+	recheck := time.NewTicker(tl.recheck)
+	defer recheck.Stop()
+	quiet := time.NewTimer(tl.quiet)
+	quiet.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case _, ok := <-events:
+			if !ok {
+				events = nil
+				continue
+			}
+			quiet.Reset(tl.quiet)
+		case err, ok := <-errs:
+			if !ok {
+				errs = nil
+				continue
+			}
+			// An overflow loses events: read the files after the quiet
+			// period as if one had come.
+			tl.log.Debug("TLS file watch", "err", err)
+			quiet.Reset(tl.quiet)
+		case <-quiet.C:
+			tl.reload()
+			tl.addWatches(fsw)
+		case <-recheck.C:
+			tl.reload()
+			tl.addWatches(fsw)
+		}
+	}
+}
+
+// addWatches watches the directories that hold the files and every
+// symlink on the way to them. A Kubernetes secret volume holds name ->
+// ..data/name and swaps ..data by a rename in the same directory, and a
+// watch on a file would follow the old target; the directory sees the
+// swap. Adding again a directory watched already is harmless, and re-adds
+// one removed and created anew.
+func (tl *serverTLS) addWatches(fsw *fsnotify.Watcher) {
+	if fsw == nil {
+		return
+	}
+	dirs := map[string]bool{}
+	for _, f := range []string{tl.files.cert, tl.files.key, tl.files.clientCA} {
+		if f == "" {
+			continue
+		}
+		for _, p := range linkChain(f) {
+			dirs[filepath.Dir(p)] = true
+		}
+	}
+	for d := range dirs {
+		if err := fsw.Add(d); err != nil {
+			tl.log.Debug("cannot watch a directory of the TLS files", "dir", d, "err", err)
+		}
+	}
+}
+
+// maxLinks bounds linkChain, as the kernel bounds a lookup, so that a
+// loop of links ends.
+const maxLinks = 40
+
+// linkChain returns path, and each target while the last one is a
+// symlink.
+func linkChain(path string) []string {
+	chain := []string{path}
+	for range maxLinks {
+		target, err := os.Readlink(path)
+		if err != nil {
+			break
+		}
+		if !filepath.IsAbs(target) {
+			target = filepath.Join(filepath.Dir(path), target)
+		}
+		path = target
+		chain = append(chain, path)
+	}
+	return chain
+}
+
+// countRefused counts the handshakes the listener refuses. grpc-go logs
+// them at debug level only, so without a count a client locked out (a
+// certificate from another CA, a plaintext client) would go unseen.
+type countRefused struct {
+	credentials.TransportCredentials
+	refused *stats.Counter
+}
+
+// ServerHandshake counts a failure other than the client going away
+// before the handshake, as load balancers' probes do.
+func (c countRefused) ServerHandshake(conn net.Conn) (net.Conn, credentials.AuthInfo, error) {
+	out, info, err := c.TransportCredentials.ServerHandshake(conn)
+	if err != nil && !errors.Is(err, io.EOF) {
+		c.refused.Inc()
+	}
+	return out, info, err
+}
+
+// Clone keeps the count.
+func (c countRefused) Clone() credentials.TransportCredentials {
+	return countRefused{TransportCredentials: c.TransportCredentials.Clone(), refused: c.refused}
+}
