@@ -255,8 +255,10 @@ func (tl *serverTLS) reload() {
 		return
 	}
 	tl.lastFailure = failure
-	tl.failed.Inc()
+	// Logged before it is counted, so that whoever sees the count can
+	// find the line.
 	tl.log.Error("TLS files changed but cannot be used; keeping the certificate in use", "err", err)
+	tl.failed.Inc()
 }
 
 // watch reloads the files when they change until ctx is done: on file
