@@ -209,7 +209,9 @@ func egEnv(xds *xdstest.Server, redis *storetest.RedisServer, extra ...string) [
 		"CONFIG_GRPC_XDS_SERVER_USE_TLS=true", "CONFIG_GRPC_XDS_CLIENT_TLS_CERT=" + certs.ClientCertFile,
 		"CONFIG_GRPC_XDS_CLIENT_TLS_KEY=" + certs.ClientKeyFile, "CONFIG_GRPC_XDS_SERVER_TLS_CACERT=" + certs.CAFile,
 		"FORCE_START_WITHOUT_INITIAL_CONFIG=true",
-		"BACKEND_TYPE=redis", "REDIS_SOCKET_TYPE=tcp", "REDIS_URL=" + redis.Addr,
+		// No BACKEND_TYPE: Envoy Gateway relies on the anchor's default,
+		// redis, which a REDIS_ setting selects here too.
+		"REDIS_SOCKET_TYPE=tcp", "REDIS_URL=" + redis.Addr,
 	}
 	if rlsListenerTLS {
 		env = append(env, "GRPC_SERVER_USE_TLS=true")
@@ -383,6 +385,11 @@ func TestEnvoyGatewayDeployment(t *testing.T) {
 				}
 			}
 
+			// The counts are in Redis, shared by every replica, not in
+			// each instance's memory.
+			if got := p.stat(t, "ratelimit.redis.round_trips"); got == "" || strings.HasSuffix(got, ": 0") {
+				t.Errorf("/stats %q: the decisions did not go to Redis", got)
+			}
 			if strings.Contains(p.logs(), "GRPC_SERVER_TLS_CA_CERT") {
 				t.Errorf("GRPC_SERVER_TLS_CA_CERT, which the anchor does not read, was mentioned:\n%s", p.logs())
 			}

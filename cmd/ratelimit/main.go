@@ -36,6 +36,9 @@ func run() int {
 	for _, w := range set.Warnings() {
 		log.Warn(w.Message(), "setting", w.Name, "why", w.Why)
 	}
+	if v := set.BackendInferred(); v != "" {
+		log.Info("BACKEND_TYPE is not set and "+v+" is: the store is Redis, as with envoyproxy/ratelimit", "backend", set.BackendType)
+	}
 	defer gctune.Start(uint64(set.GCHeadroomBytes))()
 
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)

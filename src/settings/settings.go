@@ -134,8 +134,12 @@ type Settings struct {
 	// 0 (unset) is gRPC's default, 4 MiB.
 	XDSClientMaxMsgSizeInBytes int `envconfig:"XDS_CLIENT_MAX_MSG_SIZE_IN_BYTES" default:""`
 
+	// backendInferred is the REDIS_ variable that made BackendType redis
+	// when BACKEND_TYPE was not set (see inferBackend); "" otherwise.
+	backendInferred string
+
 	// Decisions.
-	BackendType                        string  `envconfig:"BACKEND_TYPE" default:"memory"` // anchor: redis
+	BackendType                        string  `envconfig:"BACKEND_TYPE" default:"memory"` // anchor: redis; unset with a REDIS_ variable set: redis (see inferBackend)
 	ShadowMode                         bool    `envconfig:"SHADOW_MODE" default:"false"`
 	QuotaMode                          bool    `envconfig:"QUOTA_MODE" default:"false"`
 	NearLimitRatio                     float64 `envconfig:"NEAR_LIMIT_RATIO" default:"0.8"`
@@ -270,6 +274,7 @@ func Load() (*Settings, error) {
 	if err := envconfig.Process("", &s); err != nil {
 		return nil, errors.Join(append(refused, fmt.Errorf("settings: %w", err))...)
 	}
+	s.inferBackend(os.LookupEnv, os.Environ())
 	if err := errors.Join(append(refused, s.Validate())...); err != nil {
 		return nil, err
 	}
@@ -278,6 +283,32 @@ func Load() (*Settings, error) {
 	s.warnings = warnings
 	return &s, nil
 }
+
+// inferBackend keeps a deployment written for envoyproxy/ratelimit on
+// Redis. There BACKEND_TYPE defaults to redis, and deployments that use
+// Redis often set only REDIS_URL and REDIS_SOCKET_TYPE (Envoy Gateway's
+// does); here it defaults to memory, which would quietly give every
+// instance counts of its own. So when BACKEND_TYPE is not set and any
+// REDIS_ variable is, the backend is redis, as with the anchor; with no
+// REDIS_ variable either, memory. BackendInferred says it happened, for
+// the startup log.
+//
+// It is the one setting whose default depends on another.
+func (s *Settings) inferBackend(lookup func(string) (string, bool), environ []string) {
+	if _, set := lookup("BACKEND_TYPE"); set {
+		return
+	}
+	for _, kv := range environ {
+		if name, _, _ := strings.Cut(kv, "="); strings.HasPrefix(name, "REDIS_") {
+			s.BackendType, s.backendInferred = BackendRedis, name
+			return
+		}
+	}
+}
+
+// BackendInferred returns the REDIS_ variable that made the backend redis
+// although BACKEND_TYPE was not set, or "".
+func (s *Settings) BackendInferred() string { return s.backendInferred }
 
 // unusedTLS warns about the gRPC TLS settings that are set but have no
 // effect, as in the anchor: any of them without GRPC_SERVER_USE_TLS=true,

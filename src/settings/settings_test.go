@@ -1,6 +1,7 @@
 package settings
 
 import (
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -293,5 +294,50 @@ func want[T comparable](t *testing.T, name string, got, want T) {
 	t.Helper()
 	if got != want {
 		t.Errorf("%s = %v, want %v", name, got, want)
+	}
+}
+
+// A deployment written for envoyproxy/ratelimit stays on Redis: there
+// BACKEND_TYPE defaults to redis and Envoy Gateway sets only REDIS_URL and
+// REDIS_SOCKET_TYPE.
+func TestBackendInferredFromRedisSettings(t *testing.T) {
+	tests := []struct {
+		name     string
+		env      map[string]string
+		want     string
+		inferred string
+	}{
+		{"nothing_set", nil, "memory", ""},
+		{"redis_url", map[string]string{"REDIS_URL": "redis:6379", "REDIS_SOCKET_TYPE": "tcp"}, "redis", "REDIS_"},
+		{"explicit_memory_wins", map[string]string{"BACKEND_TYPE": "memory", "REDIS_URL": "redis:6379"}, "memory", ""},
+		{"explicit_memcache_wins", map[string]string{"BACKEND_TYPE": "memcache", "MEMCACHE_HOST_PORT": "m:11211", "REDIS_URL": "r:6379"}, "memcache", ""},
+		{"memcache_settings_alone", map[string]string{"MEMCACHE_HOST_PORT": "m:11211"}, "memory", ""},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			clearEnv(t)
+			for k, v := range tt.env {
+				t.Setenv(k, v)
+			}
+			s, err := Load()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if s.BackendType != tt.want || !strings.HasPrefix(s.BackendInferred(), tt.inferred) || (tt.inferred == "") != (s.BackendInferred() == "") {
+				t.Errorf("BackendType %q (inferred from %q), want %q", s.BackendType, s.BackendInferred(), tt.want)
+			}
+		})
+	}
+}
+
+// clearEnv unsets, for this test only, the variables that choose the store.
+func clearEnv(t *testing.T) {
+	t.Helper()
+	for _, kv := range os.Environ() {
+		name, _, _ := strings.Cut(kv, "=")
+		if name == "BACKEND_TYPE" || strings.HasPrefix(name, "REDIS_") || strings.HasPrefix(name, "MEMCACHE_") {
+			t.Setenv(name, "") // restored after the test
+			os.Unsetenv(name)
+		}
 	}
 }
