@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -293,5 +294,62 @@ func TestWarningsHideValues(t *testing.T) {
 	w := s.Warnings()
 	if len(w) != 1 || strings.Contains(fmt.Sprint(w), "s3cr3t") {
 		t.Errorf("Warnings() = %v, want one, without the value", w)
+	}
+}
+
+// envoyGatewayEnv is every variable Envoy Gateway's Deployment of the
+// rate-limit service sets (internal/infrastructure/kubernetes/ratelimit/
+// resource.go, both its statsd and its Prometheus-and-tracing variants).
+var envoyGatewayEnv = []string{
+	"RUNTIME_ROOT", "RUNTIME_SUBDIRECTORY", "RUNTIME_IGNOREDOTFILES", "RUNTIME_WATCH_ROOT", "LOG_LEVEL",
+	"USE_STATSD", "STATSD_PORT", "CONFIG_TYPE", "CONFIG_GRPC_XDS_SERVER_URL", "CONFIG_GRPC_XDS_NODE_ID",
+	"GRPC_SERVER_USE_TLS", "GRPC_SERVER_TLS_CERT", "GRPC_SERVER_TLS_KEY", "GRPC_SERVER_TLS_CA_CERT",
+	"CONFIG_GRPC_XDS_SERVER_USE_TLS", "CONFIG_GRPC_XDS_CLIENT_TLS_CERT", "CONFIG_GRPC_XDS_CLIENT_TLS_KEY",
+	"CONFIG_GRPC_XDS_SERVER_TLS_CACERT", "FORCE_START_WITHOUT_INITIAL_CONFIG", "REDIS_SOCKET_TYPE", "REDIS_URL",
+	"REDIS_TLS", "REDIS_TLS_CLIENT_CERT", "REDIS_TLS_CLIENT_KEY", "USE_PROMETHEUS", "PROMETHEUS_ADDR",
+	"PROMETHEUS_MAPPER_YAML", "TRACING_ENABLED", "TRACING_SERVICE_NAME", "TRACING_SERVICE_NAMESPACE",
+	"TRACING_SERVICE_INSTANCE_ID", "TRACING_SAMPLING_RATE", "OTEL_EXPORTER_OTLP_ENDPOINT",
+}
+
+// TestEnvoyGatewayGuide checks docs/ENVOY_GATEWAY.md against the settings
+// table: a row for every variable Envoy Gateway sets, with the status
+// docs/SETTINGS.md gives it (GRPC_SERVER_TLS_CA_CERT, which neither the
+// anchor nor this service reads, is "not a setting").
+func TestEnvoyGatewayGuide(t *testing.T) {
+	settingsRows := readSettingsDoc(t)
+	b, err := os.ReadFile("../../docs/ENVOY_GATEWAY.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	guide := map[string]string{}
+	for n, line := range strings.Split(string(b), "\n") {
+		if !strings.HasPrefix(line, "| `") {
+			continue
+		}
+		cells := strings.Split(strings.Trim(line, "|"), "|")
+		if len(cells) < 4 {
+			t.Errorf("ENVOY_GATEWAY.md:%d: want 4 cells: %s", n+1, line)
+			continue
+		}
+		guide[strings.Trim(strings.TrimSpace(cells[0]), "`")] = strings.TrimSpace(cells[2])
+	}
+	for _, name := range envoyGatewayEnv {
+		status, ok := guide[name]
+		if !ok {
+			t.Errorf("docs/ENVOY_GATEWAY.md has no row for %s, which Envoy Gateway sets", name)
+			continue
+		}
+		want := "not a setting"
+		if r, ok := settingsRows[name]; ok {
+			want = r.status
+		}
+		if status != want {
+			t.Errorf("docs/ENVOY_GATEWAY.md: %s: status %q, but docs/SETTINGS.md says %q", name, status, want)
+		}
+	}
+	for name := range guide {
+		if !slices.Contains(envoyGatewayEnv, name) {
+			t.Errorf("docs/ENVOY_GATEWAY.md: %s is not a variable Envoy Gateway sets", name)
+		}
 	}
 }
