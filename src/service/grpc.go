@@ -110,6 +110,7 @@ func (s *Service) release() { s.inFlight.Add(-1) }
 // shed counts a request refused for load and returns its error.
 func (s *Service) shed() error {
 	s.loadShed.Inc()
+	s.cfg.Log.Debug("request shed", "reason", "MAX_CONCURRENT_REQUESTS reached", "limit", s.cfg.MaxConcurrent)
 	return status.Errorf(codes.ResourceExhausted, "service: %d requests in flight already (MAX_CONCURRENT_REQUESTS)", s.cfg.MaxConcurrent)
 }
 

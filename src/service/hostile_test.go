@@ -478,3 +478,32 @@ descriptors:
 		t.Errorf("2 × 5000 sliding-log hits: %v, want answered", err)
 	}
 }
+
+// A refused request is logged at debug level with its reason, and never
+// at the default level (warn): no line per request an attacker sends.
+func TestRefusedRequestsLogAtDebug(t *testing.T) {
+	for _, tt := range []struct {
+		level slog.Level
+		want  bool
+	}{{slog.LevelDebug, true}, {slog.LevelWarn, false}} {
+		var logs strings.Builder
+		var mu sync.Mutex
+		log := slog.New(slog.NewTextHandler(writerFunc(func(b []byte) (int, error) {
+			mu.Lock()
+			defer mu.Unlock()
+			return logs.Write(b)
+		}), &slog.HandlerOptions{Level: tt.level}))
+		f := newFixture(t, service.Config{Log: log})
+		f.svc.ShouldRateLimit(t.Context(), req(withHits(desc("user", "a"), math.MaxUint64)))
+		f.call(t, req(desc("user", "ok")))
+		mu.Lock()
+		got := logs.String()
+		mu.Unlock()
+		if has := strings.Contains(got, "request refused") && strings.Contains(got, "hits_addend"); has != tt.want {
+			t.Errorf("level %v: logged %q, want a refusal line: %v", tt.level, got, tt.want)
+		}
+		if strings.Count(got, "\n") > 1 {
+			t.Errorf("level %v: %d lines for one refused and one allowed request:\n%s", tt.level, strings.Count(got, "\n"), got)
+		}
+	}
+}

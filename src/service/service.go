@@ -214,20 +214,30 @@ func (s *Service) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReque
 
 // toStatus maps an error to its gRPC status, counting and logging the ones
 // that are not the caller's fault.
+//
+// A request refused for what it carries, or cut by its deadline, is logged
+// at debug level with the reason (the default level logs no line per
+// request); failures of the service or the store at warn or error, at most
+// one line a second per kind.
 func (s *Service) toStatus(err error) error {
 	var re *requestError
 	switch {
 	case errors.As(err, &re):
+		s.cfg.Log.Debug("request refused", "reason", re.msg)
 		return status.Error(codes.InvalidArgument, re.msg)
 	case errors.Is(err, ErrNoRules):
+		s.cfg.Log.Debug("request refused", "reason", err.Error())
 		return status.Error(codes.Unavailable, err.Error())
 	case errors.Is(err, context.DeadlineExceeded):
 		s.storeErrors.Inc()
+		s.cfg.Log.Debug("request out of time", "reason", err.Error())
 		return status.Error(codes.DeadlineExceeded, err.Error())
 	case errors.Is(err, context.Canceled):
+		s.cfg.Log.Debug("request canceled by its caller", "reason", err.Error())
 		return status.Error(codes.Canceled, err.Error())
 	case errors.Is(err, limiter.ErrOverloaded):
 		s.loadShed.Inc()
+		s.cfg.Log.Debug("request shed", "reason", err.Error())
 		return status.Error(codes.ResourceExhausted, err.Error())
 	case errors.Is(err, limiter.ErrUnavailable):
 		s.storeErrors.Inc()
