@@ -12,6 +12,7 @@ import (
 	"github.com/ratelimitd/ratelimit/src/rules"
 	"github.com/ratelimitd/ratelimit/src/settings"
 	"github.com/ratelimitd/ratelimit/src/stats"
+	"github.com/ratelimitd/ratelimit/src/store/breaker"
 	"github.com/ratelimitd/ratelimit/src/store/memcached"
 	"github.com/ratelimitd/ratelimit/src/store/memory"
 	"github.com/ratelimitd/ratelimit/src/store/redis"
@@ -74,6 +75,7 @@ func newBackend(ctx context.Context, set *settings.Settings, reg *stats.Registry
 		reg.CounterFunc("ratelimit.redis.round_trips", func() uint64 { rt, _ := r.Counters(); return rt })
 		reg.CounterFunc("ratelimit.redis.ops", func() uint64 { _, ops := r.Counters(); return ops })
 		reg.CounterFunc("ratelimit.redis.load_shed", r.Shed)
+		registerBreakers(reg, "ratelimit.redis.", r.Breakers)
 		return &backend{
 			store:     r,
 			healthy:   r.Healthy,
@@ -94,6 +96,7 @@ func newBackend(ctx context.Context, set *settings.Settings, reg *stats.Registry
 		reg.CounterFunc("ratelimit.memcache.round_trips", func() uint64 { rt, _ := m.Counters(); return rt })
 		reg.CounterFunc("ratelimit.memcache.ops", func() uint64 { _, ops := m.Counters(); return ops })
 		reg.CounterFunc("ratelimit.memcache.load_shed", m.Shed)
+		registerBreakers(reg, "ratelimit.memcache.", m.Breakers)
 		return &backend{
 			store:     m,
 			healthy:   m.Healthy,
@@ -106,6 +109,21 @@ func newBackend(ctx context.Context, set *settings.Settings, reg *stats.Registry
 	return nil, fmt.Errorf("server: BACKEND_TYPE %q is not available in this build", set.BackendType)
 }
 
+// registerBreakers registers a store's circuit-breaker statistics under
+// prefix: breaker_open (gauge: servers whose breaker is open now),
+// breaker_trips (times one opened) and breaker_open_rejections (requests
+// refused at once by an open breaker).
+func registerBreakers(reg *stats.Registry, prefix string, f func() breaker.Stats) {
+	reg.GaugeFunc(prefix+"breaker_open", func() int64 { return f().Open })
+	reg.CounterFunc(prefix+"breaker_trips", func() uint64 { return f().Trips })
+	reg.CounterFunc(prefix+"breaker_open_rejections", func() uint64 { return f().Rejections })
+}
+
+// breakerConfig is the circuit breaker of the Redis and Memcached stores.
+func breakerConfig(set *settings.Settings) breaker.Config {
+	return breaker.Config{Failures: set.StoreBreakerFailures, ProbeInterval: set.StoreBreakerProbeInterval}
+}
+
 // memcacheConfig turns the MEMCACHE_* settings into the Memcached store's
 // Config. TLS files are read as for Redis.
 func memcacheConfig(set *settings.Settings) (memcached.Config, error) {
@@ -114,6 +132,7 @@ func memcacheConfig(set *settings.Settings) (memcached.Config, error) {
 		SRVRefresh:          set.MemcacheSrvRefresh,
 		MaxIdleConns:        set.MemcacheMaxIdleConns,
 		ExpirationJitterMax: time.Duration(set.ExpirationJitterMaxSeconds) * time.Second,
+		Breaker:             breakerConfig(set),
 	}
 	// The memcached client takes no context: its own round-trip timeout
 	// must fit in the request budget (gomemcache's default is 500ms).
@@ -172,6 +191,7 @@ func redisConfig(set *settings.Settings) (redis.Config, error) {
 		HealthCheckActiveConnection: set.RedisHealthCheckActiveConnection,
 		StartupInitialInterval:      set.RedisStartupInitialInterval,
 		StartupMaxInterval:          set.RedisStartupMaxInterval,
+		Breaker:                     breakerConfig(set),
 	}
 	if set.RedisPerSecond {
 		pt, err := tlsFor(set.RedisPerSecondTLS)
