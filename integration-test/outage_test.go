@@ -2,9 +2,11 @@ package integration
 
 import (
 	"fmt"
+	"slices"
 	"testing"
 	"time"
 
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
@@ -122,5 +124,135 @@ func TestBreakerOffOverTheWire(t *testing.T) {
 	}
 	if st := p.stats(t); st["ratelimit.redis.breaker_trips"] != 0 {
 		t.Errorf("/stats: breaker_trips %d with the breaker off", st["ratelimit.redis.breaker_trips"])
+	}
+}
+
+const outageRules = `domain: outage
+descriptors:
+  - key: user
+    rate_limit: {unit: hour, requests_per_unit: 3}
+`
+
+// prefix is the statistics prefix of the store env configures.
+func prefix(env []string) string {
+	if slices.Contains(env, "BACKEND_TYPE=memcache") {
+		return "ratelimit.memcache."
+	}
+	return "ratelimit.redis."
+}
+
+// degraded reports whether a response carries the "degraded" mark.
+func degraded(resp *rlsv3.RateLimitResponse) bool {
+	return resp.GetDynamicMetadata().GetFields()["degraded"].GetBoolValue()
+}
+
+// TestDegradedModeOverTheWire takes the store down under
+// STORE_FAILURE_MODE=local: a limit of 3 per hour admits 3 then refuses,
+// from this instance's own counts, every answer marked degraded and
+// counted; once the store is back, decisions come from it again within
+// outageRecover, and the local counts are not merged into it. With
+// STORE_FAILURE_MODE=error the outage is an error, as before.
+func TestDegradedModeOverTheWire(t *testing.T) {
+	tests := []struct {
+		name  string
+		mode  string
+		store func(t *testing.T) (down, up func() error, env []string)
+	}{
+		{"redis_stopped", "local", func(t *testing.T) (func() error, func() error, []string) {
+			r := storetest.StartRedis(t, storetest.RedisOptions{})
+			return r.Stop, r.Start, redisEnv(r)
+		}},
+		{"redis_frozen", "local", func(t *testing.T) (func() error, func() error, []string) {
+			r := storetest.StartRedis(t, storetest.RedisOptions{})
+			t.Cleanup(func() { _ = r.Thaw() })
+			return r.Freeze, r.Thaw, redisEnv(r, "REDIS_TIMEOUT=10s")
+		}},
+		{"memcached_stopped", "local", func(t *testing.T) (func() error, func() error, []string) {
+			m := storetest.StartMemcached(t)
+			return m.Stop, m.Start, memcacheEnv(m)
+		}},
+		{"redis_error_mode", "error", func(t *testing.T) (func() error, func() error, []string) {
+			r := storetest.StartRedis(t, storetest.RedisOptions{})
+			return r.Stop, r.Start, redisEnv(r)
+		}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			down, up, env := tt.store(t)
+			env = append(env, breakerEnv...)
+			env = append(env, "STORE_FAILURE_MODE="+tt.mode)
+			p := start(t, map[string]string{"outage.yaml": outageRules}, env...)
+			c := p.client(t)
+			call := func(user string) (*rlsv3.RateLimitResponse, error) {
+				return c.ShouldRateLimit(callCtx(t), request("outage", "user", user))
+			}
+			resp, err := call("before")
+			if err != nil || degraded(resp) {
+				t.Fatalf("before the outage: %v, %v; want a decision from the store", resp, err)
+			}
+			if err := down(); err != nil {
+				t.Fatal(err)
+			}
+			// Open the breaker with another user's requests, so that none
+			// of alice's is sent: a frozen Redis would apply those when it
+			// thaws.
+			opened := false
+			for i := 0; i < 20 && !opened; i++ {
+				_, _ = call("opener")
+				opened = p.stats(t)[prefix(env)+"breaker_open"] == 1
+			}
+			if !opened {
+				t.Fatal("breaker not open after 20 requests with the store down")
+			}
+
+			for i := 1; i <= 5; i++ {
+				began := time.Now()
+				resp, err := call("alice")
+				if took := time.Since(began); took > outageFast {
+					t.Errorf("request %d with the breaker open answered after %v, want at once", i, took)
+				}
+				if tt.mode == "error" {
+					if code := status.Code(err); code != codes.Unavailable {
+						t.Errorf("request %d, STORE_FAILURE_MODE=error: %v, want Unavailable", i, err)
+					}
+					continue
+				}
+				if err != nil {
+					t.Fatalf("request %d with the store down: %v, want a decision from local counts", i, err)
+				}
+				want := rlsv3.RateLimitResponse_OK
+				if i > 3 {
+					want = rlsv3.RateLimitResponse_OVER_LIMIT
+				}
+				if resp.GetOverallCode() != want || !degraded(resp) {
+					t.Errorf("request %d with the store down: %v, degraded %v; want %v, degraded", i, resp.GetOverallCode(), degraded(resp), want)
+				}
+			}
+			switch got := p.stats(t)["ratelimit.service.degraded_decisions"]; {
+			case tt.mode == "error" && got != 0:
+				t.Errorf("/stats: degraded_decisions %d with STORE_FAILURE_MODE=error, want 0", got)
+			case tt.mode == "local" && got < 5:
+				t.Errorf("/stats: degraded_decisions %d, want at least alice's 5", got)
+			}
+			if tt.mode == "error" {
+				return
+			}
+
+			if err := up(); err != nil {
+				t.Fatal(err)
+			}
+			back := time.Now()
+			eventually(t, "a decision from the store", outageRecover, func() bool {
+				resp, err := call("probe")
+				return err == nil && !degraded(resp)
+			})
+			t.Logf("decisions from the store again %v after it returned", time.Since(back))
+			// The store never saw alice's local hits: her count there
+			// is untouched (local counts are not merged back).
+			resp, err = call("alice")
+			if err != nil || degraded(resp) || resp.GetOverallCode() != rlsv3.RateLimitResponse_OK || resp.GetStatuses()[0].GetLimitRemaining() != 2 {
+				t.Errorf("alice once the store is back: %v, %v; want OK with 2 remaining, from the store", resp, err)
+			}
+		})
 	}
 }

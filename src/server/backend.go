@@ -35,6 +35,9 @@ type backend struct {
 	timeout time.Duration
 	// keyFormat is how the limiter builds the store's keys.
 	keyFormat limiter.KeyFormat
+	// local, with STORE_FAILURE_MODE=local and a shared store, is the
+	// memory store that decides while the shared one is unreachable.
+	local *memory.Store
 }
 
 // keyFormat is CACHE_KEY_FORMAT for a store an anchor process may share.
@@ -45,16 +48,40 @@ func keyFormat(set *settings.Settings) limiter.KeyFormat {
 	return limiter.AnchorKeys
 }
 
-func newBackend(ctx context.Context, set *settings.Settings, reg *stats.Registry, _ *slog.Logger) (*backend, error) {
+// newMemory makes a memory store within the MEMORY_* ceilings and registers
+// its statistics: its size, and the keys it dropped, by class.
+func newMemory(set *settings.Settings, reg *stats.Registry) *memory.Store {
+	m := memory.New(memory.Config{MaxBytes: set.MemoryMaxBytes, MaxKeys: set.MemoryMaxKeys})
+	reg.GaugeFunc("ratelimit.memory.keys", func() int64 { return int64(m.Len()) })
+	reg.GaugeFunc("ratelimit.memory.bytes", func() int64 { return m.Bytes() })
+	reg.CounterFunc("ratelimit.memory.reclaimed_idle", func() uint64 { return m.Evictions().ReclaimedIdle })
+	reg.CounterFunc("ratelimit.memory.evicted_under_limit", func() uint64 { return m.Evictions().UnderLimit })
+	reg.CounterFunc("ratelimit.memory.evicted_over_limit", func() uint64 { return m.Evictions().OverLimit })
+	return m
+}
+
+// newBackend connects the store BACKEND_TYPE names, with the local store
+// of STORE_FAILURE_MODE=local beside a shared one.
+func newBackend(ctx context.Context, set *settings.Settings, reg *stats.Registry, log *slog.Logger) (*backend, error) {
+	b, err := newStore(ctx, set, reg, log)
+	if err != nil || set.BackendType == settings.BackendMemory || set.StoreFailureMode != settings.FailureModeLocal {
+		return b, err
+	}
+	// The same ceilings as the memory store's, and its statistics: it
+	// holds the keys of the requests decided during outages.
+	b.local = newMemory(set, reg)
+	closeShared := b.close
+	b.close = func() {
+		closeShared()
+		b.local.Close()
+	}
+	return b, nil
+}
+
+func newStore(ctx context.Context, set *settings.Settings, reg *stats.Registry, _ *slog.Logger) (*backend, error) {
 	switch set.BackendType {
 	case settings.BackendMemory:
-		m := memory.New(memory.Config{MaxBytes: set.MemoryMaxBytes, MaxKeys: set.MemoryMaxKeys})
-		// The keys the store dropped, by class, and its size.
-		reg.GaugeFunc("ratelimit.memory.keys", func() int64 { return int64(m.Len()) })
-		reg.GaugeFunc("ratelimit.memory.bytes", func() int64 { return m.Bytes() })
-		reg.CounterFunc("ratelimit.memory.reclaimed_idle", func() uint64 { return m.Evictions().ReclaimedIdle })
-		reg.CounterFunc("ratelimit.memory.evicted_under_limit", func() uint64 { return m.Evictions().UnderLimit })
-		reg.CounterFunc("ratelimit.memory.evicted_over_limit", func() uint64 { return m.Evictions().OverLimit })
+		m := newMemory(set, reg)
 		return &backend{
 			store:   m,
 			healthy: func() bool { return true },

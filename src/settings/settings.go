@@ -183,6 +183,10 @@ type Settings struct {
 	// probed; its first answer closes the breaker.
 	StoreBreakerFailures      int           `envconfig:"STORE_BREAKER_FAILURES" default:"5"`
 	StoreBreakerProbeInterval time.Duration `envconfig:"STORE_BREAKER_PROBE_INTERVAL" default:"500ms"`
+	// StoreFailureMode: error (the store's error reaches Envoy, whose
+	// failure_mode_deny decides) or local (decide from this instance's own
+	// memory while the store is unreachable). No effect with BACKEND_TYPE=memory.
+	StoreFailureMode string `envconfig:"STORE_FAILURE_MODE" default:"error"`
 
 	// Redis.
 	RedisSocketType                  string        `envconfig:"REDIS_SOCKET_TYPE" default:"unix"`
@@ -244,6 +248,13 @@ const (
 const (
 	ConfigTypeFile = "FILE"
 	ConfigTypeXDS  = "GRPC_XDS_SOTW"
+)
+
+// Values of STORE_FAILURE_MODE: answer a store outage with its error, or
+// decide from local counts meanwhile.
+const (
+	FailureModeError = "error"
+	FailureModeLocal = "local"
 )
 
 // Cache key formats accepted by CACHE_KEY_FORMAT: the anchor's, where a '_'
@@ -513,6 +524,12 @@ func (s *Settings) Validate() error {
 		// Below 10ms the probes of every instance would load a server
 		// that has just come back; above a minute recovery would wait.
 		bad("STORE_BREAKER_PROBE_INTERVAL", "%v is outside 10ms..1m", s.StoreBreakerProbeInterval)
+	}
+	switch strings.ToLower(s.StoreFailureMode) {
+	case FailureModeError, FailureModeLocal:
+		s.StoreFailureMode = strings.ToLower(s.StoreFailureMode)
+	default:
+		bad("STORE_FAILURE_MODE", "unknown mode %q (want error or local)", s.StoreFailureMode)
 	}
 	if s.BackendType == BackendMemcache {
 		switch hosts := len(s.MemcacheHostPort) > 0; {
