@@ -281,3 +281,32 @@ func TestBreakerCluster(t *testing.T) {
 		})
 	}
 }
+
+// TestBreakerSentinel: the breaker of a Sentinel group is the group's,
+// whichever server is master. With the master down it opens, and once the
+// sentinels have promoted the replica the probe finds the new master and
+// closes it.
+func TestBreakerSentinel(t *testing.T) {
+	t.Parallel()
+	g := storetest.StartRedisSentinel(t, storetest.RedisSentinelOptions{})
+	const failures = 3
+	s := newStore(t, Config{
+		Type: TypeSentinel, URL: g.URL, Timeout: 30 * time.Second,
+		Breaker: breaker.Config{Failures: failures, ProbeInterval: breakerProbe},
+	})
+	if _, err := timedHit(s, "warm"); err != nil {
+		t.Fatal(err)
+	}
+	if err := g.Master.Stop(); err != nil {
+		t.Fatal(err)
+	}
+	openBreaker(t, s, "down", failures)
+	checkFastRefusals(t, s, "down")
+	if err := g.Failover(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("served again %v after the replica was promoted", waitServed(t, s, "promoted"))
+	if st := s.Breakers(); st.Open != 0 || st.Trips != 1 {
+		t.Errorf("Breakers() = %+v after the failover, want none open, 1 trip", st)
+	}
+}
