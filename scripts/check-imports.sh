@@ -18,7 +18,7 @@ check src/settings src/
 check src/rules src/
 check src/stats src/
 check src/limiter src/store src/service src/server src/provider src/settings src/stats
-for s in memory redis memcached; do
+for s in memory redis memcached breaker; do
   [ -d "src/store/$s" ] && check "src/store/$s" src/service src/server src/provider src/settings
 done
 check src/service src/server src/settings src/store src/provider

@@ -12,6 +12,7 @@ import (
 	"github.com/ratelimitd/ratelimit/src/rules"
 	"github.com/ratelimitd/ratelimit/src/settings"
 	"github.com/ratelimitd/ratelimit/src/stats"
+	"github.com/ratelimitd/ratelimit/src/store/breaker"
 	"github.com/ratelimitd/ratelimit/src/store/memcached"
 	"github.com/ratelimitd/ratelimit/src/store/memory"
 	"github.com/ratelimitd/ratelimit/src/store/redis"
@@ -34,6 +35,9 @@ type backend struct {
 	timeout time.Duration
 	// keyFormat is how the limiter builds the store's keys.
 	keyFormat limiter.KeyFormat
+	// local, with STORE_FAILURE_MODE=local and a shared store, is the
+	// memory store that decides while the shared one is unreachable.
+	local *memory.Store
 }
 
 // keyFormat is CACHE_KEY_FORMAT for a store an anchor process may share.
@@ -44,16 +48,40 @@ func keyFormat(set *settings.Settings) limiter.KeyFormat {
 	return limiter.AnchorKeys
 }
 
-func newBackend(ctx context.Context, set *settings.Settings, reg *stats.Registry, _ *slog.Logger) (*backend, error) {
+// newMemory makes a memory store within the MEMORY_* ceilings and registers
+// its statistics: its size, and the keys it dropped, by class.
+func newMemory(set *settings.Settings, reg *stats.Registry) *memory.Store {
+	m := memory.New(memory.Config{MaxBytes: set.MemoryMaxBytes, MaxKeys: set.MemoryMaxKeys})
+	reg.GaugeFunc("ratelimit.memory.keys", func() int64 { return int64(m.Len()) })
+	reg.GaugeFunc("ratelimit.memory.bytes", func() int64 { return m.Bytes() })
+	reg.CounterFunc("ratelimit.memory.reclaimed_idle", func() uint64 { return m.Evictions().ReclaimedIdle })
+	reg.CounterFunc("ratelimit.memory.evicted_under_limit", func() uint64 { return m.Evictions().UnderLimit })
+	reg.CounterFunc("ratelimit.memory.evicted_over_limit", func() uint64 { return m.Evictions().OverLimit })
+	return m
+}
+
+// newBackend connects the store BACKEND_TYPE names, with the local store
+// of STORE_FAILURE_MODE=local beside a shared one.
+func newBackend(ctx context.Context, set *settings.Settings, reg *stats.Registry, log *slog.Logger) (*backend, error) {
+	b, err := newStore(ctx, set, reg, log)
+	if err != nil || set.BackendType == settings.BackendMemory || set.StoreFailureMode != settings.FailureModeLocal {
+		return b, err
+	}
+	// The same ceilings as the memory store's, and its statistics: it
+	// holds the keys of the requests decided during outages.
+	b.local = newMemory(set, reg)
+	closeShared := b.close
+	b.close = func() {
+		closeShared()
+		b.local.Close()
+	}
+	return b, nil
+}
+
+func newStore(ctx context.Context, set *settings.Settings, reg *stats.Registry, _ *slog.Logger) (*backend, error) {
 	switch set.BackendType {
 	case settings.BackendMemory:
-		m := memory.New(memory.Config{MaxBytes: set.MemoryMaxBytes, MaxKeys: set.MemoryMaxKeys})
-		// The keys the store dropped, by class, and its size.
-		reg.GaugeFunc("ratelimit.memory.keys", func() int64 { return int64(m.Len()) })
-		reg.GaugeFunc("ratelimit.memory.bytes", func() int64 { return m.Bytes() })
-		reg.CounterFunc("ratelimit.memory.reclaimed_idle", func() uint64 { return m.Evictions().ReclaimedIdle })
-		reg.CounterFunc("ratelimit.memory.evicted_under_limit", func() uint64 { return m.Evictions().UnderLimit })
-		reg.CounterFunc("ratelimit.memory.evicted_over_limit", func() uint64 { return m.Evictions().OverLimit })
+		m := newMemory(set, reg)
 		return &backend{
 			store:   m,
 			healthy: func() bool { return true },
@@ -74,6 +102,7 @@ func newBackend(ctx context.Context, set *settings.Settings, reg *stats.Registry
 		reg.CounterFunc("ratelimit.redis.round_trips", func() uint64 { rt, _ := r.Counters(); return rt })
 		reg.CounterFunc("ratelimit.redis.ops", func() uint64 { _, ops := r.Counters(); return ops })
 		reg.CounterFunc("ratelimit.redis.load_shed", r.Shed)
+		registerBreakers(reg, "ratelimit.redis.", r.Breakers)
 		return &backend{
 			store:     r,
 			healthy:   r.Healthy,
@@ -94,6 +123,7 @@ func newBackend(ctx context.Context, set *settings.Settings, reg *stats.Registry
 		reg.CounterFunc("ratelimit.memcache.round_trips", func() uint64 { rt, _ := m.Counters(); return rt })
 		reg.CounterFunc("ratelimit.memcache.ops", func() uint64 { _, ops := m.Counters(); return ops })
 		reg.CounterFunc("ratelimit.memcache.load_shed", m.Shed)
+		registerBreakers(reg, "ratelimit.memcache.", m.Breakers)
 		return &backend{
 			store:     m,
 			healthy:   m.Healthy,
@@ -106,6 +136,21 @@ func newBackend(ctx context.Context, set *settings.Settings, reg *stats.Registry
 	return nil, fmt.Errorf("server: BACKEND_TYPE %q is not available in this build", set.BackendType)
 }
 
+// registerBreakers registers a store's circuit-breaker statistics under
+// prefix: breaker_open (gauge: servers whose breaker is open now),
+// breaker_trips (times one opened) and breaker_open_rejections (requests
+// refused at once by an open breaker).
+func registerBreakers(reg *stats.Registry, prefix string, f func() breaker.Stats) {
+	reg.GaugeFunc(prefix+"breaker_open", func() int64 { return f().Open })
+	reg.CounterFunc(prefix+"breaker_trips", func() uint64 { return f().Trips })
+	reg.CounterFunc(prefix+"breaker_open_rejections", func() uint64 { return f().Rejections })
+}
+
+// breakerConfig is the circuit breaker of the Redis and Memcached stores.
+func breakerConfig(set *settings.Settings) breaker.Config {
+	return breaker.Config{Failures: set.StoreBreakerFailures, ProbeInterval: set.StoreBreakerProbeInterval}
+}
+
 // memcacheConfig turns the MEMCACHE_* settings into the Memcached store's
 // Config. TLS files are read as for Redis.
 func memcacheConfig(set *settings.Settings) (memcached.Config, error) {
@@ -114,6 +159,7 @@ func memcacheConfig(set *settings.Settings) (memcached.Config, error) {
 		SRVRefresh:          set.MemcacheSrvRefresh,
 		MaxIdleConns:        set.MemcacheMaxIdleConns,
 		ExpirationJitterMax: time.Duration(set.ExpirationJitterMaxSeconds) * time.Second,
+		Breaker:             breakerConfig(set),
 	}
 	// The memcached client takes no context: its own round-trip timeout
 	// must fit in the request budget (gomemcache's default is 500ms).
@@ -172,6 +218,7 @@ func redisConfig(set *settings.Settings) (redis.Config, error) {
 		HealthCheckActiveConnection: set.RedisHealthCheckActiveConnection,
 		StartupInitialInterval:      set.RedisStartupInitialInterval,
 		StartupMaxInterval:          set.RedisStartupMaxInterval,
+		Breaker:                     breakerConfig(set),
 	}
 	if set.RedisPerSecond {
 		pt, err := tlsFor(set.RedisPerSecondTLS)

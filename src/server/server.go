@@ -109,6 +109,16 @@ func New(ctx context.Context, set *settings.Settings, log *slog.Logger) (*Server
 		StopIncrementWhenOverLimit: set.StopCacheKeyIncrementWhenOverlimit,
 		NearCache:                  limiter.NewNearCache(set.LocalCacheSizeInBytes),
 	})
+	var fallback *limiter.Limiter
+	if b.local != nil {
+		// The memory store's keys, which no other process reads.
+		fallback = limiter.New(b.local, limiter.Config{
+			Prefix:                     set.CacheKeyPrefix,
+			KeyFormat:                  limiter.EscapedKeys,
+			NearLimitRatio:             set.NearLimitRatio,
+			StopIncrementWhenOverLimit: set.StopCacheKeyIncrementWhenOverlimit,
+		})
+	}
 	s.svc = service.New(lim, s.stats, service.Config{
 		GlobalShadowMode: set.ShadowMode,
 		GlobalQuotaMode:  set.QuotaMode,
@@ -126,6 +136,7 @@ func New(ctx context.Context, set *settings.Settings, log *slog.Logger) (*Server
 		Timeout:            b.budget(set.RequestTimeout),
 		MaxConcurrent:      set.MaxConcurrentRequests,
 		MaxDynamicStatKeys: set.StatsMaxDynamicKeys,
+		Fallback:           fallback,
 		Log:                log,
 	})
 

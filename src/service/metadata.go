@@ -11,9 +11,11 @@ import (
 // the request's hitsAddend when set, quotaModeEnabled, the indices of
 // quota-mode descriptors over their limit (quotaModeViolations), and under
 // "metadata" the rule metadata of every descriptor within its limit, merged
-// (the first value wins; nested maps merge). Envoy stores it under the
+// (the first value wins; nested maps merge); and "degraded": true when the
+// decision came from this instance's local counts (STORE_FAILURE_MODE=
+// local), a key the anchor does not have. Envoy stores it under the
 // filter's namespace, where routing can read it.
-func dynamicMetadata(req *rlsv3.RateLimitRequest, quotaEnabled bool, violations []int, passed []map[string]any) (*structpb.Struct, error) {
+func dynamicMetadata(req *rlsv3.RateLimitRequest, quotaEnabled bool, violations []int, passed []map[string]any, degraded bool) (*structpb.Struct, error) {
 	descs := make([]any, 0, len(req.GetDescriptors()))
 	for _, d := range req.GetDescriptors() {
 		entries := make([]any, 0, len(d.GetEntries()))
@@ -41,6 +43,9 @@ func dynamicMetadata(req *rlsv3.RateLimitRequest, quotaEnabled bool, violations 
 		}
 		fields["quotaModeViolations"] = v
 	}
+	if degraded {
+		fields["degraded"] = true
+	}
 	if len(passed) > 0 {
 		merged := map[string]any{}
 		for _, md := range passed {
@@ -49,6 +54,12 @@ func dynamicMetadata(req *rlsv3.RateLimitRequest, quotaEnabled bool, violations 
 		fields["metadata"] = merged
 	}
 	return structpb.NewStruct(fields)
+}
+
+// degradedMetadata is the dynamic metadata of a decision made from local
+// counts while RESPONSE_DYNAMIC_METADATA is off: {"degraded": true}.
+func degradedMetadata() *structpb.Struct {
+	return &structpb.Struct{Fields: map[string]*structpb.Value{"degraded": structpb.NewBoolValue(true)}}
 }
 
 // mergeInto copies src into dst; a key already in dst keeps its value,

@@ -14,8 +14,9 @@ import (
 
 // respond turns the limiter's statuses into the response: per-descriptor
 // statuses, the overall code (shadow and quota modes), headers and dynamic
-// metadata; and counts every descriptor's hits in its statistics.
-func (s *Service) respond(req *rlsv3.RateLimitRequest, sc *scratch) (*rlsv3.RateLimitResponse, error) {
+// metadata; and counts every descriptor's hits in its statistics. degraded
+// says the statuses come from Config.Fallback.
+func (s *Service) respond(req *rlsv3.RateLimitRequest, sc *scratch, degraded bool) (*rlsv3.RateLimitResponse, error) {
 	resp, backing := newResponse(len(sc.descs))
 	var (
 		limitedOver     bool
@@ -63,12 +64,18 @@ func (s *Service) respond(req *rlsv3.RateLimitRequest, sc *scratch) (*rlsv3.Rate
 		}
 	}
 	s.answer(resp, req, sc)
-	if s.cfg.DynamicMetadata {
-		md, err := dynamicMetadata(req, quotaRules > 0, quotaViolations, passedMetadata)
+	switch {
+	case s.cfg.DynamicMetadata:
+		md, err := dynamicMetadata(req, quotaRules > 0, quotaViolations, passedMetadata, degraded)
 		if err != nil {
 			return nil, err
 		}
 		resp.DynamicMetadata = md
+	case degraded:
+		// Marked even without RESPONSE_DYNAMIC_METADATA: only
+		// STORE_FAILURE_MODE=local makes such answers, and Envoy's
+		// access logs and routes can only tell them by this mark.
+		resp.DynamicMetadata = degradedMetadata()
 	}
 	return resp, nil
 }

@@ -78,6 +78,18 @@ type Config struct {
 	// STATS_MAX_DYNAMIC_KEYS). Past it, their hits count under the domain's
 	// overflow key. 0 means 1000.
 	MaxDynamicStatKeys int
+	// Fallback, when not nil, decides the requests that the store cannot
+	// (STORE_FAILURE_MODE=local): when the limiter's error wraps
+	// limiter.ErrUnavailable (the store is unreachable, its breaker open,
+	// or the budget ran out waiting for it), the request is decided again
+	// by Fallback, a limiter over this instance's own memory, with the
+	// same rules. Such a response is marked "degraded" in its dynamic
+	// metadata and counted in degraded_decisions. Errors about the data
+	// (limiter.ErrData) and load shed (limiter.ErrOverloaded) are not
+	// outages and are answered as without it. Nil (STORE_FAILURE_MODE=
+	// error, the default) answers every store error with its code, and
+	// Envoy's failure_mode_deny decides.
+	Fallback *limiter.Limiter
 	// Now is the clock; nil means time.Now.
 	Now func() time.Time
 	// Log receives errors worth an operator's attention; nil discards them.
@@ -102,15 +114,18 @@ type Service struct {
 
 	storeErrors   *stats.Counter
 	serviceErrors *stats.Counter
-	loadShed      *stats.Counter
+	// degraded counts the requests decided by Config.Fallback.
+	degraded *stats.Counter
+	loadShed *stats.Counter
 	// statKeysOverflow counts hits of request-made statistics keys
 	// counted under a domain's overflow key (Config.MaxDynamicStatKeys).
 	statKeysOverflow *stats.Counter
 
-	// unavailableLog and errorLog hold back log lines past one a second.
-	unavailableLog, errorLog logEvery
-	globalShadow             *stats.Counter
-	totalRequests            *stats.Counter
+	// unavailableLog, errorLog and degradedLog hold back log lines past
+	// one a second.
+	unavailableLog, errorLog, degradedLog logEvery
+	globalShadow                          *stats.Counter
+	totalRequests                         *stats.Counter
 }
 
 // New returns a Service that decides with l and counts into reg. It answers
@@ -141,6 +156,7 @@ func New(l *limiter.Limiter, reg *stats.Registry, cfg Config) *Service {
 		storeErrors:   reg.Counter("ratelimit.service.call.should_rate_limit.redis_error"),
 		serviceErrors: reg.Counter("ratelimit.service.call.should_rate_limit.service_error"),
 		loadShed:      reg.Counter("ratelimit.service.call.should_rate_limit.load_shed"),
+		degraded:      reg.Counter("ratelimit.service.degraded_decisions"),
 
 		statKeysOverflow: reg.Counter("ratelimit.service.stats_keys_overflow"),
 		globalShadow:     reg.Counter("ratelimit.service.global_shadow_mode"),
@@ -273,13 +289,38 @@ func (s *Service) decide(ctx context.Context, req *rlsv3.RateLimitRequest) (*rls
 	if err := slidingLogBudget(sc.descs); err != nil {
 		return nil, err
 	}
-	ctx, cancel := s.budget(ctx)
-	err := s.limiter.Check(ctx, req.GetDomain(), s.cfg.Now(), sc.descs, sc.statuses)
+	now := s.cfg.Now()
+	storeCtx, cancel := s.budget(ctx)
+	err := s.limiter.Check(storeCtx, req.GetDomain(), now, sc.descs, sc.statuses)
 	cancel()
+	degraded := false
+	if err != nil && s.cfg.Fallback != nil && outage(err) {
+		// The budget was the store's and may be spent: the local store
+		// never waits for I/O, and needs only the caller's deadline.
+		if lerr := s.cfg.Fallback.Check(ctx, req.GetDomain(), now, sc.descs, sc.statuses); lerr == nil {
+			degraded = true
+			s.degraded.Inc()
+			if ok, held := s.degradedLog.allow(time.Now()); ok {
+				s.cfg.Log.Warn("store unavailable; deciding from this instance's local counts", "err", err, "suppressed", held)
+			}
+			err = nil
+		}
+	}
 	if err != nil {
 		return nil, err
 	}
-	return s.respond(req, sc)
+	return s.respond(req, sc, degraded)
+}
+
+// outage reports whether a limiter error means that the store could not
+// be reached, so that Config.Fallback decides: it wraps
+// limiter.ErrUnavailable, and neither limiter.ErrData nor
+// limiter.ErrOverloaded (a request can carry several stores' errors), nor
+// the caller's cancellation (nobody waits for the answer).
+func outage(err error) bool {
+	return errors.Is(err, limiter.ErrUnavailable) &&
+		!errors.Is(err, limiter.ErrData) && !errors.Is(err, limiter.ErrOverloaded) &&
+		!errors.Is(err, context.Canceled)
 }
 
 // match fills sc.descs with what each descriptor of req is limited by: a

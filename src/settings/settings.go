@@ -175,6 +175,19 @@ type Settings struct {
 	MemoryMaxBytes int64 `envconfig:"MEMORY_MAX_BYTES" default:"67108864"`
 	MemoryMaxKeys  int   `envconfig:"MEMORY_MAX_KEYS" default:"0"`
 
+	// Store outages (extensions), Redis and Memcached. STORE_BREAKER_FAILURES:
+	// the failures in a row of one server (a Redis backend, a Cluster
+	// master, a memcached server) that open its circuit breaker, after which
+	// its requests fail at once (0 = no breaker);
+	// STORE_BREAKER_PROBE_INTERVAL: how often an open breaker's server is
+	// probed; its first answer closes the breaker.
+	StoreBreakerFailures      int           `envconfig:"STORE_BREAKER_FAILURES" default:"5"`
+	StoreBreakerProbeInterval time.Duration `envconfig:"STORE_BREAKER_PROBE_INTERVAL" default:"500ms"`
+	// StoreFailureMode: error (the store's error reaches Envoy, whose
+	// failure_mode_deny decides) or local (decide from this instance's own
+	// memory while the store is unreachable). No effect with BACKEND_TYPE=memory.
+	StoreFailureMode string `envconfig:"STORE_FAILURE_MODE" default:"error"`
+
 	// Redis.
 	RedisSocketType                  string        `envconfig:"REDIS_SOCKET_TYPE" default:"unix"`
 	RedisType                        string        `envconfig:"REDIS_TYPE" default:"SINGLE"`
@@ -237,6 +250,13 @@ const (
 	ConfigTypeXDS  = "GRPC_XDS_SOTW"
 )
 
+// Values of STORE_FAILURE_MODE: answer a store outage with its error, or
+// decide from local counts meanwhile.
+const (
+	FailureModeError = "error"
+	FailureModeLocal = "local"
+)
+
 // Cache key formats accepted by CACHE_KEY_FORMAT: the anchor's, where a '_'
 // in a value can make two descriptors share a key, or one escaped so that
 // they never do.
@@ -260,6 +280,10 @@ const (
 	maxStreams     = 1 << 20
 	maxConnections = 1 << 24
 )
+
+// maxBreakerFailures bounds STORE_BREAKER_FAILURES: a breaker that needs
+// more failures in a row than this would hardly ever open.
+const maxBreakerFailures = 10000
 
 // Load reads the settings from the environment and validates them. Every
 // problem names its variable; all problems are reported together.
@@ -492,6 +516,20 @@ func (s *Settings) Validate() error {
 	}
 	if s.MemoryMaxKeys < 0 {
 		bad("MEMORY_MAX_KEYS", "must not be negative")
+	}
+	if s.StoreBreakerFailures < 0 || s.StoreBreakerFailures > maxBreakerFailures {
+		bad("STORE_BREAKER_FAILURES", "%d is outside 0..%d (0: no breaker)", s.StoreBreakerFailures, maxBreakerFailures)
+	}
+	if s.StoreBreakerProbeInterval < 10*time.Millisecond || s.StoreBreakerProbeInterval > time.Minute {
+		// Below 10ms the probes of every instance would load a server
+		// that has just come back; above a minute recovery would wait.
+		bad("STORE_BREAKER_PROBE_INTERVAL", "%v is outside 10ms..1m", s.StoreBreakerProbeInterval)
+	}
+	switch strings.ToLower(s.StoreFailureMode) {
+	case FailureModeError, FailureModeLocal:
+		s.StoreFailureMode = strings.ToLower(s.StoreFailureMode)
+	default:
+		bad("STORE_FAILURE_MODE", "unknown mode %q (want error or local)", s.StoreFailureMode)
 	}
 	if s.BackendType == BackendMemcache {
 		switch hosts := len(s.MemcacheHostPort) > 0; {

@@ -55,6 +55,9 @@ func TestDefaults(t *testing.T) {
 		{"CACHE_KEY_FORMAT", s.CacheKeyFormat, "anchor"},
 		{"RUNTIME_QUIET_PERIOD", s.RuntimeQuietPeriod, time.Second},
 		{"RUNTIME_ALLOW_EMPTY_RELOAD", s.RuntimeAllowEmptyReload, false},
+		{"STORE_BREAKER_FAILURES", s.StoreBreakerFailures, 5},
+		{"STORE_BREAKER_PROBE_INTERVAL", s.StoreBreakerProbeInterval, 500 * time.Millisecond},
+		{"STORE_FAILURE_MODE", s.StoreFailureMode, "error"},
 	}
 	for _, c := range checks {
 		if c.got != c.want {
@@ -100,6 +103,11 @@ func TestMalformedValuesNameTheVariable(t *testing.T) {
 		{"quiet_period_zero", map[string]string{"RUNTIME_QUIET_PERIOD": "0"}, []string{"RUNTIME_QUIET_PERIOD"}},
 		{"quiet_period_too_long", map[string]string{"RUNTIME_QUIET_PERIOD": "2m"}, []string{"RUNTIME_QUIET_PERIOD"}},
 		{"allow_empty_reload", map[string]string{"RUNTIME_ALLOW_EMPTY_RELOAD": "sometimes"}, []string{"RUNTIME_ALLOW_EMPTY_RELOAD"}},
+		{"breaker_failures_negative", map[string]string{"STORE_BREAKER_FAILURES": "-1"}, []string{"STORE_BREAKER_FAILURES", "0: no breaker"}},
+		{"breaker_failures_huge", map[string]string{"STORE_BREAKER_FAILURES": "10001"}, []string{"STORE_BREAKER_FAILURES"}},
+		{"breaker_probe_too_often", map[string]string{"STORE_BREAKER_PROBE_INTERVAL": "1ms"}, []string{"STORE_BREAKER_PROBE_INTERVAL", "10ms..1m"}},
+		{"breaker_probe_too_rare", map[string]string{"STORE_BREAKER_PROBE_INTERVAL": "2m"}, []string{"STORE_BREAKER_PROBE_INTERVAL"}},
+		{"failure_mode", map[string]string{"STORE_FAILURE_MODE": "open"}, []string{"STORE_FAILURE_MODE", "open", "error or local"}},
 		{"several", map[string]string{"BACKEND_TYPE": "foo", "LOG_LEVEL": "loud"}, []string{"BACKEND_TYPE", "LOG_LEVEL"}},
 	}
 	for _, tt := range tests {

@@ -10,6 +10,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/ratelimitd/ratelimit/src/store/breaker"
 )
 
 // Config configures a Store. Its fields mirror envoyproxy/ratelimit's
@@ -62,6 +64,15 @@ type Config struct {
 	// configuration (memcached built with --enable-ssl); its ServerName
 	// defaults to the server's host.
 	TLS *tls.Config
+	// Breaker is the circuit breaker kept per server (STORE_BREAKER_FAILURES,
+	// STORE_BREAKER_PROBE_INTERVAL): after Breaker.Failures round trips in
+	// a row to a server failed for want of it (never for an item's data,
+	// never a full connection pool), a request with an op for that server
+	// fails at once with an error wrapping limiter.ErrUnavailable, until a
+	// probe every Breaker.ProbeInterval finds the server answering. The
+	// zero value (the default here; settings default to 5 failures) turns
+	// it off.
+	Breaker breaker.Config
 	// ExpirationJitterMax adds a random [0, max) whole seconds to the
 	// expiration of every item, so that keys do not all expire at once
 	// (EXPIRATION_JITTER_MAX_SECONDS; default 0 here, 300s in settings).

@@ -78,14 +78,14 @@ func (s *Store) applyCount(ctx context.Context, key string, op *limiter.Op, now 
 			}
 			after, err := s.client.Increment(key, op.Hits)
 			if err == nil {
-				s.gotAnswer()
+				s.gotAnswer(key)
 				s.written.add(key, end, sec)
 				return s.counted(ctx, key, op, now, after, r), nil
 			}
 			if !errors.Is(err, memcache.ErrCacheMiss) {
 				return undo{}, s.fail(key, err)
 			}
-			s.gotAnswer()
+			s.gotAnswer(key)
 		}
 		incrFirst = true
 		item := &memcache.Item{
@@ -98,14 +98,14 @@ func (s *Store) applyCount(ctx context.Context, key string, op *limiter.Op, now 
 		}
 		err := s.client.Add(item)
 		if err == nil {
-			s.gotAnswer()
+			s.gotAnswer(key)
 			s.written.add(key, end, sec)
 			return s.counted(ctx, key, op, now, op.Hits, r), nil
 		}
 		if !errors.Is(err, memcache.ErrNotStored) {
 			return undo{}, s.fail(key, err)
 		}
-		s.gotAnswer()
+		s.gotAnswer(key)
 	}
 }
 
@@ -141,7 +141,7 @@ func (s *Store) counted(ctx context.Context, key string, op *limiter.Op, now tim
 			if _, err := s.client.Increment(key, satMark-after); err != nil {
 				_ = s.fail(key, err)
 			} else {
-				s.gotAnswer()
+				s.gotAnswer(key)
 			}
 		}
 		return undo{}
@@ -180,13 +180,13 @@ func (s *Store) pin(ctx context.Context, key string, op *limiter.Op) {
 		it, err := s.client.Get(key)
 		if err != nil {
 			if errors.Is(err, memcache.ErrCacheMiss) {
-				s.gotAnswer()
+				s.gotAnswer(key)
 			} else {
 				_ = s.fail(key, err)
 			}
 			return
 		}
-		s.gotAnswer()
+		s.gotAnswer(key)
 		n, err := parseCount(it.Value)
 		if err != nil || n < pinMark {
 			return
@@ -198,10 +198,10 @@ func (s *Store) pin(ctx context.Context, key string, op *limiter.Op) {
 		it.Expiration = s.expiration(max(int64(op.Window/time.Second), 1))
 		switch err := s.client.CompareAndSwap(it); {
 		case err == nil:
-			s.gotAnswer()
+			s.gotAnswer(key)
 			return
 		case conflict(err):
-			s.gotAnswer()
+			s.gotAnswer(key)
 		default:
 			_ = s.fail(key, err)
 			return
@@ -224,13 +224,13 @@ func (s *Store) readCount(ctx context.Context, key string) (uint64, error) {
 	}
 	it, err := s.client.Get(key)
 	if errors.Is(err, memcache.ErrCacheMiss) {
-		s.gotAnswer()
+		s.gotAnswer(key)
 		return 0, nil
 	}
 	if err != nil {
 		return 0, s.fail(key, err)
 	}
-	s.gotAnswer()
+	s.gotAnswer(key)
 	n, err := parseCount(it.Value)
 	if err != nil {
 		return 0, dataError(key, fmt.Errorf("not a counter: %q", it.Value))
@@ -254,7 +254,7 @@ func (s *Store) applyState(ctx context.Context, key string, op *limiter.Op, now 
 		if !found && !errors.Is(err, memcache.ErrCacheMiss) {
 			return undo{}, s.fail(key, err)
 		}
-		s.gotAnswer()
+		s.gotAnswer(key)
 		var data, dst []byte
 		if found {
 			data = it.Value
@@ -279,11 +279,11 @@ func (s *Store) applyState(ctx context.Context, key string, op *limiter.Op, now 
 		}
 		switch {
 		case err == nil:
-			s.gotAnswer()
+			s.gotAnswer(key)
 			u.op, u.key, u.now = op, key, now
 			return u, nil
 		case conflict(err):
-			s.gotAnswer()
+			s.gotAnswer(key)
 		default:
 			return undo{}, s.fail(key, err)
 		}
@@ -366,7 +366,7 @@ func (s *Store) undo(ctx context.Context, u *undo) error {
 		}
 		_, err := s.client.Decrement(u.key, op.Hits)
 		if err == nil || errors.Is(err, memcache.ErrCacheMiss) {
-			s.gotAnswer()
+			s.gotAnswer(u.key)
 			return nil
 		}
 		return s.fail(u.key, err)
@@ -377,13 +377,13 @@ func (s *Store) undo(ctx context.Context, u *undo) error {
 		}
 		it, err := s.client.Get(u.key)
 		if errors.Is(err, memcache.ErrCacheMiss) {
-			s.gotAnswer()
+			s.gotAnswer(u.key)
 			return nil
 		}
 		if err != nil {
 			return s.fail(u.key, err)
 		}
-		s.gotAnswer()
+		s.gotAnswer(u.key)
 		value, idle, err := takeBack(it.Value[:0], u, it.Value)
 		if err != nil {
 			return dataError(u.key, err)
@@ -398,10 +398,10 @@ func (s *Store) undo(ctx context.Context, u *undo) error {
 		err = s.client.CompareAndSwap(it)
 		switch {
 		case err == nil:
-			s.gotAnswer()
+			s.gotAnswer(u.key)
 			return nil
 		case conflict(err):
-			s.gotAnswer()
+			s.gotAnswer(u.key)
 		default:
 			return s.fail(u.key, err)
 		}
@@ -507,13 +507,14 @@ func (s *Store) expiration(seconds int64) int32 {
 	return int32(min(time.Now().Unix()+seconds, math.MaxInt32))
 }
 
-// gotAnswer counts a round trip that memcached answered and, the first
-// time, marks it up.
-func (s *Store) gotAnswer() {
+// gotAnswer counts a round trip that memcached answered for key and, the
+// first time, marks it up; the run of failures of key's server ends.
+func (s *Store) gotAnswer(key string) {
 	s.roundTrips.Add(1)
 	if !s.started.Load() {
 		s.markUp()
 	}
+	s.breakerFor(key).Success()
 }
 
 // fail classifies an error of the memcached client. Memcached refusing
@@ -522,14 +523,16 @@ func (s *Store) gotAnswer() {
 // touched, so that one poisoned key fails only the requests that use it.
 // Everything else (dial and network errors, timeouts, other SERVER_ERRORs,
 // no servers) means memcached cannot serve: the error wraps
-// limiter.ErrUnavailable and Healthy turns false until the next probe
-// succeeds.
+// limiter.ErrUnavailable, Healthy turns false until the next probe
+// succeeds, and it counts as a failure of key's server for its circuit
+// breaker.
 func (s *Store) fail(key string, err error) error {
 	if refusedData(err) {
-		s.gotAnswer()
+		s.gotAnswer(key)
 		return dataError(key, err)
 	}
 	s.up.Store(false)
+	s.breakerFor(key).Failure()
 	if brokenConn(err) {
 		// An idle connection to a server that restarted fails this way
 		// once used; the others idle beside it are likely as dead: drop

@@ -82,6 +82,7 @@ import (
 	"github.com/bradfitz/gomemcache/memcache"
 
 	"github.com/ratelimitd/ratelimit/src/limiter"
+	"github.com/ratelimitd/ratelimit/src/store/breaker"
 )
 
 // errClosed is the cause of errors after Close.
@@ -113,6 +114,10 @@ type Store struct {
 	unresolved []string
 
 	roundTrips, ops, shed atomic.Uint64
+
+	// breakers are the servers' circuit breakers, by address; nil when
+	// Config.Breaker turns them off (see breaker.go).
+	breakers *breaker.Group
 
 	// slots holds one token per Do (or probe) under way: at most
 	// cfg.MaxConns (see acquire). waiting counts the Do calls waiting for
@@ -171,6 +176,7 @@ func newWith(ctx context.Context, cfg Config, d deps) (*Store, error) {
 		answered: make(chan struct{}),
 		written:  newWritten(),
 		slots:    make(chan struct{}, cfg.MaxConns),
+		breakers: breaker.NewGroup("memcached", cfg.Breaker),
 	}
 	addrs := cfg.Addrs
 	if cfg.SRV != "" {
@@ -199,6 +205,9 @@ func newWith(ctx context.Context, cfg Config, d deps) (*Store, error) {
 	// The Store outlives New's ctx: it runs until Close.
 	s.ctx, s.cancel = context.WithCancel(context.WithoutCancel(ctx))
 	s.start(s.probe)
+	if s.breakers != nil {
+		s.start(func() { s.breakers.Run(s.ctx, s.probeBreakers) })
+	}
 	if cfg.SRV != "" && cfg.SRVRefresh > 0 {
 		s.start(s.refresh)
 	}
@@ -367,10 +376,10 @@ func (s *Store) refresh() {
 
 // Healthy reports whether the store can serve: false until memcached first
 // answered, then false while the last probe (every second) or op to it
-// failed for want of memcached. With several servers, every one must have
-// answered the last probe.
+// failed for want of memcached, or a server's circuit breaker is open.
+// With several servers, every one must have answered the last probe.
 func (s *Store) Healthy() bool {
-	return s.started.Load() && s.up.Load()
+	return s.started.Load() && s.up.Load() && !s.breakers.AnyOpen()
 }
 
 // WaitStarted blocks until memcached first answered, or ctx ends. The
@@ -471,6 +480,11 @@ func (s *Store) Do(ctx context.Context, b *limiter.Batch) error {
 	}
 	if s.closed.Load() {
 		return unavailable(errClosed)
+	}
+	// An open circuit breaker fails the request at once, before it takes
+	// a connection slot.
+	if err := s.admit(b); err != nil {
+		return err
 	}
 	if err := s.acquire(ctx); err != nil {
 		return err

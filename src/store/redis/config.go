@@ -8,6 +8,8 @@ import (
 	"os"
 	"strings"
 	"time"
+
+	"github.com/ratelimitd/ratelimit/src/store/breaker"
 )
 
 // The values of Config.Type (REDIS_TYPE), compared case-insensitively.
@@ -83,6 +85,17 @@ type Config struct {
 	// 500ms and 30s). Requests still try Redis in the meantime.
 	StartupInitialInterval time.Duration
 	StartupMaxInterval     time.Duration
+	// Breaker is the circuit breaker kept per Redis server: per backend for
+	// SINGLE and SENTINEL, per master node address for CLUSTER
+	// (STORE_BREAKER_FAILURES, STORE_BREAKER_PROBE_INTERVAL). After
+	// Breaker.Failures failures in a row that mean the server cannot serve
+	// (a transport error, a timeout, an error reply about the server's own
+	// state; never a data error or a full queue), a request for that
+	// server fails at once with an error wrapping limiter.ErrUnavailable,
+	// until a probe every Breaker.ProbeInterval finds it answering. The
+	// zero value (the default here; settings default to 5 failures) turns
+	// it off.
+	Breaker breaker.Config
 	// PerSecond, when not nil, is a second Redis for the ops of rules whose
 	// unit is second (REDIS_PERSECOND=true and REDIS_PERSECOND_*). Only its
 	// connection fields are used (Type, SocketType, URL, Auth, SentinelAuth,

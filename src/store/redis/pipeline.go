@@ -12,6 +12,7 @@ import (
 
 	"github.com/ratelimitd/ratelimit/src/limiter"
 	"github.com/ratelimitd/ratelimit/src/rules"
+	"github.com/ratelimitd/ratelimit/src/store/breaker"
 )
 
 // maxPipelineCommands bounds one pipeline when PipelineLimit is not set, so
@@ -180,6 +181,12 @@ type backend struct {
 	collector  *worker     // with PipelineWindow, the worker waiting for more requests
 	watching   bool        // watch is set to fire
 	watch      *time.Timer // calls stalled: see maxQueueWait
+
+	// breakers are the circuit breakers of the backend's servers, nil when
+	// Config.Breaker turns them off; server is the one breaker of a SINGLE
+	// or SENTINEL backend (see breaker.go).
+	breakers *breaker.Group
+	server   *breaker.Breaker
 
 	// answered is closed when Redis first answers; up follows the
 	// connection afterwards (see Store.Healthy).

@@ -27,6 +27,7 @@ import (
 
 	"github.com/ratelimitd/ratelimit/src/limiter"
 	"github.com/ratelimitd/ratelimit/src/rules"
+	"github.com/ratelimitd/ratelimit/src/store/breaker"
 )
 
 // errClosed is the cause of errors after Close.
@@ -84,6 +85,7 @@ func New(ctx context.Context, cfg Config) (*Store, error) {
 			_ = s.main.client.Close()
 			return nil, fmt.Errorf("persecond: %w", err)
 		}
+		ps.Breaker = cfg.Breaker
 		if s.perSecond, err = s.newBackend("redis persecond", ps); err != nil {
 			_ = s.main.client.Close()
 			return nil, err
@@ -94,6 +96,7 @@ func New(ctx context.Context, cfg Config) (*Store, error) {
 			s.wg.Go(func() { be.work(s.ctx, w) })
 		}
 		s.wg.Go(func() { s.probe(be) })
+		s.wg.Go(func() { be.breakers.Run(s.ctx, func(ctx context.Context) { s.probeBreakers(ctx, be) }) })
 	}
 	return s, nil
 }
@@ -128,6 +131,7 @@ func (s *Store) newBackend(name string, cfg Config) (*backend, error) {
 		full:     fmt.Errorf("%s: %w: %d requests wait for Redis already (MaxQueue)", name, limiter.ErrOverloaded, cfg.MaxQueue),
 		shed:     &s.shed,
 		answered: make(chan struct{}),
+		breakers: breaker.NewGroup(name, cfg.Breaker),
 	}
 	if cfg.PipelineLimit > 0 {
 		be.limit = cfg.PipelineLimit
@@ -163,18 +167,24 @@ func (s *Store) newBackend(name string, cfg Config) (*backend, error) {
 		o.Network = cfg.SocketType // UniversalOptions has no network
 		c := goredis.NewClient(o)
 		c.AddHook(hook)
+		be.server = be.addBreaker(c, ep.Addrs[0])
 		be.client = c
 	case TypeSentinel:
 		opts.SentinelUsername, opts.SentinelPassword = ParseAuth(cfg.SentinelAuth)
 		c := goredis.NewFailoverClient(opts.Failover())
 		c.AddHook(hook)
+		// One breaker for the group: whichever server is master.
+		be.server = be.addBreaker(c, ep.MasterName)
 		be.client = c
 		be.oneServer.Store(true)
 	case TypeCluster:
 		c := goredis.NewClusterClient(opts.Cluster())
-		// Count round trips per node: the cluster client splits a pipeline
-		// into one pipeline per node.
-		c.OnNewNode(func(n *goredis.Client) { n.AddHook(hook) })
+		// Count round trips and keep a breaker per node: the cluster
+		// client splits a pipeline into one pipeline per node.
+		c.OnNewNode(func(n *goredis.Client) {
+			n.AddHook(hook)
+			be.addBreaker(n, n.Options().Addr)
+		})
 		be.client, be.cluster = c, true
 	}
 	be.initQueue(cfg.PoolSize)
@@ -272,13 +282,16 @@ func (s *Store) ping(be *backend) error {
 // true, unless HealthCheckActiveConnection is set: then it is false while
 // the last round trip or probe to Redis failed, as envoyproxy/ratelimit's
 // REDIS_HEALTH_CHECK_ACTIVE_CONNECTION does. With a per-second Redis, both
-// must be healthy.
+// must be healthy. An open circuit breaker (Config.Breaker) counts as a
+// failed round trip: with HealthCheckActiveConnection, Healthy is false
+// while a breaker of either Redis is open (on a Cluster, that of one
+// master is enough).
 func (s *Store) Healthy() bool {
 	for _, be := range s.backends() {
 		if !be.hasAnswered() {
 			return false
 		}
-		if s.cfg.HealthCheckActiveConnection && !be.up.Load() {
+		if s.cfg.HealthCheckActiveConnection && (!be.up.Load() || be.breakers.AnyOpen()) {
 			return false
 		}
 	}
@@ -376,6 +389,24 @@ func (s *Store) Do(ctx context.Context, b *limiter.Batch) error {
 			reqs[k].idx = append(reqs[k].idx, i)
 		}
 	}
+	// An open circuit breaker fails the request at once, before it costs
+	// a command or a place in a queue. nodes[k] is the one server of
+	// reqs[k], whose breaker a missed deadline counts against.
+	var nodes [2]*breaker.Breaker
+	for k, r := range reqs {
+		if r == nil {
+			continue
+		}
+		var err error
+		if nodes[k], err = bes[k].admit(ctx, r, b); err != nil {
+			for _, r := range reqs {
+				if r != nil {
+					putRequest(r)
+				}
+			}
+			return err
+		}
+	}
 	for k, r := range reqs {
 		if r != nil {
 			s.build(r, b, bes[k])
@@ -400,6 +431,13 @@ func (s *Store) Do(ctx context.Context, b *limiter.Batch) error {
 		recycle[k], errs[k] = bes[k].wait(ctx, stop, r)
 		if errs[k] == nil {
 			errs[k] = s.decode(bes[k], r, b)
+		} else if errors.Is(ctx.Err(), context.DeadlineExceeded) && (!bes[k].cluster || !recycle[k]) {
+			// The deadline passed while the request waited for its one
+			// server: a failure of that server, known long before the
+			// round trip itself times out (REDIS_TIMEOUT). On a Cluster
+			// the queue is every node's, so only a request in flight
+			// (one a worker took: not recycled) counts.
+			nodes[k].Failure()
 		}
 	}
 	err := errors.Join(errs[0], errs[1])

@@ -1,0 +1,261 @@
+package integration
+
+import (
+	"fmt"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/ratelimitd/ratelimit/src/store/storetest"
+)
+
+// Bounds of the outage tests, generous for the -race binary on a loaded
+// machine; the tests log what they measured.
+const (
+	outageBudget  = 300 * time.Millisecond // REQUEST_TIMEOUT
+	outageFast    = 100 * time.Millisecond // an answer without waiting for the store, over gRPC
+	outageRecover = 2 * time.Second        // from the store's return to decisions from it
+)
+
+// breakerEnv are the settings of the outage tests: a breaker that opens
+// after 3 failures and probes every 100ms, and a request budget that a
+// frozen store makes every request wait for.
+var breakerEnv = []string{
+	"REQUEST_TIMEOUT=" + outageBudget.String(),
+	"STORE_BREAKER_FAILURES=3", "STORE_BREAKER_PROBE_INTERVAL=100ms",
+}
+
+// testBreakerOverTheWire serves with env, takes the store down with down,
+// and checks over gRPC that after a few slow failures the answers are
+// Unavailable at once, that /stats shows the open breaker under prefix,
+// and that decisions come back within outageRecover of up.
+func testBreakerOverTheWire(t *testing.T, down, up func() error, prefix string, env []string) {
+	p := start(t, map[string]string{"shared.yaml": sharedRules}, env...)
+	c := p.client(t)
+	if _, err := c.ShouldRateLimit(callCtx(t), request("shared", "user", "b")); err != nil {
+		t.Fatal(err)
+	}
+	if err := down(); err != nil {
+		t.Fatal(err)
+	}
+	// Until the breaker opens, requests fail after their budget (frozen
+	// store); then the breaker's own error comes back at once.
+	var open []time.Duration
+	for i := 0; len(open) < 20; i++ {
+		if i > 30 {
+			t.Fatalf("only %d answers from the open breaker after %d requests with the store down", len(open), i)
+		}
+		began := time.Now()
+		_, err := c.ShouldRateLimit(callCtx(t), request("shared", "user", "b"))
+		took := time.Since(began)
+		if code := status.Code(err); code != codes.Unavailable && code != codes.DeadlineExceeded {
+			t.Fatalf("request %d with the store down: %v, want Unavailable or DeadlineExceeded", i, err)
+		}
+		if strings.Contains(status.Convert(err).Message(), "circuit breaker open") {
+			open = append(open, took)
+		} else if len(open) > 0 {
+			t.Errorf("request %d: %v after %d answers from the open breaker: it closed with the store down", i, err, len(open))
+		}
+	}
+	slices.Sort(open)
+	t.Logf("with the breaker open: answers in %v (median), %v (slowest) over gRPC; budget %v", open[len(open)/2], open[len(open)-1], outageBudget)
+	if open[len(open)/2] > outageFast {
+		t.Errorf("median answer with the breaker open %v, want at once (< %v)", open[len(open)/2], outageFast)
+	}
+	st := p.stats(t)
+	if st[prefix+"breaker_open"] != 1 || st[prefix+"breaker_trips"] != 1 || st[prefix+"breaker_open_rejections"] < 20 {
+		t.Errorf("/stats: breaker_open %d, breaker_trips %d, breaker_open_rejections %d; want 1, 1, at least 20",
+			st[prefix+"breaker_open"], st[prefix+"breaker_trips"], st[prefix+"breaker_open_rejections"])
+	}
+
+	if err := up(); err != nil {
+		t.Fatal(err)
+	}
+	back := time.Now()
+	eventually(t, "a decision from the store", outageRecover, func() bool {
+		_, err := c.ShouldRateLimit(callCtx(t), request("shared", "user", "b"))
+		return err == nil
+	})
+	t.Logf("decisions from the store again %v after it returned", time.Since(back))
+	if st := p.stats(t); st[prefix+"breaker_open"] != 0 {
+		t.Errorf("/stats: breaker_open %d after the store returned, want 0", st[prefix+"breaker_open"])
+	}
+}
+
+// TestRedisBreakerOverTheWire freezes Redis (REDIS_TIMEOUT stays long):
+// requests fail after their budget until the breaker opens, then at once.
+func TestRedisBreakerOverTheWire(t *testing.T) {
+	r := storetest.StartRedis(t, storetest.RedisOptions{})
+	t.Cleanup(func() { _ = r.Thaw() })
+	testBreakerOverTheWire(t, r.Freeze, r.Thaw, "ratelimit.redis.",
+		redisEnv(r, append([]string{"REDIS_TIMEOUT=10s"}, breakerEnv...)...))
+}
+
+// TestMemcachedBreakerOverTheWire freezes memcached: each request waits
+// for its round trip's timeout (the budget) until the breaker opens.
+func TestMemcachedBreakerOverTheWire(t *testing.T) {
+	m := storetest.StartMemcached(t)
+	t.Cleanup(func() { _ = m.Thaw() })
+	testBreakerOverTheWire(t, m.Freeze, m.Thaw, "ratelimit.memcache.", memcacheEnv(m, breakerEnv...))
+}
+
+// TestBreakerOffOverTheWire: STORE_BREAKER_FAILURES=0 keeps the behaviour
+// without a breaker: every request on a frozen Redis waits for its budget.
+func TestBreakerOffOverTheWire(t *testing.T) {
+	r := storetest.StartRedis(t, storetest.RedisOptions{})
+	t.Cleanup(func() { _ = r.Thaw() })
+	p := start(t, map[string]string{"shared.yaml": sharedRules},
+		redisEnv(r, "REQUEST_TIMEOUT="+outageBudget.String(), "STORE_BREAKER_FAILURES=0")...)
+	c := p.client(t)
+	if err := r.Freeze(); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 6 {
+		began := time.Now()
+		_, err := c.ShouldRateLimit(callCtx(t), request("shared", "user", fmt.Sprint("off", i)))
+		if status.Code(err) != codes.DeadlineExceeded {
+			t.Errorf("request %d: %v, want DeadlineExceeded", i, err)
+		}
+		if took := time.Since(began); took < outageBudget*9/10 {
+			t.Errorf("request %d answered after %v, before its %v budget", i, took, outageBudget)
+		}
+	}
+	if st := p.stats(t); st["ratelimit.redis.breaker_trips"] != 0 {
+		t.Errorf("/stats: breaker_trips %d with the breaker off", st["ratelimit.redis.breaker_trips"])
+	}
+}
+
+const outageRules = `domain: outage
+descriptors:
+  - key: user
+    rate_limit: {unit: hour, requests_per_unit: 3}
+`
+
+// prefix is the statistics prefix of the store env configures.
+func prefix(env []string) string {
+	if slices.Contains(env, "BACKEND_TYPE=memcache") {
+		return "ratelimit.memcache."
+	}
+	return "ratelimit.redis."
+}
+
+// degraded reports whether a response carries the "degraded" mark.
+func degraded(resp *rlsv3.RateLimitResponse) bool {
+	return resp.GetDynamicMetadata().GetFields()["degraded"].GetBoolValue()
+}
+
+// TestDegradedModeOverTheWire takes the store down under
+// STORE_FAILURE_MODE=local: a limit of 3 per hour admits 3 then refuses,
+// from this instance's own counts, every answer marked degraded and
+// counted; once the store is back, decisions come from it again within
+// outageRecover, and the local counts are not merged into it. With
+// STORE_FAILURE_MODE=error the outage is an error, as before.
+func TestDegradedModeOverTheWire(t *testing.T) {
+	tests := []struct {
+		name  string
+		mode  string
+		store func(t *testing.T) (down, up func() error, env []string)
+	}{
+		{"redis_stopped", "local", func(t *testing.T) (func() error, func() error, []string) {
+			r := storetest.StartRedis(t, storetest.RedisOptions{})
+			return r.Stop, r.Start, redisEnv(r)
+		}},
+		{"redis_frozen", "local", func(t *testing.T) (func() error, func() error, []string) {
+			r := storetest.StartRedis(t, storetest.RedisOptions{})
+			t.Cleanup(func() { _ = r.Thaw() })
+			return r.Freeze, r.Thaw, redisEnv(r, "REDIS_TIMEOUT=10s")
+		}},
+		{"memcached_stopped", "local", func(t *testing.T) (func() error, func() error, []string) {
+			m := storetest.StartMemcached(t)
+			return m.Stop, m.Start, memcacheEnv(m)
+		}},
+		{"redis_error_mode", "error", func(t *testing.T) (func() error, func() error, []string) {
+			r := storetest.StartRedis(t, storetest.RedisOptions{})
+			return r.Stop, r.Start, redisEnv(r)
+		}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			down, up, env := tt.store(t)
+			env = append(env, breakerEnv...)
+			env = append(env, "STORE_FAILURE_MODE="+tt.mode)
+			p := start(t, map[string]string{"outage.yaml": outageRules}, env...)
+			c := p.client(t)
+			call := func(user string) (*rlsv3.RateLimitResponse, error) {
+				return c.ShouldRateLimit(callCtx(t), request("outage", "user", user))
+			}
+			resp, err := call("before")
+			if err != nil || degraded(resp) {
+				t.Fatalf("before the outage: %v, %v; want a decision from the store", resp, err)
+			}
+			if err := down(); err != nil {
+				t.Fatal(err)
+			}
+			// Open the breaker with another user's requests, so that none
+			// of alice's is sent: a frozen Redis would apply those when it
+			// thaws.
+			opened := false
+			for i := 0; i < 20 && !opened; i++ {
+				_, _ = call("opener")
+				opened = p.stats(t)[prefix(env)+"breaker_open"] == 1
+			}
+			if !opened {
+				t.Fatal("breaker not open after 20 requests with the store down")
+			}
+
+			for i := 1; i <= 5; i++ {
+				began := time.Now()
+				resp, err := call("alice")
+				if took := time.Since(began); took >= outageBudget {
+					t.Errorf("request %d with the breaker open answered after %v: it waited for the %v budget", i, took, outageBudget)
+				}
+				if tt.mode == "error" {
+					if code := status.Code(err); code != codes.Unavailable {
+						t.Errorf("request %d, STORE_FAILURE_MODE=error: %v, want Unavailable", i, err)
+					}
+					continue
+				}
+				if err != nil {
+					t.Fatalf("request %d with the store down: %v, want a decision from local counts", i, err)
+				}
+				want := rlsv3.RateLimitResponse_OK
+				if i > 3 {
+					want = rlsv3.RateLimitResponse_OVER_LIMIT
+				}
+				if resp.GetOverallCode() != want || !degraded(resp) {
+					t.Errorf("request %d with the store down: %v, degraded %v; want %v, degraded", i, resp.GetOverallCode(), degraded(resp), want)
+				}
+			}
+			switch got := p.stats(t)["ratelimit.service.degraded_decisions"]; {
+			case tt.mode == "error" && got != 0:
+				t.Errorf("/stats: degraded_decisions %d with STORE_FAILURE_MODE=error, want 0", got)
+			case tt.mode == "local" && got < 5:
+				t.Errorf("/stats: degraded_decisions %d, want at least alice's 5", got)
+			}
+			if tt.mode == "error" {
+				return
+			}
+
+			if err := up(); err != nil {
+				t.Fatal(err)
+			}
+			back := time.Now()
+			eventually(t, "a decision from the store", outageRecover, func() bool {
+				resp, err := call("probe")
+				return err == nil && !degraded(resp)
+			})
+			t.Logf("decisions from the store again %v after it returned", time.Since(back))
+			// The store never saw alice's local hits: her count there
+			// is untouched (local counts are not merged back).
+			resp, err = call("alice")
+			if err != nil || degraded(resp) || resp.GetOverallCode() != rlsv3.RateLimitResponse_OK || resp.GetStatuses()[0].GetLimitRemaining() != 2 {
+				t.Errorf("alice once the store is back: %v, %v; want OK with 2 remaining, from the store", resp, err)
+			}
+		})
+	}
+}

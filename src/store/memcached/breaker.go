@@ -1,0 +1,92 @@
+package memcached
+
+import (
+	"context"
+	"net"
+
+	"github.com/bradfitz/gomemcache/memcache"
+
+	"github.com/ratelimitd/ratelimit/src/limiter"
+	"github.com/ratelimitd/ratelimit/src/store/breaker"
+)
+
+// The circuit breakers (Config.Breaker) are per server, found as the
+// client finds an item's server: by the key's hash over the server list.
+// Every round trip's outcome is known where it ends (gotAnswer, fail), so
+// no failure is counted for a round trip never started (a request past
+// its deadline, a full connection pool).
+
+// breakerFor returns the breaker of the server that holds key (an item key,
+// see itemKey), or nil when the breakers are off or there is no server.
+func (s *Store) breakerFor(key string) *breaker.Breaker {
+	if s.breakers == nil {
+		return nil
+	}
+	a, err := s.servers.PickServer(key)
+	if err != nil {
+		return nil
+	}
+	return s.breakers.Server(a.String())
+}
+
+// admit fails with the error of the first open breaker among the servers
+// of b's ops, before any op is applied: a batch is applied whole or fails
+// (an AllOrNothing batch must record nothing).
+func (s *Store) admit(b *limiter.Batch) error {
+	if !s.breakers.AnyOpen() {
+		return nil
+	}
+	for i := range b.Ops {
+		if err := s.breakerFor(itemKey(b.Ops[i].Key)).Allow(); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// probeBreakers is the breakers' probe (breaker.Group.Run): it pings each
+// server whose breaker is open, alone, and closes the breakers of those
+// that answer. A server no longer in the list (an SRV refresh dropped it)
+// gets no traffic: its breaker is closed.
+func (s *Store) probeBreakers(ctx context.Context) {
+	addrs := map[string]net.Addr{}
+	_ = s.servers.Each(func(a net.Addr) error {
+		addrs[a.String()] = a
+		return nil
+	})
+	for _, b := range s.breakers.OpenServers() {
+		a, ok := addrs[b.Addr()]
+		if !ok || s.pingServer(ctx, a) == nil {
+			b.Reset()
+		}
+	}
+}
+
+// pingServer asks one server for its version on a connection of its own,
+// closed afterwards. Like ping, it takes a connection slot, waiting at most
+// Timeout for one, and the round trip is bounded by Timeout.
+func (s *Store) pingServer(ctx context.Context, a net.Addr) error {
+	ctx, cancel := context.WithTimeout(ctx, s.cfg.Timeout)
+	defer cancel()
+	select {
+	case s.slots <- struct{}{}:
+	case <-ctx.Done():
+		return errBusy
+	}
+	defer s.release()
+	c := memcache.NewFromSelector(oneServer{a})
+	c.Timeout = s.cfg.Timeout
+	c.DialContext = s.client.DialContext
+	defer c.Close()
+	return c.Ping()
+}
+
+// oneServer is a memcache.ServerSelector of a single server.
+type oneServer struct{ addr net.Addr }
+
+func (o oneServer) PickServer(string) (net.Addr, error) { return o.addr, nil }
+func (o oneServer) Each(f func(net.Addr) error) error   { return f(o.addr) }
+
+// Breakers returns the counters of the servers' circuit breakers
+// (ratelimit.memcache.breaker_open, breaker_trips, breaker_open_rejections).
+func (s *Store) Breakers() breaker.Stats { return s.breakers.Stats() }

@@ -1,0 +1,172 @@
+package memcached
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/bradfitz/gomemcache/memcache"
+
+	"github.com/ratelimitd/ratelimit/src/limiter"
+	"github.com/ratelimitd/ratelimit/src/rules"
+	"github.com/ratelimitd/ratelimit/src/store/breaker"
+	"github.com/ratelimitd/ratelimit/src/store/storetest"
+)
+
+// The bounds of the breaker tests, generous for a loaded machine running
+// -race (the tests log what they measured).
+const (
+	breakerTimeout  = 200 * time.Millisecond // the store's round-trip bound
+	breakerDeadline = time.Second            // each request's budget
+	breakerFast     = 50 * time.Millisecond  // an open breaker's refusal, at most
+	breakerRecover  = 2 * time.Second        // from the server's return to requests served
+	breakerProbe    = 100 * time.Millisecond
+)
+
+// timedHit sends one op of alg on key and reports how long it took and
+// the error.
+func timedHit(s *Store, key string, alg rules.Algorithm) (time.Duration, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), breakerDeadline)
+	defer cancel()
+	b := &limiter.Batch{Now: time.Now(), Ops: []limiter.Op{{
+		Key: key, Algorithm: alg, Limit: 1 << 30, Window: time.Hour, Hits: 1,
+	}}}
+	start := time.Now()
+	err := s.Do(ctx, b)
+	return time.Since(start), err
+}
+
+// TestBreakerOneOfTwoServers stops or freezes one of two memcached servers:
+// after Failures failed round trips to it in a row its keys fail at once,
+// not after the round-trip timeout, while the other server's keys are
+// served throughout, for every algorithm; once it is back its keys are
+// served within breakerRecover.
+func TestBreakerOneOfTwoServers(t *testing.T) {
+	tests := []struct {
+		name          string
+		down, return_ func(*storetest.MemcachedServer) error
+	}{
+		{"stopped", (*storetest.MemcachedServer).Stop, (*storetest.MemcachedServer).Start},
+		{"frozen", (*storetest.MemcachedServer).Freeze, (*storetest.MemcachedServer).Thaw},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			a, b := storetest.StartMemcached(t), storetest.StartMemcached(t)
+			const failures = 3
+			s := newStore(t, Config{
+				Addrs: []string{a.Addr, b.Addr}, Timeout: breakerTimeout,
+				Breaker: breaker.Config{Failures: failures, ProbeInterval: breakerProbe},
+			})
+			// A key on server addr for alg, as the client shards them.
+			keyOn := func(addr string, alg rules.Algorithm) string {
+				for i := range 1000 {
+					key := fmt.Sprintf("k%d_%s", i, alg)
+					if a, err := s.servers.PickServer(key); err == nil && a.String() == addr {
+						return key
+					}
+				}
+				t.Fatalf("no key on %s", addr)
+				return ""
+			}
+			downKey, upKey := keyOn(a.Addr, rules.FixedWindow), keyOn(b.Addr, rules.FixedWindow)
+			for _, key := range []string{downKey, upKey} {
+				if _, err := timedHit(s, key, rules.FixedWindow); err != nil {
+					t.Fatalf("%s before the outage: %v", key, err)
+				}
+			}
+			if err := tt.down(a); err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { _ = a.Thaw() })
+
+			for i := 0; ; i++ {
+				took, err := timedHit(s, downKey, rules.FixedWindow)
+				if errors.Is(err, breaker.ErrOpen) {
+					if i != failures {
+						t.Fatalf("breaker open after %d failures, want %d", i, failures)
+					}
+					break
+				}
+				if !errors.Is(err, limiter.ErrUnavailable) {
+					t.Fatalf("request %d to the server down: %v, want ErrUnavailable", i, err)
+				}
+				if i >= failures {
+					t.Fatalf("breaker still closed after %d failures, want open after %d", i+1, failures)
+				}
+				t.Logf("failure %d took %v", i+1, took)
+			}
+			var took []time.Duration
+			for i := range 40 {
+				alg := rules.Algorithms[i%len(rules.Algorithms)]
+				d, err := timedHit(s, keyOn(a.Addr, alg), alg)
+				if !errors.Is(err, breaker.ErrOpen) || !errors.Is(err, limiter.ErrUnavailable) {
+					t.Fatalf("%s with the breaker open: %v, want ErrOpen and ErrUnavailable", alg, err)
+				}
+				took = append(took, d)
+				if _, err := timedHit(s, keyOn(b.Addr, alg), alg); err != nil {
+					t.Fatalf("%s on the server still up: %v", alg, err)
+				}
+			}
+			slices.Sort(took)
+			t.Logf("refusals by the open breaker: median %v, slowest %v (round-trip timeout %v)", took[len(took)/2], took[len(took)-1], breakerTimeout)
+			if took[len(took)/2] > breakerFast {
+				t.Errorf("median refusal %v, want at once (< %v)", took[len(took)/2], breakerFast)
+			}
+			if st := s.Breakers(); st.Open != 1 || st.Trips != 1 || st.Rejections < 40 {
+				t.Errorf("Breakers() = %+v, want 1 open, 1 trip, at least 40 rejections", st)
+			}
+			if s.Healthy() {
+				t.Error("Healthy() = true with a breaker open")
+			}
+
+			if err := tt.return_(a); err != nil {
+				t.Fatal(err)
+			}
+			start := time.Now()
+			for {
+				_, err := timedHit(s, downKey, rules.FixedWindow)
+				if err == nil {
+					break
+				}
+				if time.Since(start) > breakerRecover {
+					t.Fatalf("still failing %v after the server returned: %v", breakerRecover, err)
+				}
+				time.Sleep(5 * time.Millisecond)
+			}
+			t.Logf("served again %v after the server returned", time.Since(start))
+			if st := s.Breakers(); st.Open != 0 || st.Trips != 1 {
+				t.Errorf("Breakers() = %+v after recovery, want none open, 1 trip", st)
+			}
+		})
+	}
+}
+
+// TestBreakerIgnoresDataErrors: an item memcached cannot incr fails its
+// requests with ErrData any number of times without opening the breaker.
+func TestBreakerIgnoresDataErrors(t *testing.T) {
+	t.Parallel()
+	srv := storetest.StartMemcached(t)
+	s := newStore(t, Config{Addrs: []string{srv.Addr}, Breaker: breaker.Config{Failures: 2, ProbeInterval: breakerProbe}})
+	now := time.Now()
+	key := fmt.Sprintf("poisoned_%d", now.Unix()/3600*3600)
+	if err := s.client.Set(&memcache.Item{Key: key, Value: []byte("abc"), Expiration: 60}); err != nil {
+		t.Fatal(err)
+	}
+	// As if this instance had written the key in this window: each
+	// request is then one round trip, incr, answered with the data error
+	// (otherwise add's "not stored" answer would clear the run each time).
+	s.written.add(key, now.Unix()+3600, now.Unix())
+	b := &limiter.Batch{Now: now, Ops: []limiter.Op{{Key: key, Algorithm: rules.FixedWindow, Limit: 10, Window: time.Hour, Hits: 1}}}
+	for i := range 10 {
+		if err := s.Do(t.Context(), b); !errors.Is(err, limiter.ErrData) || errors.Is(err, limiter.ErrUnavailable) {
+			t.Fatalf("request %d on a non-numeric item: %v, want ErrData only", i, err)
+		}
+	}
+	if st := s.Breakers(); st.Open != 0 || st.Trips != 0 {
+		t.Errorf("Breakers() = %+v after data errors, want none open", st)
+	}
+}
