@@ -2,6 +2,7 @@ package integration
 
 import (
 	"fmt"
+	"net/http"
 	"slices"
 	"strings"
 	"testing"
@@ -229,6 +230,16 @@ func TestDegradedModeOverTheWire(t *testing.T) {
 				}
 				if resp.GetOverallCode() != want || !degraded(resp) {
 					t.Errorf("request %d with the store down: %v, degraded %v; want %v, degraded", i, resp.GetOverallCode(), degraded(resp), want)
+				}
+			}
+			if tt.mode == "local" {
+				// The instance answers without the store, so health does
+				// not follow it (with Memcached it otherwise would): watch
+				// it over more than two of the server's health polls.
+				for end := time.Now().Add(2500 * time.Millisecond); time.Now().Before(end); time.Sleep(100 * time.Millisecond) {
+					if code := p.healthCode(); code != http.StatusOK {
+						t.Fatalf("/healthcheck %d during the outage with STORE_FAILURE_MODE=local, want 200", code)
+					}
 				}
 			}
 			switch got := p.stats(t)["ratelimit.service.degraded_decisions"]; {

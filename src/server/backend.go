@@ -260,9 +260,17 @@ func redisTimeout(cfg redis.Config) time.Duration {
 	return cfg.Timeout
 }
 
-// watchHealth reports the store's health until ctx is done.
+// watchHealth reports the store's health until ctx is done. With a local
+// store beside the shared one (STORE_FAILURE_MODE=local) the instance
+// answers whatever the shared store does, so its health does not follow
+// the shared store's: an orchestrator would otherwise take every instance
+// out of rotation during the outage the mode is there to ride out.
 func (b *backend) watchHealth(ctx context.Context, h *Health) {
-	h.SetStore(b.healthy())
+	healthy := b.healthy
+	if b.local != nil {
+		healthy = func() bool { return true }
+	}
+	h.SetStore(healthy())
 	t := time.NewTicker(healthPoll)
 	defer t.Stop()
 	for {
@@ -270,7 +278,7 @@ func (b *backend) watchHealth(ctx context.Context, h *Health) {
 		case <-ctx.Done():
 			return
 		case <-t.C:
-			h.SetStore(b.healthy())
+			h.SetStore(healthy())
 		}
 	}
 }
