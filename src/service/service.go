@@ -95,6 +95,7 @@ type Service struct {
 	stats   *stats.Registry
 
 	ruleStats   sync.Map     // stat key -> *ruleCounters
+	notFound    sync.Map     // domain -> *stats.Counter (see domainNotFound)
 	dynamicKeys atomic.Int64 // stat keys made from request data (see dynamicCounters)
 	inFlight    atomic.Int64 // decisions under way (Config.MaxConcurrent)
 	protoLimits sync.Map     // *rules.Limit -> *rlsv3.RateLimitResponse_RateLimit
@@ -111,6 +112,9 @@ type Service struct {
 	unavailableLog, errorLog logEvery
 	globalShadow             *stats.Counter
 	totalRequests            *stats.Counter
+	// responseTime is the anchor's response-time timer, which it records
+	// around each gRPC call; here around each decision, gRPC or /json.
+	responseTime *stats.Timer
 }
 
 // New returns a Service that decides with l and counts into reg. It answers
@@ -145,6 +149,7 @@ func New(l *limiter.Limiter, reg *stats.Registry, cfg Config) *Service {
 		statKeysOverflow: reg.Counter("ratelimit.service.stats_keys_overflow"),
 		globalShadow:     reg.Counter("ratelimit.service.global_shadow_mode"),
 		totalRequests:    reg.Counter("ratelimit_server.ShouldRateLimit.total_requests"),
+		responseTime:     reg.Timer("ratelimit_server.ShouldRateLimit.response_time"),
 	}
 }
 
@@ -204,8 +209,10 @@ func grow[T any](b []T, n int) []T {
 
 // ShouldRateLimit implements the RLS v3 call.
 func (s *Service) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitRequest) (*rlsv3.RateLimitResponse, error) {
+	start := time.Now()
 	s.totalRequests.Inc()
 	resp, err := s.decide(ctx, req)
+	s.responseTime.Record(time.Since(start))
 	if err != nil {
 		return nil, s.toStatus(err)
 	}
@@ -279,6 +286,10 @@ func (s *Service) decide(ctx context.Context, req *rlsv3.RateLimitRequest) (*rls
 // statistics each counts under.
 func (s *Service) match(cfg *rules.Config, req *rlsv3.RateLimitRequest, sc *scratch) {
 	domain := req.GetDomain()
+	if !cfg.HasDomain(domain) {
+		// As the anchor, once per descriptor looked up in no domain.
+		s.domainNotFound(domain).Add(uint64(len(req.GetDescriptors())))
+	}
 	requestHits := uint64(req.GetHitsAddend())
 	if requestHits == 0 {
 		requestHits = 1

@@ -39,6 +39,15 @@ func (t *Timer) Record(d time.Duration) {
 	t.buckets[bucketOf(uint64(d))].Add(1)
 }
 
+// Count returns the durations recorded and not yet sent to statsd.
+func (t *Timer) Count() uint64 {
+	var n uint64
+	for i := range t.buckets {
+		n += t.buckets[i].Load()
+	}
+	return n
+}
+
 // bucketOf is the bucket of a duration of v nanoseconds.
 func bucketOf(v uint64) int {
 	if v < timerSub {
