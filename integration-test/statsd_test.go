@@ -9,6 +9,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/ratelimitd/ratelimit/src/store/storetest"
 )
 
 // statsdUDP is a statsd server on a loopback UDP port: every line of every
@@ -244,5 +246,56 @@ func TestDogStatsdOverTheWire(t *testing.T) {
 		if got.counters[name] != want {
 			t.Errorf("%s summed to %d, want %d", name, got.counters[name], want)
 		}
+	}
+}
+
+// TestStatsdStoreStatistics: on Redis and on Memcached, the statistics the
+// anchor has for its store reach statsd under its names: the connections
+// of redis_pool, and the memcache commands by their code tag.
+func TestStatsdStoreStatistics(t *testing.T) {
+	tests := []struct {
+		name     string
+		env      func(t *testing.T) []string
+		counters []string // each must sum to at least 1
+		gauge    string
+	}{
+		{
+			name: "redis",
+			env: func(t *testing.T) []string {
+				return redisEnv(storetest.StartRedis(t, storetest.RedisOptions{}))
+			},
+			counters: []string{"ratelimit.redis_pool.cx_total", "ratelimit.redis.round_trips"},
+			gauge:    "ratelimit.redis_pool.cx_active",
+		},
+		{
+			name: "memcache",
+			env: func(t *testing.T) []string {
+				return memcacheEnv(storetest.StartMemcached(t))
+			},
+			counters: []string{"ratelimit.memcache.add.__code=success", "ratelimit.memcache.increment.__code=success"},
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			port, lines := statsdUDP(t)
+			env := append(tt.env(t), "USE_STATSD=true", "STATSD_HOST=127.0.0.1", fmt.Sprintf("STATSD_PORT=%d", port),
+				"STATSD_PROTOCOL=udp", "STATS_FLUSH_INTERVAL=100ms")
+			p := start(t, map[string]string{"web.yaml": statsdRules}, env...)
+			c := p.client(t)
+			for range 3 {
+				if _, err := c.ShouldRateLimit(callCtx(t), request("web", "user", "carol")); err != nil {
+					t.Fatal(err)
+				}
+			}
+			got := newStatsdTotals()
+			got.until(t, lines, "the store's statistics", func() bool {
+				for _, name := range tt.counters {
+					if got.counters[name] < 1 {
+						return false
+					}
+				}
+				return tt.gauge == "" || got.gauges[tt.gauge] > 0
+			})
+		})
 	}
 }

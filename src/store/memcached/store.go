@@ -113,6 +113,8 @@ type Store struct {
 	unresolved []string
 
 	roundTrips, ops, shed atomic.Uint64
+	// opCounts counts the commands by outcome (OpStats).
+	opCounts opCounts
 
 	// slots holds one token per Do (or probe) under way: at most
 	// cfg.MaxConns (see acquire). waiting counts the Do calls waiting for
