@@ -205,8 +205,9 @@ func TestStatsdOverTheWire(t *testing.T) {
 			t.Errorf("%s summed to %d over the flushes, want %d", name, got.counters[name], want)
 		}
 	}
-	if n := got.timings["ratelimit_server.ShouldRateLimit.response_time"]; n != 11 {
-		t.Errorf("response_time stands for %d requests, want 11", n)
+	// Decisions 1 and 9 were timed, each standing for eight.
+	if n := got.timings["ratelimit_server.ShouldRateLimit.response_time"]; n != 16 {
+		t.Errorf("response_time stands for %d requests, want 16 (2 timed of 11, eight each)", n)
 	}
 	for name := range got.counters {
 		if strings.HasPrefix(name, "b.") || name == "b" || strings.Contains(name, "\n") {

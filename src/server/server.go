@@ -131,6 +131,7 @@ func New(ctx context.Context, set *settings.Settings, log *slog.Logger) (*Server
 		Timeout:            b.budget(set.RequestTimeout),
 		MaxConcurrent:      set.MaxConcurrentRequests,
 		MaxDynamicStatKeys: set.StatsMaxDynamicKeys,
+		ResponseTime:       s.statsd != nil,
 		Log:                log,
 	})
 

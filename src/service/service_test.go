@@ -487,20 +487,26 @@ func TestDynamicMetadataCarriesRuleMetadataOfPassingDescriptors(t *testing.T) {
 	}
 }
 
-// TestServiceLevelStatistics: the anchor's response-time timer counts
-// every decision, and a domain that no rule names is counted per
+// TestServiceLevelStatistics: the anchor's response-time timer counts one
+// decision in eight as eight, and a domain that no rule names is counted per
 // descriptor under <domain>.domain_not_found, within the bound of keys
 // made from request data.
 func TestServiceLevelStatistics(t *testing.T) {
-	f := newFixture(t, service.Config{MaxDynamicStatKeys: 5})
+	f := newFixture(t, service.Config{MaxDynamicStatKeys: 5, ResponseTime: true})
 	f.call(t, req(desc("user", "alice")))
 	for i := range 8 {
 		r := req(desc("user", "alice"), desc("user", "bob"))
 		r.Domain = fmt.Sprintf("unknown%d", i)
 		f.call(t, r)
 	}
-	if got := f.reg.Timer("ratelimit_server.ShouldRateLimit.response_time").Count(); got != 9 {
-		t.Errorf("response_time counted %d decisions, want 9", got)
+	// Decisions 1 and 9 are timed, each standing for 8.
+	if got := f.reg.Timer("ratelimit_server.ShouldRateLimit.response_time").Count(); got != 16 {
+		t.Errorf("response_time counted %d decisions, want 16 (two timed, eight each)", got)
+	}
+	off := newFixture(t, service.Config{})
+	off.call(t, req(desc("user", "alice")))
+	if got := off.reg.Timer("ratelimit_server.ShouldRateLimit.response_time").Count(); got != 0 {
+		t.Errorf("response_time counted %d decisions without Config.ResponseTime, want 0", got)
 	}
 	snap := f.reg.Snapshot()
 	if got := snap["ratelimit.service.rate_limit.test.domain_not_found"]; got != 0 {

@@ -35,6 +35,11 @@ func (c *Counter) Add(n uint64) {
 	if n == 0 {
 		return
 	}
+	c.add(n)
+}
+
+// add adds n and returns the new value.
+func (c *Counter) add(n uint64) uint64 {
 	for {
 		old := c.v.Load()
 		v := old + n
@@ -42,13 +47,17 @@ func (c *Counter) Add(n uint64) {
 			v = math.MaxUint64
 		}
 		if v == old || c.v.CompareAndSwap(old, v) {
-			return
+			return v
 		}
 	}
 }
 
 // Inc adds one.
-func (c *Counter) Inc() { c.Add(1) }
+func (c *Counter) Inc() { c.add(1) }
+
+// IncValue adds one and returns the new value, for a caller that acts on
+// every n-th event.
+func (c *Counter) IncValue() uint64 { return c.add(1) }
 
 // Value returns the current count.
 func (c *Counter) Value() uint64 { return c.v.Load() }

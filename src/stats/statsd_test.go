@@ -21,7 +21,7 @@ type udpSink struct {
 	grams chan string
 }
 
-func newUDPSink(t *testing.T) *udpSink {
+func newUDPSink(t testing.TB) *udpSink {
 	t.Helper()
 	conn, err := net.ListenUDP("udp", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
 	if err != nil {
@@ -51,7 +51,7 @@ func newUDPSink(t *testing.T) *udpSink {
 func (u *udpSink) addr() string { return u.conn.LocalAddr().String() }
 
 // datagram returns the next datagram, failing the test after a deadline.
-func (u *udpSink) datagram(t *testing.T) string {
+func (u *udpSink) datagram(t testing.TB) string {
 	t.Helper()
 	select {
 	case g := <-u.grams:

@@ -32,11 +32,14 @@ const (
 )
 
 // Record adds one duration. A negative duration counts as 0.
-func (t *Timer) Record(d time.Duration) {
+func (t *Timer) Record(d time.Duration) { t.RecordN(d, 1) }
+
+// RecordN adds n durations of d, for a caller that times one event in n.
+func (t *Timer) RecordN(d time.Duration, n uint64) {
 	if d < 0 {
 		d = 0
 	}
-	t.buckets[bucketOf(uint64(d))].Add(1)
+	t.buckets[bucketOf(uint64(d))].Add(n)
 }
 
 // Count returns the durations recorded and not yet sent to statsd.
