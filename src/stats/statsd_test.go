@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"errors"
+	"log/slog"
 	"math"
 	"net"
 	"regexp"
@@ -602,4 +603,18 @@ func TestStatsdRun(t *testing.T) {
 	}
 	cancel()
 	<-done
+}
+
+// TestStatsdLogsFailuresRarely: a service with no statsd fails every
+// flush; it says so once, not at each flush.
+func TestStatsdLogsFailuresRarely(t *testing.T) {
+	var b strings.Builder
+	s := NewStatsd(NewRegistry(), StatsdConfig{Addr: "127.0.0.1:1", Log: slog.New(slog.NewTextHandler(&b, nil))})
+	for range 5 {
+		s.report(errors.New("connection refused"))
+	}
+	s.report(nil)
+	if n := strings.Count(b.String(), "statistics not sent"); n != 1 {
+		t.Errorf("%d log lines for 5 failed flushes, want 1:\n%s", n, b.String())
+	}
 }
