@@ -76,16 +76,16 @@ func TestAnchorSettingsNotImplemented(t *testing.T) {
 			}
 		})
 	}
-	t.Run("USE_STATSD=true", func(t *testing.T) {
-		p := start(t, map[string]string{"web.yaml": webRules}, "USE_STATSD=true", "USE_DOG_STATSD=false", "LOG_FORMAT=json")
+	t.Run("TRACING_ENABLED=true", func(t *testing.T) {
+		p := start(t, map[string]string{"web.yaml": webRules}, "TRACING_ENABLED=true", "PROMETHEUS_RESPONSE_TIME_AS_MILLISECONDS=false", "LOG_FORMAT=json")
 		logs := p.logs()
-		if n := strings.Count(logs, `"setting":"USE_STATSD"`); n != 1 {
-			t.Errorf("%d warnings naming USE_STATSD, want 1:\n%s", n, logs)
+		if n := strings.Count(logs, `"setting":"TRACING_ENABLED"`); n != 1 {
+			t.Errorf("%d warnings naming TRACING_ENABLED, want 1:\n%s", n, logs)
 		}
-		if strings.Contains(logs, "USE_DOG_STATSD") {
-			t.Errorf("USE_DOG_STATSD=false asks for nothing, but was warned about:\n%s", logs)
+		if strings.Contains(logs, "PROMETHEUS_RESPONSE_TIME_AS_MILLISECONDS") {
+			t.Errorf("PROMETHEUS_RESPONSE_TIME_AS_MILLISECONDS=false asks for nothing, but was warned about:\n%s", logs)
 		}
-		if _, err := p.client(t).ShouldRateLimit(callCtx(t), request("web", "user", "statsd")); err != nil {
+		if _, err := p.client(t).ShouldRateLimit(callCtx(t), request("web", "user", "tracing")); err != nil {
 			t.Errorf("ShouldRateLimit: %v", err)
 		}
 	})

@@ -289,6 +289,9 @@ func egRequest(kv ...string) *rlsv3.RateLimitRequest {
 // healthy after, the generated limits enforced, a pushed change applied.
 func TestEnvoyGatewayDeployment(t *testing.T) {
 	redis := storetest.StartRedis(t, storetest.RedisOptions{})
+	// The older releases' statsd_exporter sidecar listens on 9125 for TCP
+	// (and UDP); the test's listens on a free port.
+	var statsdLines <-chan string
 	variants := []struct {
 		name  string
 		env   func(t *testing.T) []string
@@ -296,12 +299,19 @@ func TestEnvoyGatewayDeployment(t *testing.T) {
 	}{
 		{
 			name: "statsd",
-			env:  func(*testing.T) []string { return []string{"USE_STATSD=true", "STATSD_PORT=9125"} },
+			env: func(t *testing.T) []string {
+				var port int
+				port, statsdLines = statsdTCP(t)
+				// Envoy Gateway keeps the anchor's 10 s; the test flushes
+				// sooner.
+				return []string{"USE_STATSD=true", fmt.Sprintf("STATSD_PORT=%d", port), "STATS_FLUSH_INTERVAL=100ms"}
+			},
 			check: func(t *testing.T, p *proc) {
-				for _, name := range []string{"USE_STATSD", "STATSD_PORT"} {
-					if !strings.Contains(p.logs(), "setting="+name) {
-						t.Errorf("no warning about %s", name)
-					}
+				got := newStatsdTotals()
+				hits := "ratelimit.service.rate_limit." + egDomain + "." + egRoute + "_" + egRoute + ".rule-0-match-0.total_hits"
+				got.until(t, statsdLines, "the rule's hits over TCP", func() bool { return got.counters[hits] >= 7 })
+				if n := got.counters["ratelimit.service.config_load_success"]; n < 1 {
+					t.Errorf("config_load_success = %d over TCP, want at least 1", n)
 				}
 			},
 		},

@@ -103,6 +103,10 @@ func newStore(ctx context.Context, set *settings.Settings, reg *stats.Registry, 
 		reg.CounterFunc("ratelimit.redis.ops", func() uint64 { _, ops := r.Counters(); return ops })
 		reg.CounterFunc("ratelimit.redis.load_shed", r.Shed)
 		registerBreakers(reg, "ratelimit.redis.", r.Breakers)
+		redisPoolStats(reg, "ratelimit.redis_pool", r, false)
+		if set.RedisPerSecond {
+			redisPoolStats(reg, "ratelimit.redis_per_second_pool", r, true)
+		}
 		return &backend{
 			store:     r,
 			healthy:   r.Healthy,
@@ -124,6 +128,7 @@ func newStore(ctx context.Context, set *settings.Settings, reg *stats.Registry, 
 		reg.CounterFunc("ratelimit.memcache.ops", func() uint64 { _, ops := m.Counters(); return ops })
 		reg.CounterFunc("ratelimit.memcache.load_shed", m.Shed)
 		registerBreakers(reg, "ratelimit.memcache.", m.Breakers)
+		memcacheOpStats(reg, m)
 		return &backend{
 			store:     m,
 			healthy:   m.Healthy,
@@ -149,6 +154,38 @@ func registerBreakers(reg *stats.Registry, prefix string, f func() breaker.Stats
 // breakerConfig is the circuit breaker of the Redis and Memcached stores.
 func breakerConfig(set *settings.Settings) breaker.Config {
 	return breaker.Config{Failures: set.StoreBreakerFailures, ProbeInterval: set.StoreBreakerProbeInterval}
+}
+
+// redisPoolStats registers the anchor's connection statistics of one
+// Redis under prefix: cx_active (a gauge), cx_total and cx_local_close.
+func redisPoolStats(reg *stats.Registry, prefix string, r *redis.Store, perSecond bool) {
+	reg.GaugeFunc(prefix+".cx_active", func() int64 { return r.Conns(perSecond).Active() })
+	reg.CounterFunc(prefix+".cx_total", func() uint64 { return r.Conns(perSecond).Opened })
+	reg.CounterFunc(prefix+".cx_local_close", func() uint64 { return r.Conns(perSecond).Closed })
+}
+
+// memcacheOpStats registers the anchor's memcache command statistics,
+// told apart by their "code" tag as there.
+func memcacheOpStats(reg *stats.Registry, m *memcached.Store) {
+	code := func(c string) stats.Label { return stats.Label{Name: "code", Value: c} }
+	for _, c := range []struct {
+		name string
+		f    func(memcached.OpStats) uint64
+		tags []stats.Label
+	}{
+		{"increment", func(o memcached.OpStats) uint64 { return o.IncrementSuccess }, []stats.Label{code("success")}},
+		{"increment", func(o memcached.OpStats) uint64 { return o.IncrementMiss }, []stats.Label{code("miss")}},
+		{"increment", func(o memcached.OpStats) uint64 { return o.IncrementError }, []stats.Label{code("error")}},
+		{"add", func(o memcached.OpStats) uint64 { return o.AddSuccess }, []stats.Label{code("success")}},
+		{"add", func(o memcached.OpStats) uint64 { return o.AddNotStored }, []stats.Label{code("not_stored")}},
+		{"add", func(o memcached.OpStats) uint64 { return o.AddError }, []stats.Label{code("error")}},
+		{"multiget", func(o memcached.OpStats) uint64 { return o.MultiGetSuccess }, []stats.Label{code("success")}},
+		{"multiget", func(o memcached.OpStats) uint64 { return o.MultiGetError }, []stats.Label{code("error")}},
+		{"keys_requested", func(o memcached.OpStats) uint64 { return o.KeysRequested }, nil},
+		{"keys_found", func(o memcached.OpStats) uint64 { return o.KeysFound }, nil},
+	} {
+		reg.CounterFunc("ratelimit.memcache."+c.name, func() uint64 { return c.f(m.OpStats()) }, c.tags...)
+	}
 }
 
 // memcacheConfig turns the MEMCACHE_* settings into the Memcached store's

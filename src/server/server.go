@@ -49,6 +49,9 @@ type Server struct {
 	health *Health
 	svc    *service.Service
 	store  *backend
+	// statsd sends the statistics to statsd or DogStatsD; nil when the
+	// settings ask for neither.
+	statsd *stats.Statsd
 
 	grpc     *grpc.Server
 	httpSrv  *http.Server
@@ -79,6 +82,8 @@ type Server struct {
 // set), connects the store and opens the listeners. It does not serve yet.
 func New(ctx context.Context, set *settings.Settings, log *slog.Logger) (*Server, error) {
 	s := &Server{set: set, log: log, stats: stats.NewRegistry(), health: NewHealth(), drain: shutdownDrain}
+	s.stats.GoRuntime("ratelimit.go")
+	s.statsd = s.newStatsd()
 
 	b, err := newBackend(ctx, set, s.stats, log)
 	if err != nil {
@@ -137,6 +142,7 @@ func New(ctx context.Context, set *settings.Settings, log *slog.Logger) (*Server
 		MaxConcurrent:      set.MaxConcurrentRequests,
 		MaxDynamicStatKeys: set.StatsMaxDynamicKeys,
 		Fallback:           fallback,
+		ResponseTime:       s.statsd != nil,
 		Log:                log,
 	})
 
@@ -291,7 +297,7 @@ func (s *Server) listen() error {
 	// One cap per listener, so that no single listener can take every file
 	// descriptor; together they must also fit the open-file limit.
 	caps := connCaps{grpc: s.set.GRPCMaxConnections, http: s.set.HTTPMaxConnections, httpListeners: 2}
-	if s.set.UsePrometheus {
+	if s.prometheus() {
 		caps.httpListeners++
 	}
 	nofile := openFileLimit()
@@ -334,7 +340,7 @@ func (s *Server) listen() error {
 		return fmt.Errorf("server: debug listener: %w", err)
 	}
 
-	if s.set.UsePrometheus {
+	if s.prometheus() {
 		s.promLn, err = open("tcp", s.set.PrometheusAddr, httpCap, "HTTP_MAX_CONNECTIONS")
 		if err != nil {
 			return fmt.Errorf("server: prometheus listener: %w", err)
@@ -382,6 +388,11 @@ func (s *Server) listen() error {
 	s.debugSrv = newHTTPServer(dmux, debugWriteTimeout, s.log)
 	return nil
 }
+
+// prometheus reports whether the Prometheus listener is asked for:
+// USE_PROMETHEUS, unless DISABLE_STATS turns every sink off (as in the
+// anchor, where it wins over the others).
+func (s *Server) prometheus() bool { return s.set.UsePrometheus && !s.set.DisableStats }
 
 func (s *Server) serveRulesDump(w http.ResponseWriter, _ *http.Request) {
 	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
@@ -509,6 +520,9 @@ func (s *Server) Run(ctx context.Context) error {
 			s.tls.watch(ctx)
 		}()
 	}
+	if s.statsd != nil {
+		wg.Go(func() { s.statsd.Run(ctx) })
+	}
 	if s.store.started != nil && s.set.RedisStartupMaxElapsedTime > 0 {
 		wg.Add(1)
 		go func() {
@@ -559,12 +573,14 @@ func (s *Server) shutdown(run *sync.WaitGroup) {
 			_ = h.Close()
 		}
 	}
-	// The watcher, Run's goroutines and the store's close get the time
-	// left, if any.
+	// The watcher, Run's goroutines, a last flush of the statistics (the
+	// requests drained above are counted by now) and the store's close
+	// get the time left, if any.
 	if !waitCtx(dctx, func() {
 		s.stopWatch()
 		s.watcher.Wait()
 		run.Wait()
+		s.flushStats(dctx)
 		s.store.close()
 	}) {
 		s.log.Warn("drain time over before the store closed; exiting without waiting for it", "drain", s.drain)
@@ -572,6 +588,17 @@ func (s *Server) shutdown(run *sync.WaitGroup) {
 	if s.set.GRPCUDS != "" {
 		_ = os.Remove(filepath.Clean(s.set.GRPCUDS))
 	}
+}
+
+// flushStats sends the statistics one last time, within ctx.
+func (s *Server) flushStats(ctx context.Context) {
+	if s.statsd == nil {
+		return
+	}
+	if err := s.statsd.Flush(ctx); err != nil {
+		s.log.Warn("last statistics not sent to statsd", "err", err)
+	}
+	_ = s.statsd.Close()
 }
 
 // httpServers are the HTTP servers in use.

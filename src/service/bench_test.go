@@ -1,14 +1,18 @@
 package service_test
 
 import (
+	"context"
+	"net"
 	"strconv"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 
 	"github.com/ratelimitd/ratelimit/src/service"
+	"github.com/ratelimitd/ratelimit/src/stats"
 )
 
 // BenchmarkShouldRateLimit measures one decision through the service (proto
@@ -48,5 +52,63 @@ func BenchmarkShouldRateLimit(b *testing.B) {
 	b.StopTimer()
 	if b.N >= users && f.reg.Snapshot()["ratelimit.service.rate_limit.test.ip.total_hits"] < users {
 		b.Fatalf("fewer than %d hits counted: the key set was not populated", users)
+	}
+}
+
+// BenchmarkShouldRateLimitStatsd is BenchmarkShouldRateLimit with the
+// statistics sent to statsd ("on") or not ("off"): a flusher on a real
+// UDP socket every 10 ms, a thousand times as often as the default, so
+// that its share of the CPU shows. Compare the two in one run, taking
+// turns (-count with -bench 'Statsd/(off|on)' runs each in a row; run
+// them alternately, as docs/BENCHMARKS.md says).
+//
+// "timer" records the response time without a flusher: the part of "on"
+// that each decision pays.
+func BenchmarkShouldRateLimitStatsd(b *testing.B) {
+	for _, v := range []struct {
+		name         string
+		timer, flush bool
+	}{{"off", false, false}, {"timer", true, false}, {"on", true, true}} {
+		b.Run(v.name, func(b *testing.B) {
+			const users = 10_000
+			f := newFixture(b, service.Config{ResponseTime: v.timer})
+			if v.flush {
+				conn, err := net.ListenUDP("udp", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
+				if err != nil {
+					b.Fatal(err)
+				}
+				defer conn.Close()
+				go func() {
+					buf := make([]byte, 1<<16)
+					for {
+						if _, err := conn.Read(buf); err != nil {
+							return
+						}
+					}
+				}()
+				s := stats.NewStatsd(f.reg, stats.StatsdConfig{Addr: conn.LocalAddr().String(), Interval: 10 * time.Millisecond})
+				ctx, cancel := context.WithCancel(b.Context())
+				done := make(chan struct{})
+				go func() { defer close(done); s.Run(ctx) }()
+				defer func() { cancel(); <-done }()
+			}
+			reqs := make([]*rlsv3.RateLimitRequest, users)
+			for i := range reqs {
+				reqs[i] = &rlsv3.RateLimitRequest{Domain: "test", Descriptors: []*ratelimitv3.RateLimitDescriptor{{
+					Entries: []*ratelimitv3.RateLimitDescriptor_Entry{{Key: "ip", Value: "10.0." + strconv.Itoa(i)}},
+				}}}
+			}
+			var next atomic.Uint64
+			b.ReportAllocs()
+			b.ResetTimer()
+			b.RunParallel(func(pb *testing.PB) {
+				ctx := b.Context()
+				for pb.Next() {
+					if _, err := f.svc.ShouldRateLimit(ctx, reqs[next.Add(1)%users]); err != nil {
+						b.Fatal(err)
+					}
+				}
+			})
+		})
 	}
 }

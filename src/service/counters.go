@@ -95,6 +95,27 @@ func (s *Service) dynamicCounters(key, domain string, levels []string) *ruleCoun
 	return c
 }
 
+// domainNotFound returns the counter of requests for a domain that no
+// rule names, ratelimit.service.rate_limit.<domain>.domain_not_found as in
+// the anchor. The domain is the client's, so these counters share the
+// bound of the keys made from request data (Config.MaxDynamicStatKeys);
+// past it, they count under the domain "_overflow".
+func (s *Service) domainNotFound(domain string) *stats.Counter {
+	if c, ok := s.notFound.Load(domain); ok {
+		return c.(*stats.Counter)
+	}
+	if s.dynamicKeys.Add(1) > int64(s.cfg.MaxDynamicStatKeys) {
+		s.dynamicKeys.Add(-1)
+		s.statKeysOverflow.Inc()
+		return s.stats.RuleCounter(overflowLevel, nil, "domain_not_found")
+	}
+	c, loaded := s.notFound.LoadOrStore(domain, s.stats.RuleCounter(domain, nil, "domain_not_found"))
+	if loaded {
+		s.dynamicKeys.Add(-1) // another request made it first
+	}
+	return c.(*stats.Counter)
+}
+
 // newCounters returns the counters of key, registering them on first use.
 func (s *Service) newCounters(key, domain string, levels []string) (c *ruleCounters, created bool) {
 	c = &ruleCounters{

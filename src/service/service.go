@@ -90,6 +90,11 @@ type Config struct {
 	// error, the default) answers every store error with its code, and
 	// Envoy's failure_mode_deny decides.
 	Fallback *limiter.Limiter
+	// ResponseTime records the decisions' durations in the timer
+	// ratelimit_server.ShouldRateLimit.response_time: one decision in
+	// eight, counted eight times (the first, the ninth...). Only statsd
+	// reads it, so it is off unless statistics go to statsd.
+	ResponseTime bool
 	// Now is the clock; nil means time.Now.
 	Now func() time.Time
 	// Log receives errors worth an operator's attention; nil discards them.
@@ -107,6 +112,7 @@ type Service struct {
 	stats   *stats.Registry
 
 	ruleStats   sync.Map     // stat key -> *ruleCounters
+	notFound    sync.Map     // domain -> *stats.Counter (see domainNotFound)
 	dynamicKeys atomic.Int64 // stat keys made from request data (see dynamicCounters)
 	inFlight    atomic.Int64 // decisions under way (Config.MaxConcurrent)
 	protoLimits sync.Map     // *rules.Limit -> *rlsv3.RateLimitResponse_RateLimit
@@ -126,6 +132,10 @@ type Service struct {
 	unavailableLog, errorLog, degradedLog logEvery
 	globalShadow                          *stats.Counter
 	totalRequests                         *stats.Counter
+	// responseTime is the anchor's response-time timer, which it records
+	// around each gRPC call; here around each decision, gRPC or /json.
+	// Nil without Config.ResponseTime.
+	responseTime *stats.Timer
 }
 
 // New returns a Service that decides with l and counts into reg. It answers
@@ -161,7 +171,19 @@ func New(l *limiter.Limiter, reg *stats.Registry, cfg Config) *Service {
 		statKeysOverflow: reg.Counter("ratelimit.service.stats_keys_overflow"),
 		globalShadow:     reg.Counter("ratelimit.service.global_shadow_mode"),
 		totalRequests:    reg.Counter("ratelimit_server.ShouldRateLimit.total_requests"),
+		responseTime:     responseTimer(reg, cfg.ResponseTime),
 	}
+}
+
+// timerEvery is how many decisions one timed decision stands for.
+const timerEvery = 8
+
+// responseTimer is the response-time timer, or nil when it is not asked for.
+func responseTimer(reg *stats.Registry, on bool) *stats.Timer {
+	if !on {
+		return nil
+	}
+	return reg.Timer("ratelimit_server.ShouldRateLimit.response_time")
 }
 
 // SetRules publishes a new rule tree; requests already running keep the one
@@ -220,8 +242,19 @@ func grow[T any](b []T, n int) []T {
 
 // ShouldRateLimit implements the RLS v3 call.
 func (s *Service) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitRequest) (*rlsv3.RateLimitResponse, error) {
-	s.totalRequests.Inc()
+	n := s.totalRequests.IncValue()
+	// One decision in timerEvery is timed and counts for timerEvery: the
+	// clock read and the timer's shared buckets would otherwise cost a
+	// tenth of a decision's CPU in the service (docs/BENCHMARKS.md).
+	timed := s.responseTime != nil && n%timerEvery == 1
+	var start time.Time
+	if timed {
+		start = time.Now()
+	}
 	resp, err := s.decide(ctx, req)
+	if timed {
+		s.responseTime.RecordN(time.Since(start), timerEvery)
+	}
 	if err != nil {
 		return nil, s.toStatus(err)
 	}
@@ -330,6 +363,10 @@ func outage(err error) bool {
 // statistics each counts under.
 func (s *Service) match(cfg *rules.Config, req *rlsv3.RateLimitRequest, sc *scratch) {
 	domain := req.GetDomain()
+	if !cfg.HasDomain(domain) {
+		// As the anchor, once per descriptor looked up in no domain.
+		s.domainNotFound(domain).Add(uint64(len(req.GetDescriptors())))
+	}
 	requestHits := uint64(req.GetHitsAddend())
 	if requestHits == 0 {
 		requestHits = 1

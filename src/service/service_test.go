@@ -486,3 +486,45 @@ func TestDynamicMetadataCarriesRuleMetadataOfPassingDescriptors(t *testing.T) {
 		t.Error("dynamic_metadata sent while RESPONSE_DYNAMIC_METADATA is off")
 	}
 }
+
+// TestServiceLevelStatistics: the anchor's response-time timer counts one
+// decision in eight as eight, and a domain that no rule names is counted per
+// descriptor under <domain>.domain_not_found, within the bound of keys
+// made from request data.
+func TestServiceLevelStatistics(t *testing.T) {
+	f := newFixture(t, service.Config{MaxDynamicStatKeys: 5, ResponseTime: true})
+	f.call(t, req(desc("user", "alice")))
+	for i := range 8 {
+		r := req(desc("user", "alice"), desc("user", "bob"))
+		r.Domain = fmt.Sprintf("unknown%d", i)
+		f.call(t, r)
+	}
+	// Decisions 1 and 9 are timed, each standing for 8.
+	if got := f.reg.Timer("ratelimit_server.ShouldRateLimit.response_time").Count(); got != 16 {
+		t.Errorf("response_time counted %d decisions, want 16 (two timed, eight each)", got)
+	}
+	off := newFixture(t, service.Config{})
+	off.call(t, req(desc("user", "alice")))
+	if got := off.reg.Timer("ratelimit_server.ShouldRateLimit.response_time").Count(); got != 0 {
+		t.Errorf("response_time counted %d decisions without Config.ResponseTime, want 0", got)
+	}
+	snap := f.reg.Snapshot()
+	if got := snap["ratelimit.service.rate_limit.test.domain_not_found"]; got != 0 {
+		t.Errorf("domain_not_found of a configured domain = %d, want 0", got)
+	}
+	if got := snap["ratelimit.service.rate_limit.unknown0.domain_not_found"]; got != 2 {
+		t.Errorf("unknown0.domain_not_found = %d, want 2 (one per descriptor)", got)
+	}
+	if got := snap["ratelimit.service.rate_limit._overflow.domain_not_found"]; got != 6 {
+		t.Errorf("_overflow.domain_not_found = %d, want 6 (3 domains past the bound of 5)", got)
+	}
+	n := 0
+	for name := range snap {
+		if strings.HasSuffix(name, ".domain_not_found") && !strings.Contains(name, "_overflow") {
+			n++
+		}
+	}
+	if n != 5 {
+		t.Errorf("%d domain_not_found statistics, want 5 (the bound)", n)
+	}
+}

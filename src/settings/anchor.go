@@ -105,11 +105,8 @@ func oneOf(values ...string) func(string) bool {
 	}
 }
 
-// Reasons shared by families of settings.
-const (
-	whyStatsd  = "statsd is not implemented: the statistics are served on the debug port's /stats and /metrics, and on their own listener with USE_PROMETHEUS=true"
-	whyTracing = "OpenTelemetry tracing is not implemented"
-)
+// whyTracing is the reason shared by the tracing settings.
+const whyTracing = "OpenTelemetry tracing is not implemented"
 
 // anchorSettings is every envconfig name of envoyproxy/ratelimit's
 // settings that we know of: the union of its recent versions (a few
@@ -168,16 +165,17 @@ var anchorSettings = []AnchorSetting{
 	{Name: "DESCRIPTOR_KEY_CONFIG", Status: Refused,
 		Why: "choosing which descriptor values enter the cache keys of limit overrides is not implemented, so overridden limits would count under other keys than asked: unset DESCRIPTOR_KEY_CONFIG"},
 
-	// Statistics.
-	{Name: "USE_STATSD", Status: Warned, Default: "true", honoured: isFalse, Why: whyStatsd},
-	{Name: "STATSD_HOST", Status: Warned, Default: "localhost", Why: whyStatsd},
-	{Name: "STATSD_PORT", Status: Warned, Default: "8125", Why: whyStatsd},
-	{Name: "STATS_FLUSH_INTERVAL", Status: Warned, Default: "10s", Why: whyStatsd},
-	{Name: "EXTRA_TAGS", Status: Warned, Why: "tags on every statistic are not implemented"},
-	{Name: "USE_DOG_STATSD", Status: Warned, Default: "false", honoured: isFalse, Why: "DogStatsD is not implemented"},
-	{Name: "USE_DOG_STATSD_MOGRIFIERS", Status: Warned, Why: "DogStatsD is not implemented"},
-	{Name: "DISABLE_STATS", Status: Warned, Default: "false", honoured: isFalse,
-		Why: "the statistics cannot be turned off; they are kept in memory and cost nothing until scraped"},
+	// Statistics. STATSD_PROTOCOL is read by gostats rather than by the
+	// anchor's settings, as its sink is built.
+	{Name: "USE_STATSD", Status: Same, Default: "true"},
+	{Name: "STATSD_HOST", Status: Same, Default: "localhost"},
+	{Name: "STATSD_PORT", Status: Same, Default: "8125"},
+	{Name: "STATSD_PROTOCOL", Status: Same, Default: "tcp"},
+	{Name: "STATS_FLUSH_INTERVAL", Status: Same, Default: "10s"},
+	{Name: "EXTRA_TAGS", Status: Same},
+	{Name: "USE_DOG_STATSD", Status: Same, Default: "false"},
+	{Name: "USE_DOG_STATSD_MOGRIFIERS", Status: Same},
+	{Name: "DISABLE_STATS", Status: Same, Default: "false"},
 	{Name: "USE_PROMETHEUS", Status: Same, Default: "false"},
 	{Name: "PROMETHEUS_ADDR", Status: Same, Default: ":9090"},
 	{Name: "PROMETHEUS_PATH", Status: Same, Default: "/metrics"},

@@ -236,10 +236,13 @@ func TestAnchorSettingsNotImplemented(t *testing.T) {
 		{name: "envoy_gateway_ca_name", env: map[string]string{"GRPC_SERVER_USE_TLS": "true", "GRPC_SERVER_TLS_CERT": "/certs/tls.crt", "GRPC_SERVER_TLS_KEY": "/certs/tls.key",
 			"GRPC_SERVER_TLS_CA_CERT": "/certs/ca.crt"}},
 		{name: "envoy_gateway_ca_name_without_tls", env: map[string]string{"GRPC_SERVER_TLS_CA_CERT": "/certs/ca.crt"}},
-		{name: "mixed_warnings_sorted", env: map[string]string{"GRPC_CLIENT_TLS_SAN": "x", "USE_STATSD": "true", "EXTRA_TAGS": "a:b"},
-			warnings: []string{"EXTRA_TAGS", "GRPC_CLIENT_TLS_SAN", "USE_STATSD"}},
-		{name: "statsd_default_on", env: map[string]string{"USE_STATSD": "true", "STATSD_HOST": "statsd"}, warnings: []string{"STATSD_HOST", "USE_STATSD"}},
+		{name: "mixed_warnings_sorted", env: map[string]string{"GRPC_CLIENT_TLS_SAN": "x", "TRACING_ENABLED": "true", "PROMETHEUS_MAPPER_YAML": "/m.yaml"},
+			warnings: []string{"GRPC_CLIENT_TLS_SAN", "PROMETHEUS_MAPPER_YAML", "TRACING_ENABLED"}},
+		{name: "statsd_on", env: map[string]string{"USE_STATSD": "true", "STATSD_HOST": "statsd", "EXTRA_TAGS": "a:b"}},
 		{name: "statsd_off", env: map[string]string{"USE_STATSD": "false"}},
+		{name: "dogstatsd_with_statsd_default", env: map[string]string{"USE_DOG_STATSD": "true"}},
+		{name: "prometheus_with_stats_disabled", env: map[string]string{"DISABLE_STATS": "true", "USE_PROMETHEUS": "true"}, warnings: []string{"USE_PROMETHEUS"}},
+		{name: "mogrifiers_without_dogstatsd", env: map[string]string{"USE_DOG_STATSD_MOGRIFIERS": "TAG"}, warnings: []string{"USE_DOG_STATSD_MOGRIFIERS"}},
 		{name: "xds_client_with_files", env: map[string]string{"CONFIG_GRPC_XDS_SERVER_URL": "xds:18000", "CONFIG_GRPC_XDS_SERVER_USE_TLS": "false"}},
 		{name: "xds_client_with_xds", env: map[string]string{"CONFIG_TYPE": "GRPC_XDS_SOTW", "CONFIG_GRPC_XDS_SERVER_URL": "xds:18000"}},
 		{name: "otel_endpoint", env: map[string]string{"OTEL_EXPORTER_OTLP_ENDPOINT": "http://otel:4318"}, warnings: []string{"OTEL_EXPORTER_OTLP_ENDPOINT"}},
@@ -286,7 +289,7 @@ func TestAnchorSettingsNotImplemented(t *testing.T) {
 // TestWarningsHideValues keeps credentials out of the logs: a value may
 // hold them (tags, endpoints with tokens).
 func TestWarningsHideValues(t *testing.T) {
-	t.Setenv("EXTRA_TAGS", "token:s3cr3t")
+	t.Setenv("OTEL_EXPORTER_OTLP_ENDPOINT", "https://user:s3cr3t@otel:4318")
 	s, err := Load()
 	if err != nil {
 		t.Fatal(err)

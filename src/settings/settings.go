@@ -7,6 +7,8 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"regexp"
+	"slices"
 	"sort"
 	"strings"
 	"time"
@@ -74,6 +76,30 @@ type Settings struct {
 	UsePrometheus  bool   `envconfig:"USE_PROMETHEUS" default:"false"`
 	PrometheusAddr string `envconfig:"PROMETHEUS_ADDR" default:":9090"`
 	PrometheusPath string `envconfig:"PROMETHEUS_PATH" default:"/metrics"`
+
+	// Statsd, as in the anchor. USE_STATSD sends the statistics to
+	// STATSD_HOST:STATSD_PORT every STATS_FLUSH_INTERVAL, over
+	// STATSD_PROTOCOL (udp or tcp; read by gostats in the anchor, whose
+	// default is tcp). USE_DOG_STATSD sends them in DogStatsD's dialect
+	// over UDP instead, rewritten by the mogrifiers named in
+	// USE_DOG_STATSD_MOGRIFIERS (see Mogrifiers); it does not need
+	// USE_STATSD=false (the anchor refuses to start without it).
+	// EXTRA_TAGS (key:value,...) tags every statistic. DISABLE_STATS
+	// sends nothing anywhere and opens no Prometheus listener, as in the
+	// anchor; the debug port's /stats and /metrics still answer.
+	UseStatsd              bool              `envconfig:"USE_STATSD" default:"true"`
+	StatsdHost             string            `envconfig:"STATSD_HOST" default:"localhost"`
+	StatsdPort             int               `envconfig:"STATSD_PORT" default:"8125"`
+	StatsdProtocol         string            `envconfig:"STATSD_PROTOCOL" default:"tcp"`
+	StatsFlushInterval     time.Duration     `envconfig:"STATS_FLUSH_INTERVAL" default:"10s"`
+	ExtraTags              map[string]string `envconfig:"EXTRA_TAGS" default:""`
+	UseDogStatsd           bool              `envconfig:"USE_DOG_STATSD" default:"false"`
+	UseDogStatsdMogrifiers []string          `envconfig:"USE_DOG_STATSD_MOGRIFIERS" default:""`
+	DisableStats           bool              `envconfig:"DISABLE_STATS" default:"false"`
+
+	// mogrifiers are those named by USE_DOG_STATSD_MOGRIFIERS, read by
+	// Load (see Mogrifiers).
+	mogrifiers []Mogrifier
 
 	// Logging. Both are read in any case; Validate lowers LogFormat.
 	LogLevel  string `envconfig:"LOG_LEVEL" default:"WARN"`
@@ -299,10 +325,11 @@ func Load() (*Settings, error) {
 		return nil, errors.Join(append(refused, fmt.Errorf("settings: %w", err))...)
 	}
 	s.inferBackend(os.LookupEnv, os.Environ())
-	if err := errors.Join(append(refused, s.Validate())...); err != nil {
+	if err := errors.Join(append(refused, s.Validate(), s.loadMogrifiers(os.LookupEnv))...); err != nil {
 		return nil, err
 	}
 	warnings = append(warnings, s.unusedTLS()...)
+	warnings = append(warnings, s.unusedStats()...)
 	sort.SliceStable(warnings, func(i, j int) bool { return warnings[i].Name < warnings[j].Name })
 	s.warnings = warnings
 	return &s, nil
@@ -362,6 +389,103 @@ func (s *Settings) unusedTLS() []Warning {
 			Why: "it has no effect without GRPC_CLIENT_TLS_CACERT, as with envoyproxy/ratelimit: no client certificate is asked for, so none is checked"})
 	}
 	return out
+}
+
+// unusedStats warns about statistics settings that are set but have no
+// effect with the others, as in the anchor: USE_PROMETHEUS with
+// DISABLE_STATS=true, and USE_DOG_STATSD_MOGRIFIERS without DogStatsD.
+func (s *Settings) unusedStats() []Warning {
+	var out []Warning
+	if s.DisableStats && s.UsePrometheus {
+		out = append(out, Warning{Name: "USE_PROMETHEUS", Unused: true,
+			Why: "DISABLE_STATS=true turns every statistics sink off, as with envoyproxy/ratelimit: no Prometheus listener opens (the debug port's /metrics still answers)"})
+	}
+	if len(s.UseDogStatsdMogrifiers) > 0 && (!s.UseDogStatsd || s.DisableStats) {
+		out = append(out, Warning{Name: "USE_DOG_STATSD_MOGRIFIERS", Unused: true,
+			Why: "mogrifiers apply to DogStatsD only: set USE_DOG_STATSD=true (and not DISABLE_STATS)"})
+	}
+	return out
+}
+
+// StatsdSink is where the statistics go: "statsd", "dogstatsd" or ""
+// (none), from USE_STATSD, USE_DOG_STATSD and DISABLE_STATS.
+func (s *Settings) StatsdSink() string {
+	switch {
+	case s.DisableStats:
+		return ""
+	case s.UseDogStatsd:
+		return "dogstatsd"
+	case s.UseStatsd:
+		return "statsd"
+	}
+	return ""
+}
+
+// Mogrifier is one of the anchor's DogStatsD mogrifiers, named in
+// USE_DOG_STATSD_MOGRIFIERS and set by DOG_STATSD_MOGRIFIER_<NAME>_PATTERN
+// (a regular expression), _NAME (the new name) and _TAGS (key:value,...);
+// in the name and the tag values, $0 is the match and $1, $2... its groups.
+// A statistic whose name matches is sent under the new name with the tags.
+type Mogrifier struct {
+	// Key is the name as listed in USE_DOG_STATSD_MOGRIFIERS.
+	Key     string
+	Pattern *regexp.Regexp
+	Name    string
+	Tags    map[string]string
+}
+
+// Mogrifiers returns the mogrifiers of USE_DOG_STATSD_MOGRIFIERS in the
+// order listed there (the first that matches a name applies; the anchor
+// tries them in no set order). It is nil unless DogStatsD is in use.
+func (s *Settings) Mogrifiers() []Mogrifier { return slices.Clone(s.mogrifiers) }
+
+// loadMogrifiers reads the mogrifiers named by USE_DOG_STATSD_MOGRIFIERS,
+// when DogStatsD is in use (the anchor reads them only then), and checks
+// them as the anchor does: a PATTERN that compiles, a NAME, and TAGS whose
+// keys and values are not empty. Each problem names its variable.
+func (s *Settings) loadMogrifiers(lookup func(string) (string, bool)) error {
+	if s.StatsdSink() != "dogstatsd" {
+		return nil
+	}
+	var errs []error
+	bad := func(name string, format string, args ...any) {
+		errs = append(errs, fmt.Errorf("settings: %s: %s", name, fmt.Sprintf(format, args...)))
+	}
+	for _, key := range s.UseDogStatsdMogrifiers {
+		prefix := "DOG_STATSD_MOGRIFIER_" + strings.ToUpper(key) + "_"
+		m := Mogrifier{Key: key}
+		pattern, _ := lookup(prefix + "PATTERN")
+		if pattern == "" {
+			bad(prefix+"PATTERN", "mogrifier %q of USE_DOG_STATSD_MOGRIFIERS needs a pattern", key)
+		} else if re, err := regexp.Compile(pattern); err != nil {
+			bad(prefix+"PATTERN", "%v", err)
+		} else {
+			m.Pattern = re
+		}
+		if m.Name, _ = lookup(prefix + "NAME"); m.Name == "" {
+			bad(prefix+"NAME", "mogrifier %q of USE_DOG_STATSD_MOGRIFIERS needs a name", key)
+		}
+		if tags, _ := lookup(prefix + "TAGS"); tags != "" {
+			m.Tags = map[string]string{}
+			// As envconfig reads a map, which the anchor uses: pairs
+			// separated by ',', each exactly one key:value.
+			for _, pair := range strings.Split(tags, ",") {
+				kv := strings.Split(pair, ":")
+				switch {
+				case len(kv) != 2:
+					bad(prefix+"TAGS", "invalid tag %q (want key:value)", pair)
+				case kv[0] == "":
+					bad(prefix+"TAGS", "tag %q has no key", pair)
+				case kv[1] == "":
+					bad(prefix+"TAGS", "tag %q has no value", pair)
+				default:
+					m.Tags[kv[0]] = kv[1]
+				}
+			}
+		}
+		s.mogrifiers = append(s.mogrifiers, m)
+	}
+	return errors.Join(errs...)
 }
 
 // Warnings returns the settings of envoyproxy/ratelimit that Load found
@@ -510,6 +634,20 @@ func (s *Settings) Validate() error {
 	}
 	if s.StatsMaxDynamicKeys < 1 {
 		bad("STATS_MAX_DYNAMIC_KEYS", "must be at least 1")
+	}
+	if s.StatsdPort < 1 || s.StatsdPort > 65535 {
+		bad("STATSD_PORT", "port %d out of range 1-65535", s.StatsdPort)
+	}
+	switch p := strings.ToLower(strings.TrimSpace(s.StatsdProtocol)); p {
+	case "udp", "udp4", "udp6", "tcp", "tcp4", "tcp6":
+		s.StatsdProtocol = p
+	default:
+		bad("STATSD_PROTOCOL", "unknown protocol %q (want udp or tcp)", s.StatsdProtocol)
+	}
+	if s.StatsFlushInterval < 10*time.Millisecond {
+		// The anchor's ticker panics on 0; below 10ms a flush would run
+		// more often than it could be useful.
+		bad("STATS_FLUSH_INTERVAL", "%v: want at least 10ms", s.StatsFlushInterval)
 	}
 	if s.MemoryMaxBytes < 1<<20 {
 		bad("MEMORY_MAX_BYTES", "%d is below the minimum of 1048576 (1 MiB)", s.MemoryMaxBytes)

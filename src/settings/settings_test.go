@@ -2,6 +2,7 @@ package settings
 
 import (
 	"os"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -347,5 +348,119 @@ func clearEnv(t *testing.T) {
 			t.Setenv(name, "") // restored after the test
 			os.Unsetenv(name)
 		}
+	}
+}
+
+// TestStatsSettings: the statistics settings read and checked as the
+// anchor reads them, each problem naming its variable.
+func TestStatsSettings(t *testing.T) {
+	const pattern = `^ratelimit\.service\.rate_limit\.(.*)\.(.*)\.(.*)$`
+	tests := []struct {
+		name       string
+		env        map[string]string
+		errs       []string
+		sink       string
+		protocol   string
+		tags       map[string]string
+		mogrifiers []string // Key NAME k=v... of each
+	}{
+		{name: "defaults", sink: "statsd", protocol: "tcp"},
+		{name: "off", env: map[string]string{"USE_STATSD": "false"}, sink: "", protocol: "tcp"},
+		{name: "udp", env: map[string]string{"STATSD_PROTOCOL": "UDP"}, sink: "statsd", protocol: "udp"},
+		{name: "disabled_wins", env: map[string]string{"DISABLE_STATS": "true", "USE_DOG_STATSD": "true"}, sink: "", protocol: "tcp"},
+		{name: "extra_tags", env: map[string]string{"EXTRA_TAGS": "version:1.2.3,commit:abc"}, sink: "statsd", protocol: "tcp",
+			tags: map[string]string{"version": "1.2.3", "commit": "abc"}},
+		{name: "extra_tags_not_pairs", env: map[string]string{"EXTRA_TAGS": "version"}, errs: []string{"EXTRA_TAGS"}},
+		{name: "protocol_unknown", env: map[string]string{"STATSD_PROTOCOL": "quic"}, errs: []string{"STATSD_PROTOCOL"}},
+		{name: "port_zero", env: map[string]string{"STATSD_PORT": "0"}, errs: []string{"STATSD_PORT"}},
+		{name: "interval_zero", env: map[string]string{"STATS_FLUSH_INTERVAL": "0s"}, errs: []string{"STATS_FLUSH_INTERVAL"}},
+		{
+			name: "mogrifiers_in_order",
+			env: map[string]string{
+				"USE_DOG_STATSD": "true", "USE_DOG_STATSD_MOGRIFIERS": "specific,tag",
+				"DOG_STATSD_MOGRIFIER_SPECIFIC_PATTERN": `^ratelimit\.service\.rate_limit\.(.*)\.(.*)\.foo$`,
+				"DOG_STATSD_MOGRIFIER_SPECIFIC_NAME":    "custom.foo",
+				"DOG_STATSD_MOGRIFIER_TAG_PATTERN":      pattern,
+				"DOG_STATSD_MOGRIFIER_TAG_NAME":         "ratelimit.service.rate_limit.$3",
+				"DOG_STATSD_MOGRIFIER_TAG_TAGS":         "domain:$1,descriptor:$2",
+			},
+			sink: "dogstatsd", protocol: "tcp",
+			mogrifiers: []string{"specific custom.foo", "tag ratelimit.service.rate_limit.$3 descriptor=$2 domain=$1"},
+		},
+		{
+			name: "mogrifier_unset_ignored_without_dogstatsd",
+			env:  map[string]string{"USE_DOG_STATSD_MOGRIFIERS": "tag"},
+			sink: "statsd", protocol: "tcp",
+		},
+		{
+			name: "mogrifier_without_pattern_or_name",
+			env:  map[string]string{"USE_DOG_STATSD": "true", "USE_DOG_STATSD_MOGRIFIERS": "tag"},
+			errs: []string{"DOG_STATSD_MOGRIFIER_TAG_PATTERN", "DOG_STATSD_MOGRIFIER_TAG_NAME"},
+		},
+		{
+			name: "mogrifier_bad_pattern",
+			env: map[string]string{"USE_DOG_STATSD": "true", "USE_DOG_STATSD_MOGRIFIERS": "tag",
+				"DOG_STATSD_MOGRIFIER_TAG_PATTERN": "(", "DOG_STATSD_MOGRIFIER_TAG_NAME": "x"},
+			errs: []string{"DOG_STATSD_MOGRIFIER_TAG_PATTERN"},
+		},
+		{
+			name: "mogrifier_bad_tags",
+			env: map[string]string{"USE_DOG_STATSD": "true", "USE_DOG_STATSD_MOGRIFIERS": "tag",
+				"DOG_STATSD_MOGRIFIER_TAG_PATTERN": pattern, "DOG_STATSD_MOGRIFIER_TAG_NAME": "x",
+				"DOG_STATSD_MOGRIFIER_TAG_TAGS": "domain:$1,descriptor:"},
+			errs: []string{"DOG_STATSD_MOGRIFIER_TAG_TAGS"},
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			for k, v := range tt.env {
+				t.Setenv(k, v)
+			}
+			s, err := Load()
+			if len(tt.errs) > 0 {
+				if err == nil {
+					t.Fatalf("Load() succeeded, want an error naming %v", tt.errs)
+				}
+				for _, name := range tt.errs {
+					if !strings.Contains(err.Error(), name) {
+						t.Errorf("Load() error %q does not name %s", err, name)
+					}
+				}
+				return
+			}
+			if err != nil {
+				t.Fatalf("Load() = %v", err)
+			}
+			if got := s.StatsdSink(); got != tt.sink {
+				t.Errorf("StatsdSink() = %q, want %q", got, tt.sink)
+			}
+			if s.StatsdProtocol != tt.protocol {
+				t.Errorf("StatsdProtocol = %q, want %q", s.StatsdProtocol, tt.protocol)
+			}
+			if len(s.ExtraTags) != len(tt.tags) {
+				t.Errorf("ExtraTags = %v, want %v", s.ExtraTags, tt.tags)
+			}
+			for k, v := range tt.tags {
+				if s.ExtraTags[k] != v {
+					t.Errorf("ExtraTags = %v, want %v", s.ExtraTags, tt.tags)
+				}
+			}
+			var got []string
+			for _, m := range s.Mogrifiers() {
+				d := m.Key + " " + m.Name
+				keys := make([]string, 0, len(m.Tags))
+				for k := range m.Tags {
+					keys = append(keys, k)
+				}
+				slices.Sort(keys)
+				for _, k := range keys {
+					d += " " + k + "=" + m.Tags[k]
+				}
+				got = append(got, d)
+			}
+			if !slices.Equal(got, tt.mogrifiers) {
+				t.Errorf("Mogrifiers() = %q, want %q", got, tt.mogrifiers)
+			}
+		})
 	}
 }

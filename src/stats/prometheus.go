@@ -3,6 +3,7 @@ package stats
 import (
 	"net/http"
 	"regexp"
+	"slices"
 	"strings"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -18,7 +19,8 @@ import (
 //	ratelimit_server.M.total_requests          -> ratelimit_service_total_requests{grpc_method=M}
 //
 // Any other name has the characters a metric name cannot hold replaced by
-// underscores.
+// underscores; the tags of a tagged counter (see CounterFunc) are labels.
+// Timers are left out.
 //
 // One bad series never fails the scrape: series are built from the
 // registered structure, label values are made valid UTF-8, a series that
@@ -39,11 +41,17 @@ func (collector) Describe(chan<- *prometheus.Desc) {}
 func (c collector) Collect(ch chan<- prometheus.Metric) {
 	seen := map[string]struct{}{}
 	var id strings.Builder
-	c.r.metrics.Range(func(k, v any) bool {
+	c.r.metrics.Range(func(_, v any) bool {
 		m := v.(*metric)
+		if m.timer != nil {
+			return true
+		}
 		name, labels := m.promName, m.labels
 		if labels == nil {
-			name, labels = promName(k.(string))
+			name, labels = promName(m.name)
+			if len(m.tags) > 0 {
+				labels = append(slices.Clip(labels), m.tags...)
+			}
 		}
 		keys := make([]string, len(labels))
 		vals := make([]string, len(labels))

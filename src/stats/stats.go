@@ -35,6 +35,11 @@ func (c *Counter) Add(n uint64) {
 	if n == 0 {
 		return
 	}
+	c.add(n)
+}
+
+// add adds n and returns the new value.
+func (c *Counter) add(n uint64) uint64 {
 	for {
 		old := c.v.Load()
 		v := old + n
@@ -42,13 +47,17 @@ func (c *Counter) Add(n uint64) {
 			v = math.MaxUint64
 		}
 		if v == old || c.v.CompareAndSwap(old, v) {
-			return
+			return v
 		}
 	}
 }
 
 // Inc adds one.
-func (c *Counter) Inc() { c.Add(1) }
+func (c *Counter) Inc() { c.add(1) }
+
+// IncValue adds one and returns the new value, for a caller that acts on
+// every n-th event.
+func (c *Counter) IncValue() uint64 { return c.add(1) }
 
 // Value returns the current count.
 func (c *Counter) Value() uint64 { return c.v.Load() }
@@ -64,7 +73,8 @@ func (g *Gauge) Set(v int64) { g.v.Store(v) }
 // Value returns the gauge's value.
 func (g *Gauge) Value() int64 { return g.v.Load() }
 
-// Label is one Prometheus label of a series.
+// Label is a name and a value attached to a statistic: one Prometheus
+// label of a series, or one statsd tag.
 type Label struct{ Name, Value string }
 
 // metric is one registered name: its value source and its Prometheus form.
@@ -73,6 +83,12 @@ type metric struct {
 	gauge   *Gauge
 	fn      func() uint64 // a counter kept elsewhere
 	gaugeFn func() int64  // a gauge kept elsewhere
+	timer   *Timer        // durations, sent to statsd only
+
+	// name is the statistic's name without its tags; tags are the fixed
+	// tags the code gave it (see CounterFunc), sorted by name.
+	name string
+	tags []Label
 
 	// promName and labels are the Prometheus series; labels nil means the
 	// name is mapped by promName at export time (names chosen by the code).
@@ -116,7 +132,7 @@ func (r *Registry) load(name string, mk func() *metric) *metric {
 // RuleCounter. If name was registered as something else, Counter returns a
 // counter that is not exported, so that a clash never breaks the export.
 func (r *Registry) Counter(name string) *Counter {
-	m := r.load(name, func() *metric { return &metric{counter: new(Counter)} })
+	m := r.load(name, func() *metric { return &metric{counter: new(Counter), name: name} })
 	if m.counter == nil {
 		return new(Counter)
 	}
@@ -125,24 +141,58 @@ func (r *Registry) Counter(name string) *Counter {
 
 // Gauge returns the gauge called name, creating it on first use.
 func (r *Registry) Gauge(name string) *Gauge {
-	m := r.load(name, func() *metric { return &metric{gauge: new(Gauge)} })
+	m := r.load(name, func() *metric { return &metric{gauge: new(Gauge), name: name} })
 	if m.gauge == nil {
 		return new(Gauge)
 	}
 	return m.gauge
 }
 
+// Timer returns the timer called name, creating it on first use. Timers
+// are sent to statsd only: /stats and the Prometheus export leave them out.
+func (r *Registry) Timer(name string) *Timer {
+	m := r.load(name, func() *metric { return &metric{timer: new(Timer), name: name} })
+	if m.timer == nil {
+		return new(Timer)
+	}
+	return m.timer
+}
+
 // CounterFunc registers a counter whose value f returns at export time,
-// for counts kept elsewhere (a store's round trips, say). A second
-// registration of the same name is ignored.
-func (r *Registry) CounterFunc(name string, f func() uint64) {
-	r.load(name, func() *metric { return &metric{fn: f} })
+// for counts kept elsewhere (a store's round trips, say). Tags, if any,
+// tell apart counters of one name, as the anchor's memcache statistics
+// carry a "code" tag: the registered name is then gostats's form of a
+// tagged name, name.__tag=value for each tag sorted by tag name, which is
+// what /stats and plain statsd show; DogStatsD sends them as tags and
+// Prometheus as labels. A second registration of the same name and tags
+// is ignored.
+func (r *Registry) CounterFunc(name string, f func() uint64, tags ...Label) {
+	tags = slices.Clone(tags)
+	slices.SortFunc(tags, func(a, b Label) int { return strings.Compare(a.Name, b.Name) })
+	r.load(taggedName(name, tags), func() *metric { return &metric{fn: f, name: name, tags: tags} })
 }
 
 // GaugeFunc registers a gauge whose value f returns at export time (the keys
 // a store holds, say). A second registration of the same name is ignored.
 func (r *Registry) GaugeFunc(name string, f func() int64) {
-	r.load(name, func() *metric { return &metric{gaugeFn: f} })
+	r.load(name, func() *metric { return &metric{gaugeFn: f, name: name} })
+}
+
+// taggedName is gostats's name of a statistic with tags: the name, then
+// ".__tag=value" for each tag in order.
+func taggedName(name string, tags []Label) string {
+	if len(tags) == 0 {
+		return name
+	}
+	var b strings.Builder
+	b.WriteString(name)
+	for _, t := range tags {
+		b.WriteString(".__")
+		b.WriteString(t.Name)
+		b.WriteByte('=')
+		b.WriteString(t.Value)
+	}
+	return b.String()
 }
 
 // RulePrefix starts the name of every per-rule statistic.
@@ -168,7 +218,7 @@ func (r *Registry) RuleCounter(domain string, levels []string, stat string) *Cou
 		for i, l := range levels {
 			labels = append(labels, Label{"key" + strconv.Itoa(i+1), l})
 		}
-		return &metric{counter: new(Counter), promName: "ratelimit_service_rate_limit_" + promSafe(stat), labels: labels}
+		return &metric{counter: new(Counter), name: name, promName: "ratelimit_service_rate_limit_" + promSafe(stat), labels: labels}
 	})
 	if m.counter == nil {
 		return new(Counter)

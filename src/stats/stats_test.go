@@ -7,6 +7,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 )
 
 func TestCountersAreExactUnderConcurrency(t *testing.T) {
@@ -178,5 +179,58 @@ func TestTextEscapesNames(t *testing.T) {
 		"ratelimit.service.rate_limit.web.user_a\\nratelimit.fake: 999.total_hits: 1\n"
 	if b.String() != want {
 		t.Errorf("/stats =\n%q\nwant\n%q", b.String(), want)
+	}
+}
+
+// TestTaggedCounters: counters of one name told apart by tags (the
+// anchor's memcache "code") are each in /stats under gostats's tagged
+// name, and one Prometheus series each with the tags as labels; timers
+// are in neither.
+func TestTaggedCounters(t *testing.T) {
+	r := NewRegistry()
+	r.CounterFunc("ratelimit.memcache.increment", func() uint64 { return 3 }, Label{"code", "success"})
+	r.CounterFunc("ratelimit.memcache.increment", func() uint64 { return 1 }, Label{"code", "miss"})
+	r.Timer("ratelimit_server.ShouldRateLimit.response_time").Record(time.Millisecond)
+	var b strings.Builder
+	if err := r.WriteText(&b); err != nil {
+		t.Fatal(err)
+	}
+	if want := "ratelimit.memcache.increment.__code=miss: 1\nratelimit.memcache.increment.__code=success: 3\n"; b.String() != want {
+		t.Errorf("/stats = %q, want %q", b.String(), want)
+	}
+	code, body := scrape(t, r)
+	if code != 200 {
+		t.Fatalf("/metrics = %d:\n%s", code, body)
+	}
+	for _, want := range []string{
+		`ratelimit_memcache_increment{code="success"} 3`,
+		`ratelimit_memcache_increment{code="miss"} 1`,
+	} {
+		if !strings.Contains(body, want) {
+			t.Errorf("/metrics lacks %s:\n%s", want, body)
+		}
+	}
+	if strings.Contains(body, "response_time") {
+		t.Errorf("/metrics shows the timer:\n%s", body)
+	}
+}
+
+func TestGoRuntime(t *testing.T) {
+	r := NewRegistry()
+	r.GoRuntime("ratelimit.go")
+	counters, gauges := r.Snapshot(), r.Gauges()
+	for _, name := range []string{"totalAlloc", "mallocs", "frees", "pauseTotalNs", "numGC"} {
+		if _, ok := counters["ratelimit.go."+name]; !ok {
+			t.Errorf("no counter ratelimit.go.%s", name)
+		}
+	}
+	for _, name := range []string{"alloc", "sys", "heapAlloc", "heapSys", "heapIdle", "heapInuse", "heapReleased",
+		"heapObjects", "nextGC", "lastGC", "gcCPUPercent", "numGoroutine"} {
+		if _, ok := gauges["ratelimit.go."+name]; !ok {
+			t.Errorf("no gauge ratelimit.go.%s", name)
+		}
+	}
+	if gauges["ratelimit.go.numGoroutine"] < 1 || gauges["ratelimit.go.sys"] <= 0 || counters["ratelimit.go.mallocs"] == 0 {
+		t.Errorf("implausible readings: %v %v", counters, gauges)
 	}
 }

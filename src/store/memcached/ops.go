@@ -76,7 +76,7 @@ func (s *Store) applyCount(ctx context.Context, key string, op *limiter.Op, now 
 			if err := s.check(ctx); err != nil {
 				return undo{}, err
 			}
-			after, err := s.client.Increment(key, op.Hits)
+			after, err := s.increment(key, op.Hits)
 			if err == nil {
 				s.gotAnswer(key)
 				s.written.add(key, end, sec)
@@ -96,7 +96,7 @@ func (s *Store) applyCount(ctx context.Context, key string, op *limiter.Op, now 
 		if err := s.check(ctx); err != nil {
 			return undo{}, err
 		}
-		err := s.client.Add(item)
+		err := s.add(item)
 		if err == nil {
 			s.gotAnswer(key)
 			s.written.add(key, end, sec)
@@ -138,7 +138,7 @@ func (s *Store) counted(ctx context.Context, key string, op *limiter.Op, now tim
 		// Best effort, as pin: the op's answer is right either way; an
 		// error that means an outage is recorded by fail.
 		if s.checkDeadline(ctx) == nil {
-			if _, err := s.client.Increment(key, satMark-after); err != nil {
+			if _, err := s.increment(key, satMark-after); err != nil {
 				_ = s.fail(key, err)
 			} else {
 				s.gotAnswer(key)
@@ -177,7 +177,7 @@ func saturated(before uint64, now time.Time, op *limiter.Op) limiter.Result {
 // item's expiration), and at most one window longer.
 func (s *Store) pin(ctx context.Context, key string, op *limiter.Op) {
 	for s.check(ctx) == nil {
-		it, err := s.client.Get(key)
+		it, err := s.get(key)
 		if err != nil {
 			if errors.Is(err, memcache.ErrCacheMiss) {
 				s.gotAnswer(key)
@@ -222,7 +222,7 @@ func (s *Store) readCount(ctx context.Context, key string) (uint64, error) {
 	if err := s.check(ctx); err != nil {
 		return 0, err
 	}
-	it, err := s.client.Get(key)
+	it, err := s.get(key)
 	if errors.Is(err, memcache.ErrCacheMiss) {
 		s.gotAnswer(key)
 		return 0, nil
@@ -249,7 +249,7 @@ func (s *Store) applyState(ctx context.Context, key string, op *limiter.Op, now 
 		if err := s.check(ctx); err != nil {
 			return undo{}, err
 		}
-		it, err := s.client.Get(key)
+		it, err := s.get(key)
 		found := err == nil
 		if !found && !errors.Is(err, memcache.ErrCacheMiss) {
 			return undo{}, s.fail(key, err)
@@ -275,7 +275,7 @@ func (s *Store) applyState(ctx context.Context, key string, op *limiter.Op, now 
 			it.Value, it.Expiration = value, exp
 			err = s.client.CompareAndSwap(it)
 		} else {
-			err = s.client.Add(&memcache.Item{Key: key, Value: value, Expiration: exp})
+			err = s.add(&memcache.Item{Key: key, Value: value, Expiration: exp})
 		}
 		switch {
 		case err == nil:
@@ -375,7 +375,7 @@ func (s *Store) undo(ctx context.Context, u *undo) error {
 		if err := s.checkDeadline(ctx); err != nil {
 			return err
 		}
-		it, err := s.client.Get(u.key)
+		it, err := s.get(u.key)
 		if errors.Is(err, memcache.ErrCacheMiss) {
 			s.gotAnswer(u.key)
 			return nil

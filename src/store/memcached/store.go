@@ -114,6 +114,8 @@ type Store struct {
 	unresolved []string
 
 	roundTrips, ops, shed atomic.Uint64
+	// opCounts counts the commands by outcome (OpStats).
+	opCounts opCounts
 
 	// breakers are the servers' circuit breakers, by address; nil when
 	// Config.Breaker turns them off (see breaker.go).

@@ -8,6 +8,7 @@ import (
 	"net"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"time"
 )
@@ -23,7 +24,9 @@ import (
 // requests after a restart would each fail on a dead connection. The peek
 // sees only what the kernel holds: a connection is idle only after a whole
 // reply has been read, so no TLS record is pending on a healthy one.
-func dialer(cfg Config) func(ctx context.Context, network, addr string) (net.Conn, error) {
+//
+// Every connection made is counted in counts, and so is its close.
+func dialer(cfg Config, counts *connCounts) func(ctx context.Context, network, addr string) (net.Conn, error) {
 	d := &net.Dialer{Timeout: cfg.Timeout, KeepAlive: 30 * time.Second}
 	return func(ctx context.Context, network, addr string) (net.Conn, error) {
 		raw, err := d.DialContext(ctx, network, addr)
@@ -31,7 +34,7 @@ func dialer(cfg Config) func(ctx context.Context, network, addr string) (net.Con
 			return nil, err
 		}
 		if cfg.TLS == nil {
-			return &noHelloConn{Conn: raw}, nil
+			return counted(counts, &noHelloConn{Conn: raw}), nil
 		}
 		conf := cfg.TLS
 		if conf.ServerName == "" {
@@ -49,9 +52,9 @@ func dialer(cfg Config) func(ctx context.Context, network, addr string) (net.Con
 		}
 		sc, ok := raw.(syscall.Conn)
 		if !ok {
-			return &noHelloConn{Conn: tc}, nil
+			return counted(counts, &noHelloConn{Conn: tc}), nil
 		}
-		return &noHelloConn{Conn: &tlsConn{Conn: tc, raw: sc}}, nil
+		return counted(counts, &noHelloConn{Conn: &tlsConn{Conn: tc, raw: sc}}), nil
 	}
 }
 
@@ -79,6 +82,26 @@ type noHelloConn struct {
 	net.Conn
 	started bool   // the first write has been seen
 	reply   []byte // the answer to a swallowed HELLO, not yet read
+
+	// counts, when set, counts the close (once).
+	counts *connCounts
+	closed atomic.Bool
+}
+
+// counted counts c as opened, and its close when it comes.
+func counted(counts *connCounts, c *noHelloConn) *noHelloConn {
+	c.counts = counts
+	counts.opened.Add(1)
+	return c
+}
+
+// Close closes the connection, counting it once however often it is
+// called.
+func (c *noHelloConn) Close() error {
+	if c.counts != nil && c.closed.CompareAndSwap(false, true) {
+		c.counts.closed.Add(1)
+	}
+	return c.Conn.Close()
 }
 
 // helloReply is the error Redis before 6.0 answers to HELLO.

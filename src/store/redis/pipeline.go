@@ -163,6 +163,9 @@ type backend struct {
 	full     error
 	shed     *atomic.Uint64
 
+	// conns counts the connections the dialer makes (Store.Conns).
+	conns connCounts
+
 	// oneServer is set once the backend is known to keep every key on one
 	// server: a Sentinel master, or a SINGLE address that answers INFO as
 	// Redis does. Until then (and behind twemproxy, which shards keys and

@@ -137,7 +137,7 @@ func (s *Store) newBackend(name string, cfg Config) (*backend, error) {
 		be.limit = cfg.PipelineLimit
 	}
 	hook := countHook{n: &s.roundTrips}
-	dial := dialer(cfg)
+	dial := dialer(cfg, &be.conns)
 	// One set of client options for every topology: no retries (a lost
 	// reply must not count twice), every wait bounded by the timeout, RESP2
 	// without CLIENT SETINFO, and go-redis's pool kept large (see
