@@ -52,6 +52,8 @@ type Server struct {
 	// statsd sends the statistics to statsd or DogStatsD; nil when the
 	// settings ask for neither.
 	statsd *stats.Statsd
+	// tracing exports spans; nil with TRACING_ENABLED=false.
+	tracing *tracing
 
 	grpc     *grpc.Server
 	httpSrv  *http.Server
@@ -84,9 +86,15 @@ func New(ctx context.Context, set *settings.Settings, log *slog.Logger) (*Server
 	s := &Server{set: set, log: log, stats: stats.NewRegistry(), health: NewHealth(), drain: shutdownDrain}
 	s.stats.GoRuntime("ratelimit.go")
 	s.statsd = s.newStatsd()
-
-	b, err := newBackend(ctx, set, s.stats, log)
+	tr, err := newTracing(ctx, set, log)
 	if err != nil {
+		return nil, err
+	}
+	s.tracing = tr
+
+	b, err := newBackend(ctx, set, s.stats, log, tr.Tracer())
+	if err != nil {
+		s.stopTracing()
 		return nil, err
 	}
 	s.store = b
@@ -143,6 +151,8 @@ func New(ctx context.Context, set *settings.Settings, log *slog.Logger) (*Server
 		MaxDynamicStatKeys: set.StatsMaxDynamicKeys,
 		Fallback:           fallback,
 		ResponseTime:       s.statsd != nil,
+		Tracer:             tr.Tracer(),
+		Propagator:         service.Propagator(),
 		Log:                log,
 	})
 
@@ -153,6 +163,7 @@ func New(ctx context.Context, set *settings.Settings, log *slog.Logger) (*Server
 	}
 	if err != nil {
 		b.close()
+		s.stopTracing()
 		return nil, err
 	}
 
@@ -160,9 +171,18 @@ func New(ctx context.Context, set *settings.Settings, log *slog.Logger) (*Server
 		s.stopWatch()
 		s.watcher.Wait()
 		b.close()
+		s.stopTracing()
 		return nil, err
 	}
 	return s, nil
+}
+
+// stopTracing stops the exporter of a server that failed to start. No
+// span was made, so there is nothing to wait for.
+func (s *Server) stopTracing() {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	_ = s.tracing.flush(ctx)
 }
 
 // watchRules starts watching the rules directory. The watcher loads the
@@ -573,6 +593,11 @@ func (s *Server) shutdown(run *sync.WaitGroup) {
 			_ = h.Close()
 		}
 	}
+	// The spans of the requests drained above are all ended and queued:
+	// they are exported in the time left, beside the rest, so that a
+	// collector that does not answer delays nothing else.
+	var traces sync.WaitGroup
+	traces.Go(func() { s.flushTraces(dctx) })
 	// The watcher, Run's goroutines, a last flush of the statistics (the
 	// requests drained above are counted by now) and the store's close
 	// get the time left, if any.
@@ -585,6 +610,8 @@ func (s *Server) shutdown(run *sync.WaitGroup) {
 	}) {
 		s.log.Warn("drain time over before the store closed; exiting without waiting for it", "drain", s.drain)
 	}
+	// flushTraces returns by the deadline: the SDK's export gives up then.
+	traces.Wait()
 	if s.set.GRPCUDS != "" {
 		_ = os.Remove(filepath.Clean(s.set.GRPCUDS))
 	}
@@ -599,6 +626,13 @@ func (s *Server) flushStats(ctx context.Context) {
 		s.log.Warn("last statistics not sent to statsd", "err", err)
 	}
 	_ = s.statsd.Close()
+}
+
+// flushTraces exports the spans still queued, within ctx.
+func (s *Server) flushTraces(ctx context.Context) {
+	if err := s.tracing.flush(ctx); err != nil {
+		s.log.Warn("last spans not exported", "err", err)
+	}
 }
 
 // httpServers are the HTTP servers in use.
