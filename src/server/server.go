@@ -534,7 +534,10 @@ func (s *Server) Run(ctx context.Context) error {
 			}
 		}()
 	}
-	s.log.Info("serving", "grpc", s.grpcLn.Addr().String(), "grpc_tls", s.tls != nil, "http", s.httpLn.Addr().String(), "debug", s.debugLn.Addr().String(), "backend", s.set.BackendType)
+	// At warn, so that the default LOG_LEVEL shows it: see startup.go.
+	s.log.Warn("serving", "grpc", s.grpcLn.Addr().String(), "grpc_tls", s.tls != nil, "http", s.httpLn.Addr().String(),
+		"debug", s.debugLn.Addr().String(), "backend", s.set.BackendType, "store", storeSummary(s.set),
+		"rules", s.rulesSummary(), "domains", s.domains())
 
 	var runErr error
 	select {
