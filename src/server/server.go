@@ -599,7 +599,11 @@ func (s *Server) flushStats(ctx context.Context) {
 		return
 	}
 	if err := s.statsd.Flush(ctx); err != nil {
-		s.log.Warn("last statistics not sent to statsd", "err", err)
+		level := slog.LevelWarn
+		if !s.set.StatsdAsked() {
+			level = slog.LevelInfo // statsd by default only: see newStatsd
+		}
+		s.log.Log(ctx, level, "last statistics not sent to statsd", "err", err)
 	}
 	_ = s.statsd.Close()
 }
