@@ -28,7 +28,7 @@ import (
 const (
 	faultClients  = 8
 	faultPace     = 10 * time.Millisecond
-	faultBudget   = 250 * time.Millisecond
+	faultBudget   = 300 * time.Millisecond
 	faultDeadline = 2 * time.Second
 	// faultMargin is what an answer may take beyond faultBudget: the
 	// -race binary on a loaded 2-core machine takes time to be scheduled,
@@ -239,6 +239,7 @@ func (p *proc) usage(f fault) (usage, error) {
 // decided again within outageRecover of the store's return; and no leak:
 // afterwards, the goroutines, open files and store connections of before.
 func testFault(t *testing.T, f fault) {
+	storetest.LockLoad(t)
 	env := append([]string{"REQUEST_TIMEOUT=" + faultBudget.String(), "REDIS_POOL_SIZE=" + strconv.Itoa(faultPool)}, f.env...)
 	p := start(t, map[string]string{"faults.yaml": faultRules}, env...)
 	cs := make([]rlsv3.RateLimitServiceClient, faultClients)
