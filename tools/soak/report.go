@@ -63,15 +63,15 @@ type streamAccuracy struct {
 	mismatches                      []string
 }
 
-// during reports whether [from, to] overlaps a fault, from its start to
-// its fix. A window is checked for accuracy from the fix on: whatever was
+// during reports whether the window [from, to) overlaps a fault, from its
+// start to its fix. A window is checked for accuracy from the fix on: whatever was
 // sent during the fault counts in the keys of the fault's windows (a
 // fixed-window key holds its window's start), even when Redis applies it
 // later (thawed, or the delayed replies' commands); a window after the fix
 // in which a request still failed is left out on its own.
 func (r *report) during(from, to time.Time) bool {
 	for _, f := range r.faults {
-		if !to.Before(f.injected) && !from.After(f.fixed) {
+		if to.After(f.injected) && from.Before(f.fixed) {
 			return true
 		}
 	}
