@@ -522,6 +522,7 @@ func run(ctx context.Context, cfg config, logw io.Writer) (*report, error) {
 		return nil, err
 	}
 
+	rep.loadBefore = loadAverage()
 	rep.began = time.Now()
 	end := rep.began.Add(cfg.duration)
 	fmt.Fprintf(logw, "soak: %v of traffic, a fault every %v for %v\n", cfg.duration, cfg.faultEvery, cfg.faultLength)
@@ -545,6 +546,7 @@ func run(ctx context.Context, cfg config, logw io.Writer) (*report, error) {
 	}()
 	rep.senders = traffic(ctx, conns, ss, end, callDeadline)
 	rep.ended = time.Now()
+	rep.loadAfter = loadAverage()
 	rep.faults = <-faults
 	if err := ctx.Err(); err != nil {
 		return nil, err
@@ -564,4 +566,13 @@ func run(ctx context.Context, cfg config, logw io.Writer) (*report, error) {
 	rep.stderr = svc.stderr.String()
 	rep.analyse()
 	return rep, nil
+}
+
+// loadAverage returns the machine's 1-minute load average, or "?".
+func loadAverage() string {
+	b, err := os.ReadFile("/proc/loadavg")
+	if f := strings.Fields(string(b)); err == nil && len(f) > 0 {
+		return f[0]
+	}
+	return "?"
 }
