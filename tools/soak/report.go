@@ -116,7 +116,8 @@ func (r *report) analyse() {
 			if c.code != codes.OK {
 				r.errs[c.code]++
 				if !faulty {
-					r.outside = append(r.outside, fmt.Sprintf("%v at %v (%s)", c.code, c.began.Sub(r.began).Round(time.Millisecond), r.streams[s.stream].name))
+					r.outside = append(r.outside, fmt.Sprintf("%v at %v after %v (%s)", c.code,
+						c.began.Sub(r.began).Round(time.Millisecond), c.took().Round(time.Millisecond), r.streams[s.stream].name))
 				}
 				continue
 			}
@@ -270,7 +271,7 @@ func (r *report) problems() []string {
 		}
 	}
 	if n := len(r.outside); n > 0 {
-		ps = append(ps, fmt.Sprintf("%d errors outside the faults, first %s", n, r.outside[0]))
+		ps = append(ps, fmt.Sprintf("%d errors outside the faults: %s", n, strings.Join(r.outside[:min(n, 5)], "; ")))
 	}
 	if r.slowest > r.cfg.budget+answerMargin {
 		ps = append(ps, fmt.Sprintf("slowest answer %v (%v at %v), over the budget %v + %v", r.slowest, r.slowestCall.code,

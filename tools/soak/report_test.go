@@ -50,7 +50,7 @@ func TestAnalyse(t *testing.T) {
 	if r.calls != 22 || r.decisions != 18 || r.over != 2 {
 		t.Errorf("calls %d, decisions %d, over %d; want 22, 18, 2", r.calls, r.decisions, r.over)
 	}
-	if len(r.outside) != 1 || !strings.HasPrefix(r.outside[0], "DeadlineExceeded at 12s") {
+	if len(r.outside) != 1 || !strings.HasPrefix(r.outside[0], "DeadlineExceeded at 12s after 2ms") {
 		t.Errorf("errors outside the faults = %q, want the one at 12 s", r.outside)
 	}
 	a := r.accuracy[0]

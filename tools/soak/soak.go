@@ -158,8 +158,9 @@ func streams(background int) []stream {
 }
 
 // backgroundRequest is a request of the background traffic: a user among
-// 10,000 (mostly under the limit), a hot value of one of the other
-// algorithms (often over), or a path with an address.
+// 10,000 (under the limit), a hot value of one of the other algorithms
+// (often over), a path among 50, or /login from one of 250 addresses, or
+// a user and a token bucket in one request.
 func backgroundRequest(rng *rand.Rand) *rlsv3.RateLimitRequest {
 	switch rng.IntN(4) {
 	case 0:
@@ -168,7 +169,10 @@ func backgroundRequest(rng *rand.Rand) *rlsv3.RateLimitRequest {
 		alg := []string{"sw", "sl", "tb"}[rng.IntN(3)]
 		return req("api", desc(alg, "v"+strconv.Itoa(rng.IntN(20))))
 	case 2:
-		return req("web", desc("path", "/p"+strconv.Itoa(rng.IntN(50)), "remote_address", "10.1.0."+strconv.Itoa(rng.IntN(250))))
+		if rng.IntN(2) == 0 {
+			return req("web", desc("path", "/p"+strconv.Itoa(rng.IntN(50))))
+		}
+		return req("web", desc("path", "/login", "remote_address", "10.1.0."+strconv.Itoa(rng.IntN(250))))
 	default:
 		// Two descriptors of two algorithms in one request.
 		return req("api", desc("user", "u"+strconv.Itoa(rng.IntN(10_000))), desc("tb", "v"+strconv.Itoa(rng.IntN(20))))
