@@ -187,6 +187,9 @@ type fault struct {
 	// inject starts the fault; fix ends it and returns once the store
 	// answers again (the instant recovery is measured from).
 	inject, fix func() error
+	// returned, when set, tells when the store returned, if that was
+	// before fix returned (a failover that completed within faultHold).
+	returned func() time.Time
 	// storeConns counts the service's connections from the store's side.
 	storeConns func() (int, error)
 	// values are the clients' descriptor values (nil: "c0", "c1", ...).
@@ -296,6 +299,9 @@ func testFault(t *testing.T, f fault) {
 		t.Fatal(err)
 	}
 	fixed := time.Now()
+	if f.returned != nil {
+		fixed = f.returned()
+	}
 	time.Sleep(faultAfter)
 	answers := l.stop()
 	<-sampled
@@ -460,12 +466,23 @@ func TestFaultsUnderLoad(t *testing.T) {
 			// Failover swaps g.Master and g.Replica: count on both.
 			data := []*storetest.RedisServer{g.Master, g.Replica}
 			failed := make(chan error, 1)
+			var promoted time.Time
 			return fault{
 				env: []string{"BACKEND_TYPE=redis", "REDIS_SOCKET_TYPE=tcp", "REDIS_TYPE=SENTINEL", "REDIS_URL=" + g.URL},
 				// The master is killed; the fault lasts until the
 				// sentinels have promoted the replica.
-				inject: func() error { go func() { failed <- g.Failover(t.Context()) }(); return nil },
-				fix:    func() error { return <-failed },
+				inject: func() error {
+					killed := time.Now()
+					go func() {
+						err := g.Failover(t.Context())
+						promoted = time.Now()
+						t.Logf("the sentinels promoted the replica %v after the master was killed", promoted.Sub(killed).Round(time.Millisecond))
+						failed <- err
+					}()
+					return nil
+				},
+				fix:      func() error { return <-failed },
+				returned: func() time.Time { return promoted }, // read after fix, which waits for it
 				storeConns: func() (int, error) {
 					n := 0
 					for _, r := range data {
