@@ -203,6 +203,8 @@ type fault struct {
 	// servers is the number of store servers the service connects to
 	// (0: one).
 	servers int
+	// hold replaces faultHold.
+	hold time.Duration
 }
 
 // pool is the most store connections the load may open: faultPool per
@@ -238,7 +240,8 @@ func (p *proc) usage(f fault) (usage, error) {
 // faultHold, fixes it, and checks the service's behaviour throughout: no
 // panic or race; errors only from the fault's start to outageRecover after
 // the store's return (none at all with f.noErrors, none for f.spared
-// clients); every answer within faultBudget + faultMargin; every client
+// clients); once the breaker has opened, no request waiting for its budget
+// until the store's return; every answer within faultBudget + faultMargin; every client
 // decided again within outageRecover of the store's return; and no leak:
 // afterwards, the goroutines, open files and store connections of before.
 func testFault(t *testing.T, f fault) {
@@ -293,7 +296,11 @@ func testFault(t *testing.T, f fault) {
 		l.stop()
 		t.Fatal(err)
 	}
-	time.Sleep(time.Until(injected.Add(faultHold)))
+	hold := faultHold
+	if f.hold > 0 {
+		hold = f.hold
+	}
+	time.Sleep(time.Until(injected.Add(hold)))
 	if err := f.fix(); err != nil {
 		l.stop()
 		t.Fatal(err)
@@ -308,6 +315,17 @@ func testFault(t *testing.T, f fault) {
 
 	if logs := p.logs(); strings.Contains(logs, "panic:") || strings.Contains(logs, "DATA RACE") || strings.Contains(logs, "fatal error:") {
 		t.Errorf("the service panicked or raced:\n%s", logs)
+	}
+
+	// Once the breaker has refused a request, it stays open until the
+	// store returns: no request sent after that waits for its budget.
+	var opened time.Time
+	for _, as := range answers {
+		for _, a := range as {
+			if strings.Contains(a.msg, "circuit breaker open") && (opened.IsZero() || a.ended.Before(opened)) {
+				opened = a.ended
+			}
+		}
 	}
 
 	calls, failed, byCode := 0, 0, map[codes.Code]int{}
@@ -336,6 +354,10 @@ func testFault(t *testing.T, f fault) {
 					t.Errorf("client %d: %v %q, call began %v after the fault began and %v after the store's return: outside the fault",
 						i, a.code, a.msg, a.began.Sub(injected), a.began.Sub(fixed))
 				}
+			}
+			if a.code == codes.DeadlineExceeded && !opened.IsZero() && a.began.After(opened) && a.ended.Before(fixed) {
+				t.Errorf("client %d: %v after %v, sent %v after the breaker opened: it closed while the store could not serve",
+					i, a.code, a.took(), a.began.Sub(opened))
 			}
 			if took := a.took(); took > faultBudget+faultMargin {
 				t.Errorf("client %d: %v answered after %v (began %v after the fault began): over the %v budget + %v",
@@ -444,7 +466,11 @@ func TestFaultsUnderLoad(t *testing.T) {
 			return f
 		}},
 		{"proxy_latency_over_budget", func(t *testing.T) fault {
-			return proxyFault(t, func(px *storetest.Proxy) { px.SetLatency(4 * faultBudget) })
+			f := proxyFault(t, func(px *storetest.Proxy) { px.SetLatency(4 * faultBudget) })
+			// Longer than a probe (500 ms) and its late answer (1.2 s):
+			// the breaker must not close on it.
+			f.hold = 3500 * time.Millisecond
+			return f
 		}},
 		{"proxy_drops_replies", func(t *testing.T) fault {
 			return proxyFault(t, (*storetest.Proxy).DropReplies)
