@@ -16,8 +16,8 @@
 //
 // SOAK_DURATION sets the default of -duration. The exit status is 1 when
 // the run shows a problem (an error outside a fault, a window admitting
-// other than its limit, a slow recovery, a leak, a panic). Linux only: it
-// reads /proc.
+// other than its limit, a slow recovery, a request waiting for its budget
+// after the breaker opened, a leak, a panic). Linux only: it reads /proc.
 package main
 
 import (

@@ -54,7 +54,15 @@ type faultFigures struct {
 	// lastSender describes the sender that recovered last.
 	lastSender string
 	slowest    time.Duration
+	// waited counts the requests sent from breakerGrace after the fault
+	// began until its fix that still waited for their budget
+	// (DeadlineExceeded): the breaker closed while Redis could not serve.
+	waited int
 }
+
+// breakerGrace is how long a fault may take to open the breaker: five
+// failures, each at most one budget, and far less under the soak's load.
+const breakerGrace = time.Second
 
 // streamAccuracy is one checked stream's windows.
 type streamAccuracy struct {
@@ -154,6 +162,9 @@ func (r *report) analyse() {
 				if c.code != codes.OK {
 					ff.errors++
 					lastErr = c
+				}
+				if c.code == codes.DeadlineExceeded && c.began.After(f.injected.Add(breakerGrace)) && c.ended.Before(f.fixed) {
+					ff.waited++
 				}
 			}
 			// Failing until the next fault or the end is as slow a
@@ -281,6 +292,9 @@ func (r *report) problems() []string {
 		if ff.everySender > recoverBound {
 			ps = append(ps, fmt.Sprintf("fault %d (%v): every sender decided again only %v after the fix (%s)", i+1, r.faults[i].kind, ff.everySender, ff.lastSender))
 		}
+		if ff.waited > 0 {
+			ps = append(ps, fmt.Sprintf("fault %d (%v): %d requests sent after the breaker had opened waited for their budget", i+1, r.faults[i].kind, ff.waited))
+		}
 		if ff.errors == 0 {
 			// Not a problem of the service, but of the run: the fault
 			// did not reach it.
@@ -338,9 +352,9 @@ func (r *report) format() string {
 		r.before.files, r.after.files, r.before.conns, r.after.conns)
 	for i, f := range r.faults {
 		ff := r.perFault[i]
-		fmt.Fprintf(&b, "fault %d      %v at %v for %v: %d errors, slowest answer %s; first decision %s after the fix, every sender %s\n",
+		fmt.Fprintf(&b, "fault %d      %v at %v for %v: %d errors (%d waited for the budget %v in), slowest answer %s; first decision %s after the fix, every sender %s\n",
 			i+1, f.kind, f.injected.Sub(r.began).Round(time.Second), f.fixed.Sub(f.injected).Round(10*time.Millisecond),
-			ff.errors, ms(ff.slowest), ms(ff.firstDecision), ms(ff.everySender))
+			ff.errors, ff.waited, breakerGrace, ms(ff.slowest), ms(ff.firstDecision), ms(ff.everySender))
 	}
 	for _, a := range r.accuracy {
 		fmt.Fprintf(&b, "accuracy     %-28s %d windows checked, %d exact; left out: %d in faults (admitted %d, min(sent, limit) %d), %d with errors after a fix, %d with a request across two windows\n",

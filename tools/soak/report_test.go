@@ -22,17 +22,18 @@ func TestAnalyse(t *testing.T) {
 		streams: []stream{{name: "hot", limit: 2}, {name: "background"}},
 		began:   t0,
 		ended:   at(20_000),
-		// One fault from 5 s to 6 s: errors count as its own until 8 s.
-		faults: []fault{{kind: faultKill, injected: at(5_000), fixed: at(6_000)}},
+		// One fault from 4.5 s to 6 s: errors count as its own until 8 s.
+		faults: []fault{{kind: faultKill, injected: at(4_500), fixed: at(6_000)}},
 		senders: []*sender{
 			{stream: 0, calls: []call{
 				ok(100, false), ok(200, false), ok(300, true), // second 0: exact
 				ok(1100, false), ok(1200, false), ok(1300, false), // second 1: one too many
 				ok(2100, false),                                   // second 2: under the limit, exact
-				{began: at(3990), ended: at(4010)},                // across seconds 3 and 4
+				{began: at(3990), ended: at(4010)},                // across seconds 3 and 4 (4 is in the fault)
 				ok(5100, false), ok(5200, false), ok(5300, false), // in the fault: left out
 				fail(5500, codes.Unavailable),
-				fail(6100, codes.Unavailable), // after the fix: second 6 left out
+				fail(5600, codes.DeadlineExceeded), // 1.1 s into the fault: waited for its budget
+				fail(6100, codes.Unavailable),      // after the fix: second 6 left out
 				ok(6300, false),
 				ok(7100, false), ok(7200, false), ok(7300, true), // second 7: exact
 			}},
@@ -47,28 +48,27 @@ func TestAnalyse(t *testing.T) {
 	}
 	r.analyse()
 
-	if r.calls != 22 || r.decisions != 18 || r.over != 2 {
-		t.Errorf("calls %d, decisions %d, over %d; want 22, 18, 2", r.calls, r.decisions, r.over)
+	if r.calls != 23 || r.decisions != 18 || r.over != 2 {
+		t.Errorf("calls %d, decisions %d, over %d; want 23, 18, 2", r.calls, r.decisions, r.over)
 	}
 	if len(r.outside) != 1 || !strings.HasPrefix(r.outside[0], "DeadlineExceeded at 12s after 2ms") {
 		t.Errorf("errors outside the faults = %q, want the one at 12 s", r.outside)
 	}
 	a := r.accuracy[0]
-	if a.checked != 4 || a.exact != 3 || a.inFault != 1 || a.failed != 1 || a.ambiguous != 2 || len(a.mismatches) != 1 {
-		t.Errorf("accuracy = %+v; want 4 windows checked, 3 exact, 1 in the fault, 1 with errors, 2 ambiguous, 1 mismatch", a)
+	if a.checked != 4 || a.exact != 3 || a.inFault != 2 || a.failed != 1 || a.ambiguous != 1 || len(a.mismatches) != 1 {
+		t.Errorf("accuracy = %+v; want 4 windows checked, 3 exact, 2 in the fault, 1 with errors, 1 ambiguous, 1 mismatch", a)
 	}
 	if len(a.mismatches) == 1 && !strings.Contains(a.mismatches[0], "3 admitted of 3 sent, limit 2") {
 		t.Errorf("mismatch = %q, want second 1's", a.mismatches[0])
 	}
 	ff := r.perFault[0]
-	if ff.errors != 3 || ff.firstDecision != 302*time.Millisecond || ff.everySender != 502*time.Millisecond {
-		t.Errorf("fault figures = %+v; want 3 errors, first decision 302ms, every sender 502ms", ff)
+	if ff.errors != 4 || ff.waited != 1 || ff.firstDecision != 302*time.Millisecond || ff.everySender != 502*time.Millisecond {
+		t.Errorf("fault figures = %+v; want 4 errors, 1 waiting for its budget, first decision 302ms, every sender 502ms", ff)
 	}
-	var found bool
-	for _, p := range r.problems() {
-		found = found || strings.Contains(p, "limit 2")
-	}
-	if !found {
-		t.Errorf("problems() = %q, want the over-admitting window", r.problems())
+	problems := strings.Join(r.problems(), "\n")
+	for _, want := range []string{"limit 2", "1 errors outside the faults", "waited for their budget"} {
+		if !strings.Contains(problems, want) {
+			t.Errorf("problems() = %q, want one with %q", problems, want)
+		}
 	}
 }
