@@ -152,8 +152,14 @@ func registerBreakers(reg *stats.Registry, prefix string, f func() breaker.Stats
 }
 
 // breakerConfig is the circuit breaker of the Redis and Memcached stores.
+// A probe must be answered within the request budget to close a breaker:
+// a store slower than that fails every request anyway.
 func breakerConfig(set *settings.Settings) breaker.Config {
-	return breaker.Config{Failures: set.StoreBreakerFailures, ProbeInterval: set.StoreBreakerProbeInterval}
+	return breaker.Config{
+		Failures:      set.StoreBreakerFailures,
+		ProbeInterval: set.StoreBreakerProbeInterval,
+		Budget:        set.RequestTimeout,
+	}
 }
 
 // redisPoolStats registers the anchor's connection statistics of one
