@@ -511,7 +511,7 @@ func (s *Server) Run(ctx context.Context) error {
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
-		s.store.watchHealth(ctx, s.health)
+		s.store.watchHealth(ctx, s.health, s.log)
 	}()
 	if s.tls != nil {
 		wg.Add(1)
