@@ -40,6 +40,8 @@ type backend struct {
 	// local, with STORE_FAILURE_MODE=local and a shared store, is the
 	// memory store that decides while the shared one is unreachable.
 	local *memory.Store
+	// breakers, for Redis and Memcached, reports their circuit breakers.
+	breakers func() breaker.Stats
 }
 
 // keyFormat is CACHE_KEY_FORMAT for a store an anchor process may share.
@@ -118,6 +120,7 @@ func newStore(ctx context.Context, set *settings.Settings, reg *stats.Registry, 
 			started:   r.WaitStarted,
 			timeout:   redisTimeout(cfg),
 			keyFormat: keyFormat(set),
+			breakers:  r.Breakers,
 		}, nil
 	case settings.BackendMemcache:
 		cfg, err := memcacheConfig(set)
@@ -140,6 +143,7 @@ func newStore(ctx context.Context, set *settings.Settings, reg *stats.Registry, 
 			started:   m.WaitStarted,
 			timeout:   cfg.Timeout,
 			keyFormat: keyFormat(set),
+			breakers:  m.Breakers,
 		}, nil
 	}
 	return nil, fmt.Errorf("server: BACKEND_TYPE %q is not available in this build", set.BackendType)
@@ -156,8 +160,14 @@ func registerBreakers(reg *stats.Registry, prefix string, f func() breaker.Stats
 }
 
 // breakerConfig is the circuit breaker of the Redis and Memcached stores.
+// A probe must be answered within the request budget to close a breaker:
+// a store slower than that fails every request anyway.
 func breakerConfig(set *settings.Settings) breaker.Config {
-	return breaker.Config{Failures: set.StoreBreakerFailures, ProbeInterval: set.StoreBreakerProbeInterval}
+	return breaker.Config{
+		Failures:      set.StoreBreakerFailures,
+		ProbeInterval: set.StoreBreakerProbeInterval,
+		Budget:        set.RequestTimeout,
+	}
 }
 
 // redisPoolStats registers the anchor's connection statistics of one
@@ -301,17 +311,21 @@ func redisTimeout(cfg redis.Config) time.Duration {
 	return cfg.Timeout
 }
 
-// watchHealth reports the store's health until ctx is done. With a local
-// store beside the shared one (STORE_FAILURE_MODE=local) the instance
-// answers whatever the shared store does, so its health does not follow
-// the shared store's: an orchestrator would otherwise take every instance
-// out of rotation during the outage the mode is there to ride out.
-func (b *backend) watchHealth(ctx context.Context, h *Health) {
-	healthy := b.healthy
-	if b.local != nil {
-		healthy = func() bool { return true }
+// watchHealth reports the store's health until ctx is done, and logs each
+// change of the store's state at warn level: its health, and its circuit
+// breakers opening or all closing again. With a local store beside the
+// shared one (STORE_FAILURE_MODE=local) the instance answers whatever the
+// shared store does, so its health does not follow the shared store's:
+// an orchestrator would otherwise take every instance out of rotation
+// during the outage the mode is there to ride out.
+func (b *backend) watchHealth(ctx context.Context, h *Health, log *slog.Logger) {
+	var st storeState
+	check := func() {
+		healthy := b.healthy()
+		st.log(log, healthy, b.breakers)
+		h.SetStore(healthy || b.local != nil)
 	}
-	h.SetStore(healthy())
+	check()
 	t := time.NewTicker(healthPoll)
 	defer t.Stop()
 	for {
@@ -319,7 +333,38 @@ func (b *backend) watchHealth(ctx context.Context, h *Health) {
 		case <-ctx.Done():
 			return
 		case <-t.C:
-			h.SetStore(healthy())
+			check()
 		}
 	}
+}
+
+// storeState is what watchHealth last logged of the store.
+type storeState struct {
+	seen    bool
+	healthy bool
+	open    int64
+}
+
+// log logs what changed since the last call: the first call only a store
+// that does not answer yet.
+func (st *storeState) log(log *slog.Logger, healthy bool, breakers func() breaker.Stats) {
+	var open int64
+	if breakers != nil {
+		open = breakers().Open
+	}
+	switch {
+	case !st.seen && !healthy:
+		log.Warn("the store does not answer yet")
+	case st.seen && st.healthy && !healthy:
+		log.Warn("the store stopped answering")
+	case st.seen && !st.healthy && healthy:
+		log.Warn("the store answers again")
+	}
+	switch {
+	case open > st.open:
+		log.Warn("store circuit breakers opened: requests for those servers are refused at once", "open", open)
+	case open == 0 && st.open > 0:
+		log.Warn("store circuit breakers all closed again")
+	}
+	st.seen, st.healthy, st.open = true, healthy, open
 }

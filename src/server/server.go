@@ -531,7 +531,7 @@ func (s *Server) Run(ctx context.Context) error {
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
-		s.store.watchHealth(ctx, s.health)
+		s.store.watchHealth(ctx, s.health, s.log)
 	}()
 	if s.tls != nil {
 		wg.Add(1)
@@ -554,7 +554,10 @@ func (s *Server) Run(ctx context.Context) error {
 			}
 		}()
 	}
-	s.log.Info("serving", "grpc", s.grpcLn.Addr().String(), "grpc_tls", s.tls != nil, "http", s.httpLn.Addr().String(), "debug", s.debugLn.Addr().String(), "backend", s.set.BackendType)
+	// At warn, so that the default LOG_LEVEL shows it: see startup.go.
+	s.log.Warn("serving", "grpc", s.grpcLn.Addr().String(), "grpc_tls", s.tls != nil, "http", s.httpLn.Addr().String(),
+		"debug", s.debugLn.Addr().String(), "backend", s.set.BackendType, "store", storeSummary(s.set),
+		"rules", s.rulesSummary(), "domains", s.domains())
 
 	var runErr error
 	select {
@@ -623,7 +626,11 @@ func (s *Server) flushStats(ctx context.Context) {
 		return
 	}
 	if err := s.statsd.Flush(ctx); err != nil {
-		s.log.Warn("last statistics not sent to statsd", "err", err)
+		level := slog.LevelWarn
+		if !s.set.StatsdAsked() {
+			level = slog.LevelInfo // statsd by default only: see newStatsd
+		}
+		s.log.Log(ctx, level, "last statistics not sent to statsd", "err", err)
 	}
 	_ = s.statsd.Close()
 }

@@ -26,6 +26,7 @@ func (s *Server) newStatsd() *stats.Statsd {
 		DogStatsD: sink == "dogstatsd",
 		Tags:      labels(set.ExtraTags),
 		Log:       s.log,
+		Quiet:     !set.StatsdAsked(),
 	}
 	if cfg.DogStatsD {
 		// The anchor's DogStatsD client (datadog-go) speaks UDP whatever

@@ -183,6 +183,8 @@ type Settings struct {
 	// backendInferred is the REDIS_ variable that made BackendType redis
 	// when BACKEND_TYPE was not set (see inferBackend); "" otherwise.
 	backendInferred string
+	// statsdAsked is whether any statsd setting was given (see StatsdAsked).
+	statsdAsked bool
 
 	// Decisions.
 	BackendType                        string  `envconfig:"BACKEND_TYPE" default:"memory"` // anchor: redis; unset with a REDIS_ variable set: redis (see inferBackend)
@@ -345,6 +347,11 @@ func Load() (*Settings, error) {
 		return nil, errors.Join(append(refused, fmt.Errorf("settings: %w", err))...)
 	}
 	s.inferBackend(os.LookupEnv, os.Environ())
+	for _, name := range []string{"USE_STATSD", "STATSD_HOST", "STATSD_PORT", "STATSD_PROTOCOL", "USE_DOG_STATSD"} {
+		if _, set := os.LookupEnv(name); set {
+			s.statsdAsked = true
+		}
+	}
 	if err := errors.Join(append(refused, s.Validate(), s.loadMogrifiers(os.LookupEnv))...); err != nil {
 		return nil, err
 	}
@@ -377,6 +384,12 @@ func (s *Settings) inferBackend(lookup func(string) (string, bool), environ []st
 		}
 	}
 }
+
+// StatsdAsked reports whether the environment set any statsd setting
+// (USE_STATSD, STATSD_HOST, STATSD_PORT, STATSD_PROTOCOL, USE_DOG_STATSD).
+// Statistics go to statsd by default, as in the anchor; when nothing asked
+// for it, a statsd that does not answer is not worth a warning.
+func (s *Settings) StatsdAsked() bool { return s.statsdAsked }
 
 // BackendInferred returns the REDIS_ variable that made the backend redis
 // although BACKEND_TYPE was not set, or "".

@@ -65,6 +65,11 @@ type StatsdConfig struct {
 	// Log receives flush failures: the first, then at most one line
 	// every ten minutes; nil discards them.
 	Log *slog.Logger
+	// Quiet logs those failures at info level instead of warn: for a
+	// statsd nobody asked for (statistics go to statsd by default, as in
+	// the anchor), so that a service run with no statsd around is not
+	// noisy at the default level.
+	Quiet bool
 }
 
 // Statsd sends a Registry's statistics to a statsd server at each interval,
@@ -168,7 +173,11 @@ func (s *Statsd) report(err error) {
 	n := s.failed
 	s.failed, s.logged = 0, now
 	s.mu.Unlock()
-	s.log.Warn("statistics not sent to statsd; set USE_STATSD=false if no statsd is meant to run",
+	level := slog.LevelWarn
+	if s.cfg.Quiet {
+		level = slog.LevelInfo
+	}
+	s.log.Log(context.Background(), level, "statistics not sent to statsd; set USE_STATSD=false if no statsd is meant to run",
 		"addr", s.cfg.Addr, "protocol", s.cfg.Network, "err", err, "failed_flushes", n)
 }
 

@@ -618,3 +618,20 @@ func TestStatsdLogsFailuresRarely(t *testing.T) {
 		t.Errorf("%d log lines for 5 failed flushes, want 1:\n%s", n, b.String())
 	}
 }
+
+// A statsd nobody asked for (the default) that does not answer is logged
+// below the default level; one asked for is a warning.
+func TestStatsdQuietFailures(t *testing.T) {
+	for _, quiet := range []bool{false, true} {
+		var b strings.Builder
+		s := NewStatsd(NewRegistry(), StatsdConfig{Addr: "127.0.0.1:1", Quiet: quiet, Log: slog.New(slog.NewTextHandler(&b, nil))})
+		s.report(errors.New("connection refused"))
+		want := "level=WARN"
+		if quiet {
+			want = "level=INFO"
+		}
+		if !strings.Contains(b.String(), want) {
+			t.Errorf("Quiet %v: logged %q, want %s", quiet, b.String(), want)
+		}
+	}
+}

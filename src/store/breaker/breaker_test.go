@@ -214,3 +214,74 @@ func BenchmarkServerLookup(b *testing.B) {
 		}
 	})
 }
+
+// TestProbeAnswered: a probe closes a breaker only on an answer within
+// the budget; a late answer followed by a prompt one (a thawed server)
+// counts, two late ones (a slow server) do not.
+func TestProbeAnswered(t *testing.T) {
+	errDown := errors.New("connection refused")
+	tests := []struct {
+		name   string
+		budget time.Duration
+		pings  []time.Duration // how long each ping takes; -1 fails
+		want   bool
+		calls  int
+	}{
+		{name: "prompt", budget: 100 * time.Millisecond, pings: []time.Duration{time.Millisecond}, want: true, calls: 1},
+		{name: "down", budget: 100 * time.Millisecond, pings: []time.Duration{-1}, want: false, calls: 1},
+		{name: "thawed", budget: 100 * time.Millisecond, pings: []time.Duration{3 * time.Second, time.Millisecond}, want: true, calls: 2},
+		{name: "slow", budget: 100 * time.Millisecond, pings: []time.Duration{time.Second, time.Second}, want: false, calls: 2},
+		{name: "late_then_down", budget: 100 * time.Millisecond, pings: []time.Duration{time.Second, -1}, want: false, calls: 2},
+		{name: "no_budget", budget: 0, pings: []time.Duration{5 * time.Second}, want: true, calls: 1},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				g := NewGroup("test", Config{Failures: 1, Budget: tt.budget})
+				calls := 0
+				got := g.ProbeAnswered(t.Context(), 10*time.Second, func(ctx context.Context) error {
+					d := tt.pings[calls]
+					calls++
+					if d < 0 {
+						return errDown
+					}
+					time.Sleep(d)
+					return ctx.Err()
+				})
+				if got != tt.want || calls != tt.calls {
+					t.Errorf("ProbeAnswered = %v after %d pings, want %v after %d", got, calls, tt.want, tt.calls)
+				}
+			})
+		})
+	}
+	var nilGroup *Group
+	if !nilGroup.ProbeAnswered(t.Context(), time.Second, func(context.Context) error { return nil }) {
+		t.Error("ProbeAnswered on a nil Group = false for an answer, want true")
+	}
+}
+
+// TestLateAnswersDoNotClose: an answer later than the budget does not end
+// a run of failures (its requests failed at their deadline), so a server
+// that answers only that late still opens its breaker; a prompt answer
+// ends the run.
+func TestLateAnswersDoNotClose(t *testing.T) {
+	g := NewGroup("redis", Config{Failures: 3, Budget: 100 * time.Millisecond})
+	b := g.Server("10.0.0.1:6379")
+	b.Failure()
+	b.Failure()
+	b.Answer(900 * time.Millisecond)
+	b.Failure()
+	if !b.IsOpen() {
+		t.Fatal("closed after failure, failure, late answer, failure; want open at the third failure")
+	}
+	b.Reset()
+	b.Failure()
+	b.Failure()
+	b.Answer(time.Millisecond)
+	b.Failure()
+	if b.IsOpen() {
+		t.Error("open after failure, failure, prompt answer, failure; want the run ended by the answer")
+	}
+	var none *Breaker
+	none.Answer(time.Hour) // a nil Breaker never opens
+}

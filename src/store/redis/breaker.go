@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"sync"
+	"time"
 
 	goredis "github.com/redis/go-redis/v9"
 
@@ -44,10 +45,11 @@ func (h breakerHook) ProcessPipelineHook(next goredis.ProcessPipelineHook) gored
 		// node; they then carry the first attempt's error. One request
 		// is one failure, however many attempts it took.
 		retry := len(cmds) > 0 && cmds[0].Err() != nil
+		start := time.Now()
 		err := next(ctx, cmds)
 		switch {
 		case !roundTripFailed(err, cmds):
-			h.b.Success()
+			h.b.Answer(time.Since(start))
 		case !retry:
 			h.b.Failure()
 		}
@@ -138,19 +140,21 @@ func (be *backend) admit(ctx context.Context, r *request, b *limiter.Batch) (*br
 
 // probeBreakers is the breakers' probe (breaker.Group.Run): it pings the
 // servers whose breaker is open and closes the breakers of those that
-// answer. Each ping is bounded by the backend's timeout; a frozen server's
-// ping is answered as soon as it thaws.
+// answer within the request budget (breaker.Group.ProbeAnswered). Each
+// ping is bounded by the backend's timeout; a frozen server's ping is
+// answered as soon as it thaws.
 func (s *Store) probeBreakers(ctx context.Context, be *backend) {
-	ctx, cancel := context.WithTimeout(ctx, be.timeout)
-	defer cancel()
 	c, ok := be.client.(*goredis.ClusterClient)
 	if !ok {
-		if be.client.Ping(ctx).Err() == nil {
+		if be.breakers.ProbeAnswered(ctx, be.timeout, func(ctx context.Context) error { return be.client.Ping(ctx).Err() }) {
 			be.server.Reset()
 			be.markUp()
 		}
 		return
 	}
+	// Two pings, at most, per master (see ProbeAnswered).
+	ctx, cancel := context.WithTimeout(ctx, 2*be.timeout)
+	defer cancel()
 	var (
 		mu      sync.Mutex
 		masters = map[string]bool{}
@@ -166,8 +170,8 @@ func (s *Store) probeBreakers(ctx context.Context, be *backend) {
 		if !b.IsOpen() {
 			return nil
 		}
-		if err := n.Ping(ctx).Err(); err != nil {
-			return err
+		if !be.breakers.ProbeAnswered(ctx, be.timeout, func(ctx context.Context) error { return n.Ping(ctx).Err() }) {
+			return errNotAnswered
 		}
 		b.Reset()
 		return nil
@@ -184,6 +188,10 @@ func (s *Store) probeBreakers(ctx context.Context, be *backend) {
 		}
 	}
 }
+
+// errNotAnswered fails a cluster probe's ping that was not answered within
+// the budget; ForEachMaster only collects it.
+var errNotAnswered = errors.New("redis: probe not answered within the budget")
 
 // Breakers returns the counters of the circuit breakers of both Redis
 // (ratelimit.redis.breaker_open, breaker_trips, breaker_open_rejections).

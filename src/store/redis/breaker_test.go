@@ -116,7 +116,10 @@ func TestBreakerSingle(t *testing.T) {
 			s := newStore(t, Config{
 				URL: srv.Addr, Timeout: 30 * time.Second,
 				HealthCheckActiveConnection: true, HealthCheckInterval: time.Hour,
-				Breaker: breaker.Config{Failures: failures, ProbeInterval: breakerProbe},
+				// The server's setting: a thawed Redis, whose probe is
+				// answered late, must close the breaker at once all the
+				// same.
+				Breaker: breaker.Config{Failures: failures, ProbeInterval: breakerProbe, Budget: breakerDeadline},
 			})
 			if _, err := timedHit(s, "warm"); err != nil {
 				t.Fatal(err)
@@ -309,4 +312,34 @@ func TestBreakerSentinel(t *testing.T) {
 	if st := s.Breakers(); st.Open != 0 || st.Trips != 1 {
 		t.Errorf("Breakers() = %+v after the failover, want none open, 1 trip", st)
 	}
+}
+
+// TestBreakerStaysOpenWhileSlow puts a Redis whose replies arrive 3 times
+// later than the budget behind a proxy: once the breaker has opened it
+// stays open for as long as Redis is slow, instead of closing on each
+// probe's late answer and letting the requests in flight wait their whole
+// budget again; once Redis is fast again, requests are served within
+// breakerRecover.
+func TestBreakerStaysOpenWhileSlow(t *testing.T) {
+	t.Parallel()
+	srv := storetest.StartRedis(t, storetest.RedisOptions{})
+	px := storetest.StartProxy(t, srv.Addr)
+	const failures = 3
+	s := newStore(t, Config{
+		URL: px.Addr, Timeout: 10 * time.Second,
+		Breaker: breaker.Config{Failures: failures, ProbeInterval: breakerProbe, Budget: breakerDeadline},
+	})
+	if _, err := timedHit(s, "warm"); err != nil {
+		t.Fatal(err)
+	}
+	px.SetLatency(3 * breakerDeadline)
+	openBreaker(t, s, "slow", failures)
+	// Several probes' time: each probe's ping is answered, 900 ms late.
+	for end := time.Now().Add(3 * time.Second); time.Now().Before(end); time.Sleep(20 * time.Millisecond) {
+		if st := s.Breakers(); st.Open != 1 || st.Trips != 1 {
+			t.Fatalf("Breakers() = %+v with Redis slower than the budget, want it open since its one trip", st)
+		}
+	}
+	px.Heal()
+	t.Logf("served again %v after Redis was fast again", waitServed(t, s, "back"))
 }

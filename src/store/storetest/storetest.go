@@ -3,7 +3,9 @@
 // files start redis-server, Sentinel and Cluster on free loopback ports). The
 // suite holds each store to the limiter's pure functions, so the memory store
 // and the Redis and Memcached scripts cannot drift apart. It also holds the
-// helpers the stores' own tests share (WaitFor, CheckGoroutines, CPUMeter).
+// helpers the stores' own tests share (WaitFor, CheckGoroutines, CPUMeter),
+// and Proxy, a TCP proxy that puts network faults between a client and a
+// server.
 // It knows nothing of any store's internals.
 package storetest
 

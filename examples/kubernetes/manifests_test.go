@@ -1,0 +1,75 @@
+package kubernetes
+
+import (
+	"bytes"
+	"os"
+	"testing"
+
+	"sigs.k8s.io/yaml"
+)
+
+// kustomization is the part of kustomization.yaml the manifests use,
+// decoded strictly.
+type kustomization struct {
+	APIVersion string   `json:"apiVersion"`
+	Kind       string   `json:"kind"`
+	Namespace  string   `json:"namespace"`
+	Resources  []string `json:"resources"`
+}
+
+// loadManifests decodes every resource the kustomization lists.
+func loadManifests(t *testing.T) (*kustomization, *objects) {
+	t.Helper()
+	data, err := os.ReadFile("kustomization.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var k kustomization
+	if err := yaml.UnmarshalStrict(data, &k); err != nil {
+		t.Fatalf("kustomization.yaml: %v", err)
+	}
+	if k.Kind != "Kustomization" || len(k.Resources) == 0 {
+		t.Fatalf("kustomization.yaml: kind %q with %d resources", k.Kind, len(k.Resources))
+	}
+	objs := newObjects()
+	for _, r := range k.Resources {
+		b, err := os.ReadFile(r)
+		if err != nil {
+			t.Fatalf("kustomization.yaml lists %s: %v", r, err)
+		}
+		decodeObjects(t, r, b, objs)
+	}
+	return &k, objs
+}
+
+func TestManifests(t *testing.T) {
+	k, objs := loadManifests(t)
+	checkRatelimit(t, objs, want{
+		name:           "ratelimit",
+		rulesConfigMap: "ratelimit-config",
+		backend:        "redis",
+		hpa:            true,
+	})
+	if k.Namespace != "" && objs.namespaces[k.Namespace] == nil {
+		t.Errorf("the kustomization puts everything in namespace %s, which it does not create", k.Namespace)
+	}
+}
+
+// TestManifestsListEveryFile: a manifest left out of kustomization.yaml
+// is never applied.
+func TestManifestsListEveryFile(t *testing.T) {
+	k, _ := loadManifests(t)
+	listed := map[string]bool{"kustomization.yaml": true}
+	for _, r := range k.Resources {
+		listed[r] = true
+	}
+	entries, err := os.ReadDir(".")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range entries {
+		if n := e.Name(); !e.IsDir() && bytes.HasSuffix([]byte(n), []byte(".yaml")) && !listed[n] {
+			t.Errorf("%s is not listed in kustomization.yaml", n)
+		}
+	}
+}

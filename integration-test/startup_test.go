@@ -1,0 +1,95 @@
+package integration
+
+import (
+	"bytes"
+	"errors"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// TestStartupLineAtDefaultLevel: at the default LOG_LEVEL (WARN) a healthy
+// start prints exactly one line, and it says where the service listens and
+// which store and rules it uses, so that an operator sees that it started.
+func TestStartupLineAtDefaultLevel(t *testing.T) {
+	p := start(t, map[string]string{"web.yaml": "domain: web\ndescriptors:\n  - key: user\n    rate_limit: {unit: second, requests_per_unit: 1}\n"},
+		"LOG_LEVEL=WARN")
+	var lines []string
+	// The line is written before the listeners serve, so it is there once
+	// /healthcheck answers; poll a little all the same for the pipe.
+	eventually(t, "the startup line", 5*time.Second, func() bool {
+		lines = strings.Split(strings.TrimSpace(p.logs()), "\n")
+		return len(lines) > 0 && lines[0] != ""
+	})
+	if len(lines) != 1 {
+		t.Fatalf("at LOG_LEVEL=WARN the start printed %d lines, want 1:\n%s", len(lines), p.logs())
+	}
+	line := lines[0]
+	for _, want := range []string{
+		"grpc=" + p.grpc,
+		"http=" + p.http,
+		"store=memory",
+		"rules=" + filepath.Join(p.root, "config"),
+		"domains=[web]",
+	} {
+		if !strings.Contains(line, want) {
+			t.Errorf("startup line lacks %q:\n%s", want, line)
+		}
+	}
+}
+
+// TestHealthcheckFlag: `ratelimit -healthcheck`, the image's HEALTHCHECK,
+// exits 0 while the service with the same settings is healthy, with the
+// default HOST (every interface) probed on loopback; 1 while it runs
+// unhealthy, and 1 once it is gone.
+func TestHealthcheckFlag(t *testing.T) {
+	p := start(t, map[string]string{"web.yaml": "domain: web\ndescriptors:\n  - key: user\n    rate_limit: {unit: second, requests_per_unit: 1}\n"})
+	for _, host := range []string{"127.0.0.1", "0.0.0.0"} {
+		if code, out := healthcheck(t, p, host); code != 0 {
+			t.Errorf("-healthcheck with HOST=%s on a healthy service: exit %d, want 0\n%s", host, code, out)
+		}
+	}
+	p.signal(t, syscall.SIGTERM)
+	p.wait(t, 20*time.Second)
+	if code, out := healthcheck(t, p, "127.0.0.1"); code != 1 || !strings.Contains(out, "healthcheck") {
+		t.Errorf("-healthcheck with the service stopped: exit %d (%q), want 1 and a reason", code, out)
+	}
+
+	// Running but unhealthy (no valid rules): /healthcheck answers 500.
+	u := launch(t, map[string]string{"bad.yaml": "domain: [\n"}, "FORCE_START_WITHOUT_INITIAL_CONFIG=true")
+	u.waitHealth(t, http.StatusInternalServerError)
+	if code, out := healthcheck(t, u, "127.0.0.1"); code != 1 || !strings.Contains(out, "500") {
+		t.Errorf("-healthcheck on an unhealthy service: exit %d (%q), want 1 and the status", code, out)
+	}
+}
+
+// healthcheck runs `ratelimit -healthcheck` with the PORT of p and HOST
+// host, and returns its exit code and stderr.
+func healthcheck(t *testing.T, p *proc, host string) (int, string) {
+	t.Helper()
+	_, port, err := net.SplitHostPort(p.http)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(binary, "-healthcheck")
+	cmd.Env = append(os.Environ(), "PORT="+port, "HOST="+host)
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	err = cmd.Run()
+	var exit *exec.ExitError
+	switch {
+	case err == nil:
+		return 0, stderr.String()
+	case errors.As(err, &exit):
+		return exit.ExitCode(), stderr.String()
+	default:
+		t.Fatal(err)
+		return -1, ""
+	}
+}

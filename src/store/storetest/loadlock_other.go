@@ -1,0 +1,8 @@
+//go:build !unix
+
+package storetest
+
+import "os"
+
+// lockFile does nothing: file locks are not used on this platform.
+func lockFile(*os.File) error { return nil }
