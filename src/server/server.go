@@ -41,6 +41,12 @@ import (
 // finish within it, and the store's close gets what is left of it.
 const shutdownDrain = 10 * time.Second
 
+// traceFlushMax bounds the last export of spans at shutdown, within the
+// drain: a collector that answers takes milliseconds, and one that is
+// down or never answers must not hold every shutdown for the whole drain
+// (the gRPC exporter retries a refused connection until its deadline).
+const traceFlushMax = 2 * time.Second
+
 // Server is a running rate-limit service.
 type Server struct {
 	set    *settings.Settings
@@ -597,10 +603,15 @@ func (s *Server) shutdown(run *sync.WaitGroup) {
 		}
 	}
 	// The spans of the requests drained above are all ended and queued:
-	// they are exported in the time left, beside the rest, so that a
-	// collector that does not answer delays nothing else.
+	// they are exported beside the rest, within traceFlushMax of the time
+	// left, so that a collector that does not answer delays nothing else
+	// and the exit by no more than that.
 	var traces sync.WaitGroup
-	traces.Go(func() { s.flushTraces(dctx) })
+	traces.Go(func() {
+		tctx, cancel := context.WithTimeout(dctx, traceFlushMax)
+		defer cancel()
+		s.flushTraces(tctx)
+	})
 	// The watcher, Run's goroutines, a last flush of the statistics (the
 	// requests drained above are counted by now) and the store's close
 	// get the time left, if any.
@@ -613,7 +624,7 @@ func (s *Server) shutdown(run *sync.WaitGroup) {
 	}) {
 		s.log.Warn("drain time over before the store closed; exiting without waiting for it", "drain", s.drain)
 	}
-	// flushTraces returns by the deadline: the SDK's export gives up then.
+	// flushTraces returns by its deadline: the SDK's export gives up then.
 	traces.Wait()
 	if s.set.GRPCUDS != "" {
 		_ = os.Remove(filepath.Clean(s.set.GRPCUDS))
