@@ -401,3 +401,39 @@ func TestTracingCollectorDown(t *testing.T) {
 		})
 	}
 }
+
+// TestTracingMemcachedOverTheWire: with Memcached, each round trip of a
+// traced decision is a client span under it, named after its command.
+func TestTracingMemcachedOverTheWire(t *testing.T) {
+	rcv := otlptest.Start(t)
+	m := storetest.StartMemcached(t)
+	p := start(t, map[string]string{"traced.yaml": tracedRules}, tracingEnv(rcv, "http", memcacheEnv(m)...)...)
+	c := p.client(t)
+	// The first hits of two windows: an add each.
+	resp, err := c.ShouldRateLimit(withMetadata(t, "traceparent", "00-"+w3cTrace+"-"+w3cSpan+"-01"),
+		twoDescriptors("traced", "user", "alice", "burst", "alice"))
+	if err != nil || resp.GetOverallCode() != rlsv3.RateLimitResponse_OK {
+		t.Fatalf("first request: %v, %v; want OK", resp.GetOverallCode(), err)
+	}
+	p.stopAndWait(t)
+	spans := rcv.Spans()
+	srv := findSpans(spans, func(s otlptest.Span) bool { return s.Name == grpcMethod })
+	if len(srv) != 1 {
+		t.Fatalf("%d spans of decisions, want 1: %v", len(srv), spans)
+	}
+	checkServiceSpan(t, "memcached", srv[0], "http", w3cSpan)
+	children := findSpans(spans, func(s otlptest.Span) bool { return s.ParentSpanID == srv[0].SpanID })
+	var names []string
+	for _, ch := range children {
+		names = append(names, ch.Name)
+		if ch.TraceID != w3cTrace || ch.Kind != tracepb.Span_SPAN_KIND_CLIENT || ch.Attributes["db.system.name"] != "memcached" {
+			t.Errorf("child %s: trace %s, kind %v, attributes %v; want a memcached client span in trace %s", ch.Name, ch.TraceID, ch.Kind, ch.Attributes, w3cTrace)
+		}
+	}
+	if want := []string{"memcached add", "memcached add"}; !slices.Equal(names, want) {
+		t.Errorf("round trip spans %v, want %v", names, want)
+	}
+	if len(spans) != 3 {
+		t.Errorf("%d spans, want the decision's and its 2 round trips: %v", len(spans), spans)
+	}
+}

@@ -65,8 +65,8 @@ func newMemory(set *settings.Settings, reg *stats.Registry) *memory.Store {
 }
 
 // newBackend connects the store BACKEND_TYPE names, with the local store
-// of STORE_FAILURE_MODE=local beside a shared one. A Redis store traces its
-// round trips with tracer, when not nil.
+// of STORE_FAILURE_MODE=local beside a shared one. A Redis or Memcached
+// store traces its round trips with tracer, when not nil.
 func newBackend(ctx context.Context, set *settings.Settings, reg *stats.Registry, log *slog.Logger, tracer trace.Tracer) (*backend, error) {
 	b, err := newStore(ctx, set, reg, log, tracer)
 	if err != nil || set.BackendType == settings.BackendMemory || set.StoreFailureMode != settings.FailureModeLocal {
@@ -127,6 +127,7 @@ func newStore(ctx context.Context, set *settings.Settings, reg *stats.Registry, 
 		if err != nil {
 			return nil, err
 		}
+		cfg.Tracer = tracer
 		m, err := memcached.New(ctx, cfg)
 		if err != nil {
 			return nil, err
