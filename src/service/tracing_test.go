@@ -35,18 +35,20 @@ const (
 // tracer returns a tracer that exports every span, as it ends, over
 // OTLP/gRPC to a real receiver, with the sampler the server uses
 // (parent-based, rate for new traces).
-func tracer(t testing.TB, rate float64, batch bool) (*sdktrace.TracerProvider, *otlptest.Receiver) {
+func tracer(t testing.TB, rate float64) (*sdktrace.TracerProvider, *otlptest.Receiver) {
+	t.Helper()
+	return tracerWith(t, rate, sdktrace.WithSyncer)
+}
+
+// tracerWith is tracer with the span processor process makes.
+func tracerWith(t testing.TB, rate float64, process func(sdktrace.SpanExporter) sdktrace.TracerProviderOption) (*sdktrace.TracerProvider, *otlptest.Receiver) {
 	t.Helper()
 	rcv := otlptest.Start(t)
 	exp, err := otlptracegrpc.New(t.Context(), otlptracegrpc.WithEndpoint(rcv.GRPCAddr), otlptracegrpc.WithInsecure())
 	if err != nil {
 		t.Fatal(err)
 	}
-	process := sdktrace.WithSyncer(exp)
-	if batch {
-		process = sdktrace.WithBatcher(exp)
-	}
-	tp := sdktrace.NewTracerProvider(process, sdktrace.WithSampler(sdktrace.ParentBased(sdktrace.TraceIDRatioBased(rate))))
+	tp := sdktrace.NewTracerProvider(process(exp), sdktrace.WithSampler(sdktrace.ParentBased(sdktrace.TraceIDRatioBased(rate))))
 	t.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
 	return tp, rcv
 }
@@ -116,7 +118,7 @@ func TestTracingSpanPerRequest(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			tp, rcv := tracer(t, 1, false)
+			tp, rcv := tracer(t, 1)
 			f := newFixture(t, service.Config{Tracer: tp.Tracer("test"), Propagator: service.Propagator()})
 			c := grpcClient(t, f)
 			ctx := metadata.AppendToOutgoingContext(t.Context(), tt.md...)
@@ -182,7 +184,7 @@ func countOver(resp *rlsv3.RateLimitResponse) int {
 // TestTracingRefusedRequest: a refused request's span carries the gRPC
 // code and an error status, and no domain that breaks the bounds.
 func TestTracingRefusedRequest(t *testing.T) {
-	tp, rcv := tracer(t, 1, false)
+	tp, rcv := tracer(t, 1)
 	f := newFixture(t, service.Config{Tracer: tp.Tracer("test"), Propagator: service.Propagator()})
 	long := strings.Repeat("d", service.MaxDomainLen+1)
 	if _, err := f.svc.ShouldRateLimit(t.Context(), &rlsv3.RateLimitRequest{Domain: long, Descriptors: []*ratelimitv3.RateLimitDescriptor{desc("user", "x")}}); err == nil {
@@ -200,7 +202,7 @@ func TestTracingRefusedRequest(t *testing.T) {
 // TestTracingJSON: a /json request is a server span too, whose parent is
 // read from the HTTP headers, with the HTTP status it got.
 func TestTracingJSON(t *testing.T) {
-	tp, rcv := tracer(t, 1, false)
+	tp, rcv := tracer(t, 1)
 	f := newFixture(t, service.Config{Tracer: tp.Tracer("test"), Propagator: service.Propagator()})
 	body := `{"domain":"test","descriptors":[{"entries":[{"key":"tier","value":"basic"}]}]}`
 	for i, want := range []int{http.StatusOK, http.StatusTooManyRequests} {
@@ -226,7 +228,7 @@ func TestTracingJSON(t *testing.T) {
 // caller that sampled its span gets the child it expects, as the anchor's
 // parent-based sampler does.
 func TestTracingSamplingRate(t *testing.T) {
-	tp, rcv := tracer(t, 0, false)
+	tp, rcv := tracer(t, 0)
 	f := newFixture(t, service.Config{Tracer: tp.Tracer("test"), Propagator: service.Propagator()})
 	c := grpcClient(t, f)
 	for _, md := range [][]string{
@@ -271,23 +273,32 @@ func TestShouldRateLimitAllocsTracingOff(t *testing.T) {
 }
 
 // BenchmarkShouldRateLimitTracing is BenchmarkShouldRateLimit with
-// tracing off, on at rate 0 (no span is sampled: the cost of reading the
-// caller's context and deciding), and on at rate 1 (every span recorded
-// and exported in batches to a real OTLP receiver in the same process,
-// whose CPU counts too). Every request carries an unsampled W3C parent,
-// as from an Envoy that samples little, except in "sampled", where the
-// parent is sampled. Compare the variants in one run, taking turns.
+// tracing off; on at rate 0 under an unsampled W3C parent, as from an
+// Envoy that samples little ("unsampled": the cost of reading the caller's
+// context and deciding); and on under a sampled parent, every span
+// recorded and sent in batches to a real OTLP receiver in the same
+// process, whose CPU counts too (it counts the spans without keeping
+// them). In "sampled" the batch processor is the service's, which drops
+// the spans its queue (2048) cannot hold: at full speed on a loaded
+// machine it sends only part of them, reported as exported/op. In
+// "exported" it waits for room instead, so that every span is sent: the
+// whole cost of a sampled decision, receiver included. Compare the
+// variants in one run, taking turns.
 func BenchmarkShouldRateLimitTracing(b *testing.B) {
 	for _, v := range []struct {
 		name    string
 		tracing bool
 		flags   string
-	}{{"off", false, "00"}, {"unsampled", true, "00"}, {"sampled", true, "01"}} {
+		// block makes the batch processor wait for room in its queue.
+		block bool
+	}{{"off", false, "00", false}, {"unsampled", true, "00", false}, {"sampled", true, "01", false}, {"exported", true, "01", true}} {
 		b.Run(v.name, func(b *testing.B) {
 			const users = 10_000
 			cfg := service.Config{}
+			var tp *sdktrace.TracerProvider
+			var rcv *otlptest.Receiver
 			if v.tracing {
-				tp, _ := tracer(b, 0, true)
+				tp, rcv = benchTracer(b, v.block)
 				cfg.Tracer, cfg.Propagator = tp.Tracer("bench"), service.Propagator()
 			}
 			f := newFixture(b, cfg)
@@ -308,6 +319,27 @@ func BenchmarkShouldRateLimitTracing(b *testing.B) {
 					}
 				}
 			})
+			if tp != nil {
+				// The share of the decisions whose span reached the
+				// receiver.
+				b.StopTimer()
+				_ = tp.ForceFlush(b.Context())
+				b.ReportMetric(float64(rcv.Count())/float64(b.N), "exported/op")
+			}
 		})
 	}
+}
+
+// benchTracer is tracer at rate 0 with the batch processor, and a
+// receiver that keeps no span; with block the processor waits for room in
+// its queue rather than dropping spans.
+func benchTracer(b *testing.B, block bool) (*sdktrace.TracerProvider, *otlptest.Receiver) {
+	b.Helper()
+	var opts []sdktrace.BatchSpanProcessorOption
+	if block {
+		opts = append(opts, sdktrace.WithBlocking())
+	}
+	tp, rcv := tracerWith(b, 0, func(e sdktrace.SpanExporter) sdktrace.TracerProviderOption { return sdktrace.WithBatcher(e, opts...) })
+	rcv.Discard()
+	return tp, rcv
 }

@@ -57,10 +57,14 @@ type Receiver struct {
 	// to HTTPURL/v1/traces.
 	HTTPURL string
 
-	// mu guards spans, exports and changed.
+	// mu guards spans, exports, count, discard and changed.
 	mu      sync.Mutex
 	spans   []Span
 	exports int
+	// count is the spans received, kept or not.
+	count int
+	// discard, set by Discard, keeps no span.
+	discard bool
 	// changed is closed and replaced whenever spans arrive.
 	changed chan struct{}
 }
@@ -141,6 +145,24 @@ func (r *Receiver) serveHTTP(w http.ResponseWriter, req *http.Request) {
 }
 
 func (r *Receiver) add(req *coltracepb.ExportTraceServiceRequest, protocol string) {
+	r.mu.Lock()
+	discard := r.discard
+	r.mu.Unlock()
+	if discard {
+		// Counted only: flattening would add the receiver's own work to
+		// the benchmark's figures.
+		n := 0
+		for _, rs := range req.GetResourceSpans() {
+			for _, ss := range rs.GetScopeSpans() {
+				n += len(ss.GetSpans())
+			}
+		}
+		r.mu.Lock()
+		r.exports++
+		r.count += n
+		r.mu.Unlock()
+		return
+	}
 	var got []Span
 	for _, rs := range req.GetResourceSpans() {
 		res := attributes(rs.GetResource().GetAttributes())
@@ -169,6 +191,7 @@ func (r *Receiver) add(req *coltracepb.ExportTraceServiceRequest, protocol strin
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.exports++
+	r.count += len(got)
 	r.spans = append(r.spans, got...)
 	close(r.changed)
 	r.changed = make(chan struct{})
@@ -199,6 +222,22 @@ func (r *Receiver) Spans() []Span {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	return append([]Span(nil), r.spans...)
+}
+
+// Discard makes the receiver count the spans it receives from now on
+// without keeping them, for benchmarks: a million spans kept would make
+// the garbage collector's work, and so the figures, grow with the run.
+func (r *Receiver) Discard() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.discard = true
+}
+
+// Count returns the number of spans received so far, kept or not.
+func (r *Receiver) Count() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.count
 }
 
 // Exports returns the number of export calls received, over both
