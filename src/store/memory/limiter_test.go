@@ -25,6 +25,7 @@ func TestLimiterOnMemory(t *testing.T) {
 	}
 	out := make([]limiter.Status, 1)
 	for i, w := range want {
+		w.Limit = lim
 		if err := l.Check(t.Context(), "api", now, ds, out); err != nil {
 			t.Fatal(err)
 		}
