@@ -89,7 +89,7 @@ func testBurstAndSustained(t *testing.T, store limiter.Store, stop bool) {
 		{0, limiter.OK, "second"},
 		{100 * ms, limiter.OK, "second"},
 		{200 * ms, limiter.OverLimit, "second"}, // the third in a second
-		{1000 * ms, limiter.OK, "sustained"}, // 1 left in both: the later reset
+		{1000 * ms, limiter.OK, "sustained"},    // 1 left in both: the later reset
 		{2000 * ms, limiter.OK, "sustained"},
 		{3000 * ms, limiter.OverLimit, "sustained"}, // the sixth in the minute
 		{3100 * ms, limiter.OverLimit, "sustained"},
