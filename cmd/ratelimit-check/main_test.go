@@ -42,6 +42,17 @@ descriptors:
   - key: ip
     rate_limit: {unit: second, requests_per_unit: 100}
 `
+	// listsV1 has a descriptor with two limits and a value_regex.
+	listsV1 = `domain: web
+descriptors:
+  - key: user
+    rate_limits:
+      - {unit: second, requests_per_unit: 2}
+      - {unit: hour, requests_per_unit: 50, name: hourly}
+  - key: path
+    value_regex: /api/.*
+    rate_limit: {unit: minute, requests_per_unit: 9}
+`
 	// apiRules and apiMore define one domain in two files: valid only
 	// with -merge_domain_configs.
 	apiRules = "domain: api\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 1}\n"
@@ -68,6 +79,9 @@ func TestRun(t *testing.T) {
 	write(t, dotted, "web.yaml", webV1)
 	write(t, dotted, ".api.yaml", apiRules)
 	empty := t.TempDir()
+	lists, listsMore := t.TempDir(), t.TempDir()
+	write(t, lists, "web.yaml", listsV1)
+	write(t, listsMore, "web.yaml", strings.Replace(listsV1, "requests_per_unit: 50", "requests_per_unit: 60", 1))
 
 	webV1Dump := "web.path_/login: unit=HOUR requests_per_unit=5, shadow_mode: false, quota_mode: false\n" +
 		"web.user: unit=MINUTE requests_per_unit=10, shadow_mode: false, quota_mode: false\n"
@@ -110,12 +124,27 @@ func TestRun(t *testing.T) {
 			// The rules `go run ./cmd/ratelimit` serves must stay valid.
 			name:       "repository_config",
 			args:       []string{"-config_dir", "../../config"},
-			wantStdout: "ok: 1 file(s), 1 domain(s), 7 rule(s) in ../../config\ndomains: default\n",
+			wantStdout: "ok: 1 file(s), 1 domain(s), 10 rule(s) in ../../config\ndomains: default\n",
 		},
 		{
 			name:       "dump",
 			args:       []string{"-config_dir", v1, "-dump"},
 			wantStdout: webV1Dump,
+		},
+		{
+			// Every limit of a list, on a line of its own.
+			name: "dump_lists",
+			args: []string{"-config_dir", lists, "-dump"},
+			wantStdout: "web.path_~/api/.*: unit=MINUTE requests_per_unit=9, shadow_mode: false, quota_mode: false\n" +
+				"web.user: unit=SECOND requests_per_unit=2, shadow_mode: false, quota_mode: false, rate_limits: 1/2 second\n" +
+				"web.user: unit=HOUR requests_per_unit=50, shadow_mode: false, quota_mode: false, rate_limits: 2/2 hourly, name: hourly\n",
+		},
+		{
+			name:     "diff_lists",
+			args:     []string{"-diff", lists, listsMore},
+			wantCode: 1,
+			wantStdout: "~ web.user: rate_limits[2].requests_per_unit 50 -> 60\n" +
+				"1 change(s) from " + lists + " to " + listsMore + ": 0 added, 0 removed, 1 changed, 0 restarting counters\n",
 		},
 		{
 			name:       "dump_invalid",

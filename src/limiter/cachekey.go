@@ -33,10 +33,30 @@ import (
 // with each other either. Putting w in the key means a rule whose window
 // changes starts afresh instead of reading state kept for another window.
 //
+// A limit of a descriptor's rate_limits (rules.Limit.InList) keys its
+// window by its unit and multiplier, so that the limits of one list, and a
+// single rate_limit on the same descriptor, never share a key:
+//
+//	prefix + "{" + domain + "_" + key1 + "_" + value1 + ... + valueN + "}_" + start + "_" + m + "_" + unit
+//	prefix + "{" + domain + "_" + key1 + "_" + value1 + ... + valueN + "}_" + m + "_" + unit + "_" + algorithm
+//
+// for fixed windows and the other algorithms, where m is unit_multiplier
+// and unit the lower-case unit ("rl_{api_user_alice}_1699920000_1_second",
+// "rl_{api_user_alice}_1_hour_token_bucket"). A list's fixed-window key
+// ends with a unit's name, a letter that no single-limit key ends with,
+// and its other keys have a unit's name before the algorithm where
+// single-limit keys have digits; the rules refuse two limits of one list
+// with the same algorithm, unit and multiplier. The braces are a Redis
+// Cluster hash tag: the keys of one descriptor's limits hash to one slot
+// whatever the values hold (a '{' or '}' in them can only end the tag
+// sooner, within the part the keys share), so that Redis applies them in
+// one script.
+//
 // A limit with an unknown unit is keyed as a one-second window; the rules
 // package never builds one.
 func CacheKey(dst []byte, prefix, domain string, entries []rules.Entry, l *rules.Limit, now time.Time) []byte {
 	dst = append(dst, prefix...)
+	dst = openTag(dst, l)
 	dst = append(dst, domain...)
 	dst = append(dst, '_')
 	for _, e := range entries {
@@ -46,6 +66,14 @@ func CacheKey(dst []byte, prefix, domain string, entries []rules.Entry, l *rules
 		dst = append(dst, '_')
 	}
 	return appendSuffix(dst, l, now)
+}
+
+// openTag opens the hash tag of a list's key (see CacheKey).
+func openTag(dst []byte, l *rules.Limit) []byte {
+	if l.InList() {
+		return append(dst, '{')
+	}
+	return dst
 }
 
 // KeyFormat selects how the limiter builds cache keys (CACHE_KEY_FORMAT).
@@ -82,6 +110,7 @@ const (
 // '\' is the same in both formats.
 func EscapedCacheKey(dst []byte, prefix, domain string, entries []rules.Entry, l *rules.Limit, now time.Time) []byte {
 	dst = append(dst, prefix...)
+	dst = openTag(dst, l)
 	dst = appendEscaped(dst, domain)
 	dst = append(dst, '_')
 	for _, e := range entries {
@@ -111,12 +140,39 @@ func appendEscaped(dst []byte, s string) []byte {
 // window, the window and the algorithm's name otherwise (see CacheKey).
 func appendSuffix(dst []byte, l *rules.Limit, now time.Time) []byte {
 	w := windowSeconds(l)
+	if l.InList() {
+		// Close the hash tag over the descriptor: "..._valueN}_".
+		dst = append(dst[:len(dst)-1], '}', '_')
+		if l.Algorithm == rules.FixedWindow {
+			dst = strconv.AppendInt(dst, WindowStart(now, w), 10)
+			dst = append(dst, '_')
+		}
+		dst = strconv.AppendUint(dst, uint64(max(l.UnitMultiplier, 1)), 10)
+		dst = append(dst, '_')
+		dst = append(dst, unitNames[unitIndex(l.Unit)]...)
+		if l.Algorithm == rules.FixedWindow {
+			return dst
+		}
+		dst = append(dst, '_')
+		return append(dst, l.Algorithm.String()...)
+	}
 	if l.Algorithm == rules.FixedWindow {
 		return strconv.AppendInt(dst, WindowStart(now, w), 10)
 	}
 	dst = strconv.AppendInt(dst, w, 10)
 	dst = append(dst, '_')
 	return append(dst, l.Algorithm.String()...)
+}
+
+// unitNames are the units' lower-case names in list keys, by rules.Unit;
+// "second" for Unknown, which is keyed as a second.
+var unitNames = [...]string{"second", "second", "minute", "hour", "day", "month", "year", "week"}
+
+func unitIndex(u rules.Unit) int {
+	if u < 0 || int(u) >= len(unitNames) {
+		return 0
+	}
+	return int(u)
 }
 
 // WindowStart is the start, in Unix seconds, of the fixed window of

@@ -43,9 +43,20 @@ type Descriptor struct {
 	Entries []rules.Entry
 	// Limit is the rule to apply; nil means the descriptor is not limited
 	// (no rule, unlimited, or replaced) and is answered OK without a store op.
+	// When it is one of a list (rules.Limit.InList), every limit of
+	// Limit.Limits applies, each to its own key, all in the same batch.
 	Limit *rules.Limit
 	// Hits is the number of units to consume; 0 checks without counting.
 	Hits uint64
+	// Skip has bit i set for a limit of Limit.Limits that does not apply
+	// to this request (replaced by another descriptor's rule). Unlimited
+	// limits of a list are skipped anyway. Ignored for a single limit.
+	Skip uint32
+	// Each, when not nil, receives the status of every limit of
+	// Limit.Limits: Each[i] for Limit.Limits[i], with Status.Limit nil for
+	// the skipped ones. It must be as long as the list. Ignored for a
+	// single limit.
+	Each []Status
 }
 
 // Code is the decision for one descriptor.
@@ -70,7 +81,11 @@ type Counts struct {
 
 // Status is the decision for one descriptor.
 type Status struct {
-	Code Code
+	// Limit is the limit the status describes: the descriptor's, or for a
+	// list the one that decided (see Limiter.Check). Nil when the
+	// descriptor was not limited.
+	Limit *rules.Limit
+	Code  Code
 	// Remaining is the algorithm's remaining allowance (0 when over limit).
 	Remaining uint32
 	// ResetAfter is the algorithm's time until reset.
@@ -99,7 +114,10 @@ type Limiter struct {
 type request struct {
 	batch Batch
 	idx   []int // idx[j] is the descriptor of batch.Ops[j]
-	key   []byte
+	// lims[j] is the limit of batch.Ops[j]: the descriptor's, or one of
+	// its list.
+	lims []*rules.Limit
+	key  []byte
 }
 
 // New returns a Limiter that keeps its counts in store.
@@ -126,6 +144,16 @@ func New(store Store, cfg Config) *Limiter {
 // shadow mode answers OK where it would answer OverLimit and counts the hits
 // over the limit in ShadowMode. For a token bucket the limit of these
 // rules is its capacity (Op.Capacity).
+//
+// A descriptor with a list of limits (rules.Limit.Limits) makes one op per
+// limit that applies, all in the batch, grouped (Op.Group). Each limit
+// gets its status as above (in Descriptor.Each); the descriptor's is that
+// of the limit that decided: the one over its limit (of several, the one
+// that resets last, so that the descriptor's reset is when it passes
+// again), else the one with the least Remaining (of equals, the one that
+// resets last, then the first).
+// Its Counts are that limit's, so the descriptor's statistics count each
+// hit once.
 func (l *Limiter) Check(ctx context.Context, domain string, now time.Time, ds []Descriptor, out []Status) error {
 	if len(out) < len(ds) {
 		return fmt.Errorf("limiter: %d statuses for %d descriptors", len(out), len(ds))
@@ -144,34 +172,28 @@ func (l *Limiter) Check(ctx context.Context, domain string, now time.Time, ds []
 	for i := range ds {
 		out[i] = Status{}
 		lim := ds[i].Limit
-		if lim == nil || lim.Unlimited {
+		if lim == nil || lim.Unlimited && !lim.InList() {
 			continue
 		}
-		if l.cfg.KeyFormat == EscapedKeys {
-			r.key = EscapedCacheKey(r.key[:0], l.cfg.Prefix, domain, ds[i].Entries, lim, now)
-		} else {
-			r.key = CacheKey(r.key[:0], l.cfg.Prefix, domain, ds[i].Entries, lim, now)
+		if !lim.InList() {
+			cachedOver = l.addOp(r, domain, now, &ds[i], i, lim, 0, &out[i]) || cachedOver
+			continue
 		}
-		op := Op{
-			Algorithm: lim.Algorithm,
-			Limit:     uint64(lim.RequestsPerUnit),
-			Burst:     uint64(lim.Burst),
-			Window:    windowDuration(windowSeconds(lim)),
-			Hits:      ds[i].Hits,
-			PerSecond: lim.Unit == rules.Second,
-		}
-		if l.cfg.NearCache != nil {
-			// The key is looked up from the buffer: no string is made
-			// for a descriptor answered from the cache.
-			if until, over := l.cfg.NearCache.Over(unsafeString(r.key), op.Capacity(), now); over {
-				out[i] = cachedOverLimit(op.Hits, until.Sub(now))
-				cachedOver = true
+		for k, m := range lim.Limits {
+			var cached Status
+			st := &cached
+			if ds[i].Each != nil {
+				ds[i].Each[k] = Status{}
+				st = &ds[i].Each[k]
+			}
+			if m.Unlimited || ds[i].Skip&(1<<k) != 0 {
 				continue
 			}
+			if l.addOp(r, domain, now, &ds[i], i, m, uint32(i+1), st) {
+				cachedOver = true
+				decide(&out[i], st)
+			}
 		}
-		op.Key = string(r.key)
-		b.Ops = append(b.Ops, op)
-		r.idx = append(r.idx, i)
 	}
 	if cachedOver && b.AllOrNothing {
 		// The request is over a limit already: record none of its hits.
@@ -187,17 +209,85 @@ func (l *Limiter) Check(ctx context.Context, domain string, now time.Time, ds []
 			return fmt.Errorf("limiter: %w", err)
 		}
 		for j, i := range r.idx {
-			out[i] = l.status(ds[i].Limit, &b.Ops[j], &b.Results[j])
+			lim, d := r.lims[j], &ds[i]
+			st := l.status(lim, &b.Ops[j], &b.Results[j])
 			if cachedOver && b.AllOrNothing {
-				out[i].Counts.TotalHits = ds[i].Hits
+				st.Counts.TotalHits = d.Hits
 			}
-			l.remember(ds[i].Limit, &b.Ops[j], &b.Results[j], now)
+			l.remember(lim, &b.Ops[j], &b.Results[j], now)
+			if !lim.InList() {
+				out[i] = st
+				continue
+			}
+			if d.Each != nil {
+				d.Each[lim.Index] = st
+			}
+			decide(&out[i], &st)
 		}
 	}
 	clear(b.Ops) // drop the keys
-	b.Ops, b.Results, r.idx = b.Ops[:0], b.Results[:0], r.idx[:0]
+	clear(r.lims)
+	b.Ops, b.Results, r.idx, r.lims = b.Ops[:0], b.Results[:0], r.idx[:0], r.lims[:0]
 	l.pool.Put(r)
 	return nil
+}
+
+// addOp adds the op of one limit of descriptor d (the i-th) to r's batch,
+// or, when the near cache knows its key is over the limit, writes that
+// status to st and reports true. group is the op's Op.Group.
+func (l *Limiter) addOp(r *request, domain string, now time.Time, d *Descriptor, i int, lim *rules.Limit, group uint32, st *Status) (cachedOver bool) {
+	if l.cfg.KeyFormat == EscapedKeys {
+		r.key = EscapedCacheKey(r.key[:0], l.cfg.Prefix, domain, d.Entries, lim, now)
+	} else {
+		r.key = CacheKey(r.key[:0], l.cfg.Prefix, domain, d.Entries, lim, now)
+	}
+	op := Op{
+		Algorithm: lim.Algorithm,
+		Limit:     uint64(lim.RequestsPerUnit),
+		Burst:     uint64(lim.Burst),
+		Window:    windowDuration(windowSeconds(lim)),
+		Hits:      d.Hits,
+		PerSecond: lim.Unit == rules.Second,
+		Group:     group,
+	}
+	if l.cfg.NearCache != nil {
+		// The key is looked up from the buffer: no string is made
+		// for a descriptor answered from the cache.
+		if until, over := l.cfg.NearCache.Over(unsafeString(r.key), op.Capacity(), now); over {
+			*st = cachedOverLimit(op.Hits, until.Sub(now))
+			st.Limit = lim
+			return true
+		}
+	}
+	op.Key = string(r.key)
+	r.batch.Ops = append(r.batch.Ops, op)
+	r.idx = append(r.idx, i)
+	r.lims = append(r.lims, lim)
+	return false
+}
+
+// decide makes st, the status of one limit of a descriptor's list, the
+// descriptor's status cur when it decides over the limits seen so far:
+// over the limit before within it; of two within, the one with the least
+// Remaining; of two over, or within with as much Remaining, the one that
+// resets last; of equals, the first in the list (see Check).
+func decide(cur, st *Status) {
+	better := false
+	switch {
+	case cur.Limit == nil:
+		better = true
+	case (st.Code == OverLimit) != (cur.Code == OverLimit):
+		better = st.Code == OverLimit
+	case st.Code != OverLimit && st.Remaining != cur.Remaining:
+		better = st.Remaining < cur.Remaining
+	case st.ResetAfter != cur.ResetAfter:
+		better = st.ResetAfter > cur.ResetAfter
+	default:
+		better = st.Limit.Index < cur.Limit.Index
+	}
+	if better {
+		*cur = *st
+	}
 }
 
 // status is envoyproxy/ratelimit's GetResponseDescriptorStatus with its
@@ -205,7 +295,7 @@ func (l *Limiter) Check(ctx context.Context, domain string, now time.Time, ds []
 // increaseShadowModeStats, for one op whose store result is res.
 func (l *Limiter) status(lim *rules.Limit, op *Op, res *Result) Status {
 	hits := op.Hits
-	st := Status{ResetAfter: res.ResetAfter, Counts: Counts{TotalHits: hits}}
+	st := Status{Limit: lim, ResetAfter: res.ResetAfter, Counts: Counts{TotalHits: hits}}
 	c := &st.Counts
 	over := op.Capacity()
 	near := uint64(math.Floor(float64(float32(over) * l.nearRatio)))

@@ -131,6 +131,7 @@ func TestCheckStatus(t *testing.T) {
 			if err := l.Check(t.Context(), "d", base, ds, out); err != nil {
 				t.Fatalf("Check: %v", err)
 			}
+			tt.want.Limit = tt.limit
 			if out[0] != tt.want {
 				t.Errorf("Check() = %+v, want %+v", out[0], tt.want)
 			}

@@ -54,6 +54,15 @@ type Op struct {
 	Hits uint64
 	// PerSecond is true for rules whose unit is second (REDIS_PERSECOND routing).
 	PerSecond bool
+	// Group is not 0 for the ops of one descriptor with several limits
+	// (rules.Limit.Limits): they are next to each other in the batch,
+	// share a Group, and a store that can applies them as one atomic step,
+	// so that concurrent requests meet the limits in one order. Each op
+	// is still decided and recorded by its own algorithm, unless the batch
+	// is AllOrNothing. Stores that cannot (Memcached, a Redis proxy, ops
+	// split between the main and the per-second Redis) apply them one by
+	// one, each atomically, as ops of different descriptors.
+	Group uint32
 }
 
 // Capacity is the most units the op's key can hold at once, the threshold

@@ -9,7 +9,8 @@ import (
 
 // benchTree builds a realistic edge-proxy domain: per-IP limits with a
 // thousand explicit overrides, two hundred exact paths and twenty
-// wildcard prefixes, and two nested families.
+// wildcard prefixes, twenty value_regex prefixes of the same shape (so
+// that the two compare), and two nested families.
 func benchTree(tb testing.TB) *Config {
 	tb.Helper()
 	var b strings.Builder
@@ -24,6 +25,9 @@ func benchTree(tb testing.TB) *Config {
 	}
 	for i := 0; i < 20; i++ {
 		fmt.Fprintf(&b, "  - key: path\n    value: /static/bundle%d/*\n    rate_limit: {unit: minute, requests_per_unit: 6000}\n", i)
+	}
+	for i := 0; i < 20; i++ {
+		fmt.Fprintf(&b, "  - key: path\n    value_regex: /assets/bundle%d/.*\n    rate_limit: {unit: minute, requests_per_unit: 6000}\n", i)
 	}
 	b.WriteString(`  - key: generic_key
     value: per_minute
@@ -55,6 +59,8 @@ func benchRequests(kind string, n int) [][]Entry {
 			out[i] = []Entry{{"remote_address", fmt.Sprintf("192.168.%d.%d", i/256%256, i%256)}}
 		case "wildcard": // a path under a wildcard prefix
 			out[i] = []Entry{{"path", fmt.Sprintf("/static/bundle%d/app.%d.js", i%20, i)}}
+		case "regex": // a path under a value_regex prefix, after the wildcards
+			out[i] = []Entry{{"path", fmt.Sprintf("/assets/bundle%d/app.%d.js", i%20, i)}}
 		case "nested": // two levels
 			out[i] = []Entry{{"generic_key", "per_minute"}, {"remote_address", fmt.Sprintf("172.16.%d.%d", i/256%256, i%256)}}
 		case "miss": // an unknown key
@@ -68,10 +74,10 @@ var benchSink atomic.Pointer[Limit]
 
 func BenchmarkMatch(b *testing.B) {
 	cfg := benchTree(b)
-	if got := len(cfg.Limits()); got != 1+1000+1+200+20+2 {
-		b.Fatalf("tree has %d rules, want 1224", got)
+	if got := len(cfg.Limits()); got != 1+1000+1+200+20+20+2 {
+		b.Fatalf("tree has %d rules, want 1244", got)
 	}
-	kinds := []string{"exact", "default", "wildcard", "nested", "miss"}
+	kinds := []string{"exact", "default", "wildcard", "regex", "nested", "miss"}
 	const n = 10000
 	var mixed [][]Entry
 	for _, kind := range kinds {
@@ -84,7 +90,7 @@ func BenchmarkMatch(b *testing.B) {
 				keys[m.Limit.FullKey] = true
 			}
 		}
-		want := map[string]int{"exact": 1000, "default": 1, "wildcard": 20, "nested": 1, "miss": 0}[kind]
+		want := map[string]int{"exact": 1000, "default": 1, "wildcard": 20, "regex": 20, "nested": 1, "miss": 0}[kind]
 		if len(keys) != want {
 			b.Fatalf("%s requests reach %d rules, want %d", kind, len(keys), want)
 		}

@@ -3,6 +3,9 @@ package rules
 import (
 	"errors"
 	"fmt"
+	"regexp"
+	"regexp/syntax"
+	"strconv"
 	"strings"
 )
 
@@ -113,7 +116,7 @@ func (b *builder) descriptors(s *Source, list []Descriptor, parent *node, parent
 		nd := newNode(n.composite, source)
 		nd.valueToMetric = flags.valueToMetric
 		nd.shareThreshold = flags.shareThreshold
-		if msg := checkShareThreshold(flags, n.composite); msg != "" {
+		if msg := checkShareThreshold(flags, n.composite, false); msg != "" {
 			errorf("%s: %s", n.where, msg)
 		}
 		if d.RateLimit != nil {
@@ -208,12 +211,143 @@ func (b *builder) domain(domain, name, source string) (*domainState, string) {
 }
 
 // checkShareThreshold returns the problem of a share_threshold set on a
-// descriptor whose value is not a wildcard, or "".
-func checkShareThreshold(flags descriptorFlags, composite string) string {
-	if flags.shareThreshold && !strings.Contains(composite, "*") {
-		return "share_threshold needs a wildcard value (containing '*'), so that the values it matches can share one counter"
+// descriptor whose value is neither a wildcard nor a value_regex, or "".
+func checkShareThreshold(flags descriptorFlags, composite string, regex bool) string {
+	if flags.shareThreshold && !regex && !strings.Contains(composite, "*") {
+		return "share_threshold needs a wildcard value (containing '*') or a value_regex, so that the values it matches can share one counter"
 	}
 	return ""
+}
+
+// msgOneAndList is the problem of a descriptor with both forms of limit.
+const msgOneAndList = "give rate_limit or rate_limits, not both"
+
+// regexMark starts the value part of a value_regex descriptor's composite
+// key ("path_~^/api/"): it names the descriptor in statistics, Dump and
+// messages, and stands in for the value in the cache key of a
+// share_threshold. The node is never found by an exact lookup of a
+// request's value, whatever that value is (see Config.Match).
+const regexMark = "~"
+
+// MaxRegexLen is the longest value_regex, in bytes. Go's regular
+// expressions (RE2) match in time linear in the value's length times the
+// pattern's size; request values are bounded by the service, patterns here.
+const MaxRegexLen = 1024
+
+// compileValueRegex compiles a value_regex to match whole values only, or
+// returns the problem.
+func compileValueRegex(pattern string) (*regexp.Regexp, string) {
+	switch {
+	case pattern == "":
+		return nil, "empty pattern (leave value_regex out to match any value by key)"
+	case len(pattern) > MaxRegexLen:
+		return nil, fmt.Sprintf("pattern is %d bytes long, the limit is %d", len(pattern), MaxRegexLen)
+	}
+	// Compiled alone first, so that a problem is reported in the
+	// pattern's own terms.
+	re, err := regexp.Compile(pattern)
+	if err == nil {
+		// The pattern must match the whole value, as value and
+		// wildcards do: "admin" must not match "not-an-admin".
+		re, err = regexp.Compile(`^(?:` + pattern + `)$`)
+	}
+	if err != nil {
+		msg := err.Error()
+		var se *syntax.Error
+		if errors.As(err, &se) {
+			msg = fmt.Sprintf("%s: %q", se.Code, se.Expr)
+		}
+		return nil, fmt.Sprintf("invalid regular expression %q: %s", pattern, msg)
+	}
+	return re, ""
+}
+
+// checkListLen returns the problem of a rate_limits list of n items, or "".
+func checkListLen(n int) string {
+	switch {
+	case n == 0:
+		return "empty list (leave rate_limits out to set no limit)"
+	case n > MaxLimits:
+		return fmt.Sprintf("%d limits, the most a descriptor may have is %d", n, MaxLimits)
+	}
+	return ""
+}
+
+// listProblem is a problem of the index-th (0-based) limit of a list.
+type listProblem struct {
+	index int
+	msg   string
+}
+
+// linkList makes the limits of one rate_limits list siblings (Limits,
+// Index, StatLevel) and returns the problems of the list as a whole: two
+// limits that would count in one cache key (same algorithm and window),
+// or whose statistics would share a name.
+func linkList(list []*Limit) []listProblem {
+	var probs []listProblem
+	for i, l := range list {
+		l.Limits, l.Index, l.StatLevel = list, i, statLevel(l)
+		for j, prev := range list[:i] {
+			switch {
+			case !l.Unlimited && !prev.Unlimited && l.Algorithm == prev.Algorithm &&
+				l.Unit == prev.Unit && l.UnitMultiplier == prev.UnitMultiplier:
+				probs = append(probs, listProblem{i, fmt.Sprintf(
+					"same algorithm and window as rate_limits[%d] (%s, %s); they would count in one key, keep the stricter",
+					j+1, l.Algorithm, windowName(l))})
+			case l.StatLevel == prev.StatLevel:
+				probs = append(probs, listProblem{i, fmt.Sprintf(
+					"its statistics would be named %q as those of rate_limits[%d]; give the limits different names", l.StatLevel, j+1)})
+			}
+		}
+	}
+	return probs
+}
+
+// statLevel is a limit's Limit.StatLevel within a list.
+func statLevel(l *Limit) string {
+	switch {
+	case l.Name != "":
+		return l.Name
+	case l.Unlimited:
+		return "unlimited"
+	}
+	s := windowName(l)
+	if l.Algorithm != FixedWindow {
+		s += "_" + l.Algorithm.String()
+	}
+	return s
+}
+
+// windowName writes a limit's window as "minute" or "5_minute".
+func windowName(l *Limit) string {
+	u := strings.ToLower(l.Unit.String())
+	if l.UnitMultiplier > 1 {
+		return strconv.FormatUint(uint64(l.UnitMultiplier), 10) + "_" + u
+	}
+	return u
+}
+
+// checkStatLevels returns the problems of a list's statistics names that
+// equal the composite key of a descriptor below n: their statistics would
+// be counted under one name.
+func checkStatLevels(list []*Limit, n *node) []string {
+	var msgs []string
+	for _, l := range list {
+		if c := n.children[l.StatLevel]; c != nil {
+			msgs = append(msgs, fmt.Sprintf(
+				"the statistics of rate_limits[%d] (%q) would share a name with the descriptor at %s; give the limit a name",
+				l.Index+1, l.StatLevel, c.source))
+		}
+	}
+	return msgs
+}
+
+// all returns the limits of l's descriptor: its list, or l alone.
+func all(l *Limit) []*Limit {
+	if l.InList() {
+		return l.Limits
+	}
+	return []*Limit{l}
 }
 
 // addChild adds n below parent, or returns the problem of a composite key

@@ -127,7 +127,7 @@ func TestBuildErrors(t *testing.T) {
 		{
 			name: "share_threshold_without_wildcard",
 			give: []Descriptor{{Key: "file", Value: "a.pdf", ShareThreshold: true}},
-			want: []string{`descriptor "web.file_a.pdf": share_threshold needs a wildcard value (containing '*'), so that the values it matches can share one counter`},
+			want: []string{`descriptor "web.file_a.pdf": share_threshold needs a wildcard value (containing '*') or a value_regex, so that the values it matches can share one counter`},
 		},
 		{
 			name: "unknown_algorithm",

@@ -11,6 +11,7 @@ package rules
 import (
 	"encoding/json"
 	"fmt"
+	"regexp"
 	"sort"
 	"strings"
 )
@@ -56,7 +57,19 @@ type node struct {
 	wildcards []*wildcard
 	// wildFirst has bit b set when a wildcard child may match a composite
 	// key starting with byte b, so most lookups skip the wildcard scan.
-	wildFirst      [4]uint64
+	wildFirst [4]uint64
+	// regexes are the value_regex children, in the order of the rule
+	// files; the first whose key and pattern match wins.
+	regexes []*node
+	// regex is this node's value_regex, matched against whole values of
+	// entries whose key is entryKey; nil for other nodes. Every value it
+	// matches starts with regexPrefix (its LiteralPrefix), which rules
+	// out most values for the cost of a comparison.
+	regex       *regexp.Regexp
+	regexPrefix string
+	entryKey    string
+	// limit is the node's rule: its only limit, or the first of its
+	// rate_limits (see Limit.Limits).
 	limit          *Limit
 	valueToMetric  bool
 	shareThreshold bool
@@ -68,6 +81,10 @@ func newNode(key, source string) *node {
 
 func (n *node) add(child *node) {
 	n.children[child.key] = child
+	if child.regex != nil {
+		n.regexes = append(n.regexes, child)
+		return
+	}
 	if strings.Contains(child.key, "*") {
 		w := newWildcard(child.key, child)
 		n.wildcards = append(n.wildcards, w)
@@ -83,7 +100,7 @@ func (n *node) add(child *node) {
 // first, children sorted by composite key.
 func (n *node) collect(out []*Limit) []*Limit {
 	if n.limit != nil {
-		out = append(out, n.limit)
+		out = append(out, all(n.limit)...)
 	}
 	keys := make([]string, 0, len(n.children))
 	for k := range n.children {
@@ -96,17 +113,41 @@ func (n *node) collect(out []*Limit) []*Limit {
 	return out
 }
 
-// matchWildcard returns the first wildcard child matching the composite
-// key k ("key_value").
-func (n *node) matchWildcard(k []byte) *wildcard {
+// matchPattern returns the child matching entry e by pattern, or nil: the
+// first wildcard matching the composite key k ("key_value"), else the
+// first value_regex of e's key matching e's value.
+func (n *node) matchPattern(k []byte, e *Entry) *node {
 	// k is never empty: it holds at least the '_' between key and value.
-	if n.wildFirst[k[0]/64]&(1<<(k[0]%64)) == 0 {
-		return nil
-	}
-	for _, w := range n.wildcards {
-		if w.match(k) {
-			return w
+	if n.wildFirst[k[0]/64]&(1<<(k[0]%64)) != 0 {
+		for _, w := range n.wildcards {
+			if w.match(k) {
+				return w.node
+			}
 		}
+	}
+	for _, r := range n.regexes {
+		if r.entryKey == e.Key && strings.HasPrefix(e.Value, r.regexPrefix) && r.regex.MatchString(e.Value) {
+			return r
+		}
+	}
+	return nil
+}
+
+// byKey returns the key-only child for an entry's key, never a
+// value_regex (see exact).
+func (n *node) byKey(key string) *node {
+	if c := n.children[key]; c != nil && c.regex == nil {
+		return c
+	}
+	return nil
+}
+
+// exact returns the child whose composite key is k, unless that child is a
+// value_regex: its composite key names it, and a request whose value
+// spells that name must not pick its rule.
+func (n *node) exact(k []byte) *node {
+	if c := n.children[string(k)]; c != nil && c.regex == nil {
+		return c
 	}
 	return nil
 }
@@ -143,10 +184,12 @@ func (c *Config) Limits() []*Limit {
 
 // Match finds the rule for one descriptor of a request, exactly as
 // envoyproxy/ratelimit's GetLimit does: at each level the entry's
-// key_value wins over a wildcard value, which wins over the bare key; a
-// descriptor with more entries than the tree is deep matches nothing; one
-// that stops above the leaves gets the limit of the node it stops on, if
-// that node has one.
+// key_value wins over a wildcard value, which wins over a value_regex (our
+// extension; the first in file order that matches), which wins over the
+// bare key; a descriptor with more entries than the tree is deep matches
+// nothing; one that stops above the leaves gets the limit of the node it
+// stops on, if that node has one. For a descriptor with rate_limits the
+// Match's Limit is the first of them (see Limit.Limits).
 //
 // Per-request limit overrides are the service's job; Match only reads the
 // tree. In the common case (no detailed_metric, value_to_metric or
@@ -168,17 +211,16 @@ func (c *Config) Match(domain string, entries []Entry) Match {
 	for i := range entries {
 		e := &entries[i]
 		k := append(append(append(buf[:0], e.Key...), '_'), e.Value...)
-		next := cur.children[string(k)]
+		next := cur.exact(k)
 		switch {
 		case next != nil:
 			// An empty value matched a composite key "key_": the
 			// statistics key writes it as "key".
 			plain = plain && e.Value != ""
 		default:
-			if w := cur.matchWildcard(k); w != nil {
-				next = w.node
+			if next = cur.matchPattern(k, e); next != nil {
 				plain = plain && !next.shareThreshold && !next.valueToMetric && keyPrefixed(next.key, e.Key)
-			} else if next = cur.children[e.Key]; next != nil {
+			} else if next = cur.byKey(e.Key); next != nil {
 				plain = plain && (!next.valueToMetric || e.Value == "")
 			}
 		}
@@ -221,13 +263,12 @@ func (c *Config) matchDetailed(domain string, entries []Entry, limit *Limit) Mat
 	shared := false
 	for i, e := range entries {
 		k := []byte(e.Key + "_" + e.Value)
-		next := cur.children[string(k)]
+		next := cur.exact(k)
 		switch {
 		case next != nil:
 			values[i] = e.Value
 		default:
-			if w := cur.matchWildcard(k); w != nil {
-				next = w.node
+			if next = cur.matchPattern(k, &e); next != nil {
 				pattern := strings.TrimPrefix(next.key, e.Key+"_")
 				switch {
 				case next.shareThreshold:
@@ -239,7 +280,7 @@ func (c *Config) matchDetailed(domain string, entries []Entry, limit *Limit) Mat
 					values[i] = pattern
 				}
 			} else {
-				next = cur.children[e.Key]
+				next = cur.byKey(e.Key)
 				if next.valueToMetric {
 					values[i] = e.Value
 				}
@@ -290,7 +331,9 @@ func (c *Config) matchDetailed(domain string, entries []Entry, limit *Limit) Mat
 }
 
 // Dump returns every rule as text, one line per rule in a stable order
-// (domains sorted, then depth first with keys sorted). Each line starts as
+// (domains sorted, then depth first with keys sorted), and one line per
+// limit of a descriptor's rate_limits, in file order, marked "rate_limits:
+// 2/3 minute" (the limit's place and Limit.StatLevel). Each line starts as
 // envoyproxy/ratelimit's /rlconfig line and appends the settings that
 // differ from their defaults.
 func (c *Config) Dump() string {
@@ -307,6 +350,10 @@ func (c *Config) Dump() string {
 func writeLimit(b *strings.Builder, l *Limit) {
 	fmt.Fprintf(b, "%s: unit=%s requests_per_unit=%d, shadow_mode: %t, quota_mode: %t",
 		l.FullKey, l.Unit, l.RequestsPerUnit, l.ShadowMode, l.QuotaMode)
+	if l.InList() {
+		// One line per limit of the list, all with the descriptor's key.
+		fmt.Fprintf(b, ", rate_limits: %d/%d %s", l.Index+1, len(l.Limits), l.StatLevel)
+	}
 	if l.Unlimited {
 		b.WriteString(", unlimited: true")
 	}

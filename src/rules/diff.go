@@ -112,9 +112,12 @@ func (c Change) String() string {
 	switch {
 	case rule != nil:
 		var line strings.Builder
-		writeLimit(&line, rule)
-		// writeLimit ends the line; Fields, if any, go on the same one.
-		b.WriteString(strings.TrimSuffix(line.String(), "\n"))
+		for _, l := range all(rule) {
+			writeLimit(&line, l)
+		}
+		// writeLimit ends each line; the limits of a list go on one
+		// line, and Fields, if any, too.
+		b.WriteString(strings.ReplaceAll(strings.TrimSuffix(line.String(), "\n"), "\n", "; "))
 	case len(c.Levels) == 0:
 		b.WriteString("domain ")
 		b.WriteString(c.Domain)
@@ -243,6 +246,9 @@ func diffNode(domain string, levels []string, a, b *node) (Change, bool) {
 	c := Change{Domain: domain, Levels: levels, Old: a.limit, New: b.limit, Kind: Changed}
 	both := a.limit != nil && b.limit != nil
 	switch {
+	case both && (a.limit.InList() || b.limit.InList()):
+		c.Fields = listFields(a.limit, b.limit)
+		c.Restarts = listRestarts(a.limit, b.limit)
 	case both:
 		c.Fields = limitFields(a.limit, b.limit)
 		c.Restarts = !a.limit.Unlimited && !b.limit.Unlimited &&
@@ -288,6 +294,60 @@ func limitFields(a, b *Limit) []FieldChange {
 	fs = appendField(fs, "replaces", "["+strings.Join(a.Replaces, ",")+"]", "["+strings.Join(b.Replaces, ",")+"]")
 	fs = appendField(fs, "detailed_metric", strconv.FormatBool(a.DetailedMetric), strconv.FormatBool(b.DetailedMetric))
 	return fs
+}
+
+// listFields compares two rules of which one at least has rate_limits:
+// their number of limits ("rate_limits", 0 for a single rate_limit), then
+// the limits at each place, named "rate_limits[2].unit"; a limit present
+// on one side only is the field "rate_limits[3]" from or to "none", with
+// its StatLevel.
+func listFields(a, b *Limit) []FieldChange {
+	la, lb := a.Limits, b.Limits
+	if !a.InList() {
+		la = []*Limit{a}
+	}
+	if !b.InList() {
+		lb = []*Limit{b}
+	}
+	var fs []FieldChange
+	fs = appendField(fs, "rate_limits", strconv.Itoa(len(a.Limits)), strconv.Itoa(len(b.Limits)))
+	for i := range max(len(la), len(lb)) {
+		name := "rate_limits[" + strconv.Itoa(i+1) + "]"
+		switch {
+		case i >= len(la):
+			fs = append(fs, FieldChange{Name: name, Old: "none", New: lb[i].StatLevel})
+		case i >= len(lb):
+			fs = append(fs, FieldChange{Name: name, Old: la[i].StatLevel, New: "none"})
+		default:
+			for _, f := range limitFields(la[i], lb[i]) {
+				f.Name = name + "." + f.Name
+				fs = append(fs, f)
+			}
+		}
+	}
+	return fs
+}
+
+// listRestarts reports whether counters of a rule with rate_limits (on
+// either side) restart: the cache keys of a list's limits are their
+// algorithms and windows, in a form of their own, so a change between
+// rate_limit and rate_limits restarts them, and so does a limit whose
+// algorithm and window the old list had not.
+func listRestarts(a, b *Limit) bool {
+	if !a.InList() || !b.InList() {
+		return true
+	}
+	for _, nl := range b.Limits {
+		if nl.Unlimited {
+			continue
+		}
+		if !slices.ContainsFunc(a.Limits, func(ol *Limit) bool {
+			return !ol.Unlimited && ol.Algorithm == nl.Algorithm && ol.Unit == nl.Unit && ol.UnitMultiplier == nl.UnitMultiplier
+		}) {
+			return true
+		}
+	}
+	return false
 }
 
 // burst is a rule's token bucket capacity as Dump writes it, or "none"

@@ -58,6 +58,7 @@ var (
 	descriptorKeys = []string{
 		"key", "value", "rate_limit", "descriptors", "shadow_mode", "quota_mode",
 		"detailed_metric", "value_to_metric", "share_threshold", "metadata",
+		"rate_limits", "value_regex",
 	}
 	rateLimitKeys = []string{
 		"unit", "requests_per_unit", "unlimited", "name", "replaces",
@@ -67,7 +68,8 @@ var (
 )
 
 // Parse reads rule files in the envoyproxy/ratelimit YAML format (plus the
-// algorithm, burst and unit_multiplier extensions) and builds an immutable
+// algorithm, burst, unit_multiplier, rate_limits and value_regex
+// extensions) and builds an immutable
 // Config. It reports every problem of every file, each as an *Error, joined
 // with errors.Join; on error the Config is nil.
 func Parse(files []File, opts Options) (*Config, error) {
@@ -432,6 +434,12 @@ func (p *fileParser) descriptor(item *yaml.Node, index int, parent *node, parent
 	keyField, valueField := lookup(pairs, "key"), lookup(pairs, "value")
 	key, keyOK := p.quietStr(keyField)
 	value, _ := p.quietStr(valueField)
+	regexField := lookup(pairs, "value_regex")
+	pattern, _ := p.quietStr(regexField)
+	if regexField.key != nil && value == "" {
+		// The pattern stands in for the value in every name.
+		value = regexMark + pattern
+	}
 	names := descriptorNames(parentKey, key, value, index)
 	composite, fullKey, where := names.composite, names.fullKey, names.where
 	levels = append(slices.Clip(levels), composite)
@@ -457,19 +465,37 @@ func (p *fileParser) descriptor(item *yaml.Node, index int, parent *node, parent
 	n := newNode(composite, p.source(item))
 	n.valueToMetric = flags.valueToMetric
 	n.shareThreshold = flags.shareThreshold
-	if msg := checkShareThreshold(flags, composite); msg != "" {
+	if f, ok := fs["value_regex"]; ok {
+		p.valueRegex(f, fs, n, key, where)
+	}
+	if msg := checkShareThreshold(flags, composite, n.regex != nil); msg != "" {
 		p.errorf(fs["share_threshold"].key.Line, "%s: %s", where, msg)
 	}
-	if f, ok := fs["rate_limit"]; ok {
-		n.limit = p.rateLimit(f, where, fullKey, n.source, flags)
-		if n.limit != nil {
-			n.limit.Domain, n.limit.Levels = p.domain, levels
+	var list []*Limit
+	rl, hasOne := fs["rate_limit"]
+	rls, hasList := fs["rate_limits"]
+	switch {
+	case hasOne && hasList:
+		p.errorf(rls.key.Line, "%s: %s", where, msgOneAndList)
+	case hasOne:
+		n.limit = p.rateLimit(rl.val, "rate_limit", where, fullKey, n.source, flags)
+	case hasList:
+		list = p.rateLimits(rls, where, fullKey, flags)
+		if len(list) > 0 {
+			n.limit = list[0]
+		}
+	}
+	if n.limit != nil {
+		for _, l := range all(n.limit) {
+			l.Domain, l.Levels = p.domain, levels
 		}
 	}
 	if f, ok := fs["metadata"]; ok {
 		md := p.metadata(f.val, where+": metadata")
 		if n.limit != nil {
-			n.limit.Metadata = md
+			for _, l := range all(n.limit) {
+				l.Metadata = md
+			}
 		}
 	}
 
@@ -481,6 +507,33 @@ func (p *fileParser) descriptor(item *yaml.Node, index int, parent *node, parent
 	if f, ok := fs["descriptors"]; ok {
 		p.descriptors(f.val, n, fullKey, levels)
 	}
+	for _, msg := range checkStatLevels(list, n) {
+		p.errorf(rls.key.Line, "%s: rate_limits: %s", where, msg)
+	}
+}
+
+// valueRegex compiles a descriptor's value_regex into n.
+func (p *fileParser) valueRegex(f field, fs map[string]field, n *node, key, where string) {
+	where += ": value_regex"
+	pattern, ok := p.str(f, where)
+	if !ok {
+		return
+	}
+	if _, both := fs["value"]; both {
+		p.errorf(f.key.Line, "%s: give value or value_regex, not both", where)
+		return
+	}
+	re, msg := compileValueRegex(pattern)
+	if msg != "" {
+		line := f.key.Line
+		if v := p.deref(f.val); v != nil {
+			line = v.Line
+		}
+		p.errorf(line, "%s: %s", where, msg)
+		return
+	}
+	n.regex, n.entryKey = re, key
+	n.regexPrefix, _ = re.LiteralPrefix()
 }
 
 // quietStr reads a scalar without reporting problems; fields reports them.
@@ -505,17 +558,19 @@ type descriptorFlags struct {
 	shadow, quota, detailed, valueToMetric, shareThreshold bool
 }
 
-func (p *fileParser) rateLimit(f field, where, fullKey, source string, flags descriptorFlags) *Limit {
-	m := p.deref(f.val)
+// rateLimit reads one rate_limit (what names it: "rate_limit", or
+// "rate_limits[2]" for an item of a list).
+func (p *fileParser) rateLimit(val *yaml.Node, what, where, fullKey, source string, flags descriptorFlags) *Limit {
+	m := p.deref(val)
 	if m == nil || isNull(m) {
 		// As in envoyproxy/ratelimit, an empty rate_limit sets no limit.
 		return nil
 	}
 	if m.Kind != yaml.MappingNode {
-		p.errorf(m.Line, "%s: rate_limit: want a map with unit and requests_per_unit, got %s", where, describe(m))
+		p.errorf(m.Line, "%s: %s: want a map with unit and requests_per_unit, got %s", where, what, describe(m))
 		return nil
 	}
-	where += ": rate_limit"
+	where += ": " + what
 	fs := p.fields(p.pairs(m), rateLimitKeys, where)
 	var s limitSpec
 	s.unlimited = p.boolean(fs["unlimited"], where+": unlimited")
@@ -560,6 +615,57 @@ func (p *fileParser) rateLimit(f field, where, fullKey, source string, flags des
 		p.errorf(line, "%s: %s", where, pr.msg)
 	}
 	return l
+}
+
+// rateLimits reads a descriptor's rate_limits: a list of rate_limit maps,
+// every one of which applies to every hit. It returns the list, or nil
+// when it is empty or has a problem (reported).
+func (p *fileParser) rateLimits(f field, where, fullKey string, flags descriptorFlags) []*Limit {
+	seq := p.deref(f.val)
+	if seq == nil || isNull(seq) {
+		return nil
+	}
+	if seq.Kind != yaml.SequenceNode {
+		p.errorf(seq.Line, "%s: rate_limits: want a list of rate_limit maps, got %s", where, describe(seq))
+		return nil
+	}
+	if msg := checkListLen(len(seq.Content)); msg != "" {
+		p.errorf(f.key.Line, "%s: rate_limits: %s", where, msg)
+		return nil
+	}
+	list := make([]*Limit, 0, len(seq.Content))
+	lines := make([]int, 0, len(seq.Content))
+	ok := true
+	for i, item := range seq.Content {
+		item = p.deref(item)
+		if item == nil {
+			return nil
+		}
+		what := "rate_limits[" + strconv.Itoa(i+1) + "]"
+		if isNull(item) {
+			p.errorf(item.Line, "%s: %s: want a map with unit and requests_per_unit, got nothing", where, what)
+			ok = false
+			continue
+		}
+		l := p.rateLimit(item, what, where, fullKey, p.source(item), flags)
+		if l == nil {
+			ok = false
+			continue
+		}
+		list = append(list, l)
+		lines = append(lines, item.Line)
+	}
+	if !ok {
+		return nil
+	}
+	probs := linkList(list)
+	for _, pr := range probs {
+		p.errorf(lines[pr.index], "%s: rate_limits[%d]: %s", where, pr.index+1, pr.msg)
+	}
+	if len(probs) > 0 {
+		return nil
+	}
+	return list
 }
 
 // replaces reads the names of a replaces list, empty ones included, and

@@ -77,7 +77,7 @@ func TestParseErrors(t *testing.T) {
 		{"zero_burst", 8, `descriptor "test-domain.key1": rate_limit: burst must be at least 1 (leave it out to use requests_per_unit)`},
 		{"zero_unit_multiplier", 7, `descriptor "test-domain.key1": rate_limit: unit_multiplier must be at least 1`},
 		{"sliding_log_too_large", 6, `descriptor "test-domain.key1": rate_limit: sliding_log keeps one timestamp per request; requests_per_unit 20000 is above its maximum of 10000 (use sliding_window)`},
-		{"share_threshold_without_wildcard", 5, `descriptor "test-domain.files_report.pdf": share_threshold needs a wildcard value (containing '*'), so that the values it matches can share one counter`},
+		{"share_threshold_without_wildcard", 5, `descriptor "test-domain.files_report.pdf": share_threshold needs a wildcard value (containing '*') or a value_regex, so that the values it matches can share one counter`},
 		{"metadata_not_map", 7, `descriptor "test-domain.key1": metadata: want a map, got "service_1"`},
 		{"descriptor_key_at_top", 2, `unknown key "key" (descriptor keys belong in a list under descriptors)`},
 	}

@@ -165,7 +165,32 @@ type Limit struct {
 	// are nil, bool, int64, float64, string, []any and map[string]any, so
 	// structpb.NewStruct accepts it as is. Shared: never modify it.
 	Metadata map[string]any
+
+	// Limits is every limit of a descriptor that has rate_limits (our
+	// extension) instead of rate_limit: this Limit and its siblings, in
+	// file order, all sharing FullKey, Domain, Levels, the descriptor's
+	// flags and Metadata. Every one of them applies to every hit. Nil for
+	// a single rate_limit, whose keys and statistics are the anchor's.
+	// Match returns the first; Config.Limits lists them all. Shared:
+	// never modify it.
+	Limits []*Limit
+	// Index is the limit's place in Limits; 0 for a single rate_limit.
+	Index int
+	// StatLevel names a limit of a list in its own statistics, one level
+	// below the descriptor's key: its name when it has one, else its
+	// window and, for algorithms other than fixed_window, its algorithm
+	// ("second", "5_minute", "hour_token_bucket"). Unique within the list.
+	// Empty for a single rate_limit.
+	StatLevel string
 }
+
+// MaxLimits is the most limits a descriptor's rate_limits may list. Each
+// is one more key and store operation per hit; a ladder of second,
+// minute, hour, day, week and month fits with room to spare.
+const MaxLimits = 8
+
+// InList reports whether the limit is one of a descriptor's rate_limits.
+func (l *Limit) InList() bool { return len(l.Limits) > 0 }
 
 // Window is the length of the limit's window: Unit × UnitMultiplier.
 func (l *Limit) Window() time.Duration {

@@ -77,7 +77,11 @@ func (s *Service) answer(resp *rlsv3.RateLimitResponse, req *rlsv3.RateLimitRequ
 			hdrs = append(hdrs, &corev3.HeaderValue{Key: "Retry-After", Value: formatUint(secs)})
 		}
 		if h.Body && first >= 0 {
-			resp.RawBody = overLimitBody(req.GetDomain(), sc.descs[first].Limit, policyName(sc.descs[first].Limit, sc.descs[first].Entries), secs)
+			l := sc.statuses[first].Limit // the limit that decided
+			if l == nil {
+				l = sc.descs[first].Limit
+			}
+			resp.RawBody = overLimitBody(req.GetDomain(), l, policyName(l, sc.descs[first].Entries), secs)
 			hdrs = append(hdrs, &corev3.HeaderValue{Key: "Content-Type", Value: "application/json"})
 		}
 	}
@@ -109,8 +113,10 @@ func (s *Service) draft03Headers(statuses []*rlsv3.RateLimitResponse_DescriptorS
 
 // ietfHeaders lists every limited descriptor as a quota policy (its quota
 // and window) in RateLimit-Policy and with its remaining quota and seconds
-// to reset in RateLimit. A policy is named after its rule's name, or its
-// key path; a name met again gets "#2", "#3"...
+// to reset in RateLimit; a descriptor with several limits, every limit
+// that applied. A policy is named after its rule's name, or its key path
+// (with the limit's StatLevel for one of a list); a name met again gets
+// "#2", "#3"...
 func ietfHeaders(statuses []*rlsv3.RateLimitResponse_DescriptorStatus, sc *scratch) []*corev3.HeaderValue {
 	var policy, current strings.Builder
 	var seen map[string]int
@@ -119,28 +125,15 @@ func ietfHeaders(statuses []*rlsv3.RateLimitResponse_DescriptorStatus, sc *scrat
 		if st.GetCurrentLimit() == nil || l == nil {
 			continue
 		}
-		name := policyName(l, sc.descs[i].Entries)
-		if seen == nil {
-			seen = map[string]int{}
+		if each := sc.descs[i].Each; each != nil {
+			for k := range each {
+				if each[k].Limit != nil {
+					seen = writePolicy(&policy, &current, seen, each[k].Limit, sc.descs[i].Entries, each[k].Remaining, each[k].ResetAfter)
+				}
+			}
+			continue
 		}
-		seen[name]++
-		if n := seen[name]; n > 1 {
-			name += "#" + strconv.Itoa(n)
-		}
-		if policy.Len() > 0 {
-			policy.WriteString(", ")
-			current.WriteString(", ")
-		}
-		writeSFString(&policy, name)
-		policy.WriteString(";q=")
-		policy.WriteString(formatUint(uint64(l.RequestsPerUnit)))
-		policy.WriteString(";w=")
-		policy.WriteString(formatUint(uint64(l.Window() / time.Second)))
-		writeSFString(&current, name)
-		current.WriteString(";r=")
-		current.WriteString(formatUint(uint64(st.GetLimitRemaining())))
-		current.WriteString(";t=")
-		current.WriteString(formatUint(ceilSeconds(sc.statuses[i].ResetAfter)))
+		seen = writePolicy(&policy, &current, seen, l, sc.descs[i].Entries, st.GetLimitRemaining(), sc.statuses[i].ResetAfter)
 	}
 	if policy.Len() == 0 {
 		return nil
@@ -151,6 +144,34 @@ func ietfHeaders(statuses []*rlsv3.RateLimitResponse_DescriptorStatus, sc *scrat
 	}
 }
 
+// writePolicy writes one limit's policy and its current state (see
+// ietfHeaders); seen counts the names written so far.
+func writePolicy(policy, current *strings.Builder, seen map[string]int, l *rules.Limit, entries []rules.Entry, remaining uint32, reset time.Duration) map[string]int {
+	name := policyName(l, entries)
+	if seen == nil {
+		seen = map[string]int{}
+	}
+	seen[name]++
+	if n := seen[name]; n > 1 {
+		name += "#" + strconv.Itoa(n)
+	}
+	if policy.Len() > 0 {
+		policy.WriteString(", ")
+		current.WriteString(", ")
+	}
+	writeSFString(policy, name)
+	policy.WriteString(";q=")
+	policy.WriteString(formatUint(uint64(l.RequestsPerUnit)))
+	policy.WriteString(";w=")
+	policy.WriteString(formatUint(uint64(l.Window() / time.Second)))
+	writeSFString(current, name)
+	current.WriteString(";r=")
+	current.WriteString(formatUint(uint64(remaining)))
+	current.WriteString(";t=")
+	current.WriteString(formatUint(ceilSeconds(reset)))
+	return seen
+}
+
 // policyName names a limit for a client: the rule's name, else its key
 // path ("path_/login.user"); an override's is its descriptor's keys. It
 // comes from the rules (or the request's keys), never from a value that
@@ -159,6 +180,8 @@ func policyName(l *rules.Limit, entries []rules.Entry) string {
 	switch {
 	case l.Name != "":
 		return l.Name
+	case l.InList():
+		return strings.Join(l.Levels, ".") + "." + l.StatLevel
 	case len(l.Levels) > 0:
 		return strings.Join(l.Levels, ".")
 	}

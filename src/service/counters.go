@@ -1,6 +1,7 @@
 package service
 
 import (
+	"slices"
 	"strconv"
 	"strings"
 
@@ -44,6 +45,28 @@ func (s *Service) matchCounters(m *rules.Match) *ruleCounters {
 		return c
 	}
 	return s.dynamicCounters(m.StatKey, m.Limit.Domain, m.StatLevels)
+}
+
+// limitCounters returns the counters of one limit l of a matched list:
+// the key of the match's statistics with the limit's StatLevel one level
+// below ("domain.user.sustained"). A rule's own key is cached by limit (a
+// reload clears it); a key holding request values is bounded as the
+// match's is.
+func (s *Service) limitCounters(m *rules.Match, l *rules.Limit) *ruleCounters {
+	if m.StatLevels == nil {
+		if c, ok := s.limitStats.Load(l); ok {
+			return c.(*ruleCounters)
+		}
+		levels := append(slices.Clip(l.Levels), l.StatLevel)
+		c, _ := s.newCounters(l.FullKey+"."+l.StatLevel, l.Domain, levels)
+		s.limitStats.Store(l, c)
+		return c
+	}
+	key := m.StatKey + "." + l.StatLevel
+	if c, ok := s.ruleStats.Load(key); ok {
+		return c.(*ruleCounters)
+	}
+	return s.dynamicCounters(key, l.Domain, append(slices.Clip(m.StatLevels), l.StatLevel))
 }
 
 // overrideCounters returns the counters of a descriptor that carries its

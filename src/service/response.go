@@ -37,9 +37,22 @@ func (s *Service) respond(req *rlsv3.RateLimitRequest, sc *scratch, degraded boo
 		}
 		ds := &sc.statuses[i]
 		sc.counters[i].add(&ds.Counts)
-		st.CurrentLimit = s.protoLimit(l)
+		if each := sc.descs[i].Each; each != nil {
+			off := sc.eachOff[i]
+			for k := range each {
+				if each[k].Limit != nil {
+					sc.eachCounters[off+k].add(&each[k].Counts)
+				}
+			}
+		}
+		// The limit that decided: the descriptor's, or one of its list.
+		decided := ds.Limit
+		if decided == nil {
+			decided = l
+		}
+		st.CurrentLimit = s.protoLimit(decided)
 		st.LimitRemaining = ds.Remaining
-		st.DurationUntilReset = setDuration(&backing[i].reset, resetDuration(l, ds.ResetAfter))
+		st.DurationUntilReset = setDuration(&backing[i].reset, resetDuration(decided, ds.ResetAfter))
 		quota := l.QuotaMode || s.cfg.GlobalQuotaMode
 		if quota {
 			quotaRules++

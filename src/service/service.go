@@ -130,6 +130,7 @@ type Service struct {
 	dynamicKeys atomic.Int64 // stat keys made from request data (see dynamicCounters)
 	inFlight    atomic.Int64 // decisions under way (Config.MaxConcurrent)
 	protoLimits sync.Map     // *rules.Limit -> *rlsv3.RateLimitResponse_RateLimit
+	limitStats  sync.Map     // *rules.Limit of a list -> *ruleCounters (see limitCounters)
 	scratch     sync.Pool
 
 	storeErrors   *stats.Counter
@@ -205,6 +206,7 @@ func responseTimer(reg *stats.Registry, on bool) *stats.Timer {
 func (s *Service) SetRules(c *rules.Config) {
 	s.rules.Store(c)
 	s.protoLimits.Clear()
+	s.limitStats.Clear()
 }
 
 // Rules returns the rule tree in use, or nil before the first SetRules.
@@ -219,6 +221,12 @@ type scratch struct {
 	counters []*ruleCounters
 	quota    []bool
 	unlim    []bool
+	// For descriptors with several limits: each holds the limits'
+	// statuses (descs[i].Each is each[eachOff[i]:]) and eachCounters
+	// their statistics, in the same places.
+	each         []limiter.Status
+	eachCounters []*ruleCounters
+	eachOff      []int
 }
 
 func (s *Service) getScratch(n, entries int) *scratch {
@@ -231,6 +239,8 @@ func (s *Service) getScratch(n, entries int) *scratch {
 	sc.counters = grow(sc.counters, n)
 	sc.quota = grow(sc.quota, n)
 	sc.unlim = grow(sc.unlim, n)
+	sc.eachOff = grow(sc.eachOff, n)
+	sc.eachCounters = sc.eachCounters[:0]
 	if cap(sc.entries) < entries {
 		sc.entries = make([]rules.Entry, 0, entries)
 	}
@@ -242,6 +252,8 @@ func (s *Service) putScratch(sc *scratch) {
 	clear(sc.descs)
 	clear(sc.entries[:cap(sc.entries)])
 	clear(sc.counters)
+	clear(sc.eachCounters)
+	clear(sc.each)
 	s.scratch.Put(sc)
 }
 
@@ -432,7 +444,7 @@ func (s *Service) match(cfg *rules.Config, req *rlsv3.RateLimitRequest, sc *scra
 		if m.Limit == nil {
 			continue
 		}
-		if m.Limit.Unlimited {
+		if unlimited(m.Limit) {
 			sc.unlim[i] = true
 			continue
 		}
@@ -441,23 +453,88 @@ func (s *Service) match(cfg *rules.Config, req *rlsv3.RateLimitRequest, sc *scra
 		if m.KeyEntries != nil {
 			ld.Entries = m.KeyEntries
 		}
-		if len(m.Limit.Replaces) > 0 {
-			if replacing == nil {
-				replacing = map[string]struct{}{}
+		if m.Limit.InList() {
+			sc.eachOff[i] = len(sc.eachCounters)
+			for _, l := range m.Limit.Limits {
+				sc.eachCounters = append(sc.eachCounters, s.limitCounters(&m, l))
 			}
-			for _, r := range m.Limit.Replaces {
-				replacing[r] = struct{}{}
+		}
+		if m.Limit.InList() {
+			for _, l := range m.Limit.Limits {
+				replacing = addReplaces(replacing, l)
 			}
+		} else {
+			replacing = addReplaces(replacing, m.Limit)
 		}
 	}
 	if replacing != nil {
 		for i := range sc.descs {
-			if l := sc.descs[i].Limit; l != nil && l.Name != "" {
-				if _, ok := replacing[l.Name]; ok {
-					sc.descs[i].Limit = nil
-				}
+			replace(&sc.descs[i], replacing)
+		}
+	}
+	if len(sc.eachCounters) > 0 {
+		sc.each = grow(sc.each, len(sc.eachCounters))
+		for i := range sc.descs {
+			if l := sc.descs[i].Limit; l != nil && l.InList() {
+				off := sc.eachOff[i]
+				sc.descs[i].Each = sc.each[off : off+len(l.Limits) : off+len(l.Limits)]
 			}
 		}
+	}
+}
+
+// addReplaces adds the names l replaces to replacing, made on first use.
+func addReplaces(replacing map[string]struct{}, l *rules.Limit) map[string]struct{} {
+	if len(l.Replaces) == 0 {
+		return replacing
+	}
+	if replacing == nil {
+		replacing = map[string]struct{}{}
+	}
+	for _, r := range l.Replaces {
+		replacing[r] = struct{}{}
+	}
+	return replacing
+}
+
+// unlimited reports whether a rule never limits: unlimited, or a list of
+// unlimited limits only.
+func unlimited(l *rules.Limit) bool {
+	if !l.InList() {
+		return l.Unlimited
+	}
+	for _, m := range l.Limits {
+		if !m.Unlimited {
+			return false
+		}
+	}
+	return true
+}
+
+// replace drops the limits of d that another matched rule replaces (by
+// name): a single limit, or those of a list (Descriptor.Skip), the whole
+// descriptor when none of its limits is left.
+func replace(d *limiter.Descriptor, replacing map[string]struct{}) {
+	l := d.Limit
+	if l == nil {
+		return
+	}
+	if !l.InList() {
+		if _, ok := replacing[l.Name]; ok && l.Name != "" {
+			d.Limit = nil
+		}
+		return
+	}
+	left := false
+	for k, m := range l.Limits {
+		if _, ok := replacing[m.Name]; ok && m.Name != "" {
+			d.Skip |= 1 << k
+		} else if !m.Unlimited {
+			left = true
+		}
+	}
+	if !left {
+		d.Limit = nil
 	}
 }
 

@@ -114,7 +114,18 @@ const MaxSlidingLogHits = rules.MaxSlidingLog
 func slidingLogBudget(ds []limiter.Descriptor) error {
 	var sum uint64
 	for i := range ds {
-		if l := ds[i].Limit; l != nil && l.Algorithm == rules.SlidingLog {
+		l := ds[i].Limit
+		switch {
+		case l == nil:
+		case l.InList():
+			for _, m := range l.Limits {
+				if m.Algorithm == rules.SlidingLog && !m.Unlimited {
+					// At most 2^32-1 each, MaxLimits a descriptor: no
+					// overflow over 256 descriptors.
+					sum += ds[i].Hits
+				}
+			}
+		case l.Algorithm == rules.SlidingLog:
 			sum += ds[i].Hits // each at most 2^32-1: no overflow over 256 descriptors
 		}
 	}

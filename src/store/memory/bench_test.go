@@ -99,51 +99,83 @@ func BenchmarkStoreShards(b *testing.B) {
 func BenchmarkLimiterCheck(b *testing.B) {
 	for _, a := range rules.Algorithms {
 		b.Run(a.String(), func(b *testing.B) {
-			s := New(Config{SweepInterval: -1})
-			defer s.Close()
-			l := limiter.New(s, limiter.Config{Prefix: "ratelimit_", NearLimitRatio: 0.8})
-			lim := &rules.Limit{RequestsPerUnit: 100, Unit: rules.Minute, UnitMultiplier: 1, Algorithm: a}
-			values := make([]string, benchKeys)
-			for i := range values {
-				values[i] = fmt.Sprintf("10.%d.%d.%d", i>>16, i>>8&255, i&255)
-			}
-			out := make([]limiter.Status, 1)
-			for _, v := range values {
-				ds := []limiter.Descriptor{{Entries: []rules.Entry{{Key: "remote_address", Value: v}}, Limit: lim, Hits: 1}}
-				if err := l.Check(b.Context(), "edge", base, ds, out); err != nil {
-					b.Fatal(err)
-				}
-			}
-			if s.Len() != benchKeys {
-				b.Fatalf("store holds %d keys, want %d", s.Len(), benchKeys)
-			}
-			var offset atomic.Int64
-			b.ReportAllocs()
-			b.ResetTimer()
-			b.RunParallel(func(pb *testing.PB) {
-				i := int(offset.Add(7919))
-				ds := []limiter.Descriptor{{Entries: []rules.Entry{{Key: "remote_address"}}, Limit: lim, Hits: 1}}
-				out := make([]limiter.Status, 1)
-				now := base
-				var ok uint64
-				for pb.Next() {
-					i++
-					ds[0].Entries[0].Value = values[i%benchKeys]
-					now = now.Add(time.Microsecond) // stay in the fixed window
-					if err := l.Check(b.Context(), "edge", now, ds, out); err != nil {
-						b.Fatal(err)
-					}
-					if out[0].Code == limiter.OK {
-						ok++
-					}
-				}
-				sink.Add(ok)
-			})
-			b.StopTimer()
-			if s.Len() != benchKeys {
-				b.Fatalf("store holds %d keys after the run, want %d", s.Len(), benchKeys)
-			}
+			benchDecisions(b, &rules.Limit{RequestsPerUnit: 100, Unit: rules.Minute, UnitMultiplier: 1, Algorithm: a}, benchKeys)
 		})
+	}
+}
+
+// BenchmarkLimiterCheckList compares one decision on a descriptor with one
+// limit (a second) and with two (a second and a minute, applied as one
+// group), as BenchmarkLimiterCheck: the cost of a second limit per
+// decision.
+func BenchmarkLimiterCheckList(b *testing.B) {
+	for _, tt := range []struct {
+		name, limits string
+		keys         int
+	}{
+		{"one_limit", "      - {unit: second, requests_per_unit: 100}\n", benchKeys},
+		{"two_limits", "      - {unit: second, requests_per_unit: 100}\n      - {unit: minute, requests_per_unit: 1000}\n", 2 * benchKeys},
+	} {
+		b.Run(tt.name, func(b *testing.B) {
+			cfg, err := rules.Parse([]rules.File{{Name: "l.yaml", Data: []byte(
+				"domain: edge\ndescriptors:\n  - key: remote_address\n    rate_limits:\n" + tt.limits)}}, rules.Options{})
+			if err != nil {
+				b.Fatal(err)
+			}
+			benchDecisions(b, cfg.Match("edge", []rules.Entry{{Key: "remote_address", Value: "x"}}).Limit, tt.keys)
+		})
+	}
+}
+
+// benchDecisions runs decisions of descriptor remote_address under lim
+// over benchKeys addresses, in parallel, within one second; the store
+// must hold keys keys before and after.
+func benchDecisions(b *testing.B, lim *rules.Limit, keys int) {
+	s := New(Config{SweepInterval: -1})
+	defer s.Close()
+	l := limiter.New(s, limiter.Config{Prefix: "ratelimit_", NearLimitRatio: 0.8})
+	values := make([]string, benchKeys)
+	for i := range values {
+		values[i] = fmt.Sprintf("10.%d.%d.%d", i>>16, i>>8&255, i&255)
+	}
+	out := make([]limiter.Status, 1)
+	for _, v := range values {
+		ds := []limiter.Descriptor{{Entries: []rules.Entry{{Key: "remote_address", Value: v}}, Limit: lim, Hits: 1}}
+		if err := l.Check(b.Context(), "edge", base, ds, out); err != nil {
+			b.Fatal(err)
+		}
+	}
+	if s.Len() != keys {
+		b.Fatalf("store holds %d keys, want %d", s.Len(), keys)
+	}
+	var offset atomic.Int64
+	b.ReportAllocs()
+	b.ResetTimer()
+	b.RunParallel(func(pb *testing.PB) {
+		i := int(offset.Add(7919))
+		ds := []limiter.Descriptor{{Entries: []rules.Entry{{Key: "remote_address"}}, Limit: lim, Hits: 1}}
+		if lim.InList() {
+			ds[0].Each = make([]limiter.Status, len(lim.Limits))
+		}
+		out := make([]limiter.Status, 1)
+		now := base
+		var ok uint64
+		for pb.Next() {
+			i++
+			ds[0].Entries[0].Value = values[i%benchKeys]
+			now = now.Add(time.Nanosecond) // stay in the fixed windows
+			if err := l.Check(b.Context(), "edge", now, ds, out); err != nil {
+				b.Fatal(err)
+			}
+			if out[0].Code == limiter.OK {
+				ok++
+			}
+		}
+		sink.Add(ok)
+	})
+	b.StopTimer()
+	if s.Len() != keys {
+		b.Fatalf("store holds %d keys after the run, want %d", s.Len(), keys)
 	}
 }
 

@@ -25,6 +25,7 @@ func TestLimiterOnMemory(t *testing.T) {
 	}
 	out := make([]limiter.Status, 1)
 	for i, w := range want {
+		w.Limit = lim
 		if err := l.Check(t.Context(), "api", now, ds, out); err != nil {
 			t.Fatal(err)
 		}
@@ -107,5 +108,40 @@ func TestAllOrNothingAllocs(t *testing.T) {
 	})
 	if allocs > 0 {
 		t.Errorf("AllOrNothing batch on existing keys: %v allocs, want 0", allocs)
+	}
+}
+
+// TestListCheckAllocs: a decision on a descriptor with two limits, applied
+// as one group, costs its two key strings.
+func TestListCheckAllocs(t *testing.T) {
+	if raceEnabled {
+		t.Skip("allocation counts are meaningless under -race")
+	}
+	cfg, err := rules.Parse([]rules.File{{Name: "l.yaml", Data: []byte(`domain: d
+descriptors:
+  - key: remote_address
+    rate_limits:
+      - {unit: second, requests_per_unit: 1000000000}
+      - {unit: minute, requests_per_unit: 1000000000}
+`)}}, rules.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	entries := []rules.Entry{{Key: "remote_address", Value: "10.1.2.3"}}
+	lim := cfg.Match("d", entries).Limit
+	s := newStore(t, Config{SweepInterval: -1})
+	l := limiter.New(s, limiter.Config{Prefix: "rl_"})
+	ds := []limiter.Descriptor{{Entries: entries, Limit: lim, Hits: 1, Each: make([]limiter.Status, 2)}}
+	out := make([]limiter.Status, 1)
+	ctx := t.Context()
+	now := base
+	allocs := testing.AllocsPerRun(1000, func() {
+		now = now.Add(time.Microsecond)
+		if err := l.Check(ctx, "d", now, ds, out); err != nil {
+			t.Fatal(err)
+		}
+	})
+	if allocs > 2 {
+		t.Errorf("Limiter.Check of a two-limit descriptor on memory: %v allocs per decision, want at most 2 (the keys)", allocs)
 	}
 }

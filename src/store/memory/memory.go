@@ -369,8 +369,10 @@ func (s *Store) Evictions() Evictions {
 
 // Do applies the batch's ops at b.Now (or Config.Now when b.Now is zero)
 // with the limiter's pure functions. Without AllOrNothing each op locks its
-// own shard; with it, the shards of all the batch's keys are locked in
-// index order, the ops applied, and all undone if any op was refused. It
+// own shard, and the ops of one group (limiter.Op.Group) the shards of the
+// group's keys together; with it, the shards of all the batch's keys are
+// locked in index order, the ops applied, and all undone if any op was
+// refused. It
 // fails only when ctx is done before it starts: at a ceiling it evicts.
 func (s *Store) Do(ctx context.Context, b *limiter.Batch) error {
 	if err := ctx.Err(); err != nil {
@@ -386,25 +388,70 @@ func (s *Store) Do(ctx context.Context, b *limiter.Batch) error {
 		return nil
 	}
 	t := now.UnixMicro()
-	for i := range b.Ops {
+	for i := 0; i < len(b.Ops); {
+		if g := b.Ops[i].Group; g != 0 {
+			// One descriptor's limits: one atomic step, so that
+			// concurrent requests meet them in one order.
+			end := i + 1
+			for end < len(b.Ops) && b.Ops[end].Group == g {
+				end++
+			}
+			var buf [8]uint64
+			locked := s.lock(b.Ops[i:end], buf[:0])
+			for j := i; j < end; j++ {
+				s.applyLocked(s.shard(b.Ops[j].Key), &b.Ops[j], now, t, &b.Results[j])
+			}
+			s.unlock(locked)
+			i = end
+			continue
+		}
 		op := &b.Ops[i]
 		sh := s.shard(op.Key)
 		sh.mu.Lock()
-		e, _ := s.lookup(sh, op.Key, t, op.Hits > 0)
-		if e == nil { // a read of a missing key: the zero state, not stored
-			var zero entry
-			b.Results[i], _, _ = apply(&zero, now, op)
-		} else {
-			var grown int64
-			e.pinned = true
-			b.Results[i], _, grown = apply(e, now, op)
-			s.grow(sh, grown, t)
-			e.pinned = false
-			sh.used(e, t, &b.Results[i])
-		}
+		s.applyLocked(sh, op, now, t, &b.Results[i])
 		sh.mu.Unlock()
+		i++
 	}
 	return nil
+}
+
+// applyLocked applies one op of a batch that is not AllOrNothing; the
+// caller holds sh.mu, sh being the op's shard.
+func (s *Store) applyLocked(sh *shard, op *limiter.Op, now time.Time, t int64, res *limiter.Result) {
+	e, _ := s.lookup(sh, op.Key, t, op.Hits > 0)
+	if e == nil { // a read of a missing key: the zero state, not stored
+		var zero entry
+		*res, _, _ = apply(&zero, now, op)
+		return
+	}
+	var grown int64
+	e.pinned = true
+	*res, _, grown = apply(e, now, op)
+	s.grow(sh, grown, t)
+	e.pinned = false
+	sh.used(e, t, res)
+}
+
+// lock locks the shards of ops in one global order (shard index), so that
+// batches sharing shards cannot deadlock, and returns their indexes, in
+// idx (a buffer of 8 covers most batches without an allocation), for
+// unlock.
+func (s *Store) lock(ops []limiter.Op, idx []uint64) []uint64 {
+	for i := range ops {
+		idx = append(idx, s.shardIndex(ops[i].Key))
+	}
+	slices.Sort(idx)
+	idx = slices.Compact(idx)
+	for _, i := range idx {
+		s.shards[i].mu.Lock()
+	}
+	return idx
+}
+
+func (s *Store) unlock(idx []uint64) {
+	for _, i := range idx {
+		s.shards[i].mu.Unlock()
+	}
 }
 
 // undo is what it takes to take back one op of an AllOrNothing batch.
@@ -419,23 +466,8 @@ type undo struct {
 
 // doAll applies an AllOrNothing batch under the locks of all its shards.
 func (s *Store) doAll(now time.Time, b *limiter.Batch) {
-	var idxBuf [8]uint64
-	locked := idxBuf[:0]
-	for i := range b.Ops {
-		locked = append(locked, s.shardIndex(b.Ops[i].Key))
-	}
-	// Lock in one global order (shard index) so that batches sharing
-	// shards cannot deadlock.
-	slices.Sort(locked)
-	locked = slices.Compact(locked)
-	for _, i := range locked {
-		s.shards[i].mu.Lock()
-	}
-	defer func() {
-		for _, i := range locked {
-			s.shards[i].mu.Unlock()
-		}
-	}()
+	var buf [8]uint64
+	defer s.unlock(s.lock(b.Ops, buf[:0]))
 
 	t := now.UnixMicro()
 	var undoBuf [8]undo

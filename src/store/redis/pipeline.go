@@ -133,6 +133,13 @@ func putRequest(r *request) {
 	requestPool.Put(r)
 }
 
+// perKey reports whether each key must have a script call of its own: the
+// server may be a sharding proxy (twemproxy), which cannot run a script
+// over keys of two shards.
+func (be *backend) perKey() bool {
+	return !be.cluster && !be.oneServer.Load()
+}
+
 // backend is one Redis deployment (the main one or the per-second one) with
 // its PoolSize workers. A worker owns at most one connection per node at a
 // time, so at most PoolSize pipelines are in flight to a node.

@@ -576,61 +576,81 @@ func (s *Store) build(r *request, b *limiter.Batch, be *backend) {
 		// request whose caller gave up may still be sent: copy.
 		r.vals[j] = opVals{key: strings.Clone(b.Ops[i].Key)}
 	}
-	if !b.AllOrNothing {
-		for j, i := range r.idx {
-			op, v := &b.Ops[i], &r.vals[j]
-			switch {
-			case op.Algorithm == rules.FixedWindow && op.Hits == 0:
-				r.plan = append(r.plan, opPlan{cmd: int32(len(r.cmds)), kind: kindGet})
-				a := r.argv(2)
-				a[0], a[1] = "get", &v.key
-				r.cmds = append(r.cmds, stringCmd{goredis.NewStringCmd(ctx, a...)})
-				r.ncmds++
-				r.work++
-			case op.Algorithm == rules.FixedWindow:
-				r.plan = append(r.plan, opPlan{cmd: int32(len(r.cmds)), kind: kindIncr})
-				v.hits, v.ttl = op.Hits, s.ttl(op)
-				a := r.argv(3)
-				a[0], a[1], a[2] = "incrby", &v.key, &v.hits
-				e := r.argv(3)
-				e[0], e[1], e[2] = "expire", &v.key, &v.ttl
-				r.cmds = append(r.cmds, intCmd{goredis.NewIntCmd(ctx, a...)}, intCmd{goredis.NewIntCmd(ctx, e...)})
-				r.ncmds += 2
-				r.work += 2
-			default:
-				r.plan = append(r.plan, opPlan{cmd: int32(len(r.cmds)), kind: kindScript})
-				v.set(op, 0)
-				a := r.argv(6 + argsPerOp)
-				a[0], a[1], a[2], a[3], a[4], a[5] = "evalsha", decideSHAArg, "1", &v.key, now, "0"
-				v.putArgs(a[6:], op.Algorithm)
-				r.cmds = append(r.cmds, scriptCmd{goredis.NewIntSliceCmd(ctx, a...)})
-				r.ncmds++
-				r.work += scriptWork
-			}
-		}
+	r.plan = slices.Grow(r.plan[:0], len(r.idx))[:len(r.idx)]
+	if b.AllOrNothing {
+		s.scripts(r, b, be, 0, len(r.idx), "1", now)
 		return
 	}
-	// AllOrNothing: one script per group of keys that may share a script:
-	// all of them on one server, on a cluster those of one hash slot, and
-	// each key alone when the server may be a sharding proxy (compensate
-	// then makes the groups all-or-nothing together).
-	cluster, perKey := be.cluster, !be.cluster && !be.oneServer.Load()
-	r.plan = slices.Grow(r.plan[:0], len(r.idx))[:len(r.idx)]
-	clear(r.plan) // kind 0: not placed yet
-	for j, i := range r.idx {
-		r.vals[j].set(&b.Ops[i], s.ttl(&b.Ops[i]))
+	for j := 0; j < len(r.idx); {
+		i := r.idx[j]
+		op, v := &b.Ops[i], &r.vals[j]
+		if g := op.Group; g != 0 && !be.perKey() {
+			// One descriptor's limits: one script per hash slot,
+			// applying each op as alone but in one atomic step.
+			end := j + 1
+			for end < len(r.idx) && b.Ops[r.idx[end]].Group == g {
+				end++
+			}
+			s.scripts(r, b, be, j, end, "0", now)
+			j = end
+			continue
+		}
+		switch {
+		case op.Algorithm == rules.FixedWindow && op.Hits == 0:
+			r.plan[j] = opPlan{cmd: int32(len(r.cmds)), kind: kindGet}
+			a := r.argv(2)
+			a[0], a[1] = "get", &v.key
+			r.cmds = append(r.cmds, stringCmd{goredis.NewStringCmd(ctx, a...)})
+			r.ncmds++
+			r.work++
+		case op.Algorithm == rules.FixedWindow:
+			r.plan[j] = opPlan{cmd: int32(len(r.cmds)), kind: kindIncr}
+			v.hits, v.ttl = op.Hits, s.ttl(op)
+			a := r.argv(3)
+			a[0], a[1], a[2] = "incrby", &v.key, &v.hits
+			e := r.argv(3)
+			e[0], e[1], e[2] = "expire", &v.key, &v.ttl
+			r.cmds = append(r.cmds, intCmd{goredis.NewIntCmd(ctx, a...)}, intCmd{goredis.NewIntCmd(ctx, e...)})
+			r.ncmds += 2
+			r.work += 2
+		default:
+			r.plan[j] = opPlan{cmd: int32(len(r.cmds)), kind: kindScript}
+			v.set(op, 0)
+			a := r.argv(6 + argsPerOp)
+			a[0], a[1], a[2], a[3], a[4], a[5] = "evalsha", decideSHAArg, "1", &v.key, now, "0"
+			v.putArgs(a[6:], op.Algorithm)
+			r.cmds = append(r.cmds, scriptCmd{goredis.NewIntSliceCmd(ctx, a...)})
+			r.ncmds++
+			r.work += scriptWork
+		}
+		j++
 	}
-	for placed := 0; placed < len(r.idx); {
+}
+
+// scripts places the ops of r.idx[from:to] in decideLua calls, with aon
+// ("1" or "0") as the all-or-nothing argument: as few calls as the
+// deployment lets one script span, that is one on a single server, one per
+// hash slot on a Cluster, and one per key when the server may be a
+// sharding proxy (compensate then makes an AllOrNothing batch's calls
+// all-or-nothing together).
+func (s *Store) scripts(r *request, b *limiter.Batch, be *backend, from, to int, aon, now any) {
+	ctx := context.Background() // commands run under the worker's deadline
+	cluster, perKey := be.cluster, be.perKey()
+	clear(r.plan[from:to]) // kind 0: not placed yet
+	for j := from; j < to; j++ {
+		r.vals[j].set(&b.Ops[r.idx[j]], s.ttl(&b.Ops[r.idx[j]]))
+	}
+	for placed := from; placed < to; {
 		cmd, slot, n := int32(len(r.cmds)), -1, 0
-		for j, i := range r.idx {
+		for j := from; j < to; j++ {
 			if r.plan[j].kind == kindScript {
-				continue // in an earlier group
+				continue // in an earlier call
 			}
 			if perKey && n > 0 {
 				continue
 			}
 			if cluster {
-				ks := keySlot(b.Ops[i].Key)
+				ks := keySlot(b.Ops[r.idx[j]].Key)
 				if slot == -1 {
 					slot = ks
 				} else if ks != slot {
@@ -641,15 +661,15 @@ func (s *Store) build(r *request, b *limiter.Batch, be *backend) {
 			n++
 		}
 		placed += n
-		// evalsha sha numkeys keys... now "1" args...
+		// evalsha sha numkeys keys... now aon args...
 		a := r.argv(5 + (1+argsPerOp)*n)
 		a[0], a[1], a[2] = "evalsha", decideSHAArg, countArg(n)
 		keys, args := a[3:3+n], a[5+n:]
-		a[3+n], a[4+n] = now, "1"
-		for j, i := range r.idx {
+		a[3+n], a[4+n] = now, aon
+		for j := from; j < to; j++ {
 			if p := r.plan[j]; p.kind == kindScript && p.cmd == cmd {
 				keys[p.pos] = &r.vals[j].key
-				r.vals[j].putArgs(args[int(p.pos)*argsPerOp:], b.Ops[i].Algorithm)
+				r.vals[j].putArgs(args[int(p.pos)*argsPerOp:], b.Ops[r.idx[j]].Algorithm)
 			}
 		}
 		r.cmds = append(r.cmds, scriptCmd{goredis.NewIntSliceCmd(ctx, a...)})

@@ -53,6 +53,12 @@ type Options struct {
 	Clock func(rules.Algorithm) Clock
 	// Tolerance is the slack on ResetAfter under ServerClock; default 1 s.
 	Tolerance time.Duration
+	// GroupsOneByOne says that the store applies the ops of a group
+	// (limiter.Op.Group) one by one rather than in one atomic step
+	// (Memcached, a Redis proxy): the suite then checks that a group never
+	// over-admits and that AllOrNothing leaves nothing of a refused one,
+	// not that concurrent admission is exact.
+	GroupsOneByOne bool
 }
 
 func (o *Options) algorithms() []rules.Algorithm {
@@ -115,6 +121,9 @@ func Run(t *testing.T, newStore func(t *testing.T) limiter.Store, opts Options) 
 	}
 	t.Run("all_or_nothing", func(t *testing.T) {
 		testAllOrNothing(t, newStore, &opts)
+	})
+	t.Run("lists", func(t *testing.T) {
+		testLists(t, newStore, &opts)
 	})
 	t.Run("canceled_context", func(t *testing.T) {
 		testCanceled(t, newStore(t))

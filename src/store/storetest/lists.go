@@ -1,0 +1,227 @@
+package storetest
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/ratelimitd/ratelimit/src/limiter"
+	"github.com/ratelimitd/ratelimit/src/rules"
+)
+
+// parseList returns the first limit of descriptor "user" of a domain
+// whose rate_limits are items (YAML list lines).
+func parseList(t *testing.T, domain, items string) *rules.Limit {
+	t.Helper()
+	yaml := "domain: " + domain + "\ndescriptors:\n  - key: user\n    rate_limits:\n" + items
+	cfg, err := rules.Parse([]rules.File{{Name: "list.yaml", Data: []byte(yaml)}}, rules.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	l := cfg.Match(domain, []rules.Entry{{Key: "user", Value: "x"}}).Limit
+	if l == nil || !l.InList() {
+		t.Fatalf("no list in %s", yaml)
+	}
+	return l
+}
+
+// testLists runs descriptors with several limits (rules.Limit.Limits)
+// through a limiter on the store: burst plus sustained across second
+// boundaries, in both modes; mixed algorithms; and exact admission under
+// concurrency.
+func testLists(t *testing.T, newStore func(t *testing.T) limiter.Store, opts *Options) {
+	for _, stop := range []bool{false, true} {
+		t.Run(fmt.Sprintf("burst_and_sustained/stop_increment=%t", stop), func(t *testing.T) {
+			t.Parallel()
+			testBurstAndSustained(t, newStore(t), stop)
+		})
+	}
+	if opts.clock(rules.TokenBucket) == BatchClock && opts.clock(rules.SlidingWindow) == BatchClock &&
+		supports(opts, rules.TokenBucket) && supports(opts, rules.SlidingWindow) {
+		t.Run("mixed_algorithms", func(t *testing.T) {
+			t.Parallel()
+			testMixedList(t, newStore(t))
+		})
+	}
+	second := rules.FixedWindow
+	if supports(opts, rules.TokenBucket) {
+		second = rules.TokenBucket
+	}
+	for _, stop := range []bool{false, true} {
+		t.Run(fmt.Sprintf("exact_under_concurrency/stop_increment=%t", stop), func(t *testing.T) {
+			t.Parallel()
+			testListConcurrency(t, newStore(t), second, stop, opts.GroupsOneByOne)
+		})
+	}
+}
+
+func supports(opts *Options, a rules.Algorithm) bool {
+	for _, b := range opts.algorithms() {
+		if a == b {
+			return true
+		}
+	}
+	return false
+}
+
+// testBurstAndSustained: 2 a second and 5 a minute on one key. The third
+// hit in a second is refused by the first limit, the sixth in a minute by
+// the second, across second boundaries. Fixed windows only, so that every
+// store runs on the batch's time.
+func testBurstAndSustained(t *testing.T, store limiter.Store, stop bool) {
+	domain := fmt.Sprintf("storetest%016x", rand.Uint64())
+	lim := parseList(t, domain, `      - {unit: second, requests_per_unit: 2}
+      - {unit: minute, requests_per_unit: 5, name: sustained}
+`)
+	l := limiter.New(store, limiter.Config{StopIncrementWhenOverLimit: stop})
+	start := base.Add(10 * time.Second)
+	type hit struct {
+		at      time.Duration
+		code    limiter.Code
+		decider string
+	}
+	const ms = time.Millisecond
+	hits := []hit{
+		{0, limiter.OK, "second"},
+		{100 * ms, limiter.OK, "second"},
+		{200 * ms, limiter.OverLimit, "second"}, // the third in a second
+		{1000 * ms, limiter.OK, "sustained"},    // 1 left in both: the later reset
+		{2000 * ms, limiter.OK, "sustained"},
+		{3000 * ms, limiter.OverLimit, "sustained"}, // the sixth in the minute
+		{3100 * ms, limiter.OverLimit, "sustained"},
+		{50 * time.Second, limiter.OK, "second"}, // a new minute
+	}
+	if stop {
+		// The refused third hit is recorded nowhere: the sixth
+		// recorded hit is the one at +3.1 s.
+		hits[3].decider = "second" // 1 left a second, 2 a minute
+		hits[5] = hit{3000 * ms, limiter.OK, "sustained"}
+	}
+	entries := []rules.Entry{{Key: "user", Value: "x"}}
+	for i, h := range hits {
+		each := make([]limiter.Status, 2)
+		out := make([]limiter.Status, 1)
+		ds := []limiter.Descriptor{{Entries: entries, Limit: lim, Hits: 1, Each: each}}
+		if err := l.Check(t.Context(), domain, start.Add(h.at), ds, out); err != nil {
+			t.Fatal(err)
+		}
+		if out[0].Code != h.code || out[0].Limit == nil || out[0].Limit.StatLevel != h.decider {
+			t.Errorf("hit %d at +%v: %+v; want %v decided by %q (limits: %+v)", i+1, h.at, out[0], h.code, h.decider, each)
+		}
+	}
+	// What each limit holds in the first minute: every hit but the one at
+	// +50 s, or with stop_increment only the five admitted.
+	each := make([]limiter.Status, 2)
+	ds := []limiter.Descriptor{{Entries: entries, Limit: lim, Each: each}}
+	if err := l.Check(t.Context(), domain, start.Add(3200*ms), ds, make([]limiter.Status, 1)); err != nil {
+		t.Fatal(err)
+	}
+	if each[1].Remaining != 0 {
+		t.Errorf("minute limit after the test: %+v, want spent", each[1])
+	}
+	if stop && each[0].Remaining != 1 {
+		t.Errorf("second limit at +3.2 s with stop_increment: %+v, want 1 left (the refused hit at +3.1 s not recorded)", each[0])
+	}
+}
+
+// testMixedList: a token bucket for bursts and a sliding window for the
+// sustained rate on one descriptor.
+func testMixedList(t *testing.T, store limiter.Store) {
+	domain := fmt.Sprintf("storetest%016x", rand.Uint64())
+	lim := parseList(t, domain, `      - {unit: second, requests_per_unit: 1, algorithm: token_bucket, burst: 3}
+      - {unit: minute, requests_per_unit: 6, algorithm: sliding_window}
+`)
+	l := limiter.New(store, limiter.Config{})
+	entries := []rules.Entry{{Key: "user", Value: "x"}}
+	check := func(at time.Duration) limiter.Status {
+		t.Helper()
+		out := make([]limiter.Status, 1)
+		if err := l.Check(t.Context(), domain, base.Add(at), []limiter.Descriptor{{Entries: entries, Limit: lim, Hits: 1}}, out); err != nil {
+			t.Fatal(err)
+		}
+		return out[0]
+	}
+	for i := range 3 {
+		if st := check(0); st.Code != limiter.OK {
+			t.Fatalf("burst hit %d: %+v, want OK", i+1, st)
+		}
+	}
+	if st := check(0); st.Code != limiter.OverLimit || st.Limit != lim.Limits[0] {
+		t.Errorf("4th hit at once: %+v, want refused by the token bucket", st)
+	}
+	// The sliding window admitted and counted that 4th hit: two more fit.
+	for i := range 2 {
+		if st := check(time.Duration(i+1) * time.Second); st.Code != limiter.OK {
+			t.Fatalf("hit at +%ds: %+v, want OK", i+1, st)
+		}
+	}
+	if st := check(3 * time.Second); st.Code != limiter.OverLimit || st.Limit != lim.Limits[1] {
+		t.Errorf("7th hit in the minute: %+v, want refused by the sliding window", st)
+	}
+}
+
+// testListConcurrency: 32 goroutines send single-hit requests for one
+// descriptor with two limits, a day long so that nothing refills: a
+// fixed window of 60 and a stricter second limit of 40 (a token bucket
+// where the store runs one). Where a group is one atomic step, exactly 40
+// are admitted, and the stricter limit holds exactly 40; where it is not,
+// never more. The fixed window counts every hit (none lost), or with
+// stop_increment only the admitted ones.
+func testListConcurrency(t *testing.T, store limiter.Store, second rules.Algorithm, stop, oneByOne bool) {
+	const goroutines, requests = 32, 100
+	domain := fmt.Sprintf("storetest%016x", rand.Uint64())
+	lim := parseList(t, domain, fmt.Sprintf(`      - {unit: day, requests_per_unit: 60}
+      - {unit: week, requests_per_unit: 40, algorithm: %s}
+`, second))
+	l := limiter.New(store, limiter.Config{StopIncrementWhenOverLimit: stop})
+	entries := []rules.Entry{{Key: "user", Value: "hot"}}
+	now := base.Add(10 * time.Second)
+	var admitted atomic.Int64
+	var failed atomic.Value
+	var wg sync.WaitGroup
+	for range goroutines {
+		wg.Go(func() {
+			out := make([]limiter.Status, 1)
+			ds := []limiter.Descriptor{{Entries: entries, Limit: lim, Hits: 1}}
+			for range requests {
+				if err := l.Check(context.Background(), domain, now, ds, out); err != nil {
+					failed.Store(err)
+					return
+				}
+				if out[0].Code == limiter.OK {
+					admitted.Add(1)
+				}
+			}
+		})
+	}
+	wg.Wait()
+	if err, _ := failed.Load().(error); err != nil {
+		t.Fatalf("Check: %v", err)
+	}
+	got := admitted.Load()
+	switch {
+	case got > 40:
+		t.Errorf("admitted %d of %d requests, more than the stricter limit's 40", got, goroutines*requests)
+	case !oneByOne && got != 40:
+		t.Errorf("admitted %d of %d requests, want exactly 40", got, goroutines*requests)
+	}
+	each := make([]limiter.Status, 2)
+	ds := []limiter.Descriptor{{Entries: entries, Limit: lim, Each: each}}
+	if err := l.Check(t.Context(), domain, now, ds, make([]limiter.Status, 1)); err != nil {
+		t.Fatal(err)
+	}
+	wantFixed := uint64(goroutines * requests)
+	if stop {
+		wantFixed = uint64(got)
+	}
+	if used := 60 - uint64(each[0].Remaining); !stop && each[0].Remaining != 0 || stop && used != wantFixed {
+		t.Errorf("the fixed window has %d left after %d admitted, want it to hold %d hits", each[0].Remaining, got, wantFixed)
+	}
+	if used := 40 - uint64(each[1].Remaining); (!oneByOne || stop) && used != uint64(got) {
+		t.Errorf("the stricter limit used %d after %d admitted, want %d", used, got, got)
+	}
+}
