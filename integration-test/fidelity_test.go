@@ -76,16 +76,17 @@ func TestAnchorSettingsNotImplemented(t *testing.T) {
 			}
 		})
 	}
-	t.Run("TRACING_ENABLED=true", func(t *testing.T) {
-		p := start(t, map[string]string{"web.yaml": webRules}, "TRACING_ENABLED=true", "PROMETHEUS_RESPONSE_TIME_AS_MILLISECONDS=false", "LOG_FORMAT=json")
+	t.Run("PROMETHEUS_MAPPER_YAML", func(t *testing.T) {
+		p := start(t, map[string]string{"web.yaml": webRules}, "PROMETHEUS_MAPPER_YAML=/etc/statsd-exporter/conf.yaml",
+			"PROMETHEUS_RESPONSE_TIME_AS_MILLISECONDS=false", "LOG_FORMAT=json")
 		logs := p.logs()
-		if n := strings.Count(logs, `"setting":"TRACING_ENABLED"`); n != 1 {
-			t.Errorf("%d warnings naming TRACING_ENABLED, want 1:\n%s", n, logs)
+		if n := strings.Count(logs, `"setting":"PROMETHEUS_MAPPER_YAML"`); n != 1 {
+			t.Errorf("%d warnings naming PROMETHEUS_MAPPER_YAML, want 1:\n%s", n, logs)
 		}
 		if strings.Contains(logs, "PROMETHEUS_RESPONSE_TIME_AS_MILLISECONDS") {
 			t.Errorf("PROMETHEUS_RESPONSE_TIME_AS_MILLISECONDS=false asks for nothing, but was warned about:\n%s", logs)
 		}
-		if _, err := p.client(t).ShouldRateLimit(callCtx(t), request("web", "user", "tracing")); err != nil {
+		if _, err := p.client(t).ShouldRateLimit(callCtx(t), request("web", "user", "mapper")); err != nil {
 			t.Errorf("ShouldRateLimit: %v", err)
 		}
 	})

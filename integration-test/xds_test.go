@@ -19,6 +19,7 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
 	"github.com/ratelimitd/ratelimit/src/provider/xdstest"
+	"github.com/ratelimitd/ratelimit/src/server/otlptest"
 	"github.com/ratelimitd/ratelimit/src/store/storetest"
 )
 
@@ -292,6 +293,8 @@ func TestEnvoyGatewayDeployment(t *testing.T) {
 	// The older releases' statsd_exporter sidecar listens on 9125 for TCP
 	// (and UDP); the test's listens on a free port.
 	var statsdLines <-chan string
+	// otlp receives the spans of the variant with tracing.
+	var otlp *otlptest.Receiver
 	variants := []struct {
 		name  string
 		env   func(t *testing.T) []string
@@ -318,20 +321,45 @@ func TestEnvoyGatewayDeployment(t *testing.T) {
 		{
 			name: "prometheus_tracing",
 			env: func(t *testing.T) []string {
+				// The collector's URL is the test's receiver's, in the
+				// place of http://otel-collector.monitoring.svc.cluster.local:4318.
+				otlp = otlptest.Start(t)
 				return []string{
 					"USE_STATSD=false", "USE_PROMETHEUS=true", fmt.Sprintf("PROMETHEUS_ADDR=127.0.0.1:%d", freePort(t)),
 					"PROMETHEUS_MAPPER_YAML=/etc/statsd-exporter/conf.yaml",
 					"TRACING_ENABLED=true", "TRACING_SERVICE_NAME=envoy-ratelimit", "TRACING_SERVICE_NAMESPACE=envoy-gateway-system",
 					"TRACING_SERVICE_INSTANCE_ID=envoy-ratelimit-6d7b9c-x2x4z", "TRACING_SAMPLING_RATE=1.0",
-					"OTEL_EXPORTER_OTLP_ENDPOINT=http://otel-collector.monitoring.svc.cluster.local:4318",
+					"OTEL_EXPORTER_OTLP_ENDPOINT=" + otlp.HTTPURL,
+					// Exported every 100 ms rather than 5 s, for the test.
+					"OTEL_BSP_SCHEDULE_DELAY=100",
 				}
 			},
 			check: func(t *testing.T, p *proc) {
-				for _, name := range []string{"OTEL_EXPORTER_OTLP_ENDPOINT", "TRACING_ENABLED", "PROMETHEUS_MAPPER_YAML"} {
-					if !strings.Contains(p.logs(), "setting="+name) {
-						t.Errorf("no warning about %s", name)
+				if !strings.Contains(p.logs(), "setting=PROMETHEUS_MAPPER_YAML") {
+					t.Errorf("no warning about PROMETHEUS_MAPPER_YAML")
+				}
+				for _, name := range []string{"OTEL_EXPORTER_OTLP_ENDPOINT", "TRACING_ENABLED"} {
+					if strings.Contains(p.logs(), "setting="+name) {
+						t.Errorf("a warning about %s, which is implemented:\n%s", name, p.logs())
 					}
 				}
+				// Every decision above is a span of Envoy Gateway's
+				// service, over OTLP/HTTP, with a span per Redis round
+				// trip under it.
+				spans := otlp.WaitSpans(t, 1, 15*time.Second, func(s otlptest.Span) bool {
+					return s.Name == "envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit"
+				})
+				s := spans[0]
+				for k, want := range map[string]string{"service.name": "envoy-ratelimit", "service.namespace": "envoy-gateway-system",
+					"service.instance.id": "envoy-ratelimit-6d7b9c-x2x4z"} {
+					if s.Resource[k] != want {
+						t.Errorf("resource %s = %v, want %s", k, s.Resource[k], want)
+					}
+				}
+				if s.Protocol != "http" || s.Attributes["domain"] != egDomain {
+					t.Errorf("span over %s with domain %v, want over http with %s", s.Protocol, s.Attributes["domain"], egDomain)
+				}
+				otlp.WaitSpans(t, 1, 15*time.Second, func(c otlptest.Span) bool { return c.ParentSpanID == s.SpanID && c.Name == "redis pipeline" })
 				addr := ""
 				for _, kv := range p.cmd.Env {
 					if v, ok := strings.CutPrefix(kv, "PROMETHEUS_ADDR="); ok {

@@ -34,4 +34,7 @@ fi
 if grep -rl --include='*.go' --exclude='*_test.go' 'src/provider/xdstest' src cmd | grep -v '^src/provider/xdstest/'; then
   echo "imports: provider/xdstest is for tests only"; fail=1
 fi
+if grep -rl --include='*.go' --exclude='*_test.go' 'src/server/otlptest' src cmd | grep -v '^src/server/otlptest/'; then
+  echo "imports: server/otlptest is for tests only"; fail=1
+fi
 exit $fail

@@ -8,6 +8,8 @@ import (
 	"strings"
 	"time"
 
+	"go.opentelemetry.io/otel/trace"
+
 	"github.com/ratelimitd/ratelimit/src/limiter"
 	"github.com/ratelimitd/ratelimit/src/rules"
 	"github.com/ratelimitd/ratelimit/src/settings"
@@ -63,9 +65,10 @@ func newMemory(set *settings.Settings, reg *stats.Registry) *memory.Store {
 }
 
 // newBackend connects the store BACKEND_TYPE names, with the local store
-// of STORE_FAILURE_MODE=local beside a shared one.
-func newBackend(ctx context.Context, set *settings.Settings, reg *stats.Registry, log *slog.Logger) (*backend, error) {
-	b, err := newStore(ctx, set, reg, log)
+// of STORE_FAILURE_MODE=local beside a shared one. A Redis or Memcached
+// store traces its round trips with tracer, when not nil.
+func newBackend(ctx context.Context, set *settings.Settings, reg *stats.Registry, log *slog.Logger, tracer trace.Tracer) (*backend, error) {
+	b, err := newStore(ctx, set, reg, log, tracer)
 	if err != nil || set.BackendType == settings.BackendMemory || set.StoreFailureMode != settings.FailureModeLocal {
 		return b, err
 	}
@@ -80,7 +83,7 @@ func newBackend(ctx context.Context, set *settings.Settings, reg *stats.Registry
 	return b, nil
 }
 
-func newStore(ctx context.Context, set *settings.Settings, reg *stats.Registry, _ *slog.Logger) (*backend, error) {
+func newStore(ctx context.Context, set *settings.Settings, reg *stats.Registry, _ *slog.Logger, tracer trace.Tracer) (*backend, error) {
 	switch set.BackendType {
 	case settings.BackendMemory:
 		m := newMemory(set, reg)
@@ -97,6 +100,7 @@ func newStore(ctx context.Context, set *settings.Settings, reg *stats.Registry, 
 		if err != nil {
 			return nil, err
 		}
+		cfg.Tracer = tracer
 		r, err := redis.New(ctx, cfg)
 		if err != nil {
 			return nil, err
@@ -123,6 +127,7 @@ func newStore(ctx context.Context, set *settings.Settings, reg *stats.Registry, 
 		if err != nil {
 			return nil, err
 		}
+		cfg.Tracer = tracer
 		m, err := memcached.New(ctx, cfg)
 		if err != nil {
 			return nil, err

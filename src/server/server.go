@@ -41,6 +41,12 @@ import (
 // finish within it, and the store's close gets what is left of it.
 const shutdownDrain = 10 * time.Second
 
+// traceFlushMax bounds the last export of spans at shutdown, within the
+// drain: a collector that answers takes milliseconds, and one that is
+// down or never answers must not hold every shutdown for the whole drain
+// (the gRPC exporter retries a refused connection until its deadline).
+const traceFlushMax = 2 * time.Second
+
 // Server is a running rate-limit service.
 type Server struct {
 	set    *settings.Settings
@@ -52,6 +58,8 @@ type Server struct {
 	// statsd sends the statistics to statsd or DogStatsD; nil when the
 	// settings ask for neither.
 	statsd *stats.Statsd
+	// tracing exports spans; nil with TRACING_ENABLED=false.
+	tracing *tracing
 
 	grpc     *grpc.Server
 	httpSrv  *http.Server
@@ -84,9 +92,15 @@ func New(ctx context.Context, set *settings.Settings, log *slog.Logger) (*Server
 	s := &Server{set: set, log: log, stats: stats.NewRegistry(), health: NewHealth(), drain: shutdownDrain}
 	s.stats.GoRuntime("ratelimit.go")
 	s.statsd = s.newStatsd()
-
-	b, err := newBackend(ctx, set, s.stats, log)
+	tr, err := newTracing(ctx, set, log)
 	if err != nil {
+		return nil, err
+	}
+	s.tracing = tr
+
+	b, err := newBackend(ctx, set, s.stats, log, tr.Tracer())
+	if err != nil {
+		s.stopTracing()
 		return nil, err
 	}
 	s.store = b
@@ -143,6 +157,8 @@ func New(ctx context.Context, set *settings.Settings, log *slog.Logger) (*Server
 		MaxDynamicStatKeys: set.StatsMaxDynamicKeys,
 		Fallback:           fallback,
 		ResponseTime:       s.statsd != nil,
+		Tracer:             tr.Tracer(),
+		Propagator:         service.Propagator(),
 		Log:                log,
 	})
 
@@ -153,6 +169,7 @@ func New(ctx context.Context, set *settings.Settings, log *slog.Logger) (*Server
 	}
 	if err != nil {
 		b.close()
+		s.stopTracing()
 		return nil, err
 	}
 
@@ -160,9 +177,18 @@ func New(ctx context.Context, set *settings.Settings, log *slog.Logger) (*Server
 		s.stopWatch()
 		s.watcher.Wait()
 		b.close()
+		s.stopTracing()
 		return nil, err
 	}
 	return s, nil
+}
+
+// stopTracing stops the exporter of a server that failed to start. No
+// span was made, so there is nothing to wait for.
+func (s *Server) stopTracing() {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	_ = s.tracing.flush(ctx)
 }
 
 // watchRules starts watching the rules directory. The watcher loads the
@@ -576,6 +602,16 @@ func (s *Server) shutdown(run *sync.WaitGroup) {
 			_ = h.Close()
 		}
 	}
+	// The spans of the requests drained above are all ended and queued:
+	// they are exported beside the rest, within traceFlushMax of the time
+	// left, so that a collector that does not answer delays nothing else
+	// and the exit by no more than that.
+	var traces sync.WaitGroup
+	traces.Go(func() {
+		tctx, cancel := context.WithTimeout(dctx, traceFlushMax)
+		defer cancel()
+		s.flushTraces(tctx)
+	})
 	// The watcher, Run's goroutines, a last flush of the statistics (the
 	// requests drained above are counted by now) and the store's close
 	// get the time left, if any.
@@ -588,6 +624,8 @@ func (s *Server) shutdown(run *sync.WaitGroup) {
 	}) {
 		s.log.Warn("drain time over before the store closed; exiting without waiting for it", "drain", s.drain)
 	}
+	// flushTraces returns by its deadline: the SDK's export gives up then.
+	traces.Wait()
 	if s.set.GRPCUDS != "" {
 		_ = os.Remove(filepath.Clean(s.set.GRPCUDS))
 	}
@@ -606,6 +644,13 @@ func (s *Server) flushStats(ctx context.Context) {
 		s.log.Log(ctx, level, "last statistics not sent to statsd", "err", err)
 	}
 	_ = s.statsd.Close()
+}
+
+// flushTraces exports the spans still queued, within ctx.
+func (s *Server) flushTraces(ctx context.Context) {
+	if err := s.tracing.flush(ctx); err != nil {
+		s.log.Warn("last spans not exported", "err", err)
+	}
 }
 
 // httpServers are the HTTP servers in use.

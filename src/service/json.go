@@ -7,6 +7,8 @@ import (
 	"net/http"
 
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"go.opentelemetry.io/otel/propagation"
+	"go.opentelemetry.io/otel/trace"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/encoding/protojson"
@@ -71,7 +73,16 @@ func (s *Service) serveJSON(w http.ResponseWriter, r *http.Request, maxBody int6
 		http.Error(w, "invalid request: "+err.Error(), http.StatusBadRequest)
 		return
 	}
-	resp, err := s.ShouldRateLimit(r.Context(), &req)
+	ctx := r.Context()
+	var span trace.Span
+	if s.cfg.Tracer != nil {
+		ctx, span = s.startSpan(ctx, propagation.HeaderCarrier(r.Header), jsonSpanName, jsonAttributes)
+		defer span.End()
+	}
+	resp, err := s.shouldRateLimit(ctx, &req)
+	if span != nil {
+		endSpan(span, &req, resp, err)
+	}
 	if err != nil {
 		st, _ := status.FromError(err)
 		code := http.StatusInternalServerError
@@ -80,6 +91,9 @@ func (s *Service) serveJSON(w http.ResponseWriter, r *http.Request, maxBody int6
 			code = http.StatusBadRequest
 		case codes.Unavailable, codes.DeadlineExceeded, codes.ResourceExhausted:
 			code = http.StatusServiceUnavailable
+		}
+		if span != nil {
+			span.SetAttributes(attrHTTPStatus.Int(code))
 		}
 		http.Error(w, st.Message(), code)
 		return
@@ -90,8 +104,13 @@ func (s *Service) serveJSON(w http.ResponseWriter, r *http.Request, maxBody int6
 		return
 	}
 	w.Header().Set("Content-Type", "application/json")
+	code := http.StatusOK
 	if resp.GetOverallCode() == rlsv3.RateLimitResponse_OVER_LIMIT {
-		w.WriteHeader(http.StatusTooManyRequests)
+		code = http.StatusTooManyRequests
 	}
+	if span != nil {
+		span.SetAttributes(attrHTTPStatus.Int(code))
+	}
+	w.WriteHeader(code)
 	_, _ = w.Write(out)
 }

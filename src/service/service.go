@@ -15,6 +15,8 @@ import (
 
 	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"go.opentelemetry.io/otel/propagation"
+	"go.opentelemetry.io/otel/trace"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
@@ -95,6 +97,18 @@ type Config struct {
 	// eight, counted eight times (the first, the ninth...). Only statsd
 	// reads it, so it is off unless statistics go to statsd.
 	ResponseTime bool
+	// Tracer, when not nil, traces every decision (TRACING_ENABLED): one
+	// span of kind server per ShouldRateLimit call or /json request, a
+	// child of the caller's span when Propagator finds one in the gRPC
+	// metadata or the HTTP headers, with the domain, the number of
+	// descriptors and the outcome (never the descriptors themselves). The
+	// span is in the context the limiter and the store get, so a store
+	// can add its round trips as children. Nil, the default, adds no work
+	// at all to a request: no lookup, no allocation.
+	Tracer trace.Tracer
+	// Propagator reads the caller's trace context with Tracer; nil reads
+	// none, and every span starts a trace.
+	Propagator propagation.TextMapPropagator
 	// Now is the clock; nil means time.Now.
 	Now func() time.Time
 	// Log receives errors worth an operator's attention; nil discards them.
@@ -254,6 +268,21 @@ func grow[T any](b []T, n int) []T {
 
 // ShouldRateLimit implements the RLS v3 call.
 func (s *Service) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitRequest) (*rlsv3.RateLimitResponse, error) {
+	// One branch on a nil Tracer is all that tracing costs when it is off:
+	// reading the metadata, extracting a context and starting a span
+	// allocate, and would be paid by every request.
+	if s.cfg.Tracer == nil {
+		return s.shouldRateLimit(ctx, req)
+	}
+	ctx, span := s.startSpan(ctx, &incomingCarrier{ctx}, grpcSpanName, grpcAttributes)
+	resp, err := s.shouldRateLimit(ctx, req)
+	endSpan(span, req, resp, err)
+	span.End()
+	return resp, err
+}
+
+// shouldRateLimit is ShouldRateLimit after tracing, for gRPC and /json.
+func (s *Service) shouldRateLimit(ctx context.Context, req *rlsv3.RateLimitRequest) (*rlsv3.RateLimitResponse, error) {
 	n := s.totalRequests.IncValue()
 	// One decision in timerEvery is timed and counts for timerEvery: the
 	// clock read and the timer's shared buckets would otherwise cost a
@@ -345,6 +374,9 @@ func (s *Service) decide(ctx context.Context, req *rlsv3.RateLimitRequest) (*rls
 		if lerr := s.cfg.Fallback.Check(ctx, req.GetDomain(), now, sc.descs, sc.statuses); lerr == nil {
 			degraded = true
 			s.degraded.Inc()
+			if s.cfg.Tracer != nil {
+				markDegraded(ctx)
+			}
 			if ok, held := s.degradedLog.allow(time.Now()); ok {
 				s.cfg.Log.Warn("store unavailable; deciding from this instance's local counts", "err", err, "suppressed", held)
 			}

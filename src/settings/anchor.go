@@ -20,8 +20,8 @@ const (
 	// on purpose (docs/SETTINGS.md says how).
 	Different
 	// Warned: not implemented. Going without it changes neither security
-	// nor the rules in force (statistics sinks, tracing, tuning of a
-	// client we do not use), so a value that asks for it is accepted with
+	// nor the rules in force (a statistics mapping, tuning of a client we
+	// do not use), so a value that asks for it is accepted with
 	// one warning at startup.
 	Warned
 	// Refused: not implemented, and going without it would make the
@@ -105,9 +105,6 @@ func oneOf(values ...string) func(string) bool {
 	}
 }
 
-// whyTracing is the reason shared by the tracing settings.
-const whyTracing = "OpenTelemetry tracing is not implemented"
-
 // anchorSettings is every envconfig name of envoyproxy/ratelimit's
 // settings that we know of: the union of its recent versions (a few
 // settings come and go between them, such as PROTO), each with our status.
@@ -184,16 +181,16 @@ var anchorSettings = []AnchorSetting{
 	{Name: "PROMETHEUS_RESPONSE_TIME_AS_MILLISECONDS", Status: Warned, Default: "false", honoured: isFalse,
 		Why: "response-time histograms are not exported"},
 
-	// Tracing.
-	{Name: "TRACING_ENABLED", Status: Warned, Default: "false", honoured: isFalse, Why: whyTracing},
-	{Name: "TRACING_SERVICE_NAME", Status: Warned, Default: "RateLimit", Why: whyTracing},
-	{Name: "TRACING_SERVICE_NAMESPACE", Status: Warned, Why: whyTracing},
-	{Name: "TRACING_SERVICE_INSTANCE_ID", Status: Warned, Why: whyTracing},
-	{Name: "TRACING_EXPORTER_PROTOCOL", Status: Warned, Default: "http", Why: whyTracing},
-	{Name: "TRACING_SAMPLING_RATE", Status: Warned, Default: "1", Why: whyTracing},
-	// Read by the OpenTelemetry SDK rather than by the anchor's settings,
-	// and set by Envoy Gateway's Deployment when tracing is on.
-	{Name: "OTEL_EXPORTER_OTLP_ENDPOINT", Status: Warned, Why: whyTracing},
+	// Tracing. OTEL_EXPORTER_OTLP_ENDPOINT is read by the OpenTelemetry
+	// SDK rather than by the anchor's settings, and set by Envoy
+	// Gateway's Deployment when tracing is on.
+	{Name: "TRACING_ENABLED", Status: Same, Default: "false"},
+	{Name: "TRACING_SERVICE_NAME", Status: Same, Default: "RateLimit"},
+	{Name: "TRACING_SERVICE_NAMESPACE", Status: Same},
+	{Name: "TRACING_SERVICE_INSTANCE_ID", Status: Same},
+	{Name: "TRACING_EXPORTER_PROTOCOL", Status: Same, Default: "http"},
+	{Name: "TRACING_SAMPLING_RATE", Status: Same, Default: "1"},
+	{Name: "OTEL_EXPORTER_OTLP_ENDPOINT", Status: Same},
 
 	// Rules on disk.
 	{Name: "RUNTIME_ROOT", Status: Different, Default: "/srv/runtime_data/current"},

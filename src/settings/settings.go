@@ -6,6 +6,7 @@ package settings
 import (
 	"errors"
 	"fmt"
+	"net/url"
 	"os"
 	"regexp"
 	"slices"
@@ -100,6 +101,25 @@ type Settings struct {
 	// mogrifiers are those named by USE_DOG_STATSD_MOGRIFIERS, read by
 	// Load (see Mogrifiers).
 	mogrifiers []Mogrifier
+
+	// Tracing with OpenTelemetry, as in the anchor. TRACING_ENABLED sends
+	// a span per decision (and one per store round trip) over OTLP, by
+	// TRACING_EXPORTER_PROTOCOL (http or grpc), as the process
+	// TRACING_SERVICE_NAME in TRACING_SERVICE_NAMESPACE, instance
+	// TRACING_SERVICE_INSTANCE_ID (empty: a random UUID at each start).
+	// TRACING_SAMPLING_RATE (0..1) is the share of traces started here
+	// that are recorded; a request whose caller sent a trace context
+	// follows the caller's decision. Where the spans go is read by the
+	// OpenTelemetry SDK itself from the standard OTEL_EXPORTER_OTLP_*
+	// variables (endpoint, headers, certificates, timeout, compression);
+	// OTEL_EXPORTER_OTLP_ENDPOINT is read here too, only to check it.
+	TracingEnabled           bool    `envconfig:"TRACING_ENABLED" default:"false"`
+	TracingServiceName       string  `envconfig:"TRACING_SERVICE_NAME" default:"RateLimit"`
+	TracingServiceNamespace  string  `envconfig:"TRACING_SERVICE_NAMESPACE" default:""`
+	TracingServiceInstanceID string  `envconfig:"TRACING_SERVICE_INSTANCE_ID" default:""`
+	TracingExporterProtocol  string  `envconfig:"TRACING_EXPORTER_PROTOCOL" default:"http"`
+	TracingSamplingRate      float64 `envconfig:"TRACING_SAMPLING_RATE" default:"1"`
+	OTLPEndpoint             string  `envconfig:"OTEL_EXPORTER_OTLP_ENDPOINT" default:""`
 
 	// Logging. Both are read in any case; Validate lowers LogFormat.
 	LogLevel  string `envconfig:"LOG_LEVEL" default:"WARN"`
@@ -337,6 +357,7 @@ func Load() (*Settings, error) {
 	}
 	warnings = append(warnings, s.unusedTLS()...)
 	warnings = append(warnings, s.unusedStats()...)
+	warnings = append(warnings, s.unusedTracing(os.LookupEnv)...)
 	sort.SliceStable(warnings, func(i, j int) bool { return warnings[i].Name < warnings[j].Name })
 	s.warnings = warnings
 	return &s, nil
@@ -662,6 +683,7 @@ func (s *Settings) Validate() error {
 		// more often than it could be useful.
 		bad("STATS_FLUSH_INTERVAL", "%v: want at least 10ms", s.StatsFlushInterval)
 	}
+	s.validateTracing(bad)
 	if s.MemoryMaxBytes < 1<<20 {
 		bad("MEMORY_MAX_BYTES", "%d is below the minimum of 1048576 (1 MiB)", s.MemoryMaxBytes)
 	}
@@ -722,6 +744,54 @@ func (s *Settings) Validate() error {
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// Values of TRACING_EXPORTER_PROTOCOL.
+const (
+	TracingHTTP = "http"
+	TracingGRPC = "grpc"
+)
+
+// validateTracing checks the TRACING_* settings, and the OTLP endpoint
+// when tracing is on: a malformed one would have the SDK log an error and
+// send every span to localhost instead, for as long as the process runs.
+func (s *Settings) validateTracing(bad func(name, format string, args ...any)) {
+	switch p := strings.ToLower(strings.TrimSpace(s.TracingExporterProtocol)); p {
+	case "":
+		// Set but empty: the anchor's default.
+		s.TracingExporterProtocol = TracingHTTP
+	case TracingHTTP, TracingGRPC:
+		s.TracingExporterProtocol = p
+	default:
+		bad("TRACING_EXPORTER_PROTOCOL", "unknown protocol %q (want http or grpc)", s.TracingExporterProtocol)
+	}
+	if r := s.TracingSamplingRate; !(r >= 0 && r <= 1) {
+		bad("TRACING_SAMPLING_RATE", "%v is outside 0..1", r)
+	}
+	if s.TracingEnabled && s.TracingServiceName == "" {
+		bad("TRACING_SERVICE_NAME", "must not be empty with TRACING_ENABLED=true")
+	}
+	if !s.TracingEnabled || s.OTLPEndpoint == "" {
+		return
+	}
+	// The OTLP specification wants a URL with a scheme for both
+	// protocols; the scheme says whether the connection is TLS.
+	u, err := url.Parse(s.OTLPEndpoint)
+	switch {
+	case err != nil:
+		bad("OTEL_EXPORTER_OTLP_ENDPOINT", "not a URL: %v", err)
+	case (u.Scheme != "http" && u.Scheme != "https") || u.Host == "":
+		bad("OTEL_EXPORTER_OTLP_ENDPOINT", "want http://host:port or https://host:port")
+	}
+}
+
+// unusedTracing warns about an OTLP endpoint set while tracing is off:
+// whoever set it expects spans there.
+func (s *Settings) unusedTracing(lookup func(string) (string, bool)) []Warning {
+	if v, ok := lookup("OTEL_EXPORTER_OTLP_ENDPOINT"); s.TracingEnabled || !ok || v == "" {
+		return nil
+	}
+	return []Warning{{Name: "OTEL_EXPORTER_OTLP_ENDPOINT", Unused: true, Why: "tracing is off: set TRACING_ENABLED=true to send spans there"}}
 }
 
 // JSONLogsRequested reports whether LOG_FORMAT asks for JSON lines, in any

@@ -464,3 +464,56 @@ func TestStatsSettings(t *testing.T) {
 		})
 	}
 }
+
+// TestTracingSettings: the tracing settings read as the anchor reads
+// them, and the values it would misuse refused, each naming its variable.
+func TestTracingSettings(t *testing.T) {
+	tests := []struct {
+		name     string
+		env      map[string]string
+		errs     []string
+		protocol string
+		rate     float64
+	}{
+		{name: "defaults", protocol: "http", rate: 1},
+		{name: "grpc_any_case", env: map[string]string{"TRACING_ENABLED": "true", "TRACING_EXPORTER_PROTOCOL": "GRPC"}, protocol: "grpc", rate: 1},
+		{name: "protocol_empty", env: map[string]string{"TRACING_EXPORTER_PROTOCOL": ""}, protocol: "http", rate: 1},
+		{name: "protocol_unknown", env: map[string]string{"TRACING_EXPORTER_PROTOCOL": "http/json"}, errs: []string{"TRACING_EXPORTER_PROTOCOL"}},
+		{name: "rate_envoy_gateway", env: map[string]string{"TRACING_ENABLED": "true", "TRACING_SAMPLING_RATE": "0.0"}, protocol: "http", rate: 0},
+		{name: "rate_percent", env: map[string]string{"TRACING_SAMPLING_RATE": "50"}, errs: []string{"TRACING_SAMPLING_RATE"}},
+		{name: "rate_negative", env: map[string]string{"TRACING_SAMPLING_RATE": "-0.1"}, errs: []string{"TRACING_SAMPLING_RATE"}},
+		{name: "rate_nan", env: map[string]string{"TRACING_SAMPLING_RATE": "NaN"}, errs: []string{"TRACING_SAMPLING_RATE"}},
+		{name: "rate_not_a_number", env: map[string]string{"TRACING_SAMPLING_RATE": "half"}, errs: []string{"TRACING_SAMPLING_RATE"}},
+		{name: "empty_service_name", env: map[string]string{"TRACING_ENABLED": "true", "TRACING_SERVICE_NAME": ""}, errs: []string{"TRACING_SERVICE_NAME"}},
+		{name: "endpoint", env: map[string]string{"TRACING_ENABLED": "true", "OTEL_EXPORTER_OTLP_ENDPOINT": "https://otel.example.com:4318"}, protocol: "http", rate: 1},
+		{name: "endpoint_without_scheme", env: map[string]string{"TRACING_ENABLED": "true", "OTEL_EXPORTER_OTLP_ENDPOINT": "otel:4317"}, errs: []string{"OTEL_EXPORTER_OTLP_ENDPOINT"}},
+		{name: "endpoint_not_a_url", env: map[string]string{"TRACING_ENABLED": "true", "OTEL_EXPORTER_OTLP_ENDPOINT": "http://[::1"}, errs: []string{"OTEL_EXPORTER_OTLP_ENDPOINT"}},
+		// Unused with tracing off, as in the anchor: one warning, no error.
+		{name: "endpoint_without_scheme_tracing_off", env: map[string]string{"OTEL_EXPORTER_OTLP_ENDPOINT": "otel:4317"}, protocol: "http", rate: 1},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			for k, v := range tt.env {
+				t.Setenv(k, v)
+			}
+			s, err := Load()
+			if len(tt.errs) > 0 {
+				if err == nil {
+					t.Fatalf("Load() succeeded, want an error naming %v", tt.errs)
+				}
+				for _, w := range tt.errs {
+					if !strings.Contains(err.Error(), w) {
+						t.Errorf("Load() error %q does not name %s", err, w)
+					}
+				}
+				return
+			}
+			if err != nil {
+				t.Fatalf("Load() = %v", err)
+			}
+			if s.TracingExporterProtocol != tt.protocol || s.TracingSamplingRate != tt.rate {
+				t.Errorf("protocol %q, rate %v; want %q, %v", s.TracingExporterProtocol, s.TracingSamplingRate, tt.protocol, tt.rate)
+			}
+		})
+	}
+}

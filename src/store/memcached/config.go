@@ -11,6 +11,8 @@ import (
 	"strings"
 	"time"
 
+	"go.opentelemetry.io/otel/trace"
+
 	"github.com/ratelimitd/ratelimit/src/store/breaker"
 )
 
@@ -77,6 +79,11 @@ type Config struct {
 	// expiration of every item, so that keys do not all expire at once
 	// (EXPIRATION_JITTER_MAX_SECONDS; default 0 here, 300s in settings).
 	ExpirationJitterMax time.Duration
+	// Tracer, when not nil, makes each round trip of a request whose
+	// span is recorded (TRACING_ENABLED) a client span under it, named
+	// after its command (memcached incr, add, gets, cas, decr). Nil
+	// traces nothing and costs a nil check per round trip.
+	Tracer trace.Tracer
 }
 
 // Defaults of the zero Config fields.

@@ -76,7 +76,7 @@ func (s *Store) applyCount(ctx context.Context, key string, op *limiter.Op, now 
 			if err := s.check(ctx); err != nil {
 				return undo{}, err
 			}
-			after, err := s.increment(key, op.Hits)
+			after, err := s.increment(ctx, key, op.Hits)
 			if err == nil {
 				s.gotAnswer(key)
 				s.written.add(key, end, sec)
@@ -96,7 +96,7 @@ func (s *Store) applyCount(ctx context.Context, key string, op *limiter.Op, now 
 		if err := s.check(ctx); err != nil {
 			return undo{}, err
 		}
-		err := s.add(item)
+		err := s.add(ctx, item)
 		if err == nil {
 			s.gotAnswer(key)
 			s.written.add(key, end, sec)
@@ -138,7 +138,7 @@ func (s *Store) counted(ctx context.Context, key string, op *limiter.Op, now tim
 		// Best effort, as pin: the op's answer is right either way; an
 		// error that means an outage is recorded by fail.
 		if s.checkDeadline(ctx) == nil {
-			if _, err := s.increment(key, satMark-after); err != nil {
+			if _, err := s.increment(ctx, key, satMark-after); err != nil {
 				_ = s.fail(key, err)
 			} else {
 				s.gotAnswer(key)
@@ -177,7 +177,7 @@ func saturated(before uint64, now time.Time, op *limiter.Op) limiter.Result {
 // item's expiration), and at most one window longer.
 func (s *Store) pin(ctx context.Context, key string, op *limiter.Op) {
 	for s.check(ctx) == nil {
-		it, err := s.get(key)
+		it, err := s.get(ctx, key)
 		if err != nil {
 			if errors.Is(err, memcache.ErrCacheMiss) {
 				s.gotAnswer(key)
@@ -196,7 +196,7 @@ func (s *Store) pin(ctx context.Context, key string, op *limiter.Op) {
 		}
 		it.Value = strconv.AppendUint(it.Value[:0], satMark, 10)
 		it.Expiration = s.expiration(max(int64(op.Window/time.Second), 1))
-		switch err := s.client.CompareAndSwap(it); {
+		switch err := s.compareAndSwap(ctx, it); {
 		case err == nil:
 			s.gotAnswer(key)
 			return
@@ -222,7 +222,7 @@ func (s *Store) readCount(ctx context.Context, key string) (uint64, error) {
 	if err := s.check(ctx); err != nil {
 		return 0, err
 	}
-	it, err := s.get(key)
+	it, err := s.get(ctx, key)
 	if errors.Is(err, memcache.ErrCacheMiss) {
 		s.gotAnswer(key)
 		return 0, nil
@@ -249,7 +249,7 @@ func (s *Store) applyState(ctx context.Context, key string, op *limiter.Op, now 
 		if err := s.check(ctx); err != nil {
 			return undo{}, err
 		}
-		it, err := s.get(key)
+		it, err := s.get(ctx, key)
 		found := err == nil
 		if !found && !errors.Is(err, memcache.ErrCacheMiss) {
 			return undo{}, s.fail(key, err)
@@ -273,9 +273,9 @@ func (s *Store) applyState(ctx context.Context, key string, op *limiter.Op, now 
 		exp := s.expiration(secondsUntil(idle, now))
 		if found {
 			it.Value, it.Expiration = value, exp
-			err = s.client.CompareAndSwap(it)
+			err = s.compareAndSwap(ctx, it)
 		} else {
-			err = s.add(&memcache.Item{Key: key, Value: value, Expiration: exp})
+			err = s.add(ctx, &memcache.Item{Key: key, Value: value, Expiration: exp})
 		}
 		switch {
 		case err == nil:
@@ -364,7 +364,7 @@ func (s *Store) undo(ctx context.Context, u *undo) error {
 		if err := s.checkDeadline(ctx); err != nil {
 			return err
 		}
-		_, err := s.client.Decrement(u.key, op.Hits)
+		err := s.decrement(ctx, u.key, op.Hits)
 		if err == nil || errors.Is(err, memcache.ErrCacheMiss) {
 			s.gotAnswer(u.key)
 			return nil
@@ -375,7 +375,7 @@ func (s *Store) undo(ctx context.Context, u *undo) error {
 		if err := s.checkDeadline(ctx); err != nil {
 			return err
 		}
-		it, err := s.get(u.key)
+		it, err := s.get(ctx, u.key)
 		if errors.Is(err, memcache.ErrCacheMiss) {
 			s.gotAnswer(u.key)
 			return nil
@@ -395,7 +395,7 @@ func (s *Store) undo(ctx context.Context, u *undo) error {
 			return err
 		}
 		it.Value, it.Expiration = value, s.expiration(secondsUntil(idle, u.now))
-		err = s.client.CompareAndSwap(it)
+		err = s.compareAndSwap(ctx, it)
 		switch {
 		case err == nil:
 			s.gotAnswer(u.key)

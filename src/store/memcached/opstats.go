@@ -1,6 +1,7 @@
 package memcached
 
 import (
+	"context"
 	"errors"
 	"sync/atomic"
 
@@ -39,9 +40,14 @@ func (s *Store) OpStats() OpStats {
 	}
 }
 
+// The wrappers below are every round trip a Do takes: each is counted,
+// and traced as a child of the request's span in ctx (see startSpan).
+
 // increment is the client's Increment, counted.
-func (s *Store) increment(key string, delta uint64) (uint64, error) {
+func (s *Store) increment(ctx context.Context, key string, delta uint64) (uint64, error) {
+	span := s.startSpan(ctx, cmdIncr)
 	v, err := s.client.Increment(key, delta)
+	endSpan(span, err)
 	switch {
 	case err == nil:
 		s.opCounts.incrOK.Add(1)
@@ -54,8 +60,10 @@ func (s *Store) increment(key string, delta uint64) (uint64, error) {
 }
 
 // add is the client's Add, counted.
-func (s *Store) add(item *memcache.Item) error {
+func (s *Store) add(ctx context.Context, item *memcache.Item) error {
+	span := s.startSpan(ctx, cmdAdd)
 	err := s.client.Add(item)
+	endSpan(span, err)
 	switch {
 	case err == nil:
 		s.opCounts.addOK.Add(1)
@@ -69,8 +77,10 @@ func (s *Store) add(item *memcache.Item) error {
 
 // get is the client's Get, counted as a multi-get of one key: a miss is
 // a successful read that found nothing.
-func (s *Store) get(key string) (*memcache.Item, error) {
+func (s *Store) get(ctx context.Context, key string) (*memcache.Item, error) {
+	span := s.startSpan(ctx, cmdGets)
 	it, err := s.client.Get(key)
+	endSpan(span, err)
 	s.opCounts.keys.Add(1)
 	switch {
 	case err == nil:
@@ -82,4 +92,22 @@ func (s *Store) get(key string) (*memcache.Item, error) {
 		s.opCounts.getErr.Add(1)
 	}
 	return it, err
+}
+
+// compareAndSwap is the client's CompareAndSwap (not counted: the anchor
+// sends no cas).
+func (s *Store) compareAndSwap(ctx context.Context, item *memcache.Item) error {
+	span := s.startSpan(ctx, cmdCAS)
+	err := s.client.CompareAndSwap(item)
+	endSpan(span, err)
+	return err
+}
+
+// decrement is the client's Decrement (not counted: the anchor sends no
+// decr).
+func (s *Store) decrement(ctx context.Context, key string, delta uint64) error {
+	span := s.startSpan(ctx, cmdDecr)
+	_, err := s.client.Decrement(key, delta)
+	endSpan(span, err)
+	return err
 }

@@ -9,6 +9,8 @@ import (
 	"strings"
 	"time"
 
+	"go.opentelemetry.io/otel/trace"
+
 	"github.com/ratelimitd/ratelimit/src/store/breaker"
 )
 
@@ -102,6 +104,11 @@ type Config struct {
 	// TLS, PoolSize, Timeout, PipelineWindow, PipelineLimit, MaxQueue); the
 	// others come from the main Config.
 	PerSecond *Config
+	// Tracer, when not nil, adds a span to the request's trace for each
+	// round trip a request takes to a Redis, when the context Do gets
+	// holds a recorded span (see Store.Do). Nil, the default, costs a
+	// request nothing.
+	Tracer trace.Tracer
 
 	// ScriptClock is for tests only: when set, the Lua scripts take the time
 	// from Batch.Now instead of Redis TIME, so that they can be compared with

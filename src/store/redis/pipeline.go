@@ -53,6 +53,14 @@ type request struct {
 	done  chan struct{}
 	at    time.Time // when queued
 
+	// traced is set by the caller when the request has a span (see
+	// Store.startSpan); the worker then records when it sent the request
+	// and how many requests and commands went in that pipeline.
+	traced       bool
+	sentAt       time.Time
+	pipeRequests int
+	pipeCommands int
+
 	// The commands' arguments point into vals (per op of idx) and fill
 	// slots of args: kept across uses, they make building a command
 	// allocation-free but for the command itself (see Store.build).
@@ -121,6 +129,7 @@ func putRequest(r *request) {
 	clear(r.vals)
 	r.cmds, r.plan, r.idx, r.args, r.vals = r.cmds[:0], r.plan[:0], r.idx[:0], r.args[:0], r.vals[:0]
 	r.ctx, r.err, r.ncmds, r.work = nil, nil, 0, 0
+	r.traced, r.sentAt, r.pipeRequests, r.pipeCommands = false, time.Time{}, 0, 0
 	requestPool.Put(r)
 }
 
@@ -467,7 +476,7 @@ func (be *backend) exec(ctx context.Context, w *worker, batch []*request) {
 	ctx, cancel := context.WithTimeout(ctx, be.timeout)
 	defer cancel()
 	pipe := w.pipe // Exec empties it
-	sent := 0
+	sent, cmds, traced := 0, 0, false
 	for _, r := range batch {
 		if err := r.ctx.Err(); err != nil {
 			r.err = unavailable(be.name, err)
@@ -475,6 +484,17 @@ func (be *backend) exec(ctx context.Context, w *worker, batch []*request) {
 		}
 		_ = pipe.BatchProcess(ctx, r.cmds...)
 		sent++
+		cmds += r.ncmds
+		traced = traced || r.traced
+	}
+	if traced {
+		// Read by each caller once done is signalled.
+		now := time.Now()
+		for _, r := range batch {
+			if r.traced && r.err == nil {
+				r.sentAt, r.pipeRequests, r.pipeCommands = now, sent, cmds
+			}
+		}
 	}
 	if sent > 0 {
 		_, err := pipe.Exec(ctx)

@@ -24,6 +24,7 @@ import (
 
 	goredis "github.com/redis/go-redis/v9"
 	"github.com/redis/go-redis/v9/maintnotifications"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/ratelimitd/ratelimit/src/limiter"
 	"github.com/ratelimitd/ratelimit/src/rules"
@@ -418,14 +419,20 @@ func (s *Store) Do(ctx context.Context, b *limiter.Batch) error {
 	stop := s.ctx.Done()
 	var errs [2]error
 	var recycle [2]bool
+	var spans [2]trace.Span
 	for k, r := range reqs {
 		if r != nil {
 			recycle[k] = true
+			spans[k] = s.startSpan(ctx, bes[k], r)
 			errs[k] = bes[k].send(ctx, stop, r)
 		}
 	}
 	for k, r := range reqs {
-		if r == nil || errs[k] != nil {
+		if r == nil {
+			continue
+		}
+		if errs[k] != nil {
+			endSpan(spans[k], r, false, errs[k])
 			continue
 		}
 		recycle[k], errs[k] = bes[k].wait(ctx, stop, r)
@@ -439,6 +446,7 @@ func (s *Store) Do(ctx context.Context, b *limiter.Batch) error {
 			// (one a worker took: not recycled) counts.
 			nodes[k].Failure()
 		}
+		endSpan(spans[k], r, recycle[k], errs[k])
 	}
 	err := errors.Join(errs[0], errs[1])
 	if err == nil && b.AllOrNothing {
@@ -525,7 +533,9 @@ func (s *Store) undo(ctx context.Context, be *backend, r *request, b *limiter.Ba
 		u.work += scriptWork * len(ops)
 		undone = append(undone, ops)
 	}
+	span := s.startSpan(ctx, be, u)
 	recycle, err := be.submit(ctx, s.ctx.Done(), u)
+	endSpan(span, u, recycle, err)
 	if err == nil {
 		for ci, ops := range undone {
 			vals, cerr := u.cmds[ci].(scriptCmd).Result()
