@@ -71,7 +71,7 @@ func (s *Service) serveJSON(w http.ResponseWriter, r *http.Request, maxBody int6
 		http.Error(w, "invalid request: "+err.Error(), http.StatusBadRequest)
 		return
 	}
-	resp, err := s.ShouldRateLimit(r.Context(), &req)
+	resp, err := s.shouldRateLimitJSON(r.Context(), &req)
 	if err != nil {
 		st, _ := status.FromError(err)
 		code := http.StatusInternalServerError
