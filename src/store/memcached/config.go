@@ -77,6 +77,12 @@ type Config struct {
 	// expiration of every item, so that keys do not all expire at once
 	// (EXPIRATION_JITTER_MAX_SECONDS; default 0 here, 300s in settings).
 	ExpirationJitterMax time.Duration
+	// RoundTrip, when not nil, is called after each round trip on a
+	// connection to memcached (probes included) with its duration, from
+	// the first byte written after the last answer to the first byte of
+	// the next answer. It runs on the goroutine that made the round trip:
+	// it must be quick and must not block.
+	RoundTrip func(time.Duration)
 }
 
 // Defaults of the zero Config fields.

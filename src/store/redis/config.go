@@ -102,6 +102,12 @@ type Config struct {
 	// TLS, PoolSize, Timeout, PipelineWindow, PipelineLimit, MaxQueue); the
 	// others come from the main Config.
 	PerSecond *Config
+	// RoundTrip, when not nil, is called after each pipeline that Redis
+	// answered (the main one or the per-second one, probes included) with
+	// its duration, from the pipeline's send to its last reply, and its
+	// number of commands. It runs on the worker that sent the pipeline:
+	// it must be quick and must not block.
+	RoundTrip func(d time.Duration, commands int)
 
 	// ScriptClock is for tests only: when set, the Lua scripts take the time
 	// from Batch.Now instead of Redis TIME, so that they can be compared with
