@@ -26,8 +26,9 @@ servers: ## install redis-server, memcached and nutcracker (twemproxy) if they a
 
 # Packages of static checks only (no goroutines of their own), run without
 # -race: the race build of their large test-only dependencies (Helm, the
-# Kubernetes API types) would cost minutes on a cold cache and check nothing.
-NORACE_PKGS = ./examples/kubernetes
+# Kubernetes API types, Prometheus's parsers) would cost minutes on a cold
+# cache and check nothing.
+NORACE_PKGS = ./examples/kubernetes ./examples/observability
 
 test: servers ## the whole suite with the race detector (installs missing servers)
 	$(GO) vet $(PKGS)

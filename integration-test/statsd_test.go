@@ -81,11 +81,11 @@ func statsdTCP(t *testing.T) (port int, lines <-chan string) {
 
 // statsdLine is a well-formed statsd or DogStatsD line: one name, one
 // value, one type, an optional sample rate and optional tags.
-var statsdLine = regexp.MustCompile(`^([^:|,#\n\r]+):([0-9.]+)\|(c|g|ms)(?:\|@([0-9.]+))?(?:\|#([^|\n\r]+))?$`)
+var statsdLine = regexp.MustCompile(`^([^:|,#\n\r]+):([0-9.]+)\|(c|g|ms|h)(?:\|@([0-9.]+))?(?:\|#([^|\n\r]+))?$`)
 
 // statsdTotals sums what statsd would make of the lines: counter deltas,
-// and timer observations weighted by 1/rate as statsd_exporter repeats
-// them. Every line must be well formed.
+// and timer and histogram observations weighted by 1/rate as
+// statsd_exporter repeats them. Every line must be well formed.
 type statsdTotals struct {
 	counters map[string]uint64
 	timings  map[string]int
@@ -116,7 +116,7 @@ func (s *statsdTotals) add(t *testing.T, line string) {
 		s.counters[name] += v
 	case "g":
 		s.gauges[name]++
-	case "ms":
+	case "ms", "h":
 		n := 1
 		if m[4] != "" {
 			r, err := strconv.ParseFloat(m[4], 64)

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/http"
 	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -283,6 +284,31 @@ func egRequest(kv ...string) *rlsv3.RateLimitRequest {
 	return &rlsv3.RateLimitRequest{Domain: egDomain, Descriptors: []*ratelimitv3.RateLimitDescriptor{d}}
 }
 
+// egMapping is a statsd_exporter mapping shaped like the one Envoy
+// Gateway mounts (the anchor's default, in its dialect): per-rule counters
+// of two levels with their labels, the errors and requests by label, the
+// response time as a histogram.
+const egMapping = `
+mappings:
+  - match: "ratelimit.service.rate_limit.*.*.*.total_hits"
+    name: "ratelimit_service_rate_limit_total_hits"
+    timer_type: "histogram"
+    labels:
+      domain: "$1"
+      key1: "$2"
+      key2: "$3"
+  - match: "ratelimit.service.call.should_rate_limit.*"
+    name: "ratelimit_service_should_rate_limit_error"
+    match_metric_type: counter
+    labels:
+      err_type: "$1"
+  - match: "ratelimit_server.*.response_time"
+    name: "ratelimit_service_response_time_seconds"
+    timer_type: histogram
+    labels:
+      grpc_method: "$1"
+`
+
 // TestEnvoyGatewayDeployment runs the binary as Envoy Gateway deploys it,
 // with the environment of its Deployment (both the statsd variant and the
 // newer Prometheus and tracing one), a real Redis and an xDS server with
@@ -324,9 +350,15 @@ func TestEnvoyGatewayDeployment(t *testing.T) {
 				// The collector's URL is the test's receiver's, in the
 				// place of http://otel-collector.monitoring.svc.cluster.local:4318.
 				otlp = otlptest.Start(t)
+				// Envoy Gateway mounts a statsd_exporter mapping in the
+				// anchor's dialect (timer_type) at /etc/statsd-exporter.
+				mapping := filepath.Join(t.TempDir(), "conf.yaml")
+				if err := os.WriteFile(mapping, []byte(egMapping), 0o644); err != nil {
+					t.Fatal(err)
+				}
 				return []string{
 					"USE_STATSD=false", "USE_PROMETHEUS=true", fmt.Sprintf("PROMETHEUS_ADDR=127.0.0.1:%d", freePort(t)),
-					"PROMETHEUS_MAPPER_YAML=/etc/statsd-exporter/conf.yaml",
+					"PROMETHEUS_MAPPER_YAML=" + mapping,
 					"TRACING_ENABLED=true", "TRACING_SERVICE_NAME=envoy-ratelimit", "TRACING_SERVICE_NAMESPACE=envoy-gateway-system",
 					"TRACING_SERVICE_INSTANCE_ID=envoy-ratelimit-6d7b9c-x2x4z", "TRACING_SAMPLING_RATE=1.0",
 					"OTEL_EXPORTER_OTLP_ENDPOINT=" + otlp.HTTPURL,
@@ -335,10 +367,7 @@ func TestEnvoyGatewayDeployment(t *testing.T) {
 				}
 			},
 			check: func(t *testing.T, p *proc) {
-				if !strings.Contains(p.logs(), "setting=PROMETHEUS_MAPPER_YAML") {
-					t.Errorf("no warning about PROMETHEUS_MAPPER_YAML")
-				}
-				for _, name := range []string{"OTEL_EXPORTER_OTLP_ENDPOINT", "TRACING_ENABLED"} {
+				for _, name := range []string{"OTEL_EXPORTER_OTLP_ENDPOINT", "TRACING_ENABLED", "PROMETHEUS_MAPPER_YAML"} {
 					if strings.Contains(p.logs(), "setting="+name) {
 						t.Errorf("a warning about %s, which is implemented:\n%s", name, p.logs())
 					}
@@ -369,6 +398,11 @@ func TestEnvoyGatewayDeployment(t *testing.T) {
 				code, body := p.get(t, "http://"+addr+"/metrics")
 				if code != http.StatusOK || !strings.Contains(body, "ratelimit_service_config_load_success") {
 					t.Errorf("Prometheus /metrics = %d, want 200 with config_load_success", code)
+				}
+				// The mapping's two-level rule names the per-user hits.
+				want := `ratelimit_service_rate_limit_total_hits{domain="` + egDomain + `",key1="` + egRoute + "_" + egRoute + `",key2="rule-0-match-0"}`
+				if !strings.Contains(body, want) {
+					t.Errorf("Prometheus /metrics lacks %s, as the mapping names it:\n%s", want, body)
 				}
 			},
 		},

@@ -101,6 +101,7 @@ func newStore(ctx context.Context, set *settings.Settings, reg *stats.Registry, 
 			return nil, err
 		}
 		cfg.Tracer = tracer
+		cfg.RoundTrip = redisRoundTrips(reg)
 		r, err := redis.New(ctx, cfg)
 		if err != nil {
 			return nil, err
@@ -128,6 +129,7 @@ func newStore(ctx context.Context, set *settings.Settings, reg *stats.Registry, 
 			return nil, err
 		}
 		cfg.Tracer = tracer
+		cfg.RoundTrip = reg.Timer("ratelimit.memcache.round_trip").Record
 		m, err := memcached.New(ctx, cfg)
 		if err != nil {
 			return nil, err
@@ -148,6 +150,22 @@ func newStore(ctx context.Context, set *settings.Settings, reg *stats.Registry, 
 		}, nil
 	}
 	return nil, fmt.Errorf("server: BACKEND_TYPE %q is not available in this build", set.BackendType)
+}
+
+// pipelineBuckets are the Prometheus buckets of the commands per Redis
+// pipeline: powers of two up to the most commands one pipeline takes.
+var pipelineBuckets = []float64{1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096}
+
+// redisRoundTrips returns the Redis store's round-trip observer: each
+// pipeline's duration in the timer ratelimit.redis.round_trip and its
+// commands in the histogram ratelimit.redis.pipeline_commands.
+func redisRoundTrips(reg *stats.Registry) func(time.Duration, int) {
+	rt := reg.Timer("ratelimit.redis.round_trip")
+	commands := reg.Histogram("ratelimit.redis.pipeline_commands", pipelineBuckets)
+	return func(d time.Duration, n int) {
+		rt.Record(d)
+		commands.Observe(uint64(n))
+	}
 }
 
 // registerBreakers registers a store's circuit-breaker statistics under

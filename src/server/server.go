@@ -60,6 +60,11 @@ type Server struct {
 	statsd *stats.Statsd
 	// tracing exports spans; nil with TRACING_ENABLED=false.
 	tracing *tracing
+	// metrics serves the statistics for Prometheus, on PROMETHEUS_ADDR and
+	// the debug port's /metrics alike.
+	metrics http.Handler
+	// rulesLoaded is the Unix time of the last rules that loaded.
+	rulesLoaded *stats.Gauge
 
 	grpc     *grpc.Server
 	httpSrv  *http.Server
@@ -92,6 +97,15 @@ func New(ctx context.Context, set *settings.Settings, log *slog.Logger) (*Server
 	s := &Server{set: set, log: log, stats: stats.NewRegistry(), health: NewHealth(), drain: shutdownDrain}
 	s.stats.GoRuntime("ratelimit.go")
 	s.statsd = s.newStatsd()
+	var err error
+	if s.metrics, err = s.newMetrics(); err != nil {
+		return nil, err
+	}
+	s.rulesLoaded = s.stats.Gauge("ratelimit.service.config_load_success_timestamp_seconds")
+	// Counters of rare events start at 0, so that Prometheus sees their
+	// first increase (a series that appears at 1 has no increase).
+	s.stats.Counter("ratelimit.service.config_load_error")
+	s.stats.Counter("ratelimit.server.panics")
 	tr, err := newTracing(ctx, set, log)
 	if err != nil {
 		return nil, err
@@ -121,12 +135,16 @@ func New(ctx context.Context, set *settings.Settings, log *slog.Logger) (*Server
 		},
 	}
 
+	nearCache := limiter.NewNearCache(set.LocalCacheSizeInBytes)
+	if nearCache != nil {
+		s.stats.GaugeFunc("ratelimit.local_cache.keys", func() int64 { return int64(nearCache.Len()) })
+	}
 	lim := limiter.New(b.store, limiter.Config{
 		Prefix:                     set.CacheKeyPrefix,
 		KeyFormat:                  b.keyFormat,
 		NearLimitRatio:             set.NearLimitRatio,
 		StopIncrementWhenOverLimit: set.StopCacheKeyIncrementWhenOverlimit,
-		NearCache:                  limiter.NewNearCache(set.LocalCacheSizeInBytes),
+		NearCache:                  nearCache,
 	})
 	var fallback *limiter.Limiter
 	if b.local != nil {
@@ -156,7 +174,7 @@ func New(ctx context.Context, set *settings.Settings, log *slog.Logger) (*Server
 		MaxConcurrent:      set.MaxConcurrentRequests,
 		MaxDynamicStatKeys: set.StatsMaxDynamicKeys,
 		Fallback:           fallback,
-		ResponseTime:       s.statsd != nil,
+		ResponseTime:       s.statsd != nil || s.prometheus(),
 		Tracer:             tr.Tracer(),
 		Propagator:         service.Propagator(),
 		Log:                log,
@@ -300,6 +318,7 @@ func (s *Server) setRules(snap provider.Snapshot) {
 	s.snapshot.Store(&snap)
 	s.reloadErr.Store(nil)
 	s.stats.Counter("ratelimit.service.config_load_success").Inc()
+	s.rulesLoaded.Set(time.Now().Unix())
 	s.health.SetRules(!s.set.HealthyWithAtLeastOneConfigLoaded || !cfg.Empty())
 	s.log.Info("rules loaded", "domains", cfg.Domains(), "version", snap.Source.Version)
 }
@@ -372,7 +391,7 @@ func (s *Server) listen() error {
 			return fmt.Errorf("server: prometheus listener: %w", err)
 		}
 		pmux := http.NewServeMux()
-		pmux.Handle(s.set.PrometheusPath, s.stats.Handler())
+		pmux.Handle(s.set.PrometheusPath, s.metrics)
 		s.promSrv = newHTTPServer(pmux, httpWriteTimeout, s.log)
 	}
 
@@ -398,7 +417,7 @@ func (s *Server) listen() error {
 		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
 		_ = s.stats.WriteText(w)
 	})
-	dmux.Handle("/metrics", s.stats.Handler())
+	dmux.Handle("/metrics", s.metrics)
 	dmux.HandleFunc("/debug/pprof/", pprof.Index)
 	dmux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
 	dmux.HandleFunc("/debug/pprof/profile", pprof.Profile)
@@ -413,6 +432,28 @@ func (s *Server) listen() error {
 	})
 	s.debugSrv = newHTTPServer(dmux, debugWriteTimeout, s.log)
 	return nil
+}
+
+// newMetrics returns the Prometheus handler: with PROMETHEUS_MAPPER_YAML,
+// the file's statsd_exporter mapping names the series. A mapping that
+// does not load stops the start when the Prometheus listener is asked
+// for; otherwise (only the debug port's /metrics uses it, as the anchor
+// would not read the file at all) it is logged and the default names
+// serve.
+func (s *Server) newMetrics() (http.Handler, error) {
+	cfg := stats.PrometheusConfig{ResponseTimeMillis: s.set.PrometheusResponseTimeAsMilliseconds}
+	if path := s.set.PrometheusMapperYAML; path != "" {
+		m, err := stats.LoadMapper(path, s.log)
+		switch {
+		case err == nil:
+			cfg.Mapper = m
+		case s.prometheus():
+			return nil, fmt.Errorf("server: PROMETHEUS_MAPPER_YAML: %w", err)
+		default:
+			s.log.Warn("PROMETHEUS_MAPPER_YAML does not load; the debug port's /metrics keeps the default names", "err", err)
+		}
+	}
+	return s.stats.PrometheusHandler(cfg), nil
 }
 
 // prometheus reports whether the Prometheus listener is asked for:

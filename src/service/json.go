@@ -79,7 +79,7 @@ func (s *Service) serveJSON(w http.ResponseWriter, r *http.Request, maxBody int6
 		ctx, span = s.startSpan(ctx, propagation.HeaderCarrier(r.Header), jsonSpanName, jsonAttributes)
 		defer span.End()
 	}
-	resp, err := s.shouldRateLimit(ctx, &req)
+	resp, err := s.shouldRateLimitJSON(ctx, &req)
 	if span != nil {
 		endSpan(span, &req, resp, err)
 	}

@@ -92,10 +92,12 @@ type Config struct {
 	// error, the default) answers every store error with its code, and
 	// Envoy's failure_mode_deny decides.
 	Fallback *limiter.Limiter
-	// ResponseTime records the decisions' durations in the timer
-	// ratelimit_server.ShouldRateLimit.response_time: one decision in
-	// eight, counted eight times (the first, the ninth...). Only statsd
-	// reads it, so it is off unless statistics go to statsd.
+	// ResponseTime records the decisions' durations in the timers
+	// ratelimit_server.ShouldRateLimit.response_time (gRPC: one decision
+	// in eight, counted eight times: the first, the ninth...) and
+	// ratelimit_server.json.response_time (/json: every one). Statsd and
+	// Prometheus read them; the server turns it off when neither is asked
+	// for.
 	ResponseTime bool
 	// Tracer, when not nil, traces every decision (TRACING_ENABLED): one
 	// span of kind server per ShouldRateLimit call or /json request, a
@@ -148,9 +150,12 @@ type Service struct {
 	globalShadow                          *stats.Counter
 	totalRequests                         *stats.Counter
 	// responseTime is the anchor's response-time timer, which it records
-	// around each gRPC call; here around each decision, gRPC or /json.
-	// Nil without Config.ResponseTime.
-	responseTime *stats.Timer
+	// around each gRPC call, and jsonTime the same for /json. Nil without
+	// Config.ResponseTime.
+	responseTime, jsonTime *stats.Timer
+	// decisions counts the calls answered, by domain and code (see
+	// decisions.go); replaced whole by SetRules.
+	decisions atomic.Pointer[decisionStats]
 }
 
 // New returns a Service that decides with l and counts into reg. It answers
@@ -174,7 +179,7 @@ func New(l *limiter.Limiter, reg *stats.Registry, cfg Config) *Service {
 	if cfg.Headers.Reset == "" {
 		cfg.Headers.Reset = "RateLimit-Reset"
 	}
-	return &Service{
+	s := &Service{
 		cfg:           cfg,
 		limiter:       l,
 		stats:         reg,
@@ -186,24 +191,29 @@ func New(l *limiter.Limiter, reg *stats.Registry, cfg Config) *Service {
 		statKeysOverflow: reg.Counter("ratelimit.service.stats_keys_overflow"),
 		globalShadow:     reg.Counter("ratelimit.service.global_shadow_mode"),
 		totalRequests:    reg.Counter("ratelimit_server.ShouldRateLimit.total_requests"),
-		responseTime:     responseTimer(reg, cfg.ResponseTime),
+		responseTime:     responseTimer(reg, cfg.ResponseTime, "ShouldRateLimit"),
+		jsonTime:         responseTimer(reg, cfg.ResponseTime, "json"),
 	}
+	s.decisions.Store(newDecisionStats(reg, nil))
+	return s
 }
 
 // timerEvery is how many decisions one timed decision stands for.
 const timerEvery = 8
 
-// responseTimer is the response-time timer, or nil when it is not asked for.
-func responseTimer(reg *stats.Registry, on bool) *stats.Timer {
+// responseTimer is the response-time timer of method, named as the
+// anchor names the gRPC method's, or nil when it is not asked for.
+func responseTimer(reg *stats.Registry, on bool, method string) *stats.Timer {
 	if !on {
 		return nil
 	}
-	return reg.Timer("ratelimit_server.ShouldRateLimit.response_time")
+	return reg.Timer("ratelimit_server." + method + ".response_time")
 }
 
 // SetRules publishes a new rule tree; requests already running keep the one
 // they started with.
 func (s *Service) SetRules(c *rules.Config) {
+	s.decisions.Store(newDecisionStats(s.stats, c.Domains()))
 	s.rules.Store(c)
 	s.protoLimits.Clear()
 	s.limitStats.Clear()
@@ -292,13 +302,40 @@ func (s *Service) shouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReque
 	if timed {
 		start = time.Now()
 	}
-	resp, err := s.decide(ctx, req)
+	resp, err := s.reply(ctx, req)
 	if timed {
 		s.responseTime.RecordN(time.Since(start), timerEvery)
 	}
-	if err != nil {
-		return nil, s.toStatus(err)
+	return resp, err
+}
+
+// shouldRateLimitJSON is ShouldRateLimit for /json, timed in its own timer
+// at every call: /json's own work (JSON in and out) dwarfs the clock's.
+func (s *Service) shouldRateLimitJSON(ctx context.Context, req *rlsv3.RateLimitRequest) (*rlsv3.RateLimitResponse, error) {
+	s.totalRequests.Inc()
+	if s.jsonTime == nil {
+		return s.reply(ctx, req)
 	}
+	start := time.Now()
+	resp, err := s.reply(ctx, req)
+	s.jsonTime.Record(time.Since(start))
+	return resp, err
+}
+
+// reply decides req, counts the answer by domain and code, and turns an
+// error into its gRPC status.
+func (s *Service) reply(ctx context.Context, req *rlsv3.RateLimitRequest) (*rlsv3.RateLimitResponse, error) {
+	resp, err := s.decide(ctx, req)
+	if err != nil {
+		err = s.toStatus(err)
+		s.decisions.Load().count(req.GetDomain(), errorCode(err))
+		return nil, err
+	}
+	code := codeOK
+	if resp.GetOverallCode() == rlsv3.RateLimitResponse_OVER_LIMIT {
+		code = codeOverLimit
+	}
+	s.decisions.Load().count(req.GetDomain(), code)
 	return resp, nil
 }
 

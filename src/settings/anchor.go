@@ -176,10 +176,8 @@ var anchorSettings = []AnchorSetting{
 	{Name: "USE_PROMETHEUS", Status: Same, Default: "false"},
 	{Name: "PROMETHEUS_ADDR", Status: Same, Default: ":9090"},
 	{Name: "PROMETHEUS_PATH", Status: Same, Default: "/metrics"},
-	{Name: "PROMETHEUS_MAPPER_YAML", Status: Warned,
-		Why: "a custom statsd-to-Prometheus mapping is not implemented: the metrics carry the names of envoyproxy/ratelimit's default mapping"},
-	{Name: "PROMETHEUS_RESPONSE_TIME_AS_MILLISECONDS", Status: Warned, Default: "false", honoured: isFalse,
-		Why: "response-time histograms are not exported"},
+	{Name: "PROMETHEUS_MAPPER_YAML", Status: Same},
+	{Name: "PROMETHEUS_RESPONSE_TIME_AS_MILLISECONDS", Status: Same, Default: "false"},
 
 	// Tracing. OTEL_EXPORTER_OTLP_ENDPOINT is read by the OpenTelemetry
 	// SDK rather than by the anchor's settings, and set by Envoy

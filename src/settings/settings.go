@@ -73,10 +73,17 @@ type Settings struct {
 	// default pacing; ignored when GOGC is set).
 	GCHeadroomBytes int64 `envconfig:"GC_HEADROOM_BYTES" default:"33554432"`
 
-	// Prometheus (served natively; the anchor goes through a statsd mapping).
-	UsePrometheus  bool   `envconfig:"USE_PROMETHEUS" default:"false"`
-	PrometheusAddr string `envconfig:"PROMETHEUS_ADDR" default:":9090"`
-	PrometheusPath string `envconfig:"PROMETHEUS_PATH" default:"/metrics"`
+	// Prometheus (served natively; the anchor goes through a statsd
+	// mapping). PROMETHEUS_MAPPER_YAML is a statsd_exporter mapping file
+	// that names the series from the statsd names instead of the anchor's
+	// default mapping; PROMETHEUS_RESPONSE_TIME_AS_MILLISECONDS makes the
+	// default mapping's response-time histogram count milliseconds, as the
+	// anchor's did before it fixed the unit (no effect with a mapping).
+	UsePrometheus                        bool   `envconfig:"USE_PROMETHEUS" default:"false"`
+	PrometheusAddr                       string `envconfig:"PROMETHEUS_ADDR" default:":9090"`
+	PrometheusPath                       string `envconfig:"PROMETHEUS_PATH" default:"/metrics"`
+	PrometheusMapperYAML                 string `envconfig:"PROMETHEUS_MAPPER_YAML" default:""`
+	PrometheusResponseTimeAsMilliseconds bool   `envconfig:"PROMETHEUS_RESPONSE_TIME_AS_MILLISECONDS" default:"false"`
 
 	// Statsd, as in the anchor. USE_STATSD sends the statistics to
 	// STATSD_HOST:STATSD_PORT every STATS_FLUSH_INTERVAL, over
@@ -427,12 +434,17 @@ func (s *Settings) unusedTLS() []Warning {
 
 // unusedStats warns about statistics settings that are set but have no
 // effect with the others, as in the anchor: USE_PROMETHEUS with
-// DISABLE_STATS=true, and USE_DOG_STATSD_MOGRIFIERS without DogStatsD.
+// DISABLE_STATS=true, PROMETHEUS_RESPONSE_TIME_AS_MILLISECONDS with
+// PROMETHEUS_MAPPER_YAML, and USE_DOG_STATSD_MOGRIFIERS without DogStatsD.
 func (s *Settings) unusedStats() []Warning {
 	var out []Warning
 	if s.DisableStats && s.UsePrometheus {
 		out = append(out, Warning{Name: "USE_PROMETHEUS", Unused: true,
 			Why: "DISABLE_STATS=true turns every statistics sink off, as with envoyproxy/ratelimit: no Prometheus listener opens (the debug port's /metrics still answers)"})
+	}
+	if s.PrometheusResponseTimeAsMilliseconds && s.PrometheusMapperYAML != "" {
+		out = append(out, Warning{Name: "PROMETHEUS_RESPONSE_TIME_AS_MILLISECONDS", Unused: true,
+			Why: "it changes the default mapping only, as with envoyproxy/ratelimit: with PROMETHEUS_MAPPER_YAML the mapping says the unit (timers are in milliseconds, times its scale)"})
 	}
 	if len(s.UseDogStatsdMogrifiers) > 0 && (!s.UseDogStatsd || s.DisableStats) {
 		out = append(out, Warning{Name: "USE_DOG_STATSD_MOGRIFIERS", Unused: true,

@@ -83,7 +83,11 @@ type metric struct {
 	gauge   *Gauge
 	fn      func() uint64 // a counter kept elsewhere
 	gaugeFn func() int64  // a gauge kept elsewhere
-	timer   *Timer        // durations, sent to statsd only
+	timer   *Timer        // durations
+	hist    *Histogram    // other values (Registry.Histogram)
+	// bounds are the Prometheus buckets of hist; nil for a timer, which
+	// has the latency buckets.
+	bounds []float64
 
 	// name is the statistic's name without its tags; tags are the fixed
 	// tags the code gave it (see CounterFunc), sorted by name.
@@ -149,13 +153,39 @@ func (r *Registry) Gauge(name string) *Gauge {
 }
 
 // Timer returns the timer called name, creating it on first use. Timers
-// are sent to statsd only: /stats and the Prometheus export leave them out.
+// go to statsd and Prometheus; /stats leaves them out.
 func (r *Registry) Timer(name string) *Timer {
 	m := r.load(name, func() *metric { return &metric{timer: new(Timer), name: name} })
 	if m.timer == nil {
 		return new(Timer)
 	}
 	return m.timer
+}
+
+// Histogram returns the histogram of values (not durations: see Timer)
+// called name, creating it on first use with bounds, the upper bounds of
+// its Prometheus buckets in increasing order. Like timers, histograms go
+// to statsd and Prometheus, not to /stats.
+func (r *Registry) Histogram(name string, bounds []float64) *Histogram {
+	m := r.load(name, func() *metric { return &metric{hist: new(Histogram), bounds: slices.Clone(bounds), name: name} })
+	if m.hist == nil {
+		return new(Histogram)
+	}
+	return m.hist
+}
+
+// TaggedCounter returns the counter called name with tags, creating it on
+// first use: named and exported as CounterFunc's (name.__tag=value in
+// /stats and statsd, labels in Prometheus). The tags' values must come
+// from a bounded set (the code's, or the rules'), never from a request.
+func (r *Registry) TaggedCounter(name string, tags ...Label) *Counter {
+	tags = slices.Clone(tags)
+	slices.SortFunc(tags, func(a, b Label) int { return strings.Compare(a.Name, b.Name) })
+	m := r.load(taggedName(name, tags), func() *metric { return &metric{counter: new(Counter), name: name, tags: tags} })
+	if m.counter == nil {
+		return new(Counter)
+	}
+	return m.counter
 }
 
 // CounterFunc registers a counter whose value f returns at export time,

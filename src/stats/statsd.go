@@ -75,9 +75,9 @@ type StatsdConfig struct {
 // Statsd sends a Registry's statistics to a statsd server at each interval,
 // as gostats does for the anchor: counters as the increase since the last
 // flush (counters that did not move are not sent), gauges as their value,
-// timers as one line per bucket in use with a sample rate that stands for
-// its count (see Timer). Lines are batched into packets of at most 1432
-// bytes over UDP.
+// timers and histograms as one line per bucket that moved since the last
+// flush, with a sample rate that stands for its count (see Histogram).
+// Lines are batched into packets of at most 1432 bytes over UDP.
 //
 // Nothing here runs on the request path: requests only add to counters;
 // Run reads them on its own goroutine, and a slow or missing statsd server
@@ -97,8 +97,10 @@ type Statsd struct {
 	// mu serialises flushes and guards the fields below.
 	mu sync.Mutex
 	// conn is the TCP connection kept between flushes; nil when none.
-	conn  net.Conn
-	last  map[*metric]uint64
+	conn net.Conn
+	last map[*metric]uint64
+	// hists holds, per timer or histogram, the bucket counts sent last.
+	hists map[*metric]*[timerBuckets]uint64
 	names map[*metric]encodedName
 	buf   []byte
 	// failed counts failed flushes since the last log line at logged.
@@ -129,6 +131,7 @@ func NewStatsd(reg *Registry, cfg StatsdConfig) *Statsd {
 		packet: udpPacketBytes,
 		log:    cfg.Log,
 		last:   map[*metric]uint64{},
+		hists:  map[*metric]*[timerBuckets]uint64{},
 		names:  map[*metric]encodedName{},
 	}
 	if cfg.Network == "tcp" {
@@ -330,22 +333,60 @@ func (s *Statsd) collect(emit func([]byte)) {
 			line = strconv.AppendInt(line, g, 10)
 			line = append(append(append(line, "|g"...), n.tail...), '\n')
 			emit(line)
-		case m.timer != nil:
-			n := s.name(m)
-			m.timer.drain(func(mid, count uint64) {
-				line = append(append(line[:0], n.head...), ':')
-				line = appendMillis(line, mid)
-				line = append(line, "|ms"...)
-				if count > 1 {
-					line = append(line, "|@"...)
-					line = appendRate(line, count)
-				}
-				line = append(append(line, n.tail...), '\n')
-				emit(line)
-			})
+		case m.timer != nil || m.hist != nil:
+			s.collectHistogram(m, &line, emit)
 		}
 		return true
 	})
+}
+
+// collectHistogram emits a line for each bucket of a timer or histogram
+// that counted something since the last flush: the bucket's midpoint, in
+// milliseconds for a timer (|ms) and as is for other values (|h), with
+// the sample rate that makes the line stand for its count.
+func (s *Statsd) collectHistogram(m *metric, line *[]byte, emit func([]byte)) {
+	h, durations := m.histogram()
+	last := s.hists[m]
+	if last == nil {
+		last = new([timerBuckets]uint64)
+		s.hists[m] = last
+	}
+	var n encodedName
+	for i := range h.buckets {
+		cur := h.buckets[i].Load()
+		if cur == last[i] {
+			continue
+		}
+		count := cur - last[i]
+		last[i] = cur
+		if n.head == "" {
+			n = s.name(m)
+		}
+		l := append(append((*line)[:0], n.head...), ':')
+		if durations {
+			l = appendMillis(l, bucketMid(i))
+			l = append(l, "|ms"...)
+		} else {
+			l = strconv.AppendUint(l, bucketMid(i), 10)
+			l = append(l, "|h"...)
+		}
+		if count > 1 {
+			l = append(l, "|@"...)
+			l = appendRate(l, count)
+		}
+		l = append(append(l, n.tail...), '\n')
+		*line = l
+		emit(l)
+	}
+}
+
+// histogram returns a timer's or a histogram's buckets, and whether they
+// count durations in nanoseconds.
+func (m *metric) histogram() (h *Histogram, durations bool) {
+	if m.timer != nil {
+		return &m.timer.h, true
+	}
+	return m.hist, false
 }
 
 // value is a counter's value.

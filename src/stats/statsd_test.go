@@ -635,3 +635,44 @@ func TestStatsdQuietFailures(t *testing.T) {
 		}
 	}
 }
+
+// A histogram of values is sent as statsd histogram lines (|h), not
+// timings: statsd_exporter would scale a |ms line to seconds. Like a
+// timer, it sends only what moved since the last flush.
+func TestStatsdHistogram(t *testing.T) {
+	u := newUDPSink(t)
+	r := NewRegistry()
+	h := r.Histogram("ratelimit.redis.pipeline_commands", []float64{1, 10})
+	h.ObserveN(3, 5)
+	h.Observe(40)
+	s := NewStatsd(r, StatsdConfig{Addr: u.addr()})
+	flush(t, s)
+	got := u.lines(t, 2)
+	slices.Sort(got)
+	// 40 is in the bucket of 40 and 41, sent as its midpoint.
+	if want := []string{"ratelimit.redis.pipeline_commands:3|h|@0.2", "ratelimit.redis.pipeline_commands:41|h"}; !slices.Equal(got, want) {
+		t.Errorf("lines = %q, want %q", got, want)
+	}
+	h.Observe(3)
+	flush(t, s)
+	if got := u.lines(t, 1); !slices.Equal(got, []string{"ratelimit.redis.pipeline_commands:3|h"}) {
+		t.Errorf("second flush = %q, want only the new value", got)
+	}
+}
+
+// A tagged counter is the same counter at each call, and its tags are
+// gostats's name suffixes in statsd.
+func TestStatsdTaggedCounter(t *testing.T) {
+	u := newUDPSink(t)
+	r := NewRegistry()
+	c := r.TaggedCounter("ratelimit.service.decisions", Label{"domain", "web"}, Label{"code", "OK"})
+	if r.TaggedCounter("ratelimit.service.decisions", Label{"code", "OK"}, Label{"domain", "web"}) != c {
+		t.Error("the same name and tags in another order made another counter")
+	}
+	c.Add(2)
+	s := NewStatsd(r, StatsdConfig{Addr: u.addr()})
+	flush(t, s)
+	if got := u.lines(t, 1); !slices.Equal(got, []string{"ratelimit.service.decisions.__code=OK.__domain=web:2|c"}) {
+		t.Errorf("lines = %q", got)
+	}
+}

@@ -6,30 +6,74 @@ import (
 	"time"
 )
 
-// A Timer counts durations in log-linear buckets: values below 16 ns
+// A Histogram counts values in log-linear buckets: values below 16
 // exactly, then 16 buckets for each power of two, so that a bucket's
-// midpoint is within 1/32 (3.1 %) of any duration in it. Durations from
-// 2^40 ns (about 18 minutes) up share the last bucket.
+// midpoint is within 1/32 (3.1 %) of any value in it. Values from 2^40 up
+// share the last bucket. It also keeps the exact sum of the values.
 //
 // The buckets are what keeps recording cheap and the export bounded:
-// Record is one atomic add whatever the traffic, and a flush sends at most
-// one line per bucket in use rather than one line per request (gostats,
-// which the anchor uses, sends every duration as a line of its own).
+// Observe is two atomic adds whatever the traffic; statsd gets one line
+// per bucket that moved since the last flush rather than one line per
+// event (gostats, which the anchor uses, sends every duration as a line of
+// its own), and Prometheus gets the buckets regrouped into its own bounds.
 //
-// A Timer is safe for concurrent use; the zero value is an empty timer.
-type Timer struct {
+// Counts are cumulative: every sink reads them and keeps what it needs
+// (the statsd sink, the counts it sent last). The sum wraps at 2^64, which
+// Prometheus reads as a counter reset, rather than stopping, which would
+// freeze the mean.
+//
+// A Histogram is safe for concurrent use; the zero value is empty.
+type Histogram struct {
 	buckets [timerBuckets]atomic.Uint64
+	sum     atomic.Uint64
 }
 
 const (
 	// timerSubBits is log2 of the buckets per power of two.
 	timerSubBits = 4
 	timerSub     = 1 << timerSubBits
-	// timerMaxBits bounds the durations told apart: 2^40 ns.
+	// timerMaxBits bounds the values told apart: 2^40 (for durations in
+	// nanoseconds, about 18 minutes).
 	timerMaxBits = 40
 	// timerBuckets is bucketOf(2^timerMaxBits - 1) + 1.
 	timerBuckets = (timerMaxBits-timerSubBits)<<timerSubBits + timerSub
 )
+
+// Observe adds one value.
+func (h *Histogram) Observe(v uint64) { h.ObserveN(v, 1) }
+
+// ObserveN adds n values of v, for a caller that samples one event in n.
+func (h *Histogram) ObserveN(v, n uint64) {
+	h.buckets[bucketOf(v)].Add(n)
+	h.sum.Add(v * n)
+}
+
+// Count returns the number of values observed.
+func (h *Histogram) Count() uint64 {
+	var n uint64
+	for i := range h.buckets {
+		n += h.buckets[i].Load()
+	}
+	return n
+}
+
+// Sum returns the sum of the values observed, modulo 2^64.
+func (h *Histogram) Sum() uint64 { return h.sum.Load() }
+
+// snapshot copies the bucket counts into b. A value observed meanwhile may
+// be in the copy or not; its bucket and the sum are read separately, so a
+// reader may see one without the other for that instant.
+func (h *Histogram) snapshot(b *[timerBuckets]uint64) {
+	for i := range h.buckets {
+		b[i] = h.buckets[i].Load()
+	}
+}
+
+// A Timer is a Histogram of durations, in nanoseconds. It is safe for
+// concurrent use; the zero value is an empty timer.
+type Timer struct {
+	h Histogram
+}
 
 // Record adds one duration. A negative duration counts as 0.
 func (t *Timer) Record(d time.Duration) { t.RecordN(d, 1) }
@@ -39,19 +83,13 @@ func (t *Timer) RecordN(d time.Duration, n uint64) {
 	if d < 0 {
 		d = 0
 	}
-	t.buckets[bucketOf(uint64(d))].Add(n)
+	t.h.ObserveN(uint64(d), n)
 }
 
-// Count returns the durations recorded and not yet sent to statsd.
-func (t *Timer) Count() uint64 {
-	var n uint64
-	for i := range t.buckets {
-		n += t.buckets[i].Load()
-	}
-	return n
-}
+// Count returns the number of durations recorded.
+func (t *Timer) Count() uint64 { return t.h.Count() }
 
-// bucketOf is the bucket of a duration of v nanoseconds.
+// bucketOf is the bucket of the value v.
 func bucketOf(v uint64) int {
 	if v < timerSub {
 		return int(v)
@@ -63,27 +101,31 @@ func bucketOf(v uint64) int {
 	return (shift+1)<<timerSubBits + int(v>>shift) - timerSub
 }
 
-// bucketMid is the midpoint, in nanoseconds, of the durations of bucket i
-// (the value itself below 32 ns, where buckets are one nanosecond wide).
+// bucketLow is the smallest value of bucket i.
+func bucketLow(i int) uint64 {
+	if i < 2*timerSub {
+		return uint64(i)
+	}
+	shift := i>>timerSubBits - 1
+	return uint64(i&(timerSub-1)+timerSub) << shift
+}
+
+// bucketHigh is the largest value of bucket i (the last bucket also holds
+// everything above it).
+func bucketHigh(i int) uint64 {
+	if i < 2*timerSub {
+		return uint64(i)
+	}
+	shift := i>>timerSubBits - 1
+	return bucketLow(i) + 1<<shift - 1
+}
+
+// bucketMid is the midpoint of the values of bucket i (the value itself
+// below 32, where buckets hold one value).
 func bucketMid(i int) uint64 {
 	if i < 2*timerSub {
 		return uint64(i)
 	}
 	shift := i>>timerSubBits - 1
-	low := uint64(i&(timerSub-1)+timerSub) << shift
-	return low + 1<<shift/2
-}
-
-// drain calls f with the midpoint and the count of every bucket that
-// counted something since the last drain, and empties it. Durations
-// recorded meanwhile are counted by this drain or the next, never lost.
-func (t *Timer) drain(f func(midNanos, count uint64)) {
-	for i := range t.buckets {
-		if t.buckets[i].Load() == 0 {
-			continue
-		}
-		if n := t.buckets[i].Swap(0); n > 0 {
-			f(bucketMid(i), n)
-		}
-	}
+	return bucketLow(i) + 1<<shift/2
 }

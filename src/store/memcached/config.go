@@ -84,6 +84,12 @@ type Config struct {
 	// after its command (memcached incr, add, gets, cas, decr). Nil
 	// traces nothing and costs a nil check per round trip.
 	Tracer trace.Tracer
+	// RoundTrip, when not nil, is called after each round trip on a
+	// connection to memcached (probes included) with its duration, from
+	// the first byte written after the last answer to the first byte of
+	// the next answer. It runs on the goroutine that made the round trip:
+	// it must be quick and must not block.
+	RoundTrip func(time.Duration)
 }
 
 // Defaults of the zero Config fields.

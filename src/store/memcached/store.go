@@ -251,15 +251,37 @@ func dialer(cfg Config) dialFunc {
 		if err != nil {
 			return nil, err
 		}
-		return &dialedConn{Conn: c, limit: limit}, nil
+		return &dialedConn{Conn: c, limit: limit, observe: cfg.RoundTrip}, nil
 	}
 }
 
 // dialedConn is a connection whose first deadline is at most limit (see
-// dialer). gomemcache uses a connection from one goroutine at a time.
+// dialer), and whose round trips are timed for Config.RoundTrip.
+// gomemcache uses a connection from one goroutine at a time.
 type dialedConn struct {
 	net.Conn
 	limit time.Time // zero once the first deadline is set
+
+	observe func(time.Duration)
+	// sent is when the first byte of a question went out, zero while
+	// none waits for its answer.
+	sent time.Time
+}
+
+func (c *dialedConn) Write(p []byte) (int, error) {
+	if c.observe != nil && c.sent.IsZero() {
+		c.sent = time.Now()
+	}
+	return c.Conn.Write(p)
+}
+
+func (c *dialedConn) Read(p []byte) (int, error) {
+	n, err := c.Conn.Read(p)
+	if n > 0 && !c.sent.IsZero() {
+		c.observe(time.Since(c.sent))
+		c.sent = time.Time{}
+	}
+	return n, err
 }
 
 func (c *dialedConn) SetDeadline(t time.Time) error {

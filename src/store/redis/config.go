@@ -109,6 +109,12 @@ type Config struct {
 	// holds a recorded span (see Store.Do). Nil, the default, costs a
 	// request nothing.
 	Tracer trace.Tracer
+	// RoundTrip, when not nil, is called after each pipeline that Redis
+	// answered (the main one or the per-second one, probes included) with
+	// its duration, from the pipeline's send to its last reply, and its
+	// number of commands. It runs on the worker that sent the pipeline:
+	// it must be quick and must not block.
+	RoundTrip func(d time.Duration, commands int)
 
 	// ScriptClock is for tests only: when set, the Lua scripts take the time
 	// from Batch.Now instead of Redis TIME, so that they can be compared with

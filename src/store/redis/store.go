@@ -137,7 +137,7 @@ func (s *Store) newBackend(name string, cfg Config) (*backend, error) {
 	if cfg.PipelineLimit > 0 {
 		be.limit = cfg.PipelineLimit
 	}
-	hook := countHook{n: &s.roundTrips}
+	hook := countHook{n: &s.roundTrips, observe: s.cfg.RoundTrip}
 	dial := dialer(cfg, &be.conns)
 	// One set of client options for every topology: no retries (a lost
 	// reply must not count twice), every wait bounded by the timeout, RESP2
@@ -195,16 +195,27 @@ func (s *Store) newBackend(name string, cfg Config) (*backend, error) {
 	return be, nil
 }
 
-// countHook counts the pipelines that reached Redis.
-type countHook struct{ n *atomic.Uint64 }
+// countHook counts the pipelines that reached Redis, and times them for
+// Config.RoundTrip.
+type countHook struct {
+	n       *atomic.Uint64
+	observe func(time.Duration, int)
+}
 
 func (countHook) DialHook(next goredis.DialHook) goredis.DialHook          { return next }
 func (countHook) ProcessHook(next goredis.ProcessHook) goredis.ProcessHook { return next }
 func (h countHook) ProcessPipelineHook(next goredis.ProcessPipelineHook) goredis.ProcessPipelineHook {
 	return func(ctx context.Context, cmds []goredis.Cmder) error {
+		var start time.Time
+		if h.observe != nil {
+			start = time.Now()
+		}
 		err := next(ctx, cmds)
 		if err == nil || isRedisError(err) {
 			h.n.Add(1)
+			if h.observe != nil {
+				h.observe(time.Since(start), len(cmds))
+			}
 		}
 		return err
 	}
