@@ -7,6 +7,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"math/rand/v2"
 	"net"
 	"net/http"
 	"os"
@@ -82,14 +83,26 @@ type proc struct {
 	exitErr           error
 }
 
+// freePort returns a loopback port that was free a moment ago, for the
+// service to listen on. It is taken below the kernel's ephemeral range
+// (net.ipv4.ip_local_port_range, 32768-60999 by default), where a port
+// the kernel picked (":0") could be given again at once to any outgoing
+// connection, such as one of the service's own to Redis, before the
+// service binds it ("address already in use"). Here only another test
+// choosing the same port at random could take it.
 func freePort(t *testing.T) int {
 	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
+	for range 1000 {
+		port := 20000 + rand.IntN(12000)
+		l, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", port))
+		if err != nil {
+			continue
+		}
+		l.Close()
+		return port
 	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
+	t.Fatal("no free port in 20000-31999")
+	return 0
 }
 
 // writeRules writes name into root/config.
