@@ -109,12 +109,14 @@ func (rep *report) markdown(pngRel string) string {
 	w("- Each figure is the median of %d run(s) of %v after a %v warm-up. The load generator "+
 		"(cmd/ratelimit-bench, in process, up to 4 gRPC connections) runs on the same machine as the service.\n",
 		rep.timing.runs, rep.timing.duration, rep.timing.warmup)
-	w("- Ceiling, paired: grpc-go's no-op RLS server (default options) runs in a process of its own for the whole run. "+
-		"For every scenario and every run i, it is measured under the same load (same concurrency, same descriptors, same duration) "+
-		"immediately before the service's run i, after a warm-up of at most %v per scenario, so the two runs of a pair are seconds apart "+
-		"and see the same load from the rest of the machine. "+
-		"_of no-op_ is the median of the per-run ratios req/s_i ÷ no-op req/s_i (and the p99 bar the median of p99_i ÷ no-op p99_i); "+
-		"the _no-op_ columns are the medians of the paired no-op runs.\n", noopWarmup)
+	w("- Ceiling, paired: a no-op RLS server on grpc-go with the service's default runtime tuning (%d stream workers, %d MiB of GC headroom) "+
+		"runs in a process of its own for the whole run, and the same server with grpc-go's and Go's defaults in another. "+
+		"For every scenario and every run i, both are measured under the same load (same concurrency, same descriptors, same duration), "+
+		"the untuned one, then the tuned one immediately before the service's run i, after a warm-up of at most %v per scenario, "+
+		"so the runs are seconds apart and see the same load from the rest of the machine. "+
+		"_of no-op_ is the median of the per-run ratios req/s_i ÷ tuned no-op req/s_i (and the p99 bar the median of p99_i ÷ no-op p99_i), "+
+		"what the service gets of what gRPC alone costs; _of untuned_ the same against the untuned no-op server; "+
+		"the _no-op_ columns are the medians of the paired tuned no-op runs.\n", bench.ServiceTuning.StreamWorkers, noopGCHeadroom>>20, noopWarmup)
 	w("- A decision is one ShouldRateLimit call, whatever its number of descriptors. "+
 		"CPU: utime+stime of the service process from /proc per decision; RSS: VmRSS after the run; "+
 		"round trips: the service's `%s` (Memcached: `%s`) counter per decision; Redis CPU and commands: the change of "+
@@ -123,19 +125,19 @@ func (rep *report) markdown(pngRel string) string {
 	if pngRel != "" {
 		w("![throughput and p99 per store and scenario, the paired no-op ceiling as a gray line](%s)\n\n", pngRel)
 	}
-	w("| scenario | store | c | req/s | no-op req/s | of no-op | p50 | p99 | no-op p99 | CPU µs/decision | RSS MiB | store round trips/decision | Redis commands/decision | Redis CPU µs/decision | OK / OVER_LIMIT / errors |\n")
-	w("|---|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|---|\n")
+	w("| scenario | store | c | req/s | no-op req/s | of no-op | of untuned | p50 | p99 | no-op p99 | CPU µs/decision | RSS MiB | store round trips/decision | Redis commands/decision | Redis CPU µs/decision | OK / OVER_LIMIT / errors |\n")
+	w("|---|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|---|\n")
 	for _, rw := range rep.rows {
 		if rw.skip != "" {
-			w("| %s | %s | %d | – | – | – | – | – | – | – | – | – | – | – | not measured: %s |\n", rw.sc.title, rw.store, rw.sc.c, rw.skip)
+			w("| %s | %s | %d | – | – | – | – | – | – | – | – | – | – | – | – | not measured: %s |\n", rw.sc.title, rw.store, rw.sc.c, rw.skip)
 			continue
 		}
 		ceilP99 := "–"
 		if rw.ceilP99 > 0 {
 			ceilP99 = bench.FormatDuration(rw.ceilP99)
 		}
-		w("| %s | %s | %d | %.0f | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n",
-			rw.sc.title, rw.store, rw.sc.c, rw.rps, optional(rw.ceilRPS, "%.0f"), percent(rw.ratio),
+		w("| %s | %s | %d | %.0f | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n",
+			rw.sc.title, rw.store, rw.sc.c, rw.rps, optional(rw.ceilRPS, "%.0f"), percent(rw.ratio), percent(rw.untunedRatio),
 			bench.FormatDuration(rw.p50), bench.FormatDuration(rw.p99), ceilP99,
 			optional(rw.cpuUS, "%.1f"), optional(rw.rssMiB, "%.0f"), optional(rw.rt, "%.3f"),
 			optional(rw.redisCmds, "%.2f"), optional(rw.redisCPUUS, "%.1f"),

@@ -41,7 +41,7 @@ func TestParseVariants(t *testing.T) {
 // variant gets one paired run per round, and its own process.
 func TestRunVariants(t *testing.T) {
 	t.Setenv("BENCHRUN_FAKE_SERVICE", "1")
-	noop, err := startNoopProcess(t.Context())
+	noop, err := startNoopProcess(t.Context(), tunedNoop)
 	if err != nil {
 		t.Fatalf("no-op server: %v", err)
 	}
