@@ -509,6 +509,11 @@ func (s *Store) Do(ctx context.Context, b *limiter.Batch) error {
 	if b.Now.IsZero() {
 		b.Now = time.Now()
 	}
+	if len(b.Ops) == 1 && !b.AllOrNothing {
+		// The common case, without fanout's closure.
+		_, err := s.apply(ctx, &b.Ops[0], b.Now, &b.Results[0])
+		return err
+	}
 	apart := distinctKeys(b.Ops)
 	if b.AllOrNothing {
 		return s.doAll(ctx, b, apart)
