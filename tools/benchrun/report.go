@@ -44,7 +44,7 @@ func (rep *report) find(store, id string) *row {
 	return nil
 }
 
-// check is one line of the bar of issue 5.
+// check is one line of the bar of issues 5 and 15.
 type check struct {
 	what     string
 	measured string
@@ -52,7 +52,7 @@ type check struct {
 	met string
 }
 
-// bar evaluates the targets of issue 5 on this run's figures. Every ratio
+// bar evaluates the targets of issues 5 and 15 on this run's figures. Every ratio
 // is the median of the per-run ratios to the paired no-op runs.
 func (rep *report) bar() []check {
 	var out []check
@@ -62,7 +62,12 @@ func (rep *report) bar() []check {
 			out = append(out, check{what, "not measured", "n/a"})
 			return
 		}
-		out = append(out, check{what, fmt.Sprintf("%.0f%% (medians %.0f and %.0f req/s)", 100*rw.ratio, rw.rps, rw.ceilRPS), yesNo(rw.ratio >= want)})
+		measured := fmt.Sprintf("%.0f%% (medians %.0f and %.0f req/s)", 100*rw.ratio, rw.rps, rw.ceilRPS)
+		if rw.errorCount > 0 {
+			// Failed requests are answered fast: the ratio overstates.
+			measured += fmt.Sprintf(", with %d errors", rw.errorCount)
+		}
+		out = append(out, check{what, measured, yesNo(rw.ratio >= want)})
 	}
 	ratioCheck("memory", "c64", "memory, (a) c=64: ≥ 85% of the ceiling", 0.85)
 	ratioCheck("redis", "c64", "redis, (a) c=64: ≥ 75% of the ceiling", 0.75)
@@ -89,6 +94,11 @@ func (rep *report) bar() []check {
 	} else {
 		out = append(out, check{"redis, hot key with near cache: 0 Redis round trips", "not measured", "n/a"})
 	}
+	// Issue 15, against the ceiling with the service's tuning.
+	ratioCheck("memcache", "c64", "issue 15: memcache, (a) c=64: ≥ 75% of the ceiling", 0.75)
+	ratioCheck("memcache", "chain", "issue 15: memcache, (c) 3 descriptors: ≥ 60% of the ceiling", 0.60)
+	ratioCheck("memory", "chain", "issue 15: memory, (c) 3 descriptors: ≥ 95% of the ceiling", 0.95)
+	ratioCheck("redis", "chain", "issue 15: redis, (c) 3 descriptors: ≥ 80% of the ceiling", 0.80)
 	return out
 }
 
@@ -143,7 +153,7 @@ func (rep *report) markdown(pngRel string) string {
 			optional(rw.redisCmds, "%.2f"), optional(rw.redisCPUUS, "%.1f"),
 			outcomes(rw))
 	}
-	w("\n**The bar (issue 5)**\n\n| target | measured | met |\n|---|---|---|\n")
+	w("\n**The bar (issues 5 and 15)**\n\n| target | measured | met |\n|---|---|---|\n")
 	for _, c := range rep.bar() {
 		w("| %s | %s | %s |\n", c.what, c.measured, c.met)
 	}
