@@ -9,6 +9,10 @@
 //	ratelimit-bench -calibrate -c 64 -d 5s   # the gRPC ceiling of this machine
 //	ratelimit-bench -calibrate -addr 127.0.0.1:8081 -d 10s   # and -addr as a fraction of it
 //
+// The ceiling is a no-op RLS server with the service's gRPC tuning (64
+// stream workers), measured under the same load just before -addr; the same
+// server with grpc-go's defaults, measured before it, is reported beside it.
+//
 // A descriptor template is a comma-separated chain of key=value entries in
 // which each {lo..hi} is replaced per request by a uniformly random integer;
 // repeat -descriptors for several descriptors per request.
@@ -50,14 +54,26 @@ func main() {
 }
 
 // paired is the JSON output of -calibrate with -addr: the target's result,
-// the ceiling's, and the target's as a fraction of the ceiling.
+// the ceilings', and the target's as a fraction of them.
 type paired struct {
-	Result  *bench.Result `json:"result"`
-	Ceiling *bench.Result `json:"ceiling"`
+	Result *bench.Result `json:"result"`
+	// Ceiling is the no-op server with the service's gRPC tuning
+	// (bench.ServiceTuning); UntunedCeiling the same with grpc-go's
+	// defaults.
+	Ceiling        *bench.Result `json:"ceiling"`
+	UntunedCeiling *bench.Result `json:"untuned_ceiling"`
 	// OfCeilingRPS is requests/s ÷ the ceiling's; P99OfCeiling is p99 ÷
-	// the ceiling's p99.
-	OfCeilingRPS float64 `json:"of_ceiling_rps"`
-	P99OfCeiling float64 `json:"p99_of_ceiling"`
+	// the ceiling's p99; OfUntunedCeilingRPS is requests/s ÷ the untuned
+	// ceiling's.
+	OfCeilingRPS        float64 `json:"of_ceiling_rps"`
+	P99OfCeiling        float64 `json:"p99_of_ceiling"`
+	OfUntunedCeilingRPS float64 `json:"of_untuned_ceiling_rps"`
+}
+
+// calibration is the JSON output of -calibrate without -addr.
+type calibration struct {
+	Ceiling        *bench.Result `json:"ceiling"`
+	UntunedCeiling *bench.Result `json:"untuned_ceiling"`
 }
 
 func run(args []string, stdout, stderr io.Writer) error {
@@ -74,7 +90,7 @@ func run(args []string, stdout, stderr io.Writer) error {
 		hits      = fs.Uint("hits", 0, "hits_addend of each request; 0 leaves it unset (the server counts 1)")
 		override  = fs.String("override", "", "a limit override on every descriptor, `N/unit` (e.g. 100/hour): the server applies it instead of its rules")
 		asJSON    = fs.Bool("json", false, "print the result as JSON")
-		calibrate = fs.Bool("calibrate", false, "first run the same load against an in-process no-op RLS server (the gRPC ceiling of this machine), then against -addr, and report -addr's figures as a fraction of the ceiling's; without -addr, measure only the ceiling")
+		calibrate = fs.Bool("calibrate", false, "first run the same load against in-process no-op RLS servers (grpc-go's defaults, then the service's gRPC tuning: the ceiling of this machine), then against -addr, and report -addr's figures as fractions of theirs; without -addr, measure only the no-op servers")
 		timeout   = fs.Duration("timeout", time.Second, "deadline of each request; 0 for none")
 		cpuprof   = fs.String("cpuprofile", "", "write a CPU profile of this process (generator, and the no-op server with -calibrate) to `file`")
 		descs     listFlag
@@ -152,19 +168,27 @@ func run(args []string, stdout, stderr io.Writer) error {
 		return res, err
 	}
 
-	var ceiling *bench.Result
+	var ceiling, untuned *bench.Result
 	if *calibrate {
-		srv, err := bench.StartNoop("127.0.0.1:0")
-		if err != nil {
+		// The untuned no-op first, then the tuned one (the ceiling) just
+		// before the target, so that the pair compared is the closest.
+		if untuned, err = measureNoop(measure, bench.Tuning{}); untuned == nil {
 			return err
 		}
-		ceiling, err = measure(srv.Addr())
-		srv.Stop()
+		if err == nil {
+			ceiling, err = measureNoop(measure, bench.ServiceTuning)
+		}
 		if ceiling == nil {
-			return err
+			return report(stdout, *asJSON, "calibrate    in-process no-op RLS v3 server, grpc-go's defaults", untuned)
 		}
 		if err != nil || !addrSet {
-			return report(stdout, *asJSON, "calibrate    in-process no-op RLS v3 server (the gRPC ceiling)", ceiling)
+			if *asJSON {
+				return encodeJSON(stdout, calibration{Ceiling: ceiling, UntunedCeiling: untuned})
+			}
+			if err := report(stdout, false, "calibrate    in-process no-op RLS v3 server, the service's gRPC tuning (the ceiling)", ceiling); err != nil {
+				return err
+			}
+			return report(stdout, false, "untuned      the same with grpc-go's defaults", untuned)
 		}
 	}
 	res, err := measure(*addr)
@@ -174,15 +198,11 @@ func run(args []string, stdout, stderr io.Writer) error {
 	if ceiling == nil {
 		return report(stdout, *asJSON, "", res)
 	}
-	p := paired{Result: res, Ceiling: ceiling, OfCeilingRPS: math.NaN(), P99OfCeiling: math.NaN()}
-	if rps := ceiling.RPS(); rps > 0 {
-		p.OfCeilingRPS = res.RPS() / rps
-	}
-	if p99 := ceiling.Latency.P99; p99 > 0 {
-		p.P99OfCeiling = float64(res.Latency.P99) / float64(p99)
-	}
+	p := paired{Result: res, Ceiling: ceiling, UntunedCeiling: untuned,
+		OfCeilingRPS: ratio(res.RPS(), ceiling.RPS()), OfUntunedCeilingRPS: ratio(res.RPS(), untuned.RPS()),
+		P99OfCeiling: ratio(float64(res.Latency.P99), float64(ceiling.Latency.P99))}
 	if *asJSON {
-		if math.IsNaN(p.OfCeilingRPS) || math.IsNaN(p.P99OfCeiling) {
+		if math.IsNaN(p.OfCeilingRPS) || math.IsNaN(p.P99OfCeiling) || math.IsNaN(p.OfUntunedCeilingRPS) {
 			return errors.New("the ceiling run answered nothing: no fraction to report")
 		}
 		return encodeJSON(stdout, p)
@@ -190,10 +210,30 @@ func run(args []string, stdout, stderr io.Writer) error {
 	if err := res.WriteText(stdout); err != nil {
 		return err
 	}
-	_, err = fmt.Fprintf(stdout, "ceiling      in-process no-op RLS v3 server, same load just before: %.0f req/s, p99 %s\n"+
-		"of ceiling   %.0f%% of its requests/s, %.2f× its p99\n",
-		ceiling.RPS(), bench.FormatDuration(ceiling.Latency.P99), 100*p.OfCeilingRPS, p.P99OfCeiling)
+	_, err = fmt.Fprintf(stdout, "ceiling      in-process no-op RLS v3 server with the service's gRPC tuning, same load just before: %.0f req/s, p99 %s\n"+
+		"of ceiling   %.0f%% of its requests/s, %.2f× its p99\n"+
+		"untuned      the same no-op server with grpc-go's defaults: %.0f req/s, p99 %s; %.0f%% of its requests/s\n",
+		ceiling.RPS(), bench.FormatDuration(ceiling.Latency.P99), 100*p.OfCeilingRPS, p.P99OfCeiling,
+		untuned.RPS(), bench.FormatDuration(untuned.Latency.P99), 100*p.OfUntunedCeilingRPS)
 	return err
+}
+
+// measureNoop measures an in-process no-op server with tuning t.
+func measureNoop(measure func(string) (*bench.Result, error), t bench.Tuning) (*bench.Result, error) {
+	srv, err := bench.StartNoopTuned("127.0.0.1:0", t)
+	if err != nil {
+		return nil, err
+	}
+	defer srv.Stop()
+	return measure(srv.Addr())
+}
+
+// ratio is a / b, NaN when b is not positive.
+func ratio(a, b float64) float64 {
+	if b <= 0 {
+		return math.NaN()
+	}
+	return a / b
 }
 
 // report prints one result, as text under an optional title line, or JSON.

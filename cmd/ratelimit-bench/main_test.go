@@ -3,10 +3,12 @@ package main
 import (
 	"bytes"
 	"encoding/json"
+	"os"
 	"strings"
 	"testing"
 
 	"github.com/ratelimitd/ratelimit/cmd/ratelimit-bench/bench"
+	"github.com/ratelimitd/ratelimit/src/settings"
 )
 
 // TestCalibrateWithAddr measures a no-op server as the target, paired with
@@ -23,7 +25,7 @@ func TestCalibrateWithAddr(t *testing.T) {
 	if err := run(args, &out, &errOut); err != nil {
 		t.Fatalf("run: %v (stderr %s)", err, errOut.String())
 	}
-	for _, want := range []string{"requests     200 ", "ceiling      in-process no-op RLS v3 server", "of ceiling   "} {
+	for _, want := range []string{"requests     200 ", "ceiling      in-process no-op RLS v3 server with the service's gRPC tuning", "of ceiling   ", "untuned      "} {
 		if !strings.Contains(out.String(), want) {
 			t.Errorf("output lacks %q:\n%s", want, out.String())
 		}
@@ -36,13 +38,16 @@ func TestCalibrateWithAddr(t *testing.T) {
 	var p struct {
 		Result       struct{ Requests uint64 } `json:"result"`
 		Ceiling      struct{ Requests uint64 } `json:"ceiling"`
+		Untuned      struct{ Requests uint64 } `json:"untuned_ceiling"`
 		OfCeilingRPS float64                   `json:"of_ceiling_rps"`
 		P99OfCeiling float64                   `json:"p99_of_ceiling"`
+		OfUntuned    float64                   `json:"of_untuned_ceiling_rps"`
 	}
 	if err := json.Unmarshal(out.Bytes(), &p); err != nil {
 		t.Fatalf("JSON: %v\n%s", err, out.String())
 	}
-	if p.Result.Requests != 200 || p.Ceiling.Requests != 200 || p.OfCeilingRPS <= 0 || p.P99OfCeiling <= 0 {
+	if p.Result.Requests != 200 || p.Ceiling.Requests != 200 || p.Untuned.Requests != 200 ||
+		p.OfCeilingRPS <= 0 || p.P99OfCeiling <= 0 || p.OfUntuned <= 0 {
 		t.Errorf("paired JSON = %+v, want 200 requests each and positive ratios", p)
 	}
 }
@@ -53,8 +58,23 @@ func TestCalibrateAlone(t *testing.T) {
 	if err := run([]string{"-calibrate", "-c", "2", "-n", "50", "-warmup", "0"}, &out, &errOut); err != nil {
 		t.Fatalf("run: %v", err)
 	}
-	if s := out.String(); !strings.HasPrefix(s, "calibrate    in-process no-op") || strings.Contains(s, "of ceiling") {
+	if s := out.String(); !strings.HasPrefix(s, "calibrate    in-process no-op") || !strings.Contains(s, "\nuntuned      ") ||
+		strings.Contains(s, "of ceiling") {
 		t.Errorf("output:\n%s", s)
+	}
+}
+
+// TestServiceTuning holds the tuned no-op server to the service's default
+// GRPC_NUM_STREAM_WORKERS, so that the ceiling follows the service.
+func TestServiceTuning(t *testing.T) {
+	t.Setenv("GRPC_NUM_STREAM_WORKERS", "")
+	os.Unsetenv("GRPC_NUM_STREAM_WORKERS")
+	set, err := settings.Load()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := bench.ServiceTuning.StreamWorkers; int(got) != set.GRPCNumStreamWorkers {
+		t.Errorf("bench.ServiceTuning.StreamWorkers = %d, want the service's default %d", got, set.GRPCNumStreamWorkers)
 	}
 }
 

@@ -38,6 +38,7 @@ import (
 	"google.golang.org/grpc/codes"
 
 	"github.com/ratelimitd/ratelimit/cmd/ratelimit-bench/bench"
+	"github.com/ratelimitd/ratelimit/src/gctune"
 	"github.com/ratelimitd/ratelimit/src/store/storetest"
 )
 
@@ -50,11 +51,33 @@ const memcacheRoundTrips = "ratelimit.memcache.round_trips"
 
 // noopEnv, when set, makes benchrun serve the no-op RLS server on the
 // address it holds instead of benchmarking: benchrun starts itself this way.
-const noopEnv = "BENCHRUN_NOOP_ADDR"
+// noopTunedEnv set to "1" gives that server the service's tuning (see
+// noopTuning).
+const (
+	noopEnv      = "BENCHRUN_NOOP_ADDR"
+	noopTunedEnv = "BENCHRUN_NOOP_TUNED"
+)
+
+// noopGCHeadroom is the service's default GC_HEADROOM_BYTES, which the
+// tuned no-op server's process sets as the service does (gctune).
+const noopGCHeadroom = 32 << 20
+
+// noopTuning says which no-op server a process serves: the service's tuning
+// (the ceiling) or grpc-go's and Go's defaults (the second column).
+type noopTuning int
+
+const (
+	untunedNoop noopTuning = iota
+	tunedNoop
+)
 
 func main() {
 	if addr := os.Getenv(noopEnv); addr != "" {
-		if err := serveNoop(addr); err != nil {
+		tuning := untunedNoop
+		if os.Getenv(noopTunedEnv) == "1" {
+			tuning = tunedNoop
+		}
+		if err := serveNoop(addr, tuning); err != nil {
 			fmt.Fprintln(os.Stderr, err)
 			os.Exit(1)
 		}
@@ -183,15 +206,23 @@ func run(args []string, logw io.Writer) error {
 	}
 	r.logf("benchrun: %s; %d run(s) of %v after %v warm-up per scenario, each paired with a no-op run", rep.machine, t.runs, t.duration, t.warmup)
 
-	// The ceiling: grpc-go's own no-op server, in a process of its own like
-	// the service, so both share the two cores with the generator alike.
-	// It stays up for the whole run and is measured next to every run.
-	noop, err := startNoopProcess(ctx)
+	// The ceiling: a no-op server with the service's gRPC and GC tuning,
+	// in a process of its own like the service, so both share the two
+	// cores with the generator alike; and the same with grpc-go's and Go's
+	// defaults, for the second column. They stay up for the whole run and
+	// are measured next to every run.
+	noop, err := startNoopProcess(ctx, tunedNoop)
 	if err != nil {
 		return err
 	}
 	defer noop.stop()
 	r.ceil = &target{addr: noop.grpcAddr, proc: noop.process}
+	untuned, err := startNoopProcess(ctx, untunedNoop)
+	if err != nil {
+		return err
+	}
+	defer untuned.stop()
+	r.untuned = &target{addr: untuned.grpcAddr, proc: untuned.process}
 
 	if *bin == "" {
 		*bin = filepath.Join(tmp, "ratelimit")
@@ -257,10 +288,15 @@ func commandLine(args []string) string {
 	return s
 }
 
-// serveNoop serves bench's no-op server on addr until SIGTERM, or for an
-// hour at most.
-func serveNoop(addr string) error {
-	srv, err := bench.StartNoop(addr)
+// serveNoop serves bench's no-op server with tuning on addr until SIGTERM,
+// or for an hour at most.
+func serveNoop(addr string, tuning noopTuning) error {
+	var t bench.Tuning
+	if tuning == tunedNoop {
+		t = bench.ServiceTuning
+		defer gctune.Start(noopGCHeadroom)()
+	}
+	srv, err := bench.StartNoopTuned(addr, t)
 	if err != nil {
 		return err
 	}
@@ -274,9 +310,9 @@ func serveNoop(addr string) error {
 	return nil
 }
 
-// startNoopProcess starts this program again as a no-op server and waits
-// until its port accepts connections.
-func startNoopProcess(ctx context.Context) (*service, error) {
+// startNoopProcess starts this program again as a no-op server with tuning
+// and waits until its port accepts connections.
+func startNoopProcess(ctx context.Context, tuning noopTuning) (*service, error) {
 	self, err := os.Executable()
 	if err != nil {
 		return nil, fmt.Errorf("benchrun: %w", err)
@@ -288,7 +324,12 @@ func startNoopProcess(ctx context.Context) (*service, error) {
 	addr := fmt.Sprintf("127.0.0.1:%d", ports[0])
 	cmd := exec.Command(self)
 	cmd.Env = append(os.Environ(), noopEnv+"="+addr)
-	p, err := startProcess("no-op server", cmd)
+	name := "no-op server (untuned)"
+	if tuning == tunedNoop {
+		cmd.Env = append(cmd.Env, noopTunedEnv+"=1")
+		name = "no-op server (tuned)"
+	}
+	p, err := startProcess(name, cmd)
 	if err != nil {
 		return nil, err
 	}
@@ -355,9 +396,10 @@ type runner struct {
 	steps  int
 	// scenarios are the selected scenarios (-scenarios).
 	scenarios []scenario
-	// ceil is the no-op server paired with every run; nil measures the
-	// service alone.
-	ceil *target
+	// ceil is the no-op server with the service's tuning paired with every
+	// run; nil measures the service alone. untuned, when not nil, is the
+	// no-op server with grpc-go's defaults, measured just before ceil.
+	ceil, untuned *target
 }
 
 func (r *runner) logf(format string, args ...any) {
@@ -411,7 +453,8 @@ type row struct {
 	runs  []runResult
 	// ceil are the paired no-op runs: ceil[i] ran just before runs[i],
 	// under the same load. Empty when the row was measured alone.
-	ceil []runResult
+	// untuned[i], when measured, ran just before ceil[i].
+	ceil, untuned []runResult
 	// skip, when set, says why the scenario was not measured.
 	skip string
 	// variant names the service configuration under -variants.
@@ -428,7 +471,10 @@ type row struct {
 	ratio, p99Ratio float64
 	// cpuRatio is the median of the per-run ratios of CPU per decision
 	// to the paired no-op run's (NaN without pairing).
-	cpuRatio                      float64
+	cpuRatio float64
+	// untunedRPS is the median of the untuned no-op runs, untunedRatio the
+	// median of rps_i / untuned rps_i (NaN without them).
+	untunedRPS, untunedRatio      float64
 	ok, over, unknown, errorCount uint64
 	errors                        map[codes.Code]uint64
 }
@@ -452,6 +498,13 @@ func (r *runner) measure(ctx context.Context, store string, sc scenario, t targe
 		}
 		defer ceilClient.Close()
 	}
+	var untunedClient *bench.Client
+	if r.untuned != nil {
+		if untunedClient, err = dialTarget(ctx, r.untuned.addr, sc.c); err != nil {
+			return nil, fmt.Errorf("benchrun: %s: untuned no-op server: %w", label, err)
+		}
+		defer untunedClient.Close()
+	}
 	load := bench.Load{Domain: "bench", Descriptors: sc.descriptors, Concurrency: sc.c, Timeout: 2 * time.Second}
 	if r.timing.warmup > 0 {
 		r.logf("%s: warm-up %v", label, r.timing.warmup)
@@ -465,10 +518,22 @@ func (r *runner) measure(ctx context.Context, store string, sc scenario, t targe
 				return nil, fmt.Errorf("benchrun: %s: no-op warm-up: %w", label, err)
 			}
 		}
+		if untunedClient != nil {
+			if _, err := untunedClient.Run(ctx, load); err != nil {
+				return nil, fmt.Errorf("benchrun: %s: untuned no-op warm-up: %w", label, err)
+			}
+		}
 	}
 	load.Duration = r.timing.duration
 	rw := &row{store: store, sc: sc}
 	for i := range r.timing.runs {
+		if untunedClient != nil {
+			u, err := r.runOnce(ctx, untunedClient, load, *r.untuned)
+			if err != nil {
+				return nil, fmt.Errorf("benchrun: %s: untuned no-op server: %w", label, err)
+			}
+			rw.untuned = append(rw.untuned, u)
+		}
 		if ceilClient != nil {
 			c, err := r.runOnce(ctx, ceilClient, load, *r.ceil)
 			if err != nil {
@@ -612,6 +677,17 @@ func (rw *row) aggregate() {
 		}
 		rw.ratio, rw.p99Ratio = median(ratios), median(p99s)
 		rw.cpuRatio = medianCPURatio(rw)
+	}
+	rw.untunedRPS, rw.untunedRatio = nan(), nan()
+	if len(rw.untuned) == len(rw.runs) && len(rw.untuned) > 0 {
+		rw.untunedRPS = med(rw.untuned, rps)
+		var ratios []float64
+		for i, m := range rw.runs {
+			if u := rw.untuned[i].res.RPS(); u > 0 {
+				ratios = append(ratios, m.res.RPS()/u)
+			}
+		}
+		rw.untunedRatio = median(ratios)
 	}
 
 	rw.errors = map[codes.Code]uint64{}

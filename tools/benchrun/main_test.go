@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/ratelimitd/ratelimit/cmd/ratelimit-bench/bench"
+	"github.com/ratelimitd/ratelimit/src/settings"
 )
 
 // TestMain lets the test binary stand in for cmd/ratelimit: with
@@ -24,7 +25,11 @@ import (
 // the algorithm named by FAKE_REFUSE, as a service without them would.
 func TestMain(m *testing.M) {
 	if addr := os.Getenv(noopEnv); addr != "" {
-		if err := serveNoop(addr); err != nil {
+		tuning := untunedNoop
+		if os.Getenv(noopTunedEnv) == "1" {
+			tuning = tunedNoop
+		}
+		if err := serveNoop(addr, tuning); err != nil {
 			fmt.Fprintln(os.Stderr, err)
 			os.Exit(1)
 		}
@@ -103,14 +108,20 @@ func TestMeasureService(t *testing.T) {
 	if len(skipped) != 1 || !strings.Contains(skipped["sliding_log"], "cannot run it atomically") {
 		t.Fatalf("skipped = %v, want sliding_log with the service's message", skipped)
 	}
-	noop, err := startNoopProcess(t.Context())
+	noop, err := startNoopProcess(t.Context(), tunedNoop)
 	if err != nil {
 		t.Fatalf("startNoopProcess: %v", err)
 	}
 	t.Cleanup(noop.stop)
+	untuned, err := startNoopProcess(t.Context(), untunedNoop)
+	if err != nil {
+		t.Fatalf("startNoopProcess: %v", err)
+	}
+	t.Cleanup(untuned.stop)
 
 	r := testRunner(t)
 	r.ceil = &target{addr: noop.grpcAddr, proc: noop.process}
+	r.untuned = &target{addr: untuned.grpcAddr, proc: untuned.process}
 	rw, err := r.measure(t.Context(), "redis", storeScenarios[1], target{
 		addr: svc.grpcAddr, proc: svc.process, statsURL: svc.statsURL, rtStat: redisRoundTrips,
 	})
@@ -143,6 +154,20 @@ func TestMeasureService(t *testing.T) {
 	}
 	if want := median(ratios); rw.ratio != want || math.IsNaN(rw.ratio) {
 		t.Errorf("ratio = %v, want the median of the per-run ratios %v", rw.ratio, ratios)
+	}
+	// And one untuned no-op run before each tuned one, on its own server.
+	if len(rw.untuned) != 3 {
+		t.Fatalf("%d paired untuned no-op runs, want 3", len(rw.untuned))
+	}
+	ratios = ratios[:0]
+	for i, u := range rw.untuned {
+		if u.res.Concurrency != rw.sc.c || u.res.Addr != untuned.grpcAddr {
+			t.Errorf("untuned no-op run %d: c=%d on %s, want the scenario's load on the untuned no-op server", i, u.res.Concurrency, u.res.Addr)
+		}
+		ratios = append(ratios, rw.runs[i].res.RPS()/u.res.RPS())
+	}
+	if want := median(ratios); rw.untunedRatio != want || math.IsNaN(rw.untunedRatio) {
+		t.Errorf("untuned ratio = %v, want the median of the per-run ratios %v", rw.untunedRatio, ratios)
 	}
 	if math.IsNaN(rw.ceilRPS) || math.IsNaN(rw.ceilCPUUS) || rw.ceilP99 <= 0 || math.IsNaN(rw.p99Ratio) {
 		t.Errorf("no-op medians %v req/s, %v µs, p99 %v, p99 ratio %v: want all measured", rw.ceilRPS, rw.ceilCPUUS, rw.ceilP99, rw.p99Ratio)
@@ -381,5 +406,19 @@ func TestRunFlags(t *testing.T) {
 				t.Errorf("run(%q) = %v, want an error with %q", tt.give, err, tt.want)
 			}
 		})
+	}
+}
+
+// TestNoopGCHeadroom holds the tuned no-op server's GC headroom to the
+// service's default GC_HEADROOM_BYTES.
+func TestNoopGCHeadroom(t *testing.T) {
+	t.Setenv("GC_HEADROOM_BYTES", "")
+	os.Unsetenv("GC_HEADROOM_BYTES")
+	set, err := settings.Load()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if set.GCHeadroomBytes != noopGCHeadroom {
+		t.Errorf("noopGCHeadroom = %d, want the service's default %d", noopGCHeadroom, set.GCHeadroomBytes)
 	}
 }

@@ -44,7 +44,7 @@ func (rep *report) find(store, id string) *row {
 	return nil
 }
 
-// check is one line of the bar of issue 5.
+// check is one line of the bar of issues 5 and 15.
 type check struct {
 	what     string
 	measured string
@@ -52,7 +52,7 @@ type check struct {
 	met string
 }
 
-// bar evaluates the targets of issue 5 on this run's figures. Every ratio
+// bar evaluates the targets of issues 5 and 15 on this run's figures. Every ratio
 // is the median of the per-run ratios to the paired no-op runs.
 func (rep *report) bar() []check {
 	var out []check
@@ -62,7 +62,12 @@ func (rep *report) bar() []check {
 			out = append(out, check{what, "not measured", "n/a"})
 			return
 		}
-		out = append(out, check{what, fmt.Sprintf("%.0f%% (medians %.0f and %.0f req/s)", 100*rw.ratio, rw.rps, rw.ceilRPS), yesNo(rw.ratio >= want)})
+		measured := fmt.Sprintf("%.0f%% (medians %.0f and %.0f req/s)", 100*rw.ratio, rw.rps, rw.ceilRPS)
+		if rw.errorCount > 0 {
+			// Failed requests are answered fast: the ratio overstates.
+			measured += fmt.Sprintf(", with %d errors", rw.errorCount)
+		}
+		out = append(out, check{what, measured, yesNo(rw.ratio >= want)})
 	}
 	ratioCheck("memory", "c64", "memory, (a) c=64: ≥ 85% of the ceiling", 0.85)
 	ratioCheck("redis", "c64", "redis, (a) c=64: ≥ 75% of the ceiling", 0.75)
@@ -89,6 +94,11 @@ func (rep *report) bar() []check {
 	} else {
 		out = append(out, check{"redis, hot key with near cache: 0 Redis round trips", "not measured", "n/a"})
 	}
+	// Issue 15, against the ceiling with the service's tuning.
+	ratioCheck("memcache", "c64", "issue 15: memcache, (a) c=64: ≥ 75% of the ceiling", 0.75)
+	ratioCheck("memcache", "chain", "issue 15: memcache, (c) 3 descriptors: ≥ 60% of the ceiling", 0.60)
+	ratioCheck("memory", "chain", "issue 15: memory, (c) 3 descriptors: ≥ 95% of the ceiling", 0.95)
+	ratioCheck("redis", "chain", "issue 15: redis, (c) 3 descriptors: ≥ 80% of the ceiling", 0.80)
 	return out
 }
 
@@ -109,12 +119,14 @@ func (rep *report) markdown(pngRel string) string {
 	w("- Each figure is the median of %d run(s) of %v after a %v warm-up. The load generator "+
 		"(cmd/ratelimit-bench, in process, up to 4 gRPC connections) runs on the same machine as the service.\n",
 		rep.timing.runs, rep.timing.duration, rep.timing.warmup)
-	w("- Ceiling, paired: grpc-go's no-op RLS server (default options) runs in a process of its own for the whole run. "+
-		"For every scenario and every run i, it is measured under the same load (same concurrency, same descriptors, same duration) "+
-		"immediately before the service's run i, after a warm-up of at most %v per scenario, so the two runs of a pair are seconds apart "+
-		"and see the same load from the rest of the machine. "+
-		"_of no-op_ is the median of the per-run ratios req/s_i ÷ no-op req/s_i (and the p99 bar the median of p99_i ÷ no-op p99_i); "+
-		"the _no-op_ columns are the medians of the paired no-op runs.\n", noopWarmup)
+	w("- Ceiling, paired: a no-op RLS server on grpc-go with the service's default runtime tuning (%d stream workers, %d MiB of GC headroom) "+
+		"runs in a process of its own for the whole run, and the same server with grpc-go's and Go's defaults in another. "+
+		"For every scenario and every run i, both are measured under the same load (same concurrency, same descriptors, same duration), "+
+		"the untuned one, then the tuned one immediately before the service's run i, after a warm-up of at most %v per scenario, "+
+		"so the runs are seconds apart and see the same load from the rest of the machine. "+
+		"_of no-op_ is the median of the per-run ratios req/s_i ÷ tuned no-op req/s_i (and the p99 bar the median of p99_i ÷ no-op p99_i), "+
+		"what the service gets of what gRPC alone costs; _of untuned_ the same against the untuned no-op server; "+
+		"the _no-op_ columns are the medians of the paired tuned no-op runs.\n", bench.ServiceTuning.StreamWorkers, noopGCHeadroom>>20, noopWarmup)
 	w("- A decision is one ShouldRateLimit call, whatever its number of descriptors. "+
 		"CPU: utime+stime of the service process from /proc per decision; RSS: VmRSS after the run; "+
 		"round trips: the service's `%s` (Memcached: `%s`) counter per decision; Redis CPU and commands: the change of "+
@@ -123,25 +135,25 @@ func (rep *report) markdown(pngRel string) string {
 	if pngRel != "" {
 		w("![throughput and p99 per store and scenario, the paired no-op ceiling as a gray line](%s)\n\n", pngRel)
 	}
-	w("| scenario | store | c | req/s | no-op req/s | of no-op | p50 | p99 | no-op p99 | CPU µs/decision | RSS MiB | store round trips/decision | Redis commands/decision | Redis CPU µs/decision | OK / OVER_LIMIT / errors |\n")
-	w("|---|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|---|\n")
+	w("| scenario | store | c | req/s | no-op req/s | of no-op | of untuned | p50 | p99 | no-op p99 | CPU µs/decision | RSS MiB | store round trips/decision | Redis commands/decision | Redis CPU µs/decision | OK / OVER_LIMIT / errors |\n")
+	w("|---|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|---|\n")
 	for _, rw := range rep.rows {
 		if rw.skip != "" {
-			w("| %s | %s | %d | – | – | – | – | – | – | – | – | – | – | – | not measured: %s |\n", rw.sc.title, rw.store, rw.sc.c, rw.skip)
+			w("| %s | %s | %d | – | – | – | – | – | – | – | – | – | – | – | – | not measured: %s |\n", rw.sc.title, rw.store, rw.sc.c, rw.skip)
 			continue
 		}
 		ceilP99 := "–"
 		if rw.ceilP99 > 0 {
 			ceilP99 = bench.FormatDuration(rw.ceilP99)
 		}
-		w("| %s | %s | %d | %.0f | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n",
-			rw.sc.title, rw.store, rw.sc.c, rw.rps, optional(rw.ceilRPS, "%.0f"), percent(rw.ratio),
+		w("| %s | %s | %d | %.0f | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n",
+			rw.sc.title, rw.store, rw.sc.c, rw.rps, optional(rw.ceilRPS, "%.0f"), percent(rw.ratio), percent(rw.untunedRatio),
 			bench.FormatDuration(rw.p50), bench.FormatDuration(rw.p99), ceilP99,
 			optional(rw.cpuUS, "%.1f"), optional(rw.rssMiB, "%.0f"), optional(rw.rt, "%.3f"),
 			optional(rw.redisCmds, "%.2f"), optional(rw.redisCPUUS, "%.1f"),
 			outcomes(rw))
 	}
-	w("\n**The bar (issue 5)**\n\n| target | measured | met |\n|---|---|---|\n")
+	w("\n**The bar (issues 5 and 15)**\n\n| target | measured | met |\n|---|---|---|\n")
 	for _, c := range rep.bar() {
 		w("| %s | %s | %s |\n", c.what, c.measured, c.met)
 	}

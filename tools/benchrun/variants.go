@@ -29,6 +29,26 @@ type variant struct {
 	env  []string
 }
 
+// binEnv, among a variant's settings, is not passed to the service but
+// names the service binary of that variant (default -bin), so that two
+// builds take turns on the same load: "before: BENCHRUN_BIN=/tmp/old;
+// after".
+const binEnv = "BENCHRUN_BIN"
+
+// binary returns the service binary of v, def unless v sets binEnv, and
+// the settings to pass to it.
+func (v variant) binary(def string) (bin string, env []string) {
+	bin = def
+	for _, kv := range v.env {
+		if k, val, _ := strings.Cut(kv, "="); k == binEnv {
+			bin = val
+			continue
+		}
+		env = append(env, kv)
+	}
+	return bin, env
+}
+
 // parseVariants reads "name: ENV=V ENV=V; name2: ...". A name alone is the
 // service with its defaults.
 func parseVariants(s string) ([]variant, error) {
@@ -83,8 +103,9 @@ func (r *runner) runVariants(ctx context.Context, store, bin, dir string, vs []v
 	}()
 	for _, v := range vs {
 		r.logf("benchrun: starting the service on %s, variant %s %s", store, v.name, strings.Join(v.env, " "))
-		env := append(slices.Clone(be.env), v.env...)
-		s, err := startWithRules(ctx, bin, "ratelimit ("+store+", "+v.name+")", root, skipped, env...)
+		vbin, venv := v.binary(bin)
+		env := append(slices.Clone(be.env), venv...)
+		s, err := startWithRules(ctx, vbin, "ratelimit ("+store+", "+v.name+")", root, skipped, env...)
 		if err != nil {
 			return nil, err
 		}
@@ -117,6 +138,7 @@ func (r *runner) runVariants(ctx context.Context, store, bin, dir string, vs []v
 				}
 				rows[i].runs = append(rows[i].runs, rw.runs...)
 				rows[i].ceil = append(rows[i].ceil, rw.ceil...)
+				rows[i].untuned = append(rows[i].untuned, rw.untuned...)
 			}
 		}
 		for _, rw := range rows {

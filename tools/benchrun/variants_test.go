@@ -37,11 +37,21 @@ func TestParseVariants(t *testing.T) {
 	}
 }
 
+func TestVariantBinary(t *testing.T) {
+	v := variant{name: "old", env: []string{"GOGC=200", binEnv + "=/tmp/old", "X=1"}}
+	if bin, env := v.binary("/tmp/new"); bin != "/tmp/old" || !slices.Equal(env, []string{"GOGC=200", "X=1"}) {
+		t.Errorf("binary = %q, %q; want /tmp/old and the other settings", bin, env)
+	}
+	if bin, env := (variant{name: "new", env: []string{"X=1"}}).binary("/tmp/new"); bin != "/tmp/new" || !slices.Equal(env, []string{"X=1"}) {
+		t.Errorf("binary = %q, %q; want -bin's and the settings", bin, env)
+	}
+}
+
 // TestRunVariants runs two variants of the fake service in rotation: every
 // variant gets one paired run per round, and its own process.
 func TestRunVariants(t *testing.T) {
 	t.Setenv("BENCHRUN_FAKE_SERVICE", "1")
-	noop, err := startNoopProcess(t.Context())
+	noop, err := startNoopProcess(t.Context(), tunedNoop)
 	if err != nil {
 		t.Fatalf("no-op server: %v", err)
 	}

@@ -10,22 +10,51 @@ import (
 )
 
 // NoopServer is an RLS v3 server that answers OK to every request at once,
-// with one OK status per descriptor. It runs with grpc-go's default options,
-// so a benchmark against it measures the ceiling of gRPC itself on the
-// machine: no rate-limit service can answer faster.
+// with one OK status per descriptor, so a benchmark against it measures the
+// ceiling of gRPC itself on the machine: no rate-limit service with the same
+// gRPC tuning can answer faster. StartNoop runs it with grpc-go's default
+// options; StartNoopTuned with the service's tuning (ServiceTuning), the
+// fair ceiling of the service.
 type NoopServer struct {
 	srv  *grpc.Server
 	lis  net.Listener
 	done chan error
 }
 
-// StartNoop starts a NoopServer on addr; "127.0.0.1:0" picks a free port.
+// Tuning is the gRPC tuning of a no-op server.
+type Tuning struct {
+	// StreamWorkers is the number of goroutines reused to serve streams
+	// (grpc.NumStreamWorkers); 0 starts a goroutine per request, grpc-go's
+	// default.
+	StreamWorkers uint32
+}
+
+// ServiceTuning is the service's default gRPC tuning
+// (GRPC_NUM_STREAM_WORKERS=64, see docs/BENCHMARKS.md), so that a service
+// measured against a no-op server with it cannot pass 100 % of the ceiling
+// by tuning alone. The service's other runtime tuning, GC_HEADROOM_BYTES,
+// is process-wide: a no-op server in a process of its own (benchrun) sets it
+// with gctune; an in-process one (ratelimit-bench -calibrate) shares the
+// load generator's garbage collector and does not.
+var ServiceTuning = Tuning{StreamWorkers: 64}
+
+// StartNoop starts a NoopServer with grpc-go's default options on addr;
+// "127.0.0.1:0" picks a free port.
 func StartNoop(addr string) (*NoopServer, error) {
+	return StartNoopTuned(addr, Tuning{})
+}
+
+// StartNoopTuned starts a NoopServer with tuning t on addr.
+func StartNoopTuned(addr string, t Tuning) (*NoopServer, error) {
 	lis, err := net.Listen("tcp", addr)
 	if err != nil {
 		return nil, fmt.Errorf("bench: no-op server: %w", err)
 	}
-	s := &NoopServer{srv: grpc.NewServer(), lis: lis, done: make(chan error, 1)}
+	var opts []grpc.ServerOption
+	if t.StreamWorkers > 0 {
+		opts = append(opts, grpc.NumStreamWorkers(t.StreamWorkers))
+	}
+	s := &NoopServer{srv: grpc.NewServer(opts...), lis: lis, done: make(chan error, 1)}
 	rlsv3.RegisterRateLimitServiceServer(s.srv, noop{})
 	go func() { s.done <- s.srv.Serve(lis) }()
 	return s, nil

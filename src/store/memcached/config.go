@@ -42,9 +42,11 @@ type Config struct {
 	// MaxIdleConns are idle already: set it to about the number of
 	// concurrent requests, or connections churn under load.
 	MaxIdleConns int
-	// MaxConns bounds the Do calls under way at once, each of which has
-	// at most one round trip under way, and so the connections open to
-	// each server (default 2 × MaxIdleConns; the prober takes its share).
+	// MaxConns bounds the round trips under way at once, and so the
+	// connections open to each server (default 2 × MaxIdleConns; the
+	// prober takes its share): a Do takes one slot, and the other ops of
+	// its batch run side by side on more only while fewer than
+	// MaxIdleConns are taken (else after one another on the Do's).
 	// gomemcache alone dials a new connection for every concurrent call
 	// beyond the idle ones, without limit: when memcached slows down or
 	// freezes, one connection per waiting request, until memcached's own

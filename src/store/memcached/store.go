@@ -479,16 +479,20 @@ func (s *Store) drain(timeout <-chan time.Time) {
 }
 
 // Do applies the batch: see limiter.Store, and the package documentation
-// for AllOrNothing. Ops run one after the other; an op takes one round trip
-// in the common case (two when another instance created a fixed-window key
-// this one has not written in the window yet, and for the other algorithms
-// when they record). A zero b.Now is set to the current time.
+// for AllOrNothing. An op takes one round trip in the common case (two when
+// another instance created a fixed-window key this one has not written in
+// the window yet, and for the other algorithms when they record). The ops
+// of a batch run side by side (see fanout), so that a request with several
+// descriptors waits about one round trip, not one per op. A zero b.Now is
+// set to the current time.
 //
 // A Do first takes one of Config.MaxConns connection slots. When none is
 // free it waits, at most until ctx's deadline, unless Config.MaxWaiting
 // calls wait already; a call shed either way fails with an error wrapping
 // limiter.ErrOverloaded (counted in Shed), not ErrUnavailable: memcached
-// is slower than the load, not known to be down.
+// is slower than the load, not known to be down. The batch's other ops take
+// further slots only when they are free at once, and otherwise run one
+// after the other on the Do's own.
 //
 // The memcached client takes no context, so ctx cannot interrupt a round
 // trip: ctx is checked before every round trip (retries after a cas
@@ -527,34 +531,45 @@ func (s *Store) Do(ctx context.Context, b *limiter.Batch) error {
 	if b.Now.IsZero() {
 		b.Now = time.Now()
 	}
+	if len(b.Ops) == 1 && !b.AllOrNothing {
+		// The common case, without fanout's closure.
+		_, err := s.apply(ctx, &b.Ops[0], b.Now, &b.Results[0])
+		return err
+	}
+	apart := distinctKeys(b.Ops)
 	if b.AllOrNothing {
-		return s.doAll(ctx, b)
+		return s.doAll(ctx, b, apart)
 	}
-	for i := range b.Ops {
-		if _, err := s.apply(ctx, &b.Ops[i], b.Now, &b.Results[i]); err != nil {
-			return err
-		}
-	}
-	return nil
+	return s.fanout(len(b.Ops), apart, func(i int) error {
+		_, err := s.apply(ctx, &b.Ops[i], b.Now, &b.Results[i])
+		return err
+	})
 }
 
-// doAll applies an AllOrNothing batch: every op on its own key, in order,
-// then, if any was refused, the recorded ones taken back (newest first)
-// and every op's Remaining and ResetAfter read from the unchanged state.
-func (s *Store) doAll(ctx context.Context, b *limiter.Batch) error {
+// doAll applies an AllOrNothing batch: every op on its own key, then, if
+// any was refused, the recorded ones taken back and every op's Remaining
+// and ResetAfter read from the unchanged state. Each step runs its ops side
+// by side when their keys are apart; otherwise in order, and the take-back
+// newest first, so that ops on one key see each other as in a sequence.
+func (s *Store) doAll(ctx context.Context, b *limiter.Batch, apart bool) error {
 	var undoBuf [8]undo
 	undos := undoBuf[:0]
+	if len(b.Ops) > len(undoBuf) {
+		undos = make([]undo, len(b.Ops))
+	}
+	undos = undos[:len(b.Ops)]
+	err := s.fanout(len(b.Ops), apart, func(i int) error {
+		var err error
+		undos[i], err = s.apply(ctx, &b.Ops[i], b.Now, &b.Results[i])
+		return err
+	})
+	if err != nil {
+		// Nothing may stay recorded: take back what was, as far as
+		// memcached and ctx's deadline let us.
+		return errors.Join(err, s.rollback(ctx, undos, apart))
+	}
 	refused := false
-	for i := range b.Ops {
-		u, err := s.apply(ctx, &b.Ops[i], b.Now, &b.Results[i])
-		if err != nil {
-			// Nothing may stay recorded: take back what was, as far as
-			// memcached and ctx's deadline let us.
-			return errors.Join(err, s.rollback(ctx, undos))
-		}
-		if u.op != nil {
-			undos = append(undos, u)
-		}
+	for i := range b.Results {
 		refused = refused || !b.Results[i].Allowed
 	}
 	if !refused {
@@ -562,12 +577,12 @@ func (s *Store) doAll(ctx context.Context, b *limiter.Batch) error {
 	}
 	// Undo even when ctx is canceled meanwhile, until its deadline (see
 	// undo): hits must not stay recorded for a refused batch.
-	if err := s.rollback(ctx, undos); err != nil {
+	if err := s.rollback(ctx, undos, apart); err != nil {
 		return err
 	}
-	// Allowed, Before and After stay those of the evaluation in order;
-	// Remaining and ResetAfter become those of the unchanged state.
-	for i := range b.Ops {
+	// Allowed, Before and After stay those of the evaluation; Remaining
+	// and ResetAfter become those of the unchanged state.
+	return s.fanout(len(b.Ops), apart, func(i int) error {
 		op := b.Ops[i]
 		op.Hits = 0
 		var r limiter.Result
@@ -575,8 +590,100 @@ func (s *Store) doAll(ctx context.Context, b *limiter.Batch) error {
 			return err
 		}
 		b.Results[i].Remaining, b.Results[i].ResetAfter = r.Remaining, r.ResetAfter
+		return nil
+	})
+}
+
+// fanout runs f(i) for i in [0, n) and returns the error of the lowest i
+// that failed. When apart, each f but the first runs in a goroutine of its
+// own if it can take a connection slot at once (trySlot), so that the round
+// trips of a batch overlap; the rest, and all of them when not apart, run
+// in order in the calling goroutine, on the slot of the Do, and stop at the
+// first error, as the ops of a Do did when they all ran in order (with
+// memcached down, one Timeout per op would add up). fanout returns when
+// every f started has: the goroutines are the Do's, and, as they hold
+// slots, there are fewer than Config.MaxConns of them in the whole store.
+func (s *Store) fanout(n int, apart bool, f func(i int) error) error {
+	if n == 1 || !apart {
+		for i := range n {
+			if err := f(i); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	var errBuf [8]error
+	errs := errBuf[:0]
+	if n > len(errBuf) {
+		errs = make([]error, n)
+	}
+	errs = errs[:n]
+	var wg sync.WaitGroup
+	var inline [8]int
+	here := append(inline[:0], 0)
+	for i := 1; i < n; i++ {
+		if !s.trySlot() {
+			here = append(here, i)
+			continue
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			defer s.release()
+			errs[i] = f(i)
+		}()
+	}
+	for _, i := range here {
+		if errs[i] = f(i); errs[i] != nil {
+			break
+		}
+	}
+	wg.Wait()
+	for _, err := range errs {
+		if err != nil {
+			return err
+		}
 	}
 	return nil
+}
+
+// trySlot takes a connection slot for one more op of a Do if one is free
+// at once and fewer than Config.MaxIdleConns are taken: a round trip beyond
+// the idle connections would dial one, and close it afterwards, which costs
+// more than it saves.
+func (s *Store) trySlot() bool {
+	if len(s.slots) >= s.cfg.MaxIdleConns {
+		return false
+	}
+	select {
+	case s.slots <- struct{}{}:
+		return true
+	default:
+		return false
+	}
+}
+
+// distinctKeys reports whether every op of ops has a key of its own: ops on
+// one key must run in order, so that the later sees the earlier.
+func distinctKeys(ops []limiter.Op) bool {
+	if len(ops) <= 16 {
+		for i := range ops {
+			for j := range i {
+				if ops[i].Key == ops[j].Key {
+					return false
+				}
+			}
+		}
+		return true
+	}
+	seen := make(map[string]struct{}, len(ops))
+	for i := range ops {
+		if _, ok := seen[ops[i].Key]; ok {
+			return false
+		}
+		seen[ops[i].Key] = struct{}{}
+	}
+	return true
 }
 
 // acquire takes a connection slot for a Do: at once when one is free;
@@ -625,12 +732,37 @@ func (s *Store) release() {
 	}
 }
 
-// rollback takes back the recorded ops, newest first, and returns the
-// first error; it goes on after one, so that as much as possible is taken
-// back.
-func (s *Store) rollback(ctx context.Context, undos []undo) error {
+// rollback takes back the recorded ops (those of undos with an op), side
+// by side when apart, else newest first, and returns the first error; it
+// goes on after one, so that as much as possible is taken back.
+func (s *Store) rollback(ctx context.Context, undos []undo, apart bool) error {
+	if apart {
+		// Every undo is tried: their errors are not fanout's, which would
+		// stop at the first.
+		var errBuf [8]error
+		errs := errBuf[:0]
+		if len(undos) > len(errBuf) {
+			errs = make([]error, len(undos))
+		}
+		errs = errs[:len(undos)]
+		_ = s.fanout(len(undos), apart, func(i int) error {
+			if undos[i].op != nil {
+				errs[i] = s.undo(ctx, &undos[i])
+			}
+			return nil
+		})
+		for _, err := range errs {
+			if err != nil {
+				return err
+			}
+		}
+		return nil
+	}
 	var first error
 	for i := len(undos) - 1; i >= 0; i-- {
+		if undos[i].op == nil {
+			continue
+		}
 		if err := s.undo(ctx, &undos[i]); err != nil && first == nil {
 			first = err
 		}

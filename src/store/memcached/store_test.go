@@ -206,7 +206,11 @@ func TestAllOrNothingTakesBackUnderTraffic(t *testing.T) {
 	now := time.Now()
 	for _, alg := range rules.Algorithms {
 		t.Run(alg.String(), func(t *testing.T) {
-			shared := limiter.Op{Key: uniqueKey(t, "shared"), Algorithm: alg, Limit: 1 << 20, Window: time.Hour, Hits: 1}
+			// A limit far above the hits, but not so far that a token
+			// bucket's item expires within seconds: its TAT would be
+			// under a second past now (a hit is W/Limit), and a loaded
+			// machine that stalls longer loses the count.
+			shared := limiter.Op{Key: uniqueKey(t, "shared"), Algorithm: alg, Limit: 1000, Window: time.Hour, Hits: 1}
 			full := limiter.Op{Key: uniqueKey(t, "full"), Algorithm: alg, Limit: 0, Window: time.Hour, Hits: 1}
 			const workers, rounds = 4, 50
 			errs := make(chan error, 2*workers)
@@ -545,5 +549,55 @@ func TestTLS(t *testing.T) {
 	b := &limiter.Batch{Ops: []limiter.Op{{Key: "k", Limit: 1, Window: time.Minute, Hits: 1}}}
 	if err := untrusted.Do(t.Context(), b); !errors.Is(err, limiter.ErrUnavailable) {
 		t.Errorf("Do with an untrusted server certificate = %v, want ErrUnavailable", err)
+	}
+}
+
+// TestBatchOpsSideBySide: the ops of a batch on keys apart go out side by
+// side, each on a connection of its own, so that a request with several
+// descriptors waits about one round trip; ops on one key stay in order on
+// one. The proxy delays every reply, so that the round trips overlap if
+// they can, and counts the connections.
+func TestBatchOpsSideBySide(t *testing.T) {
+	t.Parallel()
+	srv := storetest.StartMemcached(t)
+	tests := []struct {
+		name         string
+		allOrNothing bool
+		keys         []string
+		wantConns    int // at least
+		wantMaxConns int // at most
+	}{
+		{name: "apart", keys: []string{"a", "b", "c", "d"}, wantConns: 4, wantMaxConns: 5},
+		{name: "apart_all_or_nothing", allOrNothing: true, keys: []string{"a", "b", "c", "d"}, wantConns: 4, wantMaxConns: 5},
+		{name: "one_key", keys: []string{"a", "a", "a", "a"}, wantConns: 1, wantMaxConns: 2},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			proxy := storetest.StartProxy(t, srv.Addr)
+			s := newStore(t, Config{Addrs: []string{proxy.Addr}, MaxIdleConns: 8})
+			if err := s.WaitStarted(t.Context()); err != nil {
+				t.Fatal(err)
+			}
+			proxy.SetLatency(50 * time.Millisecond)
+			var ops []limiter.Op
+			names := map[string]string{}
+			for _, k := range tt.keys {
+				if names[k] == "" {
+					names[k] = uniqueKey(t, k)
+				}
+				ops = append(ops, limiter.Op{Key: names[k], Limit: 10, Window: time.Hour, Hits: 1})
+			}
+			r := do(t, s, tt.allOrNothing, time.Now(), ops...)
+			for i := range r {
+				if want := uint64(i + 1); tt.name == "one_key" && r[i].After != want {
+					t.Errorf("op %d: count %d, want %d: ops on one key run in order", i, r[i].After, want)
+				}
+			}
+			// The prober's connection is among them, idle or reused.
+			if got := proxy.Conns(); got < tt.wantConns || got > tt.wantMaxConns {
+				t.Errorf("%d connections after one batch of %d ops, want %d to %d", got, len(ops), tt.wantConns, tt.wantMaxConns)
+			}
+		})
 	}
 }
