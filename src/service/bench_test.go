@@ -11,6 +11,7 @@ import (
 	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 
+	"github.com/ratelimitd/ratelimit/src/live"
 	"github.com/ratelimitd/ratelimit/src/service"
 	"github.com/ratelimitd/ratelimit/src/stats"
 )
@@ -21,12 +22,7 @@ import (
 func BenchmarkShouldRateLimit(b *testing.B) {
 	const users = 10_000
 	f := newFixture(b, service.Config{})
-	reqs := make([]*rlsv3.RateLimitRequest, users)
-	for i := range reqs {
-		reqs[i] = &rlsv3.RateLimitRequest{Domain: "test", Descriptors: []*ratelimitv3.RateLimitDescriptor{{
-			Entries: []*ratelimitv3.RateLimitDescriptor_Entry{{Key: "ip", Value: "10.0." + strconv.Itoa(i)}},
-		}}}
-	}
+	reqs := userRequests(users)
 	var next atomic.Uint64
 	var sink atomic.Int64
 	b.ReportAllocs()
@@ -53,6 +49,34 @@ func BenchmarkShouldRateLimit(b *testing.B) {
 	if b.N >= users && f.reg.Snapshot()["ratelimit.service.rate_limit.test.ip.total_hits"] < users {
 		b.Fatalf("fewer than %d hits counted: the key set was not populated", users)
 	}
+}
+
+// userRequests returns one request per user, each with one descriptor
+// ip=10.0.<user>.
+func userRequests(users int) []*rlsv3.RateLimitRequest {
+	reqs := make([]*rlsv3.RateLimitRequest, users)
+	for i := range reqs {
+		reqs[i] = &rlsv3.RateLimitRequest{Domain: "test", Descriptors: []*ratelimitv3.RateLimitDescriptor{{
+			Entries: []*ratelimitv3.RateLimitDescriptor_Entry{{Key: "ip", Value: "10.0." + strconv.Itoa(i)}},
+		}}}
+	}
+	return reqs
+}
+
+// decideAll calls svc with reqs in turn, b.N times, from parallel
+// goroutines.
+func decideAll(b *testing.B, svc *service.Service, reqs []*rlsv3.RateLimitRequest) {
+	var next atomic.Uint64
+	b.ReportAllocs()
+	b.ResetTimer()
+	b.RunParallel(func(pb *testing.PB) {
+		ctx := b.Context()
+		for pb.Next() {
+			if _, err := svc.ShouldRateLimit(ctx, reqs[next.Add(1)%uint64(len(reqs))]); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
 }
 
 // BenchmarkShouldRateLimitStatsd is BenchmarkShouldRateLimit with the
@@ -92,23 +116,47 @@ func BenchmarkShouldRateLimitStatsd(b *testing.B) {
 				go func() { defer close(done); s.Run(ctx) }()
 				defer func() { cancel(); <-done }()
 			}
-			reqs := make([]*rlsv3.RateLimitRequest, users)
-			for i := range reqs {
-				reqs[i] = &rlsv3.RateLimitRequest{Domain: "test", Descriptors: []*ratelimitv3.RateLimitDescriptor{{
-					Entries: []*ratelimitv3.RateLimitDescriptor_Entry{{Key: "ip", Value: "10.0." + strconv.Itoa(i)}},
-				}}}
+			reqs := userRequests(users)
+			decideAll(b, f.svc, reqs)
+		})
+	}
+}
+
+// BenchmarkShouldRateLimitLive is BenchmarkShouldRateLimit with the live
+// view's recorder ("on") or without ("off"; LIVE_VIEW_ENABLED=false), and
+// a ticker closing its seconds as the server's does. The users go near
+// and then over their limit (see BenchmarkShouldRateLimit), so the
+// sketch's paths are all measured: the figures are in docs/BENCHMARKS.md.
+func BenchmarkShouldRateLimitLive(b *testing.B) {
+	for _, on := range []bool{false, true} {
+		name := "off"
+		if on {
+			name = "on"
+		}
+		b.Run(name, func(b *testing.B) {
+			const users = 10_000
+			var rec *live.Recorder
+			if on {
+				rec = live.New(live.Config{})
+				ctx, cancel := context.WithCancel(b.Context())
+				done := make(chan struct{})
+				go func() { defer close(done); rec.Run(ctx) }()
+				defer func() { cancel(); <-done }()
 			}
-			var next atomic.Uint64
-			b.ReportAllocs()
-			b.ResetTimer()
-			b.RunParallel(func(pb *testing.PB) {
-				ctx := b.Context()
-				for pb.Next() {
-					if _, err := f.svc.ShouldRateLimit(ctx, reqs[next.Add(1)%users]); err != nil {
-						b.Fatal(err)
-					}
+			f := newFixture(b, service.Config{Live: rec})
+			reqs := userRequests(users)
+			decideAll(b, f.svc, reqs)
+			b.StopTimer()
+			if on {
+				rec.Tick(time.Now())
+				var n int
+				for _, v := range rec.Traffic(live.Window).Totals.Decisions {
+					n += int(v)
 				}
-			})
+				if n != b.N {
+					b.Fatalf("the recorder counted %d decisions of %d", n, b.N)
+				}
+			}
 		})
 	}
 }

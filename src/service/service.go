@@ -19,6 +19,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/ratelimitd/ratelimit/src/limiter"
+	"github.com/ratelimitd/ratelimit/src/live"
 	"github.com/ratelimitd/ratelimit/src/rules"
 	"github.com/ratelimitd/ratelimit/src/stats"
 )
@@ -95,6 +96,9 @@ type Config struct {
 	// eight, counted eight times (the first, the ninth...). Only statsd
 	// reads it, so it is off unless statistics go to statsd.
 	ResponseTime bool
+	// Live, when not nil, is told every decision, the store's round
+	// trips and the rules in use, for the live view (LIVE_VIEW_ENABLED).
+	Live *live.Recorder
 	// Now is the clock; nil means time.Now.
 	Now func() time.Time
 	// Log receives errors worth an operator's attention; nil discards them.
@@ -189,6 +193,9 @@ func responseTimer(reg *stats.Registry, on bool) *stats.Timer {
 // SetRules publishes a new rule tree; requests already running keep the one
 // they started with.
 func (s *Service) SetRules(c *rules.Config) {
+	// The live view first, so that it knows every rule a request can
+	// match.
+	s.cfg.Live.SetRules(c)
 	s.rules.Store(c)
 	s.protoLimits.Clear()
 }
@@ -324,7 +331,9 @@ func (s *Service) decide(ctx context.Context, req *rlsv3.RateLimitRequest) (*rls
 	}
 	now := s.cfg.Now()
 	storeCtx, cancel := s.budget(ctx)
+	start := s.cfg.Live.StoreStart()
 	err := s.limiter.Check(storeCtx, req.GetDomain(), now, sc.descs, sc.statuses)
+	s.cfg.Live.StoreDone(start, err)
 	cancel()
 	degraded := false
 	if err != nil && s.cfg.Fallback != nil && outage(err) {
@@ -342,7 +351,7 @@ func (s *Service) decide(ctx context.Context, req *rlsv3.RateLimitRequest) (*rls
 	if err != nil {
 		return nil, err
 	}
-	return s.respond(req, sc, degraded)
+	return s.respond(req, sc, now, degraded)
 }
 
 // outage reports whether a limiter error means that the store could not
