@@ -81,8 +81,8 @@ type indexEntry struct {
 
 // slot is one tracked key and what its last decision said.
 type slot struct {
-	hash    uint64
-	err     uint64 // the count inherited when the key took the slot (overestimate bound)
+	hash uint64
+	err  uint64 // the count inherited when the key took the slot (overestimate bound)
 
 	domain  string
 	rule    *ruleInfo    // nil for a per-request override
