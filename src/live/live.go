@@ -39,13 +39,19 @@ const (
 	DefaultMaxRules = 1000
 )
 
-// overSample: one decision in overSample of those already over their
-// limit goes to the sketch, counted overSample times. Keys over their
-// limit are the ones asked again and again, so sampling them loses none
-// that matters, and a flood of over-limit requests (the usual attack)
-// costs the sketch an eighth. Decisions that reach or cross the limit or
-// come near it always go.
-const overSample = 8
+// Which decisions go to the sketch. A decision that fills its limit (no
+// room left after it) or crosses it always goes, so that a key pushed to
+// or over its limit is always seen at once. Of the others near the limit,
+// one in nearSample goes, counted nearSample times; of those already over
+// it, one in overSample, counted overSample times. The keys that matter
+// are asked again and again, so sampling loses none of them, and a flood
+// of over-limit requests (the usual attack) or of keys all hovering near
+// their limit costs the sketch a fraction of what it would: a new key in
+// a full sketch costs some 150-200 ns (docs/BENCHMARKS.md).
+const (
+	nearSample = 4
+	overSample = 16
+)
 
 // Config tunes a Recorder. The zero value is usable: the defaults above
 // and the system clock.
@@ -260,18 +266,25 @@ func (r *Recorder) Observe(domain string, entries []rules.Entry, lim *rules.Limi
 	if !over && !near {
 		return
 	}
-	weight := uint64(countScale)
-	if over && !near {
-		// Already over before this decision: sampled.
-		if rand.Uint32()%overSample != 0 {
-			return
-		}
-		weight *= overSample
-	}
 	capacity := uint64(lim.Capacity())
 	used := capacity
 	if !over {
 		used = capacity - min(uint64(st.Remaining), capacity)
+	}
+	weight := uint64(countScale)
+	switch {
+	case over && near, !over && used >= capacity:
+		// Crossed or filled the limit: always recorded.
+	case over:
+		if rand.Uint32()%overSample != 0 {
+			return
+		}
+		weight *= overSample
+	default:
+		if rand.Uint32()%nearSample != 0 {
+			return
+		}
+		weight *= nearSample
 	}
 	if info == nil && lim.Source != "" {
 		// A rule of rules not (yet) published here: nothing to name it by.

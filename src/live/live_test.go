@@ -181,7 +181,11 @@ func TestTopKeysFromObserve(t *testing.T) {
 	ok, near := okStatus(5, false), okStatus(2, true)
 	// Far from the limit: not a top key.
 	r.Observe("api", []rules.Entry{{Key: "user", Value: "calm"}}, user, &ok, now)
-	r.Observe("api", []rules.Entry{{Key: "user", Value: "busy"}}, user, &near, now)
+	for range 100 {
+		// One near decision in 4 is recorded: missing all 100 has a
+		// chance of 3e-13.
+		r.Observe("api", []rules.Entry{{Key: "user", Value: "busy"}}, user, &near, now)
+	}
 	crossing := overStatus()
 	crossing.Counts.NearLimit = 1 // this decision crossed the limit: never sampled out
 	r.Observe("api", []rules.Entry{{Key: "user", Value: "<script>"}}, user, &crossing, now)
