@@ -58,8 +58,9 @@ func chromium(t *testing.T) string {
 // headless Chromium, on the memory store and on Redis: the page loads
 // without a console error, shows the service's rules, its figures move
 // with traffic, a key pushed over its limit shows in the top keys within
-// 2 s, as text (a descriptor value holding markup runs nothing), and the
-// page works from the keyboard. With LIVE_VIEW_SCREENSHOT=FILE it saves a
+// 2 s, as text (a descriptor value holding markup runs nothing), the
+// page works from the keyboard, and it shows a failed reload and then a
+// good one's new limit. With LIVE_VIEW_SCREENSHOT=FILE it saves a
 // screenshot of the memory run there (docs/ui.png is made so).
 func TestLiveViewInBrowser(t *testing.T) {
 	alloc, cancel := chromedp.NewExecAllocator(t.Context(), append(chromedp.DefaultExecAllocatorOptions[:],
@@ -88,7 +89,7 @@ func TestLiveViewInBrowser(t *testing.T) {
 }
 
 func testLiveView(t *testing.T, browser context.Context, backend, shot string, env []string) {
-	p := start(t, map[string]string{"live.yaml": liveRules}, append(env, "USE_STATSD=false")...)
+	p := start(t, map[string]string{"live.yaml": liveRules}, append(env, "USE_STATSD=false", "RUNTIME_QUIET_PERIOD=100ms")...)
 	c := p.client(t)
 	tab, cancel := chromedp.NewContext(browser)
 	defer cancel()
@@ -203,6 +204,15 @@ func testLiveView(t *testing.T, browser context.Context, backend, shot string, e
 	run("pausing", chromedp.KeyEvent("p"))
 	poll("the pause", `document.getElementById("pause").getAttribute("aria-pressed") === "true"`, time.Second)
 	run("resuming", chromedp.KeyEvent("p"))
+
+	if backend == "memory" {
+		// Did my change take effect? A failed reload shows as a banner
+		// while the rules in use stay; a good one shows its new limit.
+		writeRules(t, p.root, "live.yaml", "domain: web\ndescriptors:\n  - key: user\n    rate_limit: {unit: fortnight, requests_per_unit: 4}\n")
+		poll("the failed reload's banner", `!document.getElementById("load-error").hidden && document.getElementById("load-error").textContent.includes("fortnight")`, 10*time.Second)
+		writeRules(t, p.root, "live.yaml", strings.Replace(liveRules, "requests_per_unit: 3}", "requests_per_unit: 4}", 1))
+		poll("the new limit", `document.getElementById("load-error").hidden && document.querySelector('#rules-body tr[data-id="web.user"] td:nth-child(2)').textContent === "4 / min"`, 10*time.Second)
+	}
 
 	if shot != "" {
 		screenshot(t, ctx, c, shot)

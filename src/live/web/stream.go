@@ -15,6 +15,10 @@ type streamDoc struct {
 	// RulesVersion is the rules document's version: a client refetches
 	// /api/v1/rules (and /api/v1/traffic) when it changes.
 	RulesVersion uint64 `json:"rules_version"`
+	// LoadErrorAt is when the last load of rules since those in use
+	// failed (RFC 3339), "" when none did: a client refetches
+	// /api/v1/rules when it changes too.
+	LoadErrorAt string `json:"load_error_at"`
 	// Rules holds, for each tracked rule with a decision in that second,
 	// [decisions, over_limit, near_limit].
 	Rules map[string][3]uint32 `json:"rules"`
@@ -36,6 +40,9 @@ func (h *Handler) event() (time.Time, []byte) {
 	}
 	_, version := h.cfg.Live.Rules()
 	doc := streamDoc{RulesVersion: version, Rules: map[string][3]uint32{}, TopKeys: h.topKeys(defaultTopKeys, ""), Store: h.store()}
+	if src := h.cfg.Source(); src.LastError != "" {
+		doc.LoadErrorAt = src.LastErrorAt.UTC().Format(time.RFC3339Nano)
+	}
 	if !t.End.IsZero() {
 		doc.End = t.End.Unix()
 		for id, s := range t.Rules {

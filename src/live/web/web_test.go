@@ -269,7 +269,7 @@ func TestStreamSendsEachSecond(t *testing.T) {
 		t.Fatalf("stream: %s %s", resp.Status, resp.Header.Get("Content-Type"))
 	}
 	var ev streamDoc
-	if err := json.Unmarshal([]byte(next()), &ev); err != nil || ev.End != 0 || ev.RulesVersion != 1 {
+	if err := json.Unmarshal([]byte(next()), &ev); err != nil || ev.End != 0 || ev.RulesVersion != 1 || ev.LoadErrorAt != "2023-11-14T22:13:01Z" {
 		t.Fatalf("first event: %+v, %v", ev, err)
 	}
 	f.rec.Tick(f.clock)

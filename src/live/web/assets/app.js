@@ -9,7 +9,7 @@
   const $ = (id) => document.getElementById(id);
 
   const state = {
-    version: -1,     // the rules document's version shown
+    rulesKey: "",    // the rules document shown: its version and last load error
     end: 0,          // the Unix second the series end at
     series: new Map(), // rule ID -> {d, o, n}: arrays of WINDOW figures
     totals: null,    // {d, o, n}
@@ -323,7 +323,7 @@
     state.loading = true;
     try {
       const [rules, traffic, keys] = await Promise.all([getJSON("rules"), getJSON("traffic"), getJSON("topkeys")]);
-      state.version = rules.version;
+      state.rulesKey = rules.version + "|" + (rules.last_error ? rules.last_error.at : "");
       state.end = traffic.end;
       state.series.clear();
       for (const [id, s] of Object.entries(traffic.rules)) {
@@ -354,7 +354,7 @@
   function onTick(ev) {
     state.last = ev;
     state.lastAt = Date.now();
-    if (ev.rules_version !== state.version) {
+    if (ev.rules_version + "|" + ev.load_error_at !== state.rulesKey) {
       reload().catch(showError);
       return;
     }
