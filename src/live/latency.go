@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"math/bits"
-	"math/rand/v2"
 	"sync/atomic"
 	"time"
 )
@@ -84,17 +83,19 @@ func (s *storeLatency) tick() uint64 {
 	return d
 }
 
-// StoreStart returns the time to pass to StoreDone: the current time for
-// the round trips that are timed, zero for the others.
-func (r *Recorder) StoreStart() time.Time {
-	if r == nil || rand.Uint32()%latencySample != 0 {
+// StoreStart returns the time to pass to StoreDone: now, the time the
+// caller read just before the round trip, for the round trips that are
+// timed, and zero for the others. Which ones are timed follows bits of
+// now's microseconds, which cost nothing to read, unlike a random number.
+func (r *Recorder) StoreStart(now time.Time) time.Time {
+	if r == nil || (now.UnixNano()>>10)%latencySample != 0 {
 		return time.Time{}
 	}
-	return time.Now()
+	return now
 }
 
 // StoreDone records the end of a store round trip begun at start (from
-// StoreStart) that returned err. Every error but the caller's
+// StoreStart, on the clock time.Since reads) that returned err. Every error but the caller's
 // cancellation is counted.
 func (r *Recorder) StoreDone(start time.Time, err error) {
 	if r == nil {

@@ -47,10 +47,11 @@ const (
 // are asked again and again, so sampling loses none of them, and a flood
 // of over-limit requests (the usual attack) or of keys all hovering near
 // their limit costs the sketch a fraction of what it would: a new key in
-// a full sketch costs some 150-200 ns (docs/BENCHMARKS.md).
+// a full sketch costs some 150-200 ns (docs/BENCHMARKS.md), and an
+// over-limit decision, the cheapest there is, about 1 µs.
 const (
 	nearSample = 4
-	overSample = 16
+	overSample = 64
 )
 
 // Config tunes a Recorder. The zero value is usable: the defaults above

@@ -266,7 +266,7 @@ func TestNilRecorderRecordsNothing(t *testing.T) {
 	st := overStatus()
 	r.SetRules(nil)
 	r.Observe("d", nil, testLimit(1), &st, epoch)
-	r.StoreDone(r.StoreStart(), nil)
+	r.StoreDone(r.StoreStart(time.Now()), nil)
 	r.Tick(epoch)
 	if rs, _ := r.Rules(); rs != nil || len(r.TopKeys(1)) != 0 || r.Ticked() != nil {
 		t.Fatal("a nil recorder returned something")
@@ -310,7 +310,7 @@ func TestObserveAllocs(t *testing.T) {
 			entries[0].Value = values[i%len(values)]
 			i++
 			r.Observe("api", entries, user, &tt.st, epoch)
-			r.StoreDone(r.StoreStart(), nil)
+			r.StoreDone(r.StoreStart(time.Now()), nil)
 		})
 		if allocs != 0 {
 			t.Errorf("%s: Observe allocates %v times, want 0", tt.name, allocs)

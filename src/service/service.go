@@ -98,6 +98,8 @@ type Config struct {
 	ResponseTime bool
 	// Live, when not nil, is told every decision, the store's round
 	// trips and the rules in use, for the live view (LIVE_VIEW_ENABLED).
+	// The round trips are timed from Now's readings: with a Now other
+	// than the system clock their latencies mean nothing.
 	Live *live.Recorder
 	// Now is the clock; nil means time.Now.
 	Now func() time.Time
@@ -331,7 +333,7 @@ func (s *Service) decide(ctx context.Context, req *rlsv3.RateLimitRequest) (*rls
 	}
 	now := s.cfg.Now()
 	storeCtx, cancel := s.budget(ctx)
-	start := s.cfg.Live.StoreStart()
+	start := s.cfg.Live.StoreStart(now)
 	err := s.limiter.Check(storeCtx, req.GetDomain(), now, sc.descs, sc.statuses)
 	s.cfg.Live.StoreDone(start, err)
 	cancel()
