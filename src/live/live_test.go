@@ -123,8 +123,11 @@ descriptors:
 	if version != 2 || len(rs) != 2 {
 		t.Fatalf("Rules() = %v, %d", rs, version)
 	}
-	// A decision of the old rules, still in flight, is not lost.
+	// A decision with the new rules counts in the kept series; one of
+	// the old rules still in flight (its limit is cached from before)
+	// counts nowhere.
 	r.Observe("api", []rules.Entry{{Key: "user", Value: "a"}}, find(cfg2, "api.user"), &ok, epoch)
+	r.Observe("api", []rules.Entry{{Key: "user", Value: "a"}}, find(cfg, "api.user"), &ok, epoch)
 	r.Tick(epoch.Add(2 * time.Second))
 	tr := r.Traffic(2)
 	if got := tr.Rules["api.user"].Decisions; !slices.Equal(got, []uint32{1, 1}) {
@@ -181,10 +184,9 @@ func TestTopKeysFromObserve(t *testing.T) {
 	ok, near := okStatus(5, false), okStatus(2, true)
 	// Far from the limit: not a top key.
 	r.Observe("api", []rules.Entry{{Key: "user", Value: "calm"}}, user, &ok, now)
-	for range 100 {
-		// One near decision in 4 is recorded: missing all 100 has a
-		// chance of 3e-13.
-		r.Observe("api", []rules.Entry{{Key: "user", Value: "busy"}}, user, &near, now)
+	for i := range 4 {
+		// One near decision in 4 is recorded, by the clock's bits.
+		r.Observe("api", []rules.Entry{{Key: "user", Value: "busy"}}, user, &near, now.Add(time.Duration(i)<<12))
 	}
 	crossing := overStatus()
 	crossing.Counts.NearLimit = 1 // this decision crossed the limit: never sampled out
@@ -344,9 +346,54 @@ func BenchmarkObserve(b *testing.B) {
 				for pb.Next() {
 					entries[0].Value = values[i%len(values)]
 					i++
-					r.Observe("api", entries, user, &tt.st, epoch)
+					// The clock's bits pick the samples: vary them.
+					r.Observe("api", entries, user, &tt.st, epoch.Add(time.Duration(i*977)))
 				}
 			})
 		})
+	}
+}
+
+// TestFullTableOfLimitedKeys: when every slot holds a key at its limit
+// right now, a key that only fills its own limit is skipped without cost,
+// one over its limit still enters, and once those windows end new keys
+// enter again.
+func TestFullTableOfLimitedKeys(t *testing.T) {
+	now := epoch
+	r := New(Config{MaxKeys: 16, Now: func() time.Time { return now }})
+	cfg := parse(t, testRules)
+	r.SetRules(cfg)
+	user := find(cfg, "api.user")
+	fill := okStatus(0, true) // resets in 30 s
+	observe := func(value string, st limiter.Status) {
+		r.Observe("api", []rules.Entry{{Key: "user", Value: value}}, user, &st, now)
+	}
+	shown := func(value string) bool {
+		for _, k := range r.TopKeys(100)["api"] {
+			if k.Entries[0].Value == value {
+				return true
+			}
+		}
+		return false
+	}
+	for i := range 16 {
+		observe(fmt.Sprint("held-", i), fill)
+	}
+	r.Tick(now)
+	observe("filler", fill)
+	if shown("filler") {
+		t.Fatal("a key filling its limit took the slot of a key limited right now")
+	}
+	crossing := overStatus()
+	crossing.Counts.NearLimit = 1
+	observe("refused", crossing)
+	if !shown("refused") {
+		t.Fatal("a key over its limit did not enter")
+	}
+	now = now.Add(31 * time.Second)
+	r.Tick(now)
+	observe("filler", fill)
+	if !shown("filler") {
+		t.Fatal("after the windows ended, a key filling its limit did not enter")
 	}
 }

@@ -4,9 +4,11 @@ import (
 	"cmp"
 	"encoding/binary"
 	"hash/maphash"
+	"math"
 	"math/bits"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 	"unicode/utf8"
 
@@ -50,6 +52,11 @@ type sketch struct {
 	seed   maphash.Seed
 	shards []shard
 	mask   uint64
+	// heldUntil is a Unix time in nanoseconds before which every slot
+	// holds a key at or over its limit, in a window that has not ended,
+	// seen within keyIdle; 0 when some slot does not. Until then only
+	// keys over their limit may take a slot (see tick).
+	heldUntil atomic.Int64
 }
 
 // shard is one lock's part of the sketch. The heap and the index hold
@@ -355,20 +362,41 @@ func (sh *shard) down(j int) {
 	}
 }
 
-// decay takes 1/sketchDecay off every count. The heap stays ordered: the
-// decay never reverses two counts.
-func (k *sketch) decay() {
+// tick takes 1/sketchDecay off every count (the heap stays ordered: the
+// decay never reverses two counts) and sets heldUntil.
+//
+// When every slot holds a key that is at or over its limit right now,
+// the table shows a thousand keys being limited (an incident, a flood):
+// a key that merely comes near or fills its limit would take the slot
+// of one of them, and would not show among the first of its domain
+// anyway. Observe then skips such decisions without hashing them, until
+// the first of those keys resets or goes idle; keys refused keep
+// entering by Space-Saving. Without it, ten thousand keys filling their
+// limit each window cost the hot path a replacement each.
+func (k *sketch) tick(now time.Time) {
+	t := now.UnixNano()
+	held := int64(math.MaxInt64)
 	for i := range k.shards {
 		sh := &k.shards[i]
 		sh.mu.Lock()
 		for j := range sh.heap {
 			sh.heap[j].count -= sh.heap[j].count / sketchDecay
 		}
+		if len(sh.slots) < cap(sh.slots) {
+			held = 0
+		}
 		for j := range sh.slots {
-			sh.slots[j].err -= sh.slots[j].err / sketchDecay
+			s := &sh.slots[j]
+			s.err -= s.err / sketchDecay
+			if until := min(s.resetAt, s.seen+int64(keyIdle)); s.used < s.cap || until <= t {
+				held = 0
+			} else {
+				held = min(held, until)
+			}
 		}
 		sh.mu.Unlock()
 	}
+	k.heldUntil.Store(held)
 }
 
 // Key is one key near or over its limit.

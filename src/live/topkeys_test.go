@@ -69,7 +69,7 @@ func TestSketchIndexAndHeapStayConsistent(t *testing.T) {
 		key := fmt.Sprint(rng.IntN(1 + rng.IntN(500)))
 		put(k, rule, lim, key, uint64(rng.IntN(11)), epoch)
 		if i%997 == 0 {
-			k.decay()
+			k.tick(epoch)
 			checkShard(t, &k.shards[0])
 		}
 	}
