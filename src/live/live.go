@@ -131,10 +131,11 @@ type ruleInfo struct {
 
 // series is one rule's traffic. The hot path adds to the counts of the
 // second under way; Tick moves them into the rings.
+// Each decision costs one atomic add: other counts the decisions neither
+// over nor near the limit, events the over-limit ones in its upper half
+// and the near-limit ones in its lower half.
 type series struct {
-	decisions atomic.Uint64
-	// events counts over-limit decisions in its upper half and near-limit
-	// ones in its lower half: one atomic add for either.
+	other  atomic.Uint64
 	events atomic.Uint64
 
 	// The rings, one slot per second (Unix second mod Window), guarded by
@@ -258,12 +259,13 @@ func (r *Recorder) Observe(domain string, entries []rules.Entry, lim *rules.Limi
 	info := r.info(lim)
 	if info != nil && info.series != nil {
 		s := info.series
-		s.decisions.Add(1)
 		switch {
 		case over:
 			s.events.Add(1 << 32)
 		case near:
 			s.events.Add(1)
+		default:
+			s.other.Add(1)
 		}
 	}
 	if st.Counts.OverLimitWithLocalCache > 0 {
@@ -374,8 +376,9 @@ func (r *Recorder) Tick(now time.Time) {
 	i := ringSlot(r.last)
 	var sum [3]uint64
 	for _, se := range r.series {
-		d, ev := se.decisions.Swap(0), se.events.Swap(0)
-		v := [3]uint64{d, ev >> 32, ev & math.MaxUint32}
+		ev := se.events.Swap(0)
+		over, near := ev>>32, ev&math.MaxUint32
+		v := [3]uint64{se.other.Swap(0) + over + near, over, near}
 		for k := range v {
 			se.ring[k][i] = add32(se.ring[k][i], v[k])
 			sum[k] += v[k]
