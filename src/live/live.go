@@ -248,8 +248,8 @@ func (r *Recorder) Rules() ([]Rule, uint64) {
 // Observe records one descriptor's decision: domain and entries as the
 // limit counted them, the limit applied (a rule, or a per-request
 // override), and the status the limiter gave at now. It is the hot path:
-// no allocation, and for a decision that is not near its limit two atomic
-// adds and a map lookup.
+// no allocation, and for a decision that is not near its limit a cached
+// lookup of the rule and one atomic add.
 func (r *Recorder) Observe(domain string, entries []rules.Entry, lim *rules.Limit, st *limiter.Status, now time.Time) {
 	if r == nil || lim == nil {
 		return

@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -35,17 +36,19 @@ descriptors:
 
 // fixture is a Handler over a recorder with testRules, on a real server.
 type fixture struct {
-	rec   *live.Recorder
-	h     *Handler
-	srv   *httptest.Server
-	cfg   *rules.Config
-	clock time.Time
+	rec *live.Recorder
+	h   *Handler
+	srv *httptest.Server
+	cfg *rules.Config
+	// clock is the recorder's, read by the handler's goroutines too.
+	clock atomic.Int64
 }
 
 func newFixture(t *testing.T, cfg Config) *fixture {
 	t.Helper()
-	f := &fixture{clock: epoch}
-	f.rec = live.New(live.Config{Now: func() time.Time { return f.clock }})
+	f := &fixture{}
+	f.clock.Store(epoch.UnixNano())
+	f.rec = live.New(live.Config{Now: f.now})
 	c, err := rules.Parse([]rules.File{{Name: "t.yaml", Data: []byte(testRules)}}, rules.Options{})
 	if err != nil {
 		t.Fatal(err)
@@ -71,6 +74,8 @@ func newFixture(t *testing.T, cfg Config) *fixture {
 	return f
 }
 
+func (f *fixture) now() time.Time { return time.Unix(0, f.clock.Load()) }
+
 func (f *fixture) limit(key string) *rules.Limit {
 	for _, l := range f.cfg.Limits() {
 		if l.FullKey == key {
@@ -84,12 +89,12 @@ func (f *fixture) limit(key string) *rules.Limit {
 // out) for user=value.
 func (f *fixture) over(value string) {
 	st := limiter.Status{Code: limiter.OverLimit, ResetAfter: 20 * time.Second, Counts: limiter.Counts{TotalHits: 1, OverLimit: 1, NearLimit: 1}}
-	f.rec.Observe("api", []rules.Entry{{Key: "user", Value: value}}, f.limit("api.user"), &st, f.clock)
+	f.rec.Observe("api", []rules.Entry{{Key: "user", Value: value}}, f.limit("api.user"), &st, f.now())
 }
 
 func (f *fixture) tick() {
-	f.clock = f.clock.Add(time.Second)
-	f.rec.Tick(f.clock)
+	f.clock.Add(int64(time.Second))
+	f.rec.Tick(f.now())
 }
 
 func get(t *testing.T, url string) (*http.Response, []byte) {
@@ -140,14 +145,14 @@ func TestRulesDocument(t *testing.T) {
 
 func TestTrafficAndTopKeys(t *testing.T) {
 	f := newFixture(t, Config{})
-	f.rec.Tick(f.clock)
+	f.rec.Tick(f.now())
 	f.over("<script>alert(1)</script>")
 	f.over("bob")
 	f.tick()
 
 	var tr trafficDoc
 	getJSON(t, f.srv.URL+"/api/v1/traffic?seconds=3", &tr)
-	if tr.End != f.clock.Unix() || tr.Seconds != 3 || fmt.Sprint(tr.Rules["api.user"].Decisions) != "[0 0 2]" ||
+	if tr.End != f.now().Unix() || tr.Seconds != 3 || fmt.Sprint(tr.Rules["api.user"].Decisions) != "[0 0 2]" ||
 		fmt.Sprint(tr.Totals.OverLimit) != "[0 0 2]" || tr.Store.Backend != "redis" || tr.Store.Breakers == nil || tr.Store.Breakers.Open != 1 {
 		t.Fatalf("traffic: %+v", tr)
 	}
@@ -272,10 +277,10 @@ func TestStreamSendsEachSecond(t *testing.T) {
 	if err := json.Unmarshal([]byte(next()), &ev); err != nil || ev.End != 0 || ev.RulesVersion != 1 || ev.LoadErrorAt != "2023-11-14T22:13:01Z" {
 		t.Fatalf("first event: %+v, %v", ev, err)
 	}
-	f.rec.Tick(f.clock)
+	f.rec.Tick(f.now())
 	f.over("alice")
 	f.tick()
-	for ev.End != f.clock.Unix() {
+	for ev.End != f.now().Unix() {
 		if err := json.Unmarshal([]byte(next()), &ev); err != nil {
 			t.Fatal(err)
 		}
@@ -322,7 +327,7 @@ func TestStreamClientsAreBounded(t *testing.T) {
 func TestSlowStreamReaderIsDropped(t *testing.T) {
 	f := newFixture(t, Config{MaxStreams: 2, WriteTimeout: 200 * time.Millisecond})
 	// Large events: ten keys of 256 bytes.
-	f.rec.Tick(f.clock)
+	f.rec.Tick(f.now())
 	for i := range 10 {
 		f.over(fmt.Sprint(i, strings.Repeat("x", 300)))
 	}
@@ -344,7 +349,7 @@ func TestSlowStreamReaderIsDropped(t *testing.T) {
 		f.tick()
 		// The reading client gets this second's event.
 		var ev streamDoc
-		for ev.End != f.clock.Unix() {
+		for ev.End != f.now().Unix() {
 			data := next()
 			if data == "" {
 				t.Fatal("the reading client's stream ended")
