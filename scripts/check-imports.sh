@@ -22,6 +22,11 @@ for s in memory redis memcached breaker; do
   [ -d "src/store/$s" ] && check "src/store/$s" src/service src/server src/provider src/settings
 done
 check src/service src/server src/settings src/store src/provider
+# The live view's recorder sits between service (which feeds it) and
+# limiter (whose decisions it reads); its HTTP side reads it and the rules
+# and is wired by server, so it must not know server, provider or a store.
+check src/live src/service src/server src/provider src/settings src/store src/stats
+check src/live/web src/service src/server src/provider src/settings src/store src/stats src/limiter
 check src/provider src/limiter src/service src/server src/store
 if grep -rl --include='*.go' 'go-control-plane/envoy/service/ratelimit' src/limiter src/rules src/store 2>/dev/null; then
   echo "imports: RLS protos must stop at service"; fail=1

@@ -1,15 +1,17 @@
 #!/usr/bin/env bash
 # Makes sure redis-server, memcached and nutcracker (twemproxy) are
-# installed: the store tests start real processes. Installs them with apt-get when possible, otherwise fails
-# with a message that says how.
+# installed: the store tests start real processes; and chromium, which the
+# live view's browser test drives headless. Installs them with apt-get when
+# possible, otherwise fails with a message that says how.
 set -euo pipefail
 missing=()
 command -v redis-server >/dev/null 2>&1 || missing+=(redis-server)
 command -v memcached >/dev/null 2>&1 || missing+=(memcached)
 # Debian puts nutcracker in /usr/sbin, which a user's PATH may lack.
 command -v nutcracker >/dev/null 2>&1 || [ -x /usr/sbin/nutcracker ] || missing+=(nutcracker)
+command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1 || command -v google-chrome >/dev/null 2>&1 || missing+=(chromium)
 [ ${#missing[@]} -eq 0 ] && exit 0
-echo "ensure-servers: installing ${missing[*]} (needed by the store tests)" >&2
+echo "ensure-servers: installing ${missing[*]} (needed by the store tests and the browser test)" >&2
 if command -v apt-get >/dev/null 2>&1; then
   sudo=""
   [ "$(id -u)" -ne 0 ] && command -v sudo >/dev/null 2>&1 && sudo="sudo"
@@ -23,5 +25,5 @@ if command -v apt-get >/dev/null 2>&1; then
     exit 0
   fi
 fi
-echo "ensure-servers: ${missing[*]} not found. Install them, e.g. 'sudo apt-get install -y redis-server memcached nutcracker' on Debian/Ubuntu or 'brew install redis memcached twemproxy' on macOS, then run 'make test' again." >&2
+echo "ensure-servers: ${missing[*]} not found. Install them, e.g. 'sudo apt-get install -y redis-server memcached nutcracker chromium' on Debian/Ubuntu or 'brew install redis memcached twemproxy chromium' on macOS, then run 'make test' again." >&2
 exit 1

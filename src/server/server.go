@@ -30,6 +30,8 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/ratelimitd/ratelimit/src/limiter"
+	"github.com/ratelimitd/ratelimit/src/live"
+	"github.com/ratelimitd/ratelimit/src/live/web"
 	"github.com/ratelimitd/ratelimit/src/provider"
 	"github.com/ratelimitd/ratelimit/src/rules"
 	"github.com/ratelimitd/ratelimit/src/service"
@@ -87,6 +89,11 @@ type Server struct {
 	reloadErr atomic.Pointer[loadError]
 	// tls serves TLS on the gRPC listener; nil without GRPC_SERVER_USE_TLS.
 	tls *serverTLS
+	// live records the traffic for the live view, and web serves it on
+	// the debug listener; both nil with LIVE_VIEW_ENABLED=false.
+	live      *live.Recorder
+	web       *web.Handler
+	nearCache *limiter.NearCache
 }
 
 // New builds a server from settings: it loads the rules (an invalid rules
@@ -135,16 +142,16 @@ func New(ctx context.Context, set *settings.Settings, log *slog.Logger) (*Server
 		},
 	}
 
-	nearCache := limiter.NewNearCache(set.LocalCacheSizeInBytes)
-	if nearCache != nil {
-		s.stats.GaugeFunc("ratelimit.local_cache.keys", func() int64 { return int64(nearCache.Len()) })
+	s.nearCache = limiter.NewNearCache(set.LocalCacheSizeInBytes)
+	if s.nearCache != nil {
+		s.stats.GaugeFunc("ratelimit.local_cache.keys", func() int64 { return int64(s.nearCache.Len()) })
 	}
 	lim := limiter.New(b.store, limiter.Config{
 		Prefix:                     set.CacheKeyPrefix,
 		KeyFormat:                  b.keyFormat,
 		NearLimitRatio:             set.NearLimitRatio,
 		StopIncrementWhenOverLimit: set.StopCacheKeyIncrementWhenOverlimit,
-		NearCache:                  nearCache,
+		NearCache:                  s.nearCache,
 	})
 	var fallback *limiter.Limiter
 	if b.local != nil {
@@ -155,6 +162,9 @@ func New(ctx context.Context, set *settings.Settings, log *slog.Logger) (*Server
 			NearLimitRatio:             set.NearLimitRatio,
 			StopIncrementWhenOverLimit: set.StopCacheKeyIncrementWhenOverlimit,
 		})
+	}
+	if set.LiveViewEnabled {
+		s.live = live.New(live.Config{MaxKeys: set.LiveViewMaxKeys})
 	}
 	s.svc = service.New(lim, s.stats, service.Config{
 		GlobalShadowMode: set.ShadowMode,
@@ -177,6 +187,7 @@ func New(ctx context.Context, set *settings.Settings, log *slog.Logger) (*Server
 		ResponseTime:       s.statsd != nil || s.prometheus(),
 		Tracer:             tr.Tracer(),
 		Propagator:         service.Propagator(),
+		Live:               s.live,
 		Log:                log,
 	})
 
@@ -423,14 +434,30 @@ func (s *Server) listen() error {
 	dmux.HandleFunc("/debug/pprof/profile", pprof.Profile)
 	dmux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
 	dmux.HandleFunc("/debug/pprof/trace", pprof.Trace)
+	index := "/rlconfig: the rules in use\n/stats: counters as text\n/metrics: counters for Prometheus\n/debug/pprof/: profiles\n"
+	if s.live != nil {
+		s.web = web.New(web.Config{Live: s.live, Source: s.liveSource, Store: s.liveStore})
+		dmux.Handle("/ui", s.web)
+		dmux.Handle("/ui/", s.web)
+		dmux.Handle("/api/", s.web)
+		index += "/ui/: the live view (its JSON API under /api/v1/)\n"
+	} else {
+		dmux.HandleFunc("/ui/", func(w http.ResponseWriter, _ *http.Request) {
+			http.Error(w, "the live view is off (LIVE_VIEW_ENABLED=false)", http.StatusNotFound)
+		})
+	}
 	dmux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		if r.URL.Path != "/" {
 			http.NotFound(w, r)
 			return
 		}
-		fmt.Fprintln(w, "/rlconfig: the rules in use\n/stats: counters as text\n/metrics: counters for Prometheus\n/debug/pprof/: profiles")
+		_, _ = io.WriteString(w, index)
 	})
 	s.debugSrv = newHTTPServer(dmux, debugWriteTimeout, s.log)
+	if s.web != nil {
+		// Streams never end by themselves: a graceful shutdown ends them.
+		s.debugSrv.RegisterOnShutdown(s.web.Close)
+	}
 	return nil
 }
 
@@ -589,6 +616,9 @@ func (s *Server) Run(ctx context.Context) error {
 	}
 	if s.statsd != nil {
 		wg.Go(func() { s.statsd.Run(ctx) })
+	}
+	if s.live != nil {
+		wg.Go(func() { s.live.Run(ctx) })
 	}
 	if s.store.started != nil && s.set.RedisStartupMaxElapsedTime > 0 {
 		wg.Add(1)

@@ -14,9 +14,10 @@ import (
 
 // respond turns the limiter's statuses into the response: per-descriptor
 // statuses, the overall code (shadow and quota modes), headers and dynamic
-// metadata; and counts every descriptor's hits in its statistics. degraded
-// says the statuses come from Config.Fallback.
-func (s *Service) respond(req *rlsv3.RateLimitRequest, sc *scratch, degraded bool) (*rlsv3.RateLimitResponse, error) {
+// metadata; and counts every descriptor's hits in its statistics and in
+// the live view. now is the time of the decisions; degraded says the
+// statuses come from Config.Fallback.
+func (s *Service) respond(req *rlsv3.RateLimitRequest, sc *scratch, now time.Time, degraded bool) (*rlsv3.RateLimitResponse, error) {
 	resp, backing := newResponse(len(sc.descs))
 	var (
 		limitedOver     bool
@@ -44,6 +45,9 @@ func (s *Service) respond(req *rlsv3.RateLimitRequest, sc *scratch, degraded boo
 					sc.eachCounters[off+k].add(&each[k].Counts)
 				}
 			}
+		}
+		if s.cfg.Live != nil {
+			s.cfg.Live.Observe(req.GetDomain(), sc.descs[i].Entries, l, ds, now)
 		}
 		// The limit that decided: the descriptor's, or one of its list.
 		decided := ds.Limit

@@ -21,6 +21,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/ratelimitd/ratelimit/src/limiter"
+	"github.com/ratelimitd/ratelimit/src/live"
 	"github.com/ratelimitd/ratelimit/src/rules"
 	"github.com/ratelimitd/ratelimit/src/stats"
 )
@@ -111,6 +112,11 @@ type Config struct {
 	// Propagator reads the caller's trace context with Tracer; nil reads
 	// none, and every span starts a trace.
 	Propagator propagation.TextMapPropagator
+	// Live, when not nil, is told every decision, the store's round
+	// trips and the rules in use, for the live view (LIVE_VIEW_ENABLED).
+	// The round trips are timed from Now's readings: with a Now other
+	// than the system clock their latencies mean nothing.
+	Live *live.Recorder
 	// Now is the clock; nil means time.Now.
 	Now func() time.Time
 	// Log receives errors worth an operator's attention; nil discards them.
@@ -214,6 +220,9 @@ func responseTimer(reg *stats.Registry, on bool, method string) *stats.Timer {
 // they started with.
 func (s *Service) SetRules(c *rules.Config) {
 	s.decisions.Store(newDecisionStats(s.stats, c.Domains()))
+	// The live view first, so that it knows every rule a request can
+	// match.
+	s.cfg.Live.SetRules(c)
 	s.rules.Store(c)
 	s.protoLimits.Clear()
 	s.limitStats.Clear()
@@ -402,7 +411,9 @@ func (s *Service) decide(ctx context.Context, req *rlsv3.RateLimitRequest) (*rls
 	}
 	now := s.cfg.Now()
 	storeCtx, cancel := s.budget(ctx)
+	start := s.cfg.Live.StoreStart(now)
 	err := s.limiter.Check(storeCtx, req.GetDomain(), now, sc.descs, sc.statuses)
+	s.cfg.Live.StoreDone(start, err)
 	cancel()
 	degraded := false
 	if err != nil && s.cfg.Fallback != nil && outage(err) {
@@ -423,7 +434,7 @@ func (s *Service) decide(ctx context.Context, req *rlsv3.RateLimitRequest) (*rls
 	if err != nil {
 		return nil, err
 	}
-	return s.respond(req, sc, degraded)
+	return s.respond(req, sc, now, degraded)
 }
 
 // outage reports whether a limiter error means that the store could not

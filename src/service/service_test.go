@@ -84,7 +84,9 @@ func newFixtureWithStore(t testing.TB, cfg service.Config, store limiter.Store) 
 	f := &fixture{reg: stats.NewRegistry()}
 	now := epoch
 	f.clock.Store(&now)
-	cfg.Now = func() time.Time { return *f.clock.Load() }
+	if cfg.Now == nil {
+		cfg.Now = func() time.Time { return *f.clock.Load() }
+	}
 	if store == nil {
 		m := memory.New(memory.Config{})
 		t.Cleanup(m.Close)

@@ -224,6 +224,14 @@ type Settings struct {
 	MaxConcurrentRequests int           `envconfig:"MAX_CONCURRENT_REQUESTS" default:"4096"`
 	StatsMaxDynamicKeys   int           `envconfig:"STATS_MAX_DYNAMIC_KEYS" default:"1000"`
 
+	// The live view (extensions): a page at /ui/ on the debug listener and
+	// its JSON API under /api/v1/ (docs/LIVE.md). LIVE_VIEW_ENABLED=false
+	// turns both off, and the recording of the traffic they show with them.
+	// LIVE_VIEW_MAX_KEYS: the keys the top-keys sketch tracks at once, all
+	// domains together (about 400 bytes each; 16..65536).
+	LiveViewEnabled bool `envconfig:"LIVE_VIEW_ENABLED" default:"true"`
+	LiveViewMaxKeys int  `envconfig:"LIVE_VIEW_MAX_KEYS" default:"1024"`
+
 	// Memory store (our extension). MEMORY_MAX_BYTES: the most bytes its
 	// keys take (64 MiB; at least 1 MiB); MEMORY_MAX_KEYS: the most keys
 	// (0 = no key-count ceiling). At either the store evicts, never refuses.
@@ -680,6 +688,9 @@ func (s *Settings) Validate() error {
 	}
 	if s.StatsMaxDynamicKeys < 1 {
 		bad("STATS_MAX_DYNAMIC_KEYS", "must be at least 1")
+	}
+	if s.LiveViewMaxKeys < 16 || s.LiveViewMaxKeys > 65536 {
+		bad("LIVE_VIEW_MAX_KEYS", "%d is outside 16..65536", s.LiveViewMaxKeys)
 	}
 	if s.StatsdPort < 1 || s.StatsdPort > 65535 {
 		bad("STATSD_PORT", "port %d out of range 1-65535", s.StatsdPort)
