@@ -103,7 +103,8 @@ type Recorder struct {
 
 // Rule is one rule as the live view knows it.
 type Rule struct {
-	// ID names the rule across reloads: its statistics key (FullKey),
+	// ID names the rule across reloads: its statistics key (FullKey;
+	// for a limit of a rate_limits list, FullKey "." its StatLevel),
 	// followed by "#2", "#3"... for further limits of the same key.
 	ID string
 	// Limit is the rule; never modify it.
@@ -223,11 +224,17 @@ func ruleIDs(limits []*rules.Limit) []string {
 	ids := make([]string, len(limits))
 	seen := make(map[string]int, len(limits))
 	for i, l := range limits {
-		ids[i] = l.FullKey
-		if n := seen[l.FullKey]; n > 0 {
+		// A limit of a rate_limits list is named as in its own
+		// statistics: the descriptor's key, then its name or window.
+		id := l.FullKey
+		if l.StatLevel != "" {
+			id += "." + l.StatLevel
+		}
+		ids[i] = id
+		if n := seen[id]; n > 0 {
 			ids[i] += "#" + strconv.Itoa(n+1)
 		}
-		seen[l.FullKey]++
+		seen[id]++
 	}
 	return ids
 }

@@ -397,3 +397,28 @@ func TestFullTableOfLimitedKeys(t *testing.T) {
 		t.Fatal("after the windows ended, a key filling its limit did not enter")
 	}
 }
+
+// TestListLimitsAreRulesOfTheirOwn: every limit of a rate_limits list is a
+// rule of the live view, named as in its statistics.
+func TestListLimitsAreRulesOfTheirOwn(t *testing.T) {
+	r := New(Config{})
+	r.SetRules(parse(t, `
+domain: api
+descriptors:
+  - key: user
+    rate_limits:
+      - {unit: second, requests_per_unit: 2}
+      - {unit: minute, requests_per_unit: 5, name: sustained}
+  - key: ip
+    rate_limit: {unit: second, requests_per_unit: 5}
+`))
+	got, _ := r.Rules()
+	var ids []string
+	for _, rule := range got {
+		ids = append(ids, fmt.Sprintf("%s=%d/%s", rule.ID, rule.Limit.RequestsPerUnit, rule.Limit.Unit))
+	}
+	want := []string{"api.ip=5/SECOND", "api.user.second=2/SECOND", "api.user.sustained=5/MINUTE"}
+	if !slices.Equal(ids, want) {
+		t.Errorf("rules %v, want %v", ids, want)
+	}
+}

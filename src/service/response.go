@@ -46,13 +46,14 @@ func (s *Service) respond(req *rlsv3.RateLimitRequest, sc *scratch, now time.Tim
 				}
 			}
 		}
-		if s.cfg.Live != nil {
-			s.cfg.Live.Observe(req.GetDomain(), sc.descs[i].Entries, l, ds, now)
-		}
 		// The limit that decided: the descriptor's, or one of its list.
 		decided := ds.Limit
 		if decided == nil {
 			decided = l
+		}
+		if s.cfg.Live != nil {
+			// A list's decision counts under the limit that decided.
+			s.cfg.Live.Observe(req.GetDomain(), sc.descs[i].Entries, decided, ds, now)
 		}
 		st.CurrentLimit = s.protoLimit(decided)
 		st.LimitRemaining = ds.Remaining
