@@ -90,15 +90,29 @@ type proc struct {
 // connection, such as one of the service's own to Redis, before the
 // service binds it ("address already in use"). Here only another test
 // choosing the same port at random could take it.
+// portsGiven are the ports freePort returned; portsMu guards it.
+var (
+	portsMu    sync.Mutex
+	portsGiven = map[int]bool{}
+)
+
 func freePort(t *testing.T) int {
 	t.Helper()
+	portsMu.Lock()
+	defer portsMu.Unlock()
 	for range 1000 {
 		port := 20000 + rand.IntN(12000)
+		// Never the same port twice in one run: a launch takes three
+		// before its service binds any.
+		if portsGiven[port] {
+			continue
+		}
 		l, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", port))
 		if err != nil {
 			continue
 		}
 		l.Close()
+		portsGiven[port] = true
 		return port
 	}
 	t.Fatal("no free port in 20000-31999")
