@@ -56,7 +56,7 @@ type Server struct {
 	stats  *stats.Registry
 	health *Health
 	svc    *service.Service
-	store  *backend
+	store  *storeHandle
 	// statsd sends the statistics to statsd or DogStatsD; nil when the
 	// settings ask for neither.
 	statsd *stats.Statsd
@@ -119,7 +119,7 @@ func New(ctx context.Context, set *settings.Settings, log *slog.Logger) (*Server
 	}
 	s.tracing = tr
 
-	b, err := newBackend(ctx, set, s.stats, log, tr.Tracer())
+	b, err := newStoreHandle(ctx, set, s.stats, log, tr.Tracer())
 	if err != nil {
 		s.stopTracing()
 		return nil, err

@@ -103,6 +103,16 @@ func refused(t *testing.T, cc *grpc.ClientConn) {
 	}
 }
 
+// awaitServing waits until the health check over cc answers SERVING: Run
+// marks the service serving only once it has started, after start returns.
+func awaitServing(t *testing.T, cc *grpc.ClientConn) {
+	t.Helper()
+	eventually(t, "the service serving", func() bool {
+		_, err := healthCheck(t, cc)
+		return err == nil
+	})
+}
+
 // counter returns a counter of srv's registry.
 func counter(srv *Server, name string) uint64 {
 	return srv.stats.Snapshot()[name]
@@ -171,6 +181,8 @@ func TestMTLS(t *testing.T) {
 	const san = "envoy.example.com"
 	withSAN, _ := start(t, serverRules, tlsEnv(sec, true, san))
 	anySAN, _ := start(t, serverRules, tlsEnv(sec, true, ""))
+	awaitServing(t, dialWith(t, withSAN, credentials.NewTLS(tlstest.ClientConfig(clientCA.Client(t, san), serverCA))))
+	awaitServing(t, dialWith(t, anySAN, credentials.NewTLS(tlstest.ClientConfig(clientCA.Client(t, san), serverCA))))
 
 	serverOnly := clientCA.Issue(t, tlstest.Spec{CommonName: san, DNSNames: []string{san}, Usages: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}})
 	tests := []struct {
@@ -328,9 +340,7 @@ func TestMTLSCARotation(t *testing.T) {
 	srv, _ := start(t, serverRules, tlsEnv(sec, true, ""))
 	oldClient, nextClient := old.Client(t, "envoy"), next.Client(t, "envoy")
 
-	if _, err := healthCheck(t, dialWith(t, srv, credentials.NewTLS(tlstest.ClientConfig(oldClient, serverCA)))); err != nil {
-		t.Fatalf("client of the CA in force: %v", err)
-	}
+	awaitServing(t, dialWith(t, srv, credentials.NewTLS(tlstest.ClientConfig(oldClient, serverCA))))
 	refused(t, dialWith(t, srv, credentials.NewTLS(tlstest.ClientConfig(nextClient, serverCA))))
 
 	sec.Update(t, secretFiles(server, next))

@@ -23,8 +23,8 @@ import (
 // healthPoll is how often the store's health is re-read.
 const healthPoll = time.Second
 
-// backend is the configured store with what the server needs to know of it.
-type backend struct {
+// storeHandle is the configured store with what the server needs to know of it.
+type storeHandle struct {
 	store    limiter.Store
 	supports func(rules.Algorithm) bool
 	healthy  func() bool
@@ -64,10 +64,10 @@ func newMemory(set *settings.Settings, reg *stats.Registry) *memory.Store {
 	return m
 }
 
-// newBackend connects the store BACKEND_TYPE names, with the local store
+// newStoreHandle connects the store BACKEND_TYPE names, with the local store
 // of STORE_FAILURE_MODE=local beside a shared one. A Redis or Memcached
 // store traces its round trips with tracer, when not nil.
-func newBackend(ctx context.Context, set *settings.Settings, reg *stats.Registry, log *slog.Logger, tracer trace.Tracer) (*backend, error) {
+func newStoreHandle(ctx context.Context, set *settings.Settings, reg *stats.Registry, log *slog.Logger, tracer trace.Tracer) (*storeHandle, error) {
 	b, err := newStore(ctx, set, reg, log, tracer)
 	if err != nil || set.BackendType == settings.BackendMemory || set.StoreFailureMode != settings.FailureModeLocal {
 		return b, err
@@ -83,11 +83,11 @@ func newBackend(ctx context.Context, set *settings.Settings, reg *stats.Registry
 	return b, nil
 }
 
-func newStore(ctx context.Context, set *settings.Settings, reg *stats.Registry, _ *slog.Logger, tracer trace.Tracer) (*backend, error) {
+func newStore(ctx context.Context, set *settings.Settings, reg *stats.Registry, _ *slog.Logger, tracer trace.Tracer) (*storeHandle, error) {
 	switch set.BackendType {
 	case settings.BackendMemory:
 		m := newMemory(set, reg)
-		return &backend{
+		return &storeHandle{
 			store:   m,
 			healthy: func() bool { return true },
 			close:   m.Close,
@@ -114,7 +114,7 @@ func newStore(ctx context.Context, set *settings.Settings, reg *stats.Registry, 
 		if set.RedisPerSecond {
 			redisPoolStats(reg, "ratelimit.redis_per_second_pool", r, true)
 		}
-		return &backend{
+		return &storeHandle{
 			store:     r,
 			healthy:   r.Healthy,
 			close:     func() { _ = r.Close() },
@@ -139,7 +139,7 @@ func newStore(ctx context.Context, set *settings.Settings, reg *stats.Registry, 
 		reg.CounterFunc("ratelimit.memcache.load_shed", m.Shed)
 		registerBreakers(reg, "ratelimit.memcache.", m.Breakers)
 		memcacheOpStats(reg, m)
-		return &backend{
+		return &storeHandle{
 			store:     m,
 			healthy:   m.Healthy,
 			close:     func() { _ = m.Close() },
@@ -314,7 +314,7 @@ func redisConfig(set *settings.Settings) (redis.Config, error) {
 // budget is the request budget the service gives this store: REQUEST_TIMEOUT
 // for the stores that wait on the network, none for the memory store, which
 // never waits for I/O (so a request pays for no timer).
-func (b *backend) budget(requestTimeout time.Duration) time.Duration {
+func (b *storeHandle) budget(requestTimeout time.Duration) time.Duration {
 	if b.timeout == 0 {
 		return 0
 	}
@@ -337,7 +337,7 @@ func redisTimeout(cfg redis.Config) time.Duration {
 // shared store does, so its health does not follow the shared store's:
 // an orchestrator would otherwise take every instance out of rotation
 // during the outage the mode is there to ride out.
-func (b *backend) watchHealth(ctx context.Context, h *Health, log *slog.Logger) {
+func (b *storeHandle) watchHealth(ctx context.Context, h *Health, log *slog.Logger) {
 	var st storeState
 	check := func() {
 		healthy := b.healthy()
