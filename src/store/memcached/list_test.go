@@ -389,3 +389,57 @@ func FuzzParseList(f *testing.F) {
 		}
 	})
 }
+
+// TestEncodeListBounds: limits a reload removed go first, the first to go
+// idle first, when an item would hold more than maxListSlots limits or
+// maxListBytes; limits written by the update are never dropped, and an
+// item they alone would overfill is refused.
+func TestEncodeListBounds(t *testing.T) {
+	t.Parallel()
+	now := time.Unix(1_700_000_000, 0)
+	at := func(d time.Duration) int64 { return now.Add(d).UnixMicro() }
+	stale := func(i int, size int) listSlot {
+		return listSlot{id: []byte(fmt.Sprintf("%d_minute", i)), idle: at(time.Duration(i+1) * time.Minute), state: make([]byte, size)}
+	}
+	fresh := listSlot{id: []byte("1_second"), idle: at(time.Second), state: []byte("f\x02\x01\x00\x00"), fresh: true}
+	ids := func(value []byte) []string {
+		t.Helper()
+		slots, err := parseList(value, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var out []string
+		for _, sl := range slots {
+			out = append(out, string(sl.id))
+		}
+		return out
+	}
+
+	// Idle ones go at once; then the earliest to go idle while too many.
+	slots := []listSlot{fresh, {id: []byte("gone"), idle: at(-time.Second), state: []byte("x")}}
+	for i := range maxListSlots {
+		slots = append(slots, stale(i, 1))
+	}
+	value, idle, err := encodeList(slots, now, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := ids(value)
+	if len(got) != maxListSlots || got[0] != "1_second" || got[1] != "1_minute" || idle != at(maxListSlots*time.Minute) {
+		t.Errorf("kept %v, idle %d; want 1_second and the %d latest to go idle, idle at the last", got, idle, maxListSlots-1)
+	}
+
+	// Too many bytes: stale limits go until the item fits.
+	slots = []listSlot{fresh, stale(0, maxListBytes/2), stale(1, maxListBytes/2), stale(2, 100)}
+	value, _, err = encodeList(slots, now, 0)
+	if err != nil || len(value) > maxListBytes || strings.Join(ids(value), " ") != "1_second 1_minute 2_minute" {
+		t.Errorf("over the byte bound: kept %v (%d bytes), %v; want the first stale one dropped", ids(value), len(value), err)
+	}
+
+	// Fresh limits alone over the bound: refused.
+	big := fresh
+	big.state = make([]byte, maxListBytes)
+	if _, _, err := encodeList([]listSlot{big}, now, 0); !errors.Is(err, errListTooLarge) {
+		t.Errorf("a fresh state over the bound: %v, want errListTooLarge", err)
+	}
+}
