@@ -175,9 +175,9 @@ func saturated(before uint64, now time.Time, op *limiter.Op) limiter.Result {
 
 // pin sets a count that passed pinMark back to satMark: gets, then cas,
 // from the start again on a conflict, until the count is below pinMark
-// (another op pinned it), ctx ends or maxAttempts cycles conflicted. It is
-// best effort: a count left above
-// pinMark is still saturated, and the next op past the mark pins it. The
+// (another op pinned it), ctx ends or maxAttempts cycles conflicted. It
+// is best effort: a count left above pinMark is still saturated, and the
+// next op past the mark pins it. The
 // expiration is set again to a whole window, as add does, so that the key
 // lives at least as long as it would have (memcached does not tell an
 // item's expiration), and at most one window longer.
@@ -275,15 +275,16 @@ func (s *Store) applyState(ctx context.Context, key string, op *limiter.Op, now 
 }
 
 // maxAttempts bounds the optimistic cycles (gets, then cas or add) that
-// one update makes on one item. Under contention (many requests on one
-// hot key, or a client hammering its own) each cycle lets at least one
-// contender through; with the jittered backoff between cycles (see
-// backoff), 32 goroutines on one key all get through well within it (see
-// TestListContention). A Do that runs out of cycles fails with
-// limiter.ErrOverloaded: memcached answered, the key is only busier than
-// an optimistic update can serve, so the store stays healthy, and the
-// request's connection slot is freed long before its deadline instead of
-// being held by a loop (see errContended).
+// one update makes on one item. This instance's updates of an item take
+// turns (see itemLocks), so a cycle conflicts only with other instances'
+// updates, and each conflict means that one of those got through; with
+// the jittered backoff between cycles (see backoff), the instances of a
+// fleet hammering one key get through well within it (TestListContention
+// runs two instances of 16 goroutines each on one list: exact). A Do that
+// runs out of cycles fails with limiter.ErrOverloaded: memcached
+// answered, the key is only busier than optimistic updates can follow, so
+// the store stays healthy, and the request's connection slot is freed
+// long before its deadline instead of being held by a loop.
 const maxAttempts = 32
 
 // Backoff between the cycles of an update: a random time below
@@ -314,9 +315,13 @@ var errContended = errors.New("item changed by others at every attempt")
 // maxAttempts times. f fills the op's results from the item it is given,
 // so those of the last cycle stand; it returns a nil value when there is
 // nothing to write, and an error for an item it cannot read (then update
-// fails with ErrData). check is run before every round trip (check, or
-// checkDeadline for a take-back). wrote reports whether f's value was
-// stored.
+// fails with ErrData). Every round trip is checked first (check; for a
+// take-back checkDeadline). wrote reports whether f's value was stored.
+//
+// The update first waits for its turn among this instance's updates of
+// key (see itemLocks), at most until ctx ends (a take-back: until its
+// deadline); one that waited until the deadline was shed (ErrOverloaded),
+// as a Do that waited for a connection slot.
 func (s *Store) update(ctx context.Context, key string, now time.Time, purpose purpose,
 	f func(it *memcache.Item) (value []byte, idle int64, err error)) (wrote bool, err error) {
 	check, lockCtx := s.check, ctx
@@ -344,7 +349,7 @@ func (s *Store) update(ctx context.Context, key string, now time.Time, purpose p
 	defer unlock(c)
 	for attempt := range maxAttempts {
 		if attempt > 0 {
-			s.backoff(ctx, attempt)
+			s.backoff(lockCtx, attempt)
 		}
 		if err := check(ctx); err != nil {
 			return false, err

@@ -75,8 +75,8 @@
 // AllOrNothing batches (STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT): memcached
 // has no multi-key atomicity, so, as the Redis store on Cluster, each op
 // (each list: its item) is applied atomically on its own key, and when any
-// op was refused the ops
-// that recorded hits (fixed windows always record them) are taken back with
+// op was refused the ops that recorded hits (fixed windows always record
+// them; a list's only when all its limits admitted) are taken back with
 // commutative inverse ops: decr for a fixed window; for the others a cas
 // loop that takes the hits out of the window they went into, moves a token
 // bucket's TAT back by their worth, or forgets that many hits logged at
