@@ -2,7 +2,9 @@ package limiter
 
 import (
 	"math"
+	"slices"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/ratelimitd/ratelimit/src/rules"
@@ -162,6 +164,68 @@ func appendSuffix(dst []byte, l *rules.Limit, now time.Time) []byte {
 	dst = strconv.AppendInt(dst, w, 10)
 	dst = append(dst, '_')
 	return append(dst, l.Algorithm.String()...)
+}
+
+// SplitListKey splits key, the key CacheKey or EscapedCacheKey built for a
+// limit of algorithm a in a descriptor's rate_limits, into the part every
+// limit of that descriptor shares, prefix + "{" + ... + "}", and the part
+// that tells the limit apart and stays the same from one window to the
+// next: the key's end without a fixed window's start ("1_second" for
+// "rl_{api_user_alice}_1699920000_1_second", "1_hour_token_bucket" for
+// "rl_{api_user_alice}_1_hour_token_bucket"). A store that keeps all the
+// limits of a list in one item (Memcached) names the item and each limit's
+// state in it so. ok is false when key is not such a key. Both parts are
+// substrings of key.
+//
+// The descriptor's part ends at the last '}': a value may hold braces, but
+// what CacheKey appends after the descriptor holds none.
+func SplitListKey(key string, a rules.Algorithm) (shared, limit string, ok bool) {
+	end := strings.LastIndexByte(key, '}')
+	if end < 0 || !strings.HasPrefix(key[end+1:], "_") {
+		return "", "", false
+	}
+	shared, rest := key[:end+1], key[end+2:]
+	if a == rules.FixedWindow {
+		// The window start, maybe negative, then '_'.
+		n := digits(strings.TrimPrefix(rest, "-"))
+		if n == 0 {
+			return "", "", false
+		}
+		n += len(rest) - len(strings.TrimPrefix(rest, "-"))
+		if !strings.HasPrefix(rest[n:], "_") {
+			return "", "", false
+		}
+		rest = rest[n+1:]
+	}
+	// The multiplier, '_' and the unit; then '_' and the algorithm for
+	// the continuous ones.
+	n := digits(rest)
+	if n == 0 || !strings.HasPrefix(rest[n:], "_") {
+		return "", "", false
+	}
+	unit := rest[n+1:]
+	if a != rules.FixedWindow {
+		var ok bool
+		if unit, ok = strings.CutSuffix(unit, a.String()); !ok {
+			return "", "", false
+		}
+		if unit, ok = strings.CutSuffix(unit, "_"); !ok {
+			return "", "", false
+		}
+	}
+	if !slices.Contains(unitNames[:], unit) {
+		return "", "", false
+	}
+	return shared, rest, true
+}
+
+// digits is the length of the run of ASCII digits s starts with.
+func digits(s string) int {
+	n := 0
+	for n < len(s) && '0' <= s[n] && s[n] <= '9' {
+		n++
+	}
+	return n
 }
 
 // unitNames are the units' lower-case names in list keys, by rules.Unit;

@@ -279,3 +279,53 @@ func FuzzCacheKey(f *testing.F) {
 		}
 	})
 }
+
+// TestSplitListKey splits the keys of every algorithm of a list, in both
+// formats, and refuses the keys of single limits.
+func TestSplitListKey(t *testing.T) {
+	t.Parallel()
+	now := time.Unix(1699920030, 0)
+	entries := []rules.Entry{{Key: "user", Value: "a}_1_b{"}, {Key: "path", Value: "/x_y"}}
+	for _, format := range []KeyFormat{AnchorKeys, EscapedKeys} {
+		build := CacheKey
+		if format == EscapedKeys {
+			build = EscapedCacheKey
+		}
+		for _, alg := range rules.Algorithms {
+			one := &rules.Limit{RequestsPerUnit: 5, Unit: rules.Minute, UnitMultiplier: 3, Algorithm: alg}
+			one.Limits = []*rules.Limit{one} // InList
+			key := string(build(nil, "rl_", "api", entries, one, now))
+			shared, limit, ok := SplitListKey(key, alg)
+			wantShared := key[:strings.LastIndexByte(key, '}')+1]
+			wantLimit := "3_minute"
+			if alg != rules.FixedWindow {
+				wantLimit += "_" + alg.String()
+			}
+			if !ok || shared != wantShared || limit != wantLimit {
+				t.Errorf("SplitListKey(%q, %v) = %q, %q, %t; want %q, %q", key, alg, shared, limit, ok, wantShared, wantLimit)
+			}
+			// The same limit in the next window: the same parts.
+			next := string(build(nil, "rl_", "api", entries, one, now.Add(time.Hour)))
+			if s2, l2, _ := SplitListKey(next, alg); s2 != shared || l2 != limit {
+				t.Errorf("SplitListKey(%q) = %q, %q; want the parts of %q", next, s2, l2, key)
+			}
+			single := &rules.Limit{RequestsPerUnit: 5, Unit: rules.Minute, UnitMultiplier: 3, Algorithm: alg}
+			if k := string(build(nil, "rl_", "api", entries, single, now)); isList(k, alg) {
+				t.Errorf("SplitListKey(%q, %v): a single limit's key split as a list's", k, alg)
+			}
+		}
+	}
+	for _, k := range []string{"", "}", "rl_{a}", "rl_{a}_", "rl_{a}_x_second", "rl_{a}_1_fortnight", "rl_{a}_1_second_", "rl_{a}_-_1_second"} {
+		if isList(k, rules.FixedWindow) || isList(k, rules.TokenBucket) {
+			t.Errorf("SplitListKey(%q) split a key that is not a list's", k)
+		}
+	}
+	if s, l, ok := SplitListKey("rl_{a}_-60_1_second", rules.FixedWindow); !ok || s != "rl_{a}" || l != "1_second" {
+		t.Errorf("SplitListKey of a negative window start = %q, %q, %t", s, l, ok)
+	}
+}
+
+func isList(key string, a rules.Algorithm) bool {
+	_, _, ok := SplitListKey(key, a)
+	return ok
+}

@@ -57,11 +57,12 @@ type Op struct {
 	// Group is not 0 for the ops of one descriptor with several limits
 	// (rules.Limit.Limits): they are next to each other in the batch,
 	// share a Group, and a store that can applies them as one atomic step,
-	// so that concurrent requests meet the limits in one order. Each op
-	// is still decided and recorded by its own algorithm, unless the batch
-	// is AllOrNothing. Stores that cannot (Memcached, a Redis proxy, ops
-	// split between the main and the per-second Redis) apply them one by
-	// one, each atomically, as ops of different descriptors.
+	// so that concurrent requests meet the limits in one order (Memcached
+	// keeps them in one item, named after SplitListKey). Each op is still
+	// decided and recorded by its own algorithm, unless the batch is
+	// AllOrNothing. Where a store cannot (a Redis proxy, ops split between
+	// the main and the per-second Redis) it applies them one by one, each
+	// atomically, as ops of different descriptors.
 	Group uint32
 }
 

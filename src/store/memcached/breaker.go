@@ -37,7 +37,14 @@ func (s *Store) admit(b *limiter.Batch) error {
 		return nil
 	}
 	for i := range b.Ops {
-		if err := s.breakerFor(itemKey(b.Ops[i].Key)).Allow(); err != nil {
+		key := b.Ops[i].Key
+		if b.Ops[i].Group != 0 {
+			// A list's ops go to its item (see units).
+			if shared, _, ok := limiter.SplitListKey(key, b.Ops[i].Algorithm); ok {
+				key = shared
+			}
+		}
+		if err := s.breakerFor(itemKey(key)).Allow(); err != nil {
 			return err
 		}
 	}

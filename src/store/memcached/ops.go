@@ -30,9 +30,14 @@ type undo struct {
 	// now is the op's time, for the expiration of the state written back.
 	now time.Time
 	// a and b locate the hits: the window start they went into (sliding
-	// window), the time they were logged at (sliding log), or the TAT
-	// before and after them (token bucket).
+	// window; a fixed window in a list's item, whose b is 1 when the
+	// count saturated), the time they were logged at (sliding log), or
+	// the TAT before and after them (token bucket).
 	a, b int64
+	// list, for the ops of a list of limits kept in one item (key), has
+	// the undo of each op, in the order of the ops: op nil for one that
+	// recorded nothing (see list.go).
+	list []undo
 }
 
 // continuous reports whether a keeps a state item (read-modify-cas) rather
@@ -170,13 +175,17 @@ func saturated(before uint64, now time.Time, op *limiter.Op) limiter.Result {
 
 // pin sets a count that passed pinMark back to satMark: gets, then cas,
 // from the start again on a conflict, until the count is below pinMark
-// (another op pinned it) or ctx ends. It is best effort: a count left above
-// pinMark is still saturated, and the next op past the mark pins it. The
+// (another op pinned it), ctx ends or maxAttempts cycles conflicted. It
+// is best effort: a count left above pinMark is still saturated, and the
+// next op past the mark pins it. The
 // expiration is set again to a whole window, as add does, so that the key
 // lives at least as long as it would have (memcached does not tell an
 // item's expiration), and at most one window longer.
 func (s *Store) pin(ctx context.Context, key string, op *limiter.Op) {
-	for s.check(ctx) == nil {
+	for range maxAttempts {
+		if s.check(ctx) != nil {
+			return
+		}
 		it, err := s.get(ctx, key)
 		if err != nil {
 			if errors.Is(err, memcache.ErrCacheMiss) {
@@ -243,34 +252,131 @@ func (s *Store) readCount(ctx context.Context, key string) (uint64, error) {
 
 // applyState applies an op of a continuous algorithm: gets, the pure
 // function, and when the op records hits, cas (add for a new key), from
-// the start again when another op changed the item in between.
+// the start again when another op changed the item in between (see
+// update).
 func (s *Store) applyState(ctx context.Context, key string, op *limiter.Op, now time.Time, r *limiter.Result) (undo, error) {
-	for {
-		if err := s.check(ctx); err != nil {
-			return undo{}, err
-		}
-		it, err := s.get(ctx, key)
-		found := err == nil
-		if !found && !errors.Is(err, memcache.ErrCacheMiss) {
-			return undo{}, s.fail(key, err)
-		}
-		s.gotAnswer(key)
+	var u undo
+	wrote, err := s.update(ctx, key, now, forRequest, func(it *memcache.Item) ([]byte, int64, error) {
 		var data, dst []byte
-		if found {
+		if it != nil {
 			data = it.Value
 			dst = it.Value[:0] // the state is parsed before this is written
 		}
-		value, idle, u, err := step(dst, op, now, data, found, r)
+		// value is nil when there is nothing to record.
+		value, idle, mark, err := step(dst, op, now, data, it != nil, r)
+		u = mark
+		return value, idle, err
+	})
+	if err != nil || !wrote {
+		return undo{}, err
+	}
+	u.op, u.key, u.now = op, key, now
+	return u, nil
+}
+
+// maxAttempts bounds the optimistic cycles (gets, then cas or add) that
+// one update makes on one item. This instance's updates of an item take
+// turns (see itemLocks), so a cycle conflicts only with other instances'
+// updates, and each conflict means that one of those got through; with
+// the jittered backoff between cycles (see backoff), the instances of a
+// fleet hammering one key get through well within it (TestListContention
+// runs two instances of 16 goroutines each on one list: exact). A Do that
+// runs out of cycles fails with limiter.ErrOverloaded: memcached
+// answered, the key is only busier than optimistic updates can follow, so
+// the store stays healthy, and the request's connection slot is freed
+// long before its deadline instead of being held by a loop.
+const maxAttempts = 32
+
+// Backoff between the cycles of an update: a random time below
+// backoffBase << (cycles - 1), at most backoffMax.
+const (
+	backoffBase = 50 * time.Microsecond
+	backoffMax  = 2 * time.Millisecond
+)
+
+// purpose says why update runs: for the request, or to take back the hits
+// of a refused AllOrNothing batch (which goes on when the request is
+// canceled, until its deadline: see undo).
+type purpose uint8
+
+const (
+	forRequest purpose = iota
+	takingBack
+)
+
+// errContended is the cause of an update that ran out of cycles.
+var errContended = errors.New("item changed by others at every attempt")
+
+// update changes the item of key optimistically: gets, f on the item (nil
+// when there is none), then, when f returns a value, cas (add for a new
+// item) with an expiration that lasts until idle (Unix µs, see
+// secondsUntil from now); from the start again, after a backoff, when
+// another op changed, created or removed the item in between, at most
+// maxAttempts times. f fills the op's results from the item it is given,
+// so those of the last cycle stand; it returns a nil value when there is
+// nothing to write, and an error for an item it cannot read (then update
+// fails with ErrData). Every round trip is checked first (check; for a
+// take-back checkDeadline). wrote reports whether f's value was stored.
+//
+// The update first waits for its turn among this instance's updates of
+// key (see itemLocks), at most until ctx ends (a take-back: until its
+// deadline); one that waited until the deadline was shed (ErrOverloaded),
+// as a Do that waited for a connection slot.
+func (s *Store) update(ctx context.Context, key string, now time.Time, purpose purpose,
+	f func(it *memcache.Item) (value []byte, idle int64, err error)) (wrote bool, err error) {
+	check, lockCtx := s.check, ctx
+	if purpose == takingBack {
+		check = s.checkDeadline
+		// Wait for the lock past a cancellation, until the deadline.
+		lockCtx = context.WithoutCancel(ctx)
+		if d, ok := ctx.Deadline(); ok {
+			var cancel context.CancelFunc
+			lockCtx, cancel = context.WithDeadline(lockCtx, d)
+			defer cancel()
+		}
+	}
+	c, err := s.locks.lock(lockCtx, s.ctx.Done(), key)
+	if errors.Is(err, context.DeadlineExceeded) {
+		// As waiting for a connection (acquire): the key is busier
+		// than its updates can follow each other.
+		s.shed.Add(1)
+		return false, fmt.Errorf("memcached: key %q: %w: the updates of the item before it took until the request's deadline",
+			key, limiter.ErrOverloaded)
+	}
+	if err != nil {
+		return false, unavailable(err)
+	}
+	defer unlock(c)
+	for attempt := range maxAttempts {
+		if attempt > 0 {
+			s.backoff(lockCtx, attempt)
+		}
+		if err := check(ctx); err != nil {
+			return false, err
+		}
+		it, err := s.get(ctx, key)
+		if err != nil && !errors.Is(err, memcache.ErrCacheMiss) {
+			return false, s.fail(key, err)
+		}
+		s.gotAnswer(key)
+		found := err == nil
+		if !found {
+			it = nil
+		}
+		value, idle, err := f(it)
 		if err != nil {
-			return undo{}, dataError(key, err)
+			return false, dataError(key, err)
 		}
-		if value == nil { // nothing to record
-			return undo{}, nil
+		if value == nil { // nothing to write
+			return false, nil
 		}
-		if err := s.check(ctx); err != nil {
-			return undo{}, err
+		if err := check(ctx); err != nil {
+			return false, err
 		}
 		exp := s.expiration(secondsUntil(idle, now))
+		if s.beforeWrite != nil {
+			s.beforeWrite(key)
+		}
 		if found {
 			it.Value, it.Expiration = value, exp
 			err = s.compareAndSwap(ctx, it)
@@ -280,13 +386,31 @@ func (s *Store) applyState(ctx context.Context, key string, op *limiter.Op, now 
 		switch {
 		case err == nil:
 			s.gotAnswer(key)
-			u.op, u.key, u.now = op, key, now
-			return u, nil
+			return true, nil
 		case conflict(err):
 			s.gotAnswer(key)
 		default:
-			return undo{}, s.fail(key, err)
+			return false, s.fail(key, err)
 		}
+	}
+	s.shed.Add(1)
+	return false, fmt.Errorf("memcached: key %q: %w: %w after %d attempts", key, limiter.ErrOverloaded, errContended, maxAttempts)
+}
+
+// backoff waits a random time below backoffBase << (attempt-1), at most
+// backoffMax, or until ctx ends (the next check then stops the update):
+// contenders that conflicted spread out instead of meeting again at once.
+func (s *Store) backoff(ctx context.Context, attempt int) {
+	d := backoffMax
+	if attempt <= 6 {
+		d = min(backoffBase<<(attempt-1), backoffMax)
+	}
+	t := time.NewTimer(rand.N(d) + 1)
+	defer t.Stop()
+	select {
+	case <-t.C:
+	case <-ctx.Done():
+	case <-s.ctx.Done():
 	}
 }
 
@@ -359,6 +483,9 @@ func records(op *limiter.Op, r *limiter.Result) bool {
 // once the store is closed (see checkDeadline): then the hits stay
 // counted, which refuses too much, never too little.
 func (s *Store) undo(ctx context.Context, u *undo) error {
+	if u.list != nil {
+		return s.undoList(ctx, u)
+	}
 	op := u.op
 	if !continuous(op.Algorithm) {
 		if err := s.checkDeadline(ctx); err != nil {
@@ -371,41 +498,14 @@ func (s *Store) undo(ctx context.Context, u *undo) error {
 		}
 		return s.fail(u.key, err)
 	}
-	for {
-		if err := s.checkDeadline(ctx); err != nil {
-			return err
+	_, err := s.update(ctx, u.key, u.now, takingBack, func(it *memcache.Item) ([]byte, int64, error) {
+		if it == nil { // expired or evicted: nothing to take back
+			return nil, 0, nil
 		}
-		it, err := s.get(ctx, u.key)
-		if errors.Is(err, memcache.ErrCacheMiss) {
-			s.gotAnswer(u.key)
-			return nil
-		}
-		if err != nil {
-			return s.fail(u.key, err)
-		}
-		s.gotAnswer(u.key)
-		value, idle, err := takeBack(it.Value[:0], u, it.Value)
-		if err != nil {
-			return dataError(u.key, err)
-		}
-		if value == nil { // the hits are no longer there
-			return nil
-		}
-		if err := s.checkDeadline(ctx); err != nil {
-			return err
-		}
-		it.Value, it.Expiration = value, s.expiration(secondsUntil(idle, u.now))
-		err = s.compareAndSwap(ctx, it)
-		switch {
-		case err == nil:
-			s.gotAnswer(u.key)
-			return nil
-		case conflict(err):
-			s.gotAnswer(u.key)
-		default:
-			return s.fail(u.key, err)
-		}
-	}
+		// value is nil when the hits are no longer in the state.
+		return takeBack(it.Value[:0], u, it.Value)
+	})
+	return err
 }
 
 // takeBack removes u's hits from the state encoded in data and returns the

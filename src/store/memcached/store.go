@@ -29,11 +29,28 @@
 //
 // The other algorithms keep their state (see the limiter's encoding.go) in
 // one item per key and update it optimistically: gets, the limiter's pure
-// function, then cas (or add for a new key), retried on a conflict until it
-// succeeds or the context ends, so the result is exact too. Memcached has
+// function, then cas (or add for a new key), retried on a conflict, so the
+// result is exact too. This instance's updates of one item take turns (a
+// lock per key hash, see itemLocks), so that they do not conflict with each
+// other, only with other instances'; an update retries at most maxAttempts
+// times, with a jittered backoff, and then fails with an error wrapping
+// limiter.ErrOverloaded (a load shed, not an outage: memcached answered,
+// the key is busier than optimistic updates can follow). Memcached has
 // no clock a client can read, so these algorithms run on Batch.Now, the
 // instance's clock: the instances of a fleet must keep NTP time, and a skew
 // between them shifts their windows by that much.
+//
+// A descriptor's list of limits (rate_limits: the ops of one
+// limiter.Op.Group) keeps every limit's state in one item, under the part
+// of the limits' keys they share (limiter.SplitListKey:
+// "prefix{domain_key_value}"), and is applied in one such update: every
+// limit to every hit in one atomic step, so that concurrent requests are
+// admitted exactly, fixed windows included (a list's fixed windows count
+// in the item, not with incr; a single rate_limit keeps the anchor's keys
+// and incr). An AllOrNothing batch records a list's hits in all its limits
+// or in none. The item's encoding is versioned, bounded in limits and
+// bytes, and an item that does not decode fails its list with ErrData;
+// see list.go.
 //
 // Items expire when their state would be the zero state again (the states'
 // IdleAt; for fixed windows, the window), plus a random jitter of up to
@@ -56,9 +73,10 @@
 // stable name that every instance computes alike.
 //
 // AllOrNothing batches (STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT): memcached
-// has no multi-key atomicity, so, as the Redis store on Cluster, each op is
-// applied atomically on its own key, and when any op was refused the ops
-// that recorded hits (fixed windows always record them) are taken back with
+// has no multi-key atomicity, so, as the Redis store on Cluster, each op
+// (each list: its item) is applied atomically on its own key, and when any
+// op was refused the ops that recorded hits (fixed windows always record
+// them; a list's only when all its limits admitted) are taken back with
 // commutative inverse ops: decr for a fixed window; for the others a cas
 // loop that takes the hits out of the window they went into, moves a token
 // bucket's TAT back by their worth, or forgets that many hits logged at
@@ -103,8 +121,10 @@ type Store struct {
 	servers *memcache.ServerList
 	// written guides the first command of a fixed-window hit (applyCount).
 	written *written
-	client  *memcache.Client
-	lookup  lookupSRVFunc
+	// locks serialise this instance's updates of one item (see update).
+	locks  *itemLocks
+	client *memcache.Client
+	lookup lookupSRVFunc
 	// srvAddrs is the server list last resolved from cfg.SRV; only New and
 	// then the refresher touch it.
 	srvAddrs []string
@@ -114,6 +134,9 @@ type Store struct {
 	unresolved []string
 
 	roundTrips, ops, shed atomic.Uint64
+	// beforeWrite, when not nil, runs before every cas or add of an
+	// update (tests change the item there to force a conflict).
+	beforeWrite func(key string)
 	// opCounts counts the commands by outcome (OpStats).
 	opCounts opCounts
 
@@ -177,6 +200,7 @@ func newWith(ctx context.Context, cfg Config, d deps) (*Store, error) {
 		lookup:   d.lookup,
 		answered: make(chan struct{}),
 		written:  newWritten(),
+		locks:    newItemLocks(),
 		slots:    make(chan struct{}, cfg.MaxConns),
 		breakers: breaker.NewGroup("memcached", cfg.Breaker),
 	}
@@ -420,14 +444,17 @@ func (s *Store) WaitStarted(ctx context.Context) error {
 // Counters returns the cumulative number of round trips that reached
 // memcached (commands answered, misses and conflicts included; probes
 // excluded) and of ops applied. roundTrips/ops is about 1 for fixed
-// windows, 2 for the other algorithms when they record, plus retries.
+// windows, 2 for the other algorithms when they record, plus retries; a
+// list of limits takes 2 round trips for all its ops.
 func (s *Store) Counters() (roundTrips, ops uint64) {
 	return s.roundTrips.Load(), s.ops.Load()
 }
 
 // Shed returns the cumulative number of Do calls that failed with
 // limiter.ErrOverloaded: MaxWaiting were waiting for a connection already,
-// or none came free before the call's deadline.
+// or none came free before the call's deadline; plus the updates of an
+// item (gets, then cas) that others' changes made fail maxAttempts times
+// in a row.
 func (s *Store) Shed() uint64 {
 	return s.shed.Load()
 }
@@ -481,8 +508,8 @@ func (s *Store) drain(timeout <-chan time.Time) {
 // Do applies the batch: see limiter.Store, and the package documentation
 // for AllOrNothing. An op takes one round trip in the common case (two when
 // another instance created a fixed-window key this one has not written in
-// the window yet, and for the other algorithms when they record). The ops
-// of a batch run side by side (see fanout), so that a request with several
+// the window yet, and for the other algorithms when they record); the ops
+// of a list take two together. The ops (lists) of a batch run side by side (see fanout), so that a request with several
 // descriptors waits about one round trip, not one per op. A zero b.Now is
 // set to the current time.
 //
@@ -531,36 +558,93 @@ func (s *Store) Do(ctx context.Context, b *limiter.Batch) error {
 	if b.Now.IsZero() {
 		b.Now = time.Now()
 	}
-	if len(b.Ops) == 1 && !b.AllOrNothing {
+	if len(b.Ops) == 1 && !b.AllOrNothing && b.Ops[0].Group == 0 {
 		// The common case, without fanout's closure.
 		_, err := s.apply(ctx, &b.Ops[0], b.Now, &b.Results[0])
 		return err
 	}
-	apart := distinctKeys(b.Ops)
-	if b.AllOrNothing {
-		return s.doAll(ctx, b, apart)
+	var buf [8]unit
+	us := units(b.Ops, buf[:0])
+	if len(us) == 1 && !b.AllOrNothing {
+		_, err := s.applyUnit(ctx, b, &us[0], listEach)
+		return err
 	}
-	return s.fanout(len(b.Ops), apart, func(i int) error {
-		_, err := s.apply(ctx, &b.Ops[i], b.Now, &b.Results[i])
+	apart := distinctKeys(us)
+	if b.AllOrNothing {
+		return s.doAll(ctx, b, us, apart)
+	}
+	return s.fanout(len(us), apart, func(k int) error {
+		_, err := s.applyUnit(ctx, b, &us[k], listEach)
 		return err
 	})
 }
 
-// doAll applies an AllOrNothing batch: every op on its own key, then, if
-// any was refused, the recorded ones taken back and every op's Remaining
-// and ResetAfter read from the unchanged state. Each step runs its ops side
-// by side when their keys are apart; otherwise in order, and the take-back
-// newest first, so that ops on one key see each other as in a sequence.
-func (s *Store) doAll(ctx context.Context, b *limiter.Batch, apart bool) error {
+// unit is a part of a batch applied in one step: one op, or the ops of a
+// list of limits kept in one item (see list.go).
+type unit struct {
+	from, to int    // the ops b.Ops[from:to]
+	key      string // the op's key, or the list's item's (before itemKey)
+	list     bool
+}
+
+// units appends the units of ops to us, in order: each group of ops
+// (limiter.Op.Group) that listKey takes is one, and every other op one.
+func units(ops []limiter.Op, us []unit) []unit {
+	for i := 0; i < len(ops); {
+		if g := ops[i].Group; g != 0 {
+			end := i + 1
+			for end < len(ops) && ops[end].Group == g {
+				end++
+			}
+			if key, ok := listKey(ops[i:end]); ok {
+				us = append(us, unit{from: i, to: end, key: key, list: true})
+				i = end
+				continue
+			}
+		}
+		us = append(us, unit{from: i, to: i + 1, key: ops[i].Key})
+		i++
+	}
+	return us
+}
+
+// applyUnit applies the unit u of b in mode: a list's ops in one update of
+// its item; one op alone, or for listRead as with Hits 0, setting only
+// Remaining and ResetAfter.
+func (s *Store) applyUnit(ctx context.Context, b *limiter.Batch, u *unit, mode listMode) (undo, error) {
+	if u.list {
+		return s.applyList(ctx, u.key, b.Ops[u.from:u.to], b.Now, b.Results[u.from:u.to], mode)
+	}
+	if mode != listRead {
+		return s.apply(ctx, &b.Ops[u.from], b.Now, &b.Results[u.from])
+	}
+	op := b.Ops[u.from]
+	op.Hits = 0
+	var r limiter.Result
+	if _, err := s.apply(ctx, &op, b.Now, &r); err != nil {
+		return undo{}, err
+	}
+	b.Results[u.from].Remaining, b.Results[u.from].ResetAfter = r.Remaining, r.ResetAfter
+	return undo{}, nil
+}
+
+// doAll applies an AllOrNothing batch: every unit (an op on its own key,
+// or a list's ops on their item, all or none of them recorded), then, if
+// any op was refused, the recorded ones taken back and every op's
+// Remaining and ResetAfter read from the unchanged state. Each step runs
+// its units side by side when their keys are apart; otherwise in order,
+// and the take-back newest first, so that units on one key see each other
+// as in a sequence.
+func (s *Store) doAll(ctx context.Context, b *limiter.Batch, us []unit, apart bool) error {
 	var undoBuf [8]undo
 	undos := undoBuf[:0]
-	if len(b.Ops) > len(undoBuf) {
-		undos = make([]undo, len(b.Ops))
+	if len(us) > len(undoBuf) {
+		undos = make([]undo, len(us))
 	}
-	undos = undos[:len(b.Ops)]
-	err := s.fanout(len(b.Ops), apart, func(i int) error {
+	undos = undos[:len(us)]
+	err := s.fanout(len(us), apart, func(k int) error {
 		var err error
-		undos[i], err = s.apply(ctx, &b.Ops[i], b.Now, &b.Results[i])
+		undos[k], err = s.applyUnit(ctx, b, &us[k], listAll)
 		return err
 	})
 	if err != nil {
@@ -572,7 +656,8 @@ func (s *Store) doAll(ctx context.Context, b *limiter.Batch, apart bool) error {
 	for i := range b.Results {
 		refused = refused || !b.Results[i].Allowed
 	}
-	if !refused {
+	if !refused || len(us) == 1 && us[0].list {
+		// A list alone read its unchanged state itself (runList).
 		return nil
 	}
 	// Undo even when ctx is canceled meanwhile, until its deadline (see
@@ -582,15 +667,9 @@ func (s *Store) doAll(ctx context.Context, b *limiter.Batch, apart bool) error {
 	}
 	// Allowed, Before and After stay those of the evaluation; Remaining
 	// and ResetAfter become those of the unchanged state.
-	return s.fanout(len(b.Ops), apart, func(i int) error {
-		op := b.Ops[i]
-		op.Hits = 0
-		var r limiter.Result
-		if _, err := s.apply(ctx, &op, b.Now, &r); err != nil {
-			return err
-		}
-		b.Results[i].Remaining, b.Results[i].ResetAfter = r.Remaining, r.ResetAfter
-		return nil
+	return s.fanout(len(us), apart, func(k int) error {
+		_, err := s.applyUnit(ctx, b, &us[k], listRead)
+		return err
 	})
 }
 
@@ -663,25 +742,25 @@ func (s *Store) trySlot() bool {
 	}
 }
 
-// distinctKeys reports whether every op of ops has a key of its own: ops on
-// one key must run in order, so that the later sees the earlier.
-func distinctKeys(ops []limiter.Op) bool {
-	if len(ops) <= 16 {
-		for i := range ops {
+// distinctKeys reports whether every unit of us has a key of its own:
+// units on one key must run in order, so that the later sees the earlier.
+func distinctKeys(us []unit) bool {
+	if len(us) <= 16 {
+		for i := range us {
 			for j := range i {
-				if ops[i].Key == ops[j].Key {
+				if us[i].key == us[j].key {
 					return false
 				}
 			}
 		}
 		return true
 	}
-	seen := make(map[string]struct{}, len(ops))
-	for i := range ops {
-		if _, ok := seen[ops[i].Key]; ok {
+	seen := make(map[string]struct{}, len(us))
+	for i := range us {
+		if _, ok := seen[us[i].key]; ok {
 			return false
 		}
-		seen[ops[i].Key] = struct{}{}
+		seen[us[i].key] = struct{}{}
 	}
 	return true
 }

@@ -58,7 +58,7 @@ func TestStore(t *testing.T) {
 	// Batch.Now is the clock of every algorithm (see the package doc).
 	storetest.Run(t, func(t *testing.T) limiter.Store {
 		return newStore(t, Config{Addrs: []string{srv.Addr}, MaxIdleConns: testIdleConns})
-	}, storetest.Options{GroupsOneByOne: true})
+	}, storetest.Options{})
 }
 
 // TestShards spreads keys over two servers: each holds some, together they

@@ -55,7 +55,7 @@ type Options struct {
 	Tolerance time.Duration
 	// GroupsOneByOne says that the store applies the ops of a group
 	// (limiter.Op.Group) one by one rather than in one atomic step
-	// (Memcached, a Redis proxy): the suite then checks that a group never
+	// (a Redis proxy): the suite then checks that a group never
 	// over-admits and that AllOrNothing leaves nothing of a refused one,
 	// not that concurrent admission is exact.
 	GroupsOneByOne bool
