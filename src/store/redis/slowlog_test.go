@@ -25,7 +25,8 @@ func TestSlidingLogExpiryIsBounded(t *testing.T) {
 		limit = rules.MaxSlidingLog
 		fills = 200 // ops of limit/fills hits, fillGap apart
 		// maxRedisTime is the budget of one op in Redis. The loop that
-		// dropped expired entries one LINDEX at a time took 16-18 ms here.
+		// dropped expired entries of a list one LINDEX at a time took
+		// 16-18 ms here; the packed log takes 130-390 µs on 10,000 entries.
 		maxRedisTime = time.Millisecond
 	)
 	tests := []struct {
