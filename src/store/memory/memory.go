@@ -519,7 +519,11 @@ func (s *Store) doAll(now time.Time, b *limiter.Batch) {
 	}
 }
 
-// rollback undoes the ops in reverse order. The caller holds the locks.
+// rollback undoes the ops in reverse order. The caller holds the locks, so
+// no op came between: restoring the saved state is what taking the hits
+// back gives then (see the take-back rules in src/limiter/takeback.go,
+// which the stores that cannot lock follow), and Forget is
+// SlidingLogState.TakeBack of the op's own entries, the newest.
 func (s *Store) rollback(undos []undo) {
 	for i := len(undos) - 1; i >= 0; i-- {
 		u := &undos[i]

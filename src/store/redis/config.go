@@ -116,11 +116,12 @@ type Config struct {
 	// it must be quick and must not block.
 	RoundTrip func(d time.Duration, commands int)
 
-	// ScriptClock is for tests only: when set, the Lua scripts take the time
-	// from Batch.Now instead of Redis TIME, so that they can be compared with
-	// the limiter's pure functions on a fake clock. Production leaves it
-	// false so that a fleet of instances shares Redis's clock.
-	ScriptClock bool
+	// scriptClock is set by tests only (there is no way to set it from
+	// outside the package): the Lua scripts then take the time from
+	// Batch.Now instead of Redis TIME, so that they can be compared with
+	// the limiter's pure functions on a fake clock. Production keeps
+	// Redis's clock, one for the whole fleet.
+	scriptClock bool
 }
 
 // Defaults.

@@ -18,7 +18,7 @@ import (
 func TestCluster(t *testing.T) {
 	t.Parallel()
 	c := storetest.StartRedisCluster(t, storetest.RedisOptions{Password: "cluster-secret"})
-	cfg := Config{Type: "cluster", URL: c.URL, Auth: "cluster-secret", ScriptClock: true}
+	cfg := Config{Type: "cluster", URL: c.URL, Auth: "cluster-secret", scriptClock: true}
 
 	t.Run("suite", func(t *testing.T) {
 		t.Parallel()

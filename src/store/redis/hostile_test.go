@@ -54,7 +54,7 @@ var modes = []struct {
 func TestSaturation(t *testing.T) {
 	t.Parallel()
 	deployments(t, func(t *testing.T, cfg Config, raw rawDo) {
-		cfg.ScriptClock = true
+		cfg.scriptClock = true
 		// The probe would mark the store up again; only round trips may
 		// change its health here.
 		cfg.HealthCheckActiveConnection, cfg.HealthCheckInterval = true, time.Hour
@@ -191,22 +191,27 @@ func TestDataErrors(t *testing.T) {
 		{name: "fixed_window_read_on_text", op: limiter.Op{Hits: 0}, set: []string{"SET", "KEY", "abc"}},
 		{name: "fixed_window_all_or_nothing_on_a_list", op: limiter.Op{Hits: 1}, aon: true, set: []string{"LPUSH", "KEY", "x"}},
 		{name: "sliding_window_on_a_list", op: limiter.Op{Algorithm: rules.SlidingWindow, Hits: 1}, set: []string{"LPUSH", "KEY", "x"}},
+		{name: "sliding_window_on_text", op: limiter.Op{Algorithm: rules.SlidingWindow, Hits: 1}, set: []string{"SET", "KEY", "1:2:3"}},
+		{name: "sliding_window_all_or_nothing_on_text", op: limiter.Op{Algorithm: rules.SlidingWindow, Hits: 1}, aon: true, set: []string{"SET", "KEY", "1:2:3"}},
 		{name: "sliding_log_on_a_string", op: limiter.Op{Algorithm: rules.SlidingLog, Hits: 1}, set: []string{"SET", "KEY", "1"}},
-		{name: "sliding_log_on_text_entries", op: limiter.Op{Algorithm: rules.SlidingLog, Hits: 1}, set: []string{"RPUSH", "KEY", "abc"}},
+		{name: "sliding_log_on_a_list", op: limiter.Op{Algorithm: rules.SlidingLog, Hits: 1}, set: []string{"RPUSH", "KEY", "abc"}},
+		{name: "sliding_log_all_or_nothing_on_a_string", op: limiter.Op{Algorithm: rules.SlidingLog, Hits: 1}, aon: true, set: []string{"SET", "KEY", "123456789"}},
 		{name: "token_bucket_on_text", op: limiter.Op{Algorithm: rules.TokenBucket, Hits: 1}, set: []string{"SET", "KEY", "abc"}},
+		{name: "token_bucket_on_a_decimal_tat", op: limiter.Op{Algorithm: rules.TokenBucket, Hits: 1}, set: []string{"SET", "KEY", "1700000000000000"}},
 		{name: "token_bucket_on_a_hash", op: limiter.Op{Algorithm: rules.TokenBucket, Hits: 1}, aon: true, set: []string{"HSET", "KEY", "f", "v"}},
 	}
 	deployments(t, func(t *testing.T, cfg Config, raw rawDo) {
 		for _, tt := range tests {
 			t.Run(tt.name, func(t *testing.T) {
 				key := "data_" + tt.name
-				set := append([]string(nil), tt.set...)
-				set[1] = key
-				if _, err := raw(t.Context(), key, set...); err != nil {
-					t.Fatal(err)
-				}
 				bad := tt.op
 				bad.Key, bad.Limit, bad.Window = key, 10, time.Hour
+				stored := stateKey(&bad)
+				set := append([]string(nil), tt.set...)
+				set[1] = stored
+				if _, err := raw(t.Context(), stored, set...); err != nil {
+					t.Fatal(err)
+				}
 				good := limiter.Op{Key: "data_good_" + tt.name, Limit: 10, Window: time.Hour, Hits: 1}
 
 				// Hold the pipeline until both requests are queued, so
@@ -220,9 +225,11 @@ func TestDataErrors(t *testing.T) {
 					t.Fatal(err)
 				}
 				// Load the script first: NOSCRIPT would take a round trip.
-				for _, k := range []string{bad.Key, good.Key} {
-					if _, err := raw(t.Context(), k, "SCRIPT", "LOAD", decideLua); err != nil {
-						t.Fatal(err)
+				for _, k := range []string{stored, good.Key} {
+					for _, src := range scriptSources {
+						if _, err := raw(t.Context(), k, "SCRIPT", "LOAD", src); err != nil {
+							t.Fatal(err)
+						}
 					}
 				}
 				before, _ := s.Counters()

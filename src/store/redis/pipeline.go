@@ -83,6 +83,24 @@ func (v *opVals) set(op *limiter.Op, ttlSeconds int64) {
 	v.windowMicros, v.ttl = windowMicros(op.Window), ttlSeconds
 }
 
+// setLean records op's values for its lean script: for a token bucket the
+// capacity and the refill interval T = ceil(window / limit) in place of
+// the limit and the window (see leanTokenBucketLua).
+func (v *opVals) setLean(op *limiter.Op) {
+	v.hits, v.limit, v.windowMicros = op.Hits, op.Limit, windowMicros(op.Window)
+	if op.Algorithm == rules.TokenBucket {
+		v.limit = op.Capacity()
+		if op.Limit > 0 {
+			w := uint64(v.windowMicros)
+			t := w / op.Limit
+			if w%op.Limit != 0 {
+				t++
+			}
+			v.windowMicros = int64(t)
+		}
+	}
+}
+
 // putArgs fills the argsPerOp arguments of decideLua for v's op into a.
 func (v *opVals) putArgs(a []any, alg rules.Algorithm) {
 	a[0], a[1], a[2], a[3], a[4], a[5] = algorithmArgs[algorithmIndex(alg)], &v.limit, &v.capacity, &v.windowMicros, &v.hits, &v.ttl
@@ -112,6 +130,7 @@ const (
 	kindIncr   uint8 = iota // INCRBY (then EXPIRE): fixed window
 	kindGet                 // GET: fixed window with 0 hits
 	kindScript              // EVALSHA decideLua
+	kindLean                // EVALSHA of a lean script: one op
 )
 
 var requestPool = sync.Pool{New: func() any { return &request{done: make(chan struct{}, 1)} }}
@@ -559,7 +578,10 @@ func unavailableCmdErr(batch []*request) bool {
 // retryNoScript sends again, as EVAL with the script's source, the EVALSHA
 // commands that Redis refused with NOSCRIPT (after a restart, a failover
 // or SCRIPT FLUSH). This is the one case where a request takes a second
-// round trip; the script is cached by Redis from then on.
+// round trip; the script is cached by Redis from then on. On one server
+// (not a Cluster, whose pipeline routes by key, nor a proxy, which may
+// not pass SCRIPT LOAD) the same round trip loads every other script too,
+// so that one NOSCRIPT is met once, not once per script.
 func (be *backend) retryNoScript(ctx context.Context, batch []*request) {
 	var pipe goredis.Pipeliner
 	for _, r := range batch {
@@ -581,9 +603,15 @@ func (be *backend) retryNoScript(ctx context.Context, batch []*request) {
 			_ = pipe.Process(ctx, cmd)
 		}
 	}
-	if pipe != nil {
-		_, _ = pipe.Exec(ctx)
+	if pipe == nil {
+		return
 	}
+	if be.oneServer.Load() && !be.cluster {
+		for _, src := range scriptSources {
+			_ = pipe.Process(ctx, goredis.NewStringCmd(ctx, "script", "load", src))
+		}
+	}
+	_, _ = pipe.Exec(ctx)
 }
 
 // submit queues r for a worker and waits for it, or for ctx or the store to

@@ -4,6 +4,7 @@ import (
 	"crypto/sha1"
 	"encoding/hex"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/ratelimitd/ratelimit/src/limiter"
@@ -40,9 +41,16 @@ import (
 // caller: its window is in the key, on the instance's clock.
 //
 // State per key: fixed_window an integer string (INCRBY, anchor-compatible);
-// sliding_window the string "start:prev:curr"; sliding_log a list of hit
-// times, oldest first; token_bucket the TAT as an integer string. Every key
+// the others one string of little-endian 64-bit integers (Redis's
+// struct.pack "<i8"), at keys ending in stateSuffix: sliding_window start,
+// prev and curr (24 bytes); sliding_log the hit times, oldest first, at
+// most limit of them (8 bytes each); token_bucket the TAT (8 bytes). One
+// GET and one SET per key, whatever the algorithm. A value of another
+// length is refused as data (limiter.ErrData), never misread. Every key
 // expires when its state would be the zero state again (IdleAt).
+//
+// decideLua serves batches: AllOrNothing, a group's limits, and the lean
+// scripts' fallback; a single op uses the lean script of its algorithm.
 const decideLua = luaPrelude + decideMain
 
 // luaPrelude holds what decideLua and undoLua share: the time, integer
@@ -82,29 +90,41 @@ local function ttlms(us)
 end
 
 -- State views, loaded once per key: a key given twice sees the first op's effect.
+-- The continuous algorithms keep packed little-endian 64-bit integers (see
+-- decideLua's comment in script.go); a value of another length was not written by
+-- this version and is refused as data, never misread.
+local function unpackState(v, size)
+  if #v ~= size then error('not a state of this algorithm') end
+  return struct.unpack(string.rep('<i8', size / 8), v)
+end
 local function load(alg, key)
   if alg == 0 then
     return {count = tonumber(redis.call('GET', key) or '0')}
   elseif alg == 1 then
     local v = redis.call('GET', key)
     if v then
-      local a, b, c = string.match(v, '^(%-?%d+):(%d+):(%d+)$')
-      if a then return {start = tonumber(a), prev = tonumber(b), curr = tonumber(c)} end
+      local a, b, c = unpackState(v, 24)
+      return {start = a, prev = b, curr = c}
     end
     return {start = 0, prev = 0, curr = 0}
   elseif alg == 2 then
-    -- len: the list in Redis; popped: entries dropped from its head;
-    -- npush entries of time tpush pushed by this call. Every entry pushed
-    -- in one call has the same time (see decide), so a count is enough.
-    return {key = key, len = redis.call('LLEN', key), popped = 0, npush = 0}
+    -- v: the packed log in Redis, len entries; popped: entries dropped
+    -- from its head; npush entries of time tpush pushed by this call.
+    -- Every entry pushed in one call has the same time (see decide), so a
+    -- count is enough.
+    local v = redis.call('GET', key) or ''
+    if #v % 8 ~= 0 then error('not a sliding_log state') end
+    return {v = v, len = #v / 8, popped = 0, npush = 0}
   end
-  return {tat = tonumber(redis.call('GET', key) or '0')}
+  local v = redis.call('GET', key)
+  if v then return {tat = unpackState(v, 8)} end
+  return {tat = 0}
 end
 
 local function logN(s) return s.len - s.popped + s.npush end
 local function logAt(s, i)
   local j = s.popped + i
-  if j < s.len then return tonumber(redis.call('LINDEX', s.key, j)) end
+  if j < s.len then return (struct.unpack('<i8', s.v, 8 * j + 1)) end
   return s.tpush
 end
 
@@ -174,10 +194,9 @@ local function decide(alg, s, limit, cap, w, hits)
     if n > 0 then
       local last = logAt(s, n - 1)
       t = math.max(t, last)
-      -- Drop the expired entries, a prefix of the sorted log. Dropping them
-      -- one LINDEX at a time cost Redis 16-25 ms for 10,000 expired entries,
-      -- stalling every client; a binary search finds how many with at most
-      -- log2(n) + 2 LINDEX calls, and commit removes them with one LTRIM.
+      -- Drop the expired entries, a prefix of the sorted log: a binary
+      -- search finds how many in log2(n) + 2 reads, and commit cuts them
+      -- off the string.
       if last <= t - w then
         s.popped = s.popped + n
         n = 0
@@ -243,30 +262,24 @@ local aon = ARGV[2] == '1'
 -- commit writes the final state of a continuous algorithm's key.
 local function commit(alg, key, s, w)
   if alg == 1 then
-    redis.call('SET', key, str(s.start) .. ':' .. str(s.prev) .. ':' .. str(s.curr), 'PX', ttlms(s.start + 2 * w - now))
+    redis.call('SET', key, struct.pack('<i8<i8<i8', s.start, s.prev, s.curr), 'PX', ttlms(s.start + 2 * w - now))
   elseif alg == 2 then
-    if s.popped >= s.len then
-      if s.len > 0 then redis.call('DEL', key) end
-    elseif s.popped > 0 then
-      redis.call('LTRIM', key, s.popped, -1)
+    -- Keep the entries not popped, then the k pushed ones still in the log.
+    local keep, k = '', s.npush
+    if s.popped < s.len then
+      keep = string.sub(s.v, 8 * s.popped + 1)
+    else
+      k = k - (s.popped - s.len)
     end
-    local k = s.npush
-    if s.popped > s.len then k = k - (s.popped - s.len) end
-    -- At most limit <= rules.MaxSlidingLog (10,000) entries, in RPUSH
-    -- calls of 1000 arguments: Lua's unpack and the command's argv stay
-    -- small.
     if k > 0 then
-      local v, batch = str(s.tpush), {}
-      for i = 1, math.min(k, 1000) do batch[i] = v end
-      while k >= 1000 do
-        redis.call('RPUSH', key, unpack(batch))
-        k = k - 1000
-      end
-      if k > 0 then redis.call('RPUSH', key, unpack(batch, 1, k)) end
-      redis.call('PEXPIRE', key, ttlms(s.newest + w - now))
+      redis.call('SET', key, keep .. string.rep(struct.pack('<i8', s.tpush), k), 'PX', ttlms(s.newest + w - now))
+    elseif #keep > 0 then
+      redis.call('SET', key, keep, 'KEEPTTL')
+    elseif s.len > 0 then
+      redis.call('DEL', key)
     end
   elseif alg == 3 then
-    redis.call('SET', key, str(s.tat), 'PX', ttlms(s.tat - now))
+    redis.call('SET', key, struct.pack('<i8', s.tat), 'PX', ttlms(s.tat - now))
   end
 end
 
@@ -337,6 +350,8 @@ return reply
 const undoLua = luaPrelude + `
 -- undo takes back the ops of an earlier decide call that recorded them,
 -- newest first, and replies with the state's remaining and reset per op.
+-- It mirrors the TakeBack functions of src/limiter/takeback.go, which
+-- state the rules (only the op's own hits leave, never below zero).
 -- KEYS as for decide; ARGV[1] the time; then seven ARGV per op: algorithm,
 -- limit, capacity, window µs, hits, and the two undo values decide gave.
 local n = #KEYS
@@ -348,6 +363,7 @@ for i = n, 1, -1 do
       local c = tonumber(redis.call('GET', key) or '0')
       if c > 0 then redis.call('DECRBY', key, str(math.min(c, hits))) end
     elseif alg == 1 then
+      -- limiter.SlidingWindowState.TakeBack
       local s = load(1, key)
       if s.start == u1 then
         s.curr = math.max(s.curr - hits, 0)
@@ -355,17 +371,29 @@ for i = n, 1, -1 do
         s.prev = math.max(s.prev - hits, 0)
       end
       if s.start == u1 or s.start == u1 + w then
-        redis.call('SET', key, str(s.start) .. ':' .. str(s.prev) .. ':' .. str(s.curr), 'KEEPTTL')
+        redis.call('SET', key, struct.pack('<i8<i8<i8', s.start, s.prev, s.curr), 'KEEPTTL')
       end
     elseif alg == 2 then
-      redis.call('LREM', key, -hits, str(u1))
+      -- limiter.SlidingLogState.TakeBack: drop up to hits entries logged
+      -- at u1, newest first. The log is sorted, so they are one run,
+      -- followed by the entries logged since at later times.
+      local s = load(2, key)
+      local hi = s.len
+      while hi > 0 and logAt(s, hi - 1) > u1 do hi = hi - 1 end
+      local lo = hi
+      while lo > 0 and hi - lo < hits and logAt(s, lo - 1) == u1 do lo = lo - 1 end
+      if lo < hi then
+        local v = string.sub(s.v, 1, 8 * lo) .. string.sub(s.v, 8 * hi + 1)
+        if #v > 0 then redis.call('SET', key, v, 'KEEPTTL') else redis.call('DEL', key) end
+      end
     else
+      -- limiter.TokenBucketState.TakeBack: exact when no op came since
+      -- ours; else take back our tokens only.
       local v = redis.call('GET', key)
       if v then
-        -- Exact when no op came since ours; else take back our tokens only.
-        local tat = tonumber(v)
+        local tat = unpackState(v, 8)
         if tat == u2 then tat = u1 else tat = tat - hits * cdiv(w, arg(i, 2)) end
-        redis.call('SET', key, str(tat), 'KEEPTTL')
+        redis.call('SET', key, struct.pack('<i8', tat), 'KEEPTTL')
       end
     end
   end
@@ -377,6 +405,179 @@ for i = 1, n do
   reply[2 * i - 1], reply[2 * i] = remaining, reset
 end
 return reply
+`
+
+// The lean scripts decide one op of one algorithm that is neither part of
+// an AllOrNothing batch nor of a group: the common case, which a deployment
+// pays for per decision. Each is decide's branch for its algorithm, inlined
+// with the state's load and commit: no dispatch, no tables but the reply,
+// four ARGV. A script call costs Redis a fixed overhead of about the price
+// of an INCRBY before its first instruction, so what the scripts can save
+// is in their own work (see docs/BENCHMARKS.md, "Lua algorithms, round
+// two").
+//
+// KEYS[1] is the key (stateKey); ARGV[1] the time in µs, or "" for Redis
+// TIME; ARGV[2..4] the limit (token_bucket: the capacity), the window in µs
+// (token_bucket: the refill interval T) and the hits. The reply is
+// {allowed, before, after, remaining, reset_us}, as decideLua's per op.
+// Divisions use math.floor and math.ceil directly where the dividend stays
+// below 2^53, where a double's quotient rounds to the right integer.
+const leanHead = `
+local now
+if ARGV[1] == '' then
+  local tm = redis.call('TIME')
+  if redis.replicate_commands then redis.replicate_commands() end
+  now = tm[1] * 1000000 + tm[2]
+else
+  now = tonumber(ARGV[1])
+end
+local key, limit, w, hits = KEYS[1], tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
+`
+
+// leanSlidingWindowLua is decide's sliding_window branch for one op.
+const leanSlidingWindowLua = leanHead + `
+local start, prev, curr = 0, 0, 0
+local v = redis.call('GET', key)
+if v then
+  if #v ~= 24 then error('not a sliding_window state') end
+  start, prev, curr = struct.unpack('<i8<i8<i8', v)
+end
+local t = now
+local s0 = math.floor(t / w) * w
+if s0 <= start then
+elseif s0 - w == start then
+  start, prev, curr = s0, curr, 0
+else
+  start, prev, curr = s0, 0, 0
+end
+if t < start then t = start end
+local rem = start + w - t
+local whole = w % 1000000 == 0
+local used = curr
+if prev > 0 then
+  local wt
+  if whole then wt = math.ceil(rem / (w / 1000000)) else wt = math.ceil(rem * 1000000 / w) end
+  used = curr + math.ceil(prev * wt / 1000000)
+end
+local before, after, allowed = used, used + hits, 0
+if after <= limit then
+  allowed, used, curr = 1, after, curr + hits
+  if hits > 0 then
+    local ms = math.ceil((start + 2 * w - now) / 1000)
+    if ms < 1 then ms = 1 end
+    redis.call('SET', key, struct.pack('<i8<i8<i8', start, prev, curr), 'PX', string.format('%.0f', ms))
+  end
+end
+local remaining = 0
+if used < limit then remaining = limit - used end
+local reset, k, n = 0, nil, nil
+if limit == 0 then
+  reset = w
+elseif curr < limit then
+  if prev > 0 then k, n = limit - 1 - curr, prev end
+else
+  k, n = limit - 1, curr
+end
+if k then
+  -- rmax = floor(floor(k * 1e6 / n) * w / 1e6), as decide's mulw
+  local rmax = math.floor(k * 1000000 / n)
+  if whole then
+    rmax = rmax * (w / 1000000)
+  else
+    local p = rmax * w
+    rmax = math.floor(p / 1000000)
+    local r = p - rmax * 1000000
+    if r < 0 then rmax = rmax - 1 elseif r >= 1000000 then rmax = rmax + 1 end
+  end
+  if curr >= limit then
+    reset = rem + w - rmax
+  elseif rmax < rem then
+    reset = rem - rmax
+  end
+end
+return {allowed, before, after, remaining, reset}
+`
+
+// leanSlidingLogLua is decide's sliding_log branch for one op. The log is
+// one string of packed times, oldest first, at most limit of them: the
+// expired ones are found by a binary search and cut off when the op is
+// recorded, which rewrites the string (at most 8 × rules.MaxSlidingLog
+// bytes).
+const leanSlidingLogLua = leanHead + `
+local v = redis.call('GET', key) or ''
+local len = #v
+if len % 8 ~= 0 then error('not a sliding_log state') end
+local n, drop, t = len / 8, 0, now
+if n > 0 then
+  local last = struct.unpack('<i8', v, len - 7)
+  if last > t then t = last end
+  local cut = t - w
+  if last <= cut then
+    drop = n
+  elseif struct.unpack('<i8', v) <= cut then
+    local lo, hi = 1, n - 1
+    while lo < hi do
+      local mid = math.floor((lo + hi) / 2)
+      if struct.unpack('<i8', v, 8 * mid + 1) <= cut then lo = mid + 1 else hi = mid end
+    end
+    drop = lo
+  end
+  n = n - drop
+end
+local before, after, allowed, used = n, n + hits, 0, n
+if after <= limit then
+  allowed, used = 1, after
+  if hits > 0 then
+    local ms = math.ceil((t + w - now) / 1000)
+    redis.call('SET', key, string.sub(v, 8 * drop + 1) .. string.rep(struct.pack('<i8', t), hits), 'PX', string.format('%.0f', ms))
+  end
+end
+local remaining, reset = 0, 0
+if used < limit then remaining = limit - used end
+if limit == 0 then
+  reset = w
+elseif n > 0 then
+  reset = struct.unpack('<i8', v, 8 * drop + 1) + w - t
+elseif used > 0 then
+  reset = w
+end
+return {allowed, before, after, remaining, reset}
+`
+
+// leanTokenBucketLua is decide's token_bucket branch for one op; limit is
+// the capacity and w the refill interval T = ceil(window / limit).
+const leanTokenBucketLua = leanHead + `
+if limit == 0 then
+  if hits == 0 then return {1, 0, 0, 0, 0} end
+  return {0, 0, hits, 0, 0}
+end
+local tat = 0
+local v = redis.call('GET', key)
+if v then
+  if #v ~= 8 then error('not a token_bucket state') end
+  tat = struct.unpack('<i8', v)
+end
+local x = 0
+if tat > now then x = tat - now end
+-- used = ceil(x / w), exact: a far TAT puts x past 2^53.
+local used = math.floor(x / w)
+local r = x - used * w
+if r < 0 then used = used - 1 elseif r >= w then used = used + 1 end
+if used * w < x then used = used + 1 end
+local before, after, allowed = used, used + hits, 0
+if after <= limit then
+  allowed, used = 1, after
+  tat = math.min(now + x + hits * w, 9223372036854774784)
+  x = tat - now
+  if hits > 0 then
+    local ms = math.ceil(x / 1000)
+    if ms < 1 then ms = 1 end
+    redis.call('SET', key, struct.pack('<i8', tat), 'PX', string.format('%.0f', ms))
+  end
+end
+local remaining = 0
+if used < limit then remaining = limit - used end
+return {allowed, before, after, remaining, x}
 `
 
 // argsPerOp and resultsPerOp are the per-op widths of decideLua's ARGV and
@@ -393,6 +594,32 @@ var (
 	undoSHA   = scriptSHA(undoLua)
 )
 
+// leanScripts are the lean scripts by algorithmIndex (none for fixed
+// windows), leanSHAArgs their SHA1s as command arguments, boxed once.
+var (
+	leanScripts = [...]string{"", leanSlidingWindowLua, leanSlidingLogLua, leanTokenBucketLua}
+	leanSHAArgs = func() (a [len(leanScripts)]any) {
+		for i, src := range leanScripts {
+			if src != "" {
+				a[i] = scriptSHA(src)
+			}
+		}
+		return a
+	}()
+)
+
+// scriptSources maps every script's SHA1 to its source, for EVAL after
+// NOSCRIPT.
+var scriptSources = func() map[string]string {
+	m := map[string]string{decideSHA: decideLua, undoSHA: undoLua}
+	for _, src := range leanScripts {
+		if src != "" {
+			m[scriptSHA(src)] = src
+		}
+	}
+	return m
+}()
+
 func scriptSHA(src string) string {
 	sum := sha1.Sum([]byte(src))
 	return hex.EncodeToString(sum[:])
@@ -400,10 +627,29 @@ func scriptSHA(src string) string {
 
 // scriptSource returns the script whose SHA1 is sha, for EVAL after NOSCRIPT.
 func scriptSource(sha string) string {
-	if sha == undoSHA {
-		return undoLua
+	if src, ok := scriptSources[sha]; ok {
+		return src
 	}
 	return decideLua
+}
+
+// stateSuffix ends the Redis key of every algorithm but fixed_window: it
+// names the layout of the state (packed integers, see decideLua), so that
+// an instance of this version never reads a key an older one wrote in
+// another layout ("start:prev:curr", a list of times, a decimal TAT) and
+// the other way round. A rolling upgrade from such a version counts these
+// algorithms apart for one window (README, upgrade notes). Fixed-window
+// keys are envoyproxy/ratelimit's and never change.
+const stateSuffix = ":v2"
+
+// stateKey is the Redis key of op's state: op.Key, plus stateSuffix for
+// the continuous algorithms. It is a fresh string (the limiter reuses the
+// op's key memory after Do returns).
+func stateKey(op *limiter.Op) string {
+	if op.Algorithm == rules.FixedWindow {
+		return strings.Clone(op.Key)
+	}
+	return op.Key + stateSuffix
 }
 
 // decideSHAArg is decideSHA as a command argument, boxed once.

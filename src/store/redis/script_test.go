@@ -41,7 +41,7 @@ func (p *pure) apply(now time.Time, op limiter.Op) limiter.Result {
 func TestScriptLargeValues(t *testing.T) {
 	t.Parallel()
 	srv := storetest.StartRedis(t, storetest.RedisOptions{})
-	s := newStore(t, Config{URL: srv.Addr, ScriptClock: true})
+	s := newStore(t, Config{URL: srv.Addr, scriptClock: true})
 	rng := rand.New(rand.NewPCG(1, 2))
 	windows := []time.Duration{
 		time.Hour, 6 * time.Hour, 24 * time.Hour, 7 * 24 * time.Hour,

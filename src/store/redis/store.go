@@ -230,6 +230,7 @@ func (s *Store) probe(be *backend) {
 	for !be.hasAnswered() {
 		if s.ping(be) == nil {
 			s.identify(be)
+			s.loadScripts(be)
 			be.markUp()
 			break
 		}
@@ -275,6 +276,35 @@ func (s *Store) identify(be *backend) {
 	info, err := c.Info(ctx, "server").Result()
 	if err == nil && strings.Contains(info, "redis_version:") {
 		be.oneServer.Store(true)
+	}
+}
+
+// loadScripts loads every script into a Redis server or, on a Cluster,
+// into every master, before the backend is first marked up, so that the
+// first requests do not each meet NOSCRIPT (one more round trip) on a
+// script of their own. Behind a proxy the first EVALSHA of each script
+// falls back to EVAL instead (see retryNoScript). Best effort: a failure
+// leaves that fallback.
+func (s *Store) loadScripts(be *backend) {
+	ctx, cancel := context.WithTimeout(s.ctx, be.timeout)
+	defer cancel()
+	// One command per script (a handful, once): not a pipeline, which
+	// the round-trip counter would count as traffic.
+	load := func(ctx context.Context, c *goredis.Client) error {
+		for _, src := range scriptSources {
+			if err := c.ScriptLoad(ctx, src).Err(); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	switch c := be.client.(type) {
+	case *goredis.ClusterClient:
+		_ = c.ForEachMaster(ctx, load)
+	case *goredis.Client:
+		if be.oneServer.Load() {
+			_ = load(ctx, c)
+		}
 	}
 }
 
@@ -529,7 +559,7 @@ func (s *Store) undo(ctx context.Context, be *backend, r *request, b *limiter.Ba
 			op := &b.Ops[i]
 			o := 1 + int(p.pos)*resultsPerOp
 			ops = append(ops, i)
-			keys = append(keys, strings.Clone(op.Key))
+			keys = append(keys, stateKey(op))
 			args = appendOpArgs(args, op, 0)
 			args = append(args[:len(args)-1], // replace the TTL with the undo values
 				strconv.FormatInt(vals[o+5], 10), strconv.FormatInt(vals[o+6], 10))
@@ -585,7 +615,7 @@ func (s *Store) build(r *request, b *limiter.Batch, be *backend) {
 	for j, i := range r.idx {
 		// The limiter reuses the keys' memory after Do returns, and a
 		// request whose caller gave up may still be sent: copy.
-		r.vals[j] = opVals{key: strings.Clone(b.Ops[i].Key)}
+		r.vals[j] = opVals{key: stateKey(&b.Ops[i])}
 	}
 	r.plan = slices.Grow(r.plan[:0], len(r.idx))[:len(r.idx)]
 	if b.AllOrNothing {
@@ -625,11 +655,12 @@ func (s *Store) build(r *request, b *limiter.Batch, be *backend) {
 			r.ncmds += 2
 			r.work += 2
 		default:
-			r.plan[j] = opPlan{cmd: int32(len(r.cmds)), kind: kindScript}
-			v.set(op, 0)
-			a := r.argv(6 + argsPerOp)
-			a[0], a[1], a[2], a[3], a[4], a[5] = "evalsha", decideSHAArg, "1", &v.key, now, "0"
-			v.putArgs(a[6:], op.Algorithm)
+			// The lean script of the op's algorithm (see leanHead).
+			r.plan[j] = opPlan{cmd: int32(len(r.cmds)), kind: kindLean}
+			v.setLean(op)
+			a := r.argv(8)
+			a[0], a[1], a[2], a[3], a[4] = "evalsha", leanSHAArgs[algorithmIndex(op.Algorithm)], "1", &v.key, now
+			a[5], a[6], a[7] = &v.limit, &v.windowMicros, &v.hits
 			r.cmds = append(r.cmds, scriptCmd{goredis.NewIntSliceCmd(ctx, a...)})
 			r.ncmds++
 			r.work += scriptWork
@@ -661,7 +692,7 @@ func (s *Store) scripts(r *request, b *limiter.Batch, be *backend, from, to int,
 				continue
 			}
 			if cluster {
-				ks := keySlot(b.Ops[r.idx[j]].Key)
+				ks := keySlot(r.vals[j].key)
 				if slot == -1 {
 					slot = ks
 				} else if ks != slot {
@@ -691,7 +722,7 @@ func (s *Store) scripts(r *request, b *limiter.Batch, be *backend, from, to int,
 
 // scriptNow is the script's time argument: "" for Redis TIME.
 func (s *Store) scriptNow(b *limiter.Batch) any {
-	if s.cfg.ScriptClock {
+	if s.cfg.scriptClock {
 		return strconv.FormatInt(b.Now.UnixMicro(), 10)
 	}
 	return ""
@@ -730,6 +761,12 @@ func (s *Store) decode(be *backend, r *request, b *limiter.Batch) error {
 				return fmt.Errorf("%s: key %q: %w: not a counter: %w", be.name, op.Key, limiter.ErrData, err)
 			}
 			_, b.Results[i] = limiter.FixedWindow(limiter.FixedWindowState{Count: count}, b.Now, *op)
+		case kindLean:
+			res, err := leanResult(c.(scriptCmd))
+			if err != nil {
+				return fmt.Errorf("redis: key %q: %w", op.Key, err)
+			}
+			b.Results[i] = toResult(res, op, b.Now)
 		case kindScript:
 			res, err := scriptResult(c.(scriptCmd), int(p.pos))
 			if err != nil {
@@ -782,6 +819,18 @@ func scriptResult(c scriptCmd, pos int) (scriptReply, error) {
 		remaining:   vals[o+3],
 		resetMicros: vals[o+4],
 	}, nil
+}
+
+// leanResult reads a lean script's reply: one op's values, as decideLua's.
+func leanResult(c scriptCmd) (scriptReply, error) {
+	vals, err := c.Result()
+	if err != nil {
+		return scriptReply{}, fmt.Errorf("script reply: %w", err)
+	}
+	if len(vals) != 5 {
+		return scriptReply{}, fmt.Errorf("script reply has %d values, want 5", len(vals))
+	}
+	return scriptReply{allowed: vals[0] == 1, before: vals[1], after: vals[2], remaining: vals[3], resetMicros: vals[4]}, nil
 }
 
 // toResult turns a script reply into the op's Result. A fixed window's

@@ -44,7 +44,7 @@ func TestStore(t *testing.T) {
 	t.Run("script_clock", func(t *testing.T) {
 		t.Parallel()
 		storetest.Run(t, func(t *testing.T) limiter.Store {
-			return newStore(t, Config{URL: srv.Addr, ScriptClock: true})
+			return newStore(t, Config{URL: srv.Addr, scriptClock: true})
 		}, storetest.Options{})
 	})
 	t.Run("redis_time", func(t *testing.T) {
