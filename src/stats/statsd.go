@@ -154,7 +154,12 @@ func (s *Statsd) Run(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		case <-t.C:
-			fctx, cancel := context.WithTimeout(ctx, s.cfg.Interval)
+			// A flush may take the write timeout even when the interval
+			// is shorter: a process starved of CPU for longer than a
+			// 100 ms interval would otherwise drop every datagram of the
+			// flush to an expired deadline. The ticker drops the ticks a
+			// long flush covers.
+			fctx, cancel := context.WithTimeout(ctx, max(s.cfg.Interval, statsdWriteTimeout))
 			s.report(s.Flush(fctx))
 			cancel()
 		}

@@ -605,6 +605,28 @@ func TestStatsdRun(t *testing.T) {
 	<-done
 }
 
+// TestStatsdFlushOutlastsInterval: a flush longer than the interval (here
+// every flush, the interval being a microsecond; in production a process
+// starved of CPU past a 100 ms interval) still sends its datagrams: its
+// deadline is the write timeout, not the interval.
+func TestStatsdFlushOutlastsInterval(t *testing.T) {
+	u := newUDPSink(t)
+	r := NewRegistry()
+	r.Counter("a").Inc()
+	s := NewStatsd(r, StatsdConfig{Addr: u.addr(), Interval: time.Microsecond})
+	ctx, cancel := context.WithCancel(t.Context())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		s.Run(ctx)
+	}()
+	if got := u.lines(t, 1); !slices.Equal(got, []string{"a:1|c"}) {
+		t.Errorf("lines = %q, want [a:1|c]", got)
+	}
+	cancel()
+	<-done
+}
+
 // TestStatsdLogsFailuresRarely: a service with no statsd fails every
 // flush; it says so once, not at each flush.
 func TestStatsdLogsFailuresRarely(t *testing.T) {
