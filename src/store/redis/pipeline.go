@@ -249,8 +249,9 @@ const deepQueue = 64
 // and what a second pipeline saves (waiting on Redis) is worth its cost
 // (system calls and wake-ups on both sides) only when many requests wait.
 // Counted per command, three-descriptor requests opened a second pipeline
-// once 11 of them waited, and ran 0.8 times as fast as with one pipeline in
-// flight (BenchmarkStoreOpsPerRequest, tools/libtrial).
+// once 11 of them waited: 0.09 round trips per request where one pipeline
+// in flight makes 0.035, for 1.2-1.3 times the client's CPU per request
+// (BenchmarkStoreOpsPerRequest, tools/libtrial; docs/BENCHMARKS.md).
 const fixedRequestWork = 2
 
 // maxQueueWait bounds how long a request waits for the pipelines in flight
