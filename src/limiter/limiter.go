@@ -117,7 +117,12 @@ type request struct {
 	// lims[j] is the limit of batch.Ops[j]: the descriptor's, or one of
 	// its list.
 	lims []*rules.Limit
+	// key holds the keys of batch.Ops one after the other, ends[j] being
+	// where op j's ends: Check makes them one string, so that a request
+	// of several descriptors costs one allocation for its keys, not one a
+	// descriptor.
 	key  []byte
+	ends []int
 }
 
 // New returns a Limiter that keeps its counts in store.
@@ -168,6 +173,7 @@ func (l *Limiter) Check(ctx context.Context, domain string, now time.Time, ds []
 	b := &r.batch
 	b.Now = now
 	b.AllOrNothing = l.cfg.StopIncrementWhenOverLimit
+	r.key = r.key[:0]
 	cachedOver := false
 	for i := range ds {
 		out[i] = Status{}
@@ -202,6 +208,13 @@ func (l *Limiter) Check(ctx context.Context, domain string, now time.Time, ds []
 		}
 	}
 	if len(b.Ops) > 0 {
+		// One string for every key (see request.key): a store that keeps
+		// a key keeps a copy, or the others' few bytes with it.
+		keys, start := string(r.key), 0
+		for j, end := range r.ends {
+			b.Ops[j].Key = keys[start:end]
+			start = end
+		}
 		b.Results = append(b.Results[:0], make([]Result, len(b.Ops))...)
 		if err := l.store.Do(ctx, b); err != nil {
 			// r is not recycled: a store that gave up on ctx may still
@@ -227,7 +240,7 @@ func (l *Limiter) Check(ctx context.Context, domain string, now time.Time, ds []
 	}
 	clear(b.Ops) // drop the keys
 	clear(r.lims)
-	b.Ops, b.Results, r.idx, r.lims = b.Ops[:0], b.Results[:0], r.idx[:0], r.lims[:0]
+	b.Ops, b.Results, r.idx, r.lims, r.ends = b.Ops[:0], b.Results[:0], r.idx[:0], r.lims[:0], r.ends[:0]
 	l.pool.Put(r)
 	return nil
 }
@@ -236,10 +249,11 @@ func (l *Limiter) Check(ctx context.Context, domain string, now time.Time, ds []
 // or, when the near cache knows its key is over the limit, writes that
 // status to st and reports true. group is the op's Op.Group.
 func (l *Limiter) addOp(r *request, domain string, now time.Time, d *Descriptor, i int, lim *rules.Limit, group uint32, st *Status) (cachedOver bool) {
+	start := len(r.key)
 	if l.cfg.KeyFormat == EscapedKeys {
-		r.key = EscapedCacheKey(r.key[:0], l.cfg.Prefix, domain, d.Entries, lim, now)
+		r.key = EscapedCacheKey(r.key, l.cfg.Prefix, domain, d.Entries, lim, now)
 	} else {
-		r.key = CacheKey(r.key[:0], l.cfg.Prefix, domain, d.Entries, lim, now)
+		r.key = CacheKey(r.key, l.cfg.Prefix, domain, d.Entries, lim, now)
 	}
 	op := Op{
 		Algorithm: lim.Algorithm,
@@ -253,13 +267,15 @@ func (l *Limiter) addOp(r *request, domain string, now time.Time, d *Descriptor,
 	if l.cfg.NearCache != nil {
 		// The key is looked up from the buffer: no string is made
 		// for a descriptor answered from the cache.
-		if until, over := l.cfg.NearCache.Over(unsafeString(r.key), op.Capacity(), now); over {
+		if until, over := l.cfg.NearCache.Over(unsafeString(r.key[start:]), op.Capacity(), now); over {
 			*st = cachedOverLimit(op.Hits, until.Sub(now))
 			st.Limit = lim
+			r.key = r.key[:start]
 			return true
 		}
 	}
-	op.Key = string(r.key)
+	// op.Key is set by Check, once every key is in r.key.
+	r.ends = append(r.ends, len(r.key))
 	r.batch.Ops = append(r.batch.Ops, op)
 	r.idx = append(r.idx, i)
 	r.lims = append(r.lims, lim)

@@ -113,6 +113,15 @@ type oneStatusResponse struct {
 	slot [1]statusSlot
 }
 
+// threeStatusResponse is a response with room for up to three statuses,
+// in a single allocation: Envoy's usual chain sends three descriptors
+// (remote address, path, user).
+type threeStatusResponse struct {
+	resp rlsv3.RateLimitResponse
+	ptrs [3]*rlsv3.RateLimitResponse_DescriptorStatus
+	slot [3]statusSlot
+}
+
 // newResponse returns an OK response whose Statuses point into the
 // returned slots, one per descriptor.
 func newResponse(n int) (*rlsv3.RateLimitResponse, []statusSlot) {
@@ -120,11 +129,16 @@ func newResponse(n int) (*rlsv3.RateLimitResponse, []statusSlot) {
 		resp  *rlsv3.RateLimitResponse
 		slots []statusSlot
 	)
-	if n == 1 {
+	switch {
+	case n == 1:
 		one := &oneStatusResponse{}
 		resp, slots = &one.resp, one.slot[:]
 		resp.Statuses = one.ptrs[:]
-	} else {
+	case n == 2 || n == 3:
+		three := &threeStatusResponse{}
+		resp, slots = &three.resp, three.slot[:n]
+		resp.Statuses = three.ptrs[:n]
+	default:
 		resp, slots = &rlsv3.RateLimitResponse{}, make([]statusSlot, n)
 		resp.Statuses = make([]*rlsv3.RateLimitResponse_DescriptorStatus, n)
 	}

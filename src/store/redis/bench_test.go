@@ -104,7 +104,23 @@ func BenchmarkStoreQueueDepth(b *testing.B) {
 				s.main.mu.Lock()
 				s.main.deep = deep
 				s.main.mu.Unlock()
-				benchOps(b, srv, s, alg)
+				benchOps(b, srv, s, alg, 1)
+			})
+		}
+	}
+}
+
+// BenchmarkStoreOpsPerRequest runs requests of one and of three ops (Envoy's
+// usual remote_address / path / user chain), fixed windows and token
+// buckets, on the default pool: a request of three fixed windows must not
+// open more pipelines per request than one of one (req/roundtrip), since
+// the load is client-bound (see request.deepWork).
+func BenchmarkStoreOpsPerRequest(b *testing.B) {
+	srv := storetest.StartRedis(b, storetest.RedisOptions{})
+	for _, alg := range []rules.Algorithm{rules.FixedWindow, rules.TokenBucket} {
+		for _, nops := range []int{1, 3} {
+			b.Run(alg.String()+"/ops="+strconv.Itoa(nops), func(b *testing.B) {
+				benchOps(b, srv, newStore(b, Config{URL: srv.Addr}), alg, nops)
 			})
 		}
 	}
@@ -113,12 +129,12 @@ func BenchmarkStoreQueueDepth(b *testing.B) {
 // benchFixedWindow runs benchOps with fixed windows.
 func benchFixedWindow(b *testing.B, srv *storetest.RedisServer, s *Store) {
 	b.Helper()
-	benchOps(b, srv, s, rules.FixedWindow)
+	benchOps(b, srv, s, rules.FixedWindow, 1)
 }
 
-// benchOps runs one-op requests of alg from 64 concurrent clients over
-// 10,000 keys on s.
-func benchOps(b *testing.B, srv *storetest.RedisServer, s *Store, alg rules.Algorithm) {
+// benchOps runs requests of nops ops of alg (on nops different keys) from
+// 64 concurrent clients over 10,000 keys on s.
+func benchOps(b *testing.B, srv *storetest.RedisServer, s *Store, alg rules.Algorithm, nops int) {
 	b.Helper()
 	const keys = 10_000
 	names := make([]string, keys)
@@ -131,10 +147,12 @@ func benchOps(b *testing.B, srv *storetest.RedisServer, s *Store, alg rules.Algo
 	b.SetParallelism(64 / max(1, testingProcs()))
 	b.ResetTimer()
 	b.RunParallel(func(pb *testing.PB) {
-		batch := &limiter.Batch{Ops: make([]limiter.Op, 1), Results: make([]limiter.Result, 1)}
+		batch := &limiter.Batch{Ops: make([]limiter.Op, nops), Results: make([]limiter.Result, nops)}
 		for pb.Next() {
 			batch.Now = time.Now()
-			batch.Ops[0] = limiter.Op{Key: names[next.Add(1)%keys], Algorithm: alg, Limit: 1 << 40, Window: 24 * time.Hour, Hits: 1}
+			for k := range batch.Ops {
+				batch.Ops[k] = limiter.Op{Key: names[next.Add(1)%keys], Algorithm: alg, Limit: 1 << 40, Window: 24 * time.Hour, Hits: 1}
+			}
 			if err := s.Do(context.Background(), batch); err != nil {
 				b.Error(err)
 				return
@@ -144,6 +162,9 @@ func benchOps(b *testing.B, srv *storetest.RedisServer, s *Store, alg rules.Algo
 	b.StopTimer()
 	cpu.Report(b)
 	reportDepth(b, s)
+	if rt, _ := s.Counters(); rt > 0 {
+		b.ReportMetric(float64(b.N)/float64(rt), "req/roundtrip")
+	}
 }
 
 // reportDepth reports the mean pipeline depth, ops per round trip.

@@ -48,7 +48,8 @@ type request struct {
 	plan  []opPlan
 	idx   []int // the batch's op indexes this request carries, in order
 	ncmds int   // Redis commands in cmds, for PipelineLimit
-	work  int   // ncmds, with scriptWork per op of a script call, for deepQueue
+	work  int   // ncmds, with scriptWork per op of a script call
+	load  int   // what r counts for deepQueue: see deepWork
 	err   error
 	done  chan struct{}
 	at    time.Time // when queued
@@ -147,7 +148,7 @@ func putRequest(r *request) {
 	clear(r.args)
 	clear(r.vals)
 	r.cmds, r.plan, r.idx, r.args, r.vals = r.cmds[:0], r.plan[:0], r.idx[:0], r.args[:0], r.vals[:0]
-	r.ctx, r.err, r.ncmds, r.work = nil, nil, 0, 0
+	r.ctx, r.err, r.ncmds, r.work, r.load = nil, nil, 0, 0, 0
 	r.traced, r.sentAt, r.pipeRequests, r.pipeCommands = false, time.Time{}, 0, 0
 	requestPool.Put(r)
 }
@@ -212,7 +213,7 @@ type backend struct {
 	mu         sync.Mutex
 	queue      []*request  // oldest first
 	queued     int         // Redis commands in queue
-	queuedWork int         // their work (request.work)
+	queuedWork int         // their work (request.load)
 	idle       []*worker   // workers waiting on their wake channel
 	busy       int         // workers not idle
 	starting   int         // workers woken that have not taken from the queue yet
@@ -233,12 +234,25 @@ type backend struct {
 	up           atomic.Bool
 }
 
-// deepQueue is the work queued (request.work, in commands) that justifies
-// one more pipeline in flight: 32 fixed-window ops, or 16 ops of the Lua
+// deepQueue is the work queued (request.load) that justifies one more
+// pipeline in flight: 32 requests of fixed windows, or 16 ops of the Lua
 // algorithms. Chosen with BenchmarkStoreQueueDepth (docs/BENCHMARKS.md):
 // below it, more pipelines cost client and Redis CPU for nothing; far above
 // it, a Redis-bound load (scripts) leaves Redis idle between round trips.
 const deepQueue = 64
+
+// fixedRequestWork is the most a request's fixed-window commands count for
+// deepQueue together, whatever their number: one op's INCRBY and EXPIRE.
+// Those commands cost Redis about a microsecond each, far less than what
+// the client spends per request (waking its caller, building and parsing),
+// so a load of fixed windows is client-bound whatever its ops per request,
+// and what a second pipeline saves (waiting on Redis) is worth its cost
+// (system calls and wake-ups on both sides) only when many requests wait.
+// Counted per command, three-descriptor requests opened a second pipeline
+// once 11 of them waited: 0.09 round trips per request where one pipeline
+// in flight makes 0.035, for 1.2-1.3 times the client's CPU per request
+// (BenchmarkStoreOpsPerRequest, tools/libtrial; docs/BENCHMARKS.md).
+const fixedRequestWork = 2
 
 // maxQueueWait bounds how long a request waits for the pipelines in flight
 // before another connection takes it, however shallow the queue: about
@@ -304,9 +318,10 @@ func (be *backend) enqueue(r *request) bool {
 	if len(be.queue) >= be.maxQueue {
 		return false
 	}
+	r.load = r.deepWork()
 	be.queue = append(be.queue, r)
 	be.queued += r.ncmds
-	be.queuedWork += r.work
+	be.queuedWork += r.load
 	be.dispatchLocked()
 	return true
 }
@@ -325,8 +340,21 @@ func (be *backend) dequeue(r *request) bool {
 	}
 	be.queue = slices.Delete(be.queue, i, i+1)
 	be.queued -= r.ncmds
-	be.queuedWork -= r.work
+	be.queuedWork -= r.load
 	return true
+}
+
+// deepWork is what r counts for deepQueue: the work of its script calls
+// (scriptWork per op), and its other commands (fixed windows: INCRBY and
+// EXPIRE, or GET), one each, but at most fixedRequestWork together.
+func (r *request) deepWork() int {
+	fixed := 0
+	for _, c := range r.cmds {
+		if _, ok := c.(scriptCmd); !ok {
+			fixed++
+		}
+	}
+	return r.work - fixed + min(fixed, fixedRequestWork)
 }
 
 // dispatchLocked wakes an idle worker when the queue needs one: when no
@@ -469,7 +497,7 @@ func (be *backend) take(ctx context.Context, w *worker, woken bool) []*request {
 	k, n, work := 0, 0, 0
 	for k < len(be.queue) && (k == 0 || n+be.queue[k].ncmds <= be.limit) {
 		n += be.queue[k].ncmds
-		work += be.queue[k].work
+		work += be.queue[k].load
 		k++
 	}
 	w.batch = append(w.batch[:0], be.queue[:k]...)
