@@ -8,8 +8,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/bradfitz/gomemcache/memcache"
-
 	"github.com/ratelimitd/ratelimit/src/limiter"
 	"github.com/ratelimitd/ratelimit/src/rules"
 	"github.com/ratelimitd/ratelimit/src/store/breaker"
@@ -65,7 +63,7 @@ func TestBreakerOneOfTwoServers(t *testing.T) {
 			keyOn := func(addr string, alg rules.Algorithm) string {
 				for i := range 1000 {
 					key := fmt.Sprintf("k%d_%s", i, alg)
-					if a, err := s.servers.PickServer(key); err == nil && a.String() == addr {
+					if a, err := s.client.addrOf(key); err == nil && a == addr {
 						return key
 					}
 				}
@@ -153,7 +151,7 @@ func TestBreakerIgnoresDataErrors(t *testing.T) {
 	s := newStore(t, Config{Addrs: []string{srv.Addr}, Breaker: breaker.Config{Failures: 2, ProbeInterval: breakerProbe}})
 	now := time.Now()
 	key := fmt.Sprintf("poisoned_%d", now.Unix()/3600*3600)
-	if err := s.client.Set(&memcache.Item{Key: key, Value: []byte("abc"), Expiration: 60}); err != nil {
+	if err := s.client.add(t.Context(), key, []byte("abc"), 60); err != nil {
 		t.Fatal(err)
 	}
 	// As if this instance had written the key in this window: each

@@ -208,6 +208,17 @@ func (c *client) addrOf(key string) (string, error) {
 	return s.addr, nil
 }
 
+// addrs returns the servers' addresses, in list order.
+func (c *client) addrs() []string {
+	c.mu.RLock()
+	defer c.mu.RUnlock()
+	out := make([]string, len(c.servers))
+	for i, s := range c.servers {
+		out[i] = s.addr
+	}
+	return out
+}
+
 // incr adds delta to key's counter and returns the new value (errCacheMiss
 // when key is missing). memcached wraps at 2^64.
 func (c *client) incr(ctx context.Context, key string, delta uint64) (uint64, error) {
@@ -299,7 +310,10 @@ func (c *client) pingAddr(ctx context.Context, addr string) error {
 func (c *client) pingServer(ctx context.Context, s *server) error {
 	var first error
 	for _, pc := range s.conns {
-		r, err := c.send(ctx, s, pc, request{verb: verbVersion})
+		r, err := c.enqueue(ctx, s, pc, request{verb: verbVersion}, false)
+		if err == nil {
+			r, err = c.wait(ctx, r)
+		}
 		if err == nil {
 			putRequest(r)
 		} else if first == nil {
@@ -313,18 +327,33 @@ func (c *client) pingServer(ctx context.Context, s *server) error {
 // until ctx ends. A request whose ctx ends first returns ctx's error; its
 // answer, when it comes, is read and dropped.
 func (c *client) do(ctx context.Context, key string, q request) (*request, error) {
-	if !legalKey(key) || len(key) > maxKeyLen || key == "" {
-		return nil, errMalformedKey
-	}
-	s, err := c.pick(key)
+	r, _, err := c.start(ctx, key, q, false)
 	if err != nil {
 		return nil, err
 	}
-	return c.send(ctx, s, s.choose(), q)
+	return c.wait(ctx, r)
 }
 
-// send queues q on pc (of server s) and waits for its answer.
-func (c *client) send(ctx context.Context, s *server, pc *pconn, q request) (*request, error) {
+// start queues q for key's server on its least busy connection, which it
+// returns. With hold, q is written by the next flush of that connection
+// (or by a write under way on it), so that the caller can queue several
+// requests and write them at once; otherwise start writes it unless a
+// write is under way. wait then waits for its answer.
+func (c *client) start(ctx context.Context, key string, q request, hold bool) (*request, *pconn, error) {
+	if !legalKey(key) || len(key) > maxKeyLen || key == "" {
+		return nil, nil, errMalformedKey
+	}
+	s, err := c.pick(key)
+	if err != nil {
+		return nil, nil, err
+	}
+	pc := s.choose()
+	r, err := c.enqueue(ctx, s, pc, q, hold)
+	return r, pc, err
+}
+
+// enqueue queues q on pc (of server s), within the server's bound.
+func (c *client) enqueue(ctx context.Context, s *server, pc *pconn, q request, hold bool) (*request, error) {
 	if s.queued.Add(1) > int64(c.cfg.MaxQueue) {
 		s.queued.Add(-1)
 		c.shed.Add(1)
@@ -334,11 +363,18 @@ func (c *client) send(ctx context.Context, s *server, pc *pconn, q request) (*re
 	done := r.done
 	*r = q
 	r.done = done
-	if err := pc.submit(ctx, r); err != nil {
+	if err := pc.submit(ctx, r, hold); err != nil {
 		s.queued.Add(-1)
 		putRequest(r)
 		return nil, err
 	}
+	return r, nil
+}
+
+// wait waits for the answer to r, started by start, at most until ctx
+// ends. It returns r answered, or the error memcached answered (r then
+// recycled), or ctx's error (r then left to its connection).
+func (c *client) wait(ctx context.Context, r *request) (*request, error) {
 	select {
 	case <-r.done:
 	case <-ctx.Done():
@@ -388,6 +424,11 @@ func (c *client) closeServers(servers []*server) {
 // requests under way get their answers (waiting at most Timeout), then
 // every connection is closed. It returns when they are.
 func (c *client) close() error {
+	return c.closeBy(time.Now().Add(c.cfg.Timeout))
+}
+
+// closeBy is close waiting for the answers at most until deadline.
+func (c *client) closeBy(deadline time.Time) error {
 	c.mu.Lock()
 	if c.closed {
 		c.mu.Unlock()
@@ -396,7 +437,6 @@ func (c *client) close() error {
 	c.closed = true
 	servers := c.servers
 	c.mu.Unlock()
-	deadline := time.Now().Add(c.cfg.Timeout)
 	for _, s := range servers {
 		for _, pc := range s.conns {
 			pc.drainAndClose(deadline)
@@ -405,6 +445,6 @@ func (c *client) close() error {
 	return nil
 }
 
-// Shed returns the requests that failed because their server's queue was
-// full.
+// shedCount returns the requests that failed because their server's
+// queue was full.
 func (c *client) shedCount() uint64 { return c.shed.Load() }

@@ -9,8 +9,6 @@ import (
 	"slices"
 	"time"
 
-	"github.com/bradfitz/gomemcache/memcache"
-
 	"github.com/ratelimitd/ratelimit/src/limiter"
 	"github.com/ratelimitd/ratelimit/src/rules"
 )
@@ -99,7 +97,7 @@ func (s *Store) applyList(ctx context.Context, key string, ops []limiter.Op, now
 	if mode == listAll {
 		marks = make([]undo, len(ops))
 	}
-	wrote, err := s.update(ctx, key, now, forRequest, func(it *memcache.Item) ([]byte, int64, error) {
+	wrote, err := s.update(ctx, key, now, forRequest, func(it *cacheItem) ([]byte, int64, error) {
 		var data []byte
 		if it != nil {
 			data = it.Value
@@ -116,7 +114,7 @@ func (s *Store) applyList(ctx context.Context, key string, ops []limiter.Op, now
 // undoList takes back the hits u.list recorded in a list's item: each op's
 // by its inverse (see takeBack), in one update.
 func (s *Store) undoList(ctx context.Context, u *undo) error {
-	_, err := s.update(ctx, u.key, u.now, takingBack, func(it *memcache.Item) ([]byte, int64, error) {
+	_, err := s.update(ctx, u.key, u.now, takingBack, func(it *cacheItem) ([]byte, int64, error) {
 		if it == nil { // expired or evicted: nothing to take back
 			return nil, 0, nil
 		}

@@ -25,6 +25,9 @@ const (
 	verbCAS
 	verbGets
 	verbVersion
+	// verbAddNum is add with the decimal num as its data: a new counter,
+	// without a value slice to allocate.
+	verbAddNum
 )
 
 // request is one command and, once answered, its answer. It belongs to the
@@ -85,6 +88,18 @@ func (r *request) appendTo(b []byte) []byte {
 		b = append(b, "\r\n"...)
 		b = append(b, r.value...)
 		return append(b, "\r\n"...)
+	case verbAddNum:
+		var digits [20]byte
+		d := strconv.AppendUint(digits[:0], r.num, 10)
+		b = append(b, "add "...)
+		b = append(b, r.key...)
+		b = append(b, " 0 "...)
+		b = strconv.AppendInt(b, int64(r.exp), 10)
+		b = append(b, ' ')
+		b = strconv.AppendInt(b, int64(len(d)), 10)
+		b = append(b, "\r\n"...)
+		b = append(b, d...)
+		return append(b, "\r\n"...)
 	case verbGets:
 		b = append(b, "gets "...)
 		b = append(b, r.key...)
@@ -95,12 +110,12 @@ func (r *request) appendTo(b []byte) []byte {
 }
 
 // Reconnection backoff: a connection that fails before any answer (a
-// dial refused, a server frozen) waits from backoffMin, doubling up to
-// backoffMax, before the next dial; requests meanwhile fail at once with
+// dial refused, a server frozen) waits from redialMin, doubling up to
+// redialMax, before the next dial; requests meanwhile fail at once with
 // the last error, so that an outage costs no waiting.
 const (
-	backoffMin = 20 * time.Millisecond
-	backoffMax = time.Second
+	redialMin = 20 * time.Millisecond
+	redialMax = time.Second
 )
 
 // readBufferSize is the reader's buffer: many answers per read syscall.
@@ -110,10 +125,17 @@ const readBufferSize = 16 << 10
 const maxSpare = 64 << 10
 
 // pconn is one pipelined connection to a server, redialed when it breaks.
-// Requests queue in order; the submitter that finds no write under way
-// writes everything queued in one write (and again for what queued
-// meanwhile), and the connection's reader goroutine matches answers to the
-// queue's head.
+// Requests queue in order, and the connection's reader goroutine matches
+// answers to the queue's head.
+//
+// Flush when idle: a connection has at most one batch of requests written
+// and not yet all answered. A request that finds the connection idle is
+// written at once, adding no latency; one that finds a batch in flight
+// waits for its last answer, and the reader then writes everything queued
+// meanwhile in one write. Batches so grow with the load, with no timer,
+// and each costs one write and about one read on both sides, the main
+// cost of a shallow pipeline (the Redis store schedules its pipelines so
+// too).
 type pconn struct {
 	c *client
 	s *server
@@ -136,8 +158,10 @@ type pconn struct {
 	// rdl is the read deadline set: the oldest written request's sent
 	// plus Timeout, zero when none waits.
 	rdl time.Time
-	// answered is set by the first answer on the current connection.
+	// answered is set by the first answer on the current connection;
+	// dialed is when its dial started.
 	answered bool
+	dialed   time.Time
 	// dialing is closed when the dial under way ends.
 	dialing chan struct{}
 	// retryAt is when the next dial may start; lastErr fails requests
@@ -153,8 +177,9 @@ type pconn struct {
 func newPconn(c *client, s *server) *pconn { return &pconn{c: c, s: s} }
 
 // submit queues r, dialing first when the connection is down, and writes
-// it unless a write is under way (whose writer then writes it).
-func (pc *pconn) submit(ctx context.Context, r *request) error {
+// it unless a write is under way (whose writer then writes it) or hold is
+// set (flush will).
+func (pc *pconn) submit(ctx context.Context, r *request, hold bool) error {
 	pc.mu.Lock()
 	defer pc.mu.Unlock()
 	if err := pc.readyLocked(ctx); err != nil {
@@ -164,27 +189,49 @@ func (pc *pconn) submit(ctx context.Context, r *request) error {
 	pc.queue.push(r)
 	pc.unsent++
 	pc.pending.Add(1)
-	if pc.writing {
-		return nil
+	if !hold {
+		pc.flushIdleLocked()
+	}
+	return nil
+}
+
+// flush writes what is queued if the connection is idle (see pconn).
+func (pc *pconn) flush() {
+	pc.mu.Lock()
+	defer pc.mu.Unlock()
+	pc.flushIdleLocked()
+}
+
+// flushIdleLocked writes what is queued when nothing written awaits its
+// answer and no write is under way; otherwise the reader will, after the
+// last answer.
+func (pc *pconn) flushIdleLocked() {
+	if pc.writing || pc.unsent == 0 || pc.queue.len() > pc.unsent {
+		return
 	}
 	pc.writing = true
 	pc.flushLocked()
 	pc.writing = false
-	return nil
 }
 
-// flushLocked writes the queued bytes, with mu released during each
-// write, until none are left or the connection breaks.
+// flushLocked writes the queued bytes, with mu released during the write,
+// and again on a connection dialed meanwhile if the write broke the old one.
 func (pc *pconn) flushLocked() {
 	timeout := pc.c.cfg.Timeout
-	for pc.unsent > 0 && pc.nc != nil {
+	for pc.unsent > 0 && pc.nc != nil && pc.queue.len() == pc.unsent {
 		buf, n := pc.wbuf, pc.unsent
 		pc.wbuf, pc.unsent = pc.spare[:0], 0
 		pc.spare = nil
 		now := time.Now()
-		pc.queue.stampLast(n, now)
+		sent := now
+		if !pc.answered {
+			// Until the first answer, the dial counts in the
+			// requests' Timeout, as in one round trip.
+			sent = pc.dialed
+		}
+		pc.queue.stampLast(n, sent)
 		if pc.queue.len() == n { // nothing older awaits its answer
-			pc.setReadDeadlineLocked(now.Add(timeout))
+			pc.setReadDeadlineLocked(sent.Add(timeout))
 		}
 		nc, gen := pc.nc, pc.gen
 		pc.mu.Unlock()
@@ -244,6 +291,7 @@ func (pc *pconn) readyLocked(ctx context.Context) error {
 		}
 		ch := make(chan struct{})
 		pc.dialing = ch
+		dialed := time.Now()
 		pc.mu.Unlock()
 		// The dial is bounded by Timeout, not by the request's ctx:
 		// the connection serves other requests too.
@@ -262,7 +310,7 @@ func (pc *pconn) readyLocked(ctx context.Context) error {
 			_ = nc.Close()
 			return errClientClosed
 		}
-		pc.nc, pc.answered, pc.rdl = nc, false, time.Time{}
+		pc.nc, pc.answered, pc.dialed, pc.rdl = nc, false, dialed, time.Time{}
 		pc.gen++
 		pc.readerDone = make(chan struct{})
 		go pc.read(nc, pc.gen, pc.readerDone)
@@ -272,7 +320,7 @@ func (pc *pconn) readyLocked(ctx context.Context) error {
 
 // backOffLocked schedules the next dial after a failure.
 func (pc *pconn) backOffLocked() {
-	pc.backoff = min(max(2*pc.backoff, backoffMin), backoffMax)
+	pc.backoff = min(max(2*pc.backoff, redialMin), redialMax)
 	pc.retryAt = time.Now().Add(pc.backoff)
 }
 
@@ -366,6 +414,7 @@ func (pc *pconn) read(nc net.Conn, gen uint64, done chan struct{}) {
 		}
 		r.num, r.value = a.num, a.value
 		pc.complete(r, a.err)
+		pc.flushIdleLocked()
 		pc.mu.Unlock()
 	}
 }
@@ -390,8 +439,7 @@ func readError(err error, timeout time.Duration) error {
 
 // drainAndClose refuses new requests on pc, waits until the requests
 // under way are answered or deadline passes, then closes the connection
-// (failing what is left) and waits for its reader, at most until deadline
-// plus a little.
+// (failing what is left) and waits a little for its reader to return.
 func (pc *pconn) drainAndClose(deadline time.Time) {
 	pc.mu.Lock()
 	pc.closed = true
@@ -404,7 +452,7 @@ func (pc *pconn) drainAndClose(deadline time.Time) {
 	done := pc.readerDone
 	pc.mu.Unlock()
 	if done != nil {
-		t := time.NewTimer(time.Until(deadline) + 100*time.Millisecond)
+		t := time.NewTimer(50 * time.Millisecond)
 		defer t.Stop()
 		select {
 		case <-done:
@@ -454,7 +502,7 @@ func parseAnswer(v verb, line []byte, br *bufio.Reader) (a answer, desync error)
 	}
 	if bytes.HasPrefix(line, ansClient) {
 		a.err = &clientError{msg: string(trimEOL(line[len(ansClient):]))}
-		if v == verbAdd || v == verbCAS {
+		if v == verbAdd || v == verbAddNum || v == verbCAS {
 			// memcached may have read the data block as a command and
 			// answer it too: close the connection to be sure.
 			return a, fmt.Errorf("%w (the connection may be out of step)", a.err)
@@ -473,7 +521,7 @@ func parseAnswer(v verb, line []byte, br *bufio.Reader) (a answer, desync error)
 		}
 		a.num = n
 		return a, nil
-	case verbAdd, verbCAS:
+	case verbAdd, verbAddNum, verbCAS:
 		switch {
 		case bytes.Equal(line, ansStored):
 		case bytes.Equal(line, ansNotStored):
@@ -543,7 +591,7 @@ func (v verb) String() string {
 		return "incr"
 	case verbDecr:
 		return "decr"
-	case verbAdd:
+	case verbAdd, verbAddNum:
 		return "add"
 	case verbCAS:
 		return "cas"
