@@ -27,7 +27,7 @@ import (
 // holds n limits: id is the limit's part of its key (SplitListKey: the
 // multiplier, the unit, and the algorithm when it is not a fixed window),
 // idle when its state is the zero state again (Unix µs), and state the
-// limiter's encoding of a continuous algorithm's state (encoding.go) or,
+// encoding of a continuous algorithm's state (encoding.go) or,
 // for a fixed window,
 //
 //	'f' varint(start) uvarint(count) varint(previous start) uvarint(previous count)
@@ -353,7 +353,7 @@ func appendFixed(dst []byte, f fixedState) []byte {
 func parseFixed(data []byte) (fixedState, error) {
 	var f fixedState
 	if len(data) == 0 || data[0] != tagFixed {
-		return f, fmt.Errorf("%w: not a fixed window", limiter.ErrCorruptState)
+		return f, fmt.Errorf("%w: not a fixed window", errCorruptState)
 	}
 	d := data[1:]
 	ok := true
@@ -371,7 +371,7 @@ func parseFixed(data []byte) (fixedState, error) {
 	}
 	f.start, f.count, f.prevStart, f.prevCount = varint(), uvarint(), varint(), uvarint()
 	if !ok || len(d) > 0 || f.prevStart >= f.start && f.prevCount > 0 {
-		return fixedState{}, fmt.Errorf("%w: fixed window: bad encoding", limiter.ErrCorruptState)
+		return fixedState{}, fmt.Errorf("%w: fixed window: bad encoding", errCorruptState)
 	}
 	return f, nil
 }
@@ -391,7 +391,7 @@ func findSlot(slots []listSlot, id string) int {
 // encodeList writes, within its bounds.
 func parseList(data []byte, slots []listSlot) ([]listSlot, error) {
 	corrupt := func(what string) ([]listSlot, error) {
-		return nil, fmt.Errorf("%w: list of limits: %s", limiter.ErrCorruptState, what)
+		return nil, fmt.Errorf("%w: list of limits: %s", errCorruptState, what)
 	}
 	switch {
 	case len(data) < 2 || data[0] != listTag:

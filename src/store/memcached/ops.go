@@ -432,7 +432,7 @@ func step(dst []byte, op *limiter.Op, now time.Time, data []byte, found bool, r 
 	case rules.SlidingWindow:
 		var st limiter.SlidingWindowState
 		if found {
-			if st, err = limiter.ParseSlidingWindowState(data); err != nil {
+			if st, err = parseSlidingWindowState(data); err != nil {
 				return nil, 0, undo{}, err
 			}
 		}
@@ -440,11 +440,11 @@ func step(dst []byte, op *limiter.Op, now time.Time, data []byte, found bool, r 
 		if !records(op, r) {
 			return nil, 0, undo{}, nil
 		}
-		return limiter.AppendSlidingWindowState(dst, st), st.IdleAt(op.Window), undo{a: st.Start}, nil
+		return appendSlidingWindowState(dst, st), st.IdleAt(op.Window), undo{a: st.Start}, nil
 	case rules.SlidingLog:
 		var st limiter.SlidingLogState
 		if found {
-			if st, err = limiter.ParseSlidingLogState(data); err != nil {
+			if st, err = parseSlidingLogState(data); err != nil {
 				return nil, 0, undo{}, err
 			}
 		}
@@ -453,11 +453,11 @@ func step(dst []byte, op *limiter.Op, now time.Time, data []byte, found bool, r 
 			return nil, 0, undo{}, nil
 		}
 		t, _ := st.Newest() // the time SlidingLog logged the hits at
-		return limiter.AppendSlidingLogState(dst, st), st.IdleAt(op.Window), undo{a: t}, nil
+		return appendSlidingLogState(dst, st), st.IdleAt(op.Window), undo{a: t}, nil
 	default: // token bucket
 		var st limiter.TokenBucketState
 		if found {
-			if st, err = limiter.ParseTokenBucketState(data); err != nil {
+			if st, err = parseTokenBucketState(data); err != nil {
 				return nil, 0, undo{}, err
 			}
 		}
@@ -466,7 +466,7 @@ func step(dst []byte, op *limiter.Op, now time.Time, data []byte, found bool, r 
 		if !records(op, r) {
 			return nil, 0, undo{}, nil
 		}
-		return limiter.AppendTokenBucketState(dst, st), st.IdleAt(), undo{a: before, b: st.TAT}, nil
+		return appendTokenBucketState(dst, st), st.IdleAt(), undo{a: before, b: st.TAT}, nil
 	}
 }
 
@@ -516,7 +516,7 @@ func takeBack(dst []byte, u *undo, data []byte) (value []byte, idle int64, err e
 	op := u.op
 	switch op.Algorithm {
 	case rules.SlidingWindow:
-		st, err := limiter.ParseSlidingWindowState(data)
+		st, err := parseSlidingWindowState(data)
 		if err != nil {
 			return nil, 0, err
 		}
@@ -530,18 +530,18 @@ func takeBack(dst []byte, u *undo, data []byte) (value []byte, idle int64, err e
 		default:
 			return nil, 0, nil
 		}
-		return limiter.AppendSlidingWindowState(dst, st), st.IdleAt(op.Window), nil
+		return appendSlidingWindowState(dst, st), st.IdleAt(op.Window), nil
 	case rules.SlidingLog:
-		st, err := limiter.ParseSlidingLogState(data)
+		st, err := parseSlidingLogState(data)
 		if err != nil {
 			return nil, 0, err
 		}
 		if st.ForgetAt(u.a, int(min(op.Hits, math.MaxInt32))) == 0 {
 			return nil, 0, nil
 		}
-		return limiter.AppendSlidingLogState(dst, st), st.IdleAt(op.Window), nil
+		return appendSlidingLogState(dst, st), st.IdleAt(op.Window), nil
 	default: // token bucket
-		st, err := limiter.ParseTokenBucketState(data)
+		st, err := parseTokenBucketState(data)
 		if err != nil {
 			return nil, 0, err
 		}
@@ -563,7 +563,7 @@ func takeBack(dst []byte, u *undo, data []byte) (value []byte, idle int64, err e
 				st.TAT -= int64(lo)
 			}
 		}
-		return limiter.AppendTokenBucketState(dst, st), st.IdleAt(), nil
+		return appendTokenBucketState(dst, st), st.IdleAt(), nil
 	}
 }
 

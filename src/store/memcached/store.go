@@ -27,7 +27,7 @@
 // so a saturated count goes back under 2^63 only by the undos of ops
 // counted just under it, and stays over any (32-bit) limit.
 //
-// The other algorithms keep their state (see the limiter's encoding.go) in
+// The other algorithms keep their state (see encoding.go) in
 // one item per key and update it optimistically: gets, the limiter's pure
 // function, then cas (or add for a new key), retried on a conflict, so the
 // result is exact too. This instance's updates of one item take turns (a
