@@ -59,6 +59,9 @@ func TestBreakerOneOfTwoServers(t *testing.T) {
 				Addrs: []string{a.Addr, b.Addr}, Timeout: breakerTimeout,
 				Breaker: breaker.Config{Failures: failures, ProbeInterval: breakerProbe},
 			})
+			// The prober dials every connection; a request meanwhile
+			// could fail on a dial slowed by a loaded machine.
+			storetest.WaitFor(t, 5*time.Second, "healthy at start", s.Healthy)
 			// A key on server addr for alg, as the client shards them.
 			keyOn := func(addr string, alg rules.Algorithm) string {
 				for i := range 1000 {

@@ -279,7 +279,7 @@ func TestClientOutage(t *testing.T) {
 					}
 					start := time.Now()
 					_, err := c.incr(t.Context(), "outage_n", 1)
-					if took := time.Since(start); took > timeout+200*time.Millisecond {
+					if took := time.Since(start); took > timeout+500*time.Millisecond {
 						t.Errorf("incr took %v, want within %v", took, timeout)
 					}
 					if err != nil {
@@ -378,7 +378,7 @@ func TestClientDeadline(t *testing.T) {
 	if !errors.Is(err, errNoAnswer) {
 		t.Fatalf("incr without deadline on a frozen server: %v, want a late answer", err)
 	}
-	if took := time.Since(start); took > timeout+200*time.Millisecond {
+	if took := time.Since(start); took > timeout+500*time.Millisecond {
 		t.Errorf("incr on a frozen server failed after %v, want within %v", took, timeout)
 	}
 }
