@@ -75,7 +75,7 @@ fuzz: ## run one fuzz target: make fuzz FUZZ=FuzzParse PKG=./src/rules
 # Every fuzz target, FUZZ_CI_TIME each (CI runs them all): the rules parser,
 # cache keys, the stores' state decoders, gRPC requests and /json bodies.
 FUZZ_CI_TIME ?= 15s
-FUZZ_TARGETS = FuzzParse:./src/rules FuzzCacheKey:./src/limiter FuzzParseStates:./src/limiter \
+FUZZ_TARGETS = FuzzParse:./src/rules FuzzCacheKey:./src/limiter FuzzParseStates:./src/store/memcached \
 	FuzzRequest:./src/service FuzzJSON:./src/service
 fuzz-all: ## run every fuzz target for FUZZ_CI_TIME (15s) each
 	@set -e; for t in $(FUZZ_TARGETS); do \

@@ -268,6 +268,17 @@ func (s *SlidingLogState) push(t int64, k int, limit uint64) {
 // window since the last op.
 func (s SlidingLogState) Len() int { return s.n }
 
+// At returns the time, in Unix microseconds, of the i-th logged hit, oldest
+// first, for 0 <= i < Len (a store that encodes the log reads it so).
+func (s SlidingLogState) At(i int) int64 { return s.at(i) }
+
+// SlidingLogStateOf returns the log of the hits at times (Unix µs), which
+// must be sorted, oldest first; the state takes times as its ring (a store
+// that decodes a log builds it so).
+func SlidingLogStateOf(times []int64) SlidingLogState {
+	return SlidingLogState{ring: times, n: len(times)}
+}
+
 // Cap is the capacity of the log's ring: how many hit times it holds
 // before it grows, 8 bytes each. A store that bounds its memory accounts
 // the ring with it; the ring never shrinks.
@@ -412,4 +423,50 @@ func mulDivCeil(a, b, c uint64) uint64 {
 		q++
 	}
 	return q
+}
+
+// Newest returns the time, in Unix microseconds, of the newest hit in the
+// log and true, or false when the log is empty. After SlidingLog admitted
+// hits it is the time they were logged at.
+func (s SlidingLogState) Newest() (int64, bool) {
+	if s.n == 0 {
+		return 0, false
+	}
+	return s.at(s.n - 1), true
+}
+
+// ForgetAt removes up to k hits logged at time t (Unix µs), the newest such
+// hits first, and returns how many it removed; later hits stay. A store
+// whose ops are not serialised uses it to take back an op of an
+// AllOrNothing batch when other hits may have been logged since (Forget
+// would remove those instead); t is Newest right after the op.
+func (s *SlidingLogState) ForgetAt(t int64, k int) int {
+	// Find the run of entries equal to t; the log is sorted, so the ones
+	// after it are later and move down over the removed ones.
+	end := s.n // one past the last entry <= t
+	for end > 0 && s.at(end-1) > t {
+		end--
+	}
+	first := end
+	for first > 0 && end-first < k && s.at(first-1) == t {
+		first--
+	}
+	removed := end - first
+	if removed == 0 {
+		return 0
+	}
+	for i := end; i < s.n; i++ {
+		s.set(i-removed, s.at(i))
+	}
+	s.n -= removed
+	return removed
+}
+
+// set writes the i-th logged time, oldest first.
+func (s *SlidingLogState) set(i int, t int64) {
+	i += s.head
+	if i >= len(s.ring) {
+		i -= len(s.ring)
+	}
+	s.ring[i] = t
 }

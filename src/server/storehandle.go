@@ -231,11 +231,9 @@ func memcacheConfig(set *settings.Settings) (memcached.Config, error) {
 		ExpirationJitterMax: time.Duration(set.ExpirationJitterMaxSeconds) * time.Second,
 		Breaker:             breakerConfig(set),
 	}
-	// The memcached client takes no context: its own round-trip timeout
-	// must fit in the request budget (gomemcache's default is 500ms).
-	if t := set.RequestTimeout; t > 0 && t < 500*time.Millisecond {
-		cfg.Timeout = t
-	}
+	// The store's client honours each request's budget (REQUEST_TIMEOUT);
+	// its own Timeout (500ms, gomemcache's) bounds dials and closes a
+	// connection whose answers are that late.
 	for _, a := range set.MemcacheHostPort {
 		if a = strings.TrimSpace(a); a != "" {
 			cfg.Addrs = append(cfg.Addrs, a)

@@ -2,9 +2,7 @@ package memcached
 
 import (
 	"context"
-	"net"
-
-	"github.com/bradfitz/gomemcache/memcache"
+	"slices"
 
 	"github.com/ratelimitd/ratelimit/src/limiter"
 	"github.com/ratelimitd/ratelimit/src/store/breaker"
@@ -22,11 +20,11 @@ func (s *Store) breakerFor(key string) *breaker.Breaker {
 	if s.breakers == nil {
 		return nil
 	}
-	a, err := s.servers.PickServer(key)
+	a, err := s.client.addrOf(key)
 	if err != nil {
 		return nil
 	}
-	return s.breakers.Server(a.String())
+	return s.breakers.Server(a)
 }
 
 // admit fails with the error of the first open breaker among the servers
@@ -52,47 +50,24 @@ func (s *Store) admit(b *limiter.Batch) error {
 }
 
 // probeBreakers is the breakers' probe (breaker.Group.Run): it pings each
-// server whose breaker is open, alone, and closes the breakers of those
-// that answer. A server no longer in the list (an SRV refresh dropped it)
-// gets no traffic: its breaker is closed.
+// server whose breaker is open, on each of its connections, and closes the
+// breakers of those that answer within Timeout. A server no longer in the
+// list (an SRV refresh dropped it) gets no traffic: its breaker is closed.
 func (s *Store) probeBreakers(ctx context.Context) {
-	addrs := map[string]net.Addr{}
-	_ = s.servers.Each(func(a net.Addr) error {
-		addrs[a.String()] = a
-		return nil
-	})
+	addrs := s.client.addrs()
 	for _, b := range s.breakers.OpenServers() {
-		a, ok := addrs[b.Addr()]
-		if !ok || s.pingServer(ctx, a) == nil {
+		if !slices.Contains(addrs, b.Addr()) || s.pingServer(ctx, b.Addr()) == nil {
 			b.Reset()
 		}
 	}
 }
 
-// pingServer asks one server for its version on a connection of its own,
-// closed afterwards. Like ping, it takes a connection slot, waiting at most
-// Timeout for one, and the round trip is bounded by Timeout.
-func (s *Store) pingServer(ctx context.Context, a net.Addr) error {
+// pingServer asks one server for its version, bounded by Timeout.
+func (s *Store) pingServer(ctx context.Context, addr string) error {
 	ctx, cancel := context.WithTimeout(ctx, s.cfg.Timeout)
 	defer cancel()
-	select {
-	case s.slots <- struct{}{}:
-	case <-ctx.Done():
-		return errBusy
-	}
-	defer s.release()
-	c := memcache.NewFromSelector(oneServer{a})
-	c.Timeout = s.cfg.Timeout
-	c.DialContext = s.client.DialContext
-	defer c.Close()
-	return c.Ping()
+	return s.client.pingAddr(ctx, addr)
 }
-
-// oneServer is a memcache.ServerSelector of a single server.
-type oneServer struct{ addr net.Addr }
-
-func (o oneServer) PickServer(string) (net.Addr, error) { return o.addr, nil }
-func (o oneServer) Each(f func(net.Addr) error) error   { return f(o.addr) }
 
 // Breakers returns the counters of the servers' circuit breakers
 // (ratelimit.memcache.breaker_open, breaker_trips, breaker_open_rejections).

@@ -8,8 +8,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/bradfitz/gomemcache/memcache"
-
 	"github.com/ratelimitd/ratelimit/src/limiter"
 	"github.com/ratelimitd/ratelimit/src/rules"
 	"github.com/ratelimitd/ratelimit/src/store/breaker"
@@ -61,11 +59,14 @@ func TestBreakerOneOfTwoServers(t *testing.T) {
 				Addrs: []string{a.Addr, b.Addr}, Timeout: breakerTimeout,
 				Breaker: breaker.Config{Failures: failures, ProbeInterval: breakerProbe},
 			})
+			// The prober dials every connection; a request meanwhile
+			// could fail on a dial slowed by a loaded machine.
+			storetest.WaitFor(t, 5*time.Second, "healthy at start", s.Healthy)
 			// A key on server addr for alg, as the client shards them.
 			keyOn := func(addr string, alg rules.Algorithm) string {
 				for i := range 1000 {
 					key := fmt.Sprintf("k%d_%s", i, alg)
-					if a, err := s.servers.PickServer(key); err == nil && a.String() == addr {
+					if a, err := s.client.addrOf(key); err == nil && a == addr {
 						return key
 					}
 				}
@@ -153,7 +154,7 @@ func TestBreakerIgnoresDataErrors(t *testing.T) {
 	s := newStore(t, Config{Addrs: []string{srv.Addr}, Breaker: breaker.Config{Failures: 2, ProbeInterval: breakerProbe}})
 	now := time.Now()
 	key := fmt.Sprintf("poisoned_%d", now.Unix()/3600*3600)
-	if err := s.client.Set(&memcache.Item{Key: key, Value: []byte("abc"), Expiration: 60}); err != nil {
+	if err := s.client.add(t.Context(), key, []byte("abc"), 60); err != nil {
 		t.Fatal(err)
 	}
 	// As if this instance had written the key in this window: each

@@ -35,34 +35,30 @@ type Config struct {
 	// resolved once, in New). A failed lookup keeps the current list.
 	// Ignored without SRV.
 	SRVRefresh time.Duration
-	// MaxIdleConns is the number of idle connections kept per server
-	// (MEMCACHE_MAX_IDLE_CONNS, which defaults to 64; 0 here means 2, the
-	// anchor's and gomemcache's default). A request that
-	// finds none idle dials a new connection, which is closed afterwards if
-	// MaxIdleConns are idle already: set it to about the number of
-	// concurrent requests, or connections churn under load.
+	// MaxIdleConns sets the connections kept open to each server
+	// (MEMCACHE_MAX_IDLE_CONNS, which defaults to 64; 0 here means 2):
+	// MaxIdleConns, at most 2. For gomemcache (the anchor's client) it
+	// is the idle connections kept per server, one per command under
+	// way; here each connection pipelines any number of concurrent
+	// commands, and fewer connections coalesce more of them per write.
 	MaxIdleConns int
-	// MaxConns bounds the round trips under way at once, and so the
-	// connections open to each server (default 2 × MaxIdleConns; the
-	// prober takes its share): a Do takes one slot, and the other ops of
-	// its batch run side by side on more only while fewer than
-	// MaxIdleConns are taken (else after one another on the Do's).
-	// gomemcache alone dials a new connection for every concurrent call
-	// beyond the idle ones, without limit: when memcached slows down or
-	// freezes, one connection per waiting request, until memcached's own
-	// connection limit refuses the whole fleet. A Do that finds every one
-	// taken waits for one, at most until its ctx's deadline, and then
-	// fails with an error wrapping limiter.ErrOverloaded.
+	// MaxConns bounds the ops under way at once (default 2 ×
+	// MaxIdleConns): a Do takes one slot, and the other ops of its batch
+	// run side by side on more while they are free (else after one
+	// another on the Do's). A Do that finds every one taken waits for
+	// one, at most until its ctx's deadline, and then fails with an error
+	// wrapping limiter.ErrOverloaded. Each server's queue of commands
+	// sent or to send holds at most 4 × MaxConns; a command past that
+	// fails the same way.
 	MaxConns int
 	// MaxWaiting bounds the Do calls waiting for one of MaxConns (default
 	// 4 × MaxConns); one more fails at once with an error wrapping
 	// limiter.ErrOverloaded, so that the wait line is bounded too.
 	MaxWaiting int
-	// Timeout bounds every round trip, dial included (default 500ms,
-	// gomemcache's). The memcached client takes no context, so this, not
-	// the request's deadline, bounds a round trip under way: a Do returns
-	// at the latest Timeout after its ctx's deadline. Keep it within the
-	// service's backend budget.
+	// Timeout bounds a dial, and how late an answer may be (default
+	// 500ms, gomemcache's): a connection whose oldest answer is later
+	// than that is closed, and every command under way on it fails. A
+	// request's own wait ends at its ctx's end, which may come first.
 	Timeout time.Duration
 	// TLS, when not nil, makes every connection TLS with this
 	// configuration (memcached built with --enable-ssl); its ServerName
@@ -86,11 +82,10 @@ type Config struct {
 	// after its command (memcached incr, add, gets, cas, decr). Nil
 	// traces nothing and costs a nil check per round trip.
 	Tracer trace.Tracer
-	// RoundTrip, when not nil, is called after each round trip on a
-	// connection to memcached (probes included) with its duration, from
-	// the first byte written after the last answer to the first byte of
-	// the next answer. It runs on the goroutine that made the round trip:
-	// it must be quick and must not block.
+	// RoundTrip, when not nil, is called after each command answered
+	// (probes included) with its duration, from the write that sent it
+	// to the read that brought its answer. It runs on the connection's
+	// reader goroutine: it must be quick and must not block.
 	RoundTrip func(time.Duration)
 }
 

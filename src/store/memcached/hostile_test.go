@@ -88,7 +88,7 @@ func TestDataErrors(t *testing.T) {
 	var conns connCounter
 	s := newCountingStore(t, Config{Addrs: []string{srv.Addr}, MaxIdleConns: 4}, &conns)
 	raw := memcache.New(srv.Addr)
-	sw := string(limiter.AppendSlidingWindowState(nil, limiter.SlidingWindowState{Curr: 1}))
+	sw := string(appendSlidingWindowState(nil, limiter.SlidingWindowState{Curr: 1}))
 	tests := []struct {
 		name  string
 		alg   rules.Algorithm
@@ -282,12 +282,12 @@ func TestSpentStates(t *testing.T) {
 		alg   rules.Algorithm
 		state []byte
 	}{
-		{"sliding_window_full", rules.SlidingWindow, limiter.AppendSlidingWindowState(nil, limiter.SlidingWindowState{Start: start, Curr: limit})},
-		{"sliding_window_max_counts", rules.SlidingWindow, limiter.AppendSlidingWindowState(nil, limiter.SlidingWindowState{Start: start, Prev: math.MaxUint64, Curr: math.MaxUint64})},
-		{"sliding_window_max_prev", rules.SlidingWindow, limiter.AppendSlidingWindowState(nil, limiter.SlidingWindowState{Start: start, Prev: math.MaxUint64})},
-		{"sliding_log_full", rules.SlidingLog, limiter.AppendSlidingLogState(nil, log)},
-		{"token_bucket_empty", rules.TokenBucket, limiter.AppendTokenBucketState(nil, limiter.TokenBucketState{TAT: now.Add(window).UnixMicro()})},
-		{"token_bucket_max_tat", rules.TokenBucket, limiter.AppendTokenBucketState(nil, limiter.TokenBucketState{TAT: math.MaxInt64})},
+		{"sliding_window_full", rules.SlidingWindow, appendSlidingWindowState(nil, limiter.SlidingWindowState{Start: start, Curr: limit})},
+		{"sliding_window_max_counts", rules.SlidingWindow, appendSlidingWindowState(nil, limiter.SlidingWindowState{Start: start, Prev: math.MaxUint64, Curr: math.MaxUint64})},
+		{"sliding_window_max_prev", rules.SlidingWindow, appendSlidingWindowState(nil, limiter.SlidingWindowState{Start: start, Prev: math.MaxUint64})},
+		{"sliding_log_full", rules.SlidingLog, appendSlidingLogState(nil, log)},
+		{"token_bucket_empty", rules.TokenBucket, appendTokenBucketState(nil, limiter.TokenBucketState{TAT: now.Add(window).UnixMicro()})},
+		{"token_bucket_max_tat", rules.TokenBucket, appendTokenBucketState(nil, limiter.TokenBucketState{TAT: math.MaxInt64})},
 	}
 	for _, tt := range tests {
 		key := uniqueKey(t, tt.name)

@@ -9,8 +9,6 @@ import (
 	"slices"
 	"time"
 
-	"github.com/bradfitz/gomemcache/memcache"
-
 	"github.com/ratelimitd/ratelimit/src/limiter"
 	"github.com/ratelimitd/ratelimit/src/rules"
 )
@@ -29,7 +27,7 @@ import (
 // holds n limits: id is the limit's part of its key (SplitListKey: the
 // multiplier, the unit, and the algorithm when it is not a fixed window),
 // idle when its state is the zero state again (Unix µs), and state the
-// limiter's encoding of a continuous algorithm's state (encoding.go) or,
+// encoding of a continuous algorithm's state (encoding.go) or,
 // for a fixed window,
 //
 //	'f' varint(start) uvarint(count) varint(previous start) uvarint(previous count)
@@ -99,7 +97,7 @@ func (s *Store) applyList(ctx context.Context, key string, ops []limiter.Op, now
 	if mode == listAll {
 		marks = make([]undo, len(ops))
 	}
-	wrote, err := s.update(ctx, key, now, forRequest, func(it *memcache.Item) ([]byte, int64, error) {
+	wrote, err := s.update(ctx, key, now, forRequest, func(it *cacheItem) ([]byte, int64, error) {
 		var data []byte
 		if it != nil {
 			data = it.Value
@@ -116,7 +114,7 @@ func (s *Store) applyList(ctx context.Context, key string, ops []limiter.Op, now
 // undoList takes back the hits u.list recorded in a list's item: each op's
 // by its inverse (see takeBack), in one update.
 func (s *Store) undoList(ctx context.Context, u *undo) error {
-	_, err := s.update(ctx, u.key, u.now, takingBack, func(it *memcache.Item) ([]byte, int64, error) {
+	_, err := s.update(ctx, u.key, u.now, takingBack, func(it *cacheItem) ([]byte, int64, error) {
 		if it == nil { // expired or evicted: nothing to take back
 			return nil, 0, nil
 		}
@@ -355,7 +353,7 @@ func appendFixed(dst []byte, f fixedState) []byte {
 func parseFixed(data []byte) (fixedState, error) {
 	var f fixedState
 	if len(data) == 0 || data[0] != tagFixed {
-		return f, fmt.Errorf("%w: not a fixed window", limiter.ErrCorruptState)
+		return f, fmt.Errorf("%w: not a fixed window", errCorruptState)
 	}
 	d := data[1:]
 	ok := true
@@ -373,7 +371,7 @@ func parseFixed(data []byte) (fixedState, error) {
 	}
 	f.start, f.count, f.prevStart, f.prevCount = varint(), uvarint(), varint(), uvarint()
 	if !ok || len(d) > 0 || f.prevStart >= f.start && f.prevCount > 0 {
-		return fixedState{}, fmt.Errorf("%w: fixed window: bad encoding", limiter.ErrCorruptState)
+		return fixedState{}, fmt.Errorf("%w: fixed window: bad encoding", errCorruptState)
 	}
 	return f, nil
 }
@@ -393,7 +391,7 @@ func findSlot(slots []listSlot, id string) int {
 // encodeList writes, within its bounds.
 func parseList(data []byte, slots []listSlot) ([]listSlot, error) {
 	corrupt := func(what string) ([]listSlot, error) {
-		return nil, fmt.Errorf("%w: list of limits: %s", limiter.ErrCorruptState, what)
+		return nil, fmt.Errorf("%w: list of limits: %s", errCorruptState, what)
 	}
 	switch {
 	case len(data) < 2 || data[0] != listTag:

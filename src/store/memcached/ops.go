@@ -7,16 +7,12 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"io"
 	"math"
 	"math/bits"
 	"math/rand/v2"
 	"strconv"
 	"strings"
-	"syscall"
 	"time"
-
-	"github.com/bradfitz/gomemcache/memcache"
 
 	"github.com/ratelimitd/ratelimit/src/limiter"
 	"github.com/ratelimitd/ratelimit/src/rules"
@@ -74,8 +70,13 @@ func (s *Store) applyCount(ctx context.Context, key string, op *limiter.Op, now 
 		_, *r = limiter.FixedWindow(limiter.FixedWindowState{Count: count}, now, *op)
 		return undo{}, nil
 	}
+	return s.countFrom(ctx, key, op, now, r, s.written.has(key, now.Unix()))
+}
+
+// countFrom is applyCount's loop, starting with incr when incrFirst, else
+// with add.
+func (s *Store) countFrom(ctx context.Context, key string, op *limiter.Op, now time.Time, r *limiter.Result, incrFirst bool) (undo, error) {
 	sec, end := now.Unix(), limiter.FixedWindowEnd(now, op.Window).Unix()
-	incrFirst := s.written.has(key, sec)
 	for {
 		if incrFirst {
 			if err := s.check(ctx); err != nil {
@@ -87,13 +88,13 @@ func (s *Store) applyCount(ctx context.Context, key string, op *limiter.Op, now 
 				s.written.add(key, end, sec)
 				return s.counted(ctx, key, op, now, after, r), nil
 			}
-			if !errors.Is(err, memcache.ErrCacheMiss) {
+			if !errors.Is(err, errCacheMiss) {
 				return undo{}, s.fail(key, err)
 			}
 			s.gotAnswer(key)
 		}
 		incrFirst = true
-		item := &memcache.Item{
+		item := &cacheItem{
 			Key:        key,
 			Value:      strconv.AppendUint(make([]byte, 0, 20), op.Hits, 10),
 			Expiration: s.expiration(max(int64(op.Window/time.Second), 1)),
@@ -107,7 +108,7 @@ func (s *Store) applyCount(ctx context.Context, key string, op *limiter.Op, now 
 			s.written.add(key, end, sec)
 			return s.counted(ctx, key, op, now, op.Hits, r), nil
 		}
-		if !errors.Is(err, memcache.ErrNotStored) {
+		if !errors.Is(err, errNotStored) {
 			return undo{}, s.fail(key, err)
 		}
 		s.gotAnswer(key)
@@ -188,7 +189,7 @@ func (s *Store) pin(ctx context.Context, key string, op *limiter.Op) {
 		}
 		it, err := s.get(ctx, key)
 		if err != nil {
-			if errors.Is(err, memcache.ErrCacheMiss) {
+			if errors.Is(err, errCacheMiss) {
 				s.gotAnswer(key)
 			} else {
 				_ = s.fail(key, err)
@@ -232,7 +233,7 @@ func (s *Store) readCount(ctx context.Context, key string) (uint64, error) {
 		return 0, err
 	}
 	it, err := s.get(ctx, key)
-	if errors.Is(err, memcache.ErrCacheMiss) {
+	if errors.Is(err, errCacheMiss) {
 		s.gotAnswer(key)
 		return 0, nil
 	}
@@ -256,7 +257,7 @@ func (s *Store) readCount(ctx context.Context, key string) (uint64, error) {
 // update).
 func (s *Store) applyState(ctx context.Context, key string, op *limiter.Op, now time.Time, r *limiter.Result) (undo, error) {
 	var u undo
-	wrote, err := s.update(ctx, key, now, forRequest, func(it *memcache.Item) ([]byte, int64, error) {
+	wrote, err := s.update(ctx, key, now, forRequest, func(it *cacheItem) ([]byte, int64, error) {
 		var data, dst []byte
 		if it != nil {
 			data = it.Value
@@ -323,7 +324,7 @@ var errContended = errors.New("item changed by others at every attempt")
 // deadline); one that waited until the deadline was shed (ErrOverloaded),
 // as a Do that waited for a connection slot.
 func (s *Store) update(ctx context.Context, key string, now time.Time, purpose purpose,
-	f func(it *memcache.Item) (value []byte, idle int64, err error)) (wrote bool, err error) {
+	f func(it *cacheItem) (value []byte, idle int64, err error)) (wrote bool, err error) {
 	check, lockCtx := s.check, ctx
 	if purpose == takingBack {
 		check = s.checkDeadline
@@ -355,7 +356,7 @@ func (s *Store) update(ctx context.Context, key string, now time.Time, purpose p
 			return false, err
 		}
 		it, err := s.get(ctx, key)
-		if err != nil && !errors.Is(err, memcache.ErrCacheMiss) {
+		if err != nil && !errors.Is(err, errCacheMiss) {
 			return false, s.fail(key, err)
 		}
 		s.gotAnswer(key)
@@ -381,7 +382,7 @@ func (s *Store) update(ctx context.Context, key string, now time.Time, purpose p
 			it.Value, it.Expiration = value, exp
 			err = s.compareAndSwap(ctx, it)
 		} else {
-			err = s.add(ctx, &memcache.Item{Key: key, Value: value, Expiration: exp})
+			err = s.add(ctx, &cacheItem{Key: key, Value: value, Expiration: exp})
 		}
 		switch {
 		case err == nil:
@@ -417,8 +418,8 @@ func (s *Store) backoff(ctx context.Context, attempt int) {
 // conflict reports whether a cas or add failed because another op changed,
 // created or removed the item since it was read: the op starts again.
 func conflict(err error) bool {
-	return errors.Is(err, memcache.ErrCASConflict) || errors.Is(err, memcache.ErrNotStored) ||
-		errors.Is(err, memcache.ErrCacheMiss)
+	return errors.Is(err, errExists) || errors.Is(err, errNotStored) ||
+		errors.Is(err, errCacheMiss)
 }
 
 // step runs op's pure function on the state encoded in data (a new key
@@ -431,7 +432,7 @@ func step(dst []byte, op *limiter.Op, now time.Time, data []byte, found bool, r 
 	case rules.SlidingWindow:
 		var st limiter.SlidingWindowState
 		if found {
-			if st, err = limiter.ParseSlidingWindowState(data); err != nil {
+			if st, err = parseSlidingWindowState(data); err != nil {
 				return nil, 0, undo{}, err
 			}
 		}
@@ -439,11 +440,11 @@ func step(dst []byte, op *limiter.Op, now time.Time, data []byte, found bool, r 
 		if !records(op, r) {
 			return nil, 0, undo{}, nil
 		}
-		return limiter.AppendSlidingWindowState(dst, st), st.IdleAt(op.Window), undo{a: st.Start}, nil
+		return appendSlidingWindowState(dst, st), st.IdleAt(op.Window), undo{a: st.Start}, nil
 	case rules.SlidingLog:
 		var st limiter.SlidingLogState
 		if found {
-			if st, err = limiter.ParseSlidingLogState(data); err != nil {
+			if st, err = parseSlidingLogState(data); err != nil {
 				return nil, 0, undo{}, err
 			}
 		}
@@ -452,11 +453,11 @@ func step(dst []byte, op *limiter.Op, now time.Time, data []byte, found bool, r 
 			return nil, 0, undo{}, nil
 		}
 		t, _ := st.Newest() // the time SlidingLog logged the hits at
-		return limiter.AppendSlidingLogState(dst, st), st.IdleAt(op.Window), undo{a: t}, nil
+		return appendSlidingLogState(dst, st), st.IdleAt(op.Window), undo{a: t}, nil
 	default: // token bucket
 		var st limiter.TokenBucketState
 		if found {
-			if st, err = limiter.ParseTokenBucketState(data); err != nil {
+			if st, err = parseTokenBucketState(data); err != nil {
 				return nil, 0, undo{}, err
 			}
 		}
@@ -465,7 +466,7 @@ func step(dst []byte, op *limiter.Op, now time.Time, data []byte, found bool, r 
 		if !records(op, r) {
 			return nil, 0, undo{}, nil
 		}
-		return limiter.AppendTokenBucketState(dst, st), st.IdleAt(), undo{a: before, b: st.TAT}, nil
+		return appendTokenBucketState(dst, st), st.IdleAt(), undo{a: before, b: st.TAT}, nil
 	}
 }
 
@@ -492,13 +493,13 @@ func (s *Store) undo(ctx context.Context, u *undo) error {
 			return err
 		}
 		err := s.decrement(ctx, u.key, op.Hits)
-		if err == nil || errors.Is(err, memcache.ErrCacheMiss) {
+		if err == nil || errors.Is(err, errCacheMiss) {
 			s.gotAnswer(u.key)
 			return nil
 		}
 		return s.fail(u.key, err)
 	}
-	_, err := s.update(ctx, u.key, u.now, takingBack, func(it *memcache.Item) ([]byte, int64, error) {
+	_, err := s.update(ctx, u.key, u.now, takingBack, func(it *cacheItem) ([]byte, int64, error) {
 		if it == nil { // expired or evicted: nothing to take back
 			return nil, 0, nil
 		}
@@ -515,7 +516,7 @@ func takeBack(dst []byte, u *undo, data []byte) (value []byte, idle int64, err e
 	op := u.op
 	switch op.Algorithm {
 	case rules.SlidingWindow:
-		st, err := limiter.ParseSlidingWindowState(data)
+		st, err := parseSlidingWindowState(data)
 		if err != nil {
 			return nil, 0, err
 		}
@@ -529,18 +530,18 @@ func takeBack(dst []byte, u *undo, data []byte) (value []byte, idle int64, err e
 		default:
 			return nil, 0, nil
 		}
-		return limiter.AppendSlidingWindowState(dst, st), st.IdleAt(op.Window), nil
+		return appendSlidingWindowState(dst, st), st.IdleAt(op.Window), nil
 	case rules.SlidingLog:
-		st, err := limiter.ParseSlidingLogState(data)
+		st, err := parseSlidingLogState(data)
 		if err != nil {
 			return nil, 0, err
 		}
 		if st.ForgetAt(u.a, int(min(op.Hits, math.MaxInt32))) == 0 {
 			return nil, 0, nil
 		}
-		return limiter.AppendSlidingLogState(dst, st), st.IdleAt(op.Window), nil
+		return appendSlidingLogState(dst, st), st.IdleAt(op.Window), nil
 	default: // token bucket
-		st, err := limiter.ParseTokenBucketState(data)
+		st, err := parseTokenBucketState(data)
 		if err != nil {
 			return nil, 0, err
 		}
@@ -562,7 +563,7 @@ func takeBack(dst []byte, u *undo, data []byte) (value []byte, idle int64, err e
 				st.TAT -= int64(lo)
 			}
 		}
-		return limiter.AppendTokenBucketState(dst, st), st.IdleAt(), nil
+		return appendTokenBucketState(dst, st), st.IdleAt(), nil
 	}
 }
 
@@ -619,54 +620,47 @@ func (s *Store) gotAnswer(key string) {
 
 // fail classifies an error of the memcached client. Memcached refusing
 // the data of an op (see refusedData) is an answer: the error wraps
-// limiter.ErrData, and neither health nor the idle connections are
-// touched, so that one poisoned key fails only the requests that use it.
-// Everything else (dial and network errors, timeouts, other SERVER_ERRORs,
-// no servers) means memcached cannot serve: the error wraps
-// limiter.ErrUnavailable, Healthy turns false until the next probe
-// succeeds, and it counts as a failure of key's server for its circuit
-// breaker.
+// limiter.ErrData, and neither health nor the connections are touched, so
+// that one poisoned key fails only the requests that use it. A full queue
+// to the server wraps limiter.ErrOverloaded and is counted in Shed; a
+// canceled request and Close wrap limiter.ErrUnavailable and say nothing
+// about memcached. Everything else (dial and network errors, late answers,
+// a request whose deadline passed while it waited for its server, other
+// SERVER_ERRORs, no servers) means memcached cannot serve in time: the
+// error wraps limiter.ErrUnavailable, Healthy turns false until the next
+// probe succeeds, and it counts as a failure of key's server for its
+// circuit breaker, as on Redis.
 func (s *Store) fail(key string, err error) error {
-	if refusedData(err) {
+	switch {
+	case refusedData(err):
 		s.gotAnswer(key)
 		return dataError(key, err)
+	case errors.Is(err, errQueueFull):
+		s.shed.Add(1)
+		return fmt.Errorf("memcached: %w: %w", limiter.ErrOverloaded, err)
+	case errors.Is(err, context.Canceled), errors.Is(err, errClientClosed):
+		return unavailable(err)
 	}
 	s.up.Store(false)
 	s.breakerFor(key).Failure()
-	if brokenConn(err) {
-		// An idle connection to a server that restarted fails this way
-		// once used; the others idle beside it are likely as dead: drop
-		// them all, so that one request fails, not one per connection.
-		_ = s.client.Close()
-	}
 	return unavailable(err)
 }
 
 // refusedData reports whether memcached refused an op for its data: a key
-// it cannot take, incr or decr on a value that is not a 64-bit decimal
-// number ("CLIENT_ERROR cannot increment or decrement non-numeric value"),
-// or a value too large for an item. gomemcache gives the first a sentinel
-// and the others only as text.
+// it cannot take (never sent), CLIENT_ERROR (incr or decr on a value that
+// is not a 64-bit decimal number: "cannot increment or decrement
+// non-numeric value"), or a value too large for an item.
 func refusedData(err error) bool {
-	if errors.Is(err, memcache.ErrMalformedKey) {
-		return true
-	}
-	msg := err.Error()
-	return strings.HasPrefix(msg, "memcache: client error") ||
-		strings.Contains(msg, "SERVER_ERROR object too large")
+	var ce *clientError
+	var se *serverError
+	return errors.Is(err, errMalformedKey) || errors.As(err, &ce) ||
+		errors.As(err, &se) && strings.HasPrefix(se.msg, "object too large")
 }
 
 // dataError wraps an error about the data of key: memcached refused it, or
 // its item is not a state this store wrote.
 func dataError(key string, err error) error {
 	return fmt.Errorf("memcached: key %q: %w: %w", key, limiter.ErrData, err)
-}
-
-// brokenConn reports whether err is an established connection found closed
-// or reset by the server, as opposed to a dial failure or a timeout.
-func brokenConn(err error) bool {
-	return errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) ||
-		errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE)
 }
 
 // Key substitution: memcached refuses keys over 250 bytes or with

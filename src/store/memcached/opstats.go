@@ -4,8 +4,6 @@ import (
 	"context"
 	"errors"
 	"sync/atomic"
-
-	"github.com/bradfitz/gomemcache/memcache"
 )
 
 // OpStats counts the store's memcached commands by outcome, as the
@@ -43,50 +41,74 @@ func (s *Store) OpStats() OpStats {
 // The wrappers below are every round trip a Do takes: each is counted,
 // and traced as a child of the request's span in ctx (see startSpan).
 
-// increment is the client's Increment, counted.
+// cacheItem is an item as the store reads and writes it: memcached's key,
+// value, expiration (seconds, or a Unix time beyond 30 days) and, once
+// read with gets, its cas unique.
+type cacheItem struct {
+	Key        string
+	Value      []byte
+	Expiration int32
+	CasID      uint64
+}
+
+// increment is the client's incr, counted.
 func (s *Store) increment(ctx context.Context, key string, delta uint64) (uint64, error) {
 	span := s.startSpan(ctx, cmdIncr)
-	v, err := s.client.Increment(key, delta)
+	v, err := s.client.incr(ctx, key, delta)
 	endSpan(span, err)
+	s.countIncr(err)
+	return v, err
+}
+
+// countIncr counts an incr by its outcome.
+func (s *Store) countIncr(err error) {
 	switch {
 	case err == nil:
 		s.opCounts.incrOK.Add(1)
-	case errors.Is(err, memcache.ErrCacheMiss):
+	case errors.Is(err, errCacheMiss):
 		s.opCounts.incrMiss.Add(1)
 	default:
 		s.opCounts.incrErr.Add(1)
 	}
-	return v, err
 }
 
-// add is the client's Add, counted.
-func (s *Store) add(ctx context.Context, item *memcache.Item) error {
+// add is the client's add, counted.
+func (s *Store) add(ctx context.Context, item *cacheItem) error {
 	span := s.startSpan(ctx, cmdAdd)
-	err := s.client.Add(item)
+	err := s.client.add(ctx, item.Key, item.Value, item.Expiration)
 	endSpan(span, err)
+	s.countAdd(err)
+	return err
+}
+
+// countAdd counts an add by its outcome.
+func (s *Store) countAdd(err error) {
 	switch {
 	case err == nil:
 		s.opCounts.addOK.Add(1)
-	case errors.Is(err, memcache.ErrNotStored):
+	case errors.Is(err, errNotStored):
 		s.opCounts.addNotStored.Add(1)
 	default:
 		s.opCounts.addErr.Add(1)
 	}
-	return err
 }
 
-// get is the client's Get, counted as a multi-get of one key: a miss is
+// get is the client's gets, counted as a multi-get of one key: a miss is
 // a successful read that found nothing.
-func (s *Store) get(ctx context.Context, key string) (*memcache.Item, error) {
+func (s *Store) get(ctx context.Context, key string) (*cacheItem, error) {
 	span := s.startSpan(ctx, cmdGets)
-	it, err := s.client.Get(key)
+	var it *cacheItem
+	value, casID, err := s.client.gets(ctx, key)
+	if err == nil {
+		it = &cacheItem{Key: key, Value: value, CasID: casID}
+	}
 	endSpan(span, err)
 	s.opCounts.keys.Add(1)
 	switch {
 	case err == nil:
 		s.opCounts.getOK.Add(1)
 		s.opCounts.found.Add(1)
-	case errors.Is(err, memcache.ErrCacheMiss):
+	case errors.Is(err, errCacheMiss):
 		s.opCounts.getOK.Add(1)
 	default:
 		s.opCounts.getErr.Add(1)
@@ -94,20 +116,19 @@ func (s *Store) get(ctx context.Context, key string) (*memcache.Item, error) {
 	return it, err
 }
 
-// compareAndSwap is the client's CompareAndSwap (not counted: the anchor
-// sends no cas).
-func (s *Store) compareAndSwap(ctx context.Context, item *memcache.Item) error {
+// compareAndSwap is the client's cas (not counted: the anchor sends no
+// cas).
+func (s *Store) compareAndSwap(ctx context.Context, item *cacheItem) error {
 	span := s.startSpan(ctx, cmdCAS)
-	err := s.client.CompareAndSwap(item)
+	err := s.client.cas(ctx, item.Key, item.Value, item.Expiration, item.CasID)
 	endSpan(span, err)
 	return err
 }
 
-// decrement is the client's Decrement (not counted: the anchor sends no
-// decr).
+// decrement is the client's decr (not counted: the anchor sends no decr).
 func (s *Store) decrement(ctx context.Context, key string, delta uint64) error {
 	span := s.startSpan(ctx, cmdDecr)
-	_, err := s.client.Decrement(key, delta)
+	_, err := s.client.decr(ctx, key, delta)
 	endSpan(span, err)
 	return err
 }

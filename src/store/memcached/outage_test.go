@@ -93,7 +93,9 @@ func TestOutage(t *testing.T) {
 }
 
 // TestTimeout bounds a request to a server that accepts connections but
-// never answers by Config.Timeout.
+// never answers by Config.Timeout: the first fails after about Timeout,
+// and the connection is closed; the next ones fail at once while the
+// redial backs off, or after about Timeout again.
 func TestTimeout(t *testing.T) {
 	t.Parallel()
 	l, err := net.Listen("tcp", "127.0.0.1:0")
@@ -123,7 +125,7 @@ func TestTimeout(t *testing.T) {
 	})
 	const timeout = 200 * time.Millisecond
 	s := newStore(t, Config{Addrs: []string{l.Addr().String()}, Timeout: timeout})
-	for _, alg := range rules.Algorithms {
+	for i, alg := range rules.Algorithms {
 		b := &limiter.Batch{Now: time.Now(), Ops: []limiter.Op{{Key: "silent", Algorithm: alg, Limit: 5, Window: time.Minute, Hits: 1}}}
 		start := time.Now()
 		err := s.Do(t.Context(), b)
@@ -131,7 +133,7 @@ func TestTimeout(t *testing.T) {
 		if !errors.Is(err, limiter.ErrUnavailable) {
 			t.Errorf("%s to a silent server: %v, want ErrUnavailable", alg, err)
 		}
-		if took < timeout/2 || took > 3*timeout {
+		if i == 0 && took < timeout/2 || took > 3*timeout {
 			t.Errorf("%s to a silent server failed after %v, want about the %v timeout", alg, took, timeout)
 		}
 	}

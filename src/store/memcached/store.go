@@ -27,7 +27,7 @@
 // so a saturated count goes back under 2^63 only by the undos of ops
 // counted just under it, and stays over any (32-bit) limit.
 //
-// The other algorithms keep their state (see the limiter's encoding.go) in
+// The other algorithms keep their state (see encoding.go) in
 // one item per key and update it optimistically: gets, the limiter's pure
 // function, then cas (or add for a new key), retried on a conflict, so the
 // result is exact too. This instance's updates of one item take turns (a
@@ -62,7 +62,7 @@
 // An item the store cannot count in (a fixed window that memcached refuses
 // to incr because it is not a 64-bit decimal number, a state that does not
 // decode) fails the ops on its key with an error wrapping limiter.ErrData.
-// That is an answer, not an outage: health and the idle connections stay
+// That is an answer, not an outage: health and the connections stay
 // as they are, and other keys are served.
 //
 // Keys are the limiter's, as given, so a rolling upgrade from the anchor
@@ -97,8 +97,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/bradfitz/gomemcache/memcache"
-
 	"github.com/ratelimitd/ratelimit/src/limiter"
 	"github.com/ratelimitd/ratelimit/src/store/breaker"
 )
@@ -117,19 +115,20 @@ const (
 // use. Create it with New and release it with Close; the zero value is not
 // usable.
 type Store struct {
-	cfg     Config
-	servers *memcache.ServerList
+	cfg Config
 	// written guides the first command of a fixed-window hit (applyCount).
 	written *written
 	// locks serialise this instance's updates of one item (see update).
-	locks  *itemLocks
-	client *memcache.Client
+	locks *itemLocks
+	// client is the pipelining memcached client (client.go); it holds
+	// the server list.
+	client *client
 	lookup lookupSRVFunc
 	// srvAddrs is the server list last resolved from cfg.SRV; only New and
 	// then the refresher touch it.
 	srvAddrs []string
 	// unresolved holds cfg.Addrs while one of their names does not resolve
-	// (the ServerList is empty meanwhile); only New and then the prober
+	// (the server list is empty meanwhile); only New and then the prober
 	// touch it.
 	unresolved []string
 
@@ -194,9 +193,16 @@ func newWith(ctx context.Context, cfg Config, d deps) (*Store, error) {
 	if err != nil {
 		return nil, err
 	}
+	dial := dialer(cfg)
+	if d.wrapDial != nil {
+		dial = d.wrapDial(dial)
+	}
 	s := &Store{
-		cfg:      cfg,
-		servers:  new(memcache.ServerList),
+		cfg: cfg,
+		client: newClient(clientConfig{
+			Dial: dial, Conns: connsPerServer(cfg), MaxQueue: 4 * cfg.MaxConns,
+			Timeout: cfg.Timeout, Observe: cfg.RoundTrip,
+		}),
 		lookup:   d.lookup,
 		answered: make(chan struct{}),
 		written:  newWritten(),
@@ -211,21 +217,14 @@ func newWith(ctx context.Context, cfg Config, d deps) (*Store, error) {
 		}
 		s.srvAddrs = addrs
 	}
-	if err := s.servers.SetServers(addrs...); err != nil {
+	if err := s.client.setServers(addrs...); err != nil {
 		// A name that does not resolve yet (a service not yet in DNS):
-		// the prober tries again. ServerList resolves names only here,
-		// as the anchor's client does.
+		// the prober tries again. Names are resolved only here, as the
+		// anchor's client (gomemcache's ServerList) does.
 		if cfg.SRV != "" {
 			return nil, fmt.Errorf("memcached: servers %q from SRV (MEMCACHE_SRV): %w", addrs, err)
 		}
 		s.unresolved = addrs
-	}
-	s.client = memcache.NewFromSelector(s.servers)
-	s.client.Timeout = cfg.Timeout
-	s.client.MaxIdleConns = cfg.MaxIdleConns
-	s.client.DialContext = dialer(cfg)
-	if d.wrapDial != nil {
-		s.client.DialContext = d.wrapDial(s.client.DialContext)
 	}
 
 	// The Store outlives New's ctx: it runs until Close.
@@ -250,73 +249,31 @@ func (s *Store) start(f func()) {
 	}()
 }
 
-// dialFunc is the signature of the client's DialContext.
+// dialFunc is the signature of the client's dial function.
 type dialFunc = func(ctx context.Context, network, addr string) (net.Conn, error)
 
-// dialer returns the client's dial function: TCP with the timeout and
-// keep-alives, and TLS when configured.
-//
-// gomemcache dials (up to Timeout), then gives the connection a deadline
-// Timeout away for the round trip: on a new connection, a round trip could
-// last twice Timeout. The connections returned keep their first deadline
-// within Timeout of the start of the dial, so that every round trip, dial
-// included, ends within Timeout.
+// dialer returns the client's dial function: TCP with keep-alives, and TLS
+// when configured; the client bounds each dial by Timeout.
 func dialer(cfg Config) dialFunc {
 	d := &net.Dialer{Timeout: cfg.Timeout, KeepAlive: 30 * time.Second}
-	dial := d.DialContext
 	if cfg.TLS != nil {
 		// tls.Dialer takes ServerName from the address when the config
 		// has none, and bounds the handshake by ctx too.
-		dial = (&tls.Dialer{NetDialer: d, Config: cfg.TLS}).DialContext
+		return (&tls.Dialer{NetDialer: d, Config: cfg.TLS}).DialContext
 	}
-	return func(ctx context.Context, network, addr string) (net.Conn, error) {
-		limit := time.Now().Add(cfg.Timeout)
-		c, err := dial(ctx, network, addr)
-		if err != nil {
-			return nil, err
-		}
-		return &dialedConn{Conn: c, limit: limit, observe: cfg.RoundTrip}, nil
-	}
+	return d.DialContext
 }
 
-// dialedConn is a connection whose first deadline is at most limit (see
-// dialer), and whose round trips are timed for Config.RoundTrip.
-// gomemcache uses a connection from one goroutine at a time.
-type dialedConn struct {
-	net.Conn
-	limit time.Time // zero once the first deadline is set
-
-	observe func(time.Duration)
-	// sent is when the first byte of a question went out, zero while
-	// none waits for its answer.
-	sent time.Time
+// connsPerServer is the number of pipelined connections to each server:
+// Config.MaxIdleConns, at most maxPipelineConns. One connection carries
+// any number of concurrent requests, and fewer connections coalesce more
+// of them per write (see BenchmarkClientIncr).
+func connsPerServer(cfg Config) int {
+	return min(cfg.MaxIdleConns, maxPipelineConns)
 }
 
-func (c *dialedConn) Write(p []byte) (int, error) {
-	if c.observe != nil && c.sent.IsZero() {
-		c.sent = time.Now()
-	}
-	return c.Conn.Write(p)
-}
-
-func (c *dialedConn) Read(p []byte) (int, error) {
-	n, err := c.Conn.Read(p)
-	if n > 0 && !c.sent.IsZero() {
-		c.observe(time.Since(c.sent))
-		c.sent = time.Time{}
-	}
-	return n, err
-}
-
-func (c *dialedConn) SetDeadline(t time.Time) error {
-	if !c.limit.IsZero() {
-		if t.After(c.limit) {
-			t = c.limit
-		}
-		c.limit = time.Time{}
-	}
-	return c.Conn.SetDeadline(t)
-}
+// maxPipelineConns caps the connections per server.
+const maxPipelineConns = 2
 
 // probe pings every server until they first answer, backing off from
 // probeInitial to probeInterval, then every probeInterval, to keep Healthy
@@ -344,50 +301,28 @@ func (s *Store) probe() {
 			return
 		case <-t.C:
 		}
-		switch err := s.ping(); {
-		case err == nil:
+		if err := s.ping(); err == nil {
 			s.up.Store(true)
-		case errors.Is(err, errBusy):
-			// Every connection in use for a whole Timeout: the Do calls'
-			// own round trips tell whether memcached answers.
-		default:
+		} else {
 			s.up.Store(false)
-			// The idle connections may be to a server that died: drop
-			// them so that the first requests after it is back do not
-			// fail on them.
-			_ = s.client.Close()
 		}
 	}
 }
 
-// errBusy is the cause of a probe that found no free connection slot.
-var errBusy = errors.New("every connection busy")
-
-// ping checks that every server answers (gomemcache's Ping: version),
-// after resolving the servers' names if New could not. It takes a
-// connection slot as a Do does, waiting for one at most Timeout, and
-// returns errBusy without a verdict when none came.
+// ping checks that every server answers version on every connection
+// (dialing those that are down), after resolving the servers' names if
+// New could not. Each answer is bounded by Timeout; the probe, pipelined
+// like the requests, takes no slot.
 func (s *Store) ping() error {
-	ctx, cancel := context.WithTimeout(s.ctx, s.cfg.Timeout)
+	ctx, cancel := context.WithTimeout(s.ctx, 2*s.cfg.Timeout)
 	defer cancel()
-	select {
-	case s.slots <- struct{}{}:
-	case <-ctx.Done():
-		return errBusy
-	}
-	defer s.release()
 	if s.unresolved != nil {
-		if err := s.servers.SetServers(s.unresolved...); err != nil {
+		if err := s.client.setServers(s.unresolved...); err != nil {
 			return err
 		}
 		s.unresolved = nil
 	}
-	n := 0
-	_ = s.servers.Each(func(net.Addr) error { n++; return nil })
-	if n == 0 {
-		return memcache.ErrNoServers
-	}
-	return s.client.Ping()
+	return s.client.ping(ctx)
 }
 
 // markUp records that memcached answered.
@@ -416,7 +351,7 @@ func (s *Store) refresh() {
 		if err != nil || slices.Equal(addrs, s.srvAddrs) {
 			continue
 		}
-		if s.servers.SetServers(addrs...) == nil {
+		if s.client.setServers(addrs...) == nil {
 			s.srvAddrs = addrs
 		}
 	}
@@ -451,10 +386,10 @@ func (s *Store) Counters() (roundTrips, ops uint64) {
 }
 
 // Shed returns the cumulative number of Do calls that failed with
-// limiter.ErrOverloaded: MaxWaiting were waiting for a connection already,
-// or none came free before the call's deadline; plus the updates of an
-// item (gets, then cas) that others' changes made fail maxAttempts times
-// in a row.
+// limiter.ErrOverloaded: MaxWaiting were waiting for a slot already, none
+// came free before the call's deadline, or a server's queue was full;
+// plus the updates of an item (gets, then cas) that others' changes made
+// fail maxAttempts times in a row.
 func (s *Store) Shed() uint64 {
 	return s.shed.Load()
 }
@@ -464,28 +399,29 @@ func (s *Store) Shed() uint64 {
 const closeGrace = 100 * time.Millisecond
 
 // Close stops the prober (and the SRV refresher), waits for the Do calls
-// and the probe under way, and closes the idle connections. It returns
-// within Config.Timeout plus 100ms, memcached frozen or not: a call under
-// way stops before its next round trip, and its round trip ends within
-// Timeout; one that ends later (a name resolution without a timeout of
-// ours) closes the idle connections itself. Do calls made afterwards fail
-// with an error wrapping limiter.ErrUnavailable. Close is idempotent.
+// and the probe under way, and closes the connections once the commands
+// under way are answered. It returns within Config.Timeout plus 100ms
+// (plus a little for the connections' readers), memcached frozen or not:
+// a call under way stops before its next round trip, and its round trip
+// ends within Timeout. Do calls made afterwards fail with an error
+// wrapping limiter.ErrUnavailable. Close is idempotent.
 func (s *Store) Close() error {
 	var err error
 	s.closeOnce.Do(func() {
 		// Set first, so that the calls in flight stop at their next round
-		// trip, and cancel the waits for a connection slot.
+		// trip, and cancel the waits for a slot.
 		s.closed.Store(true)
 		s.cancel()
-		t := time.NewTimer(s.cfg.Timeout + closeGrace)
+		deadline := time.Now().Add(s.cfg.Timeout + closeGrace)
+		t := time.NewTimer(time.Until(deadline))
 		defer t.Stop()
 		s.drain(t.C)
-		err = s.client.Close()
+		err = s.client.closeBy(deadline)
 	})
 	return err
 }
 
-// drain waits until no call holds a connection slot and the background
+// drain waits until no call holds a slot and the background
 // goroutines have returned, or timeout fires. It takes every slot and
 // keeps them: a call that comes after Close gets none.
 func (s *Store) drain(timeout <-chan time.Time) {
@@ -513,22 +449,21 @@ func (s *Store) drain(timeout <-chan time.Time) {
 // descriptors waits about one round trip, not one per op. A zero b.Now is
 // set to the current time.
 //
-// A Do first takes one of Config.MaxConns connection slots. When none is
-// free it waits, at most until ctx's deadline, unless Config.MaxWaiting
-// calls wait already; a call shed either way fails with an error wrapping
+// A Do first takes one of Config.MaxConns slots. When none is free it
+// waits, at most until ctx's deadline, unless Config.MaxWaiting calls wait
+// already; a call shed either way fails with an error wrapping
 // limiter.ErrOverloaded (counted in Shed), not ErrUnavailable: memcached
 // is slower than the load, not known to be down. The batch's other ops take
 // further slots only when they are free at once, and otherwise run one
-// after the other on the Do's own.
+// after the other on the Do's own. The commands of all of them share the
+// pipelined connections (client.go); a server's queue holds at most
+// 4 × Config.MaxConns commands, and one more is shed the same way.
 //
-// The memcached client takes no context, so ctx cannot interrupt a round
-// trip: ctx is checked before every round trip (retries after a cas
-// conflict or an add/incr race, AllOrNothing take-backs included), and a
-// round trip under way, dial included, ends within Config.Timeout. A Do
-// therefore returns at the latest one Config.Timeout after ctx's deadline;
-// the server keeps Timeout within the request's budget. The take-back of
-// an AllOrNothing batch goes on when ctx is canceled, but not past its
-// deadline: then the hits stay counted.
+// ctx is checked before every round trip (retries after a cas conflict or
+// an add/incr race, AllOrNothing take-backs included), and a round trip
+// under way returns at ctx's end; only a dial (at most Config.Timeout) is
+// not interrupted. The take-back of an AllOrNothing batch goes on when ctx
+// is canceled, but not past its deadline: then the hits stay counted.
 func (s *Store) Do(ctx context.Context, b *limiter.Batch) error {
 	if err := ctx.Err(); err != nil {
 		return unavailable(err)
@@ -537,7 +472,7 @@ func (s *Store) Do(ctx context.Context, b *limiter.Batch) error {
 		return unavailable(errClosed)
 	}
 	// An open circuit breaker fails the request at once, before it takes
-	// a connection slot.
+	// a slot.
 	if err := s.admit(b); err != nil {
 		return err
 	}
@@ -570,6 +505,9 @@ func (s *Store) Do(ctx context.Context, b *limiter.Batch) error {
 		return err
 	}
 	apart := distinctKeys(us)
+	if countBatch(b, len(us), apart) {
+		return s.doCounts(ctx, b)
+	}
 	if b.AllOrNothing {
 		return s.doAll(ctx, b, us, apart)
 	}
@@ -675,7 +613,7 @@ func (s *Store) doAll(ctx context.Context, b *limiter.Batch, us []unit, apart bo
 
 // fanout runs f(i) for i in [0, n) and returns the error of the lowest i
 // that failed. When apart, each f but the first runs in a goroutine of its
-// own if it can take a connection slot at once (trySlot), so that the round
+// own if it can take a slot at once (trySlot), so that the round
 // trips of a batch overlap; the rest, and all of them when not apart, run
 // in order in the calling goroutine, on the slot of the Do, and stop at the
 // first error, as the ops of a Do did when they all ran in order (with
@@ -726,14 +664,8 @@ func (s *Store) fanout(n int, apart bool, f func(i int) error) error {
 	return nil
 }
 
-// trySlot takes a connection slot for one more op of a Do if one is free
-// at once and fewer than Config.MaxIdleConns are taken: a round trip beyond
-// the idle connections would dial one, and close it afterwards, which costs
-// more than it saves.
+// trySlot takes a slot for one more op of a Do if one is free at once.
 func (s *Store) trySlot() bool {
-	if len(s.slots) >= s.cfg.MaxIdleConns {
-		return false
-	}
 	select {
 	case s.slots <- struct{}{}:
 		return true
@@ -765,7 +697,7 @@ func distinctKeys(us []unit) bool {
 	return true
 }
 
-// acquire takes a connection slot for a Do: at once when one is free;
+// acquire takes a slot for a Do: at once when one is free;
 // else, unless MaxWaiting calls wait already (then it sheds the call at
 // once), when one comes free, at most until ctx ends or the store closes.
 // A call shed, or whose deadline came first, fails with
@@ -801,14 +733,9 @@ func (s *Store) acquire(ctx context.Context) error {
 	}
 }
 
-// release gives back a slot taken by acquire (or the prober). After
-// Close, the call's connection went back to the idle ones, maybe after
-// Close closed them, when Close did not wait for it: close it too.
+// release gives back a slot taken by acquire or trySlot.
 func (s *Store) release() {
 	<-s.slots
-	if s.closed.Load() {
-		_ = s.client.Close()
-	}
 }
 
 // rollback takes back the recorded ops (those of undos with an op), side

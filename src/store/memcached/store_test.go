@@ -184,7 +184,7 @@ func TestCounterShrinks(t *testing.T) {
 		t.Errorf("after the take-back: %+v, want the count 10", r)
 	}
 	// 10 -> 9 leaves "9 " in memcached.
-	if _, err := s.client.Decrement(itemKey(op.Key), 1); err != nil {
+	if _, err := s.client.decr(t.Context(), itemKey(op.Key), 1); err != nil {
 		t.Fatal(err)
 	}
 	if r := do(t, s, false, now, op)[0]; r.Before != 9 || r.Remaining != 1 {
@@ -553,23 +553,24 @@ func TestTLS(t *testing.T) {
 }
 
 // TestBatchOpsSideBySide: the ops of a batch on keys apart go out side by
-// side, each on a connection of its own, so that a request with several
-// descriptors waits about one round trip; ops on one key stay in order on
-// one. The proxy delays every reply, so that the round trips overlap if
-// they can, and counts the connections.
+// side, pipelined on the server's connections, so that a request with
+// several descriptors waits about one round trip; ops on one key stay in
+// order, one round trip each. The proxy delays every reply by latency and
+// counts the connections: never more than the pipelined ones.
 func TestBatchOpsSideBySide(t *testing.T) {
 	t.Parallel()
 	srv := storetest.StartMemcached(t)
+	const latency = 50 * time.Millisecond
 	tests := []struct {
 		name         string
 		allOrNothing bool
 		keys         []string
-		wantConns    int // at least
-		wantMaxConns int // at most
+		minTrips     int // round trips the batch waits, at least
+		maxTrips     int // and at most
 	}{
-		{name: "apart", keys: []string{"a", "b", "c", "d"}, wantConns: 4, wantMaxConns: 5},
-		{name: "apart_all_or_nothing", allOrNothing: true, keys: []string{"a", "b", "c", "d"}, wantConns: 4, wantMaxConns: 5},
-		{name: "one_key", keys: []string{"a", "a", "a", "a"}, wantConns: 1, wantMaxConns: 2},
+		{name: "apart", keys: []string{"a", "b", "c", "d"}, minTrips: 1, maxTrips: 1},
+		{name: "apart_all_or_nothing", allOrNothing: true, keys: []string{"a", "b", "c", "d"}, minTrips: 1, maxTrips: 5},
+		{name: "one_key", keys: []string{"a", "a", "a", "a"}, minTrips: 4, maxTrips: 8},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -579,7 +580,7 @@ func TestBatchOpsSideBySide(t *testing.T) {
 			if err := s.WaitStarted(t.Context()); err != nil {
 				t.Fatal(err)
 			}
-			proxy.SetLatency(50 * time.Millisecond)
+			proxy.SetLatency(latency)
 			var ops []limiter.Op
 			names := map[string]string{}
 			for _, k := range tt.keys {
@@ -588,15 +589,19 @@ func TestBatchOpsSideBySide(t *testing.T) {
 				}
 				ops = append(ops, limiter.Op{Key: names[k], Limit: 10, Window: time.Hour, Hits: 1})
 			}
+			start := time.Now()
 			r := do(t, s, tt.allOrNothing, time.Now(), ops...)
+			took := time.Since(start)
 			for i := range r {
 				if want := uint64(i + 1); tt.name == "one_key" && r[i].After != want {
 					t.Errorf("op %d: count %d, want %d: ops on one key run in order", i, r[i].After, want)
 				}
 			}
-			// The prober's connection is among them, idle or reused.
-			if got := proxy.Conns(); got < tt.wantConns || got > tt.wantMaxConns {
-				t.Errorf("%d connections after one batch of %d ops, want %d to %d", got, len(ops), tt.wantConns, tt.wantMaxConns)
+			if took < time.Duration(tt.minTrips)*latency || took >= time.Duration(tt.maxTrips+1)*latency {
+				t.Errorf("a batch of %d ops took %v, want %d to %d round trips of %v", len(ops), took, tt.minTrips, tt.maxTrips, latency)
+			}
+			if got := proxy.Conns(); got > maxPipelineConns {
+				t.Errorf("%d connections after one batch of %d ops, want at most %d", got, len(ops), maxPipelineConns)
 			}
 		})
 	}

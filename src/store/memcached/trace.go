@@ -4,14 +4,13 @@ import (
 	"context"
 	"errors"
 
-	"github.com/bradfitz/gomemcache/memcache"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/trace"
 )
 
-// The commands a round trip sends, as span names: memcached answers one
-// command per round trip here (gomemcache has no pipelining).
+// The commands a round trip sends, as span names: one command per span,
+// although the client pipelines the commands of concurrent requests.
 const (
 	cmdIncr = "incr"
 	cmdDecr = "decr"
@@ -57,11 +56,11 @@ func endSpan(span trace.Span, err error) {
 	}
 	switch {
 	case err == nil:
-	case errors.Is(err, memcache.ErrCacheMiss):
+	case errors.Is(err, errCacheMiss):
 		span.SetAttributes(attrAnswer.String("miss"))
-	case errors.Is(err, memcache.ErrNotStored):
+	case errors.Is(err, errNotStored):
 		span.SetAttributes(attrAnswer.String("not_stored"))
-	case errors.Is(err, memcache.ErrCASConflict):
+	case errors.Is(err, errExists):
 		span.SetAttributes(attrAnswer.String("exists"))
 	default:
 		span.SetStatus(codes.Error, err.Error())

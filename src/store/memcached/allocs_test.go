@@ -1,0 +1,59 @@
+package memcached
+
+import (
+	"testing"
+	"time"
+
+	"github.com/ratelimitd/ratelimit/src/limiter"
+	"github.com/ratelimitd/ratelimit/src/store/storetest"
+)
+
+// allocsPerDo runs b through s n times (its keys written once first) and
+// returns the allocations per Do.
+func allocsPerDo(t *testing.T, s *Store, b *limiter.Batch) float64 {
+	t.Helper()
+	ctx := t.Context()
+	do := func() {
+		b.Now = time.Now()
+		if err := s.Do(ctx, b); err != nil {
+			t.Fatal(err)
+		}
+	}
+	do() // the keys exist and this instance wrote them in the window: incr
+	return testing.AllocsPerRun(200, do)
+}
+
+// TestMemcachedAllocs bounds the allocations of the hot path, a
+// fixed-window hit on keys this instance counts in already: one op (incr
+// through the pipelined client) and a batch of three (doCounts). Their
+// requests come from a pool, so the bounds are the counts measured, with
+// a little room for the runtime (a pooled request dropped by GC).
+func TestMemcachedAllocs(t *testing.T) {
+	if raceEnabled {
+		t.Skip("allocation counts are meaningless under -race")
+	}
+	srv := storetest.StartMemcached(t)
+	s := newStore(t, Config{Addrs: []string{srv.Addr}})
+	if err := s.WaitStarted(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	hit := func(key string) limiter.Op {
+		return limiter.Op{Key: uniqueKey(t, key), Limit: 1 << 40, Window: time.Hour, Hits: 1}
+	}
+	tests := []struct {
+		name string
+		ops  []limiter.Op
+		want float64 // at most
+	}{
+		{"single_op", []limiter.Op{hit("one")}, 1},
+		{"three_ops", []limiter.Op{hit("a"), hit("b"), hit("c")}, 1},
+	}
+	for _, tt := range tests {
+		b := &limiter.Batch{Ops: tt.ops, Results: make([]limiter.Result, len(tt.ops))}
+		if got := allocsPerDo(t, s, b); got > tt.want {
+			t.Errorf("%s: %v allocs per Do, want at most %v", tt.name, got, tt.want)
+		} else {
+			t.Logf("%s: %v allocs per Do", tt.name, got)
+		}
+	}
+}

@@ -1,0 +1,131 @@
+package memcached
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/ratelimitd/ratelimit/src/limiter"
+)
+
+// countBatch reports whether b, of units units (see units), is a batch
+// that doCounts applies: more than one op, not AllOrNothing, every op a
+// fixed-window hit on a key of its own (the descriptors of one request, in
+// the usual case), none in a list's item.
+func countBatch(b *limiter.Batch, units int, apart bool) bool {
+	if b.AllOrNothing || !apart || len(b.Ops) < 2 || units != len(b.Ops) {
+		return false
+	}
+	for i := range b.Ops {
+		if continuous(b.Ops[i].Algorithm) || b.Ops[i].Hits == 0 {
+			return false
+		}
+	}
+	return true
+}
+
+// counting is an op of doCounts under way.
+type counting struct {
+	key       string
+	incrFirst bool
+	r         *request
+	pc        *pconn
+	span      trace.Span
+	err       error
+}
+
+// doCounts applies a countBatch: the first command of every op (incr, or
+// add for a key this instance has not written in the window; see
+// applyCount) is queued before any is written, so that the batch goes out
+// in one write per connection and comes back in about one round trip,
+// without a goroutine per op. An op whose first command missed (incr of a
+// key gone, add of a key another instance created) goes on alone as
+// applyCount would. It returns the error of the lowest op that failed.
+func (s *Store) doCounts(ctx context.Context, b *limiter.Batch) error {
+	if err := s.check(ctx); err != nil {
+		return err
+	}
+	var buf [8]counting
+	ops := buf[:0]
+	if len(b.Ops) > len(buf) {
+		ops = make([]counting, 0, len(b.Ops))
+	}
+	sec := b.Now.Unix()
+	var flushBuf [8]*pconn
+	flush := flushBuf[:0]
+	for i := range b.Ops {
+		op := &b.Ops[i]
+		c := counting{key: itemKey(op.Key)}
+		c.incrFirst = s.written.has(c.key, sec)
+		q := request{key: c.key, num: op.Hits}
+		if c.incrFirst {
+			q.verb = verbIncr
+			c.span = s.startSpan(ctx, cmdIncr)
+		} else {
+			q.verb = verbAddNum
+			q.exp = s.expiration(max(int64(op.Window/time.Second), 1))
+			c.span = s.startSpan(ctx, cmdAdd)
+		}
+		c.r, c.pc, c.err = s.client.start(ctx, c.key, q, true)
+		if c.err == nil && !containsConn(flush, c.pc) {
+			flush = append(flush, c.pc)
+		}
+		ops = append(ops, c)
+	}
+	for _, pc := range flush {
+		pc.flush()
+	}
+	var first error
+	for i := range ops {
+		if err := s.finishCount(ctx, &ops[i], &b.Ops[i], b.Now, &b.Results[i]); err != nil && first == nil {
+			first = err
+		}
+	}
+	return first
+}
+
+// finishCount waits for the first command of an op of doCounts and
+// completes the op.
+func (s *Store) finishCount(ctx context.Context, c *counting, op *limiter.Op, now time.Time, res *limiter.Result) error {
+	err := c.err
+	var n uint64
+	if err == nil {
+		var r *request
+		if r, err = s.client.wait(ctx, c.r); err == nil {
+			n = r.num
+			putRequest(r)
+		}
+	}
+	endSpan(c.span, err)
+	if c.incrFirst {
+		s.countIncr(err)
+	} else {
+		s.countAdd(err)
+		n = op.Hits
+	}
+	switch {
+	case err == nil:
+		s.gotAnswer(c.key)
+		s.written.add(c.key, limiter.FixedWindowEnd(now, op.Window).Unix(), now.Unix())
+		s.counted(ctx, c.key, op, now, n, res)
+		return nil
+	case c.incrFirst && errors.Is(err, errCacheMiss), !c.incrFirst && errors.Is(err, errNotStored):
+		s.gotAnswer(c.key)
+		_, err = s.countFrom(ctx, c.key, op, now, res, !c.incrFirst)
+		return err
+	default:
+		return s.fail(c.key, err)
+	}
+}
+
+// containsConn reports whether pcs holds pc.
+func containsConn(pcs []*pconn, pc *pconn) bool {
+	for _, p := range pcs {
+		if p == pc {
+			return true
+		}
+	}
+	return false
+}
