@@ -434,39 +434,3 @@ func (s SlidingLogState) Newest() (int64, bool) {
 	}
 	return s.at(s.n - 1), true
 }
-
-// ForgetAt removes up to k hits logged at time t (Unix µs), the newest such
-// hits first, and returns how many it removed; later hits stay. A store
-// whose ops are not serialised uses it to take back an op of an
-// AllOrNothing batch when other hits may have been logged since (Forget
-// would remove those instead); t is Newest right after the op.
-func (s *SlidingLogState) ForgetAt(t int64, k int) int {
-	// Find the run of entries equal to t; the log is sorted, so the ones
-	// after it are later and move down over the removed ones.
-	end := s.n // one past the last entry <= t
-	for end > 0 && s.at(end-1) > t {
-		end--
-	}
-	first := end
-	for first > 0 && end-first < k && s.at(first-1) == t {
-		first--
-	}
-	removed := end - first
-	if removed == 0 {
-		return 0
-	}
-	for i := end; i < s.n; i++ {
-		s.set(i-removed, s.at(i))
-	}
-	s.n -= removed
-	return removed
-}
-
-// set writes the i-th logged time, oldest first.
-func (s *SlidingLogState) set(i int, t int64) {
-	i += s.head
-	if i >= len(s.ring) {
-		i -= len(s.ring)
-	}
-	s.ring[i] = t
-}

@@ -31,7 +31,7 @@ func wrappedLog(t *testing.T) SlidingLogState {
 	return st
 }
 
-func TestSlidingLogForgetAt(t *testing.T) {
+func TestSlidingLogTakeBack(t *testing.T) {
 	t.Parallel()
 	mk := func(ts ...int64) SlidingLogState {
 		return SlidingLogState{ring: slices.Clone(ts), n: len(ts)}
@@ -40,7 +40,7 @@ func TestSlidingLogForgetAt(t *testing.T) {
 		name        string
 		give        SlidingLogState
 		at          int64
-		k           int
+		k           uint64
 		wantRemoved int
 		want        []int64
 	}{
@@ -52,20 +52,20 @@ func TestSlidingLogForgetAt(t *testing.T) {
 		{"all", mk(5, 5), 5, 2, 2, []int64{}},
 	}
 	for _, tt := range tests {
-		got := tt.give.ForgetAt(tt.at, tt.k)
+		got := tt.give.TakeBack(tt.at, tt.k)
 		if got != tt.wantRemoved || !slices.Equal(logTimes(tt.give), tt.want) {
-			t.Errorf("%s: ForgetAt(%d, %d) = %d leaving %v, want %d leaving %v",
+			t.Errorf("%s: TakeBack(%d, %d) = %d leaving %v, want %d leaving %v",
 				tt.name, tt.at, tt.k, got, logTimes(tt.give), tt.wantRemoved, tt.want)
 		}
 	}
 	// On a wrapped ring: forget the second newest hit.
 	st := wrappedLog(t)
 	t0 := base.UnixMicro()
-	if n := st.ForgetAt(t0+10_000_000, 1); n != 1 {
-		t.Fatalf("ForgetAt on a wrapped ring removed %d, want 1", n)
+	if n := st.TakeBack(t0+10_000_000, 1); n != 1 {
+		t.Fatalf("TakeBack on a wrapped ring removed %d, want 1", n)
 	}
 	if got, want := logTimes(st), []int64{t0 + 4_000_000, t0 + 6_000_000, t0 + 12_000_000}; !slices.Equal(got, want) {
-		t.Errorf("wrapped ring after ForgetAt: %v, want %v", got, want)
+		t.Errorf("wrapped ring after TakeBack: %v, want %v", got, want)
 	}
 	if ts, ok := st.Newest(); !ok || ts != t0+12_000_000 {
 		t.Errorf("Newest = %d, %v; want %d, true", ts, ok, t0+12_000_000)

@@ -56,9 +56,10 @@ func (s SlidingWindowState) TakeBack(start int64, window time.Duration, hits uin
 }
 
 // TakeBack removes up to hits entries logged at t (Unix µs, the time the
-// op logged its hits at: its newest entry), newest first, leaving the
-// entries logged later. It updates the log in place, as SlidingLog does.
-func (s *SlidingLogState) TakeBack(t int64, hits uint64) {
+// op logged its hits at: its newest entry right after the op), newest
+// first, leaving the entries logged later, and returns how many it
+// removed. It updates the log in place, as SlidingLog does.
+func (s *SlidingLogState) TakeBack(t int64, hits uint64) int {
 	hi := s.n // entries [lo, hi) are the run logged at t
 	for hi > 0 && s.at(hi-1) > t {
 		hi--
@@ -67,14 +68,16 @@ func (s *SlidingLogState) TakeBack(t int64, hits uint64) {
 	for lo > 0 && uint64(hi-lo) < hits && s.at(lo-1) == t {
 		lo--
 	}
-	if lo == hi {
-		return
+	removed := hi - lo
+	if removed == 0 {
+		return 0
 	}
 	// Move the later entries down over the run.
 	for i := hi; i < s.n; i++ {
-		s.ring[s.index(lo+i-hi)] = s.at(i)
+		s.ring[s.index(i-removed)] = s.at(i)
 	}
-	s.n -= hi - lo
+	s.n -= removed
+	return removed
 }
 
 // index is the ring index of the i-th logged time, oldest first.

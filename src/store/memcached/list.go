@@ -323,7 +323,7 @@ func takeBackFixed(dst []byte, m *undo, data []byte) ([]byte, error) {
 	if *p == 0 {
 		return nil, nil
 	}
-	*p -= min(*p, m.op.Hits)
+	*p = limiter.FixedWindowState{Count: *p}.TakeBack(m.op.Hits).Count
 	return appendFixed(dst, f), nil
 }
 

@@ -8,7 +8,6 @@ import (
 	"errors"
 	"fmt"
 	"math"
-	"math/bits"
 	"math/rand/v2"
 	"strconv"
 	"strings"
@@ -509,68 +508,45 @@ func (s *Store) undo(ctx context.Context, u *undo) error {
 	return err
 }
 
-// takeBack removes u's hits from the state encoded in data and returns the
-// new encoding (appended to dst) and when it goes idle, or a nil value when
-// the hits are no longer in the state.
+// takeBack removes u's hits from the state encoded in data, by the rules
+// of src/limiter/takeback.go (the TakeBack functions of the limiter's
+// states), and returns the new encoding (appended to dst) and when it goes
+// idle, or a nil value when the hits are no longer in the state.
 func takeBack(dst []byte, u *undo, data []byte) (value []byte, idle int64, err error) {
 	op := u.op
 	switch op.Algorithm {
 	case rules.SlidingWindow:
+		// u.a is the start of the window the hits went into.
 		st, err := parseSlidingWindowState(data)
 		if err != nil {
 			return nil, 0, err
 		}
-		// The hits went into the current count of the window at u.a; it
-		// is the previous count once the next window has started.
-		switch w := windowMicros(op.Window); {
-		case st.Start == u.a:
-			st.Curr -= min(st.Curr, op.Hits)
-		case st.Start-w == u.a:
-			st.Prev -= min(st.Prev, op.Hits)
-		default:
+		back := st.TakeBack(u.a, op.Window, op.Hits)
+		if back == st {
 			return nil, 0, nil
 		}
-		return appendSlidingWindowState(dst, st), st.IdleAt(op.Window), nil
+		return appendSlidingWindowState(dst, back), back.IdleAt(op.Window), nil
 	case rules.SlidingLog:
+		// u.a is the time the hits were logged at.
 		st, err := parseSlidingLogState(data)
 		if err != nil {
 			return nil, 0, err
 		}
-		if st.ForgetAt(u.a, int(min(op.Hits, math.MaxInt32))) == 0 {
+		if st.TakeBack(u.a, op.Hits) == 0 {
 			return nil, 0, nil
 		}
 		return appendSlidingLogState(dst, st), st.IdleAt(op.Window), nil
-	default: // token bucket
+	default: // token bucket: u.a is the TAT before the op, u.b after it
 		st, err := parseTokenBucketState(data)
 		if err != nil {
 			return nil, 0, err
 		}
-		if op.Limit == 0 {
+		back := st.TakeBack(u.a, u.b, *op)
+		if back == st {
 			return nil, 0, nil
 		}
-		if st.TAT == u.b {
-			st.TAT = u.a // no op since ours: exact
-		} else {
-			// Others' ops came since: give back our tokens only, one
-			// refill interval T = ceil(W / Limit) each.
-			w := uint64(windowMicros(op.Window))
-			t := (w + op.Limit - 1) / op.Limit
-			hi, lo := bits.Mul64(op.Hits, t)
-			room := uint64(st.TAT - math.MinInt64) // TAT's distance above MinInt64, modulo 2^64
-			if hi != 0 || lo > room {
-				st.TAT = math.MinInt64
-			} else {
-				st.TAT -= int64(lo)
-			}
-		}
-		return appendTokenBucketState(dst, st), st.IdleAt(), nil
+		return appendTokenBucketState(dst, back), back.IdleAt(), nil
 	}
-}
-
-// windowMicros is the window in whole microseconds, at least 1, as the
-// limiter's pure functions count it.
-func windowMicros(w time.Duration) int64 {
-	return max(int64(w/time.Microsecond), 1)
 }
 
 // secondsUntil is the whole seconds, rounded up, from now until idle (Unix

@@ -77,10 +77,11 @@
 // (each list: its item) is applied atomically on its own key, and when any
 // op was refused the ops that recorded hits (fixed windows always record
 // them; a list's only when all its limits admitted) are taken back with
-// commutative inverse ops: decr for a fixed window; for the others a cas
-// loop that takes the hits out of the window they went into, moves a token
-// bucket's TAT back by their worth, or forgets that many hits logged at
-// that instant. Results are the contract's, but not in one instant:
+// the take-back rules of src/limiter/takeback.go: decr for a fixed window;
+// for the others a cas loop that applies the limiter's TakeBack of the
+// algorithm's state (the hits leave the window they went into, a token
+// bucket's TAT moves back by their worth, that many hits logged at that
+// instant are forgotten). Results are the contract's, but not in one instant:
 // between the two steps other requests can see the hits being taken back
 // (they may be refused; nothing is ever over-admitted), and if memcached
 // fails in between, those hits stay counted.
