@@ -196,7 +196,7 @@ func run(args []string, logw io.Writer) error {
 		scenarios: scs,
 	}
 	for _, st := range storeList {
-		r.steps += len(r.storeScenarios(st)) * max(1, len(vs)*t.runs)
+		r.steps += len(r.storeScenarios(st)) * max(1, len(vs)) * t.runs
 	}
 	rep := &report{
 		command: commandLine(args),
@@ -926,7 +926,7 @@ func (r *runner) runStore(ctx context.Context, store, bin, dir string) ([]*row, 
 		if !ok {
 			note := fmt.Sprintf("memcache: not measured: the service does not run BACKEND_TYPE=memcache yet (%s).", msg)
 			r.logf("benchrun: %s", note)
-			r.step += len(scs)
+			r.step += len(scs) * r.timing.runs
 			return nil, []string{note}, nil
 		}
 	}
@@ -947,7 +947,7 @@ func (r *runner) runStore(ctx context.Context, store, bin, dir string) ([]*row, 
 		backendType, _ := strings.CutPrefix(be.env[0], "BACKEND_TYPE=")
 		note := fmt.Sprintf("%s: not measured: the service does not run BACKEND_TYPE=%s (%s).", store, backendType, lastLine(ee.out))
 		r.logf("benchrun: %s", note)
-		r.step += len(scs)
+		r.step += len(scs) * r.timing.runs
 		return nil, []string{note}, nil
 	}
 	if err != nil {
@@ -958,39 +958,73 @@ func (r *runner) runStore(ctx context.Context, store, bin, dir string) ([]*row, 
 		notes = append(notes, fmt.Sprintf("%s: %s not measured: the service refused its rule (%s).", store, a, msg))
 	}
 
+	// The scenarios take turns: every round measures each scenario once,
+	// so that ratios between scenarios (an algorithm's cost against the
+	// fixed window's) compare runs minutes, not a quarter of an hour,
+	// apart. A second instance with the near cache serves the near-cache
+	// scenarios, on the same store, for the whole run.
+	var nc *service
+	defer func() {
+		if nc != nil {
+			nc.stop()
+		}
+	}()
+	type job struct {
+		sc  scenario
+		svc *service
+		rw  *row
+	}
 	var rows []*row
+	var jobs []job
 	for _, sc := range scs {
 		if a := scenarioAlgorithm(sc); a != "" {
 			if _, ok := skipped[a]; ok {
-				r.step++
+				r.step += r.timing.runs
 				rows = append(rows, skippedRow(store, sc, "refused by the store"))
 				continue
 			}
 		}
 		if sc.nearCache && store == "memory" {
-			r.step++
+			r.step += r.timing.runs
 			rows = append(rows, skippedRow(store, sc, "no near cache in front of the memory store"))
 			continue
 		}
 		s := svc
 		if sc.nearCache {
-			// A second instance with the near cache, on the same store.
-			r.logf("benchrun: starting the service on %s with a near cache", store)
-			env := append(slices.Clone(be.env), "LOCAL_CACHE_SIZE_IN_BYTES="+strconv.Itoa(nearCacheBytes))
-			nc, err := startWithRules(ctx, bin, "ratelimit ("+store+", near cache)", root, skipped, env...)
-			if err != nil {
-				return nil, nil, err
+			if nc == nil {
+				r.logf("benchrun: starting the service on %s with a near cache", store)
+				env := append(slices.Clone(be.env), "LOCAL_CACHE_SIZE_IN_BYTES="+strconv.Itoa(nearCacheBytes))
+				if nc, err = startWithRules(ctx, bin, "ratelimit ("+store+", near cache)", root, skipped, env...); err != nil {
+					return nil, nil, err
+				}
 			}
 			s = nc
 		}
-		rw, err := r.measure(ctx, store, sc, target{addr: s.grpcAddr, proc: s.process, statsURL: s.statsURL, rtStat: be.rtStat, redis: be.redis})
-		if s != svc {
-			s.stop()
-		}
-		if err != nil {
-			return nil, nil, err
-		}
+		rw := &row{store: store, sc: sc}
 		rows = append(rows, rw)
+		jobs = append(jobs, job{sc: sc, svc: s, rw: rw})
+	}
+	saved := r.timing
+	defer func() { r.timing = saved }()
+	for round := range saved.runs {
+		for _, j := range jobs {
+			// The first round warms every scenario up; later ones only
+			// their new connections.
+			r.timing = timing{runs: 1, duration: saved.duration, warmup: saved.warmup}
+			if round > 0 {
+				r.timing.warmup = min(saved.warmup, noopWarmup)
+			}
+			rw, err := r.measure(ctx, store, j.sc, target{addr: j.svc.grpcAddr, proc: j.svc.process, statsURL: j.svc.statsURL, rtStat: be.rtStat, redis: be.redis})
+			if err != nil {
+				return nil, nil, err
+			}
+			j.rw.runs = append(j.rw.runs, rw.runs...)
+			j.rw.ceil = append(j.rw.ceil, rw.ceil...)
+			j.rw.untuned = append(j.rw.untuned, rw.untuned...)
+		}
+	}
+	for _, j := range jobs {
+		j.rw.aggregate()
 	}
 	return rows, notes, nil
 }

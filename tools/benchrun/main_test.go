@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"fmt"
 	"io"
 	"math"
@@ -210,6 +211,37 @@ func TestRunStoreMemory(t *testing.T) {
 	}
 	if len(notes) != 1 || !strings.Contains(notes[0], "token_bucket") {
 		t.Errorf("notes = %q, want one on token_bucket", notes)
+	}
+}
+
+// TestRunStoreTakesTurns checks that the scenarios take turns, round by
+// round, so that two scenarios' runs of a round are close in time.
+func TestRunStoreTakesTurns(t *testing.T) {
+	t.Setenv("BENCHRUN_FAKE_SERVICE", "1")
+	r := testRunner(t)
+	r.scenarios = []scenario{storeScenarios[1], storeScenarios[6], storeScenarios[7]} // c64, fixed, sliding
+	r.timing = timing{runs: 2, duration: 100 * time.Millisecond}
+	var log bytes.Buffer
+	r.log = &log
+	rows, _, err := r.runStore(t.Context(), "memory", os.Args[0], t.TempDir())
+	if err != nil {
+		t.Fatalf("runStore: %v", err)
+	}
+	for _, rw := range rows {
+		if len(rw.runs) != 2 {
+			t.Errorf("%s: %d runs, want 2", rw.sc.id, len(rw.runs))
+		}
+	}
+	var order []string
+	for line := range strings.Lines(log.String()) {
+		for _, sc := range r.scenarios {
+			if strings.Contains(line, "memory: "+sc.title+": run ") {
+				order = append(order, sc.id)
+			}
+		}
+	}
+	if want := []string{"c64", "fixed", "sliding", "c64", "fixed", "sliding"}; !slices.Equal(order, want) {
+		t.Errorf("runs in the order %q, want %q (the scenarios take turns)", order, want)
 	}
 }
 

@@ -289,3 +289,61 @@ func TestNiceScale(t *testing.T) {
 		}
 	}
 }
+
+// TestAlgorithmComparison checks that an algorithm is compared with the
+// fixed window round by round: the median of the per-round ratios, which a
+// slow round moves in both scenarios alike, not the ratio of the medians.
+func TestAlgorithmComparison(t *testing.T) {
+	run := func(rps, cpu, redisCPU float64) runResult {
+		return runResult{res: &bench.Result{Requests: uint64(rps), Window: time.Second, InWindow: uint64(rps)},
+			cpuUS: cpu, rssMiB: math.NaN(), rt: math.NaN(), redisCPUUS: redisCPU, redisCmds: math.NaN()}
+	}
+	noop := func(rps float64) runResult { return run(rps, 20, math.NaN()) }
+	fixed := &row{store: "redis", sc: storeScenarios[6],
+		runs: []runResult{run(20000, 40, 10), run(10000, 80, 20), run(20000, 40, 10)},
+		ceil: []runResult{noop(40000), noop(20000), noop(40000)}}
+	// Round 2 is slow for everything: the ratios of that round are those
+	// of the other rounds.
+	sliding := &row{store: "redis", sc: storeScenarios[7],
+		runs: []runResult{run(18000, 60, 19), run(9000, 120, 38), run(18000, 60, 21)},
+		ceil: []runResult{noop(40000), noop(20000), noop(40000)}}
+	memFixed := &row{store: "memory", sc: storeScenarios[6], runs: []runResult{run(30000, 30, math.NaN())}}
+	memLog := &row{store: "memory", sc: storeScenarios[8], runs: []runResult{run(27000, 36, math.NaN())}}
+	rep := &report{timing: timing{runs: 3}, rows: []*row{memFixed, memLog, fixed, sliding}}
+	for _, rw := range rep.rows {
+		rw.aggregate()
+	}
+	as := rep.algorithmComparison()
+	if len(as) != 2 {
+		t.Fatalf("%d comparisons, want 2 (memory sliding_log, redis sliding_window): %+v", len(as), as)
+	}
+	if as[0].store != "memory" || as[0].algorithm != "sliding_log" || len(as[0].redisCPU) != 0 {
+		t.Errorf("first comparison %+v, want memory sliding_log without Redis CPU", as[0])
+	}
+	r := as[1]
+	if got := median(r.throughput); math.Abs(got-0.9) > 1e-9 {
+		t.Errorf("redis sliding_window throughput ratio %v, want 0.9", got)
+	}
+	if got := median(r.cpu); math.Abs(got-1.5) > 1e-9 {
+		t.Errorf("redis sliding_window CPU ratio %v, want 1.5", got)
+	}
+	if got := median(r.redisCPU); math.Abs(got-1.9) > 1e-9 {
+		t.Errorf("redis sliding_window Redis CPU ratio %v, want 1.9 (per round: 1.9, 1.9, 2.1)", got)
+	}
+	md := rep.algorithmsMarkdown()
+	for _, want := range []string{
+		"| memory | sliding_log | 0.90× | 1.20× | – |",
+		"| redis | sliding_window | 0.90× (0.90–0.90) | 1.50× (1.50–1.50) | 1.90× (1.90–2.10) |",
+	} {
+		if !strings.Contains(md, want) {
+			t.Errorf("algorithms table lacks %q:\n%s", want, md)
+		}
+	}
+	checks := rep.algorithmChecks()
+	if len(checks) != 2 || checks[0].met != "yes" || checks[1].met != "yes" {
+		t.Errorf("checks %+v, want Redis CPU ≤ 2× met and throughput ≥ 0.9 met", checks)
+	}
+	if (&report{rows: []*row{fixed}}).algorithmsMarkdown() != "" {
+		t.Error("a table without any algorithm but the fixed window, want none")
+	}
+}
