@@ -433,6 +433,9 @@ type target struct {
 	// redis are the Redis servers behind the service, if any; their CPU
 	// and commands are read around each run.
 	redis []*storetest.RedisServer
+	// storeProc is the store's process whose CPU is read around each run
+	// (memcached), or nil.
+	storeProc *process
 }
 
 // runResult is one measured run.
@@ -442,6 +445,10 @@ type runResult struct {
 	// redisCmds (Redis CPU and commands per decision, all servers) are NaN
 	// when not measured.
 	cpuUS, rssMiB, rt, redisCPUUS, redisCmds float64
+	// genCPUUS is the load generator's CPU per decision (this process's,
+	// which runs nothing else meanwhile); storeCPUUS the store process's
+	// (target.storeProc). NaN when not measured.
+	genCPUUS, storeCPUUS float64
 }
 
 func nan() float64 { return math.NaN() }
@@ -567,7 +574,13 @@ func dialTarget(ctx context.Context, addr string, c int) (*bench.Client, error) 
 // runOnce measures one run of load on client, which is connected to t, with
 // t's CPU, RSS, round trips and Redis usage around it.
 func (r *runner) runOnce(ctx context.Context, client *bench.Client, load bench.Load, t target) (runResult, error) {
-	m := runResult{cpuUS: nan(), rssMiB: nan(), rt: nan(), redisCPUUS: nan(), redisCmds: nan()}
+	m := runResult{cpuUS: nan(), rssMiB: nan(), rt: nan(), redisCPUUS: nan(), redisCmds: nan(), genCPUUS: nan(), storeCPUUS: nan()}
+	gen0, genErr := cpuTicks(os.Getpid())
+	var store0 uint64
+	storeErr := errors.New("no store process")
+	if t.storeProc != nil {
+		store0, storeErr = cpuTicks(t.storeProc.pid())
+	}
 	var ticks0 uint64
 	var rt0 float64
 	var u0 redisUsage
@@ -590,6 +603,19 @@ func (r *runner) runOnce(ctx context.Context, client *bench.Client, load bench.L
 	}
 	m.res = res
 	n := float64(res.Requests)
+	perDecision := func(ticks0 uint64, pid int) float64 {
+		ticks1, err := cpuTicks(pid)
+		if err != nil || n == 0 {
+			return nan()
+		}
+		return float64(ticks1-ticks0) * 1e6 / float64(r.clkTck) / n
+	}
+	if genErr == nil {
+		m.genCPUUS = perDecision(gen0, os.Getpid())
+	}
+	if storeErr == nil {
+		m.storeCPUUS = perDecision(store0, t.storeProc.pid())
+	}
 	if haveTicks && n > 0 {
 		if ticks1, err := cpuTicks(t.proc.pid()); err == nil {
 			m.cpuUS = float64(ticks1-ticks0) * 1e6 / float64(r.clkTck) / n
@@ -774,9 +800,17 @@ type backend struct {
 	// stop ends the servers; nil for the memory store.
 	stop func()
 	// redis are the Redis servers, whose usage is read around each run.
-	redis  []*storetest.RedisServer
+	redis []*storetest.RedisServer
+	// proc is the store's process when its CPU is read from /proc
+	// (memcached); nil for Redis (INFO) and the memory store.
+	proc   *process
 	env    []string
 	rtStat string
+}
+
+// target returns what a scenario runs against: s, on this store.
+func (be *backend) target(s *service) target {
+	return target{addr: s.grpcAddr, proc: s.process, statsURL: s.statsURL, rtStat: be.rtStat, redis: be.redis, storeProc: be.proc}
 }
 
 func startMemcached(ctx context.Context, path string) (*backend, error) {
@@ -798,7 +832,7 @@ func startMemcached(ctx context.Context, path string) (*backend, error) {
 		p.stop()
 		return nil, err
 	}
-	return &backend{stop: p.stop, env: []string{"BACKEND_TYPE=memcache", "MEMCACHE_HOST_PORT=" + addr}, rtStat: memcacheRoundTrips}, nil
+	return &backend{stop: p.stop, proc: p, env: []string{"BACKEND_TYPE=memcache", "MEMCACHE_HOST_PORT=" + addr}, rtStat: memcacheRoundTrips}, nil
 }
 
 // memcacheSupported starts the service with BACKEND_TYPE=memcache against a
@@ -1014,7 +1048,7 @@ func (r *runner) runStore(ctx context.Context, store, bin, dir string) ([]*row, 
 			if round > 0 {
 				r.timing.warmup = min(saved.warmup, noopWarmup)
 			}
-			rw, err := r.measure(ctx, store, j.sc, target{addr: j.svc.grpcAddr, proc: j.svc.process, statsURL: j.svc.statsURL, rtStat: be.rtStat, redis: be.redis})
+			rw, err := r.measure(ctx, store, j.sc, be.target(j.svc))
 			if err != nil {
 				return nil, nil, err
 			}

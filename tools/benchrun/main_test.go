@@ -125,8 +125,9 @@ func TestMeasureService(t *testing.T) {
 	r := testRunner(t)
 	r.ceil = &target{addr: noop.grpcAddr, proc: noop.process}
 	r.untuned = &target{addr: untuned.grpcAddr, proc: untuned.process}
+	// The fake service stands in for the store's process too.
 	rw, err := r.measure(t.Context(), "redis", storeScenarios[1], target{
-		addr: svc.grpcAddr, proc: svc.process, statsURL: svc.statsURL, rtStat: redisRoundTrips,
+		addr: svc.grpcAddr, proc: svc.process, statsURL: svc.statsURL, rtStat: redisRoundTrips, storeProc: svc.process,
 	})
 	if err != nil {
 		t.Fatalf("measure: %v", err)
@@ -136,6 +137,11 @@ func TestMeasureService(t *testing.T) {
 	}
 	if math.IsNaN(rw.cpuUS) || rw.cpuUS < 0 || math.IsNaN(rw.rssMiB) || rw.rssMiB <= 0 {
 		t.Errorf("CPU %v µs/decision, RSS %v MiB: want both measured", rw.cpuUS, rw.rssMiB)
+	}
+	for i, m := range rw.runs {
+		if math.IsNaN(m.genCPUUS) || m.genCPUUS < 0 || math.IsNaN(m.storeCPUUS) || m.storeCPUUS < 0 {
+			t.Errorf("run %d: generator CPU %v, store process CPU %v µs/decision: want both measured", i, m.genCPUUS, m.storeCPUUS)
+		}
 	}
 	// Each run reads /stats twice, so the counter moves by 100 per run.
 	for i, m := range rw.runs {

@@ -161,6 +161,9 @@ func (rep *report) markdown(pngRel string) string {
 	if t := rep.algorithmsMarkdown(); t != "" {
 		w("\n%s", t)
 	}
+	if t := rep.cpuMarkdown(); t != "" {
+		w("\n%s", t)
+	}
 	if len(rep.capacity) > 0 {
 		w("\n%s", rep.capacityMarkdown())
 	}

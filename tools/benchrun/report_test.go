@@ -347,3 +347,51 @@ func TestAlgorithmComparison(t *testing.T) {
 		t.Error("a table without any algorithm but the fixed window, want none")
 	}
 }
+
+// TestCPUBreakdown checks the per-process figures and what they allow: a
+// service run whose processes spend 100 µs per decision against a no-op
+// run's 50 allows half the ceiling.
+func TestCPUBreakdown(t *testing.T) {
+	run := func(rps, gen, server, store, redis float64) runResult {
+		return runResult{res: &bench.Result{Requests: uint64(rps), Window: time.Second, InWindow: uint64(rps)},
+			cpuUS: server, genCPUUS: gen, storeCPUUS: store, redisCPUUS: redis,
+			rssMiB: math.NaN(), rt: math.NaN(), redisCmds: math.NaN()}
+	}
+	nan := math.NaN()
+	mc := &row{store: "memcache", sc: storeScenarios[1],
+		runs: []runResult{run(10000, 30, 50, 20, nan), run(12000, 30, 50, 20, nan)},
+		ceil: []runResult{run(20000, 25, 25, nan, nan), run(24000, 25, 25, nan, nan)}}
+	rd := &row{store: "redis", sc: storeScenarios[1],
+		runs: []runResult{run(10000, 30, 60, nan, 10)},
+		ceil: []runResult{run(20000, 25, 25, nan, nan)}}
+	mem := &row{store: "memory", sc: storeScenarios[1],
+		runs: []runResult{run(10000, 30, 20, nan, nan)},
+		ceil: []runResult{run(20000, 25, 25, nan, nan)}}
+	alone := &row{store: "memory", sc: storeScenarios[0], runs: []runResult{run(10000, 30, 20, nan, nan)}}
+	rep := &report{rows: []*row{mc, rd, mem, alone}}
+	for _, rw := range rep.rows {
+		rw.aggregate()
+	}
+	c, ok := cpuBreakdown(mc)
+	if !ok || c.svc.all() != 100 || c.noop.all() != 50 || c.expected != 0.5 {
+		t.Errorf("memcache breakdown %+v (ok %v), want all 100, no-op all 50, CPU allows 0.5", c, ok)
+	}
+	if want := 100 * 11000 / 1e6; math.Abs(c.busy-want) > 1e-9 {
+		t.Errorf("cores busy %v, want %v", c.busy, want)
+	}
+	if c, _ := cpuBreakdown(rd); c.svc.store != 10 || c.svc.all() != 100 {
+		t.Errorf("redis breakdown %+v, want Redis's INFO CPU as the store's", c)
+	}
+	if _, ok := cpuBreakdown(alone); ok {
+		t.Error("a row without paired no-op runs has a breakdown")
+	}
+	md := rep.cpuMarkdown()
+	for _, want := range []string{
+		"| (a) 10,000 users, 1 descriptor, c=64 | memcache | 30.0 | 50.0 | 20.0 | 100.0 | 25.0 | 25.0 | 50.0 | 50% | 50% | 1.10 |",
+		"| (a) 10,000 users, 1 descriptor, c=64 | memory | 30.0 | 20.0 | n/a | 50.0 | 25.0 | 25.0 | 50.0 | 100% | 50% | 0.50 |",
+	} {
+		if !strings.Contains(md, want) {
+			t.Errorf("CPU table lacks %q:\n%s", want, md)
+		}
+	}
+}

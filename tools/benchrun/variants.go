@@ -132,7 +132,7 @@ func (r *runner) runVariants(ctx context.Context, store, bin, dir string, vs []v
 					r.timing.warmup = saved.warmup
 				}
 				s := svcs[i]
-				rw, err := r.measure(ctx, store+" "+vs[i].name, sc, target{addr: s.grpcAddr, proc: s.process, statsURL: s.statsURL, rtStat: be.rtStat, redis: be.redis})
+				rw, err := r.measure(ctx, store+" "+vs[i].name, sc, be.target(s))
 				if err != nil {
 					return nil, err
 				}
