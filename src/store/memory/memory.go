@@ -556,6 +556,7 @@ func (s *Store) lookup(sh *shard, key string, t int64, create bool) (e *entry, c
 	if !create {
 		return nil, false
 	}
+	sh.expireSome(s, t)
 	cost := allocBytes(len(key)) + entryBytes
 	s.makeRoom(sh, cost, t)
 	// The key is copied: the batch's strings are the caller's (see
@@ -571,6 +572,39 @@ func (s *Store) lookup(sh *shard, key string, t int64, create bool) (e *entry, c
 	s.keys.Add(1)
 	s.bytes.Add(cost)
 	return e, true
+}
+
+// expireSamples is how many keys of its shard a new key looks at, and
+// removes when idle: Redis's active expiry, paid by the keys that make the
+// garbage. Where every request brings a new key (a chain whose last level
+// is a user, a flood of random values), the sweeper alone would hold
+// SweepInterval's worth of idle keys, which the garbage collector marks
+// at every cycle: 10 s of per-second keys are ten times the live ones.
+// With k looks per new key, idle keys settle at about 1/k of the shard
+// (each new key removes k × that fraction, and every key goes idle once),
+// for k random reads of memory per new key.
+const expireSamples = 3
+
+// expireSome removes the idle keys among expireSamples of sh drawn at
+// random. The caller holds sh.mu.
+func (sh *shard) expireSome(s *Store, t int64) {
+	n := len(sh.order)
+	if n == 0 {
+		return
+	}
+	removed := 0
+	for range expireSamples {
+		if n = len(sh.order); n == 0 {
+			break
+		}
+		if e := sh.order[rand.IntN(n)]; e.idle <= t && !e.pinned {
+			s.drop(sh, e)
+			removed++
+		}
+	}
+	if removed > 0 {
+		s.reclaimed.Add(uint64(removed))
+	}
 }
 
 // makeRoom evicts keys of sh until one more key of cost bytes (0: none,

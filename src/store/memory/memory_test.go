@@ -281,3 +281,35 @@ func heap() uint64 {
 	runtime.ReadMemStats(&ms)
 	return ms.HeapAlloc
 }
+
+// TestNewKeysRemoveIdleOnes checks that a stream of new keys removes idle
+// keys as it goes, without the sweeper: where every request brings a new
+// key, the idle ones would otherwise pile up for a whole SweepInterval.
+func TestNewKeysRemoveIdleOnes(t *testing.T) {
+	t.Parallel()
+	clk := &clock{now: base}
+	s := newStore(t, Config{Now: clk.Now, SweepInterval: -1, Shards: 1})
+	const perSecond = 2000
+	now := base
+	for sec := range 10 {
+		for i := range perSecond {
+			if _, err := do(t, s, now, op(rules.FixedWindow, fmt.Sprintf("k-%d-%d", sec, i), 5, time.Second, 1)); err != nil {
+				t.Fatal(err)
+			}
+		}
+		now = now.Add(time.Second)
+	}
+	// 20,000 keys were made, 2,000 of them in their window: with three
+	// looks per new key, about a third of those held are idle.
+	if got := s.Len(); got > 2*perSecond {
+		t.Errorf("Len = %d after 10 s of %d new keys a second, want at most %d (the idle ones removed as new ones come)", got, perSecond, 2*perSecond)
+	}
+	if got := s.Evictions().ReclaimedIdle; got == 0 {
+		t.Error("no key counted as reclaimed")
+	}
+	clk.Set(now.Add(-time.Second / 2)) // within the last second's window
+	s.Sweep()
+	if got := s.Len(); got != perSecond {
+		t.Errorf("Len after a sweep = %d, want %d (the last second's keys)", got, perSecond)
+	}
+}
