@@ -242,8 +242,9 @@ type Settings struct {
 	// the failures in a row of one server (a Redis backend, a Cluster
 	// master, a memcached server) that open its circuit breaker, after which
 	// its requests fail at once (0 = no breaker);
-	// STORE_BREAKER_PROBE_INTERVAL: how often an open breaker's server is
-	// probed; its first answer closes the breaker.
+	// STORE_BREAKER_PROBE_INTERVAL: the longest wait between probes of an
+	// open breaker's server (they back off from 10 ms); its first answer
+	// closes the breaker.
 	StoreBreakerFailures      int           `envconfig:"STORE_BREAKER_FAILURES" default:"5"`
 	StoreBreakerProbeInterval time.Duration `envconfig:"STORE_BREAKER_PROBE_INTERVAL" default:"500ms"`
 	// StoreFailureMode: error (the store's error reaches Envoy, whose

@@ -39,9 +39,10 @@ type Config struct {
 	// its breaker (STORE_BREAKER_FAILURES; settings default 5). 0 or less
 	// turns the breakers off: every request tries the server.
 	Failures int
-	// ProbeInterval is how often an open breaker's server is probed
-	// (STORE_BREAKER_PROBE_INTERVAL; default 500ms when 0). The breaker
-	// closes at the first probe the server answers.
+	// ProbeInterval is the longest wait between two probes of an open
+	// breaker's server (STORE_BREAKER_PROBE_INTERVAL; default 500ms when
+	// 0); they back off from FirstProbe (see Run). The breaker closes at
+	// the first probe the server answers.
 	ProbeInterval time.Duration
 	// Budget is the request budget (REQUEST_TIMEOUT; 0: none). A probe
 	// answered later than Budget does not close the breaker (see
@@ -54,9 +55,10 @@ type Config struct {
 	Budget time.Duration
 }
 
-// DefaultProbeInterval is Config.ProbeInterval's default: two probes a
-// second per open server, so that a returning server takes requests again
-// within about half a second, at a negligible cost to it.
+// DefaultProbeInterval is Config.ProbeInterval's default: once the probes
+// have backed off, two a second per open server, so that a server back
+// after a long outage takes requests again within about half a second, at
+// a negligible cost to it.
 const DefaultProbeInterval = 500 * time.Millisecond
 
 // Group is the breakers of one store's servers, with their counters. It is
@@ -118,7 +120,7 @@ func (g *Group) Server(addr string) *Breaker {
 		return nil
 	}
 	b := &Breaker{g: g, addr: addr}
-	b.err = fmt.Errorf("%s %s: %w: %w after %d failures in a row; probing every %v",
+	b.err = fmt.Errorf("%s %s: %w: %w after %d failures in a row; probing at most %v apart",
 		g.name, addr, limiter.ErrUnavailable, ErrOpen, g.failures, g.interval)
 	m := make(map[string]*Breaker, len(old)+1)
 	maps.Copy(m, old)
@@ -170,12 +172,23 @@ func (g *Group) Stats() Stats {
 // AnyOpen reports whether a breaker of g is open.
 func (g *Group) AnyOpen() bool { return g != nil && g.open.Load() > 0 }
 
-// Run calls probe every ProbeInterval while a breaker of g is open, until
-// ctx ends; probe closes the breakers of the servers that answer (Reset).
-// The first probe comes one interval after a breaker opened: the server
-// has just failed N times. Probes do not overlap, so a probe that waits for
-// a frozen server delays the next one, but is answered as soon as the
-// server thaws. The store that owns g runs it in a goroutine of its own.
+// FirstProbe is how soon after a breaker opens its server is first probed
+// (ProbeInterval when that is shorter). A server that missed its budget a
+// few times in a row (a pause of the machine, a failover) is often back
+// within milliseconds, and a breaker that waited a whole ProbeInterval
+// would refuse every request for it meanwhile; one that stays down is
+// probed at doubling intervals up to ProbeInterval (10, 20, 40 ... ms).
+const FirstProbe = 10 * time.Millisecond
+
+// Run probes, until ctx ends, while a breaker of g is open; probe closes
+// the breakers of the servers that answer (Reset). Probes back off: the
+// first comes FirstProbe after a breaker opened, and each round that
+// leaves one open doubles the wait up to ProbeInterval. A breaker that
+// opens again within ProbeInterval of the last close (a flapping server)
+// goes on from the wait it had reached instead of starting over. Probes
+// do not overlap, so a probe that waits for a frozen server delays the
+// next one, but is answered as soon as the server thaws. The store that
+// owns g runs it in a goroutine of its own.
 func (g *Group) Run(ctx context.Context, probe func(context.Context)) {
 	if g == nil {
 		return
@@ -183,21 +196,28 @@ func (g *Group) Run(ctx context.Context, probe func(context.Context)) {
 	t := time.NewTimer(g.interval)
 	t.Stop()
 	defer t.Stop()
+	wait := min(FirstProbe, g.interval)
+	var closedAt time.Time
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case <-g.opened:
 		}
+		if closedAt.IsZero() || time.Since(closedAt) >= g.interval {
+			wait = min(FirstProbe, g.interval)
+		}
 		for g.open.Load() > 0 {
-			t.Reset(g.interval)
+			t.Reset(wait)
 			select {
 			case <-ctx.Done():
 				return
 			case <-t.C:
 			}
 			probe(ctx)
+			wait = min(2*wait, g.interval)
 		}
+		closedAt = time.Now()
 	}
 }
 

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"testing"
 	"testing/synctest"
@@ -32,7 +33,7 @@ func TestOpensAfterFailuresInARow(t *testing.T) {
 	if !errors.Is(err, limiter.ErrUnavailable) || !errors.Is(err, ErrOpen) {
 		t.Fatalf("Allow when open = %v, want ErrUnavailable and ErrOpen", err)
 	}
-	if got, want := err.Error(), "redis 10.0.0.1:6379: store unavailable: circuit breaker open after 3 failures in a row; probing every 500ms"; got != want {
+	if got, want := err.Error(), "redis 10.0.0.1:6379: store unavailable: circuit breaker open after 3 failures in a row; probing at most 500ms apart"; got != want {
 		t.Errorf("Allow when open = %q, want %q", got, want)
 	}
 	b.Success() // a late answer does not close it
@@ -94,8 +95,11 @@ func TestServersAreBounded(t *testing.T) {
 	}
 }
 
-// TestRunProbesWhileOpen: Run probes every interval while a breaker is open,
-// not before one opens nor after the last closes.
+// TestRunProbesWhileOpen: Run probes while a breaker is open, FirstProbe
+// after it opened and then at doubling intervals up to ProbeInterval, not
+// before one opens nor after the last closes; a breaker that opens again
+// soon after the last close goes on from the wait reached, one that opens
+// much later starts over.
 func TestRunProbesWhileOpen(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		g := NewGroup("redis", Config{Failures: 2, ProbeInterval: time.Second})
@@ -131,19 +135,42 @@ func TestRunProbesWhileOpen(t *testing.T) {
 		a.Failure()
 		b.Failure()
 		b.Failure()
-		time.Sleep(time.Minute)
+		time.Sleep(400 * time.Millisecond) // b answers the probe at 310 ms
 		synctest.Wait()
 		mu.Lock()
-		want := []time.Duration{time.Second, 2 * time.Second, 3 * time.Second, 4 * time.Second, 5 * time.Second}
+		ms := time.Millisecond
+		want := []time.Duration{10 * ms, 30 * ms, 70 * ms, 150 * ms, 310 * ms}
 		if fmt.Sprint(probes) != fmt.Sprint(want) {
 			t.Errorf("probes at %v, want %v (a answers the 3rd, b the 5th)", probes, want)
 		}
 		mu.Unlock()
+		probeAfterOpening := func(pause time.Duration, answersAfter int) []time.Duration {
+			t.Helper()
+			time.Sleep(pause)
+			mu.Lock()
+			probes, answers["a"], start = nil, answersAfter, time.Now()
+			mu.Unlock()
+			a.Failure()
+			a.Failure()
+			time.Sleep(time.Minute)
+			synctest.Wait()
+			mu.Lock()
+			defer mu.Unlock()
+			return slices.Clone(probes)
+		}
+		// Flapping: open again 90 ms after the close, the wait goes on
+		// doubling from where it was (320 ms, then 640 ms).
+		if got, want := probeAfterOpening(0, 1), []time.Duration{320 * ms, 960 * ms}; fmt.Sprint(got) != fmt.Sprint(want) {
+			t.Errorf("reopened soon after the close: probes at %v, want %v", got, want)
+		}
+		if got, want := probeAfterOpening(2*time.Second, 0), []time.Duration{10 * ms}; fmt.Sprint(got) != fmt.Sprint(want) {
+			t.Errorf("reopened long after the close: probes at %v, want %v", got, want)
+		}
 		if g.AnyOpen() || a.IsOpen() || b.IsOpen() {
 			t.Error("breakers still open after their servers answered")
 		}
-		if s := g.Stats(); s.Trips != 2 || s.Open != 0 {
-			t.Errorf("Stats = %+v, want 2 trips and none open", s)
+		if s := g.Stats(); s.Trips != 4 || s.Open != 0 {
+			t.Errorf("Stats = %+v, want 4 trips and none open", s)
 		}
 		cancel()
 		<-done
