@@ -67,7 +67,59 @@ type request struct {
 	// allocation-free but for the command itself (see Store.build).
 	vals []opVals
 	args []any
+
+	// made[k] is the go-redis command last made for cmds[k], kept across
+	// uses so that a request of the same shape reuses it (see reuse).
+	made []goredis.Cmder
 }
+
+// reuse returns the command kept for cmds[len(r.cmds)] when it can serve
+// again as a command with the arguments a, or nil. It can when a is the
+// very slice it was made with (same memory, same length: argv hands out
+// the same slots to a request of the same shape), so that the arguments
+// just written are its own, and it was not made for a Cluster: the
+// cluster client caches a command's hash slot in it, which a new key
+// would make wrong. What a round trip leaves in a command of one server
+// is its reply and its error, which the caller resets.
+func (r *request) reuse(be *backend, a []any) goredis.Cmder {
+	k := len(r.cmds)
+	if be.cluster || k >= len(r.made) || r.made[k] == nil {
+		return nil
+	}
+	c := r.made[k]
+	if old := c.Args(); len(old) != len(a) || len(a) == 0 || &old[0] != &a[0] {
+		return nil
+	}
+	c.SetErr(nil)
+	return c
+}
+
+// keep records c as the command made for cmds[len(r.cmds)].
+func (r *request) keep(c goredis.Cmder) {
+	k := len(r.cmds)
+	if k >= len(r.made) {
+		r.made = append(r.made, make([]goredis.Cmder, k+1-len(r.made))...)
+	}
+	r.made[k] = c
+}
+
+// command returns a command of type C with the arguments a: the one r
+// keeps for this place, emptied by reset, when it can serve again (see
+// reuse), or else a new one made by newCmd.
+func command[C goredis.Cmder](r *request, be *backend, a []any, newCmd func(context.Context, ...any) C, reset func(C)) C {
+	if c, ok := r.reuse(be, a).(C); ok {
+		reset(c)
+		return c
+	}
+	c := newCmd(context.Background(), a...)
+	r.keep(c)
+	return c
+}
+
+// The resets of the commands build makes: no reply.
+func resetInt(c *goredis.IntCmd)         { c.SetVal(0) }
+func resetString(c *goredis.StringCmd)   { c.SetVal("") }
+func resetScript(c *goredis.IntSliceCmd) { c.SetVal(nil) }
 
 // opVals are the values of one op's command arguments. go-redis writes a
 // *string, *uint64 or *int64 argument as the value it points to, and a
@@ -144,13 +196,19 @@ func getRequest(ctx context.Context) *request {
 
 // putRequest recycles a request whose worker has finished with it.
 func putRequest(r *request) {
+	r.reset()
+	requestPool.Put(r)
+}
+
+// reset empties r for its next use, keeping its memory and its commands
+// (request.made).
+func (r *request) reset() {
 	clear(r.cmds)
 	clear(r.args)
 	clear(r.vals)
 	r.cmds, r.plan, r.idx, r.args, r.vals = r.cmds[:0], r.plan[:0], r.idx[:0], r.args[:0], r.vals[:0]
 	r.ctx, r.err, r.ncmds, r.work, r.load = nil, nil, 0, 0, 0
 	r.traced, r.sentAt, r.pipeRequests, r.pipeCommands = false, time.Time{}, 0, 0
-	requestPool.Put(r)
 }
 
 // perKey reports whether each key must have a script call of its own: the
