@@ -257,6 +257,10 @@ type backend struct {
 	full     error
 	shed     *atomic.Uint64
 
+	// closed fails the requests left in the queue at Close, and those
+	// queued afterwards (see drain).
+	closed error
+
 	// conns counts the connections the dialer makes (Store.Conns).
 	conns connCounts
 
@@ -269,6 +273,7 @@ type backend struct {
 
 	// mu guards the fields below it.
 	mu         sync.Mutex
+	shut       bool        // drained: the workers have stopped
 	queue      []*request  // oldest first
 	queued     int         // Redis commands in queue
 	queuedWork int         // their work (request.load)
@@ -367,21 +372,43 @@ func (be *backend) stop() {
 	be.mu.Unlock()
 }
 
+// drain runs at Close once the workers have stopped: it stops the watch
+// timer and fails every request still queued, and every request queued
+// afterwards, with be.closed. Their callers wait on nothing else (see
+// wait).
+func (be *backend) drain() {
+	be.stop()
+	be.mu.Lock()
+	defer be.mu.Unlock()
+	be.shut = true
+	for _, r := range be.queue {
+		r.err = be.closed
+		r.done <- struct{}{}
+	}
+	clear(be.queue)
+	be.queue, be.queued, be.queuedWork = be.queue[:0], 0, 0
+}
+
 // enqueue queues r and wakes a worker if the queue justifies one. It
-// queues nothing and reports false when be.maxQueue requests wait already.
-func (be *backend) enqueue(r *request) bool {
+// queues nothing and returns be.full when be.maxQueue requests wait
+// already, be.closed after Close.
+func (be *backend) enqueue(r *request) error {
 	r.at = time.Now()
 	be.mu.Lock()
 	defer be.mu.Unlock()
+	if be.shut {
+		return be.closed
+	}
 	if len(be.queue) >= be.maxQueue {
-		return false
+		be.shed.Add(1)
+		return be.full
 	}
 	r.load = r.deepWork()
 	be.queue = append(be.queue, r)
 	be.queued += r.ncmds
 	be.queuedWork += r.load
 	be.dispatchLocked()
-	return true
+	return nil
 }
 
 // dequeue takes r out of the queue unless a worker has taken it already,
@@ -706,7 +733,7 @@ func (be *backend) submit(ctx context.Context, stop <-chan struct{}, r *request)
 	if err := be.send(ctx, stop, r); err != nil {
 		return true, err
 	}
-	return be.wait(ctx, stop, r)
+	return be.wait(ctx, r)
 }
 
 // send queues r, unless ctx or the store has ended or the queue is full.
@@ -719,22 +746,20 @@ func (be *backend) send(ctx context.Context, stop <-chan struct{}, r *request) e
 		return unavailable(be.name, errClosed)
 	default:
 	}
-	if !be.enqueue(r) {
-		be.shed.Add(1)
-		return be.full
-	}
-	return nil
+	return be.enqueue(r)
 }
 
-// wait waits for the worker to be done with the queued r, or for ctx or
-// the store to end. It reports whether r may be recycled.
-func (be *backend) wait(ctx context.Context, stop <-chan struct{}, r *request) (recycle bool, err error) {
+// wait waits for the worker to be done with the queued r, or for ctx to
+// end. It reports whether r may be recycled. Close needs no case of its
+// own: it ends the round trips in flight, whose workers then signal
+// done, and drain signals the requests left in the queue. A third
+// channel here, the store's, shared by every waiting request, cost a
+// lock and a waiter on it per request.
+func (be *backend) wait(ctx context.Context, r *request) (recycle bool, err error) {
 	select {
 	case <-r.done:
 		return true, r.err
 	case <-ctx.Done():
 		return be.dequeue(r), unavailable(be.name, ctx.Err())
-	case <-stop:
-		return false, unavailable(be.name, errClosed)
 	}
 }

@@ -131,6 +131,7 @@ func (s *Store) newBackend(name string, cfg Config) (*backend, error) {
 		maxQueue: cfg.MaxQueue,
 		full:     fmt.Errorf("%s: %w: %d requests wait for Redis already (MaxQueue)", name, limiter.ErrOverloaded, cfg.MaxQueue),
 		shed:     &s.shed,
+		closed:   unavailable(name, errClosed),
 		answered: make(chan struct{}),
 		breakers: breaker.NewGroup(name, cfg.Breaker),
 	}
@@ -374,18 +375,19 @@ func (s *Store) Shed() uint64 { return s.shed.Load() }
 func (s *Store) Close() error {
 	var err error
 	s.closed.Do(func() {
-		// Cancelling ends dials, probes' waits and the Do calls waiting
-		// for a worker, but not a read from Redis: go-redis bounds that by
-		// a deadline (Timeout, 10 s by default), never by ctx. Closing the
-		// clients closes their connections, in use or idle, which ends
-		// those reads; only then wait for the workers.
+		// Cancelling ends dials and probes' waits, but not a read from
+		// Redis: go-redis bounds that by a deadline (Timeout, 10 s by
+		// default), never by ctx. Closing the clients closes their
+		// connections, in use or idle, which ends those reads (their
+		// requests fail); only then wait for the workers, and fail the
+		// requests they left in the queues (drain).
 		s.cancel()
 		for _, be := range s.backends() {
 			err = errors.Join(err, be.client.Close())
 		}
 		s.wg.Wait()
 		for _, be := range s.backends() {
-			be.stop()
+			be.drain()
 		}
 	})
 	return err
@@ -476,7 +478,7 @@ func (s *Store) Do(ctx context.Context, b *limiter.Batch) error {
 			endSpan(spans[k], r, false, errs[k])
 			continue
 		}
-		recycle[k], errs[k] = bes[k].wait(ctx, stop, r)
+		recycle[k], errs[k] = bes[k].wait(ctx, r)
 		if errs[k] == nil {
 			errs[k] = s.decode(bes[k], r, b)
 		} else if errors.Is(ctx.Err(), context.DeadlineExceeded) && (!bes[k].cluster || !recycle[k]) {
