@@ -34,7 +34,7 @@ func dialer(cfg Config, counts *connCounts) func(ctx context.Context, network, a
 			return nil, err
 		}
 		if cfg.TLS == nil {
-			return counted(counts, &noHelloConn{Conn: raw}), nil
+			return counted(counts, newNoHelloConn(raw)), nil
 		}
 		conf := cfg.TLS
 		if conf.ServerName == "" {
@@ -52,9 +52,9 @@ func dialer(cfg Config, counts *connCounts) func(ctx context.Context, network, a
 		}
 		sc, ok := raw.(syscall.Conn)
 		if !ok {
-			return counted(counts, &noHelloConn{Conn: tc}), nil
+			return counted(counts, newNoHelloConn(tc)), nil
 		}
-		return counted(counts, &noHelloConn{Conn: &tlsConn{Conn: tc, raw: sc}}), nil
+		return counted(counts, newNoHelloConn(&tlsConn{Conn: tc, raw: sc})), nil
 	}
 }
 
@@ -86,6 +86,21 @@ type noHelloConn struct {
 	// counts, when set, counts the close (once).
 	counts *connCounts
 	closed atomic.Bool
+
+	// raw is the socket's RawConn (rawErr when there is none), made once:
+	// go-redis asks for it on every use of the connection (see
+	// SyscallConn), and a new one is an allocation each time.
+	raw    syscall.RawConn
+	rawErr error
+}
+
+// newNoHelloConn wraps c.
+func newNoHelloConn(c net.Conn) *noHelloConn {
+	n := &noHelloConn{Conn: c, rawErr: errNoSyscallConn}
+	if sc, ok := c.(syscall.Conn); ok {
+		n.raw, n.rawErr = sc.SyscallConn()
+	}
+	return n
 }
 
 // counted counts c as opened, and its close when it comes.
@@ -130,11 +145,7 @@ func (c *noHelloConn) Read(p []byte) (int, error) {
 // SyscallConn exposes the socket to go-redis's idle-connection check, as
 // tlsConn does beneath TLS.
 func (c *noHelloConn) SyscallConn() (syscall.RawConn, error) {
-	sc, ok := c.Conn.(syscall.Conn)
-	if !ok {
-		return nil, errNoSyscallConn
-	}
-	return sc.SyscallConn()
+	return c.raw, c.rawErr
 }
 
 var errNoSyscallConn = errors.New("redis: connection has no socket")

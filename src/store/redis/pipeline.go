@@ -67,7 +67,59 @@ type request struct {
 	// allocation-free but for the command itself (see Store.build).
 	vals []opVals
 	args []any
+
+	// made[k] is the go-redis command last made for cmds[k], kept across
+	// uses so that a request of the same shape reuses it (see reuse).
+	made []goredis.Cmder
 }
+
+// reuse returns the command kept for cmds[len(r.cmds)] when it can serve
+// again as a command with the arguments a, or nil. It can when a is the
+// very slice it was made with (same memory, same length: argv hands out
+// the same slots to a request of the same shape), so that the arguments
+// just written are its own, and it was not made for a Cluster: the
+// cluster client caches a command's hash slot in it, which a new key
+// would make wrong. What a round trip leaves in a command of one server
+// is its reply and its error, which the caller resets.
+func (r *request) reuse(be *backend, a []any) goredis.Cmder {
+	k := len(r.cmds)
+	if be.cluster || k >= len(r.made) || r.made[k] == nil {
+		return nil
+	}
+	c := r.made[k]
+	if old := c.Args(); len(old) != len(a) || len(a) == 0 || &old[0] != &a[0] {
+		return nil
+	}
+	c.SetErr(nil)
+	return c
+}
+
+// keep records c as the command made for cmds[len(r.cmds)].
+func (r *request) keep(c goredis.Cmder) {
+	k := len(r.cmds)
+	if k >= len(r.made) {
+		r.made = append(r.made, make([]goredis.Cmder, k+1-len(r.made))...)
+	}
+	r.made[k] = c
+}
+
+// command returns a command of type C with the arguments a: the one r
+// keeps for this place, emptied by reset, when it can serve again (see
+// reuse), or else a new one made by newCmd.
+func command[C goredis.Cmder](r *request, be *backend, a []any, newCmd func(context.Context, ...any) C, reset func(C)) C {
+	if c, ok := r.reuse(be, a).(C); ok {
+		reset(c)
+		return c
+	}
+	c := newCmd(context.Background(), a...)
+	r.keep(c)
+	return c
+}
+
+// The resets of the commands build makes: no reply.
+func resetInt(c *goredis.IntCmd)         { c.SetVal(0) }
+func resetString(c *goredis.StringCmd)   { c.SetVal("") }
+func resetScript(c *goredis.IntSliceCmd) { c.SetVal(nil) }
 
 // opVals are the values of one op's command arguments. go-redis writes a
 // *string, *uint64 or *int64 argument as the value it points to, and a
@@ -144,13 +196,19 @@ func getRequest(ctx context.Context) *request {
 
 // putRequest recycles a request whose worker has finished with it.
 func putRequest(r *request) {
+	r.reset()
+	requestPool.Put(r)
+}
+
+// reset empties r for its next use, keeping its memory and its commands
+// (request.made).
+func (r *request) reset() {
 	clear(r.cmds)
 	clear(r.args)
 	clear(r.vals)
 	r.cmds, r.plan, r.idx, r.args, r.vals = r.cmds[:0], r.plan[:0], r.idx[:0], r.args[:0], r.vals[:0]
 	r.ctx, r.err, r.ncmds, r.work, r.load = nil, nil, 0, 0, 0
 	r.traced, r.sentAt, r.pipeRequests, r.pipeCommands = false, time.Time{}, 0, 0
-	requestPool.Put(r)
 }
 
 // perKey reports whether each key must have a script call of its own: the
@@ -199,6 +257,10 @@ type backend struct {
 	full     error
 	shed     *atomic.Uint64
 
+	// closed fails the requests left in the queue at Close, and those
+	// queued afterwards (see drain).
+	closed error
+
 	// conns counts the connections the dialer makes (Store.Conns).
 	conns connCounts
 
@@ -211,6 +273,7 @@ type backend struct {
 
 	// mu guards the fields below it.
 	mu         sync.Mutex
+	shut       bool        // drained: the workers have stopped
 	queue      []*request  // oldest first
 	queued     int         // Redis commands in queue
 	queuedWork int         // their work (request.load)
@@ -309,21 +372,43 @@ func (be *backend) stop() {
 	be.mu.Unlock()
 }
 
+// drain runs at Close once the workers have stopped: it stops the watch
+// timer and fails every request still queued, and every request queued
+// afterwards, with be.closed. Their callers wait on nothing else (see
+// wait).
+func (be *backend) drain() {
+	be.stop()
+	be.mu.Lock()
+	defer be.mu.Unlock()
+	be.shut = true
+	for _, r := range be.queue {
+		r.err = be.closed
+		r.done <- struct{}{}
+	}
+	clear(be.queue)
+	be.queue, be.queued, be.queuedWork = be.queue[:0], 0, 0
+}
+
 // enqueue queues r and wakes a worker if the queue justifies one. It
-// queues nothing and reports false when be.maxQueue requests wait already.
-func (be *backend) enqueue(r *request) bool {
+// queues nothing and returns be.full when be.maxQueue requests wait
+// already, be.closed after Close.
+func (be *backend) enqueue(r *request) error {
 	r.at = time.Now()
 	be.mu.Lock()
 	defer be.mu.Unlock()
+	if be.shut {
+		return be.closed
+	}
 	if len(be.queue) >= be.maxQueue {
-		return false
+		be.shed.Add(1)
+		return be.full
 	}
 	r.load = r.deepWork()
 	be.queue = append(be.queue, r)
 	be.queued += r.ncmds
 	be.queuedWork += r.load
 	be.dispatchLocked()
-	return true
+	return nil
 }
 
 // dequeue takes r out of the queue unless a worker has taken it already,
@@ -648,7 +733,7 @@ func (be *backend) submit(ctx context.Context, stop <-chan struct{}, r *request)
 	if err := be.send(ctx, stop, r); err != nil {
 		return true, err
 	}
-	return be.wait(ctx, stop, r)
+	return be.wait(ctx, r)
 }
 
 // send queues r, unless ctx or the store has ended or the queue is full.
@@ -661,22 +746,20 @@ func (be *backend) send(ctx context.Context, stop <-chan struct{}, r *request) e
 		return unavailable(be.name, errClosed)
 	default:
 	}
-	if !be.enqueue(r) {
-		be.shed.Add(1)
-		return be.full
-	}
-	return nil
+	return be.enqueue(r)
 }
 
-// wait waits for the worker to be done with the queued r, or for ctx or
-// the store to end. It reports whether r may be recycled.
-func (be *backend) wait(ctx context.Context, stop <-chan struct{}, r *request) (recycle bool, err error) {
+// wait waits for the worker to be done with the queued r, or for ctx to
+// end. It reports whether r may be recycled. Close needs no case of its
+// own: it ends the round trips in flight, whose workers then signal
+// done, and drain signals the requests left in the queue. A third
+// channel here, the store's, shared by every waiting request, cost a
+// lock and a waiter on it per request.
+func (be *backend) wait(ctx context.Context, r *request) (recycle bool, err error) {
 	select {
 	case <-r.done:
 		return true, r.err
 	case <-ctx.Done():
 		return be.dequeue(r), unavailable(be.name, ctx.Err())
-	case <-stop:
-		return false, unavailable(be.name, errClosed)
 	}
 }

@@ -2,8 +2,10 @@ package redis
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -348,4 +350,38 @@ func TestDispatchPipelineLimit(t *testing.T) {
 			t.Fatalf("take = %d requests, want the 4 of the limit", len(got))
 		}
 	})
+}
+
+// TestDrain: at Close, the requests left in the queue fail with the
+// closed error, which their callers wait for (they watch nothing else),
+// and a request queued afterwards fails at once without counting as shed.
+func TestDrain(t *testing.T) {
+	var shed atomic.Uint64
+	be := &backend{limit: maxPipelineCommands, deep: deepQueue, maxQueue: defaultMaxQueue,
+		shed: &shed, closed: errors.New("closed")}
+	be.initQueue(0)
+	var queued []*request
+	for range 3 {
+		r := &request{ctx: t.Context(), ncmds: 2, work: 2, done: make(chan struct{}, 1)}
+		if err := be.enqueue(r); err != nil {
+			t.Fatal(err)
+		}
+		queued = append(queued, r)
+	}
+	be.drain()
+	for i, r := range queued {
+		if recycle, err := be.wait(t.Context(), r); !recycle || err != be.closed {
+			t.Errorf("request %d queued at Close: recycle %v, %v; want true, the closed error", i, recycle, err)
+		}
+	}
+	if q, _ := queueState(be); q != 0 {
+		t.Errorf("%d requests queued after drain, want 0", q)
+	}
+	late := &request{ctx: t.Context(), ncmds: 2, work: 2, done: make(chan struct{}, 1)}
+	if err := be.enqueue(late); err != be.closed {
+		t.Errorf("enqueue after Close = %v, want the closed error", err)
+	}
+	if n := shed.Load(); n != 0 {
+		t.Errorf("shed = %d after Close, want 0", n)
+	}
 }

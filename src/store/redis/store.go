@@ -131,6 +131,7 @@ func (s *Store) newBackend(name string, cfg Config) (*backend, error) {
 		maxQueue: cfg.MaxQueue,
 		full:     fmt.Errorf("%s: %w: %d requests wait for Redis already (MaxQueue)", name, limiter.ErrOverloaded, cfg.MaxQueue),
 		shed:     &s.shed,
+		closed:   unavailable(name, errClosed),
 		answered: make(chan struct{}),
 		breakers: breaker.NewGroup(name, cfg.Breaker),
 	}
@@ -374,18 +375,19 @@ func (s *Store) Shed() uint64 { return s.shed.Load() }
 func (s *Store) Close() error {
 	var err error
 	s.closed.Do(func() {
-		// Cancelling ends dials, probes' waits and the Do calls waiting
-		// for a worker, but not a read from Redis: go-redis bounds that by
-		// a deadline (Timeout, 10 s by default), never by ctx. Closing the
-		// clients closes their connections, in use or idle, which ends
-		// those reads; only then wait for the workers.
+		// Cancelling ends dials and probes' waits, but not a read from
+		// Redis: go-redis bounds that by a deadline (Timeout, 10 s by
+		// default), never by ctx. Closing the clients closes their
+		// connections, in use or idle, which ends those reads (their
+		// requests fail); only then wait for the workers, and fail the
+		// requests they left in the queues (drain).
 		s.cancel()
 		for _, be := range s.backends() {
 			err = errors.Join(err, be.client.Close())
 		}
 		s.wg.Wait()
 		for _, be := range s.backends() {
-			be.stop()
+			be.drain()
 		}
 	})
 	return err
@@ -476,7 +478,7 @@ func (s *Store) Do(ctx context.Context, b *limiter.Batch) error {
 			endSpan(spans[k], r, false, errs[k])
 			continue
 		}
-		recycle[k], errs[k] = bes[k].wait(ctx, stop, r)
+		recycle[k], errs[k] = bes[k].wait(ctx, r)
 		if errs[k] == nil {
 			errs[k] = s.decode(bes[k], r, b)
 		} else if errors.Is(ctx.Err(), context.DeadlineExceeded) && (!bes[k].cluster || !recycle[k]) {
@@ -605,10 +607,11 @@ func (s *Store) undo(ctx context.Context, be *backend, r *request, b *limiter.Ba
 
 // build turns the ops r carries into Redis commands. Their arguments are
 // pointers into r.vals, in slots of r.args, both kept with r across uses,
-// so that an op costs two allocations: its key's copy and its command
-// (fixed windows: two commands).
+// and so are the commands themselves but on a Cluster (request.reuse),
+// so that an op costs one allocation, its key's copy, once r has served a
+// request of the same shape. The commands run under the worker's
+// deadline, not under a context of their own.
 func (s *Store) build(r *request, b *limiter.Batch, be *backend) {
-	ctx := context.Background() // commands run under the worker's deadline
 	// Commands point into r.vals: it must not grow once they exist.
 	r.vals = slices.Grow(r.vals[:0], len(r.idx))[:len(r.idx)]
 	now := s.scriptNow(b)
@@ -641,7 +644,7 @@ func (s *Store) build(r *request, b *limiter.Batch, be *backend) {
 			r.plan[j] = opPlan{cmd: int32(len(r.cmds)), kind: kindGet}
 			a := r.argv(2)
 			a[0], a[1] = "get", &v.key
-			r.cmds = append(r.cmds, stringCmd{goredis.NewStringCmd(ctx, a...)})
+			r.cmds = append(r.cmds, stringCmd{command(r, be, a, goredis.NewStringCmd, resetString)})
 			r.ncmds++
 			r.work++
 		case op.Algorithm == rules.FixedWindow:
@@ -651,7 +654,8 @@ func (s *Store) build(r *request, b *limiter.Batch, be *backend) {
 			a[0], a[1], a[2] = "incrby", &v.key, &v.hits
 			e := r.argv(3)
 			e[0], e[1], e[2] = "expire", &v.key, &v.ttl
-			r.cmds = append(r.cmds, intCmd{goredis.NewIntCmd(ctx, a...)}, intCmd{goredis.NewIntCmd(ctx, e...)})
+			r.cmds = append(r.cmds, intCmd{command(r, be, a, goredis.NewIntCmd, resetInt)})
+			r.cmds = append(r.cmds, intCmd{command(r, be, e, goredis.NewIntCmd, resetInt)})
 			r.ncmds += 2
 			r.work += 2
 		default:
@@ -661,7 +665,7 @@ func (s *Store) build(r *request, b *limiter.Batch, be *backend) {
 			a := r.argv(8)
 			a[0], a[1], a[2], a[3], a[4] = "evalsha", leanSHAArgs[algorithmIndex(op.Algorithm)], "1", &v.key, now
 			a[5], a[6], a[7] = &v.limit, &v.windowMicros, &v.hits
-			r.cmds = append(r.cmds, scriptCmd{goredis.NewIntSliceCmd(ctx, a...)})
+			r.cmds = append(r.cmds, scriptCmd{command(r, be, a, goredis.NewIntSliceCmd, resetScript)})
 			r.ncmds++
 			r.work += scriptWork
 		}
@@ -676,7 +680,6 @@ func (s *Store) build(r *request, b *limiter.Batch, be *backend) {
 // sharding proxy (compensate then makes an AllOrNothing batch's calls
 // all-or-nothing together).
 func (s *Store) scripts(r *request, b *limiter.Batch, be *backend, from, to int, aon, now any) {
-	ctx := context.Background() // commands run under the worker's deadline
 	cluster, perKey := be.cluster, be.perKey()
 	clear(r.plan[from:to]) // kind 0: not placed yet
 	for j := from; j < to; j++ {
@@ -714,7 +717,7 @@ func (s *Store) scripts(r *request, b *limiter.Batch, be *backend, from, to int,
 				r.vals[j].putArgs(args[int(p.pos)*argsPerOp:], b.Ops[r.idx[j]].Algorithm)
 			}
 		}
-		r.cmds = append(r.cmds, scriptCmd{goredis.NewIntSliceCmd(ctx, a...)})
+		r.cmds = append(r.cmds, scriptCmd{command(r, be, a, goredis.NewIntSliceCmd, resetScript)})
 		r.ncmds++
 		r.work += scriptWork * n
 	}
