@@ -105,7 +105,6 @@ type server struct {
 	conns []*pconn
 	// queued counts the requests queued or under way (MaxQueue bounds it).
 	queued atomic.Int64
-	next   atomic.Uint32
 }
 
 func newClient(cfg clientConfig) *client {
@@ -390,24 +389,34 @@ func (c *client) wait(ctx context.Context, r *request) (*request, error) {
 	return r, nil
 }
 
-// choose returns the connection with the fewest requests under way,
-// starting the scan at a rotating one so that ties spread.
+// choose returns the connection for a new request: the first one whose
+// queue is not deep, else the one with the fewest requests under way.
+//
+// A connection has one batch in flight at a time (see pconn), and each
+// batch costs a write and a read or two on both sides, the main cost of a
+// shallow pipeline; spreading requests over the connections splits the
+// batches for nothing while the first keeps up. A deep queue on it is
+// worth a round trip in parallel, on the next one (the Redis store
+// schedules its pipelines so too).
 func (s *server) choose() *pconn {
-	n := uint32(len(s.conns))
-	if n == 1 {
-		return s.conns[0]
+	for _, pc := range s.conns {
+		if pc.pending.Load() < deepQueue {
+			return pc
+		}
 	}
-	start := s.next.Add(1)
-	best := s.conns[start%n]
+	best := s.conns[0]
 	least := best.pending.Load()
-	for i := uint32(1); i < n && least > 0; i++ {
-		pc := s.conns[(start+i)%n]
+	for _, pc := range s.conns[1:] {
 		if p := pc.pending.Load(); p < least {
 			best, least = pc, p
 		}
 	}
 	return best
 }
+
+// deepQueue is the requests queued or under way on a connection past which
+// choose turns to the next one.
+const deepQueue = 32
 
 // closeServers closes the connections of servers dropped from the list,
 // after their requests under way are answered or Timeout has passed.
