@@ -9,6 +9,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+	"unsafe"
 )
 
 // This file and pipeline.go are the store's memcached client: a pipelining
@@ -192,10 +193,13 @@ func (c *client) pick(key string) (*server, error) {
 }
 
 // pickIndex is gomemcache's choice of server for key among n > 1.
+//
+// gomemcache hashes a copy of the key's first 256 bytes; this hashes them
+// in place, read-only, as a copy would escape to the heap (crc32 keeps its
+// argument opaque to escape analysis).
 func pickIndex(key string, n int) int {
-	var buf [256]byte // gomemcache hashes a copy into 256 bytes
-	k := copy(buf[:], key)
-	return int(crc32.ChecksumIEEE(buf[:k]) % uint32(n))
+	head := unsafe.Slice(unsafe.StringData(key), min(len(key), 256))
+	return int(crc32.ChecksumIEEE(head) % uint32(n))
 }
 
 // addrOf returns the address of key's server.
