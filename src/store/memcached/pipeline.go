@@ -131,17 +131,17 @@ const maxSpare = 64 << 10
 //
 // Flush when idle: a connection has at most one batch of requests written
 // and not yet all answered. A request that finds the connection idle is
-// written by its caller, who first yields the processor once
-// (runtime.Gosched): the goroutines already runnable, other calls on their
-// way to the store, queue their requests meanwhile and go in the same
-// write. A lone request finds nothing else to run and goes out at once, so
-// this adds no latency at low load, and no timer is involved. A request
-// that finds a batch in flight waits for its last answer, and the reader
-// then writes everything queued meanwhile in one write. Batches so grow
-// with the load, and each costs one write and about one read on both
-// sides, the main cost of a shallow pipeline (the Redis store schedules
-// its pipelines so too); see also server.choose, which keeps the load on
-// one connection while it keeps up.
+// written by its caller; one that finds a batch in flight waits for its
+// last answer, and the reader then writes everything queued meanwhile in
+// one write. Either writer first yields the processor once
+// (runtime.Gosched, with the write claimed): the goroutines already
+// runnable, other calls on their way to the store, queue their requests
+// meanwhile and go in the same write. A lone request finds nothing else to
+// run and goes out at once, so this adds no latency at low load, and no
+// timer is involved. Batches so grow with the load, and each costs one
+// write and about one read on both sides, the main cost of a shallow
+// pipeline (the Redis store schedules its pipelines so too); see also
+// server.choose, which keeps the load on one connection while it keeps up.
 type pconn struct {
 	c *client
 	s *server
@@ -196,7 +196,7 @@ func (pc *pconn) submit(ctx context.Context, r *request, hold bool) error {
 	pc.unsent++
 	pc.pending.Add(1)
 	if !hold {
-		pc.flushIdleLocked(true)
+		pc.flushIdleLocked()
 	}
 	return nil
 }
@@ -205,25 +205,22 @@ func (pc *pconn) submit(ctx context.Context, r *request, hold bool) error {
 func (pc *pconn) flush() {
 	pc.mu.Lock()
 	defer pc.mu.Unlock()
-	pc.flushIdleLocked(true)
+	pc.flushIdleLocked()
 }
 
 // flushIdleLocked writes what is queued when nothing written awaits its
 // answer and no write is under way; otherwise the reader will, after the
-// last answer. With yield (a caller's write, not the reader's), it first
-// lets the other runnable goroutines run once, with mu released and the
-// write claimed, so that the requests they are about to queue go in the
-// same write (see pconn).
-func (pc *pconn) flushIdleLocked(yield bool) {
+// last answer. It first lets the other runnable goroutines run once, with
+// mu released and the write claimed, so that the requests they are about
+// to queue go in the same write (see pconn).
+func (pc *pconn) flushIdleLocked() {
 	if pc.writing || pc.unsent == 0 || pc.queue.len() > pc.unsent {
 		return
 	}
 	pc.writing = true
-	if yield {
-		pc.mu.Unlock()
-		runtime.Gosched()
-		pc.mu.Lock()
-	}
+	pc.mu.Unlock()
+	runtime.Gosched()
+	pc.mu.Lock()
 	pc.flushLocked()
 	pc.writing = false
 }
@@ -428,7 +425,7 @@ func (pc *pconn) read(nc net.Conn, gen uint64, done chan struct{}) {
 		}
 		r.num, r.value = a.num, a.value
 		pc.complete(r, a.err)
-		pc.flushIdleLocked(false)
+		pc.flushIdleLocked()
 		pc.mu.Unlock()
 	}
 }
