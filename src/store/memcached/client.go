@@ -393,20 +393,32 @@ func (c *client) wait(ctx context.Context, r *request) (*request, error) {
 	return r, nil
 }
 
-// choose returns the connection for a new request: the first one whose
-// queue is not deep, else the one with the fewest requests under way.
+// choose returns the connection for a new request: the first one that is
+// up and whose queue is not deep; else the first whose queue is not deep
+// (to be dialed); else the one with the fewest requests under way.
 //
 // A connection has one batch in flight at a time (see pconn), and each
 // batch costs a write and a read or two on both sides, the main cost of a
 // shallow pipeline; spreading requests over the connections splits the
 // batches for nothing while the first keeps up. A deep queue on it is
 // worth a round trip in parallel, on the next one (the Redis store
-// schedules its pipelines so too).
+// schedules its pipelines so too). One that is down (backing off after a
+// late answer, say) is passed over while another is up.
 func (s *server) choose() *pconn {
+	var down *pconn
 	for _, pc := range s.conns {
-		if pc.pending.Load() < deepQueue {
+		if pc.pending.Load() >= deepQueue {
+			continue
+		}
+		if pc.up.Load() {
 			return pc
 		}
+		if down == nil {
+			down = pc
+		}
+	}
+	if down != nil {
+		return down
 	}
 	best := s.conns[0]
 	least := best.pending.Load()

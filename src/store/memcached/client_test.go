@@ -643,3 +643,51 @@ func TestClientYieldSharesWrite(t *testing.T) {
 		t.Logf("%d writes for %d rounds of %d requests made together", w, rounds, callers)
 	}
 }
+
+// TestClientPassesOverDownConn checks that while the first connection is
+// down and cannot be redialed (backing off), requests go to the second,
+// which is up, rather than failing with the first's error.
+func TestClientPassesOverDownConn(t *testing.T) {
+	t.Parallel()
+	srv := storetest.StartMemcached(t)
+	var (
+		mu     sync.Mutex
+		opened []net.Conn
+		refuse bool
+	)
+	d := &net.Dialer{Timeout: time.Second}
+	c := testClient(t, clientConfig{Conns: 2, Dial: func(ctx context.Context, network, addr string) (net.Conn, error) {
+		mu.Lock()
+		defer mu.Unlock()
+		if refuse {
+			return nil, errors.New("dial refused by the test")
+		}
+		nc, err := d.DialContext(ctx, network, addr)
+		if err == nil {
+			opened = append(opened, nc)
+		}
+		return nc, err
+	}}, nil, srv.Addr)
+	ctx := t.Context()
+	if err := c.ping(ctx); err != nil { // dials both
+		t.Fatal(err)
+	}
+	mu.Lock()
+	refuse = true
+	first := opened[0]
+	mu.Unlock()
+	_ = first.Close() // the first connection breaks; its redial fails
+	s, err := c.pick("down")
+	if err != nil {
+		t.Fatal(err)
+	}
+	storetest.WaitFor(t, 5*time.Second, "the first connection down", func() bool { return !s.conns[0].up.Load() })
+	if err := c.add(ctx, "down", []byte("0"), 60); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 10 {
+		if _, err := c.incr(ctx, "down", 1); err != nil {
+			t.Fatalf("request %d with the second connection up: %v", i, err)
+		}
+	}
+}

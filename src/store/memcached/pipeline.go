@@ -145,8 +145,10 @@ const maxSpare = 64 << 10
 type pconn struct {
 	c *client
 	s *server
-	// pending counts the requests queued or under way (for choose).
+	// pending counts the requests queued or under way, and up is set
+	// while connected (for choose).
 	pending atomic.Int64
+	up      atomic.Bool
 
 	// mu guards everything below.
 	mu sync.Mutex
@@ -322,6 +324,7 @@ func (pc *pconn) readyLocked(ctx context.Context) error {
 			return errClientClosed
 		}
 		pc.nc, pc.answered, pc.dialed, pc.rdl = nc, false, dialed, time.Time{}
+		pc.up.Store(true)
 		pc.gen++
 		pc.readerDone = make(chan struct{})
 		go pc.read(nc, pc.gen, pc.readerDone)
@@ -345,6 +348,7 @@ func (pc *pconn) breakLocked(gen uint64, err error) {
 	}
 	_ = pc.nc.Close()
 	pc.nc = nil
+	pc.up.Store(false)
 	pc.gen++ // its reader, still parsing maybe, sees it gone
 	pc.rdl = time.Time{}
 	pc.wbuf, pc.unsent = pc.wbuf[:0], 0
