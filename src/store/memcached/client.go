@@ -9,6 +9,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+	"unsafe"
 )
 
 // This file and pipeline.go are the store's memcached client: a pipelining
@@ -105,7 +106,6 @@ type server struct {
 	conns []*pconn
 	// queued counts the requests queued or under way (MaxQueue bounds it).
 	queued atomic.Int64
-	next   atomic.Uint32
 }
 
 func newClient(cfg clientConfig) *client {
@@ -193,10 +193,13 @@ func (c *client) pick(key string) (*server, error) {
 }
 
 // pickIndex is gomemcache's choice of server for key among n > 1.
+//
+// gomemcache hashes a copy of the key's first 256 bytes; this hashes them
+// in place, read-only, as a copy would escape to the heap (crc32 keeps its
+// argument opaque to escape analysis).
 func pickIndex(key string, n int) int {
-	var buf [256]byte // gomemcache hashes a copy into 256 bytes
-	k := copy(buf[:], key)
-	return int(crc32.ChecksumIEEE(buf[:k]) % uint32(n))
+	head := unsafe.Slice(unsafe.StringData(key), min(len(key), 256))
+	return int(crc32.ChecksumIEEE(head) % uint32(n))
 }
 
 // addrOf returns the address of key's server.
@@ -390,24 +393,46 @@ func (c *client) wait(ctx context.Context, r *request) (*request, error) {
 	return r, nil
 }
 
-// choose returns the connection with the fewest requests under way,
-// starting the scan at a rotating one so that ties spread.
+// choose returns the connection for a new request: the first one that is
+// up and whose queue is not deep; else the first whose queue is not deep
+// (to be dialed); else the one with the fewest requests under way.
+//
+// A connection has one batch in flight at a time (see pconn), and each
+// batch costs a write and a read or two on both sides, the main cost of a
+// shallow pipeline; spreading requests over the connections splits the
+// batches for nothing while the first keeps up. A deep queue on it is
+// worth a round trip in parallel, on the next one (the Redis store
+// schedules its pipelines so too). One that is down (backing off after a
+// late answer, say) is passed over while another is up.
 func (s *server) choose() *pconn {
-	n := uint32(len(s.conns))
-	if n == 1 {
-		return s.conns[0]
+	var down *pconn
+	for _, pc := range s.conns {
+		if pc.pending.Load() >= deepQueue {
+			continue
+		}
+		if pc.up.Load() {
+			return pc
+		}
+		if down == nil {
+			down = pc
+		}
 	}
-	start := s.next.Add(1)
-	best := s.conns[start%n]
+	if down != nil {
+		return down
+	}
+	best := s.conns[0]
 	least := best.pending.Load()
-	for i := uint32(1); i < n && least > 0; i++ {
-		pc := s.conns[(start+i)%n]
+	for _, pc := range s.conns[1:] {
 		if p := pc.pending.Load(); p < least {
 			best, least = pc, p
 		}
 	}
 	return best
 }
+
+// deepQueue is the requests queued or under way on a connection past which
+// choose turns to the next one.
+const deepQueue = 32
 
 // closeServers closes the connections of servers dropped from the list,
 // after their requests under way are answered or Timeout has passed.

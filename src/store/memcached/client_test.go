@@ -551,3 +551,143 @@ func BenchmarkClientIncr(b *testing.B) {
 		})
 	}
 }
+
+// TestClientPrefersFirstConn checks that requests stay on a server's first
+// connection while its queue is shallow (the second is not even dialed),
+// and that a deep queue there sends the next request to the second.
+func TestClientPrefersFirstConn(t *testing.T) {
+	t.Parallel()
+	srv := storetest.StartMemcached(t)
+	var dials atomic.Int64
+	d := &net.Dialer{Timeout: time.Second}
+	c := testClient(t, clientConfig{Conns: 2, Dial: func(ctx context.Context, network, addr string) (net.Conn, error) {
+		dials.Add(1)
+		return d.DialContext(ctx, network, addr)
+	}}, nil, srv.Addr)
+	ctx := t.Context()
+	if err := c.add(ctx, "prefer", []byte("0"), 60); err != nil {
+		t.Fatal(err)
+	}
+	for range 50 {
+		if _, err := c.incr(ctx, "prefer", 1); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n := dials.Load(); n != 1 {
+		t.Errorf("%d connections dialed for requests one at a time, want 1", n)
+	}
+	// Held requests stay queued on the first connection until flushed.
+	var held []*request
+	var first *pconn
+	for range deepQueue {
+		r, pc, err := c.start(ctx, "prefer", request{verb: verbIncr, key: "prefer", num: 1}, true)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if first == nil {
+			first = pc
+		} else if pc != first {
+			t.Fatalf("a request went to another connection with %d queued on the first", len(held))
+		}
+		held = append(held, r)
+	}
+	r, pc, err := c.start(ctx, "prefer", request{verb: verbIncr, key: "prefer", num: 1}, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if pc == first {
+		t.Errorf("request %d went to the first connection, whose queue is deep", deepQueue+1)
+	}
+	first.flush()
+	pc.flush()
+	for _, r := range append(held, r) {
+		if _, err := c.wait(ctx, r); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// TestClientYieldSharesWrite checks that requests made at the same moment
+// on an idle connection go out together: the one that finds it idle yields
+// before writing, and those runnable meanwhile join its write. With one
+// processor, 16 goroutines started together make one write per round
+// (two without the yield: the first request alone, then the others when
+// its answer comes), or two when the scheduler happens to take its global
+// queue, where the yielding goroutine went, first (about one round in
+// four); the bound leaves room for that.
+func TestClientYieldSharesWrite(t *testing.T) {
+	srv := storetest.StartMemcached(t)
+	var writes atomic.Int64
+	c := testClient(t, clientConfig{Conns: 1}, &writes, srv.Addr)
+	ctx := t.Context()
+	if err := c.add(ctx, "yield", []byte("0"), 60); err != nil {
+		t.Fatal(err)
+	}
+	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(1))
+	const rounds, callers = 20, 16
+	writes.Store(0)
+	for range rounds {
+		var wg sync.WaitGroup
+		for range callers {
+			wg.Go(func() {
+				if _, err := c.incr(ctx, "yield", 1); err != nil {
+					t.Error(err)
+				}
+			})
+		}
+		wg.Wait()
+	}
+	if w := writes.Load(); w > rounds*7/4 {
+		t.Errorf("%d writes for %d rounds of %d requests made together, want at most %d", w, rounds, callers, rounds*7/4)
+	} else {
+		t.Logf("%d writes for %d rounds of %d requests made together", w, rounds, callers)
+	}
+}
+
+// TestClientPassesOverDownConn checks that while the first connection is
+// down and cannot be redialed (backing off), requests go to the second,
+// which is up, rather than failing with the first's error.
+func TestClientPassesOverDownConn(t *testing.T) {
+	t.Parallel()
+	srv := storetest.StartMemcached(t)
+	var (
+		mu     sync.Mutex
+		opened []net.Conn
+		refuse bool
+	)
+	d := &net.Dialer{Timeout: time.Second}
+	c := testClient(t, clientConfig{Conns: 2, Dial: func(ctx context.Context, network, addr string) (net.Conn, error) {
+		mu.Lock()
+		defer mu.Unlock()
+		if refuse {
+			return nil, errors.New("dial refused by the test")
+		}
+		nc, err := d.DialContext(ctx, network, addr)
+		if err == nil {
+			opened = append(opened, nc)
+		}
+		return nc, err
+	}}, nil, srv.Addr)
+	ctx := t.Context()
+	if err := c.ping(ctx); err != nil { // dials both
+		t.Fatal(err)
+	}
+	mu.Lock()
+	refuse = true
+	first := opened[0]
+	mu.Unlock()
+	_ = first.Close() // the first connection breaks; its redial fails
+	s, err := c.pick("down")
+	if err != nil {
+		t.Fatal(err)
+	}
+	storetest.WaitFor(t, 5*time.Second, "the first connection down", func() bool { return !s.conns[0].up.Load() })
+	if err := c.add(ctx, "down", []byte("0"), 60); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 10 {
+		if _, err := c.incr(ctx, "down", 1); err != nil {
+			t.Fatalf("request %d with the second connection up: %v", i, err)
+		}
+	}
+}

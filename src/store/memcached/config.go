@@ -40,7 +40,9 @@ type Config struct {
 	// MaxIdleConns, at most 2. For gomemcache (the anchor's client) it
 	// is the idle connections kept per server, one per command under
 	// way; here each connection pipelines any number of concurrent
-	// commands, and fewer connections coalesce more of them per write.
+	// commands, and fewer connections coalesce more of them per write:
+	// the second takes requests only while the first has a deep queue
+	// (see server.choose).
 	MaxIdleConns int
 	// MaxConns bounds the ops under way at once (default 2 ×
 	// MaxIdleConns): a Do takes one slot, and the other ops of its batch

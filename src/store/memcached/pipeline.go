@@ -9,6 +9,7 @@ import (
 	"io"
 	"net"
 	"os"
+	"runtime"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -130,17 +131,24 @@ const maxSpare = 64 << 10
 //
 // Flush when idle: a connection has at most one batch of requests written
 // and not yet all answered. A request that finds the connection idle is
-// written at once, adding no latency; one that finds a batch in flight
-// waits for its last answer, and the reader then writes everything queued
-// meanwhile in one write. Batches so grow with the load, with no timer,
-// and each costs one write and about one read on both sides, the main
-// cost of a shallow pipeline (the Redis store schedules its pipelines so
-// too).
+// written by its caller; one that finds a batch in flight waits for its
+// last answer, and the reader then writes everything queued meanwhile in
+// one write. Either writer first yields the processor once
+// (runtime.Gosched, with the write claimed): the goroutines already
+// runnable, other calls on their way to the store, queue their requests
+// meanwhile and go in the same write. A lone request finds nothing else to
+// run and goes out at once, so this adds no latency at low load, and no
+// timer is involved. Batches so grow with the load, and each costs one
+// write and about one read on both sides, the main cost of a shallow
+// pipeline (the Redis store schedules its pipelines so too); see also
+// server.choose, which keeps the load on one connection while it keeps up.
 type pconn struct {
 	c *client
 	s *server
-	// pending counts the requests queued or under way (for choose).
+	// pending counts the requests queued or under way, and up is set
+	// while connected (for choose).
 	pending atomic.Int64
+	up      atomic.Bool
 
 	// mu guards everything below.
 	mu sync.Mutex
@@ -204,12 +212,17 @@ func (pc *pconn) flush() {
 
 // flushIdleLocked writes what is queued when nothing written awaits its
 // answer and no write is under way; otherwise the reader will, after the
-// last answer.
+// last answer. It first lets the other runnable goroutines run once, with
+// mu released and the write claimed, so that the requests they are about
+// to queue go in the same write (see pconn).
 func (pc *pconn) flushIdleLocked() {
 	if pc.writing || pc.unsent == 0 || pc.queue.len() > pc.unsent {
 		return
 	}
 	pc.writing = true
+	pc.mu.Unlock()
+	runtime.Gosched()
+	pc.mu.Lock()
 	pc.flushLocked()
 	pc.writing = false
 }
@@ -311,6 +324,7 @@ func (pc *pconn) readyLocked(ctx context.Context) error {
 			return errClientClosed
 		}
 		pc.nc, pc.answered, pc.dialed, pc.rdl = nc, false, dialed, time.Time{}
+		pc.up.Store(true)
 		pc.gen++
 		pc.readerDone = make(chan struct{})
 		go pc.read(nc, pc.gen, pc.readerDone)
@@ -334,6 +348,7 @@ func (pc *pconn) breakLocked(gen uint64, err error) {
 	}
 	_ = pc.nc.Close()
 	pc.nc = nil
+	pc.up.Store(false)
 	pc.gen++ // its reader, still parsing maybe, sees it gone
 	pc.rdl = time.Time{}
 	pc.wbuf, pc.unsent = pc.wbuf[:0], 0
