@@ -691,3 +691,52 @@ func TestClientPassesOverDownConn(t *testing.T) {
 		}
 	}
 }
+
+// TestClientBackoffResetsOnAnswer checks that the reconnection backoff
+// counts failures in a row: late answers while memcached is frozen grow
+// it, and once a connection answers again the next late answer backs off
+// from redialMin, not from where the earlier outage left it.
+func TestClientBackoffResetsOnAnswer(t *testing.T) {
+	t.Parallel()
+	srv := storetest.StartMemcached(t)
+	c := testClient(t, clientConfig{Conns: 1, Timeout: 100 * time.Millisecond}, nil, srv.Addr)
+	ctx := t.Context()
+	if err := c.ping(ctx); err != nil {
+		t.Fatal(err)
+	}
+	s, err := c.pick("k")
+	if err != nil {
+		t.Fatal(err)
+	}
+	pc := s.conns[0]
+	backoff := func() time.Duration {
+		pc.mu.Lock()
+		defer pc.mu.Unlock()
+		return pc.backoff
+	}
+	if err := srv.Freeze(); err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; backoff() < 8*redialMin; i++ {
+		if i == 100 {
+			srv.Thaw()
+			t.Fatalf("backoff %v after 100 pings of a frozen memcached, want it to grow past %v", backoff(), 8*redialMin)
+		}
+		_ = c.ping(ctx) // late, or refused at once within the backoff
+		time.Sleep(redialMin)
+	}
+	if err := srv.Thaw(); err != nil {
+		t.Fatal(err)
+	}
+	storetest.WaitFor(t, 5*time.Second, "an answer after the thaw", func() bool { return c.ping(ctx) == nil })
+	if err := srv.Freeze(); err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Thaw()
+	if err := c.ping(ctx); err == nil {
+		t.Fatal("a ping of a frozen memcached answered")
+	}
+	if got := backoff(); got != redialMin {
+		t.Errorf("backoff after one late answer following an answer = %v, want %v (a fresh run of failures)", got, redialMin)
+	}
+}

@@ -113,7 +113,9 @@ func (r *request) appendTo(b []byte) []byte {
 // Reconnection backoff: a connection that fails before any answer (a
 // dial refused, a server frozen) waits from redialMin, doubling up to
 // redialMax, before the next dial; requests meanwhile fail at once with
-// the last error, so that an outage costs no waiting.
+// the last error, so that an outage costs no waiting. The first answer on
+// a connection ends the run of failures: the next one starts again from
+// redialMin.
 const (
 	redialMin = 20 * time.Millisecond
 	redialMax = time.Second
@@ -421,7 +423,11 @@ func (pc *pconn) read(nc net.Conn, gen uint64, done chan struct{}) {
 			return
 		}
 		r := pc.queue.pop()
-		pc.answered = true
+		if !pc.answered {
+			// The connection serves: the failures in a row are over,
+			// and a later one backs off from redialMin again.
+			pc.answered, pc.backoff = true, 0
+		}
 		if next := pc.queue.peek(); next == nil || next.sent.IsZero() {
 			pc.setReadDeadlineLocked(time.Time{})
 		} else {
