@@ -157,24 +157,15 @@ func (d *decoder) tag(want byte) {
 	}
 }
 
-func (d *decoder) varint() int64 {
-	if d.err != nil {
-		return 0
-	}
-	v, n := binary.Varint(d.data)
-	if n <= 0 {
-		d.fail("bad varint")
-		return 0
-	}
-	d.data = d.data[n:]
-	return v
-}
+func (d *decoder) varint() int64   { return readVarint(d, binary.Varint) }
+func (d *decoder) uvarint() uint64 { return readVarint(d, binary.Uvarint) }
 
-func (d *decoder) uvarint() uint64 {
+// readVarint takes one varint off d with read (binary.Varint or Uvarint).
+func readVarint[T int64 | uint64](d *decoder, read func([]byte) (T, int)) T {
 	if d.err != nil {
 		return 0
 	}
-	v, n := binary.Uvarint(d.data)
+	v, n := read(d.data)
 	if n <= 0 {
 		d.fail("bad varint")
 		return 0

@@ -588,13 +588,10 @@ const expireSamples = 3
 // expireSome removes the idle keys among expireSamples of sh drawn at
 // random. The caller holds sh.mu.
 func (sh *shard) expireSome(s *Store, t int64) {
-	n := len(sh.order)
-	if n == 0 {
-		return
-	}
 	removed := 0
 	for range expireSamples {
-		if n = len(sh.order); n == 0 {
+		n := len(sh.order)
+		if n == 0 {
 			break
 		}
 		if e := sh.order[rand.IntN(n)]; e.idle <= t && !e.pinned {
