@@ -21,7 +21,7 @@ build: ## build every command into ./bin
 run: ## serve ./config/*.yaml on the memory store
 	$(GO) run ./cmd/ratelimit
 
-servers: ## install redis-server, memcached, nutcracker (twemproxy) and chromium if they are missing
+servers: ## install redis-server, memcached, nutcracker (twemproxy), chromium and Envoy if they are missing
 	@./scripts/ensure-servers.sh
 
 # Packages of static checks only (no goroutines of their own), run without

@@ -7,7 +7,6 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
-	"slices"
 	"sort"
 	"testing"
 
@@ -23,9 +22,9 @@ import (
 
 // The Istio example (examples/istio) is read as Istio and Envoy read it:
 // each EnvoyFilter's spec strictly with Istio's own API types, and the
-// Envoy config its patches embed with go-control-plane's, validated. The
-// descriptors of its rate_limits on sample requests must land on the
-// rules meant for them, in the rules it adds to the service's ConfigMap.
+// Envoy config its patches embed with go-control-plane's, validated.
+// Real Envoy runs its patches applied to a listener of the test's in
+// envoyistio_test.go.
 
 const istioExample = "../examples/istio"
 
@@ -235,51 +234,6 @@ func TestIstioExample(t *testing.T) {
 	}
 	if c := filters["sidecar-envoyfilter.yaml"].context; c != networkingv1alpha3.EnvoyFilter_SIDECAR_INBOUND {
 		t.Errorf("sidecar-envoyfilter.yaml patches context %s, want SIDECAR_INBOUND", c)
-	}
-
-	samples := []struct {
-		name string
-		file string
-		req  sampleRequest
-		want []string
-	}{
-		{name: "gateway_login", file: "gateway-envoyfilter.yaml",
-			req:  sampleRequest{path: "/login", remote: "198.51.100.1"},
-			want: []string{"ingress.remote_address", "ingress.path_/login.remote_address"}},
-		{name: "gateway_api_key", file: "gateway-envoyfilter.yaml",
-			req:  sampleRequest{path: "/api/v1/things", remote: "198.51.100.2", headers: map[string]string{"x-api-key": "k1"}},
-			want: []string{"ingress.remote_address", "ingress.api_key"}},
-		{name: "sidecar_user_status", file: "sidecar-envoyfilter.yaml",
-			req:  sampleRequest{path: "/status/418", remote: "10.1.2.3", headers: map[string]string{"x-user-id": "alice"}},
-			want: []string{"httpbin.generic_key_httpbin.user", "httpbin.path_/status/*"}},
-		{name: "sidecar_anonymous_other_path", file: "sidecar-envoyfilter.yaml",
-			req:  sampleRequest{path: "/get", remote: "10.1.2.4"},
-			want: []string{"no rule for [{path /get}]"}},
-	}
-	reached := map[string]bool{}
-	for _, s := range samples {
-		f := filters[s.file]
-		// Istio's routes have no rate_limits of their own, so Envoy
-		// applies the virtual host's.
-		descs := descriptors(t, routeLimits(f.vhost, &routev3.Route{}), s.req)
-		var got []string
-		for _, d := range descs {
-			l := cfg.Match(f.filter.GetDomain(), d).Limit
-			if l == nil {
-				got = append(got, fmt.Sprintf("no rule for %v", d))
-				continue
-			}
-			reached[l.FullKey] = true
-			got = append(got, l.FullKey)
-		}
-		if !slices.Equal(got, s.want) {
-			t.Errorf("%s: descriptors %v match %q, want %q", s.name, descs, got, s.want)
-		}
-	}
-	for _, l := range cfg.Limits() {
-		if !reached[l.FullKey] {
-			t.Errorf("rule %s (%s) is reached by no sample of examples/istio", l.FullKey, l.Source)
-		}
 	}
 }
 
