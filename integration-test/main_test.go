@@ -13,6 +13,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -119,6 +120,20 @@ func freePort(t *testing.T) int {
 	return 0
 }
 
+// portOf is the port of a host:port address.
+func portOf(t *testing.T, addr string) int {
+	t.Helper()
+	_, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	n, err := strconv.Atoi(port)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
 // writeRules writes name into root/config.
 func writeRules(t *testing.T, root, name, text string) {
 	t.Helper()
@@ -149,6 +164,9 @@ type launchOpts struct {
 	// nofile, when set, is the open-file limit (soft and hard) the service
 	// starts with, set through the shell.
 	nofile int
+	// reuse, when set, is a service that has exited: the new one takes
+	// its addresses and its RUNTIME_ROOT (a restart).
+	reuse *proc
 }
 
 // launchWith is launch with opts.
@@ -160,6 +178,10 @@ func launchWith(t *testing.T, opts launchOpts, rules map[string]string, env ...s
 	}
 	gp, hp, dp := freePort(t), freePort(t), freePort(t)
 	p.grpc, p.http, p.debug = fmt.Sprintf("127.0.0.1:%d", gp), fmt.Sprintf("127.0.0.1:%d", hp), fmt.Sprintf("127.0.0.1:%d", dp)
+	if old := opts.reuse; old != nil {
+		p.root, p.grpc, p.http, p.debug = old.root, old.grpc, old.http, old.debug
+		gp, hp, dp = portOf(t, old.grpc), portOf(t, old.http), portOf(t, old.debug)
+	}
 	bin := binary
 	if opts.binary != "" {
 		bin = opts.binary
