@@ -8,7 +8,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ratelimitd/ratelimit/src/provider/xdstest"
 	"github.com/ratelimitd/ratelimit/src/server/tlstest"
+	"github.com/ratelimitd/ratelimit/src/store/storetest"
 )
 
 // The Envoy Gateway scenario with Envoy itself as the client: the service
@@ -49,14 +51,14 @@ func tlsRLSCluster(addr, caFile, certFile, keyFile string, maxConn time.Duration
 }
 
 // tlsEnvoyBootstrap is httpBootstrap's single listener, limited by
-// (user=x-user) in domain hdr through a fail-closed filter, calling the
+// (user=x-user) in domain through a fail-closed filter, calling the
 // service over cluster (a tlsRLSCluster).
-func tlsEnvoyBootstrap(t *testing.T, up *upstream, cluster string) string {
+func tlsEnvoyBootstrap(t *testing.T, up *upstream, domain, cluster string) string {
 	t.Helper()
 	return envoyConfig(t, httpBootstrap, map[string]string{
 		"AccessLog": filepath.Join(t.TempDir(), "access.log"),
 		"Routes":    userRoute,
-		"Filters":   rateLimitFilter("hdr", ""),
+		"Filters":   rateLimitFilter(domain, ""),
 		"Clusters":  "",
 		"Upstream":  httpCluster("upstream", up.addr),
 		"RLS":       cluster,
@@ -93,34 +95,41 @@ func TestRealEnvoyGatewayTLS(t *testing.T) {
 
 	t.Run("tls", func(t *testing.T) {
 		p := start(t, rules, egEnv...)
-		e := startEnvoy(t, tlsEnvoyBootstrap(t, up, tlsRLSCluster(p.grpc, path("ca.crt"), "", "", time.Hour)))
+		e := startEnvoy(t, tlsEnvoyBootstrap(t, up, "hdr", tlsRLSCluster(p.grpc, path("ca.crt"), "", "", time.Hour)))
 		driveEnvoy(t, p, e.listener(t, "http"), up, envoyHTTPCase{name: "tls", path: "/",
 			headers: map[string]string{"x-user": "over-tls"}, admitted: 3, rules: []string{"hdr.user"}})
 	})
 
 	t.Run("mtls", func(t *testing.T) {
 		p := start(t, rules, append(egEnv, "GRPC_CLIENT_TLS_CACERT="+sec.Path("ca.crt"), "GRPC_CLIENT_TLS_SAN="+clientSAN)...)
-		e := startEnvoy(t, tlsEnvoyBootstrap(t, up, tlsRLSCluster(p.grpc, path("ca.crt"), path("tls.crt"), path("tls.key"), time.Hour)))
+		e := startEnvoy(t, tlsEnvoyBootstrap(t, up, "hdr", tlsRLSCluster(p.grpc, path("ca.crt"), path("tls.crt"), path("tls.key"), time.Hour)))
 		driveEnvoy(t, p, e.listener(t, "http"), up, envoyHTTPCase{name: "mtls", path: "/",
 			headers: map[string]string{"x-user": "over-mtls"}, admitted: 3, rules: []string{"hdr.user"}})
 
 		// An Envoy without a client certificate is refused by the service:
 		// its fail-closed filter answers 500.
-		anon := startEnvoy(t, tlsEnvoyBootstrap(t, up, tlsRLSCluster(p.grpc, path("ca.crt"), "", "", time.Hour)))
+		anon := startEnvoy(t, tlsEnvoyBootstrap(t, up, "hdr", tlsRLSCluster(p.grpc, path("ca.crt"), "", "", time.Hour)))
 		if r := httpGet(t, anon.listener(t, "http"), "/", map[string]string{"x-user": "anonymous"}); r.code != http.StatusInternalServerError {
 			t.Errorf("Envoy without a client certificate: HTTP %d, want 500 (refused by the service, fail closed)", r.code)
 		}
 	})
 
+	// Envoy Gateway's whole scenario: rules over xDS, counts in Redis,
+	// mTLS, and the certificate rotated while Envoy is connected.
 	t.Run("rotation", func(t *testing.T) {
-		p := start(t, rules, append(egEnv, "GRPC_CLIENT_TLS_CACERT="+sec.Path("ca.crt"), "GRPC_CLIENT_TLS_SAN="+clientSAN)...)
+		xds := xdstest.Start(t, xdstest.Options{})
+		xds.SetConfigs(t, egNode, xdsWeb(3, 100))
+		r := storetest.StartRedis(t, storetest.RedisOptions{})
+		p := launch(t, nil, append(append(egEnv, redisEnv(r)...),
+			"CONFIG_TYPE=GRPC_XDS_SOTW", "CONFIG_GRPC_XDS_SERVER_URL="+xds.Addr, "CONFIG_GRPC_XDS_NODE_ID="+egNode,
+			"GRPC_CLIENT_TLS_CACERT="+sec.Path("ca.crt"), "GRPC_CLIENT_TLS_SAN="+clientSAN)...)
+		p.waitHealth(t, http.StatusOK)
 		// Envoy replaces its connection to the service every second.
-		e := startEnvoy(t, tlsEnvoyBootstrap(t, up, tlsRLSCluster(p.grpc, path("ca.crt"), path("tls.crt"), path("tls.key"), time.Second)))
+		e := startEnvoy(t, tlsEnvoyBootstrap(t, up, "web", tlsRLSCluster(p.grpc, path("ca.crt"), path("tls.crt"), path("tls.key"), time.Second)))
 		addr := e.listener(t, "http")
+		driveEnvoy(t, p, addr, up, envoyHTTPCase{name: "before", path: "/",
+			headers: map[string]string{"x-user": "before"}, admitted: 3, rules: []string{"web.user"}})
 		ask := func(user string) int { return httpGet(t, addr, "/", map[string]string{"x-user": user}).code }
-		if code := ask("before"); code != http.StatusOK {
-			t.Fatalf("before the rotation: HTTP %d", code)
-		}
 		second := ca.Server(t)
 		sec.Update(t, secretContents(second, ca))
 		eventually(t, "the new certificate served", 15*time.Second, func() bool {
@@ -144,6 +153,10 @@ func TestRealEnvoyGatewayTLS(t *testing.T) {
 		}
 		if code := ask("after"); code != http.StatusOK {
 			t.Errorf("after the rotation: HTTP %d", code)
+		}
+		// The user over the limit before the rotation is still over it.
+		if code := ask("before"); code != http.StatusTooManyRequests {
+			t.Errorf("the user over the limit before the rotation: HTTP %d, want 429", code)
 		}
 		for _, name := range []string{"cluster.ratelimit.ssl.connection_error", "cluster.upstream.ratelimit.error"} {
 			if n := e.counter(t, name); n != 0 {
