@@ -10,7 +10,7 @@ VERSION  ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev
 # in cmd/ratelimit checks that they agree).
 BUILDFLAGS = -trimpath -ldflags "-s -w -X main.version=$(VERSION)"
 
-.PHONY: help build run test race unit allocs lint imports check ci bench bench-tuning bench-go soak fuzz fuzz-all docker servers clean
+.PHONY: help build run test race unit allocs lint imports check ci bench bench-envoy bench-tuning bench-go soak fuzz fuzz-all docker servers clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN{FS=":.*## "}{printf "  %-10s %s\n", $$1, $$2}'
@@ -60,6 +60,12 @@ bench-go: ## Go micro-benchmarks of the hot path
 
 bench: servers ## the service-level scenarios, written to docs/BENCHMARKS.md and docs/SCALING.md
 	$(GO) run ./tools/benchrun -out docs/BENCHMARKS.md
+
+# ANCHOR_BIN=/path/to/envoyproxy/ratelimit (a binary you built from its
+# source) adds the anchor beside this service on Redis and Memcached.
+bench-envoy: ## the end-to-end cost through real Envoy (h2load; no filter, each store, 1 and 3 descriptors), written to docs/BENCHMARKS.md
+	@./scripts/ensure-servers.sh bench
+	$(GO) run ./tools/benchrun -envoy -stores memory,redis,memcache -d 5s -out docs/BENCHMARKS.md
 
 bench-tuning: servers ## the gRPC and GC defaults against their alternatives, written to docs/BENCHMARKS.md
 	$(GO) run ./tools/benchrun -out docs/BENCHMARKS.md -stores memory,redis -runs 5 -variants \

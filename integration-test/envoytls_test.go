@@ -11,6 +11,7 @@ import (
 	"github.com/ratelimitd/ratelimit/src/provider/xdstest"
 	"github.com/ratelimitd/ratelimit/src/server/tlstest"
 	"github.com/ratelimitd/ratelimit/src/store/storetest"
+	"github.com/ratelimitd/ratelimit/tools/envoyproc"
 )
 
 // The Envoy Gateway scenario with Envoy itself as the client: the service
@@ -30,7 +31,7 @@ func tlsRLSCluster(addr, caFile, certFile, keyFile string, maxConn time.Duration
           - certificate_chain: {filename: %s}
             private_key: {filename: %s}`, certFile, keyFile)
 	}
-	return staticCluster("ratelimit", addr, fmt.Sprintf(`
+	return envoyproc.Cluster("ratelimit", addr, false, fmt.Sprintf(`
     typed_extension_protocol_options:
       envoy.extensions.upstreams.http.v3.HttpProtocolOptions:
         "@type": type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions

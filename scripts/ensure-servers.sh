@@ -22,6 +22,11 @@ if [ -z "${ENVOY_BIN:-}" ] && ! command -v envoy >/dev/null 2>&1; then
   fi
 fi
 missing=()
+# `ensure-servers.sh bench`: also h2load, the HTTP load generator of
+# `make bench-envoy`.
+if [ "${1:-}" = bench ]; then
+  command -v h2load >/dev/null 2>&1 || missing+=(nghttp2-client)
+fi
 command -v redis-server >/dev/null 2>&1 || missing+=(redis-server)
 command -v memcached >/dev/null 2>&1 || missing+=(memcached)
 # Debian puts nutcracker in /usr/sbin, which a user's PATH may lack.
@@ -42,5 +47,5 @@ if command -v apt-get >/dev/null 2>&1; then
     exit 0
   fi
 fi
-echo "ensure-servers: ${missing[*]} not found. Install them, e.g. 'sudo apt-get install -y redis-server memcached nutcracker chromium' on Debian/Ubuntu or 'brew install redis memcached twemproxy chromium' on macOS, then run 'make test' again." >&2
+echo "ensure-servers: ${missing[*]} not found. Install them, e.g. 'sudo apt-get install -y redis-server memcached nutcracker chromium nghttp2-client' on Debian/Ubuntu or 'brew install redis memcached twemproxy chromium nghttp2' on macOS, then run 'make test' again." >&2
 exit 1

@@ -72,15 +72,7 @@ const (
 )
 
 func main() {
-	if addr := os.Getenv(noopEnv); addr != "" {
-		tuning := untunedNoop
-		if os.Getenv(noopTunedEnv) == "1" {
-			tuning = tunedNoop
-		}
-		if err := serveNoop(addr, tuning); err != nil {
-			fmt.Fprintln(os.Stderr, err)
-			os.Exit(1)
-		}
+	if serveAsChild() {
 		return
 	}
 	if err := run(os.Args[1:], os.Stderr); err != nil {
@@ -90,6 +82,29 @@ func main() {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
 	}
+}
+
+// serveAsChild serves what benchrun starts itself again to serve, the
+// no-op RLS server or the HTTP upstream, as its environment says, and
+// reports whether it did.
+func serveAsChild() bool {
+	var err error
+	if addr := os.Getenv(upstreamEnv); addr != "" {
+		err = serveUpstream(addr)
+	} else if addr := os.Getenv(noopEnv); addr != "" {
+		tuning := untunedNoop
+		if os.Getenv(noopTunedEnv) == "1" {
+			tuning = tunedNoop
+		}
+		err = serveNoop(addr, tuning)
+	} else {
+		return false
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	return true
 }
 
 // timing is how long and how often each scenario is measured.
@@ -117,6 +132,9 @@ func run(args []string, logw io.Writer) error {
 		warmup    = fs.Duration("warmup", 0, "warm-up before the runs of each scenario (default 2s, 500ms with -quick)")
 		variants  = fs.String("variants", "", "compare service configurations instead of the standard run: `'name: ENV=value ...; name2: ...'`; writes its own section of -out (default scenarios: c64)")
 		bin       = fs.String("bin", "", "service `binary` to measure instead of building ./cmd/ratelimit (any envoyproxy/ratelimit-compatible build)")
+		envoy     = fs.Bool("envoy", false, "measure the end-to-end cost through real Envoy instead (h2load, no filter against each store, 1 and 3 descriptors); writes its own section of -out")
+		anchor    = fs.String("anchor", os.Getenv("ANCHOR_BIN"), "with -envoy: an envoyproxy/ratelimit `binary` (built by you from its source) to measure beside this service on Redis and Memcached (default $ANCHOR_BIN)")
+		rate      = fs.Int("envoy-rate", 1000, "with -envoy: the fixed request rate of the latency runs")
 	)
 	fs.SetOutput(logw)
 	if err := fs.Parse(args); err != nil {
@@ -187,6 +205,32 @@ func run(args []string, logw io.Writer) error {
 		return err
 	}
 	defer os.RemoveAll(tmp)
+
+	if *envoy {
+		start := time.Now()
+		logf := func(format string, args ...any) {
+			fmt.Fprintf(logw, "[%5s] %s\n", time.Since(start).Round(time.Second), fmt.Sprintf(format, args...))
+		}
+		if *bin == "" {
+			*bin = filepath.Join(tmp, "ratelimit")
+			logf("benchrun: go build ./cmd/ratelimit")
+			if err := buildService(ctx, *bin); err != nil {
+				return err
+			}
+		}
+		var envoyStores []string
+		for _, st := range storeList {
+			if st != "redis-cluster" {
+				envoyStores = append(envoyStores, st)
+			}
+		}
+		err := runEnvoyBench(ctx, envoyOptions{anchor: *anchor, bin: *bin, stores: envoyStores, runs: t.runs, duration: t.duration,
+			conns: 16, streams: 4, rate: *rate, out: *out, command: commandLine(args)}, tmp, logf)
+		if err == nil {
+			logf("benchrun: wrote the Envoy tables into %s", *out)
+		}
+		return err
+	}
 
 	r := &runner{
 		timing:    t,
@@ -772,6 +816,13 @@ func serviceEnv(rulesRoot string, ports []int, extra ...string) []string {
 
 // startService starts bin and waits until GET /healthcheck answers 200.
 func startService(ctx context.Context, bin, name, rulesRoot string, extra ...string) (*service, error) {
+	return startServiceUntil(ctx, bin, name, rulesRoot, true, extra...)
+}
+
+// startServiceUntil is startService; with healthy false it waits only for
+// the gRPC port to accept connections, for a service whose /healthcheck
+// never says 200 on a store (envoyproxy/ratelimit on Memcached).
+func startServiceUntil(ctx context.Context, bin, name, rulesRoot string, healthy bool, extra ...string) (*service, error) {
 	ports, err := freePorts(3)
 	if err != nil {
 		return nil, err
@@ -783,7 +834,17 @@ func startService(ctx context.Context, bin, name, rulesRoot string, extra ...str
 		return nil, err
 	}
 	health := fmt.Sprintf("http://127.0.0.1:%d/healthcheck", ports[0])
-	if err := p.waitUntil(ctx, 30*time.Second, "healthy", func() error { return httpOK(health) }); err != nil {
+	ready := func() error { return httpOK(health) }
+	if !healthy {
+		ready = func() error {
+			c, err := net.DialTimeout("tcp", fmt.Sprintf("127.0.0.1:%d", ports[1]), time.Second)
+			if err == nil {
+				c.Close()
+			}
+			return err
+		}
+	}
+	if err := p.waitUntil(ctx, 30*time.Second, "ready", ready); err != nil {
 		p.stop()
 		return nil, err
 	}

@@ -25,15 +25,7 @@ import (
 // grows by 100 per read. It refuses BACKEND_TYPE=memcache, and the rule of
 // the algorithm named by FAKE_REFUSE, as a service without them would.
 func TestMain(m *testing.M) {
-	if addr := os.Getenv(noopEnv); addr != "" {
-		tuning := untunedNoop
-		if os.Getenv(noopTunedEnv) == "1" {
-			tuning = tunedNoop
-		}
-		if err := serveNoop(addr, tuning); err != nil {
-			fmt.Fprintln(os.Stderr, err)
-			os.Exit(1)
-		}
+	if serveAsChild() {
 		return
 	}
 	if os.Getenv("BENCHRUN_FAKE_SERVICE") == "1" {
