@@ -93,11 +93,27 @@ func serve(set *settings.Settings, stderr io.Writer) int {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
 
+	// SIGHUP reloads the rules and the certificates now, as operators
+	// expect of a server: it never ends the process, not even during the
+	// start (one that comes then is handled once the server runs).
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
+	defer signal.Stop(hup)
 	srv, err := server.New(ctx, set, log)
 	if err != nil {
 		log.Error("cannot start", "err", err)
 		return exitFail
 	}
+	go func() {
+		for {
+			select {
+			case <-hup:
+				srv.Reload()
+			case <-ctx.Done():
+				return
+			}
+		}
+	}()
 	if err := srv.Run(ctx); err != nil {
 		log.Error("stopped with an error", "err", err)
 		return exitFail

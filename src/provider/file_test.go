@@ -513,3 +513,35 @@ func TestWatchSource(t *testing.T) {
 		t.Errorf("without symlinks, Source = %+v, want Location %s and the version of the same content, %s", got, filepath.Join(plain, "config"), first.Version)
 	}
 }
+
+// TestWatchReloadNow: Reload reads the files at once, without waiting for
+// them to settle (here a quiet period of an hour would hold any change
+// back), loads them when they changed, and loads nothing when they did
+// not.
+func TestWatchReloadNow(t *testing.T) {
+	t.Parallel()
+	root := t.TempDir()
+	dir := filepath.Join(root, "config")
+	writeFile(t, filepath.Join(dir, "a.yaml"), rule("a", 1))
+	r := &recorder{}
+	w, err := Watch(t.Context(), FileConfig{Root: root, AppDirectory: "config", QuietPeriod: time.Hour}, r.onLoad, r.onError)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { w.Close() })
+
+	writeFile(t, filepath.Join(dir, "a.yaml"), rule("a", 2))
+	w.Reload()
+	waitFor(t, "Reload loads the change at once", func() bool { return r.rpu("a") == 2 })
+
+	w.Reload()
+	w.Reload()
+	// A later change with a Reload behind it: its load comes after the
+	// two above were handled, in order.
+	writeFile(t, filepath.Join(dir, "a.yaml"), rule("a", 3))
+	w.Reload()
+	waitFor(t, "the next change", func() bool { return r.rpu("a") == 3 })
+	if loads, errs := r.counts(); loads != 3 || errs != 0 {
+		t.Errorf("%d loads, %d errors; want 3 (first, 2, 3): a Reload of unchanged files loads nothing", loads, errs)
+	}
+}

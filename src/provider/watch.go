@@ -67,6 +67,8 @@ type Watcher struct {
 	onError func(error)
 	cancel  context.CancelFunc
 	done    chan struct{}
+	// now asks the goroutine for a read at once (Reload).
+	now chan struct{}
 
 	// watched maps each watched directory to the entries of it that
 	// matter. Only Watch and then the run goroutine touch it.
@@ -180,6 +182,7 @@ func Watch(ctx context.Context, cfg FileConfig, onLoad func(Snapshot), onError f
 		onLoad:  onLoad,
 		onError: onError,
 		done:    make(chan struct{}),
+		now:     make(chan struct{}, 1),
 		watched: map[string]watchSpec{},
 	}
 	if err := w.updateWatches(); err != nil {
@@ -212,6 +215,18 @@ func (w *Watcher) Wait() {
 // the context given to Watch.
 func (w *Watcher) Done() <-chan struct{} {
 	return w.done
+}
+
+// Reload asks for the files to be read at once and loaded if they are
+// not what the rules in use were read from, without waiting for them to
+// settle: the caller (an operator's SIGHUP) says the files are complete. A
+// load fails, and keeps the rules in use, as any other would. It does not
+// wait for the read; a Reload asked while one is pending is the same one.
+func (w *Watcher) Reload() {
+	select {
+	case w.now <- struct{}{}:
+	default:
+	}
 }
 
 // Stats returns the counts of loads so far.
@@ -334,6 +349,17 @@ func (w *Watcher) run(ctx context.Context) {
 			if !due && w.recheck() {
 				changed(false)
 			}
+		case <-w.now:
+			if err := w.updateWatches(); err != nil {
+				w.onError(err)
+			}
+			dir, files, err := readFiles(w.cfg)
+			if contentOf(dir, files, err) != w.last {
+				w.load(dir, files, err)
+			}
+			// Whatever was settling is read: a later event starts anew.
+			timer.Stop()
+			due, swapsOnly, read, settling = false, false, false, time.Time{}
 		}
 	}
 }

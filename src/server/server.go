@@ -96,6 +96,23 @@ type Server struct {
 	nearCache *limiter.NearCache
 }
 
+// Reload reads the rule files and the TLS files at once, as an operator's
+// SIGHUP asks: changed rules load without waiting for the files to settle
+// (invalid ones are refused, keeping the rules in use, as any reload),
+// changed certificates are put in force. Rules from an xDS server are
+// pushed by it: there is nothing to re-read. It does not wait for the
+// reads; it is safe for concurrent use.
+func (s *Server) Reload() {
+	w, files := s.watcher.(*provider.Watcher)
+	s.log.Info("reload asked (SIGHUP): reading the rule files and TLS files now", "rules", files, "tls", s.tls != nil)
+	if files {
+		w.Reload()
+	}
+	if s.tls != nil {
+		s.tls.reloadNow()
+	}
+}
+
 // New builds a server from settings: it loads the rules (an invalid rules
 // directory is an error unless FORCE_START_WITHOUT_INITIAL_CONFIG is set;
 // from an xDS server, it waits for the first valid rules unless that is

@@ -46,6 +46,11 @@ const (
 	// so that a writer that replaces the certificate and then the key
 	// (not atomically, as Kubernetes does) is read once, after both.
 	tlsQuiet = 200 * time.Millisecond
+	// tlsExpiryWarning is how long before its end a certificate in use is
+	// reported as about to expire: at load, and again each day. A
+	// renewal (cert-manager renews a third of the lifetime before the
+	// end) should have replaced it long before.
+	tlsExpiryWarning = 7 * 24 * time.Hour
 )
 
 // tlsState is one loaded version of the files: immutable once published.
@@ -79,11 +84,21 @@ type serverTLS struct {
 	// that the periodic re-check alone picks up a change.
 	newWatcher func() (*fsnotify.Watcher, error)
 
+	// now is time.Now; tests move it.
+	now func() time.Time
+	// notAfter is the gauge of the end of the certificate in use (Unix
+	// seconds).
+	notAfter *stats.Gauge
+	// poke asks watch to read the files now (SIGHUP).
+	poke chan struct{}
+
 	cur atomic.Pointer[tlsState]
 	// lastFailure is the last failure logged, so that files that stay
-	// invalid are logged and counted once, not at every re-check. Only
-	// the goroutine of watch touches it.
+	// invalid are logged and counted once, not at every re-check, and
+	// warned when the certificate in use was last said to be about to
+	// expire. Only the goroutine of watch touches them.
 	lastFailure string
+	warned      time.Time
 }
 
 // newServerTLS loads the files once. An error names the setting of
@@ -97,14 +112,48 @@ func newServerTLS(files tlsFiles, reg *stats.Registry, log *slog.Logger) (*serve
 		refused:    reg.Counter("ratelimit.server.tls_handshake_error"),
 		recheck:    tlsRecheck,
 		quiet:      tlsQuiet,
+		now:        time.Now,
+		notAfter:   reg.Gauge("ratelimit.server.tls_cert_not_after"),
+		poke:       make(chan struct{}, 1),
 		newWatcher: fsnotify.NewWatcher,
 	}
 	st, err := tl.load()
 	if err != nil {
 		return nil, err
 	}
-	tl.cur.Store(st)
+	tl.publish(st)
 	return tl, nil
+}
+
+// publish puts st in force and reports its certificate's end.
+func (tl *serverTLS) publish(st *tlsState) {
+	tl.cur.Store(st)
+	tl.notAfter.Set(st.leaf().NotAfter.Unix())
+	tl.warned = time.Time{}
+	tl.warnExpiry()
+}
+
+// warnExpiry logs, at most once a day, that the certificate in use ends
+// within tlsExpiryWarning.
+func (tl *serverTLS) warnExpiry() {
+	now, end := tl.now(), tl.cur.Load().leaf().NotAfter
+	if end.Sub(now) > tlsExpiryWarning || (!tl.warned.IsZero() && now.Sub(tl.warned) < 24*time.Hour) {
+		return
+	}
+	tl.warned = now
+	tl.log.Warn("the TLS certificate in use expires soon; renew GRPC_SERVER_TLS_CERT", "not_after", end, "left", end.Sub(now).Round(time.Minute))
+}
+
+// leaf is the certificate served.
+func (st *tlsState) leaf() *x509.Certificate { return st.config.Certificates[0].Leaf }
+
+// reloadNow asks the watcher to read the files at once (SIGHUP); a read
+// already asked for covers this one.
+func (tl *serverTLS) reloadNow() {
+	select {
+	case tl.poke <- struct{}{}:
+	default:
+	}
 }
 
 // credentials returns the gRPC server's transport credentials.
@@ -165,6 +214,15 @@ func (tl *serverTLS) parse(contents [3][]byte, sum [sha256.Size]byte) (*tlsState
 	pair, err := tls.X509KeyPair(certPEM, keyPEM)
 	if err != nil {
 		return nil, fmt.Errorf("server: GRPC_SERVER_TLS_KEY %s (with GRPC_SERVER_TLS_CERT %s): %w", tl.files.key, tl.files.cert, err)
+	}
+	// Every client refuses a certificate outside its dates: serving one
+	// would refuse every new client. (The message leaves the time out, so
+	// that the same files failing at each re-check are logged once.)
+	switch now := tl.now(); {
+	case now.Before(pair.Leaf.NotBefore):
+		return nil, fmt.Errorf("server: GRPC_SERVER_TLS_CERT %s: not valid before %s", tl.files.cert, pair.Leaf.NotBefore.UTC().Format(time.RFC3339))
+	case now.After(pair.Leaf.NotAfter):
+		return nil, fmt.Errorf("server: GRPC_SERVER_TLS_CERT %s: expired on %s", tl.files.cert, pair.Leaf.NotAfter.UTC().Format(time.RFC3339))
 	}
 	cfg := &tls.Config{
 		Certificates: []tls.Certificate{pair},
@@ -239,10 +297,10 @@ func (tl *serverTLS) reload() {
 		}
 		var st *tlsState
 		if st, err = tl.parse(contents, sum); err == nil {
-			tl.cur.Store(st)
+			tl.publish(st)
 			tl.lastFailure = ""
 			tl.reloaded.Inc()
-			leaf := st.config.Certificates[0].Leaf
+			leaf := st.leaf()
 			tl.log.Info("TLS files reloaded", "subject", leaf.Subject.String(), "serial", leaf.SerialNumber.String(), "not_after", leaf.NotAfter)
 			return
 		}
@@ -301,6 +359,10 @@ func (tl *serverTLS) watch(ctx context.Context) {
 			tl.reload()
 			tl.addWatches(fsw)
 		case <-recheck.C:
+			tl.reload()
+			tl.addWatches(fsw)
+			tl.warnExpiry()
+		case <-tl.poke:
 			tl.reload()
 			tl.addWatches(fsw)
 		}

@@ -414,11 +414,89 @@ func TestTLSInvalidFilesCountedOnce(t *testing.T) {
 	}
 }
 
+// TestTLSDates refuses a rotation to a certificate outside its dates
+// (every client would refuse it), keeping the one in use, logged and
+// counted once however often the files are read; takes it once its time
+// has come; exports the end of the certificate in use and warns when it
+// is near.
+func TestTLSDates(t *testing.T) {
+	ca := tlstest.NewCA(t, "CA")
+	now := time.Now()
+	first := ca.ServerValid(t, now.Add(-time.Hour), now.Add(30*24*time.Hour))
+	sec := tlstest.NewSecretDir(t, secretFiles(first, nil))
+	reg := stats.NewRegistry()
+	var logs syncBuffer
+	r, err := newServerTLS(tlsFiles{cert: sec.Path("tls.crt"), key: sec.Path("tls.key")}, reg, slog.New(slog.NewTextHandler(&logs, nil)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.now = func() time.Time { return now }
+	inUse := func() *big.Int { return r.cur.Load().leaf().SerialNumber }
+	notAfter := func() int64 { return reg.Gauges()["ratelimit.server.tls_cert_not_after"] }
+	if got := notAfter(); got != first.Leaf.NotAfter.Unix() {
+		t.Errorf("tls_cert_not_after = %d, want %d", got, first.Leaf.NotAfter.Unix())
+	}
+
+	for _, tt := range []struct {
+		name string
+		cert *tlstest.Cert
+		want string
+	}{
+		{"expired", ca.ServerValid(t, now.Add(-48*time.Hour), now.Add(-time.Minute)), "expired on"},
+		{"not_yet_valid", ca.ServerValid(t, now.Add(time.Hour), now.Add(48*time.Hour)), "not valid before"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			failedBefore := reg.Snapshot()["ratelimit.server.tls_reload_error"]
+			sec.Update(t, secretFiles(tt.cert, nil))
+			for range 3 {
+				r.reload()
+			}
+			if inUse().Cmp(first.Leaf.SerialNumber) != 0 {
+				t.Errorf("certificate in use %v, want the first one kept", inUse())
+			}
+			if got := reg.Snapshot()["ratelimit.server.tls_reload_error"] - failedBefore; got != 1 {
+				t.Errorf("tls_reload_error went up by %d after three reads, want 1", got)
+			}
+			if !strings.Contains(logs.String(), tt.want) {
+				t.Errorf("logs do not say %q:\n%s", tt.want, logs.String())
+			}
+		})
+	}
+
+	// The not-yet-valid certificate is still in the files: once its time
+	// comes, the next read takes it.
+	future := ca.ServerValid(t, now.Add(time.Hour), now.Add(3*24*time.Hour))
+	sec.Update(t, secretFiles(future, nil))
+	r.reload()
+	now = now.Add(2 * time.Hour)
+	r.reload()
+	if inUse().Cmp(future.Leaf.SerialNumber) != 0 {
+		t.Fatalf("certificate in use %v once valid, want %v", inUse(), future.Leaf.SerialNumber)
+	}
+	if got := notAfter(); got != future.Leaf.NotAfter.Unix() {
+		t.Errorf("tls_cert_not_after = %d, want %d", got, future.Leaf.NotAfter.Unix())
+	}
+	// It ends within a week: warned at load, then once a day.
+	warnings := func() int { return strings.Count(logs.String(), "expires soon") }
+	if warnings() != 1 {
+		t.Errorf("%d warnings that the certificate expires soon after loading it, want 1:\n%s", warnings(), logs.String())
+	}
+	r.warnExpiry()
+	now = now.Add(25 * time.Hour)
+	r.warnExpiry()
+	r.warnExpiry()
+	if warnings() != 2 {
+		t.Errorf("%d warnings a day later, want 2", warnings())
+	}
+}
+
 // TestTLSStartupErrors checks that files that cannot serve stop the start
 // with an error naming the setting at fault.
 func TestTLSStartupErrors(t *testing.T) {
 	ca := tlstest.NewCA(t, "CA")
 	cert, other := ca.Server(t), ca.Server(t)
+	expired := ca.ServerValid(t, time.Now().Add(-48*time.Hour), time.Now().Add(-time.Hour))
+	future := ca.ServerValid(t, time.Now().Add(time.Hour), time.Now().Add(48*time.Hour))
 	tests := []struct {
 		name  string
 		files map[string][]byte // written in a directory; the settings point at tls.crt, tls.key and ca.crt
@@ -432,6 +510,8 @@ func TestTLSStartupErrors(t *testing.T) {
 		{name: "files_swapped", files: map[string][]byte{"tls.crt": cert.KeyPEM, "tls.key": cert.CertPEM}, want: "GRPC_SERVER_TLS_CERT"},
 		{name: "key_empty", files: map[string][]byte{"tls.crt": cert.CertPEM, "tls.key": nil}, want: "GRPC_SERVER_TLS_KEY"},
 		{name: "client_ca_missing", files: map[string][]byte{"tls.crt": cert.CertPEM, "tls.key": cert.KeyPEM}, mTLS: true, want: "GRPC_CLIENT_TLS_CACERT"},
+		{name: "certificate_expired", files: map[string][]byte{"tls.crt": expired.CertPEM, "tls.key": expired.KeyPEM}, want: "GRPC_SERVER_TLS_CERT"},
+		{name: "certificate_not_yet_valid", files: map[string][]byte{"tls.crt": future.CertPEM, "tls.key": future.KeyPEM}, want: "GRPC_SERVER_TLS_CERT"},
 		{name: "client_ca_without_certificate", files: map[string][]byte{"tls.crt": cert.CertPEM, "tls.key": cert.KeyPEM, "ca.crt": cert.KeyPEM}, mTLS: true, want: "GRPC_CLIENT_TLS_CACERT"},
 	}
 	for _, tt := range tests {

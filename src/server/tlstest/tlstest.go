@@ -5,6 +5,7 @@
 package tlstest
 
 import (
+	"cmp"
 	"crypto/ecdsa"
 	"crypto/elliptic"
 	"crypto/rand"
@@ -70,6 +71,9 @@ type Spec struct {
 	// Usages are the extended key usages; none means client and server
 	// authentication both.
 	Usages []x509.ExtKeyUsage
+	// NotBefore and NotAfter bound the validity; zero means an hour ago
+	// and a day from now.
+	NotBefore, NotAfter time.Time
 }
 
 // Cert is a certificate and its private key.
@@ -83,7 +87,7 @@ type Cert struct {
 	Leaf *x509.Certificate
 }
 
-// Issue signs a certificate as spec says, valid from an hour ago for a day,
+// Issue signs a certificate as spec says, by default valid from an hour ago for a day,
 // with a fresh ECDSA P-256 key and a random serial number.
 func (ca *CA) Issue(tb testing.TB, spec Spec) *Cert {
 	tb.Helper()
@@ -95,8 +99,8 @@ func (ca *CA) Issue(tb testing.TB, spec Spec) *Cert {
 	tmpl := &x509.Certificate{
 		SerialNumber: serial(tb),
 		Subject:      pkix.Name{CommonName: spec.CommonName},
-		NotBefore:    time.Now().Add(-time.Hour),
-		NotAfter:     time.Now().Add(24 * time.Hour),
+		NotBefore:    cmp.Or(spec.NotBefore, time.Now().Add(-time.Hour)),
+		NotAfter:     cmp.Or(spec.NotAfter, time.Now().Add(24*time.Hour)),
 		KeyUsage:     x509.KeyUsageDigitalSignature,
 		ExtKeyUsage:  usages,
 		DNSNames:     spec.DNSNames,
@@ -128,11 +132,20 @@ func (ca *CA) Issue(tb testing.TB, spec Spec) *Cert {
 // Server issues a server certificate for localhost, 127.0.0.1 and ::1.
 func (ca *CA) Server(tb testing.TB) *Cert {
 	tb.Helper()
+	return ca.ServerValid(tb, time.Time{}, time.Time{})
+}
+
+// ServerValid is Server with the validity from notBefore to notAfter (a
+// zero time is Issue's default).
+func (ca *CA) ServerValid(tb testing.TB, notBefore, notAfter time.Time) *Cert {
+	tb.Helper()
 	return ca.Issue(tb, Spec{
 		CommonName: "ratelimit test server",
 		DNSNames:   []string{"localhost"},
 		IPs:        []net.IP{net.IPv4(127, 0, 0, 1), net.IPv6loopback},
 		Usages:     []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
+		NotBefore:  notBefore,
+		NotAfter:   notAfter,
 	})
 }
 
