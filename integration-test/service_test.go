@@ -2,6 +2,8 @@ package integration
 
 import (
 	"encoding/json"
+	"net"
+	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
@@ -246,5 +248,47 @@ func TestGRPCUnixSocket(t *testing.T) {
 	resp, err := p.client(t).ShouldRateLimit(callCtx(t), request("web", "user", "uds"))
 	if err != nil || resp.GetOverallCode() != rlsv3.RateLimitResponse_OK {
 		t.Errorf("over GRPC_UDS: %v %v", resp, err)
+	}
+}
+
+// TestGRPCUnixSocketIsNotTakenOver: a second instance on the same GRPC_UDS
+// refuses to start and leaves the first one's socket alone (it used to
+// remove it, leaving the first healthy and unreachable); a successor
+// started once the first has closed its listener serves on the path
+// (TestOwnSocketRemovesOnlyItsOwn in src/server shows the first one's
+// shutdown leaving the successor's socket in place).
+func TestGRPCUnixSocketIsNotTakenOver(t *testing.T) {
+	sock := t.TempDir() + "/rl.sock"
+	rulesFiles := map[string]string{"web.yaml": webRules}
+	first := start(t, rulesFiles, "GRPC_UDS="+sock)
+	first.grpc = "unix://" + sock
+
+	second := launch(t, rulesFiles, "GRPC_UDS="+sock)
+	if code := second.wait(t, 30*time.Second); code == 0 {
+		t.Fatal("a second instance on a socket in use started")
+	}
+	if !strings.Contains(second.logs(), "another process serves on this socket") {
+		t.Errorf("the second instance does not say why:\n%s", second.logs())
+	}
+	if _, err := first.client(t).ShouldRateLimit(callCtx(t), request("web", "user", "still")); err != nil {
+		t.Fatalf("the first instance over its socket after the second one's attempt: %v", err)
+	}
+
+	// A rolling restart: the first one's listener is closed at the start
+	// of its drain, the successor takes the path, then the first exits.
+	first.signal(t, syscall.SIGTERM)
+	eventually(t, "the first instance's listener closed", 30*time.Second, func() bool {
+		c, err := net.Dial("unix", sock)
+		if err == nil {
+			c.Close()
+		}
+		return err != nil
+	})
+	next := launch(t, rulesFiles, "GRPC_UDS="+sock)
+	next.waitHealth(t, http.StatusOK)
+	first.wait(t, 30*time.Second)
+	next.grpc = "unix://" + sock
+	if _, err := next.client(t).ShouldRateLimit(callCtx(t), request("web", "user", "next")); err != nil {
+		t.Errorf("the successor over its socket after the first one exited: %v", err)
 	}
 }

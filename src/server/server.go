@@ -13,8 +13,6 @@ import (
 	"net"
 	"net/http"
 	"net/http/pprof"
-	"os"
-	"path/filepath"
 	"runtime"
 	"runtime/debug"
 	"sync"
@@ -87,6 +85,9 @@ type Server struct {
 	// last failed load since they loaded, for /rlconfig. Nil when none.
 	snapshot  atomic.Pointer[provider.Snapshot]
 	reloadErr atomic.Pointer[loadError]
+	// udsOwn is the socket made at GRPC_UDS, removed at shutdown if it is
+	// still there; nil without GRPC_UDS.
+	udsOwn *ownSocket
 	// tls serves TLS on the gRPC listener; nil without GRPC_SERVER_USE_TLS.
 	tls *serverTLS
 	// live records the traffic for the live view, and web serves it on
@@ -388,6 +389,7 @@ func (s *Server) listen() error {
 			for _, o := range opened {
 				o.Close()
 			}
+			s.udsOwn.remove()
 			return nil, err
 		}
 		ll := newLimitListener(l, capacity, setting, s.log)
@@ -396,8 +398,18 @@ func (s *Server) listen() error {
 	}
 	var err error
 	if s.set.GRPCUDS != "" {
-		_ = os.Remove(s.set.GRPCUDS)
-		s.grpcLn, err = open("unix", s.set.GRPCUDS, grpcCap, "GRPC_MAX_CONNECTIONS")
+		if err := clearSocketPath(s.set.GRPCUDS); err != nil {
+			return err
+		}
+		var ul net.Listener
+		if ul, err = net.Listen("unix", s.set.GRPCUDS); err == nil {
+			if s.udsOwn, err = claimSocket(ul, s.set.GRPCUDS); err != nil {
+				ul.Close()
+			} else {
+				s.grpcLn = newLimitListener(ul, grpcCap, "GRPC_MAX_CONNECTIONS", s.log)
+				opened = append(opened, s.grpcLn)
+			}
+		}
 	} else {
 		s.grpcLn, err = open("tcp", net.JoinHostPort(s.set.GRPCHost, fmt.Sprint(s.set.GRPCPort)), grpcCap, "GRPC_MAX_CONNECTIONS")
 	}
@@ -714,9 +726,7 @@ func (s *Server) shutdown(run *sync.WaitGroup) {
 	}
 	// flushTraces returns by its deadline: the SDK's export gives up then.
 	traces.Wait()
-	if s.set.GRPCUDS != "" {
-		_ = os.Remove(filepath.Clean(s.set.GRPCUDS))
-	}
+	s.udsOwn.remove()
 }
 
 // flushStats sends the statistics one last time, within ctx.
