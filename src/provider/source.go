@@ -1,6 +1,8 @@
 package provider
 
 import (
+	"errors"
+	"fmt"
 	"time"
 
 	"github.com/ratelimitd/ratelimit/src/rules"
@@ -39,4 +41,27 @@ type Source struct {
 	Version string
 	// LoadedAt is when the snapshot was loaded.
 	LoadedAt time.Time
+}
+
+// MaxReportedProblems bounds the problems a refused load reports (in the
+// log, in /rlconfig and in an xDS NACK): the first ones, then a count of
+// the rest. A file or an update can hold any number of them; what tells an
+// operator what to fix is the first few and how many there are.
+// ratelimit-check reports every one.
+const MaxReportedProblems = 20
+
+// capProblems keeps the first MaxReportedProblems of a joined error and
+// says how many more there were.
+func capProblems(err error) error {
+	j, ok := err.(interface{ Unwrap() []error })
+	if !ok {
+		return err
+	}
+	parts := j.Unwrap()
+	if len(parts) <= MaxReportedProblems {
+		return err
+	}
+	kept := append(parts[:MaxReportedProblems:MaxReportedProblems],
+		fmt.Errorf("… and %d more problems (%d in all; ratelimit-check lists every one)", len(parts)-MaxReportedProblems, len(parts)))
+	return errors.Join(kept...)
 }

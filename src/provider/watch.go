@@ -429,7 +429,9 @@ func (w *Watcher) load(dir string, files []rules.File, err error) {
 	w.last = contentOf(dir, files, err)
 	var cfg *rules.Config
 	if err == nil {
-		cfg, err = rules.Parse(files, w.cfg.Options)
+		if cfg, err = rules.Parse(files, w.cfg.Options); err != nil {
+			err = capProblems(err)
+		}
 	}
 	if err == nil && cfg.Empty() && w.domains > 0 && !w.cfg.AllowEmptyReload {
 		err = fmt.Errorf("provider: reload of %s: %w (the rules in use have %d); keeping them (RUNTIME_ALLOW_EMPTY_RELOAD=true allows an empty reload)",

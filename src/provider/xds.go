@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"os"
+	"strings"
 	"sync"
 	"time"
 	"unicode/utf8"
@@ -23,6 +24,7 @@ import (
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/anypb"
 	"google.golang.org/protobuf/types/known/structpb"
 
@@ -42,6 +44,13 @@ const maxErrorDetail = 4096
 // server cannot be made or ends. It says nothing about the rules: those
 // in use stay, and the watcher connects again after the back-off.
 var ErrXDSConnection = errors.New("xds connection")
+
+// ErrXDSTooLarge is reported (wrapped) when the server sends an update
+// larger than XDSConfig.MaxMessageBytes: a refused update, reported once
+// however often it is fetched again. gRPC ends the stream on it, so the
+// watcher connects again after the back-off, which the next such update
+// does not reset.
+var ErrXDSTooLarge = errors.New("update over XDS_CLIENT_MAX_MSG_SIZE_IN_BYTES")
 
 // XDSConfig says which xDS management server to take the rules from, and
 // how. The rules are RateLimitConfig resources, one per domain, received
@@ -197,9 +206,18 @@ type XDSWatcher struct {
 	version    string
 	applied    [sha256.Size]byte
 	hasApplied bool
-	refused    [sha256.Size]byte
-	hasRefused bool
-	refusal    string
+	// refused are the last updates refused since one was applied (at
+	// most maxRefused, oldest first), with why: a server that alternates
+	// between invalid updates is answered as one that repeats one.
+	refused []refusal
+	// refusing is whether the last update handled was refused: a refusal
+	// that follows a refusal waits (repeatBackoff) before its NACK,
+	// whatever it holds, so that no server and this client spin.
+	refusing bool
+	// tooLarge is whether an update over the size bound was reported
+	// since one was applied: fetched again at each reconnection (its
+	// version and nonce may differ), it is reported once.
+	tooLarge bool
 
 	// mu guards stats.
 	mu    sync.Mutex
@@ -283,6 +301,26 @@ func (w *XDSWatcher) run(ctx context.Context) {
 		w.mu.Unlock()
 		if ctx.Err() != nil {
 			return
+		}
+		if st := status.Convert(err); st.Code() == codes.ResourceExhausted && strings.Contains(st.Message(), "larger than max") {
+			// gRPC refused a message over MaxMessageBytes: an update
+			// refused for its size, which the server sends again at
+			// each connection. Reported once, and backed off from.
+			err = fmt.Errorf("provider: xds server %s: %w: %s; keeping the rules in use", w.cfg.ServerURL, ErrXDSTooLarge, st.Message())
+			w.mu.Lock()
+			w.stats.LastError = err
+			if !w.tooLarge {
+				w.stats.Failures++
+			}
+			w.mu.Unlock()
+			if !w.tooLarge {
+				w.tooLarge = true
+				w.onError(err)
+			}
+			if !sleep(ctx, reconnect.wait()) {
+				return
+			}
+			continue
 		}
 		// A connection that carried an update was a good one: the next
 		// failure starts the schedule again. One that never did, such as
@@ -395,39 +433,52 @@ func (w *XDSWatcher) handle(ctx context.Context, resp *discoveryv3.DiscoveryResp
 		return nil
 	}
 	sum := hashResources(resp.GetResources())
-	switch {
-	case w.hasRefused && sum == w.refused:
-		// A server may answer a NACK with the very update it refers to:
-		// go-control-plane's snapshot cache does, until its snapshot
-		// changes (envoyproxy/go-control-plane#962). Answering at once
-		// would spin both ends, so wait first (repeatBackoff); the rules
-		// and the counts stay as they are.
-		if !sleep(ctx, repeat.wait()) {
-			return nil
-		}
-		return w.nack(resp, w.refusal)
-	case w.hasApplied && sum == w.applied:
+	if w.hasApplied && sum == w.applied {
 		// The rules in use, sent again (a reconnection, a new version
 		// of the same snapshot): nothing to load.
 		repeat.reset()
+		w.refusing = false
 		w.version = resp.GetVersionInfo()
 		w.mu.Lock()
 		w.stats.Version = w.version
 		w.mu.Unlock()
 		return w.ack(resp)
 	}
-	repeat.reset()
-	cfg, err := w.build(resp.GetResources())
-	if err != nil {
-		w.refused, w.hasRefused, w.refusal = sum, true, err.Error()
-		w.mu.Lock()
-		w.stats.Failures++
-		w.stats.LastError = err
-		w.mu.Unlock()
-		w.onError(err)
-		return w.nack(resp, w.refusal)
+	why, known := w.refusedBefore(sum)
+	var cfg *rules.Config
+	if !known {
+		var err error
+		if cfg, err = w.build(resp.GetResources()); err != nil {
+			// Reported and counted once; refused again without a word.
+			why = err.Error()
+			w.refused = append(w.refused, refusal{sum: sum, why: why})
+			if len(w.refused) > maxRefused {
+				w.refused = w.refused[1:]
+			}
+			w.mu.Lock()
+			w.stats.Failures++
+			w.stats.LastError = err
+			w.mu.Unlock()
+			w.onError(err)
+			known = true
+		}
 	}
-	w.applied, w.hasApplied, w.hasRefused = sum, true, false
+	if known {
+		// A server may answer a NACK with the very update it refers to:
+		// go-control-plane's snapshot cache does, until its snapshot
+		// changes (envoyproxy/go-control-plane#962); one with two bad
+		// snapshots may alternate, and a generator may make a new bad one
+		// each time. Answering at once would spin both ends, so a refusal
+		// after a refusal waits first (repeatBackoff); the rules and the
+		// counts stay as they are. A valid update is taken at once.
+		if w.refusing && !sleep(ctx, repeat.wait()) {
+			return nil
+		}
+		w.refusing = true
+		return w.nack(resp, why)
+	}
+	repeat.reset()
+	w.applied, w.hasApplied, w.refused, w.refusing, w.tooLarge = sum, true, nil, false, false
 	w.version = resp.GetVersionInfo()
 	now := w.cfg.Now()
 	w.mu.Lock()
@@ -467,6 +518,26 @@ func (w *XDSWatcher) nack(resp *discoveryv3.DiscoveryResponse, why string) *disc
 		ResponseNonce: resp.GetNonce(),
 		ErrorDetail:   &rpcstatus.Status{Code: int32(codes.InvalidArgument), Message: why},
 	}
+}
+
+// refusal is an update refused: its hash and why.
+type refusal struct {
+	sum [sha256.Size]byte
+	why string
+}
+
+// maxRefused bounds the refused updates remembered.
+const maxRefused = 8
+
+// refusedBefore returns why the update with sum was refused, if it is
+// one of the last refused.
+func (w *XDSWatcher) refusedBefore(sum [sha256.Size]byte) (string, bool) {
+	for _, r := range w.refused {
+		if r.sum == sum {
+			return r.why, true
+		}
+	}
+	return "", false
 }
 
 // hashResources identifies the content of an update, whatever its version
@@ -588,7 +659,7 @@ func xdsProblems(err error) error {
 			out = append(out, e)
 		}
 	}
-	return errors.Join(out...)
+	return capProblems(errors.Join(out...))
 }
 
 // config builds the TLS configuration from the files.

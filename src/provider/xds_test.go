@@ -2,6 +2,7 @@ package provider
 
 import (
 	"errors"
+	"fmt"
 	"strings"
 	"sync"
 	"testing"
@@ -339,6 +340,16 @@ func TestXDSMaxMessageSize(t *testing.T) {
 	if c.last() != nil {
 		t.Errorf("rules loaded from a message above the bound")
 	}
+	// A refused update, not a connection problem: reported and counted
+	// once however often it is fetched again (the server sends it at each
+	// reconnection, on the back-off).
+	waitFor(t, "three fetches of the update", func() bool { return w.Stats().Attempts >= 3 })
+	if errs := c.ruleErrors(); len(errs) != 1 || !errors.Is(errs[0], ErrXDSTooLarge) {
+		t.Errorf("errors reported = %v, want one ErrXDSTooLarge", errs)
+	}
+	if s := w.Stats(); s.Failures != 1 {
+		t.Errorf("Stats().Failures = %d after %d fetches, want 1", s.Failures, s.Attempts)
+	}
 
 	_, c = watchXDS(t, XDSConfig{ServerURL: srv.Addr})
 	c.wait(t, 10*time.Second, "snapshot under gRPC's default bound", func() bool { return userLimit(c.last()) == 5 })
@@ -444,4 +455,72 @@ func anyOf(t *testing.T, msgs ...*rlsconfv3.RateLimitConfig) []*anypb.Any {
 		out[i] = a
 	}
 	return out
+}
+
+// TestXDSAlternatingRefusals: a server alternating between two invalid
+// snapshots is answered as one repeating one, on the back-off (it used to
+// be answered at once, 724 NACKs a second each with an error reported),
+// and each refusal is reported once.
+func TestXDSAlternatingRefusals(t *testing.T) {
+	srv := xdstest.Start(t, xdstest.Options{})
+	srv.SetConfigs(t, testNode, webConfig(5))
+	w, c := watchXDS(t, XDSConfig{ServerURL: srv.Addr})
+	c.wait(t, 10*time.Second, "first snapshot", func() bool { return userLimit(c.last()) == 5 })
+
+	bad := func(limit uint32) *rlsconfv3.RateLimitConfig {
+		cfg := webConfig(limit)
+		cfg.Descriptors[0].RateLimit.Unit = rlsconfv3.RateLimitUnit_UNKNOWN
+		return cfg
+	}
+	from := len(srv.Requests())
+	began := time.Now()
+	for i := 0; time.Since(began) < 1500*time.Millisecond; i++ {
+		srv.SetConfigs(t, testNode, bad(uint32(1+i%2)))
+		time.Sleep(5 * time.Millisecond)
+	}
+	took := time.Since(began)
+	nacks := 0
+	for _, r := range srv.Requests()[from:] {
+		if r.NACK() {
+			nacks++
+		}
+	}
+	// One NACK at once, then one per 100 ms (fastBackoff) at most.
+	if most := int(took/(100*time.Millisecond)) + 2; nacks > most {
+		t.Errorf("%d NACKs in %v of alternating invalid snapshots, want at most %d (one per 100 ms)", nacks, took, most)
+	}
+	if errs := c.ruleErrors(); len(errs) != 2 {
+		t.Errorf("%d refusals reported, want 2 (one per distinct snapshot): %v", len(errs), errs)
+	}
+	if got := userLimit(c.last()); got != 5 {
+		t.Errorf("limit after the refusals = %d, want 5 (the rules in use)", got)
+	}
+	// A valid snapshot is taken at once, refusals or not.
+	srv.SetConfigs(t, testNode, webConfig(8))
+	c.wait(t, 5*time.Second, "the valid snapshot", func() bool { return userLimit(c.last()) == 8 })
+	if s := w.Stats(); s.LastError != nil {
+		t.Errorf("Stats().LastError = %v after a valid snapshot", s.LastError)
+	}
+}
+
+// TestXDSProblemsCapped: an update with a hundred problems is reported
+// with its first MaxReportedProblems and a count of the rest, not a line of
+// megabytes.
+func TestXDSProblemsCapped(t *testing.T) {
+	srv := xdstest.Start(t, xdstest.Options{})
+	cfg := webConfig(5)
+	for i := range 100 {
+		cfg.Descriptors = append(cfg.Descriptors, &rlsconfv3.RateLimitDescriptor{Key: fmt.Sprintf("k%d", i),
+			RateLimit: &rlsconfv3.RateLimitPolicy{Unit: rlsconfv3.RateLimitUnit_UNKNOWN, RequestsPerUnit: 1}})
+	}
+	srv.SetConfigs(t, testNode, cfg)
+	_, c := watchXDS(t, XDSConfig{ServerURL: srv.Addr})
+	c.wait(t, 10*time.Second, "the refusal", func() bool { return len(c.ruleErrors()) > 0 })
+	msg := c.ruleErrors()[0].Error()
+	if n := strings.Count(msg, "\n") + 1; n != MaxReportedProblems+1 {
+		t.Errorf("the refusal has %d lines, want %d:\n%s", n, MaxReportedProblems+1, msg)
+	}
+	if !strings.HasSuffix(msg, "… and 80 more problems (100 in all; ratelimit-check lists every one)") {
+		t.Errorf("the refusal does not end with the count of the rest:\n%s", msg)
+	}
 }
