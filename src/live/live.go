@@ -125,9 +125,11 @@ type ruleInfo struct {
 	id     string
 	hash   uint64
 	series *series // nil when the rule is not tracked
-	// limit and set say what the info is of, for Recorder.recent.
-	limit *rules.Limit
-	set   *ruleSet
+	// limit and version say what the info is of, for Recorder.recent: a
+	// number, not the rule set, so that an info kept by a top-keys slot
+	// pins its one limit and not a replaced rule set whole.
+	limit   *rules.Limit
+	version uint64
 }
 
 // series is one rule's traffic. The hot path adds to the counts of the
@@ -203,7 +205,7 @@ func (r *Recorder) SetRules(c *rules.Config) {
 	kept := make(map[string]*series, min(len(limits), r.cfg.MaxRules))
 	for i, id := range ruleIDs(limits) {
 		l := limits[i]
-		info := &ruleInfo{id: id, hash: maphash.String(r.seed, id), limit: l, set: set}
+		info := &ruleInfo{id: id, hash: maphash.String(r.seed, id), limit: l, version: set.version}
 		if len(kept) < r.cfg.MaxRules {
 			s := r.series[id]
 			if s == nil {
@@ -217,6 +219,10 @@ func (r *Recorder) SetRules(c *rules.Config) {
 	}
 	r.series = kept
 	r.rules.Store(set)
+	// The cache's infos are of the replaced set: let it go.
+	for i := range r.recent {
+		r.recent[i].Store(nil)
+	}
 }
 
 // ruleIDs returns the ID of each limit (see Rule).
@@ -329,7 +335,7 @@ func (r *Recorder) info(lim *rules.Limit) *ruleInfo {
 	}
 	// Limits are allocated apart, more than 64 bytes each.
 	c := &r.recent[(uintptr(unsafe.Pointer(lim))>>6)%uintptr(len(r.recent))]
-	if info := c.Load(); info != nil && info.limit == lim && info.set == set {
+	if info := c.Load(); info != nil && info.limit == lim && info.version == set.version {
 		return info
 	}
 	info := set.byLimit[lim]
