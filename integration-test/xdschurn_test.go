@@ -102,3 +102,46 @@ func TestXDSChurn(t *testing.T) {
 		}
 	})
 }
+
+// TestRemovedDomainsStatisticsGo: domains renamed by one snapshot after
+// another leave no statistics behind once they have been idle for
+// STATS_IDLE_EXPIRY, in /stats and in Prometheus alike (a 30 s xDS storm
+// used to leave 28,649 lines in /stats); the domain in use keeps its own.
+func TestRemovedDomainsStatisticsGo(t *testing.T) {
+	xds := xdstest.Start(t, xdstest.Options{})
+	domain := func(i int) *rlsconfv3.RateLimitConfig {
+		cfg := xdsWeb(3, 100)
+		cfg.Name, cfg.Domain = fmt.Sprintf("d%03d", i), fmt.Sprintf("d%03d", i)
+		return cfg
+	}
+	xds.SetConfigs(t, egNode, domain(0))
+	p := launch(t, nil, "CONFIG_TYPE=GRPC_XDS_SOTW", "CONFIG_GRPC_XDS_SERVER_URL="+xds.Addr, "CONFIG_GRPC_XDS_NODE_ID="+egNode,
+		"STATS_IDLE_EXPIRY=2s")
+	p.waitHealth(t, http.StatusOK)
+	c := p.client(t)
+	for i := 1; i <= 40; i++ {
+		xds.SetConfigs(t, egNode, domain(i))
+		p.waitRules(t, fmt.Sprintf("d%03d.user:", i), time.Now())
+		if _, err := c.ShouldRateLimit(callCtx(t), request(fmt.Sprintf("d%03d", i), "user", "u")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	old := func(text string) int {
+		n := 0
+		for i := range 40 {
+			if strings.Contains(text, fmt.Sprintf("d%03d", i)) {
+				n++
+			}
+		}
+		return n
+	}
+	eventually(t, "the removed domains' statistics gone", 30*time.Second, func() bool {
+		_, stats := p.get(t, "http://"+p.debug+"/stats")
+		_, metrics := p.get(t, "http://"+p.debug+"/metrics")
+		return old(stats) == 0 && old(metrics) == 0
+	})
+	_, stats := p.get(t, "http://"+p.debug+"/stats")
+	if !strings.Contains(stats, "ratelimit.service.rate_limit.d040.user.total_hits: 1") {
+		t.Errorf("the domain in use lost its statistics:\n%s", stats)
+	}
+}

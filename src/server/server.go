@@ -201,6 +201,7 @@ func New(ctx context.Context, set *settings.Settings, log *slog.Logger) (*Server
 		Timeout:            b.budget(set.RequestTimeout),
 		MaxConcurrent:      set.MaxConcurrentRequests,
 		MaxDynamicStatKeys: set.StatsMaxDynamicKeys,
+		StatsExpiry:        set.StatsIdleExpiry,
 		Fallback:           fallback,
 		ResponseTime:       s.statsd != nil || s.prometheus(),
 		Tracer:             tr.Tracer(),
@@ -649,6 +650,7 @@ func (s *Server) Run(ctx context.Context) error {
 	if s.live != nil {
 		wg.Go(func() { s.live.Run(ctx) })
 	}
+	wg.Go(func() { s.svc.RunStatsExpiry(ctx) })
 	if s.store.started != nil && s.set.RedisStartupMaxElapsedTime > 0 {
 		wg.Add(1)
 		go func() {

@@ -14,7 +14,21 @@ import (
 // envoyproxy/ratelimit names them: ratelimit.service.rate_limit.<key>.<counter>.
 type ruleCounters struct {
 	totalHits, overLimit, nearLimit, withinLimit, shadowMode, overLimitWithLocalCache *stats.Counter
+
+	// domain and levels name the counters in the registry; dynamic says
+	// that the key holds request data and takes one of
+	// Config.MaxDynamicStatKeys (see expire.go).
+	domain  string
+	levels  []string
+	dynamic bool
 }
+
+// ruleStatNames are the per-rule statistics of a key, in ruleCounters'
+// order.
+var ruleStatNames = [...]string{"total_hits", "over_limit", "near_limit", "within_limit", "shadow_mode", "over_limit_with_local_cache"}
+
+// hits is what the key has counted: it moves at every decision.
+func (c *ruleCounters) hits() uint64 { return c.totalHits.Value() + c.shadowMode.Value() }
 
 func (c *ruleCounters) add(n *limiter.Counts) {
 	c.totalHits.Add(n.TotalHits)
@@ -41,7 +55,7 @@ func (s *Service) matchCounters(m *rules.Match) *ruleCounters {
 		return c.(*ruleCounters)
 	}
 	if m.StatLevels == nil {
-		c, _ := s.newCounters(m.StatKey, m.Limit.Domain, m.Limit.Levels)
+		c, _ := s.newCounters(m.StatKey, m.Limit.Domain, m.Limit.Levels, false)
 		return c
 	}
 	return s.dynamicCounters(m.StatKey, m.Limit.Domain, m.StatLevels)
@@ -58,7 +72,7 @@ func (s *Service) limitCounters(m *rules.Match, l *rules.Limit) *ruleCounters {
 			return c.(*ruleCounters)
 		}
 		levels := append(slices.Clip(l.Levels), l.StatLevel)
-		c, _ := s.newCounters(l.FullKey+"."+l.StatLevel, l.Domain, levels)
+		c, _ := s.newCounters(l.FullKey+"."+l.StatLevel, l.Domain, levels, false)
 		s.limitStats.Store(l, c)
 		return c
 	}
@@ -108,10 +122,10 @@ func (s *Service) dynamicCounters(key, domain string, levels []string) *ruleCoun
 		if c, ok := s.ruleStats.Load(okey); ok {
 			return c.(*ruleCounters)
 		}
-		c, _ := s.newCounters(okey, domain, []string{overflowLevel})
+		c, _ := s.newCounters(okey, domain, []string{overflowLevel}, false)
 		return c
 	}
-	c, created := s.newCounters(key, domain, levels)
+	c, created := s.newCounters(key, domain, levels, true)
 	if !created {
 		s.dynamicKeys.Add(-1) // another request made it first
 	}
@@ -139,9 +153,13 @@ func (s *Service) domainNotFound(domain string) *stats.Counter {
 	return c.(*stats.Counter)
 }
 
-// newCounters returns the counters of key, registering them on first use.
-func (s *Service) newCounters(key, domain string, levels []string) (c *ruleCounters, created bool) {
+// newCounters returns the counters of key, registering them on first use;
+// dynamic marks a key made from request data.
+func (s *Service) newCounters(key, domain string, levels []string, dynamic bool) (c *ruleCounters, created bool) {
 	c = &ruleCounters{
+		domain:                  domain,
+		levels:                  slices.Clone(levels),
+		dynamic:                 dynamic,
 		totalHits:               s.stats.RuleCounter(domain, levels, "total_hits"),
 		overLimit:               s.stats.RuleCounter(domain, levels, "over_limit"),
 		nearLimit:               s.stats.RuleCounter(domain, levels, "near_limit"),

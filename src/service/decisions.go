@@ -74,9 +74,16 @@ type domainDecisions struct {
 	codes  [numCodes]atomic.Pointer[stats.Counter]
 }
 
+// decisionTags are the tags of the counter of domain's decisions answered
+// with code.
+func decisionTags(domain string, code decisionCode) []stats.Label {
+	return []stats.Label{{Name: "domain", Value: domain}, {Name: "code", Value: codeNames[code]}}
+}
+
 // newDecisionStats returns the counters of the domains configured. The
 // label values are the rules' domains, so the series are bounded by the
-// rules (a domain removed by a reload keeps its counters in the registry).
+// rules (a domain removed by a reload keeps its counters until they expire:
+// see expire.go).
 func newDecisionStats(reg *stats.Registry, domains []string) *decisionStats {
 	d := &decisionStats{reg: reg, domains: make(map[string]*domainDecisions, len(domains))}
 	d.unknown = d.add(unknownDomain)
@@ -106,7 +113,7 @@ func (dd *domainDecisions) counter(reg *stats.Registry, code decisionCode) *stat
 	if c := dd.codes[code].Load(); c != nil {
 		return c
 	}
-	c := reg.TaggedCounter(decisionName, stats.Label{Name: "domain", Value: dd.domain}, stats.Label{Name: "code", Value: codeNames[code]})
+	c := reg.TaggedCounter(decisionName, decisionTags(dd.domain, code)...)
 	dd.codes[code].Store(c)
 	return c
 }

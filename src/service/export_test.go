@@ -1,5 +1,7 @@
 package service
 
+import "time"
+
 // CountDecision counts one decision of s for domain, OK or OVER_LIMIT.
 func CountDecision(s *Service, domain string, ok bool) {
 	code := codeOverLimit
@@ -8,3 +10,6 @@ func CountDecision(s *Service, domain string, ok bool) {
 	}
 	s.decisions.Load().count(domain, code)
 }
+
+// ExpireStats runs one sweep of the statistics expiry at now.
+func ExpireStats(s *Service, now time.Time) { s.expireStats(now) }

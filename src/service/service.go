@@ -81,6 +81,10 @@ type Config struct {
 	// STATS_MAX_DYNAMIC_KEYS). Past it, their hits count under the domain's
 	// overflow key. 0 means 1000.
 	MaxDynamicStatKeys int
+	// StatsExpiry is how long a statistics key that no rule in use names
+	// may go without a hit before RunStatsExpiry drops it
+	// (STATS_IDLE_EXPIRY); 0 means 10 minutes.
+	StatsExpiry time.Duration
 	// Fallback, when not nil, decides the requests that the store cannot
 	// (STORE_FAILURE_MODE=local): when the limiter's error wraps
 	// limiter.ErrUnavailable (the store is unreachable, its breaker open,
@@ -162,6 +166,13 @@ type Service struct {
 	// decisions counts the calls answered, by domain and code (see
 	// decisions.go); replaced whole by SetRules.
 	decisions atomic.Pointer[decisionStats]
+	// decisionDomains are the domains whose decision counters exist, for
+	// their expiry; decisionDomainsMu guards it.
+	decisionDomainsMu sync.Mutex
+	decisionDomains   map[string]bool
+	// expiry is the statistics sweep's memory (expire.go); only the
+	// sweeping goroutine touches it.
+	expiry expiry
 }
 
 // New returns a Service that decides with l and counts into reg. It answers
@@ -175,6 +186,9 @@ func New(l *limiter.Limiter, reg *stats.Registry, cfg Config) *Service {
 	}
 	if cfg.MaxDynamicStatKeys <= 0 {
 		cfg.MaxDynamicStatKeys = defaultMaxDynamicStatKeys
+	}
+	if cfg.StatsExpiry <= 0 {
+		cfg.StatsExpiry = defaultStatsExpiry
 	}
 	if cfg.Headers.Limit == "" {
 		cfg.Headers.Limit = "RateLimit-Limit"
@@ -220,6 +234,14 @@ func responseTimer(reg *stats.Registry, on bool, method string) *stats.Timer {
 // they started with.
 func (s *Service) SetRules(c *rules.Config) {
 	s.decisions.Store(newDecisionStats(s.stats, c.Domains()))
+	s.decisionDomainsMu.Lock()
+	if s.decisionDomains == nil {
+		s.decisionDomains = map[string]bool{}
+	}
+	for _, d := range c.Domains() {
+		s.decisionDomains[d] = true
+	}
+	s.decisionDomainsMu.Unlock()
 	// The live view first, so that it knows every rule a request can
 	// match.
 	s.cfg.Live.SetRules(c)

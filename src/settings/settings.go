@@ -223,6 +223,10 @@ type Settings struct {
 	RequestTimeout        time.Duration `envconfig:"REQUEST_TIMEOUT" default:"15ms"`
 	MaxConcurrentRequests int           `envconfig:"MAX_CONCURRENT_REQUESTS" default:"4096"`
 	StatsMaxDynamicKeys   int           `envconfig:"STATS_MAX_DYNAMIC_KEYS" default:"1000"`
+	// STATS_IDLE_EXPIRY: how long a statistics key that no rule in use
+	// names (a removed rule or domain, a request value) may go without a
+	// hit before it is dropped.
+	StatsIdleExpiry time.Duration `envconfig:"STATS_IDLE_EXPIRY" default:"10m"`
 
 	// The live view (extensions): a page at /ui/ on the debug listener and
 	// its JSON API under /api/v1/ (docs/LIVE.md). LIVE_VIEW_ENABLED=false
@@ -689,6 +693,9 @@ func (s *Settings) Validate() error {
 	}
 	if s.StatsMaxDynamicKeys < 1 {
 		bad("STATS_MAX_DYNAMIC_KEYS", "must be at least 1")
+	}
+	if s.StatsIdleExpiry < time.Second || s.StatsIdleExpiry > 7*24*time.Hour {
+		bad("STATS_IDLE_EXPIRY", "%v is outside 1s..168h", s.StatsIdleExpiry)
 	}
 	if s.LiveViewMaxKeys < 16 || s.LiveViewMaxKeys > 65536 {
 		bad("LIVE_VIEW_MAX_KEYS", "%d is outside 16..65536", s.LiveViewMaxKeys)

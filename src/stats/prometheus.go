@@ -117,9 +117,11 @@ type collector struct {
 
 	// mu serialises scrapes and guards the fields below.
 	mu sync.Mutex
-	// mapped caches cfg.Mapper's answer for each metric: the registry
-	// never drops a metric, and bounds how many there are.
-	mapped map[*metric]*mapping
+	// mapped caches cfg.Mapper's answer for each metric; the answers of
+	// metrics the registry forgot are dropped when its count of removals
+	// (forgotten) moves.
+	mapped    map[*metric]*mapping
+	forgotten uint64
 	// windows are the summaries' sliding windows, by series.
 	windows map[string]*window
 }
@@ -160,6 +162,10 @@ type series struct {
 func (c *collector) Collect(ch chan<- prometheus.Metric) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	if f := c.r.forgotten.Load(); f != c.forgotten {
+		c.forgotten = f
+		prune(c.mapped, c.r)
+	}
 	var (
 		all   = map[string]*series{}
 		order []string

@@ -98,6 +98,9 @@ type metric struct {
 	// name is mapped by promName at export time (names chosen by the code).
 	promName string
 	labels   []Label
+
+	// key is the name the registry holds it under (see Forget).
+	key string
 }
 
 // Registry is a set of named counters, gauges and functions read at export
@@ -106,9 +109,12 @@ type metric struct {
 type Registry struct {
 	metrics sync.Map // name -> *metric
 
-	// mu serialises the creation of metrics, so that a name is registered
-	// once with one Prometheus form.
+	// mu serialises the creation and removal of metrics, so that a name
+	// is registered once with one Prometheus form.
 	mu sync.Mutex
+	// forgotten counts Forget's removals, so that exporters that keep
+	// state per metric know when to drop theirs.
+	forgotten atomic.Uint64
 }
 
 // NewRegistry returns an empty registry.
@@ -127,8 +133,48 @@ func (r *Registry) load(name string, mk func() *metric) *metric {
 		return m.(*metric)
 	}
 	m := mk()
+	m.key = name
 	r.metrics.Store(name, m)
 	return m
+}
+
+// Forget removes the statistic called name from the registry and from
+// every export (/stats, statsd, Prometheus), so that statistics of rules,
+// domains and request values that are gone do not pile up. Whoever still
+// holds its counter counts into nothing; a later Counter or RuleCounter of
+// the name starts a new one from zero (an exporter sees a counter reset).
+func (r *Registry) Forget(name string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if _, ok := r.metrics.LoadAndDelete(name); ok {
+		r.forgotten.Add(1)
+	}
+}
+
+// ForgetTagged is Forget for a TaggedCounter's name and tags.
+func (r *Registry) ForgetTagged(name string, tags ...Label) {
+	tags = slices.Clone(tags)
+	slices.SortFunc(tags, func(a, b Label) int { return strings.Compare(a.Name, b.Name) })
+	r.Forget(taggedName(name, tags))
+}
+
+// TaggedValue is the value of the counter of a TaggedCounter's name and
+// tags, and false when none is registered; it registers none.
+func (r *Registry) TaggedValue(name string, tags ...Label) (uint64, bool) {
+	tags = slices.Clone(tags)
+	slices.SortFunc(tags, func(a, b Label) int { return strings.Compare(a.Name, b.Name) })
+	v, ok := r.metrics.Load(taggedName(name, tags))
+	if !ok || v.(*metric).counter == nil {
+		return 0, false
+	}
+	return v.(*metric).counter.Value(), true
+}
+
+// current reports whether m is still the statistic registered under its
+// name.
+func (r *Registry) current(m *metric) bool {
+	v, ok := r.metrics.Load(m.key)
+	return ok && v.(*metric) == m
 }
 
 // Counter returns the counter called name, creating it on first use. Use it

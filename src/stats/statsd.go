@@ -102,7 +102,10 @@ type Statsd struct {
 	// hists holds, per timer or histogram, the bucket counts sent last.
 	hists map[*metric]*[timerBuckets]uint64
 	names map[*metric]encodedName
-	buf   []byte
+	// forgotten is the registry's count of removals at the last flush:
+	// when it moved, the state of removed statistics is dropped.
+	forgotten uint64
+	buf       []byte
 	// failed counts failed flushes since the last log line at logged.
 	failed int
 	logged time.Time
@@ -302,8 +305,23 @@ func (w *packetWriter) write(p []byte) {
 	}
 }
 
+// prune drops the state of statistics no longer registered.
+func prune[V any](state map[*metric]V, reg *Registry) {
+	for m := range state {
+		if !reg.current(m) {
+			delete(state, m)
+		}
+	}
+}
+
 // collect calls emit with each line to send. The slice is reused.
 func (s *Statsd) collect(emit func([]byte)) {
+	if f := s.reg.forgotten.Load(); f != s.forgotten {
+		s.forgotten = f
+		prune(s.last, s.reg)
+		prune(s.hists, s.reg)
+		prune(s.names, s.reg)
+	}
 	var line []byte
 	s.reg.metrics.Range(func(_, v any) bool {
 		m := v.(*metric)

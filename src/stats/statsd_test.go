@@ -683,3 +683,43 @@ func TestStatsdTaggedCounter(t *testing.T) {
 		t.Errorf("lines = %q", got)
 	}
 }
+
+// TestForgetLeavesEveryExport: a forgotten statistic leaves /stats,
+// Prometheus and the statsd sink's state; the same name registered again
+// starts from zero.
+func TestForgetLeavesEveryExport(t *testing.T) {
+	u := newUDPSink(t)
+	r := NewRegistry()
+	s := NewStatsd(r, StatsdConfig{Addr: u.addr()})
+	h := r.PrometheusHandler(PrometheusConfig{})
+	r.RuleCounter("gone", []string{"user"}, "total_hits").Add(5)
+	r.TaggedCounter("x.decisions", Label{"domain", "gone"}).Inc()
+	flush(t, s)
+	u.lines(t, 2)
+	gather(t, h)
+	if len(s.last) != 2 {
+		t.Fatalf("statsd keeps %d statistics, want 2", len(s.last))
+	}
+
+	r.Forget(RuleName("gone", []string{"user"}, "total_hits"))
+	r.ForgetTagged("x.decisions", Label{"domain", "gone"})
+	var text strings.Builder
+	if err := r.WriteText(&text); err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(text.String(), "gone") {
+		t.Errorf("/stats after Forget:\n%s", text.String())
+	}
+	if mfs := gather(t, h); len(mfs) != 0 {
+		t.Errorf("Prometheus after Forget: %v", mfs)
+	}
+	flush(t, s)
+	if len(s.last)+len(s.names) != 0 {
+		t.Errorf("statsd keeps the state of %d forgotten statistics", len(s.last))
+	}
+	r.RuleCounter("gone", []string{"user"}, "total_hits").Inc()
+	flush(t, s)
+	if got := u.lines(t, 1); !slices.Equal(got, []string{"ratelimit.service.rate_limit.gone.user.total_hits:1|c"}) {
+		t.Errorf("after registering again: %q, want a count from zero", got)
+	}
+}
