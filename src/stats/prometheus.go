@@ -12,7 +12,6 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/prometheus/statsd_exporter/pkg/mapper"
 )
 
@@ -35,8 +34,13 @@ type PrometheusConfig struct {
 	// unit (PROMETHEUS_RESPONSE_TIME_AS_MILLISECONDS). Only without Mapper,
 	// as in the anchor.
 	ResponseTimeMillis bool
-	// Now is the clock of the summaries' windows; nil means time.Now.
+	// Now is the clock of the summaries' windows and of ScrapeReuse; nil
+	// means time.Now.
 	Now func() time.Time
+	// ScrapeReuse is how long a gathered exposition is served again
+	// (scrape.go); 0 means the default ScrapeReuse, a negative value
+	// gathers at every scrape (tests).
+	ScrapeReuse time.Duration
 }
 
 // Mapper is a statsd_exporter mapping, loaded from a file.
@@ -99,15 +103,20 @@ func (r *Registry) Handler() http.Handler { return r.PrometheusHandler(Prometheu
 // One bad series never fails the scrape: series are built from the
 // registered structure, label values are made valid UTF-8, a series that
 // would repeat another (or, with a mapping, one of another kind) is
-// dropped, and the handler serves every metric it could gather
-// (promhttp.ContinueOnError) instead of answering 500.
+// dropped, and the handler serves every metric it could gather instead of
+// answering 500. Scrapes gather one at a time, at most once per
+// ScrapeReuse, and share what they gathered (see scrape.go).
 func (r *Registry) PrometheusHandler(cfg PrometheusConfig) http.Handler {
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(&collector{r: r, cfg: cfg, mapped: map[*metric]*mapping{}, windows: map[string]*window{}, start: cfg.Now()})
-	return promhttp.HandlerFor(reg, promhttp.HandlerOpts{ErrorHandling: promhttp.ContinueOnError})
+	reuse := cfg.ScrapeReuse
+	if reuse == 0 {
+		reuse = ScrapeReuse
+	}
+	return &scrapeCache{g: reg, now: cfg.Now, reuse: reuse}
 }
 
 type collector struct {

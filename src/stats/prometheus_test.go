@@ -1,6 +1,8 @@
 package stats
 
 import (
+	"compress/gzip"
+	"io"
 	"math"
 	"net/http"
 	"net/http/httptest"
@@ -8,6 +10,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -328,7 +331,7 @@ func TestMapperSummaryWindow(t *testing.T) {
 	r := NewRegistry()
 	rt := r.Timer("ratelimit.redis.round_trip")
 	other := r.Timer("ratelimit.memcache.round_trip")
-	h := r.PrometheusHandler(PrometheusConfig{Mapper: mp, Now: func() time.Time { return now }})
+	h := r.PrometheusHandler(PrometheusConfig{Mapper: mp, Now: func() time.Time { return now }, ScrapeReuse: -1})
 	quantile := func(mfs map[string]*dto.MetricFamily, q float64) float64 {
 		t.Helper()
 		for _, qq := range find(t, mfs, "rl_round_trip_ms", "").GetSummary().GetQuantile() {
@@ -427,4 +430,48 @@ func TestMapperHostileNames(t *testing.T) {
 	find(t, mfs, "rl_hits", "descriptor=user_\uFFFD\n,domain=web")
 	// Unmapped: the name escaped as statsd_exporter escapes it.
 	find(t, mfs, "ratelimit_service_rate_limit_web_9lives_shadow_mode", "")
+}
+
+// TestScrapesShareOneGathering: scrapes at once, or within ScrapeReuse of
+// the last gathering, are served one gathering; a scrape later gathers
+// again; gzip is served to those who ask.
+func TestScrapesShareOneGathering(t *testing.T) {
+	r := NewRegistry()
+	now := time.Unix(1_700_000_000, 0)
+	var mu sync.Mutex
+	clock := func() time.Time { mu.Lock(); defer mu.Unlock(); return now }
+	h := r.PrometheusHandler(PrometheusConfig{Now: clock}).(*scrapeCache)
+	c := r.Counter("ratelimit.x")
+	c.Add(3)
+	var wg sync.WaitGroup
+	for range 8 {
+		wg.Go(func() { gather(t, h) })
+	}
+	wg.Wait()
+	if h.gathered != 1 {
+		t.Errorf("8 scrapes at once gathered %d times, want 1", h.gathered)
+	}
+	c.Add(4)
+	if got := find(t, gather(t, h), "ratelimit_x", "").GetCounter().GetValue(); got != 3 {
+		t.Errorf("a scrape within ScrapeReuse: %v, want the 3 gathered", got)
+	}
+	mu.Lock()
+	now = now.Add(ScrapeReuse)
+	mu.Unlock()
+	if got := find(t, gather(t, h), "ratelimit_x", "").GetCounter().GetValue(); got != 7 || h.gathered != 2 {
+		t.Errorf("a scrape ScrapeReuse later: %v after %d gatherings, want 7 after 2", got, h.gathered)
+	}
+
+	req := httptest.NewRequest("GET", "/metrics", nil)
+	req.Header.Set("Accept-Encoding", "deflate, gzip;q=1.0")
+	rec := httptest.NewRecorder()
+	h.ServeHTTP(rec, req)
+	zr, err := gzip.NewReader(rec.Body)
+	if err != nil || rec.Header().Get("Content-Encoding") != "gzip" {
+		t.Fatalf("gzip asked: Content-Encoding %q, %v", rec.Header().Get("Content-Encoding"), err)
+	}
+	body, _ := io.ReadAll(zr)
+	if !strings.Contains(string(body), "ratelimit_x 7") {
+		t.Errorf("gzipped exposition:\n%s", body)
+	}
 }

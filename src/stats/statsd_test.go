@@ -691,7 +691,7 @@ func TestForgetLeavesEveryExport(t *testing.T) {
 	u := newUDPSink(t)
 	r := NewRegistry()
 	s := NewStatsd(r, StatsdConfig{Addr: u.addr()})
-	h := r.PrometheusHandler(PrometheusConfig{})
+	h := r.PrometheusHandler(PrometheusConfig{ScrapeReuse: -1})
 	r.RuleCounter("gone", []string{"user"}, "total_hits").Add(5)
 	r.TaggedCounter("x.decisions", Label{"domain", "gone"}).Inc()
 	flush(t, s)
