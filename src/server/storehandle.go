@@ -53,14 +53,17 @@ func keyFormat(set *settings.Settings) limiter.KeyFormat {
 }
 
 // newMemory makes a memory store within the MEMORY_* ceilings and registers
-// its statistics: its size, and the keys it dropped, by class.
+// its statistics: its size, the keys it dropped or compacted, by class, and
+// the new keys it refused.
 func newMemory(set *settings.Settings, reg *stats.Registry) *memory.Store {
 	m := memory.New(memory.Config{MaxBytes: set.MemoryMaxBytes, MaxKeys: set.MemoryMaxKeys})
 	reg.GaugeFunc("ratelimit.memory.keys", func() int64 { return int64(m.Len()) })
 	reg.GaugeFunc("ratelimit.memory.bytes", func() int64 { return m.Bytes() })
 	reg.CounterFunc("ratelimit.memory.reclaimed_idle", func() uint64 { return m.Evictions().ReclaimedIdle })
 	reg.CounterFunc("ratelimit.memory.evicted_under_limit", func() uint64 { return m.Evictions().UnderLimit })
-	reg.CounterFunc("ratelimit.memory.evicted_over_limit", func() uint64 { return m.Evictions().OverLimit })
+	reg.GaugeFunc("ratelimit.memory.compact_keys", func() int64 { return int64(m.Records()) })
+	reg.CounterFunc("ratelimit.memory.compacted_over_limit", func() uint64 { return m.Evictions().Compacted })
+	reg.CounterFunc("ratelimit.memory.refused_new_keys", func() uint64 { return m.Evictions().Refused })
 	return m
 }
 
