@@ -34,6 +34,11 @@ import (
 // errClosed is the cause of errors after Close.
 var errClosed = errors.New("store closed")
 
+// errBadReply is wrapped by the error of a reply no correct Redis gives: a
+// value no command of the store can have (nil to INCRBY, a script reply of
+// another length or out of range). It fails only its request.
+var errBadReply = errors.New("reply refused")
+
 // Store is a limiter.Store backed by Redis. It is safe for concurrent use.
 // Create it with New; the zero value is not usable.
 //
@@ -520,8 +525,8 @@ func (s *Store) compensate(ctx context.Context, b *limiter.Batch, reqs [2]*reque
 		}
 		for _, c := range r.cmds {
 			vals, err := c.(scriptCmd).Result()
-			if err != nil || len(vals) == 0 {
-				return fmt.Errorf("redis: script reply: %v", err)
+			if err != nil || len(vals) == 0 || vals[0] != 0 && vals[0] != 1 {
+				return fmt.Errorf("redis: %w: script reply %v, %v", errBadReply, vals, err)
 			}
 			if vals[0] == 1 {
 				recorded = true
@@ -580,6 +585,7 @@ func (s *Store) undo(ctx context.Context, be *backend, r *request, b *limiter.Ba
 	recycle, err := be.submit(ctx, s.ctx.Done(), u)
 	endSpan(span, u, recycle, err)
 	if err == nil {
+	replies:
 		for ci, ops := range undone {
 			vals, cerr := u.cmds[ci].(scriptCmd).Result()
 			if cerr != nil {
@@ -587,10 +593,14 @@ func (s *Store) undo(ctx context.Context, be *backend, r *request, b *limiter.Ba
 				break
 			}
 			if len(vals) < 2*len(ops) {
-				err = fmt.Errorf("%s: undo reply has %d values, want %d", be.name, len(vals), 2*len(ops))
+				err = fmt.Errorf("%s: %w: undo reply has %d values, want %d", be.name, errBadReply, len(vals), 2*len(ops))
 				break
 			}
 			for j, i := range ops {
+				if vals[2*j] < 0 || uint64(vals[2*j]) > b.Ops[i].Capacity() || vals[2*j+1] < 0 {
+					err = fmt.Errorf("%s: key %q: %w: undo reply %d, %d", be.name, b.Ops[i].Key, errBadReply, vals[2*j], vals[2*j+1])
+					break replies
+				}
 				res := &b.Results[i]
 				res.Remaining = uint64(vals[2*j])
 				if b.Ops[i].Algorithm != rules.FixedWindow {
@@ -756,8 +766,15 @@ func (s *Store) decode(be *backend, r *request, b *limiter.Batch) error {
 		}
 		switch p.kind {
 		case kindIncr:
-			after := uint64(max(c.(intCmd).Val(), 0)) // < 0 only if another program wrote the key
-			_, b.Results[i] = limiter.FixedWindow(limiter.FixedWindowState{Count: after - min(op.Hits, after)}, b.Now, *op)
+			expire := r.cmds[p.cmd+1].(intCmd)
+			if err := expire.Err(); err != nil && !errors.Is(err, goredis.Nil) {
+				return cmdError(be.name, op.Key, err)
+			}
+			after, err := incrResult(c.(intCmd), expire, op)
+			if err != nil {
+				return fmt.Errorf("%s: key %q: %w", be.name, op.Key, err)
+			}
+			_, b.Results[i] = limiter.FixedWindow(limiter.FixedWindowState{Count: after - op.Hits}, b.Now, *op)
 		case kindGet:
 			count, err := strconv.ParseUint(c.(stringCmd).Val(), 10, 64)
 			if err != nil && !errors.Is(c.Err(), goredis.Nil) {
@@ -766,19 +783,48 @@ func (s *Store) decode(be *backend, r *request, b *limiter.Batch) error {
 			_, b.Results[i] = limiter.FixedWindow(limiter.FixedWindowState{Count: count}, b.Now, *op)
 		case kindLean:
 			res, err := leanResult(c.(scriptCmd))
+			if err == nil {
+				err = res.check(op)
+			}
 			if err != nil {
-				return fmt.Errorf("redis: key %q: %w", op.Key, err)
+				return fmt.Errorf("%s: key %q: %w", be.name, op.Key, err)
 			}
 			b.Results[i] = toResult(res, op, b.Now)
 		case kindScript:
 			res, err := scriptResult(c.(scriptCmd), int(p.pos))
+			if err == nil {
+				err = res.check(op)
+			}
 			if err != nil {
-				return fmt.Errorf("redis: key %q: %w", op.Key, err)
+				return fmt.Errorf("%s: key %q: %w", be.name, op.Key, err)
 			}
 			b.Results[i] = toResult(res, op, b.Now)
 		}
 	}
 	return nil
+}
+
+// incrResult returns the count a fixed window's INCRBY left, from its reply
+// and its EXPIRE's (neither an error reply). A reply no Redis gives to
+// them (nil to either, an EXPIRE other than 0 or 1) wraps errBadReply; a
+// count below op.Hits means the key held a negative count, which no
+// instance of this service writes, and wraps limiter.ErrData. Either way
+// the op fails: a count read low would admit the client (issue 24).
+func incrResult(incr, expire intCmd, op *limiter.Op) (uint64, error) {
+	if errors.Is(incr.Err(), goredis.Nil) {
+		return 0, fmt.Errorf("%w: nil to INCRBY", errBadReply)
+	}
+	if errors.Is(expire.Err(), goredis.Nil) {
+		return 0, fmt.Errorf("%w: nil to EXPIRE", errBadReply)
+	}
+	if v := expire.Val(); v != 0 && v != 1 {
+		return 0, fmt.Errorf("%w: %d to EXPIRE", errBadReply, v)
+	}
+	n := incr.Val()
+	if n < 0 || uint64(n) < op.Hits {
+		return 0, fmt.Errorf("%w: not a counter: INCRBY %d left %d (it held a negative count)", limiter.ErrData, op.Hits, n)
+	}
+	return uint64(n), nil
 }
 
 // saturated is the Result of a fixed-window op whose INCRBY would have
@@ -802,21 +848,39 @@ func isOverflow(err error) bool {
 
 // scriptReply is one op's part of decideLua's reply.
 type scriptReply struct {
-	allowed                               bool
-	before, after, remaining, resetMicros int64
+	allowed, before, after, remaining, resetMicros int64
 }
 
+// check returns an error wrapping errBadReply when res is no reply our
+// scripts give for op: a flag other than 0 or 1, a negative count or
+// time, units after the op fewer than before it or than its hits, more
+// room left than the op's capacity, or an admission past it.
+func (res scriptReply) check(op *limiter.Op) error {
+	c := op.Capacity()
+	switch {
+	case res.allowed != 0 && res.allowed != 1,
+		res.before < 0, res.after < 0, res.remaining < 0, res.resetMicros < 0,
+		res.after < res.before, uint64(res.after) < op.Hits,
+		uint64(res.remaining) > c,
+		res.allowed == 1 && uint64(res.after) > c:
+		return fmt.Errorf("%w: script reply %+v for a capacity of %d", errBadReply, res, c)
+	}
+	return nil
+}
+
+// scriptResult reads op pos's values from decideLua's reply c, which
+// carries no error reply: a nil or a short reply wraps errBadReply.
 func scriptResult(c scriptCmd, pos int) (scriptReply, error) {
 	vals, err := c.Result()
 	if err != nil {
-		return scriptReply{}, fmt.Errorf("script reply: %w", err)
+		return scriptReply{}, fmt.Errorf("%w: script reply: %w", errBadReply, err)
 	}
 	o := 1 + pos*resultsPerOp
 	if len(vals) < o+resultsPerOp {
-		return scriptReply{}, fmt.Errorf("script reply has %d values, want %d", len(vals), o+resultsPerOp)
+		return scriptReply{}, fmt.Errorf("%w: script reply has %d values, want %d", errBadReply, len(vals), o+resultsPerOp)
 	}
 	return scriptReply{
-		allowed:     vals[o] == 1,
+		allowed:     vals[o],
 		before:      vals[o+1],
 		after:       vals[o+2],
 		remaining:   vals[o+3],
@@ -825,15 +889,16 @@ func scriptResult(c scriptCmd, pos int) (scriptReply, error) {
 }
 
 // leanResult reads a lean script's reply: one op's values, as decideLua's.
+// As scriptResult, a nil reply or one of another length wraps errBadReply.
 func leanResult(c scriptCmd) (scriptReply, error) {
 	vals, err := c.Result()
 	if err != nil {
-		return scriptReply{}, fmt.Errorf("script reply: %w", err)
+		return scriptReply{}, fmt.Errorf("%w: script reply: %w", errBadReply, err)
 	}
 	if len(vals) != 5 {
-		return scriptReply{}, fmt.Errorf("script reply has %d values, want 5", len(vals))
+		return scriptReply{}, fmt.Errorf("%w: script reply has %d values, want 5", errBadReply, len(vals))
 	}
-	return scriptReply{allowed: vals[0] == 1, before: vals[1], after: vals[2], remaining: vals[3], resetMicros: vals[4]}, nil
+	return scriptReply{allowed: vals[0], before: vals[1], after: vals[2], remaining: vals[3], resetMicros: vals[4]}, nil
 }
 
 // toResult turns a script reply into the op's Result. A fixed window's
@@ -843,7 +908,7 @@ func toResult(res scriptReply, op *limiter.Op, now time.Time) limiter.Result {
 	r := limiter.Result{
 		Before:     uint64(res.before),
 		After:      uint64(res.after),
-		Allowed:    res.allowed,
+		Allowed:    res.allowed == 1,
 		Remaining:  uint64(res.remaining),
 		ResetAfter: microseconds(res.resetMicros),
 	}
