@@ -144,6 +144,7 @@ func (be *backend) admit(ctx context.Context, r *request, b *limiter.Batch) (*br
 // ping is bounded by the backend's timeout; a frozen server's ping is
 // answered as soon as it thaws.
 func (s *Store) probeBreakers(ctx context.Context, be *backend) {
+	defer recovered(nil)
 	c, ok := be.client.(*goredis.ClusterClient)
 	if !ok {
 		if be.breakers.ProbeAnswered(ctx, be.timeout, func(ctx context.Context) error { return be.client.Ping(ctx).Err() }) {

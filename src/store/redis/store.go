@@ -34,9 +34,11 @@ import (
 // errClosed is the cause of errors after Close.
 var errClosed = errors.New("store closed")
 
-// errBadReply is wrapped by the error of a reply no correct Redis gives: a
-// value no command of the store can have (nil to INCRBY, a script reply of
-// another length or out of range). It fails only its request.
+// errBadReply is wrapped by the error of a reply no correct Redis gives.
+// One that breaks replyGuard's bounds, answers no command or is not RESP
+// closes its connection, and its requests fail with ErrUnavailable; a
+// well-formed reply of a value no command can have (nil to INCRBY, a
+// script reply of another length or out of range) fails only its request.
 var errBadReply = errors.New("reply refused")
 
 // Store is a limiter.Store backed by Redis. It is safe for concurrent use.
@@ -273,6 +275,7 @@ func (s *Store) probe(be *backend) {
 // connection on INFO. It runs before the backend is first marked up, so
 // WaitStarted returns with the answer known.
 func (s *Store) identify(be *backend) {
+	defer recovered(nil)
 	c, ok := be.client.(*goredis.Client)
 	if !ok {
 		return
@@ -292,6 +295,7 @@ func (s *Store) identify(be *backend) {
 // falls back to EVAL instead (see retryNoScript). Best effort: a failure
 // leaves that fallback.
 func (s *Store) loadScripts(be *backend) {
+	defer recovered(nil)
 	ctx, cancel := context.WithTimeout(s.ctx, be.timeout)
 	defer cancel()
 	// One command per script (a handful, once): not a pipeline, which
@@ -314,7 +318,8 @@ func (s *Store) loadScripts(be *backend) {
 	}
 }
 
-func (s *Store) ping(be *backend) error {
+func (s *Store) ping(be *backend) (err error) {
+	defer recovered(&err)
 	ctx, cancel := context.WithTimeout(s.ctx, be.timeout)
 	defer cancel()
 	if c, ok := be.client.(*goredis.ClusterClient); ok {
