@@ -311,3 +311,43 @@ func TestSpentStates(t *testing.T) {
 		}
 	}
 }
+
+// TestIncrAddLoopIsBounded is issue 24's case 6: a memcached that answers
+// incr with NOT_FOUND and add with NOT_STORED, which no memcached does
+// for long, held a fixed-window op in its incr-then-add loop until the
+// request's deadline (75,000 round trips in 5.8 s; with no deadline, for
+// ever). The loop now ends after maxAttempts adds with ErrOverloaded,
+// counted in Shed, and the store stays healthy: memcached answered.
+func TestIncrAddLoopIsBounded(t *testing.T) {
+	t.Parallel()
+	f := storetest.StartFakeMemcached(t)
+	f.Answer("incr", "NOT_FOUND\r\n")
+	f.Answer("add", "NOT_STORED\r\n")
+	s := newStore(t, Config{Addrs: []string{f.Addr}})
+	if err := s.WaitStarted(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	// A deadline far beyond what the bounded loop takes: the old loop
+	// ran until it.
+	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
+	defer cancel()
+	for i, now := range []time.Time{time.Unix(1_700_000_000, 0), time.Unix(1_700_000_001, 0)} {
+		// The first op starts with add (the key is new to this
+		// instance), the second with incr.
+		b := &limiter.Batch{Now: now, Ops: []limiter.Op{{Key: "k", Limit: 5, Window: time.Minute, Hits: 1}}}
+		before := f.Commands()
+		err := s.Do(ctx, b)
+		if !errors.Is(err, limiter.ErrOverloaded) || !errors.Is(err, errMissing) {
+			t.Errorf("op %d: Do = %v, want ErrOverloaded: incr missed at every attempt", i, err)
+		}
+		if n := f.Commands() - before; n > 2*maxAttempts {
+			t.Errorf("op %d: %d commands, want at most %d (incr and add, %d times)", i, n, 2*maxAttempts, maxAttempts)
+		}
+	}
+	if got := s.Shed(); got != 2 {
+		t.Errorf("Shed = %d, want 2", got)
+	}
+	if !s.Healthy() {
+		t.Error("the store is unhealthy: memcached answered every command")
+	}
+}

@@ -20,6 +20,7 @@ import (
 
 	"github.com/ratelimitd/ratelimit/src/limiter"
 	"github.com/ratelimitd/ratelimit/src/rules"
+	"github.com/ratelimitd/ratelimit/src/store/storetest"
 )
 
 // fakeRedis is a RESP server on a loopback port: it answers the store's
@@ -40,35 +41,10 @@ type fakeRedis struct {
 // startFakeRedis starts a fakeRedis, stopped in t.Cleanup.
 func startFakeRedis(t *testing.T) *fakeRedis {
 	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	f := &fakeRedis{addr: l.Addr().String()}
-	var wg sync.WaitGroup
-	var mu sync.Mutex
-	var open []net.Conn
-	wg.Go(func() {
-		for {
-			c, err := l.Accept()
-			if err != nil {
-				return
-			}
-			f.conns.Add(1)
-			mu.Lock()
-			open = append(open, c)
-			mu.Unlock()
-			wg.Go(func() { f.serve(c) })
-		}
-	})
-	t.Cleanup(func() {
-		l.Close()
-		mu.Lock()
-		for _, c := range open {
-			c.Close()
-		}
-		mu.Unlock()
-		wg.Wait()
+	f := &fakeRedis{}
+	f.addr = storetest.ServeLoopback(t, func(c net.Conn) {
+		f.conns.Add(1)
+		f.serve(c)
 	})
 	return f
 }
