@@ -32,8 +32,8 @@ type storeHandle struct {
 	// started, when set, waits until the store first answers.
 	started func(ctx context.Context) error
 	// timeout is the store's own round-trip bound (the longer of REDIS_TIMEOUT
-	// and REDIS_PERSECOND_TIMEOUT), which an answer may wait for; 0 for the
-	// memory store.
+	// and REDIS_PERSECOND_TIMEOUT; Memcached's 500 ms), which an answer may
+	// wait for; 0 for the memory store, which gets no REQUEST_TIMEOUT.
 	timeout time.Duration
 	// keyFormat is how the limiter builds the store's keys.
 	keyFormat limiter.KeyFormat
@@ -142,12 +142,14 @@ func newStore(ctx context.Context, set *settings.Settings, reg *stats.Registry, 
 		reg.CounterFunc("ratelimit.memcache.load_shed", m.Shed)
 		registerBreakers(reg, "ratelimit.memcache.", m.Breakers)
 		memcacheOpStats(reg, m)
+		// The timeout is the store's, its default included: 0 would be
+		// the memory store's, which gets no REQUEST_TIMEOUT (issue 24).
 		return &storeHandle{
 			store:     m,
 			healthy:   m.Healthy,
 			close:     func() { _ = m.Close() },
 			started:   m.WaitStarted,
-			timeout:   cfg.Timeout,
+			timeout:   m.Timeout(),
 			keyFormat: keyFormat(set),
 			breakers:  m.Breakers,
 		}, nil
