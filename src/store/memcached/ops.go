@@ -609,20 +609,26 @@ func (s *Store) gotAnswer(key string) {
 // fail classifies an error of the memcached client. Memcached refusing
 // the data of an op (see refusedData) is an answer: the error wraps
 // limiter.ErrData, and neither health nor the connections are touched, so
-// that one poisoned key fails only the requests that use it. A full queue
-// to the server wraps limiter.ErrOverloaded and is counted in Shed; a
-// canceled request and Close wrap limiter.ErrUnavailable and say nothing
-// about memcached. Everything else (dial and network errors, late answers,
-// a request whose deadline passed while it waited for its server, other
-// SERVER_ERRORs, no servers) means memcached cannot serve in time: the
-// error wraps limiter.ErrUnavailable, Healthy turns false until the next
-// probe succeeds, and it counts as a failure of key's server for its
-// circuit breaker, as on Redis.
+// that one poisoned key fails only the requests that use it. Memcached
+// refusing to store for lack of memory (see outOfMemory) is an answer
+// too, about that write: the error wraps limiter.ErrOverloaded and is
+// counted in Shed. A full queue to the server wraps limiter.ErrOverloaded
+// and is counted in Shed; a canceled request and Close wrap
+// limiter.ErrUnavailable and say nothing about memcached. Everything else
+// (dial and network errors, late answers, a request whose deadline passed
+// while it waited for its server, other SERVER_ERRORs, no servers) means
+// memcached cannot serve in time: the error wraps limiter.ErrUnavailable,
+// Healthy turns false until the next probe succeeds, and it counts as a
+// failure of key's server for its circuit breaker, as on Redis.
 func (s *Store) fail(key string, err error) error {
 	switch {
 	case refusedData(err):
 		s.gotAnswer(key)
 		return dataError(key, err)
+	case outOfMemory(err):
+		s.gotAnswer(key)
+		s.shed.Add(1)
+		return fmt.Errorf("memcached: key %q: %w: %w", key, limiter.ErrOverloaded, err)
 	case errors.Is(err, errQueueFull):
 		s.shed.Add(1)
 		return fmt.Errorf("memcached: %w: %w", limiter.ErrOverloaded, err)
@@ -643,6 +649,17 @@ func refusedData(err error) bool {
 	var se *serverError
 	return errors.Is(err, errMalformedKey) || errors.As(err, &ce) ||
 		errors.As(err, &se) && strings.HasPrefix(se.msg, "object too large")
+}
+
+// outOfMemory reports whether err is memcached refusing to store an item
+// for lack of memory ("SERVER_ERROR out of memory storing object": run
+// with -M, or nothing it may evict). It is an answer about that write,
+// not an outage (issue 24): memcached serves the reads and the writes it
+// has room for, so it neither trips a breaker nor marks memcached down;
+// the request fails with ResourceExhausted, never OK.
+func outOfMemory(err error) bool {
+	var se *serverError
+	return errors.As(err, &se) && strings.HasPrefix(se.msg, "out of memory")
 }
 
 // dataError wraps an error about the data of key: memcached refused it, or

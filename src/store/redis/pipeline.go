@@ -718,7 +718,7 @@ func unavailableCmdErr(batch []*request) bool {
 			continue
 		}
 		for _, c := range r.cmds {
-			if err := c.Err(); err != nil && !errors.Is(err, goredis.Nil) && !isDataError(err) {
+			if err := c.Err(); err != nil && !errors.Is(err, goredis.Nil) && !isDataError(err) && !isOOM(err) {
 				return true
 			}
 		}

@@ -942,15 +942,35 @@ func unavailable(name string, err error) error {
 }
 
 // cmdError classifies a command's error: Redis refusing the op for its data
-// or its key (isDataError) wraps limiter.ErrData; everything else
-// (transport errors, timeouts, LOADING, READONLY, CLUSTERDOWN, NOAUTH,
-// WRONGPASS, OOM, BUSY ...) means Redis cannot serve and wraps
-// limiter.ErrUnavailable.
+// or its key (isDataError) wraps limiter.ErrData; Redis refusing the op's
+// write for lack of memory (isOOM) wraps limiter.ErrOverloaded;
+// everything else (transport errors, timeouts, LOADING, READONLY,
+// CLUSTERDOWN, NOAUTH, WRONGPASS, BUSY ...) means Redis cannot serve and
+// wraps limiter.ErrUnavailable.
 func cmdError(name, key string, err error) error {
-	if isDataError(err) {
+	switch {
+	case isDataError(err):
 		return fmt.Errorf("%s: key %q: %w: %w", name, key, limiter.ErrData, err)
+	case isOOM(err):
+		return fmt.Errorf("%s: key %q: %w: %w", name, key, limiter.ErrOverloaded, err)
 	}
 	return unavailable(name, err)
+}
+
+// isOOM reports whether err is Redis refusing a write because its memory
+// is at maxmemory (with maxmemory-policy noeviction, or nothing left it
+// may evict): "OOM command not allowed when used memory > 'maxmemory'",
+// from the command or from inside a script. It is an answer about that
+// write, not an outage (issue 24): Redis serves the reads and the writes
+// that need no memory, and frees memory as keys expire, so it neither
+// trips a breaker nor marks Redis down; the request fails with
+// ResourceExhausted, never OK.
+func isOOM(err error) bool {
+	if !isRedisError(err) {
+		return false
+	}
+	code, _, _ := strings.Cut(scriptCause(err.Error()), " ")
+	return code == "OOM"
 }
 
 // isDataError reports whether err is Redis refusing a command for what its
