@@ -2,12 +2,17 @@ package integration
 
 import (
 	"bufio"
+	"context"
 	"fmt"
 	"io"
 	"net"
+	"net/http"
 	"strings"
 	"testing"
 	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	"github.com/ratelimitd/ratelimit/src/store/storetest"
 )
@@ -95,4 +100,72 @@ func memcacheGet(t *testing.T, addr, key string) string {
 		t.Fatal(err)
 	}
 	return string(val[:n])
+}
+
+// TestMemcachedRequestBudget is issue 24's case 6 over the wire: on
+// Memcached the service gave a request no REQUEST_TIMEOUT (a frozen
+// memcached held each one for its own 500 ms timeout, and answered
+// Unavailable), and the store's incr-then-add loop had no bound (a
+// memcached answering NOT_FOUND then NOT_STORED held a /json request
+// without a deadline for ever). Now a frozen memcached gives
+// DeadlineExceeded, the budget's code, on gRPC and on /json; and with no
+// budget at all (REQUEST_TIMEOUT=0, a /json client without a deadline)
+// the loop ends after its bounded attempts with ResourceExhausted.
+func TestMemcachedRequestBudget(t *testing.T) {
+	t.Run("frozen_memcached", func(t *testing.T) {
+		t.Parallel()
+		m := storetest.StartMemcached(t)
+		// A budget well below memcached's own 500 ms: which bound ends
+		// the request shows in its code.
+		p := start(t, map[string]string{"shared.yaml": sharedRules},
+			memcacheEnv(m, "REQUEST_TIMEOUT=100ms", "STORE_BREAKER_FAILURES=0")...)
+		c := p.client(t)
+		if _, err := c.ShouldRateLimit(callCtx(t), request("shared", "user", "alice")); err != nil {
+			t.Fatal(err)
+		}
+		if err := m.Freeze(); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = m.Thaw() })
+		_, err := c.ShouldRateLimit(callCtx(t), request("shared", "user", "alice"))
+		if status.Code(err) != codes.DeadlineExceeded {
+			t.Errorf("gRPC with memcached frozen: %v, want DeadlineExceeded (REQUEST_TIMEOUT)", err)
+		}
+		code, body := p.postJSON(t, `{"domain":"shared","descriptors":[{"entries":[{"key":"user","value":"alice"}]}]}`)
+		if code != http.StatusServiceUnavailable || !strings.Contains(body, "deadline exceeded") {
+			t.Errorf("/json with memcached frozen: %d %q, want 503 after the request's budget", code, body)
+		}
+	})
+	t.Run("incr_misses_what_add_finds", func(t *testing.T) {
+		t.Parallel()
+		f := storetest.StartFakeMemcached(t)
+		f.Answer("incr", "NOT_FOUND\r\n")
+		f.Answer("add", "NOT_STORED\r\n")
+		p := start(t, map[string]string{"shared.yaml": sharedRules},
+			"BACKEND_TYPE=memcache", "MEMCACHE_HOST_PORT="+f.Addr, "REQUEST_TIMEOUT=0")
+		// No deadline but the test's own, far beyond the loop's bound.
+		hc := &http.Client{Timeout: time.Minute}
+		for i := range 2 {
+			before := f.Commands()
+			resp, err := hc.Post("http://"+p.http+"/json", "application/json",
+				strings.NewReader(`{"domain":"shared","descriptors":[{"entries":[{"key":"user","value":"bob"}]}]}`))
+			if err != nil {
+				t.Fatalf("/json %d: %v", i, err)
+			}
+			body, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			if resp.StatusCode != http.StatusServiceUnavailable || !strings.Contains(string(body), "incr missed") {
+				t.Errorf("/json %d: %d %q, want 503: the loop ran out of attempts", i, resp.StatusCode, body)
+			}
+			if n := f.Commands() - before; n > 64 {
+				t.Errorf("/json %d: %d commands to memcached, want at most 64 (32 incr and add)", i, n)
+			}
+		}
+		ctx, cancel := context.WithTimeout(t.Context(), time.Minute) // as good as none
+		defer cancel()
+		_, err := p.client(t).ShouldRateLimit(ctx, request("shared", "user", "carol"))
+		if status.Code(err) != codes.ResourceExhausted {
+			t.Errorf("gRPC without a deadline: %v, want ResourceExhausted", err)
+		}
+	})
 }

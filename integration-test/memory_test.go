@@ -8,7 +8,10 @@ import (
 	"strings"
 	"testing"
 
+	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 )
 
 // TestMemoryFloodAtCeiling floods a 1 MiB memory store with ten times what
@@ -47,9 +50,92 @@ descriptors:
 		t.Errorf("the spent user after the flood: %v, %v; want OVER_LIMIT still", resp.GetOverallCode(), err)
 	}
 	stats := p.stats(t)
-	if stats["ratelimit.memory.evicted_under_limit"] < 40_000 || stats["ratelimit.memory.evicted_over_limit"] != 0 {
-		t.Errorf("/stats: evicted_under_limit %d, evicted_over_limit %d; want 40,000 or more and 0",
-			stats["ratelimit.memory.evicted_under_limit"], stats["ratelimit.memory.evicted_over_limit"])
+	if stats["ratelimit.memory.evicted_under_limit"] < 40_000 || stats["ratelimit.memory.refused_new_keys"] != 0 {
+		t.Errorf("/stats: evicted_under_limit %d, refused_new_keys %d; want 40,000 or more and 0",
+			stats["ratelimit.memory.evicted_under_limit"], stats["ratelimit.memory.refused_new_keys"])
+	}
+}
+
+// TestMemorySpentClientOutlivesFloods is issue 24's first case over the
+// wire: a client over its 3-an-hour limit stays over it through floods of
+// new keys, each several times what a 1 MiB store holds, of every shape
+// that puts the flood's own keys over their limit: new values of a
+// limit-1 rule, new values of the client's own rule three hits each, and
+// hits_addend above the limit. Once only keys over their limit are left,
+// new keys are refused with ResourceExhausted, counted in /stats.
+func TestMemorySpentClientOutlivesFloods(t *testing.T) {
+	const rules = `domain: flood
+descriptors:
+  - key: user
+    rate_limit: {unit: hour, requests_per_unit: 3}
+  - key: one
+    rate_limit: {unit: hour, requests_per_unit: 1}
+`
+	values := func(r int, key string, n, each int) []*ratelimitv3.RateLimitDescriptor {
+		var ds []*ratelimitv3.RateLimitDescriptor
+		for i := range n {
+			for range each {
+				ds = append(ds, request("flood", key, fmt.Sprintf("%s%d.%d", key, r, i)).GetDescriptors()...)
+			}
+		}
+		return ds
+	}
+	tests := []struct {
+		name  string
+		flood func(r int) *rlsv3.RateLimitRequest
+	}{
+		{"limit_1_rule", func(r int) *rlsv3.RateLimitRequest {
+			return &rlsv3.RateLimitRequest{Domain: "flood", Descriptors: values(r, "one", 256, 1)}
+		}},
+		{"own_rule", func(r int) *rlsv3.RateLimitRequest {
+			return &rlsv3.RateLimitRequest{Domain: "flood", Descriptors: values(r, "user", 85, 3)}
+		}},
+		{"hits_addend", func(r int) *rlsv3.RateLimitRequest {
+			return &rlsv3.RateLimitRequest{Domain: "flood", Descriptors: values(r, "user", 256, 1), HitsAddend: 1000}
+		}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			p := start(t, map[string]string{"flood.yaml": rules}, "MEMORY_MAX_BYTES=1048576")
+			c := p.client(t)
+			spent := request("flood", "user", "spent")
+			for range 3 {
+				if resp, err := c.ShouldRateLimit(callCtx(t), spent); err != nil || resp.GetOverallCode() != rlsv3.RateLimitResponse_OK {
+					t.Fatalf("spending the client: %v, %v", resp.GetOverallCode(), err)
+				}
+			}
+			// 1 MiB holds some 9,000 keys over their limit: 240 requests
+			// bring 20,000 to 61,000 new ones.
+			refused := 0
+			for r := range 240 {
+				_, err := c.ShouldRateLimit(callCtx(t), tt.flood(r))
+				switch {
+				case status.Code(err) == codes.ResourceExhausted && strings.Contains(err.Error(), "no room for a new key"):
+					refused++
+				case err != nil:
+					t.Fatalf("request %d of the flood: %v, want an answer or ResourceExhausted", r, err)
+				}
+				if r%20 != 19 {
+					continue
+				}
+				resp, err := c.ShouldRateLimit(callCtx(t), spent)
+				if err != nil || resp.GetOverallCode() != rlsv3.RateLimitResponse_OVER_LIMIT {
+					t.Fatalf("the spent client after %d requests of the flood: %v, %v; want OVER_LIMIT", r+1, resp.GetOverallCode(), err)
+				}
+			}
+			stats := p.stats(t)
+			t.Logf("%d of 240 flood requests refused; /stats: %d keys, %d compact, %d compacted, %d refused, %d bytes", refused,
+				stats["ratelimit.memory.keys"], stats["ratelimit.memory.compact_keys"], stats["ratelimit.memory.compacted_over_limit"],
+				stats["ratelimit.memory.refused_new_keys"], stats["ratelimit.memory.bytes"])
+			if refused == 0 || stats["ratelimit.memory.refused_new_keys"] < int64(refused) ||
+				stats["ratelimit.memory.compacted_over_limit"] == 0 || stats["ratelimit.service.call.should_rate_limit.load_shed"] < int64(refused) {
+				t.Errorf("want some flood requests refused, counted in refused_new_keys and load_shed, and keys compacted")
+			}
+			if got := stats["ratelimit.memory.bytes"]; got > 1<<20+1<<20/16+256*8192 {
+				t.Errorf("ratelimit.memory.bytes = %d, above the ceiling, a sixteenth and a key a shard", got)
+			}
+		})
 	}
 }
 

@@ -32,8 +32,8 @@ type storeHandle struct {
 	// started, when set, waits until the store first answers.
 	started func(ctx context.Context) error
 	// timeout is the store's own round-trip bound (the longer of REDIS_TIMEOUT
-	// and REDIS_PERSECOND_TIMEOUT), which an answer may wait for; 0 for the
-	// memory store.
+	// and REDIS_PERSECOND_TIMEOUT; Memcached's 500 ms), which an answer may
+	// wait for; 0 for the memory store, which gets no REQUEST_TIMEOUT.
 	timeout time.Duration
 	// keyFormat is how the limiter builds the store's keys.
 	keyFormat limiter.KeyFormat
@@ -53,14 +53,17 @@ func keyFormat(set *settings.Settings) limiter.KeyFormat {
 }
 
 // newMemory makes a memory store within the MEMORY_* ceilings and registers
-// its statistics: its size, and the keys it dropped, by class.
+// its statistics: its size, the keys it dropped or compacted, by class, and
+// the new keys it refused.
 func newMemory(set *settings.Settings, reg *stats.Registry) *memory.Store {
 	m := memory.New(memory.Config{MaxBytes: set.MemoryMaxBytes, MaxKeys: set.MemoryMaxKeys})
 	reg.GaugeFunc("ratelimit.memory.keys", func() int64 { return int64(m.Len()) })
 	reg.GaugeFunc("ratelimit.memory.bytes", func() int64 { return m.Bytes() })
 	reg.CounterFunc("ratelimit.memory.reclaimed_idle", func() uint64 { return m.Evictions().ReclaimedIdle })
 	reg.CounterFunc("ratelimit.memory.evicted_under_limit", func() uint64 { return m.Evictions().UnderLimit })
-	reg.CounterFunc("ratelimit.memory.evicted_over_limit", func() uint64 { return m.Evictions().OverLimit })
+	reg.GaugeFunc("ratelimit.memory.compact_keys", func() int64 { return int64(m.Records()) })
+	reg.CounterFunc("ratelimit.memory.compacted_over_limit", func() uint64 { return m.Evictions().Compacted })
+	reg.CounterFunc("ratelimit.memory.refused_new_keys", func() uint64 { return m.Evictions().Refused })
 	return m
 }
 
@@ -139,12 +142,14 @@ func newStore(ctx context.Context, set *settings.Settings, reg *stats.Registry, 
 		reg.CounterFunc("ratelimit.memcache.load_shed", m.Shed)
 		registerBreakers(reg, "ratelimit.memcache.", m.Breakers)
 		memcacheOpStats(reg, m)
+		// The timeout is the store's, its default included: 0 would be
+		// the memory store's, which gets no REQUEST_TIMEOUT (issue 24).
 		return &storeHandle{
 			store:     m,
 			healthy:   m.Healthy,
 			close:     func() { _ = m.Close() },
 			started:   m.WaitStarted,
-			timeout:   cfg.Timeout,
+			timeout:   m.Timeout(),
 			keyFormat: keyFormat(set),
 			breakers:  m.Breakers,
 		}, nil

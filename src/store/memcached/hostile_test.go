@@ -18,6 +18,7 @@ import (
 
 	"github.com/ratelimitd/ratelimit/src/limiter"
 	"github.com/ratelimitd/ratelimit/src/rules"
+	"github.com/ratelimitd/ratelimit/src/store/breaker"
 	"github.com/ratelimitd/ratelimit/src/store/storetest"
 )
 
@@ -309,5 +310,81 @@ func TestSpentStates(t *testing.T) {
 		if !bytes.Equal(it.Value, tt.state) {
 			t.Errorf("%s: state %q after refused ops, want %q unchanged", tt.name, it.Value, tt.state)
 		}
+	}
+}
+
+// TestIncrAddLoopIsBounded is issue 24's case 6: a memcached that answers
+// incr with NOT_FOUND and add with NOT_STORED, which no memcached does
+// for long, held a fixed-window op in its incr-then-add loop until the
+// request's deadline (75,000 round trips in 5.8 s; with no deadline, for
+// ever). The loop now ends after maxAttempts adds with ErrOverloaded,
+// counted in Shed, and the store stays healthy: memcached answered.
+func TestIncrAddLoopIsBounded(t *testing.T) {
+	t.Parallel()
+	f := storetest.StartFakeMemcached(t)
+	f.Answer("incr", "NOT_FOUND\r\n")
+	f.Answer("add", "NOT_STORED\r\n")
+	s := newStore(t, Config{Addrs: []string{f.Addr}})
+	if err := s.WaitStarted(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	// A deadline far beyond what the bounded loop takes: the old loop
+	// ran until it.
+	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
+	defer cancel()
+	for i, now := range []time.Time{time.Unix(1_700_000_000, 0), time.Unix(1_700_000_001, 0)} {
+		// The first op starts with add (the key is new to this
+		// instance), the second with incr.
+		b := &limiter.Batch{Now: now, Ops: []limiter.Op{{Key: "k", Limit: 5, Window: time.Minute, Hits: 1}}}
+		before := f.Commands()
+		err := s.Do(ctx, b)
+		if !errors.Is(err, limiter.ErrOverloaded) || !errors.Is(err, errMissing) {
+			t.Errorf("op %d: Do = %v, want ErrOverloaded: incr missed at every attempt", i, err)
+		}
+		if n := f.Commands() - before; n > 2*maxAttempts {
+			t.Errorf("op %d: %d commands, want at most %d (incr and add, %d times)", i, n, 2*maxAttempts, maxAttempts)
+		}
+	}
+	if got := s.Shed(); got != 2 {
+		t.Errorf("Shed = %d, want 2", got)
+	}
+	if !s.Healthy() {
+		t.Error("the store is unhealthy: memcached answered every command")
+	}
+}
+
+// TestOutOfMemoryIsAnAnswer is issue 24's case 2, its part on one write: a
+// memcached that refuses to store when full (-M) answers a new item with
+// "SERVER_ERROR out of memory storing object". That is an answer about the
+// request (ErrOverloaded: ResourceExhausted, never OK, counted in Shed),
+// not an outage: it trips no breaker, even one that opens at the first
+// failure, and health stays; the keys already stored are still counted.
+func TestOutOfMemoryIsAnAnswer(t *testing.T) {
+	t.Parallel()
+	srv := storetest.StartMemcached(t, "-m", "2", "-M")
+	s := newStore(t, Config{Addrs: []string{srv.Addr}, Breaker: breaker.Config{Failures: 1}})
+	if err := s.WaitStarted(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	now := time.Unix(1_700_000_000, 0)
+	op := func(i int) limiter.Op {
+		return limiter.Op{Key: fmt.Sprintf("fill_%06d", i), Limit: 5, Window: time.Hour, Hits: 1}
+	}
+	// 2 MiB hold some 20,000 counters: fill until memcached refuses one.
+	var err error
+	stored := 0
+	for ; stored < 100_000 && err == nil; stored++ {
+		err = s.Do(t.Context(), &limiter.Batch{Now: now, Ops: []limiter.Op{op(stored)}})
+	}
+	if !errors.Is(err, limiter.ErrOverloaded) || errors.Is(err, limiter.ErrUnavailable) {
+		t.Fatalf("after %d counters: %v, want ErrOverloaded and not ErrUnavailable", stored, err)
+	}
+	t.Logf("after %d counters: %v", stored, err)
+	b := &limiter.Batch{Now: now, Ops: []limiter.Op{op(0)}}
+	if err := s.Do(t.Context(), b); err != nil || b.Results[0].Before != 1 {
+		t.Errorf("a stored key when full: %+v, %v; want counted, its second hit", b.Results[0], err)
+	}
+	if st := s.Breakers(); st.Trips != 0 || !s.Healthy() || s.Shed() == 0 {
+		t.Errorf("breakers %+v, healthy %v, shed %d; want none tripped, healthy, the refusal shed", st, s.Healthy(), s.Shed())
 	}
 }

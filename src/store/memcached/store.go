@@ -386,6 +386,10 @@ func (s *Store) Counters() (roundTrips, ops uint64) {
 	return s.roundTrips.Load(), s.ops.Load()
 }
 
+// Timeout returns the store's bound of a dial and of an answer's lateness
+// (Config.Timeout, or its default).
+func (s *Store) Timeout() time.Duration { return s.cfg.Timeout }
+
 // Shed returns the cumulative number of Do calls that failed with
 // limiter.ErrOverloaded: MaxWaiting were waiting for a slot already, none
 // came free before the call's deadline, or a server's queue was full;

@@ -13,12 +13,12 @@ import (
 	"github.com/ratelimitd/ratelimit/src/rules"
 )
 
-// checkStore verifies the bookkeeping of every shard against its map: the
-// order slice and positions, the classes, and the totals recomputed from
-// the entries.
+// checkStore verifies the bookkeeping of every shard against its maps: the
+// order slice and positions, the classes, the records, and the totals
+// recomputed from the entries and records.
 func checkStore(t *testing.T, s *Store) {
 	t.Helper()
-	var keys, bytes int64
+	var keys, records, bytes int64
 	for i := range s.shards {
 		sh := &s.shards[i]
 		sh.mu.Lock()
@@ -31,12 +31,19 @@ func checkStore(t *testing.T, s *Store) {
 			}
 			bytes += e.bytes()
 		}
-		keys += int64(len(sh.m))
-		bytes += int64(sh.peak) * slotBytes
+		for h, r := range sh.rec {
+			if r.idle < sh.recIdle || h&s.mask != uint64(i) {
+				t.Errorf("shard %d: record %x idle at %d, before the shard's recIdle %d, or of another shard", i, h, r.idle, sh.recIdle)
+			}
+		}
+		keys += int64(len(sh.m) + len(sh.rec))
+		records += int64(len(sh.rec))
+		bytes += int64(sh.peak)*slotBytes + int64(sh.recPeak)*recordBytes
 		sh.mu.Unlock()
 	}
-	if keys != s.keys.Load() || bytes != s.Bytes() {
-		t.Errorf("totals: Len %d, Bytes %d; the entries add up to %d keys, %d bytes", s.Len(), s.Bytes(), keys, bytes)
+	if keys != s.keys.Load() || records != s.records.Load() || bytes != s.Bytes() {
+		t.Errorf("totals: Len %d, Records %d, Bytes %d; the shards add up to %d keys, %d records, %d bytes",
+			s.Len(), s.Records(), s.Bytes(), keys, records, bytes)
 	}
 }
 
@@ -89,8 +96,8 @@ func TestFloodAtCeilingNeverFails(t *testing.T) {
 		}
 	}
 	ev := s.Evictions()
-	if ev.UnderLimit == 0 || ev.OverLimit != 0 {
-		t.Errorf("Evictions = %+v, want keys under their limit evicted, none over", ev)
+	if ev.UnderLimit == 0 || ev.Compacted != 0 || ev.Refused != 0 {
+		t.Errorf("Evictions = %+v, want keys under their limit evicted, none compacted or refused", ev)
 	}
 	t.Logf("%d keys, %d bytes; %+v", s.Len(), s.Bytes(), ev)
 	checkStore(t, s)
@@ -185,25 +192,38 @@ func TestOverLimitKeysSurviveFlood(t *testing.T) {
 	checkStore(t, s)
 }
 
-// TestEvictsOverLimitResettingSoonest: a shard holding only keys over their
-// limit gives up the one whose state resets soonest; a key under its
-// limit still goes before any of them.
-func TestEvictsOverLimitResettingSoonest(t *testing.T) {
+// TestCompactsOverLimitKeys: at the byte ceiling a key under its limit
+// still goes before any over it, and keys over it then give up their entry
+// for a record, the least recently used first, instead of being evicted.
+func TestCompactsOverLimitKeys(t *testing.T) {
 	t.Parallel()
-	s := newStore(t, Config{MaxKeys: 3, Shards: 1, SweepInterval: -1})
-	for _, w := range []time.Duration{time.Hour, time.Minute, 24 * time.Hour} {
-		do(t, s, base, op(rules.FixedWindow, fmt.Sprint("over", w), 1, w, 2))
+	key := func(i int) string { return fmt.Sprintf("over_%02d_%0100d", i, i) }
+	// Room for three keys and a record: one compaction makes room for a
+	// fourth key.
+	perKey := allocBytes(len(key(0))) + entryBytes + slotBytes
+	s := newStore(t, Config{MaxBytes: 3*perKey + recordBytes, Shards: 1, SweepInterval: -1})
+	at := func(sec int) time.Time { return base.Add(time.Duration(sec) * time.Second) }
+	for i := range 2 {
+		do(t, s, at(i), op(rules.FixedWindow, key(i), 1, time.Hour, 2))
 	}
-	do(t, s, base, op(rules.FixedWindow, "new1", 5, time.Minute, 1))
-	do(t, s, base, op(rules.FixedWindow, "new2", 5, time.Minute, 1))
-	for key, want := range map[string]uint64{"over1h0m0s": 2, "over1m0s": 0, "over24h0m0s": 2, "new1": 0, "new2": 1} {
-		rs, _ := do(t, s, base, op(rules.FixedWindow, key, 5, time.Minute, 0))
-		if rs[0].Before != want {
-			t.Errorf("%s holds %d hits, want %d", key, rs[0].Before, want)
+	do(t, s, at(2), op(rules.FixedWindow, "under", 5, time.Hour, 1))
+	do(t, s, at(3), op(rules.FixedWindow, key(2), 1, time.Hour, 1)) // over: Remaining 0
+	if got, want := s.Evictions(), (Evictions{UnderLimit: 1}); got != want {
+		t.Errorf("Evictions = %+v, want %+v: the key under its limit evicted first", got, want)
+	}
+	do(t, s, at(4), op(rules.FixedWindow, key(3), 1, time.Hour, 1))
+	if got, want := s.Evictions(), (Evictions{UnderLimit: 1, Compacted: 1}); got != want {
+		t.Errorf("Evictions = %+v, want %+v: then over_00 compacted", got, want)
+	}
+	if s.Len() != 4 || s.Records() != 1 || s.shards[0].m[key(0)] != nil {
+		t.Errorf("Len %d, Records %d; want 4 keys, over_00 a record", s.Len(), s.Records())
+	}
+	checkStore(t, s)
+	for key, want := range map[string]uint64{key(0): 2, key(1): 2, key(2): 1, key(3): 1, "under": 0} {
+		rs, err := do(t, s, at(5), op(rules.FixedWindow, key, 1, time.Hour, 0))
+		if err != nil || rs[0].Before != want {
+			t.Errorf("%s holds %d hits (%v), want %d", key, rs[0].Before, err, want)
 		}
-	}
-	if got, want := s.Evictions(), (Evictions{UnderLimit: 1, OverLimit: 1}); got != want {
-		t.Errorf("Evictions = %+v, want %+v", got, want)
 	}
 	checkStore(t, s)
 }

@@ -9,6 +9,8 @@ import (
 	"context"
 	"fmt"
 	"hash/maphash"
+	"maps"
+	"math"
 	"math/rand/v2"
 	"slices"
 	"strings"
@@ -35,12 +37,14 @@ const DefaultMaxBytes = 64 << 20
 type Config struct {
 	// MaxBytes is the most memory the keys may take, in bytes, as Bytes
 	// accounts it; 0 means DefaultMaxBytes and a negative value no byte
-	// ceiling. At the ceiling a new key makes room by evicting others (see
-	// Store); it is never refused.
+	// ceiling. At the ceiling a new key makes room by evicting others, and
+	// is refused only when nothing but keys over their limit is left to
+	// give up room (see Store).
 	MaxBytes int64
-	// MaxKeys is the most keys the store holds; 0 (the default) means no
-	// key-count ceiling. At it a new key makes room as at MaxBytes. Both
-	// ceilings may apply.
+	// MaxKeys is the most keys the store holds, compact records included;
+	// 0 (the default) means no key-count ceiling. At it a new key makes
+	// room as at MaxBytes, but compacting a key frees no key: with only
+	// keys over their limit left, it is refused. Both ceilings may apply.
 	MaxKeys int
 	// Now is the clock of the sweeper; default time.Now. Ops use Batch.Now.
 	Now func() time.Time
@@ -59,40 +63,51 @@ type Config struct {
 // while it reads and writes. Make one with New and stop its sweeper with
 // Close.
 //
-// The store stays under Config.MaxBytes and Config.MaxKeys without ever
-// refusing an op: a new key that would pass a ceiling first evicts keys of
-// its own shard, under the lock the op already holds, in this order:
+// A key over its limit (no further hit fits: the last op was refused or
+// left Remaining 0) is never forgotten before its state is that of a new
+// key again, whatever the flood of new keys: the store refuses new keys
+// rather than give a spent client a new limit (issue 24). A new key that
+// would pass Config.MaxBytes or Config.MaxKeys makes room in its own shard,
+// under the lock the op already holds, in this order:
 //
 //  1. idle keys, whose state is that of a new key again (the whole shard
 //     is reclaimed at most once a second, and any idle key sampled below
 //     goes first): nothing is lost;
 //  2. keys under their limit, approximately least recently used first (the
-//     oldest of 5 sampled, as Redis samples for maxmemory-policy);
-//  3. only when the shard holds no key under its limit: keys over it (no
-//     further hit fits: the last op was refused or left Remaining 0), the
-//     one of 5 sampled whose state resets soonest, the least recently used
-//     on a tie.
+//     oldest of 5 sampled, as Redis samples for maxmemory-policy): their
+//     hits are forgotten, which admits those clients at most one limit more
+//     in their window;
+//  3. keys over their limit give up their entry and key for a compact
+//     record, the least recently used of 5 sampled first: the key's 64-bit
+//     hash and its state, recordBytes (112 bytes) however long the key.
+//     Nothing is lost for fixed_window, sliding_window and token_bucket; a
+//     sliding_log keeps its count with every hit at its newest one's time,
+//     so it is refused until its newest hit leaves the window (at most one
+//     window longer than its log says, never shorter). The next op on the
+//     key turns the record back into an entry.
 //
-// Over-limit keys are what enforce the limits: evicting one resets a spent
-// counter, while evicting a key under its limit only forgets hits that
-// limited no one yet. So a client flooding the store with new keys cannot
-// reset the spent counters of others; it only makes the store forget,
-// least recently used first, the keys of clients still within their
-// limits. The classes are per shard: a shard with no key under its limit
-// gives up the over-limit key nearest its reset. A client that puts its
-// own keys over their limit at once (a hits_addend above the limit) fills
-// that class too, and can then push out the spent keys of others, those
-// nearest their reset and least recently used first; Evictions.OverLimit
-// counts them, and a MaxBytes that holds all the keys over their limit at
-// once prevents it.
+// (A key of 13 bytes or less is not compacted: its entry is no larger.)
+// When its shard has none of these left, the new key evicts or compacts a
+// key of another shard, among 8 drawn at random that it can lock at once.
+// When it finds none and its shard holds keys over their limit (records,
+// or at MaxKeys entries), the new key is refused once the store is a
+// sixteenth above its ceiling (another shard may still hold keys it could
+// evict, which their own new keys will): Do fails with an error wrapping
+// limiter.ErrOverloaded, counted in Evictions.Refused, until the keys over
+// their limit reach the end of their windows. An op on a key the store
+// holds, as an entry or as a record, is never refused, nor is a read.
+// Records stay until their state is idle; the sweeper, and a shard about to
+// refuse a key, remove them then.
 //
 // The ops of one batch never evict each other's keys. When a shard has
-// nothing it may evict (it is empty, or holds only keys of the batch at
-// hand) the new key is added anyway, and two ops on different shards that
-// check a ceiling at the same moment may both add theirs: Bytes and Len
-// then pass the ceiling by those keys, at most one per shard plus the keys
-// of the batches in flight, until the next new key of a shard that has
-// keys to evict brings them back under it.
+// nothing it may evict and nothing over its limit (it is empty, or holds
+// only keys of the batch at hand) the new key is added anyway, and two ops
+// on different shards that check a ceiling at the same moment may both add
+// theirs; so is a record turned back into an entry. Bytes and Len then pass
+// the ceiling by those keys, at most one per shard plus the keys of the
+// batches in flight (and a sixteenth of the ceiling, above), until the
+// next new key of a shard that has keys to evict brings them back under
+// it.
 type Store struct {
 	shards   []shard
 	mask     uint64
@@ -100,19 +115,21 @@ type Store struct {
 	maxKeys  int64
 	maxBytes int64
 	now      func() time.Time
-	// keys and bytes are the totals of all shards, for the ceilings, Len
-	// and Bytes.
-	keys  atomic.Int64
-	bytes atomic.Int64
+	// keys, records and bytes are the totals of all shards, for the
+	// ceilings, Len, Records and Bytes; keys counts the records too.
+	keys    atomic.Int64
+	records atomic.Int64
+	bytes   atomic.Int64
 	// The counts Evictions reports.
-	reclaimed, evictedUnder, evictedOver atomic.Uint64
+	reclaimed, evictedUnder, compacted, refused atomic.Uint64
 
 	stop      chan struct{}
 	done      chan struct{}
 	closeOnce sync.Once
 }
 
-// Evictions counts the keys a Store has dropped since New, by class.
+// Evictions counts what a Store did at its ceilings since New: the keys it
+// dropped or compacted, by class, and the new keys it refused.
 type Evictions struct {
 	// ReclaimedIdle counts keys removed because their state was that of a
 	// new key again (the sweeper's and those reclaimed at a ceiling):
@@ -122,11 +139,15 @@ type Evictions struct {
 	// their hits are forgotten, which admits at most one limit more for
 	// those clients.
 	UnderLimit uint64
-	// OverLimit counts keys evicted at a ceiling while over their limit,
-	// because their shard held no key under it: those clients may start
-	// afresh before their reset. It stays 0 unless the store is too small
-	// for the keys over their limit; raise MaxBytes when it grows.
-	OverLimit uint64
+	// Compacted counts keys over their limit that gave up their entry for
+	// a compact record at a ceiling: nothing was lost (a sliding log keeps
+	// its count at its newest hit's time).
+	Compacted uint64
+	// Refused counts new keys refused (Do failed with ErrOverloaded)
+	// because nothing but keys over their limit was left to give up room.
+	// It stays 0 while the store holds the keys over their limit of a
+	// window; raise MaxBytes when it grows.
+	Refused uint64
 }
 
 // What one key costs, as Bytes accounts it. TestAccountingCoversTheHeap
@@ -145,6 +166,12 @@ const (
 	// 7/16 full just after it grew: 57 bytes a key. The order slice holds
 	// 8 bytes a key, up to 16 just after append doubled it.
 	slotBytes = 80
+	// recordBytes is one compact record's share of its shard's map of
+	// records, charged for every record of the map's peak: a slot of the
+	// map is 41 bytes (the 8-byte hash, the 32-byte record, a control
+	// byte), and a map just grown holds as few as 7/16 of its slots plus
+	// its directory: 110 bytes a record measured at the worst sizes.
+	recordBytes = 112
 )
 
 // allocBytes bounds what Go's allocator takes for an object of n bytes: a
@@ -192,7 +219,16 @@ type shard struct {
 	// lastReclaim is when (Unix µs) a full store last scanned this shard
 	// for idle keys.
 	lastReclaim int64
-	_           [64]byte
+	// rec holds the keys over their limit that gave up their entry at a
+	// ceiling, by the key's hash (nil until the first); recPeak is the
+	// largest len(rec) since rec was made, charged recordBytes a record as
+	// peak is for m; recIdle is at or before the earliest idle time of the
+	// records, so that a shard about to refuse a new key knows whether a
+	// reclaim would make room.
+	rec     map[uint64]record
+	recPeak int
+	recIdle int64
+	_       [64]byte
 }
 
 // state is what the algorithms keep for one key. Which fields are used
@@ -205,6 +241,40 @@ type state struct {
 	t      int64
 	n1, n2 uint64
 	log    *limiter.SlidingLogState
+}
+
+// record is a key over its limit kept without its key and entry (see
+// Store): its state, with a sliding log's ring folded into t, the time of
+// its newest hit, and n1, the number of hits logged.
+type record struct {
+	idle   int64
+	t      int64
+	n1, n2 uint64
+}
+
+// record returns e's state as a record.
+func (e *entry) record() record {
+	r := record{idle: e.idle, t: e.t, n1: e.n1, n2: e.n2}
+	if e.log != nil {
+		// Every hit at the newest one's time: refused until the newest
+		// leaves the window, as long as the log or longer, never shorter.
+		r.t, _ = e.log.Newest()
+		r.n1 = uint64(e.log.Len())
+	}
+	return r
+}
+
+// state returns the state r keeps, for a key of algorithm a.
+func (r record) state(a rules.Algorithm) state {
+	if a != rules.SlidingLog {
+		return state{idle: r.idle, t: r.t, n1: r.n1, n2: r.n2}
+	}
+	times := make([]int64, r.n1) // the ring it had, at most
+	for i := range times {
+		times[i] = r.t
+	}
+	log := limiter.SlidingLogStateOf(times)
+	return state{idle: r.idle, log: &log}
 }
 
 // entry is one key: its state and what eviction needs to know of it.
@@ -223,12 +293,15 @@ type entry struct {
 }
 
 // bytes is what e costs, as Bytes accounts it, apart from its slot.
-func (e *entry) bytes() int64 {
-	n := allocBytes(len(e.key)) + entryBytes
-	if e.log != nil {
-		n += logBytes + ringBytes(e.log.Cap())
+func (e *entry) bytes() int64 { return entryCost(len(e.key), &e.state) }
+
+// entryCost is what an entry of a key of n bytes and state st costs.
+func entryCost(n int, st *state) int64 {
+	c := allocBytes(n) + entryBytes
+	if st.log != nil {
+		c += logBytes + ringBytes(st.log.Cap())
 	}
-	return n
+	return c
 }
 
 // New returns a Store and starts its sweeper (unless cfg.SweepInterval is
@@ -262,6 +335,7 @@ func New(cfg Config) *Store {
 	}
 	for i := range s.shards {
 		s.shards[i].m = make(map[string]*entry)
+		s.shards[i].recIdle = math.MaxInt64
 	}
 	interval := cfg.SweepInterval
 	if interval == 0 {
@@ -326,8 +400,8 @@ func (s *Store) Sweep() int {
 	return removed
 }
 
-// reclaim deletes sh's idle keys and rebuilds its map when it has shrunk to
-// a quarter of its peak. The caller holds sh.mu.
+// reclaim deletes sh's idle keys and records, and rebuilds its maps when
+// they have shrunk to a quarter of their peak. The caller holds sh.mu.
 func (s *Store) reclaim(sh *shard, now int64) int {
 	n := 0
 	for _, e := range sh.m {
@@ -336,8 +410,17 @@ func (s *Store) reclaim(sh *shard, now int64) int {
 			n++
 		}
 	}
+	sh.recIdle = math.MaxInt64
+	for h, r := range sh.rec {
+		if r.idle <= now {
+			s.unrecord(sh, h)
+			n++
+		} else {
+			sh.recIdle = min(sh.recIdle, r.idle)
+		}
+	}
 	s.reclaimed.Add(uint64(n))
-	if sh.peak >= 64 && len(sh.m) <= sh.peak/4 {
+	if len(sh.m) <= sh.peak/4 && (sh.peak >= 64 || len(sh.m) == 0) {
 		m := make(map[string]*entry, len(sh.m))
 		for k, e := range sh.m {
 			m[k] = e
@@ -346,11 +429,25 @@ func (s *Store) reclaim(sh *shard, now int64) int {
 		sh.m, sh.peak = m, len(m)
 		sh.order = slices.Clone(sh.order)
 	}
+	if len(sh.rec) <= sh.recPeak/4 && (sh.recPeak >= 64 || len(sh.rec) == 0) {
+		var rec map[uint64]record
+		if len(sh.rec) > 0 {
+			rec = make(map[uint64]record, len(sh.rec))
+			maps.Copy(rec, sh.rec)
+		}
+		s.bytes.Add(-int64(sh.recPeak-len(rec)) * recordBytes)
+		sh.rec, sh.recPeak = rec, len(rec)
+	}
 	return n
 }
 
-// Len returns the number of keys held, idle ones not yet swept included.
+// Len returns the number of keys held, compact records and idle keys not
+// yet swept included.
 func (s *Store) Len() int { return int(s.keys.Load()) }
+
+// Records returns how many of the keys held are compact records of keys
+// over their limit (see Store).
+func (s *Store) Records() int { return int(s.records.Load()) }
 
 // Bytes returns the memory the keys take, as the store accounts it against
 // Config.MaxBytes: for each key its bytes, its entry, a sliding log's ring
@@ -358,22 +455,28 @@ func (s *Store) Len() int { return int(s.keys.Load()) }
 // allocator takes. It leaves out a fixed 0.1 MiB or so of empty shards.
 func (s *Store) Bytes() int64 { return s.bytes.Load() }
 
-// Evictions returns how many keys the store has dropped, by class.
+// Evictions returns what the store did at its ceilings since New.
 func (s *Store) Evictions() Evictions {
 	return Evictions{
 		ReclaimedIdle: s.reclaimed.Load(),
 		UnderLimit:    s.evictedUnder.Load(),
-		OverLimit:     s.evictedOver.Load(),
+		Compacted:     s.compacted.Load(),
+		Refused:       s.refused.Load(),
 	}
 }
+
+// errFull is the error of a new key refused because nothing but keys over
+// their limit is left to give up room (see Store).
+var errFull = fmt.Errorf("memory: %w: no room for a new key: the store is full of keys over their limit until their windows end", limiter.ErrOverloaded)
 
 // Do applies the batch's ops at b.Now (or Config.Now when b.Now is zero)
 // with the limiter's pure functions. Without AllOrNothing each op locks its
 // own shard, and the ops of one group (limiter.Op.Group) the shards of the
 // group's keys together; with it, the shards of all the batch's keys are
 // locked in index order, the ops applied, and all undone if any op was
-// refused. It
-// fails only when ctx is done before it starts: at a ceiling it evicts.
+// refused. It fails when ctx is done before it starts, and with an error
+// wrapping limiter.ErrOverloaded when a new key finds no room (see Store):
+// the ops before it stay applied, unless the batch is AllOrNothing.
 func (s *Store) Do(ctx context.Context, b *limiter.Batch) error {
 	if err := ctx.Err(); err != nil {
 		return fmt.Errorf("memory: %w: %w", limiter.ErrUnavailable, err)
@@ -384,8 +487,7 @@ func (s *Store) Do(ctx context.Context, b *limiter.Batch) error {
 	}
 	b.SizeResults()
 	if b.AllOrNothing {
-		s.doAll(now, b)
-		return nil
+		return s.doAll(now, b)
 	}
 	t := now.UnixMicro()
 	for i := 0; i < len(b.Ops); {
@@ -398,18 +500,25 @@ func (s *Store) Do(ctx context.Context, b *limiter.Batch) error {
 			}
 			var buf [8]uint64
 			locked := s.lock(b.Ops[i:end], buf[:0])
-			for j := i; j < end; j++ {
-				s.applyLocked(s.shard(b.Ops[j].Key), &b.Ops[j], now, t, &b.Results[j])
+			var err error
+			for j := i; j < end && err == nil; j++ {
+				err = s.applyLocked(s.shard(b.Ops[j].Key), &b.Ops[j], now, t, &b.Results[j])
 			}
 			s.unlock(locked)
+			if err != nil {
+				return err
+			}
 			i = end
 			continue
 		}
 		op := &b.Ops[i]
 		sh := s.shard(op.Key)
 		sh.mu.Lock()
-		s.applyLocked(sh, op, now, t, &b.Results[i])
+		err := s.applyLocked(sh, op, now, t, &b.Results[i])
 		sh.mu.Unlock()
+		if err != nil {
+			return err
+		}
 		i++
 	}
 	return nil
@@ -417,12 +526,15 @@ func (s *Store) Do(ctx context.Context, b *limiter.Batch) error {
 
 // applyLocked applies one op of a batch that is not AllOrNothing; the
 // caller holds sh.mu, sh being the op's shard.
-func (s *Store) applyLocked(sh *shard, op *limiter.Op, now time.Time, t int64, res *limiter.Result) {
-	e, _ := s.lookup(sh, op.Key, t, op.Hits > 0)
-	if e == nil { // a read of a missing key: the zero state, not stored
-		var zero entry
-		*res, _, _ = apply(&zero, now, op)
-		return
+func (s *Store) applyLocked(sh *shard, op *limiter.Op, now time.Time, t int64, res *limiter.Result) error {
+	e, _, err := s.lookup(sh, op, t, op.Hits > 0)
+	if err != nil {
+		return err
+	}
+	if e == nil { // a read of a key without an entry: not stored
+		tmp := entry{state: s.peek(sh, op, t)}
+		*res, _, _ = apply(&tmp, now, op)
+		return nil
 	}
 	var grown int64
 	e.pinned = true
@@ -430,6 +542,7 @@ func (s *Store) applyLocked(sh *shard, op *limiter.Op, now time.Time, t int64, r
 	s.grow(sh, grown, t)
 	e.pinned = false
 	sh.used(e, t, res)
+	return nil
 }
 
 // lock locks the shards of ops in one global order (shard index), so that
@@ -465,7 +578,8 @@ type undo struct {
 }
 
 // doAll applies an AllOrNothing batch under the locks of all its shards.
-func (s *Store) doAll(now time.Time, b *limiter.Batch) {
+// A new key refused for lack of room takes back the ops before it.
+func (s *Store) doAll(now time.Time, b *limiter.Batch) error {
 	var buf [8]uint64
 	defer s.unlock(s.lock(b.Ops, buf[:0]))
 
@@ -475,10 +589,17 @@ func (s *Store) doAll(now time.Time, b *limiter.Batch) {
 	for i := range b.Ops {
 		op := &b.Ops[i]
 		sh := s.shard(op.Key)
-		e, created := s.lookup(sh, op.Key, t, op.Hits > 0)
-		if e == nil { // a read of a missing key: nothing to store or undo
-			var zero entry
-			b.Results[i], _, _ = apply(&zero, now, op)
+		e, created, err := s.lookup(sh, op, t, op.Hits > 0)
+		if err != nil {
+			s.rollback(undos)
+			for i := range undos {
+				undos[i].e.pinned = false
+			}
+			return err
+		}
+		if e == nil { // a read of a key without an entry: nothing to store or undo
+			tmp := entry{state: s.peek(sh, op, t)}
+			b.Results[i], _, _ = apply(&tmp, now, op)
 			continue
 		}
 		// Pinned until the batch is over: a later op making room for its
@@ -502,9 +623,10 @@ func (s *Store) doAll(now time.Time, b *limiter.Batch) {
 		for i := range b.Ops {
 			op := b.Ops[i]
 			op.Hits = 0
-			e := s.shard(op.Key).m[op.Key]
+			sh := s.shard(op.Key)
+			e, _, _ := s.lookup(sh, &op, t, false)
 			if e == nil {
-				e = &entry{}
+				e = &entry{state: s.peek(sh, &op, t)}
 			}
 			read, _, _ := apply(e, now, &op)
 			b.Results[i].Remaining, b.Results[i].ResetAfter = read.Remaining, read.ResetAfter
@@ -517,6 +639,7 @@ func (s *Store) doAll(now time.Time, b *limiter.Batch) {
 			u.sh.used(u.e, t, &b.Results[u.op])
 		}
 	}
+	return nil
 }
 
 // rollback undoes the ops in reverse order. The caller holds the locks, so
@@ -539,11 +662,14 @@ func (s *Store) rollback(undos []undo) {
 	}
 }
 
-// lookup returns key's entry in sh, creating it when create is set (after
-// making room for it at a ceiling); else a missing key gives nil. An entry
-// idle at t (Unix µs) is reset: its key may not have been swept yet. The
-// caller holds sh.mu.
-func (s *Store) lookup(sh *shard, key string, t int64, create bool) (e *entry, created bool) {
+// lookup returns the entry of op's key in sh. A key without one is created
+// when create is set, from its record if it has one, after making room for
+// it at a ceiling; a new key (no record) is refused with errFull when there
+// is none (see Store). Without create it returns nil for a key without an
+// entry (see peek). An entry or record idle at t (Unix µs) is reset: its
+// key may not have been swept yet. The caller holds sh.mu.
+func (s *Store) lookup(sh *shard, op *limiter.Op, t int64, create bool) (e *entry, created bool, err error) {
+	key := op.Key
 	if e = sh.m[key]; e != nil {
 		if e.idle <= t {
 			// Reset what the pure functions would not: a fixed-window
@@ -551,19 +677,37 @@ func (s *Store) lookup(sh *shard, key string, t int64, create bool) (e *entry, c
 			// hits itself and keeps its ring.
 			e.state = state{log: e.log}
 		}
-		return e, false
+		return e, false, nil
+	}
+	var h uint64
+	r, kept := record{}, false
+	if len(sh.rec) > 0 {
+		h = s.hash(key)
+		if r, kept = sh.rec[h]; kept && r.idle <= t {
+			s.unrecord(sh, h)
+			s.reclaimed.Add(1)
+			kept = false
+		}
 	}
 	if !create {
-		return nil, false
+		return nil, false, nil
 	}
 	sh.expireSome(s, t)
-	cost := allocBytes(len(key)) + entryBytes
-	s.makeRoom(sh, cost, t)
+	var st state
+	if kept {
+		st = r.state(op.Algorithm)
+		s.unrecord(sh, h)
+	}
+	if !s.makeRoom(sh, 1, entryCost(len(key), &st), t, !kept) {
+		s.refused.Add(1)
+		return nil, false, errFull
+	}
 	// The key is copied: the batch's strings are the caller's (see
 	// limiter.Store), and a key sharing a larger buffer would keep all of
 	// it alive, unaccounted.
-	e = &entry{key: strings.Clone(key), used: t}
+	e = &entry{state: st, key: strings.Clone(key), used: t}
 	sh.m[e.key] = e
+	cost := e.bytes()
 	if len(sh.m) > sh.peak {
 		sh.peak = len(sh.m)
 		cost += slotBytes
@@ -571,7 +715,18 @@ func (s *Store) lookup(sh *shard, key string, t int64, create bool) (e *entry, c
 	sh.add(e)
 	s.keys.Add(1)
 	s.bytes.Add(cost)
-	return e, true
+	return e, !kept, nil
+}
+
+// peek returns the state of op's key, which has no entry in sh: its
+// record's, or that of a new key. The caller holds sh.mu.
+func (s *Store) peek(sh *shard, op *limiter.Op, t int64) state {
+	if len(sh.rec) > 0 {
+		if r, ok := sh.rec[s.hash(op.Key)]; ok && r.idle > t {
+			return r.state(op.Algorithm)
+		}
+	}
+	return state{}
 }
 
 // expireSamples is how many keys of its shard a new key looks at, and
@@ -604,24 +759,81 @@ func (sh *shard) expireSome(s *Store, t int64) {
 	}
 }
 
-// makeRoom evicts keys of sh until one more key of cost bytes (0: none,
-// after a sliding log grew) fits under the ceilings, or sh has nothing left
-// it may evict. The caller holds sh.mu.
-func (s *Store) makeRoom(sh *shard, cost, t int64) {
+// makeRoom evicts or compacts keys of sh until keys more keys (0 or 1, an
+// entry of sh.m) and bytes more bytes fit under the ceilings, and reports
+// whether they do. When sh has nothing left it may evict or compact it
+// reports true anyway (the ceiling is passed, see Store), unless refuse is
+// set and sh holds keys over their limit that it may not forget: records,
+// or at MaxKeys entries. The caller holds sh.mu.
+func (s *Store) makeRoom(sh *shard, keys, bytes, t int64, refuse bool) bool {
 	for {
-		keys, bytes := int64(0), cost
-		if cost > 0 {
-			keys = 1
-			if len(sh.m) >= sh.peak { // the new key raises the peak
-				bytes += slotBytes
-			}
+		b := bytes
+		if keys > 0 && len(sh.m) >= sh.peak { // the new key raises the peak
+			b += slotBytes
 		}
-		full := s.maxKeys > 0 && s.keys.Load()+keys > s.maxKeys ||
-			s.maxBytes > 0 && s.bytes.Load()+bytes > s.maxBytes
-		if !full || !s.evict(sh, t) {
-			return
+		keysFull := s.maxKeys > 0 && s.keys.Load()+keys > s.maxKeys
+		bytesFull := s.maxBytes > 0 && s.bytes.Load()+b > s.maxBytes
+		switch {
+		case !keysFull && !bytesFull:
+			return true
+		case s.evict(sh, t, !keysFull): // compacting frees no key
+			continue
+		case !refuse:
+			return true
+		case sh.recIdle <= t && s.reclaim(sh, t) > 0:
+			continue
+		case len(sh.rec) == 0 && !sh.holdsSpent():
+			return true
+		case s.evictElsewhere(sh, t, !keysFull):
+			continue
+		}
+		// Only keys sh may not forget are left, and none of a few other
+		// shards had any to give up (there may be some in others): take
+		// the key while the store is within a sixteenth above its
+		// ceilings, refuse it past that.
+		over := keysFull && s.keys.Load()+keys > s.maxKeys+s.maxKeys/16 ||
+			bytesFull && s.bytes.Load()+b > s.maxBytes+s.maxBytes/16
+		return !over
+	}
+}
+
+// elsewhereTries is how many other shards a new key that would be refused
+// looks at for a key to evict or compact: a shard can be emptied of what
+// it may give up while the others hold the bytes.
+const elsewhereTries = 8
+
+// evictElsewhere evicts or compacts, as evict, one key of a shard other
+// than own, among elsewhereTries drawn at random, and reports whether it
+// found one. It never waits for a lock: the caller holds own's (and maybe
+// others', for its batch), so it skips a shard it cannot lock at once. It
+// looks at none when every entry of the store is own's.
+func (s *Store) evictElsewhere(own *shard, t int64, compact bool) bool {
+	if s.keys.Load()-s.records.Load() <= int64(len(own.m)) || len(s.shards) == 1 {
+		return false
+	}
+	for range elsewhereTries {
+		sh := &s.shards[rand.IntN(len(s.shards))]
+		if sh == own || !sh.mu.TryLock() {
+			continue
+		}
+		ok := s.evict(sh, t, compact)
+		sh.mu.Unlock()
+		if ok {
+			return true
 		}
 	}
+	return false
+}
+
+// holdsSpent reports whether sh has an entry over its limit that no batch
+// in flight uses.
+func (sh *shard) holdsSpent() bool {
+	for _, e := range sh.order[sh.under:] { // past the batch's few pinned keys
+		if !e.pinned {
+			return true
+		}
+	}
+	return false
 }
 
 // grow accounts the bytes a sliding log's ring grew by and makes room for
@@ -631,40 +843,47 @@ func (s *Store) grow(sh *shard, grown, t int64) {
 		return
 	}
 	s.bytes.Add(grown)
-	s.makeRoom(sh, 0, t)
+	s.makeRoom(sh, 0, 0, t, false)
 }
 
-// evict removes one key of sh, chosen as the Store doc says, and reports
-// whether there was one it may remove. The caller holds sh.mu.
-func (s *Store) evict(sh *shard, t int64) bool {
+// evict removes one key of sh chosen as the Store doc says, or when none is
+// idle or under its limit and compact is set, turns one over its limit
+// into a record; it reports whether there was one. The caller holds sh.mu.
+func (s *Store) evict(sh *shard, t int64, compact bool) bool {
 	if t-sh.lastReclaim >= reclaimEvery || t < sh.lastReclaim {
 		sh.lastReclaim = t
 		if s.reclaim(sh, t) > 0 {
 			return true
 		}
 	}
-	count := &s.evictedUnder
-	e := sh.sample(0, sh.under, t, usedFirst)
-	if e == nil {
-		count = &s.evictedOver
-		e = sh.sample(sh.under, len(sh.order), t, resetsFirst)
+	e := sh.sample(0, sh.under, t)
+	spent := e == nil
+	if spent {
+		e = sh.sample(sh.under, len(sh.order), t)
 	}
-	if e == nil {
+	switch {
+	case e == nil:
 		return false
+	case e.idle <= t:
+		s.drop(sh, e)
+		s.reclaimed.Add(1)
+	case !spent:
+		s.drop(sh, e)
+		s.evictedUnder.Add(1)
+	case !compact || e.bytes() <= recordBytes && len(sh.rec) >= sh.recPeak:
+		return false // compacting frees no key, or no byte
+	default:
+		s.compact(sh, e)
+		s.compacted.Add(1)
 	}
-	if e.idle <= t {
-		count = &s.reclaimed
-	}
-	s.drop(sh, e)
-	count.Add(1)
 	return true
 }
 
 // sample returns the entry of sh.order[lo:hi] to evict first among
 // evictSamples unpinned ones drawn at random (all of them when there are
-// few): an idle one if it meets one, else the first by less. It returns nil
-// when every entry there is pinned.
-func (sh *shard) sample(lo, hi int, t int64, less func(a, b *entry) bool) *entry {
+// few): an idle one if it meets one, else the least recently used. It
+// returns nil when every entry there is pinned.
+func (sh *shard) sample(lo, hi int, t int64) *entry {
 	var best *entry
 	consider := func(e *entry) bool { // reports whether e is idle: take it
 		if e.pinned {
@@ -674,7 +893,7 @@ func (sh *shard) sample(lo, hi int, t int64, less func(a, b *entry) bool) *entry
 			best = e
 			return true
 		}
-		if best == nil || less(e, best) {
+		if best == nil || e.used < best.used {
 			best = e
 		}
 		return false
@@ -702,14 +921,40 @@ func (sh *shard) sample(lo, hi int, t int64, less func(a, b *entry) bool) *entry
 	return best
 }
 
-// usedFirst orders keys under their limit: least recently used first.
-func usedFirst(a, b *entry) bool { return a.used < b.used }
+// compact turns e, a key over its limit, into a record of sh. The caller
+// holds sh.mu.
+func (s *Store) compact(sh *shard, e *entry) {
+	h := s.hash(e.key)
+	r := e.record()
+	s.drop(sh, e)
+	if old, ok := sh.rec[h]; ok {
+		// Two keys of one hash: 64 bits (less the shard's), from a seed
+		// of this process, so about one pair in 10^16. Keep the later end.
+		if old.idle > r.idle {
+			r = old
+		}
+	} else {
+		s.keys.Add(1)
+		s.records.Add(1)
+	}
+	if sh.rec == nil {
+		sh.rec = make(map[uint64]record)
+	}
+	sh.rec[h] = r
+	if len(sh.rec) > sh.recPeak {
+		sh.recPeak = len(sh.rec)
+		s.bytes.Add(recordBytes)
+	}
+	sh.recIdle = min(sh.recIdle, r.idle)
+}
 
-// resetsFirst orders keys over their limit: the one whose state resets
-// soonest first (it would have let its client in again the soonest), then
-// the least recently used.
-func resetsFirst(a, b *entry) bool {
-	return a.idle < b.idle || a.idle == b.idle && a.used < b.used
+// unrecord deletes the record of hash h from sh and the totals; its slot
+// stays charged until the map is rebuilt (see reclaim). The caller holds
+// sh.mu.
+func (s *Store) unrecord(sh *shard, h uint64) {
+	delete(sh.rec, h)
+	s.keys.Add(-1)
+	s.records.Add(-1)
 }
 
 // drop deletes e from sh and the totals. The caller holds sh.mu.
@@ -804,5 +1049,10 @@ func (s *Store) shard(key string) *shard {
 }
 
 func (s *Store) shardIndex(key string) uint64 {
-	return maphash.String(s.seed, key) & s.mask
+	return s.hash(key) & s.mask
+}
+
+// hash is the hash of key that picks its shard and names its record.
+func (s *Store) hash(key string) uint64 {
+	return maphash.String(s.seed, key)
 }

@@ -140,8 +140,9 @@ func TestSweeperRunsAndStops(t *testing.T) {
 	})
 }
 
-// TestMaxKeys: at MaxKeys a new key is never refused; it takes the place of
-// the least recently used key under its limit, and idle keys go first.
+// TestMaxKeys: at MaxKeys a new key is not refused while keys under their
+// limit are left; it takes the place of the least recently used of them,
+// and idle keys go first.
 func TestMaxKeys(t *testing.T) {
 	t.Parallel()
 	s := newStore(t, Config{MaxKeys: 3, Shards: 1, SweepInterval: -1})

@@ -61,7 +61,8 @@ func (h breakerHook) ProcessPipelineHook(next goredis.ProcessPipelineHook) gored
 // could not serve: the pipeline failed as a whole (go-redis may leave its
 // commands without an error of their own), or a command failed in a way
 // cmdError calls unavailable. Error replies about the data (isDataError),
-// NOSCRIPT (answered by EVAL next) and cluster redirections are answers.
+// a write refused for lack of memory (isOOM), NOSCRIPT (answered by EVAL
+// next) and cluster redirections are answers.
 func roundTripFailed(err error, cmds []goredis.Cmder) bool {
 	if err == nil {
 		return false
@@ -84,7 +85,7 @@ func roundTripFailed(err error, cmds []goredis.Cmder) bool {
 // cannot serve (see cmdError), rather than an answer about the command.
 func serverCannotServe(err error) bool {
 	switch {
-	case errors.Is(err, goredis.Nil), isDataError(err):
+	case errors.Is(err, goredis.Nil), isDataError(err), isOOM(err):
 		return false
 	case goredis.HasErrorPrefix(err, "NOSCRIPT"), goredis.HasErrorPrefix(err, "MOVED"),
 		goredis.HasErrorPrefix(err, "ASK"), goredis.HasErrorPrefix(err, "TRYAGAIN"):
@@ -144,6 +145,7 @@ func (be *backend) admit(ctx context.Context, r *request, b *limiter.Batch) (*br
 // ping is bounded by the backend's timeout; a frozen server's ping is
 // answered as soon as it thaws.
 func (s *Store) probeBreakers(ctx context.Context, be *backend) {
+	defer recovered(nil)
 	c, ok := be.client.(*goredis.ClusterClient)
 	if !ok {
 		if be.breakers.ProbeAnswered(ctx, be.timeout, func(ctx context.Context) error { return be.client.Ping(ctx).Err() }) {

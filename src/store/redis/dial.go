@@ -15,12 +15,13 @@ import (
 
 // dialer returns the go-redis Dialer for cfg: TCP (or a unix socket) with
 // the timeout, and TLS when configured. Every connection hides go-redis's
-// HELLO from the server (see noHelloConn).
+// HELLO from the server (see noHelloConn) and has its replies checked
+// against the store's bounds before go-redis reads them (see replyGuard).
 //
-// TLS connections are wrapped so that they expose the socket beneath
-// (syscall.Conn). go-redis checks an idle connection before reusing it by
-// peeking at its socket, which finds the EOF a restarted Redis left there;
-// it cannot peek through a *tls.Conn, so without the wrapper the first
+// Every connection exposes the socket beneath (syscall.Conn), TLS and the
+// guard notwithstanding. go-redis checks an idle connection before reusing
+// it by peeking at its socket, which finds the EOF a restarted Redis left
+// there; it cannot peek through a *tls.Conn, so without it the first
 // requests after a restart would each fail on a dead connection. The peek
 // sees only what the kernel holds: a connection is idle only after a whole
 // reply has been read, so no TLS record is pending on a healthy one.
@@ -33,39 +34,28 @@ func dialer(cfg Config, counts *connCounts) func(ctx context.Context, network, a
 		if err != nil {
 			return nil, err
 		}
-		if cfg.TLS == nil {
-			return counted(counts, newNoHelloConn(raw)), nil
-		}
-		conf := cfg.TLS
-		if conf.ServerName == "" {
-			host, _, err := net.SplitHostPort(addr)
-			if err != nil {
-				host = addr
+		c := raw
+		if cfg.TLS != nil {
+			conf := cfg.TLS
+			if conf.ServerName == "" {
+				host, _, err := net.SplitHostPort(addr)
+				if err != nil {
+					host = addr
+				}
+				conf = conf.Clone()
+				conf.ServerName = host
 			}
-			conf = conf.Clone()
-			conf.ServerName = host
+			tc := tls.Client(raw, conf)
+			if err := tc.HandshakeContext(ctx); err != nil {
+				_ = raw.Close()
+				return nil, err
+			}
+			c = tc
 		}
-		tc := tls.Client(raw, conf)
-		if err := tc.HandshakeContext(ctx); err != nil {
-			_ = raw.Close()
-			return nil, err
-		}
-		sc, ok := raw.(syscall.Conn)
-		if !ok {
-			return counted(counts, newNoHelloConn(tc)), nil
-		}
-		return counted(counts, newNoHelloConn(&tlsConn{Conn: tc, raw: sc})), nil
+		sock, _ := raw.(syscall.Conn)
+		return counted(counts, newNoHelloConn(newReplyGuard(c), sock)), nil
 	}
 }
-
-// tlsConn is a TLS connection whose socket go-redis can check for EOF.
-type tlsConn struct {
-	*tls.Conn
-	raw syscall.Conn
-}
-
-// SyscallConn returns the raw connection of the socket beneath TLS.
-func (c *tlsConn) SyscallConn() (syscall.RawConn, error) { return c.raw.SyscallConn() }
 
 // noHelloConn answers go-redis's opening HELLO itself, with the error an old
 // Redis gives, instead of sending it. go-redis always opens a connection
@@ -94,11 +84,11 @@ type noHelloConn struct {
 	rawErr error
 }
 
-// newNoHelloConn wraps c.
-func newNoHelloConn(c net.Conn) *noHelloConn {
+// newNoHelloConn wraps c, whose socket is sock (nil if it has none).
+func newNoHelloConn(c net.Conn, sock syscall.Conn) *noHelloConn {
 	n := &noHelloConn{Conn: c, rawErr: errNoSyscallConn}
-	if sc, ok := c.(syscall.Conn); ok {
-		n.raw, n.rawErr = sc.SyscallConn()
+	if sock != nil {
+		n.raw, n.rawErr = sock.SyscallConn()
 	}
 	return n
 }
@@ -142,8 +132,8 @@ func (c *noHelloConn) Read(p []byte) (int, error) {
 	return c.Conn.Read(p)
 }
 
-// SyscallConn exposes the socket to go-redis's idle-connection check, as
-// tlsConn does beneath TLS.
+// SyscallConn exposes the socket to go-redis's idle-connection check,
+// beneath TLS and the reply guard.
 func (c *noHelloConn) SyscallConn() (syscall.RawConn, error) {
 	return c.raw, c.rawErr
 }

@@ -6,11 +6,13 @@ import (
 	"fmt"
 	"math"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/ratelimitd/ratelimit/src/limiter"
 	"github.com/ratelimitd/ratelimit/src/rules"
+	"github.com/ratelimitd/ratelimit/src/store/breaker"
 	"github.com/ratelimitd/ratelimit/src/store/storetest"
 )
 
@@ -346,5 +348,70 @@ func TestIsDataError(t *testing.T) {
 	}
 	if isDataError(errors.New("WRONGTYPE from a transport, not a reply")) {
 		t.Error("isDataError of an error that is no Redis reply = true")
+	}
+}
+
+// TestOutOfMemoryIsAnAnswer is issue 24's case 2, its part on one write: a
+// Redis at maxmemory with noeviction refuses every write that needs memory
+// with OOM. That is an answer about the request (ErrOverloaded:
+// ResourceExhausted, never OK), not an outage: it trips no breaker, even
+// one that opens at the first failure, and health stays; reads are still
+// served.
+func TestOutOfMemoryIsAnAnswer(t *testing.T) {
+	t.Parallel()
+	srv := storetest.StartRedis(t, storetest.RedisOptions{})
+	s := newStore(t, Config{URL: srv.Addr, HealthCheckActiveConnection: true, HealthCheckInterval: time.Hour,
+		Breaker: breaker.Config{Failures: 1}})
+	if err := s.WaitStarted(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	if err := hitOnce(t.Context(), s, "before_full", rules.FixedWindow); err != nil {
+		t.Fatal(err)
+	}
+	// 2 MiB of data, then a maxmemory below it: Redis is over it for good
+	// (filling up to maxmemory leaves room for small writes, give or take
+	// the clients' buffers).
+	for i := range 8 {
+		if _, err := srv.Do(t.Context(), "SET", fmt.Sprint("fill_", i), strings.Repeat("x", 256<<10)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, kv := range [][2]string{{"maxmemory-policy", "noeviction"}, {"maxmemory", "1mb"}} {
+		if _, err := srv.Do(t.Context(), "CONFIG", "SET", kv[0], kv[1]); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, alg := range rules.Algorithms {
+		for _, key := range []string{"before_full", "new"} {
+			err := hitOnce(t.Context(), s, key+"_"+alg.String(), alg)
+			if !errors.Is(err, limiter.ErrOverloaded) || errors.Is(err, limiter.ErrUnavailable) {
+				t.Errorf("%s, %s at maxmemory: %v, want ErrOverloaded and not ErrUnavailable", alg, key, err)
+			}
+		}
+	}
+	read := &limiter.Batch{Now: time.Now(), Ops: []limiter.Op{{Key: "before_full", Limit: 5, Window: time.Hour}}}
+	if err := s.Do(t.Context(), read); err != nil || read.Results[0].Before != 1 {
+		t.Errorf("a read at maxmemory: %+v, %v; want the count, 1", read.Results[0], err)
+	}
+	if st := s.Breakers(); st.Trips != 0 || !s.Healthy() {
+		t.Errorf("breakers %+v, healthy %v; want none tripped, healthy", st, s.Healthy())
+	}
+}
+
+func TestIsOOM(t *testing.T) {
+	t.Parallel()
+	for give, want := range map[string]bool{
+		"OOM command not allowed when used memory > 'maxmemory'.":                                                        true,
+		"OOM command not allowed when used memory > 'maxmemory'. script: 897a, on @user_script:1.":                       true,
+		"ERR Error running script (call to f_897a): @user_script:1: @user_script: 1: -OOM command not allowed when used": true,
+		"ERR value is not an integer or out of range":                                                                    false,
+		"LOADING Redis is loading the dataset in memory":                                                                 false,
+	} {
+		if got := isOOM(replyError(give)); got != want {
+			t.Errorf("isOOM(%q) = %v, want %v", give, got, want)
+		}
+	}
+	if isOOM(errors.New("OOM but not a reply")) {
+		t.Error("isOOM of a transport error = true")
 	}
 }

@@ -3,6 +3,7 @@ package redis
 import (
 	"context"
 	"errors"
+	"fmt"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -603,8 +604,15 @@ func (be *backend) goIdle(w *worker) {
 
 // exec sends the batch's commands as one pipeline (one per node for a
 // cluster, in parallel) and signals every request. Requests whose caller
-// has already given up are not sent.
+// has already given up are not sent. A panic fails the batch's requests
+// and the worker goes on (see survive).
 func (be *backend) exec(ctx context.Context, w *worker, batch []*request) {
+	defer func() {
+		for _, r := range batch {
+			r.done <- struct{}{}
+		}
+	}()
+	defer be.survive(w, batch)
 	ctx, cancel := context.WithTimeout(ctx, be.timeout)
 	defer cancel()
 	pipe := w.pipe // Exec empties it
@@ -651,8 +659,38 @@ func (be *backend) exec(ctx context.Context, w *worker, batch []*request) {
 			}
 		}
 	}
+}
+
+// errPanic is wrapped by the error of what panicked in the store's own
+// goroutines: a round trip's requests, a probe.
+var errPanic = errors.New("panic")
+
+// survive, deferred by exec, turns a panic of the round trip (in go-redis
+// or in a hook) into an Unavailable error for each of its requests, so
+// that the worker and the process live on. The replies go-redis cannot
+// read without panicking are refused before it reads them (replyGuard);
+// this is the last line. go-redis may have put the connection back in
+// the middle of a reply: replyGuard fails it at its next write. The
+// pipeline may still hold the commands of the round trip: the worker
+// gets a new one.
+func (be *backend) survive(w *worker, batch []*request) {
+	p := recover()
+	if p == nil {
+		return
+	}
+	err := unavailable(be.name, fmt.Errorf("%w: %v", errPanic, p))
 	for _, r := range batch {
-		r.done <- struct{}{}
+		r.err = err
+	}
+	w.pipe = be.client.Pipeline()
+	be.up.Store(false)
+}
+
+// recovered, deferred by the store's probes, turns a panic into *err
+// (when err is not nil), so that the probe's goroutine lives on.
+func recovered(err *error) {
+	if p := recover(); p != nil && err != nil {
+		*err = fmt.Errorf("redis: %w: %v", errPanic, p)
 	}
 }
 
@@ -680,7 +718,7 @@ func unavailableCmdErr(batch []*request) bool {
 			continue
 		}
 		for _, c := range r.cmds {
-			if err := c.Err(); err != nil && !errors.Is(err, goredis.Nil) && !isDataError(err) {
+			if err := c.Err(); err != nil && !errors.Is(err, goredis.Nil) && !isDataError(err) && !isOOM(err) {
 				return true
 			}
 		}

@@ -34,6 +34,13 @@ import (
 // errClosed is the cause of errors after Close.
 var errClosed = errors.New("store closed")
 
+// errBadReply is wrapped by the error of a reply no correct Redis gives.
+// One that breaks replyGuard's bounds, answers no command or is not RESP
+// closes its connection, and its requests fail with ErrUnavailable; a
+// well-formed reply of a value no command can have (nil to INCRBY, a
+// script reply of another length or out of range) fails only its request.
+var errBadReply = errors.New("reply refused")
+
 // Store is a limiter.Store backed by Redis. It is safe for concurrent use.
 // Create it with New; the zero value is not usable.
 //
@@ -268,6 +275,7 @@ func (s *Store) probe(be *backend) {
 // connection on INFO. It runs before the backend is first marked up, so
 // WaitStarted returns with the answer known.
 func (s *Store) identify(be *backend) {
+	defer recovered(nil)
 	c, ok := be.client.(*goredis.Client)
 	if !ok {
 		return
@@ -287,6 +295,7 @@ func (s *Store) identify(be *backend) {
 // falls back to EVAL instead (see retryNoScript). Best effort: a failure
 // leaves that fallback.
 func (s *Store) loadScripts(be *backend) {
+	defer recovered(nil)
 	ctx, cancel := context.WithTimeout(s.ctx, be.timeout)
 	defer cancel()
 	// One command per script (a handful, once): not a pipeline, which
@@ -309,7 +318,8 @@ func (s *Store) loadScripts(be *backend) {
 	}
 }
 
-func (s *Store) ping(be *backend) error {
+func (s *Store) ping(be *backend) (err error) {
+	defer recovered(&err)
 	ctx, cancel := context.WithTimeout(s.ctx, be.timeout)
 	defer cancel()
 	if c, ok := be.client.(*goredis.ClusterClient); ok {
@@ -520,8 +530,8 @@ func (s *Store) compensate(ctx context.Context, b *limiter.Batch, reqs [2]*reque
 		}
 		for _, c := range r.cmds {
 			vals, err := c.(scriptCmd).Result()
-			if err != nil || len(vals) == 0 {
-				return fmt.Errorf("redis: script reply: %v", err)
+			if err != nil || len(vals) == 0 || vals[0] != 0 && vals[0] != 1 {
+				return fmt.Errorf("redis: %w: script reply %v, %v", errBadReply, vals, err)
 			}
 			if vals[0] == 1 {
 				recorded = true
@@ -580,6 +590,7 @@ func (s *Store) undo(ctx context.Context, be *backend, r *request, b *limiter.Ba
 	recycle, err := be.submit(ctx, s.ctx.Done(), u)
 	endSpan(span, u, recycle, err)
 	if err == nil {
+	replies:
 		for ci, ops := range undone {
 			vals, cerr := u.cmds[ci].(scriptCmd).Result()
 			if cerr != nil {
@@ -587,10 +598,14 @@ func (s *Store) undo(ctx context.Context, be *backend, r *request, b *limiter.Ba
 				break
 			}
 			if len(vals) < 2*len(ops) {
-				err = fmt.Errorf("%s: undo reply has %d values, want %d", be.name, len(vals), 2*len(ops))
+				err = fmt.Errorf("%s: %w: undo reply has %d values, want %d", be.name, errBadReply, len(vals), 2*len(ops))
 				break
 			}
 			for j, i := range ops {
+				if vals[2*j] < 0 || uint64(vals[2*j]) > b.Ops[i].Capacity() || vals[2*j+1] < 0 {
+					err = fmt.Errorf("%s: key %q: %w: undo reply %d, %d", be.name, b.Ops[i].Key, errBadReply, vals[2*j], vals[2*j+1])
+					break replies
+				}
 				res := &b.Results[i]
 				res.Remaining = uint64(vals[2*j])
 				if b.Ops[i].Algorithm != rules.FixedWindow {
@@ -756,8 +771,15 @@ func (s *Store) decode(be *backend, r *request, b *limiter.Batch) error {
 		}
 		switch p.kind {
 		case kindIncr:
-			after := uint64(max(c.(intCmd).Val(), 0)) // < 0 only if another program wrote the key
-			_, b.Results[i] = limiter.FixedWindow(limiter.FixedWindowState{Count: after - min(op.Hits, after)}, b.Now, *op)
+			expire := r.cmds[p.cmd+1].(intCmd)
+			if err := expire.Err(); err != nil && !errors.Is(err, goredis.Nil) {
+				return cmdError(be.name, op.Key, err)
+			}
+			after, err := incrResult(c.(intCmd), expire, op)
+			if err != nil {
+				return fmt.Errorf("%s: key %q: %w", be.name, op.Key, err)
+			}
+			_, b.Results[i] = limiter.FixedWindow(limiter.FixedWindowState{Count: after - op.Hits}, b.Now, *op)
 		case kindGet:
 			count, err := strconv.ParseUint(c.(stringCmd).Val(), 10, 64)
 			if err != nil && !errors.Is(c.Err(), goredis.Nil) {
@@ -766,19 +788,48 @@ func (s *Store) decode(be *backend, r *request, b *limiter.Batch) error {
 			_, b.Results[i] = limiter.FixedWindow(limiter.FixedWindowState{Count: count}, b.Now, *op)
 		case kindLean:
 			res, err := leanResult(c.(scriptCmd))
+			if err == nil {
+				err = res.check(op)
+			}
 			if err != nil {
-				return fmt.Errorf("redis: key %q: %w", op.Key, err)
+				return fmt.Errorf("%s: key %q: %w", be.name, op.Key, err)
 			}
 			b.Results[i] = toResult(res, op, b.Now)
 		case kindScript:
 			res, err := scriptResult(c.(scriptCmd), int(p.pos))
+			if err == nil {
+				err = res.check(op)
+			}
 			if err != nil {
-				return fmt.Errorf("redis: key %q: %w", op.Key, err)
+				return fmt.Errorf("%s: key %q: %w", be.name, op.Key, err)
 			}
 			b.Results[i] = toResult(res, op, b.Now)
 		}
 	}
 	return nil
+}
+
+// incrResult returns the count a fixed window's INCRBY left, from its reply
+// and its EXPIRE's (neither an error reply). A reply no Redis gives to
+// them (nil to either, an EXPIRE other than 0 or 1) wraps errBadReply; a
+// count below op.Hits means the key held a negative count, which no
+// instance of this service writes, and wraps limiter.ErrData. Either way
+// the op fails: a count read low would admit the client (issue 24).
+func incrResult(incr, expire intCmd, op *limiter.Op) (uint64, error) {
+	if errors.Is(incr.Err(), goredis.Nil) {
+		return 0, fmt.Errorf("%w: nil to INCRBY", errBadReply)
+	}
+	if errors.Is(expire.Err(), goredis.Nil) {
+		return 0, fmt.Errorf("%w: nil to EXPIRE", errBadReply)
+	}
+	if v := expire.Val(); v != 0 && v != 1 {
+		return 0, fmt.Errorf("%w: %d to EXPIRE", errBadReply, v)
+	}
+	n := incr.Val()
+	if n < 0 || uint64(n) < op.Hits {
+		return 0, fmt.Errorf("%w: not a counter: INCRBY %d left %d (it held a negative count)", limiter.ErrData, op.Hits, n)
+	}
+	return uint64(n), nil
 }
 
 // saturated is the Result of a fixed-window op whose INCRBY would have
@@ -802,21 +853,39 @@ func isOverflow(err error) bool {
 
 // scriptReply is one op's part of decideLua's reply.
 type scriptReply struct {
-	allowed                               bool
-	before, after, remaining, resetMicros int64
+	allowed, before, after, remaining, resetMicros int64
 }
 
+// check returns an error wrapping errBadReply when res is no reply our
+// scripts give for op: a flag other than 0 or 1, a negative count or
+// time, units after the op fewer than before it or than its hits, more
+// room left than the op's capacity, or an admission past it.
+func (res scriptReply) check(op *limiter.Op) error {
+	c := op.Capacity()
+	switch {
+	case res.allowed != 0 && res.allowed != 1,
+		res.before < 0, res.after < 0, res.remaining < 0, res.resetMicros < 0,
+		res.after < res.before, uint64(res.after) < op.Hits,
+		uint64(res.remaining) > c,
+		res.allowed == 1 && uint64(res.after) > c:
+		return fmt.Errorf("%w: script reply %+v for a capacity of %d", errBadReply, res, c)
+	}
+	return nil
+}
+
+// scriptResult reads op pos's values from decideLua's reply c, which
+// carries no error reply: a nil or a short reply wraps errBadReply.
 func scriptResult(c scriptCmd, pos int) (scriptReply, error) {
 	vals, err := c.Result()
 	if err != nil {
-		return scriptReply{}, fmt.Errorf("script reply: %w", err)
+		return scriptReply{}, fmt.Errorf("%w: script reply: %w", errBadReply, err)
 	}
 	o := 1 + pos*resultsPerOp
 	if len(vals) < o+resultsPerOp {
-		return scriptReply{}, fmt.Errorf("script reply has %d values, want %d", len(vals), o+resultsPerOp)
+		return scriptReply{}, fmt.Errorf("%w: script reply has %d values, want %d", errBadReply, len(vals), o+resultsPerOp)
 	}
 	return scriptReply{
-		allowed:     vals[o] == 1,
+		allowed:     vals[o],
 		before:      vals[o+1],
 		after:       vals[o+2],
 		remaining:   vals[o+3],
@@ -825,15 +894,16 @@ func scriptResult(c scriptCmd, pos int) (scriptReply, error) {
 }
 
 // leanResult reads a lean script's reply: one op's values, as decideLua's.
+// As scriptResult, a nil reply or one of another length wraps errBadReply.
 func leanResult(c scriptCmd) (scriptReply, error) {
 	vals, err := c.Result()
 	if err != nil {
-		return scriptReply{}, fmt.Errorf("script reply: %w", err)
+		return scriptReply{}, fmt.Errorf("%w: script reply: %w", errBadReply, err)
 	}
 	if len(vals) != 5 {
-		return scriptReply{}, fmt.Errorf("script reply has %d values, want 5", len(vals))
+		return scriptReply{}, fmt.Errorf("%w: script reply has %d values, want 5", errBadReply, len(vals))
 	}
-	return scriptReply{allowed: vals[0] == 1, before: vals[1], after: vals[2], remaining: vals[3], resetMicros: vals[4]}, nil
+	return scriptReply{allowed: vals[0], before: vals[1], after: vals[2], remaining: vals[3], resetMicros: vals[4]}, nil
 }
 
 // toResult turns a script reply into the op's Result. A fixed window's
@@ -843,7 +913,7 @@ func toResult(res scriptReply, op *limiter.Op, now time.Time) limiter.Result {
 	r := limiter.Result{
 		Before:     uint64(res.before),
 		After:      uint64(res.after),
-		Allowed:    res.allowed,
+		Allowed:    res.allowed == 1,
 		Remaining:  uint64(res.remaining),
 		ResetAfter: microseconds(res.resetMicros),
 	}
@@ -872,15 +942,35 @@ func unavailable(name string, err error) error {
 }
 
 // cmdError classifies a command's error: Redis refusing the op for its data
-// or its key (isDataError) wraps limiter.ErrData; everything else
-// (transport errors, timeouts, LOADING, READONLY, CLUSTERDOWN, NOAUTH,
-// WRONGPASS, OOM, BUSY ...) means Redis cannot serve and wraps
-// limiter.ErrUnavailable.
+// or its key (isDataError) wraps limiter.ErrData; Redis refusing the op's
+// write for lack of memory (isOOM) wraps limiter.ErrOverloaded;
+// everything else (transport errors, timeouts, LOADING, READONLY,
+// CLUSTERDOWN, NOAUTH, WRONGPASS, BUSY ...) means Redis cannot serve and
+// wraps limiter.ErrUnavailable.
 func cmdError(name, key string, err error) error {
-	if isDataError(err) {
+	switch {
+	case isDataError(err):
 		return fmt.Errorf("%s: key %q: %w: %w", name, key, limiter.ErrData, err)
+	case isOOM(err):
+		return fmt.Errorf("%s: key %q: %w: %w", name, key, limiter.ErrOverloaded, err)
 	}
 	return unavailable(name, err)
+}
+
+// isOOM reports whether err is Redis refusing a write because its memory
+// is at maxmemory (with maxmemory-policy noeviction, or nothing left it
+// may evict): "OOM command not allowed when used memory > 'maxmemory'",
+// from the command or from inside a script. It is an answer about that
+// write, not an outage (issue 24): Redis serves the reads and the writes
+// that need no memory, and frees memory as keys expire, so it neither
+// trips a breaker nor marks Redis down; the request fails with
+// ResourceExhausted, never OK.
+func isOOM(err error) bool {
+	if !isRedisError(err) {
+		return false
+	}
+	code, _, _ := strings.Cut(scriptCause(err.Error()), " ")
+	return code == "OOM"
 }
 
 // isDataError reports whether err is Redis refusing a command for what its

@@ -124,7 +124,7 @@ func TestTwemproxy(t *testing.T) {
 func TestNoHelloConn(t *testing.T) {
 	client, server := net.Pipe()
 	defer server.Close()
-	c := newNoHelloConn(client)
+	c := newNoHelloConn(client, nil)
 	defer c.Close()
 
 	hello := []byte("*4\r\n$5\r\nhello\r\n$1\r\n2\r\n$4\r\nAUTH\r\n$6\r\nsecret\r\n")

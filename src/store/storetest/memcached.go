@@ -32,14 +32,17 @@ type MemcachedServer struct {
 	TLS *RedisTLS
 
 	bin  string
+	args []string // added to the command line
 	proc proc
 }
 
-// StartMemcached starts a memcached for the test and stops it in t.Cleanup.
-// The test fails when the binary is missing or the server does not start.
-func StartMemcached(tb testing.TB) *MemcachedServer {
+// StartMemcached starts a memcached for the test and stops it in t.Cleanup;
+// args are added to its command line ("-m", "2", "-M": 2 MiB, refuse to
+// store when full). The test fails when the binary is missing or the
+// server does not start.
+func StartMemcached(tb testing.TB, args ...string) *MemcachedServer {
 	tb.Helper()
-	return startFor(tb, LaunchMemcached)
+	return startFor(tb, func(dir string) (*MemcachedServer, error) { return launchMemcached(dir, false, args) })
 }
 
 // StartMemcachedTLS starts a memcached that accepts only TLS connections
@@ -53,15 +56,15 @@ func StartMemcachedTLS(tb testing.TB) *MemcachedServer {
 // LaunchMemcached starts a memcached whose log lives in dir, for programs
 // without a testing.TB (the benchmark runner). The caller must call Close.
 func LaunchMemcached(dir string) (*MemcachedServer, error) {
-	return launchMemcached(dir, false)
+	return launchMemcached(dir, false, nil)
 }
 
 // LaunchMemcachedTLS is LaunchMemcached with TLS, as StartMemcachedTLS.
 func LaunchMemcachedTLS(dir string) (*MemcachedServer, error) {
-	return launchMemcached(dir, true)
+	return launchMemcached(dir, true, nil)
 }
 
-func launchMemcached(dir string, withTLS bool) (*MemcachedServer, error) {
+func launchMemcached(dir string, withTLS bool, args []string) (*MemcachedServer, error) {
 	bin, err := memcachedPath()
 	if err != nil {
 		return nil, err
@@ -73,7 +76,7 @@ func launchMemcached(dir string, withTLS bool) (*MemcachedServer, error) {
 		}
 	}
 	return launchOnFreePort(func(port int) (*MemcachedServer, error) {
-		return &MemcachedServer{Addr: net.JoinHostPort("127.0.0.1", strconv.Itoa(port)), Dir: dir, TLS: files, bin: bin}, nil
+		return &MemcachedServer{Addr: net.JoinHostPort("127.0.0.1", strconv.Itoa(port)), Dir: dir, TLS: files, bin: bin, args: args}, nil
 	}, (*MemcachedServer).Start)
 }
 
@@ -100,6 +103,7 @@ func (s *MemcachedServer) Start() error {
 	if os.Geteuid() == 0 {
 		args = append(args, "-u", "root") // memcached refuses to run as root otherwise
 	}
+	args = append(args, s.args...)
 	logPath := filepath.Join(s.Dir, "memcached-"+port+".log")
 	return s.proc.start(exec.Command(s.bin, args...), procSpec{
 		name:   "memcached",
