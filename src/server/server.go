@@ -58,6 +58,8 @@ type Server struct {
 	health *Health
 	svc    *service.Service
 	store  *storeHandle
+	// storeHealth reports the store's health to health.
+	storeHealth *storeHealth
 	// statsd sends the statistics to statsd or DogStatsD; nil when the
 	// settings ask for neither.
 	statsd *stats.Statsd
@@ -126,6 +128,7 @@ func New(ctx context.Context, set *settings.Settings, log *slog.Logger) (*Server
 		return nil, err
 	}
 	s.store = b
+	s.storeHealth = watchStore(b, s.health, log)
 
 	s.rulesFiles = provider.FileConfig{
 		Root:           set.RulesRoot(),
@@ -607,7 +610,7 @@ func (s *Server) Run(ctx context.Context) error {
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
-		s.store.watchHealth(ctx, s.health, s.log)
+		s.storeHealth.run(ctx)
 	}()
 	if s.tls != nil {
 		wg.Add(1)

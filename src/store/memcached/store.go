@@ -332,6 +332,9 @@ func (s *Store) markUp() {
 	s.answeredOnce.Do(func() {
 		s.started.Store(true)
 		close(s.answered)
+		if s.cfg.Answered != nil {
+			s.cfg.Answered()
+		}
 	})
 }
 

@@ -295,6 +295,8 @@ type backend struct {
 	answered     chan struct{}
 	answeredOnce sync.Once
 	up           atomic.Bool
+	// onAnswered is Config.Answered, called once answered is closed.
+	onAnswered func()
 }
 
 // deepQueue is the work queued (request.load) that justifies one more
@@ -340,7 +342,12 @@ type worker struct {
 
 func (be *backend) markUp() {
 	be.up.Store(true)
-	be.answeredOnce.Do(func() { close(be.answered) })
+	be.answeredOnce.Do(func() {
+		close(be.answered)
+		if be.onAnswered != nil {
+			be.onAnswered()
+		}
+	})
 }
 
 func (be *backend) hasAnswered() bool {

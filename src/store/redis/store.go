@@ -123,17 +123,18 @@ func (s *Store) newBackend(name string, cfg Config) (*backend, error) {
 	}
 	user, password := ParseAuth(cfg.Auth)
 	be := &backend{
-		name:     name,
-		window:   cfg.PipelineWindow,
-		limit:    maxPipelineCommands,
-		deep:     deepQueue,
-		timeout:  cfg.Timeout,
-		maxQueue: cfg.MaxQueue,
-		full:     fmt.Errorf("%s: %w: %d requests wait for Redis already (MaxQueue)", name, limiter.ErrOverloaded, cfg.MaxQueue),
-		shed:     &s.shed,
-		closed:   unavailable(name, errClosed),
-		answered: make(chan struct{}),
-		breakers: breaker.NewGroup(name, cfg.Breaker),
+		name:       name,
+		window:     cfg.PipelineWindow,
+		limit:      maxPipelineCommands,
+		deep:       deepQueue,
+		timeout:    cfg.Timeout,
+		maxQueue:   cfg.MaxQueue,
+		full:       fmt.Errorf("%s: %w: %d requests wait for Redis already (MaxQueue)", name, limiter.ErrOverloaded, cfg.MaxQueue),
+		shed:       &s.shed,
+		closed:     unavailable(name, errClosed),
+		answered:   make(chan struct{}),
+		onAnswered: s.cfg.Answered,
+		breakers:   breaker.NewGroup(name, cfg.Breaker),
 	}
 	if cfg.PipelineLimit > 0 {
 		be.limit = cfg.PipelineLimit
