@@ -186,6 +186,7 @@ func New(ctx context.Context, set *settings.Settings, log *slog.Logger) (*Server
 		},
 		DynamicMetadata:    set.ResponseDynamicMetadata,
 		Timeout:            b.budget(set.RequestTimeout),
+		Ceiling:            b.budget(set.RequestTimeoutCeiling()),
 		MaxConcurrent:      set.MaxConcurrentRequests,
 		MaxDynamicStatKeys: set.StatsMaxDynamicKeys,
 		Fallback:           fallback,

@@ -315,14 +315,14 @@ func redisConfig(set *settings.Settings) (redis.Config, error) {
 	return cfg, nil
 }
 
-// budget is the request budget the service gives this store: REQUEST_TIMEOUT
-// for the stores that wait on the network, none for the memory store, which
-// never waits for I/O (so a request pays for no timer).
-func (b *storeHandle) budget(requestTimeout time.Duration) time.Duration {
+// budget is d, a bound of the request budget the service gives this store
+// (REQUEST_TIMEOUT), for the stores that wait on the network; none for the
+// memory store, which never waits for I/O (so a request pays for no timer).
+func (b *storeHandle) budget(d time.Duration) time.Duration {
 	if b.timeout == 0 {
 		return 0
 	}
-	return requestTimeout
+	return d
 }
 
 // redisTimeout is the longer of the main and per-second timeouts: a request
