@@ -228,12 +228,16 @@ func memcacheOpStats(reg *stats.Registry, m *memcached.Store) {
 }
 
 // memcacheConfig turns the MEMCACHE_* settings into the Memcached store's
-// Config. TLS files are read as for Redis.
+// Config. TLS files are read as for Redis. As many calls may wait for a
+// connection slot as MAX_CONCURRENT_REQUESTS lets in (the store's own
+// bound without it): a healthy memcached sheds nothing the service
+// admitted.
 func memcacheConfig(set *settings.Settings) (memcached.Config, error) {
 	cfg := memcached.Config{
 		SRV:                 set.MemcacheSrv,
 		SRVRefresh:          set.MemcacheSrvRefresh,
 		MaxIdleConns:        set.MemcacheMaxIdleConns,
+		MaxWaiting:          set.MaxConcurrentRequests,
 		ExpirationJitterMax: time.Duration(set.ExpirationJitterMaxSeconds) * time.Second,
 		Breaker:             breakerConfig(set),
 	}
@@ -260,7 +264,10 @@ func memcacheConfig(set *settings.Settings) (memcached.Config, error) {
 	return cfg, nil
 }
 
-// redisConfig turns the REDIS_* settings into the Redis store's Config.
+// redisConfig turns the REDIS_* settings into the Redis store's Config. As
+// many requests may wait for each Redis as MAX_CONCURRENT_REQUESTS lets in
+// (the store's own bound without it): a healthy Redis sheds nothing the
+// service admitted.
 func redisConfig(set *settings.Settings) (redis.Config, error) {
 	tlsFor := func(on bool) (*tls.Config, error) {
 		if !on {
@@ -288,6 +295,7 @@ func redisConfig(set *settings.Settings) (redis.Config, error) {
 		Timeout:                     set.RedisTimeout,
 		PipelineWindow:              set.RedisPipelineWindow,
 		PipelineLimit:               set.RedisPipelineLimit,
+		MaxQueue:                    set.MaxConcurrentRequests,
 		ExpirationJitterMax:         time.Duration(set.ExpirationJitterMaxSeconds) * time.Second,
 		HealthCheckActiveConnection: set.RedisHealthCheckActiveConnection,
 		StartupInitialInterval:      set.RedisStartupInitialInterval,
@@ -310,6 +318,7 @@ func redisConfig(set *settings.Settings) (redis.Config, error) {
 			Timeout:        set.RedisPerSecondTimeout,
 			PipelineWindow: set.RedisPerSecondPipelineWindow,
 			PipelineLimit:  set.RedisPerSecondPipelineLimit,
+			MaxQueue:       set.MaxConcurrentRequests,
 		}
 	}
 	return cfg, nil

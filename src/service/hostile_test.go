@@ -496,6 +496,21 @@ func TestConcurrencyBoundSheds(t *testing.T) {
 	}
 }
 
+// TestBoundFreedBeforeTheAnswer: a call gives its place among
+// MaxConcurrent back before its answer is written, so that a client that
+// sends its next call as soon as it has the answer, at exactly the bound,
+// is never shed: the closed loop of a load generator at
+// MAX_CONCURRENT_REQUESTS calls in flight.
+func TestBoundFreedBeforeTheAnswer(t *testing.T) {
+	f := newFixture(t, service.Config{MaxConcurrent: 1})
+	client := rlsv3.NewRateLimitServiceClient(serve(t, f.svc))
+	for i := range 500 {
+		if _, err := client.ShouldRateLimit(t.Context(), req(desc("user", fmt.Sprint("seq", i)))); err != nil {
+			t.Fatalf("call %d, one at a time at a bound of 1: %v", i, err)
+		}
+	}
+}
+
 // An outage, or a client whose every request fails, logs one line a second
 // per kind, not one per request; the counters still count every request.
 func TestErrorLogsAreRateLimited(t *testing.T) {

@@ -147,6 +147,7 @@ type Service struct {
 	notFound    sync.Map     // domain -> *stats.Counter (see domainNotFound)
 	dynamicKeys atomic.Int64 // stat keys made from request data (see dynamicCounters)
 	inFlight    atomic.Int64 // decisions under way (Config.MaxConcurrent)
+	load        loadMeter    // decisions finished per second (see overloaded)
 	protoLimits sync.Map     // *rules.Limit -> *rlsv3.RateLimitResponse_RateLimit
 	limitStats  sync.Map     // *rules.Limit of a list -> *ruleCounters (see limitCounters)
 	scratch     sync.Pool
@@ -297,6 +298,9 @@ func grow[T any](b []T, n int) []T {
 
 // ShouldRateLimit implements the RLS v3 call.
 func (s *Service) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitRequest) (*rlsv3.RateLimitResponse, error) {
+	if s.cfg.MaxConcurrent > 0 {
+		defer releaseAdmission(ctx)
+	}
 	// One branch on a nil Tracer is all that tracing costs when it is off:
 	// reading the metadata, extracting a context and starting a span
 	// allocate, and would be paid by every request.

@@ -762,6 +762,12 @@ func (be *backend) send(ctx context.Context, stop <-chan struct{}, r *request) e
 // done, and drain signals the requests left in the queue. A third
 // channel here, the store's, shared by every waiting request, cost a
 // lock and a waiter on it per request.
+//
+// A request whose deadline passes while it is still queued fails as one
+// whose round trip is late, with ErrUnavailable and the deadline: the
+// queue may stand still because Redis froze (an outage, which
+// STORE_FAILURE_MODE=local decides locally) as well as because this
+// process is busy, and only the round trips tell (see breakerHook).
 func (be *backend) wait(ctx context.Context, r *request) (recycle bool, err error) {
 	select {
 	case <-r.done:
