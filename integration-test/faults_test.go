@@ -46,6 +46,13 @@ const (
 	// faultPool is REDIS_POOL_SIZE: the workers, and so the connections,
 	// per Redis server.
 	faultPool = 4
+	// faultStoreTimeout is REDIS_TIMEOUT for a single Redis, direct or
+	// behind the proxy: a Redis that does not answer is known to fail,
+	// and its breaker opens, once its round trips pass it (a request's
+	// own budget says nothing of Redis), within the fault's hold; and far
+	// above what a healthy Redis takes, pipelined replies behind the
+	// proxy's latency included.
+	faultStoreTimeout = time.Second
 )
 
 // faultRules limit nothing the load reaches: every answer from the store
@@ -433,7 +440,7 @@ func TestFaultsUnderLoad(t *testing.T) {
 		r := storetest.StartRedis(t, storetest.RedisOptions{})
 		t.Cleanup(func() { _ = r.Thaw() })
 		return fault{
-			env:        redisEnv(r),
+			env:        redisEnv(r, "REDIS_TIMEOUT="+faultStoreTimeout.String()),
 			inject:     func() error { return inject(r) },
 			fix:        func() error { return fix(r) },
 			storeConns: func() (int, error) { return redisClients(r) },
@@ -443,7 +450,7 @@ func TestFaultsUnderLoad(t *testing.T) {
 		r := storetest.StartRedis(t, storetest.RedisOptions{})
 		px := storetest.StartProxy(t, r.Addr)
 		return fault{
-			env:    []string{"BACKEND_TYPE=redis", "REDIS_SOCKET_TYPE=tcp", "REDIS_URL=" + px.Addr},
+			env:    []string{"BACKEND_TYPE=redis", "REDIS_SOCKET_TYPE=tcp", "REDIS_URL=" + px.Addr, "REDIS_TIMEOUT=" + faultStoreTimeout.String()},
 			inject: func() error { inject(px); return nil },
 			fix:    func() error { px.Heal(); return nil },
 			storeConns: func() (int, error) {

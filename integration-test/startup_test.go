@@ -12,6 +12,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/ratelimitd/ratelimit/src/store/storetest"
 )
 
 // TestStartupLineAtDefaultLevel: at the default LOG_LEVEL (WARN) a healthy
@@ -91,5 +93,50 @@ func healthcheck(t *testing.T, p *proc, host string) (int, string) {
 	default:
 		t.Fatal(err)
 		return -1, ""
+	}
+}
+
+// TestHealthInStepWithStore: started with its store down, the service is
+// unhealthy while no decision can be answered, and healthy by the time the
+// first decision answered from the store reaches its caller, not a poll of
+// the store later: /healthcheck, read right after that decision, is 200.
+func TestHealthInStepWithStore(t *testing.T) {
+	r := storetest.StartRedis(t, storetest.RedisOptions{})
+	m := storetest.StartMemcached(t)
+	tests := []struct {
+		name        string
+		stop, start func() error
+		env         []string
+	}{
+		{"redis", r.Stop, r.Start, redisEnv(r)},
+		{"memcache", m.Stop, m.Start, memcacheEnv(m)},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if err := tt.stop(); err != nil {
+				t.Fatal(err)
+			}
+			p := launch(t, map[string]string{"web.yaml": statsdRules}, tt.env...)
+			c := p.client(t)
+			eventually(t, "/healthcheck to answer", 30*time.Second, func() bool { return p.healthCode() != 0 })
+			for i := range 5 {
+				if _, err := c.ShouldRateLimit(callCtx(t), request("web", "user", "erin")); err == nil {
+					t.Fatalf("call %d answered with the store down", i)
+				}
+				if code := p.healthCode(); code != http.StatusInternalServerError {
+					t.Fatalf("/healthcheck = %d with the store down, want 500", code)
+				}
+			}
+			if err := tt.start(); err != nil {
+				t.Fatal(err)
+			}
+			eventually(t, "a decision from the store", 30*time.Second, func() bool {
+				_, err := c.ShouldRateLimit(callCtx(t), request("web", "user", "erin"))
+				return err == nil
+			})
+			if code := p.healthCode(); code != http.StatusOK {
+				t.Errorf("/healthcheck = %d right after a decision answered from the store, want 200", code)
+			}
+		})
 	}
 }

@@ -89,11 +89,12 @@ var statsdLine = regexp.MustCompile(`^([^:|,#\n\r]+):([0-9.]+)\|(c|g|ms|h)(?:\|@
 type statsdTotals struct {
 	counters map[string]uint64
 	timings  map[string]int
-	gauges   map[string]int // gauge lines seen
+	gauges   map[string]int    // gauge lines seen
+	values   map[string]string // each gauge's last value
 }
 
 func newStatsdTotals() *statsdTotals {
-	return &statsdTotals{counters: map[string]uint64{}, timings: map[string]int{}, gauges: map[string]int{}}
+	return &statsdTotals{counters: map[string]uint64{}, timings: map[string]int{}, gauges: map[string]int{}, values: map[string]string{}}
 }
 
 func (s *statsdTotals) add(t *testing.T, line string) {
@@ -116,6 +117,7 @@ func (s *statsdTotals) add(t *testing.T, line string) {
 		s.counters[name] += v
 	case "g":
 		s.gauges[name]++
+		s.values[name] = m[2]
 	case "ms", "h":
 		n := 1
 		if m[4] != "" {

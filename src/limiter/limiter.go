@@ -375,7 +375,7 @@ func (l *Limiter) remember(lim *rules.Limit, op *Op, res *Result, now time.Time)
 		lim.ShadowMode || op.Algorithm == rules.TokenBucket {
 		return
 	}
-	l.cfg.NearCache.Remember(op.Key, op.Capacity(), now.Add(res.ResetAfter))
+	l.cfg.NearCache.Remember(op.Key, op.Capacity(), now, now.Add(res.ResetAfter))
 }
 
 // unsafeString views b as a string without copying, for a lookup that does

@@ -10,7 +10,7 @@ import (
 func TestNearCache(t *testing.T) {
 	t0 := time.Unix(1_700_000_000, 0)
 	c := NewNearCache(1 << 20)
-	c.Remember("rl_api_user_alice_1700000000", 10, t0.Add(time.Minute))
+	c.Remember("rl_api_user_alice_1700000000", 10, t0, t0.Add(time.Minute))
 
 	tests := []struct {
 		name  string
@@ -43,8 +43,8 @@ func TestNearCache(t *testing.T) {
 func TestNearCacheReplace(t *testing.T) {
 	t0 := time.Unix(1_700_000_000, 0)
 	c := NewNearCache(1 << 20)
-	c.Remember("k", 10, t0.Add(time.Second))
-	c.Remember("k", 20, t0.Add(time.Minute))
+	c.Remember("k", 10, t0, t0.Add(time.Second))
+	c.Remember("k", 20, t0, t0.Add(time.Minute))
 	if _, over := c.Over("k", 10, t0); over {
 		t.Error("Over(k, 10) = true after Remember(k, 20), want false")
 	}
@@ -60,7 +60,7 @@ func TestNearCacheCopiesKey(t *testing.T) {
 	t0 := time.Unix(1_700_000_000, 0)
 	c := NewNearCache(1 << 20)
 	buf := []byte("key_one")
-	c.Remember(string(buf), 1, t0.Add(time.Minute))
+	c.Remember(string(buf), 1, t0, t0.Add(time.Minute))
 	copy(buf, "key_two") // the limiter reuses its key buffers
 	if _, over := c.Over("key_one", 1, t0); !over {
 		t.Error("Over(key_one) = false after the caller reused its buffer, want true")
@@ -83,7 +83,7 @@ func TestNearCacheBounded(t *testing.T) {
 			for i := range 100_000 {
 				key := strconv.Itoa(1e9 + i)
 				key += string(make([]byte, keyLen-len(key)))
-				c.Remember(key, 5, t0.Add(time.Hour))
+				c.Remember(key, 5, t0, t0.Add(time.Hour))
 			}
 			maxEntries := tt.maxBytes / (keyLen + nearCacheEntryOverhead)
 			if n := c.Len(); n > maxEntries || n < maxEntries/2 {
@@ -115,7 +115,7 @@ func TestNearCacheBounded(t *testing.T) {
 
 func TestNearCacheTooSmall(t *testing.T) {
 	c := NewNearCache(10) // below one entry
-	c.Remember("key", 1, time.Unix(2e9, 0))
+	c.Remember("key", 1, time.Unix(1e9, 0), time.Unix(2e9, 0))
 	if _, over := c.Over("key", 1, time.Unix(1e9, 0)); over {
 		t.Error("a cache smaller than one entry remembered it")
 	}
@@ -126,7 +126,7 @@ func TestNearCacheNil(t *testing.T) {
 	if c != nil {
 		t.Fatal("NewNearCache(0) != nil")
 	}
-	c.Remember("key", 1, time.Unix(2e9, 0))
+	c.Remember("key", 1, time.Unix(1e9, 0), time.Unix(2e9, 0))
 	if _, over := c.Over("key", 1, time.Unix(1e9, 0)); over {
 		t.Error("nil cache: Over = true")
 	}
@@ -144,7 +144,7 @@ func TestNearCacheConcurrent(t *testing.T) {
 			for i := range 2000 {
 				key := strconv.Itoa(i % 500)
 				if i%3 == g%3 {
-					c.Remember(key, uint64(i%2), t0.Add(time.Minute))
+					c.Remember(key, uint64(i%2), t0, t0.Add(time.Minute))
 				} else {
 					c.Over(key, uint64(i%2), t0)
 				}
@@ -163,7 +163,7 @@ func BenchmarkNearCacheOver(b *testing.B) {
 	keys := make([]string, 10_000)
 	for i := range keys {
 		keys[i] = "rl_api_user_" + strconv.Itoa(i) + "_1700000000"
-		c.Remember(keys[i], 100, t0.Add(time.Minute))
+		c.Remember(keys[i], 100, t0, t0.Add(time.Minute))
 	}
 	if n := c.Len(); n != len(keys) {
 		b.Fatalf("Len() = %d, want %d", n, len(keys))
@@ -182,4 +182,65 @@ func BenchmarkNearCacheOver(b *testing.B) {
 			b.Errorf("%d hits of %d lookups", hits, i)
 		}
 	})
+}
+
+// TestNearCacheStats: the counters mean what freecache's do for
+// envoyproxy/ratelimit's ratelimit.localcache gauges.
+func TestNearCacheStats(t *testing.T) {
+	t0 := time.Unix(1_700_000_000, 0)
+	c := NewNearCache(1 << 20)
+	want := func(step string, w NearCacheStats) {
+		t.Helper()
+		if got := c.Stats(); got != w {
+			t.Fatalf("%s: Stats() = %+v, want %+v", step, got, w)
+		}
+	}
+	want("new", NearCacheStats{})
+
+	c.Over("a", 10, t0) // no entry
+	want("miss", NearCacheStats{Misses: 1})
+
+	c.Remember("a", 10, t0, t0.Add(time.Minute))
+	c.Remember("b", 10, t0.Add(2*time.Second), t0.Add(time.Second)) // until passed at once
+	want("two entries", NearCacheStats{Misses: 1, Entries: 2, AverageAccessTime: t0.Unix() + 1})
+
+	c.Over("a", 10, t0.Add(4*time.Second))  // hit: a accessed at t0+4
+	c.Over("a", 10, t0.Add(4*time.Second))  // hit
+	c.Over("a", 99, t0.Add(4*time.Second))  // another limit: miss
+	c.Over("b", 10, t0.Add(10*time.Second)) // expired: miss, counted once
+	c.Over("b", 10, t0.Add(11*time.Second))
+	want("lookups", NearCacheStats{Hits: 2, Misses: 4, Entries: 2, Expired: 1, AverageAccessTime: t0.Unix() + 3})
+	if got := c.Stats().Lookups(); got != 6 {
+		t.Errorf("Lookups() = %d, want 6", got)
+	}
+
+	c.Remember("a", 20, t0.Add(6*time.Second), t0.Add(time.Minute))
+	want("overwrite", NearCacheStats{Hits: 2, Misses: 4, Entries: 2, Expired: 1, Overwrites: 1, AverageAccessTime: t0.Unix() + 4})
+
+	var nilCache *NearCache
+	if st := nilCache.Stats(); st != (NearCacheStats{}) {
+		t.Errorf("nil cache: Stats() = %+v, want zero", st)
+	}
+}
+
+// TestNearCacheStatsEvictions: an entry dropped for room is evacuated while
+// in force, expired once past its time (and never counted twice).
+func TestNearCacheStatsEvictions(t *testing.T) {
+	t0 := time.Unix(1_700_000_000, 0)
+	const key = "key_0123456789"
+	size := len(key) + nearCacheEntryOverhead
+	c := NewNearCache(2 * size) // one shard, two entries
+	c.Remember("key_0000000000", 1, t0, t0.Add(time.Second))
+	c.Remember("key_0000000001", 1, t0, t0.Add(time.Hour))
+	c.Over("key_0000000000", 1, t0.Add(time.Minute))                        // seen expired
+	c.Remember("key_0000000002", 1, t0.Add(time.Minute), t0.Add(time.Hour)) // drops 0: expired already counted
+	c.Remember("key_0000000003", 1, t0.Add(time.Minute), t0.Add(time.Hour)) // drops 1: in force
+	st := c.Stats()
+	if st.Expired != 1 || st.Evacuated != 1 || st.Entries != 2 {
+		t.Errorf("Stats() = %+v, want Expired 1, Evacuated 1, Entries 2", st)
+	}
+	c.Remember("key_0000000004", 1, t0.Add(2*time.Hour), t0.Add(3*time.Hour)) // drops 2: expired, unseen
+	if st := c.Stats(); st.Expired != 2 || st.Evacuated != 1 {
+		t.Errorf("Stats() = %+v, want Expired 2, Evacuated 1", st)
+	}
 }

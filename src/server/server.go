@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math"
 	"net"
 	"net/http"
 	"net/http/pprof"
@@ -55,6 +56,8 @@ type Server struct {
 	health *Health
 	svc    *service.Service
 	store  *storeHandle
+	// storeHealth reports the store's health to health.
+	storeHealth *storeHealth
 	// statsd sends the statistics to statsd or DogStatsD; nil when the
 	// settings ask for neither.
 	statsd *stats.Statsd
@@ -143,6 +146,7 @@ func New(ctx context.Context, set *settings.Settings, log *slog.Logger) (*Server
 		return nil, err
 	}
 	s.store = b
+	s.storeHealth = watchStore(b, s.health, log)
 
 	s.rulesFiles = provider.FileConfig{
 		Root:           set.RulesRoot(),
@@ -163,6 +167,7 @@ func New(ctx context.Context, set *settings.Settings, log *slog.Logger) (*Server
 	s.nearCache = limiter.NewNearCache(set.LocalCacheSizeInBytes)
 	if s.nearCache != nil {
 		s.stats.GaugeFunc("ratelimit.local_cache.keys", func() int64 { return int64(s.nearCache.Len()) })
+		registerLocalCache(s.stats, s.nearCache)
 	}
 	lim := limiter.New(b.store, limiter.Config{
 		Prefix:                     set.CacheKeyPrefix,
@@ -199,6 +204,7 @@ func New(ctx context.Context, set *settings.Settings, log *slog.Logger) (*Server
 		},
 		DynamicMetadata:    set.ResponseDynamicMetadata,
 		Timeout:            b.budget(set.RequestTimeout),
+		Ceiling:            b.budget(set.RequestTimeoutCeiling()),
 		MaxConcurrent:      set.MaxConcurrentRequests,
 		MaxDynamicStatKeys: set.StatsMaxDynamicKeys,
 		StatsExpiry:        set.StatsIdleExpiry,
@@ -635,7 +641,7 @@ func (s *Server) Run(ctx context.Context) error {
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
-		s.store.watchHealth(ctx, s.health, s.log)
+		s.storeHealth.run(ctx)
 	}()
 	if s.tls != nil {
 		wg.Add(1)
@@ -782,4 +788,29 @@ func waitCtx(ctx context.Context, f func()) bool {
 func headerStyle(s string) service.HeaderStyle {
 	st, _ := service.ParseHeaderStyle(s)
 	return st
+}
+
+// registerLocalCache registers the near cache's gauges under
+// envoyproxy/ratelimit's names for its local cache (ratelimit.localcache.*,
+// freecache's counters, all gauges there), so that dashboards built on them
+// keep working: in Prometheus, under the default mapping, they are
+// ratelimit_localcache_hitCount and so on, as statsd_exporter names a
+// statistic its mapping does not list.
+func registerLocalCache(reg *stats.Registry, c *limiter.NearCache) {
+	count := func(v uint64) int64 { return int64(min(v, math.MaxInt64)) }
+	for _, g := range []struct {
+		name string
+		f    func(limiter.NearCacheStats) int64
+	}{
+		{"hitCount", func(st limiter.NearCacheStats) int64 { return count(st.Hits) }},
+		{"missCount", func(st limiter.NearCacheStats) int64 { return count(st.Misses) }},
+		{"lookupCount", func(st limiter.NearCacheStats) int64 { return count(st.Lookups()) }},
+		{"entryCount", func(st limiter.NearCacheStats) int64 { return st.Entries }},
+		{"evacuateCount", func(st limiter.NearCacheStats) int64 { return count(st.Evacuated) }},
+		{"expiredCount", func(st limiter.NearCacheStats) int64 { return count(st.Expired) }},
+		{"overwriteCount", func(st limiter.NearCacheStats) int64 { return count(st.Overwrites) }},
+		{"averageAccessTime", func(st limiter.NearCacheStats) int64 { return st.AverageAccessTime }},
+	} {
+		reg.GaugeFunc("ratelimit.localcache."+g.name, func() int64 { return g.f(c.Stats()) })
+	}
 }

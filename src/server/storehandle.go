@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"log/slog"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"go.opentelemetry.io/otel/trace"
@@ -42,6 +44,19 @@ type storeHandle struct {
 	local *memory.Store
 	// breakers, for Redis and Memcached, reports their circuit breakers.
 	breakers func() breaker.Stats
+	// health, once set (see storeHealth), is told when the store first
+	// answers (answered).
+	health atomic.Pointer[storeHealth]
+}
+
+// answered is the Redis and Memcached stores' Config.Answered: the store
+// has just answered for the first time, and the answer is not handed to
+// its request yet. Health is read again now, so that /healthcheck is 200
+// by the time a decision from the store reaches its caller.
+func (b *storeHandle) answered() {
+	if w := b.health.Load(); w != nil {
+		w.check()
+	}
 }
 
 // keyFormat is CACHE_KEY_FORMAT for a store an anchor process may share.
@@ -87,17 +102,18 @@ func newStoreHandle(ctx context.Context, set *settings.Settings, reg *stats.Regi
 }
 
 func newStore(ctx context.Context, set *settings.Settings, reg *stats.Registry, _ *slog.Logger, tracer trace.Tracer) (*storeHandle, error) {
+	// b is made first, so that the store can tell it of its first answer
+	// from the moment it starts.
+	b := &storeHandle{}
 	switch set.BackendType {
 	case settings.BackendMemory:
 		m := newMemory(set, reg)
-		return &storeHandle{
-			store:   m,
-			healthy: func() bool { return true },
-			close:   m.Close,
-			// No anchor process shares this store, so its keys need not
-			// be the anchor's, whatever CACHE_KEY_FORMAT says.
-			keyFormat: limiter.EscapedKeys,
-		}, nil
+		b.store, b.close = m, m.Close
+		b.healthy = func() bool { return true }
+		// No anchor process shares this store, so its keys need not be
+		// the anchor's, whatever CACHE_KEY_FORMAT says.
+		b.keyFormat = limiter.EscapedKeys
+		return b, nil
 	case settings.BackendRedis:
 		cfg, err := redisConfig(set)
 		if err != nil {
@@ -105,6 +121,7 @@ func newStore(ctx context.Context, set *settings.Settings, reg *stats.Registry, 
 		}
 		cfg.Tracer = tracer
 		cfg.RoundTrip = redisRoundTrips(reg)
+		cfg.Answered = b.answered
 		r, err := redis.New(ctx, cfg)
 		if err != nil {
 			return nil, err
@@ -117,15 +134,9 @@ func newStore(ctx context.Context, set *settings.Settings, reg *stats.Registry, 
 		if set.RedisPerSecond {
 			redisPoolStats(reg, "ratelimit.redis_per_second_pool", r, true)
 		}
-		return &storeHandle{
-			store:     r,
-			healthy:   r.Healthy,
-			close:     func() { _ = r.Close() },
-			started:   r.WaitStarted,
-			timeout:   redisTimeout(cfg),
-			keyFormat: keyFormat(set),
-			breakers:  r.Breakers,
-		}, nil
+		b.store, b.healthy, b.close, b.started = r, r.Healthy, func() { _ = r.Close() }, r.WaitStarted
+		b.timeout, b.keyFormat, b.breakers = redisTimeout(cfg), keyFormat(set), r.Breakers
+		return b, nil
 	case settings.BackendMemcache:
 		cfg, err := memcacheConfig(set)
 		if err != nil {
@@ -133,6 +144,7 @@ func newStore(ctx context.Context, set *settings.Settings, reg *stats.Registry, 
 		}
 		cfg.Tracer = tracer
 		cfg.RoundTrip = reg.Timer("ratelimit.memcache.round_trip").Record
+		cfg.Answered = b.answered
 		m, err := memcached.New(ctx, cfg)
 		if err != nil {
 			return nil, err
@@ -142,17 +154,11 @@ func newStore(ctx context.Context, set *settings.Settings, reg *stats.Registry, 
 		reg.CounterFunc("ratelimit.memcache.load_shed", m.Shed)
 		registerBreakers(reg, "ratelimit.memcache.", m.Breakers)
 		memcacheOpStats(reg, m)
+		b.store, b.healthy, b.close, b.started = m, m.Healthy, func() { _ = m.Close() }, m.WaitStarted
 		// The timeout is the store's, its default included: 0 would be
 		// the memory store's, which gets no REQUEST_TIMEOUT (issue 24).
-		return &storeHandle{
-			store:     m,
-			healthy:   m.Healthy,
-			close:     func() { _ = m.Close() },
-			started:   m.WaitStarted,
-			timeout:   m.Timeout(),
-			keyFormat: keyFormat(set),
-			breakers:  m.Breakers,
-		}, nil
+		b.timeout, b.keyFormat, b.breakers = m.Timeout(), keyFormat(set), m.Breakers
+		return b, nil
 	}
 	return nil, fmt.Errorf("server: BACKEND_TYPE %q is not available in this build", set.BackendType)
 }
@@ -184,13 +190,13 @@ func registerBreakers(reg *stats.Registry, prefix string, f func() breaker.Stats
 }
 
 // breakerConfig is the circuit breaker of the Redis and Memcached stores.
-// A probe must be answered within the request budget to close a breaker:
-// a store slower than that fails every request anyway.
+// It trips on evidence that a server fails, judged against the store's own
+// timeout (REDIS_TIMEOUT; Memcached's 500 ms), never on requests that ran
+// out of their own budget (see breaker).
 func breakerConfig(set *settings.Settings) breaker.Config {
 	return breaker.Config{
 		Failures:      set.StoreBreakerFailures,
 		ProbeInterval: set.StoreBreakerProbeInterval,
-		Budget:        set.RequestTimeout,
 	}
 }
 
@@ -227,12 +233,16 @@ func memcacheOpStats(reg *stats.Registry, m *memcached.Store) {
 }
 
 // memcacheConfig turns the MEMCACHE_* settings into the Memcached store's
-// Config. TLS files are read as for Redis.
+// Config. TLS files are read as for Redis. As many calls may wait for a
+// connection slot as MAX_CONCURRENT_REQUESTS lets in (the store's own
+// bound without it): a healthy memcached sheds nothing the service
+// admitted.
 func memcacheConfig(set *settings.Settings) (memcached.Config, error) {
 	cfg := memcached.Config{
 		SRV:                 set.MemcacheSrv,
 		SRVRefresh:          set.MemcacheSrvRefresh,
 		MaxIdleConns:        set.MemcacheMaxIdleConns,
+		MaxWaiting:          set.MaxConcurrentRequests,
 		ExpirationJitterMax: time.Duration(set.ExpirationJitterMaxSeconds) * time.Second,
 		Breaker:             breakerConfig(set),
 	}
@@ -259,7 +269,10 @@ func memcacheConfig(set *settings.Settings) (memcached.Config, error) {
 	return cfg, nil
 }
 
-// redisConfig turns the REDIS_* settings into the Redis store's Config.
+// redisConfig turns the REDIS_* settings into the Redis store's Config. As
+// many requests may wait for each Redis as MAX_CONCURRENT_REQUESTS lets in
+// (the store's own bound without it): a healthy Redis sheds nothing the
+// service admitted.
 func redisConfig(set *settings.Settings) (redis.Config, error) {
 	tlsFor := func(on bool) (*tls.Config, error) {
 		if !on {
@@ -287,6 +300,7 @@ func redisConfig(set *settings.Settings) (redis.Config, error) {
 		Timeout:                     set.RedisTimeout,
 		PipelineWindow:              set.RedisPipelineWindow,
 		PipelineLimit:               set.RedisPipelineLimit,
+		MaxQueue:                    set.MaxConcurrentRequests,
 		ExpirationJitterMax:         time.Duration(set.ExpirationJitterMaxSeconds) * time.Second,
 		HealthCheckActiveConnection: set.RedisHealthCheckActiveConnection,
 		StartupInitialInterval:      set.RedisStartupInitialInterval,
@@ -309,19 +323,20 @@ func redisConfig(set *settings.Settings) (redis.Config, error) {
 			Timeout:        set.RedisPerSecondTimeout,
 			PipelineWindow: set.RedisPerSecondPipelineWindow,
 			PipelineLimit:  set.RedisPerSecondPipelineLimit,
+			MaxQueue:       set.MaxConcurrentRequests,
 		}
 	}
 	return cfg, nil
 }
 
-// budget is the request budget the service gives this store: REQUEST_TIMEOUT
-// for the stores that wait on the network, none for the memory store, which
-// never waits for I/O (so a request pays for no timer).
-func (b *storeHandle) budget(requestTimeout time.Duration) time.Duration {
+// budget is d, a bound of the request budget the service gives this store
+// (REQUEST_TIMEOUT), for the stores that wait on the network; none for the
+// memory store, which never waits for I/O (so a request pays for no timer).
+func (b *storeHandle) budget(d time.Duration) time.Duration {
 	if b.timeout == 0 {
 		return 0
 	}
-	return requestTimeout
+	return d
 }
 
 // redisTimeout is the longer of the main and per-second timeouts: a request
@@ -333,21 +348,53 @@ func redisTimeout(cfg redis.Config) time.Duration {
 	return cfg.Timeout
 }
 
-// watchHealth reports the store's health until ctx is done, and logs each
-// change of the store's state at warn level: its health, and its circuit
-// breakers opening or all closing again. With a local store beside the
-// shared one (STORE_FAILURE_MODE=local) the instance answers whatever the
-// shared store does, so its health does not follow the shared store's:
-// an orchestrator would otherwise take every instance out of rotation
-// during the outage the mode is there to ride out.
-func (b *storeHandle) watchHealth(ctx context.Context, h *Health, log *slog.Logger) {
-	var st storeState
-	check := func() {
-		healthy := b.healthy()
-		st.log(log, healthy, b.breakers)
-		h.SetStore(healthy || b.local != nil)
+// storeHealth reports the store's health to a Health, and logs each change
+// of the store's state at warn level: its health, and its circuit breakers
+// opening or all closing again. It reads the store when the store first
+// answers (storeHandle.answered), and then every healthPoll (run). With a
+// local store beside the shared one (STORE_FAILURE_MODE=local) the
+// instance answers whatever the shared store does, so its health does not
+// follow the shared store's: an orchestrator would otherwise take every
+// instance out of rotation during the outage the mode is there to ride
+// out. It is safe for concurrent use.
+type storeHealth struct {
+	b   *storeHandle
+	h   *Health
+	log *slog.Logger
+
+	// mu serialises check, and guards st.
+	mu sync.Mutex
+	st storeState
+}
+
+// watchStore makes the storeHealth of b, which b tells of its first answer
+// from now on.
+func watchStore(b *storeHandle, h *Health, log *slog.Logger) *storeHealth {
+	w := &storeHealth{b: b, h: h, log: log}
+	b.health.Store(w)
+	return w
+}
+
+// check reads the store's health and reports it.
+func (w *storeHealth) check() {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	healthy := w.b.healthy()
+	w.st.log(w.log, healthy, w.b.breakers)
+	w.h.SetStore(healthy || w.b.local != nil)
+}
+
+// run reports the store's health until ctx is done. The first report waits
+// for the store's first answer, at most the store's own timeout, so that a
+// store connecting at startup is reported (and logged) as it is, not as not
+// answering yet; until then health is unhealthy, as a Health starts.
+func (w *storeHealth) run(ctx context.Context) {
+	if w.b.started != nil && w.b.local == nil && w.b.timeout > 0 {
+		sctx, cancel := context.WithTimeout(ctx, w.b.timeout)
+		_ = w.b.started(sctx)
+		cancel()
 	}
-	check()
+	w.check()
 	t := time.NewTicker(healthPoll)
 	defer t.Stop()
 	for {
@@ -355,12 +402,12 @@ func (b *storeHandle) watchHealth(ctx context.Context, h *Health, log *slog.Logg
 		case <-ctx.Done():
 			return
 		case <-t.C:
-			check()
+			w.check()
 		}
 	}
 }
 
-// storeState is what watchHealth last logged of the store.
+// storeState is what storeHealth last logged of the store.
 type storeState struct {
 	seen    bool
 	healthy bool

@@ -5,6 +5,8 @@ import (
 	"context"
 	"crypto/rand"
 	"slices"
+	"sync/atomic"
+	"time"
 
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"google.golang.org/grpc/codes"
@@ -80,20 +82,65 @@ func malformed(r *rlsv3.RateLimitRequest) (string, bool) {
 // Config.MaxConcurrent to ShouldRateLimit before its message is read, so
 // that requests past the bound cost neither a goroutine nor the memory of
 // their message: they are refused at once with ResourceExhausted and
-// counted as load_shed. A request let in holds its place until its stream
-// ends, whatever way it ends (answered, refused while decoding, reset by
-// the client, connection closed).
+// counted as load_shed. So is a request whose deadline is too short for
+// the wait behind the calls in flight (see overloaded). A request let in
+// holds its place until its handler returns, or, when it has none, until
+// its stream ends, whatever way it ends (refused while decoding, reset by
+// the client, connection closed): see admission.
 func (s *Service) Tap(ctx context.Context, info *tap.Info) (context.Context, error) {
 	if s.cfg.MaxConcurrent <= 0 || info.FullMethodName != rlsv3.RateLimitService_ShouldRateLimit_FullMethodName {
 		return ctx, nil
 	}
-	if !s.acquire() {
+	n := s.inFlight.Add(1)
+	if n > int64(s.cfg.MaxConcurrent) {
+		s.inFlight.Add(-1)
 		return nil, s.shed()
 	}
+	if err := s.overloaded(ctx, n, time.Now()); err != nil {
+		s.inFlight.Add(-1)
+		return nil, err
+	}
+	a := &admission{Context: ctx, s: s}
 	// grpc-go cancels a stream's context when the stream ends, on every
 	// path, including those where the handler never runs.
-	context.AfterFunc(ctx, s.release)
-	return ctx, nil
+	context.AfterFunc(ctx, a.release)
+	return a, nil
+}
+
+// admission is the place a gRPC call took among Config.MaxConcurrent, and
+// the call's context, which carries it to the handler. The place is given
+// back once: when ShouldRateLimit returns, before its answer is written
+// (so that a client that sends its next call as soon as it has the answer
+// never finds its own last call's place still taken: with exactly
+// MAX_CONCURRENT_REQUESTS calls in flight none is shed), or when the
+// stream ends without the handler.
+type admission struct {
+	context.Context
+	s        *Service
+	released atomic.Bool
+}
+
+type admissionKey struct{}
+
+func (a *admission) Value(key any) any {
+	if key == (admissionKey{}) {
+		return a
+	}
+	return a.Context.Value(key)
+}
+
+func (a *admission) release() {
+	if a.released.CompareAndSwap(false, true) {
+		a.s.release()
+	}
+}
+
+// releaseAdmission gives back the place of the call of ctx, if Tap gave it
+// one.
+func releaseAdmission(ctx context.Context) {
+	if a, ok := ctx.Value(admissionKey{}).(*admission); ok {
+		a.release()
+	}
 }
 
 // acquire takes a place among the Config.MaxConcurrent decisions in flight.
@@ -105,7 +152,12 @@ func (s *Service) acquire() bool {
 	return true
 }
 
-func (s *Service) release() { s.inFlight.Add(-1) }
+// release gives back a place taken by acquire (or Tap) once its decision
+// has finished, and counts it for the rate overloaded reads.
+func (s *Service) release() {
+	s.inFlight.Add(-1)
+	s.load.finished(time.Now())
+}
 
 // shed counts a request refused for load and returns its error.
 func (s *Service) shed() error {

@@ -12,6 +12,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
@@ -252,26 +253,92 @@ func (s *blockingStore) Do(ctx context.Context, b *limiter.Batch) error {
 	}
 }
 
-// The request budget ends the store's work although the caller set none.
-func TestRequestBudget(t *testing.T) {
-	st := &blockingStore{entered: make(chan struct{}, 1), release: make(chan struct{})}
-	f := newFixtureWithStore(t, service.Config{Timeout: 50 * time.Millisecond}, st)
+// waitingStore waits for ctx to end, as a store that never answers, and
+// reports how long that took.
+type waitingStore struct {
+	calls  int
+	waited time.Duration
+}
+
+func (s *waitingStore) Do(ctx context.Context, b *limiter.Batch) error {
+	s.calls++
 	start := time.Now()
-	_, err := f.svc.ShouldRateLimit(context.Background(), req(desc("user", "a")))
-	if status.Code(err) != codes.DeadlineExceeded {
-		t.Errorf("a store that never answers: %v, want DeadlineExceeded", err)
+	<-ctx.Done()
+	s.waited = time.Since(start)
+	return fmt.Errorf("waiting: %w: %w", limiter.ErrUnavailable, ctx.Err())
+}
+
+// TestRequestBudget: the store's budget is the caller's deadline less a
+// margin, bounded by Ceiling (REQUEST_TIMEOUT when the operator sets it),
+// and Timeout only for a caller without a deadline; a caller whose
+// deadline leaves no time is shed without asking the store. On a fake
+// clock (testing/synctest), so that the budgets are exact.
+func TestRequestBudget(t *testing.T) {
+	tests := []struct {
+		name     string
+		cfg      service.Config
+		deadline time.Duration // the caller's; 0: none, -1: passed already
+		want     codes.Code
+		waited   time.Duration // by the store; 0: never asked
+	}{
+		{"no_deadline", service.Config{Timeout: 15 * time.Millisecond}, 0, codes.DeadlineExceeded, 15 * time.Millisecond},
+		{"envoy_default", service.Config{Timeout: 15 * time.Millisecond}, 20 * time.Millisecond, codes.DeadlineExceeded, 18 * time.Millisecond},
+		{"generous_deadline", service.Config{Timeout: 15 * time.Millisecond}, 2 * time.Second, codes.DeadlineExceeded, 2*time.Second - 5*time.Millisecond},
+		{"short_deadline", service.Config{Timeout: 15 * time.Millisecond}, 5 * time.Millisecond, codes.DeadlineExceeded, 4500 * time.Microsecond},
+		{"ceiling", service.Config{Timeout: 15 * time.Millisecond, Ceiling: 100 * time.Millisecond}, 2 * time.Second, codes.DeadlineExceeded, 100 * time.Millisecond},
+		{"ceiling_without_deadline", service.Config{Timeout: 15 * time.Millisecond, Ceiling: 10 * time.Millisecond}, 0, codes.DeadlineExceeded, 10 * time.Millisecond},
+		{"no_time_left", service.Config{Timeout: 15 * time.Millisecond}, -1, codes.ResourceExhausted, 0},
 	}
-	if d := time.Since(start); d > 2*time.Second {
-		t.Errorf("answered after %v, want about the 50ms budget", d)
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				st := &waitingStore{}
+				f := newFixtureWithStore(t, tt.cfg, st)
+				ctx := t.Context()
+				switch {
+				case tt.deadline > 0:
+					var cancel context.CancelFunc
+					ctx, cancel = context.WithTimeout(ctx, tt.deadline)
+					defer cancel()
+				case tt.deadline < 0:
+					var cancel context.CancelFunc
+					ctx, cancel = context.WithDeadline(ctx, time.Now())
+					defer cancel()
+				}
+				_, err := f.svc.ShouldRateLimit(ctx, req(desc("user", "a")))
+				if status.Code(err) != tt.want {
+					t.Errorf("ShouldRateLimit = %v, want %v", err, tt.want)
+				}
+				if tt.deadline > 0 && ctx.Err() != nil {
+					t.Errorf("answered after the caller's deadline")
+				}
+				switch {
+				case tt.waited == 0 && st.calls != 0:
+					t.Errorf("the store was asked %d times, want none", st.calls)
+				case tt.waited != 0 && st.waited != tt.waited:
+					t.Errorf("the store waited %v, want %v", st.waited, tt.waited)
+				}
+				if shed := f.reg.Snapshot()["ratelimit.service.call.should_rate_limit.load_shed"]; (tt.want == codes.ResourceExhausted) != (shed == 1) {
+					t.Errorf("load_shed = %d with %v", shed, tt.want)
+				}
+			})
+		})
 	}
-	// A caller's shorter deadline wins.
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Millisecond)
-	defer cancel()
-	<-st.entered
-	_, err = f.svc.ShouldRateLimit(ctx, req(desc("user", "a")))
-	if status.Code(err) != codes.DeadlineExceeded {
-		t.Errorf("caller deadline: %v, want DeadlineExceeded", err)
-	}
+}
+
+// TestNoBudget: without Timeout or Ceiling (the memory store,
+// REQUEST_TIMEOUT=0) the store gets the caller's context as it is.
+func TestNoBudget(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		st := &waitingStore{}
+		f := newFixtureWithStore(t, service.Config{}, st)
+		ctx, cancel := context.WithTimeout(t.Context(), time.Second)
+		defer cancel()
+		_, err := f.svc.ShouldRateLimit(ctx, req(desc("user", "a")))
+		if status.Code(err) != codes.DeadlineExceeded || st.waited != time.Second {
+			t.Errorf("ShouldRateLimit = %v after the store waited %v, want DeadlineExceeded after 1s", err, st.waited)
+		}
+	})
 }
 
 // serve runs svc on a real gRPC server on loopback, as the server wires it.
@@ -426,6 +493,21 @@ func TestConcurrencyBoundSheds(t *testing.T) {
 	waitFor(t, func() bool { return f.svc.InFlight() == 0 }, "in-flight count back to 0 after a canceled call")
 	if _, err := client.ShouldRateLimit(t.Context(), req(desc("user", "after"))); err != nil {
 		t.Errorf("after the held requests ended: %v", err)
+	}
+}
+
+// TestBoundFreedBeforeTheAnswer: a call gives its place among
+// MaxConcurrent back before its answer is written, so that a client that
+// sends its next call as soon as it has the answer, at exactly the bound,
+// is never shed: the closed loop of a load generator at
+// MAX_CONCURRENT_REQUESTS calls in flight.
+func TestBoundFreedBeforeTheAnswer(t *testing.T) {
+	f := newFixture(t, service.Config{MaxConcurrent: 1})
+	client := rlsv3.NewRateLimitServiceClient(serve(t, f.svc))
+	for i := range 500 {
+		if _, err := client.ShouldRateLimit(t.Context(), req(desc("user", fmt.Sprint("seq", i)))); err != nil {
+			t.Fatalf("call %d, one at a time at a bound of 1: %v", i, err)
+		}
 	}
 }
 

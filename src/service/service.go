@@ -8,6 +8,7 @@ package service
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"sync"
 	"sync/atomic"
@@ -68,10 +69,19 @@ type Config struct {
 	// DynamicMetadata adds the request summary to dynamic_metadata
 	// (RESPONSE_DYNAMIC_METADATA).
 	DynamicMetadata bool
-	// Timeout is the backend budget of one request (REQUEST_TIMEOUT): the
-	// store's work ends by the caller's deadline or after Timeout, whichever
-	// comes first. 0 means only the caller's deadline applies.
+	// Timeout is the store's budget for a request whose caller sends no
+	// deadline (/json, and gRPC clients without one): REQUEST_TIMEOUT. 0
+	// means none: such a request waits for the store's own timeouts. A
+	// request whose caller sends a deadline (Envoy sends its filter
+	// timeout, 20 ms by default) gets that deadline less a margin (see
+	// budget), so that its answer, an error included, leaves before the
+	// caller gives up.
 	Timeout time.Duration
+	// Ceiling, when positive, bounds every request's budget, the caller's
+	// deadline or not: REQUEST_TIMEOUT when the operator sets it, as
+	// envoyproxy/ratelimit bounds every request by it. 0 lets a caller's
+	// deadline, however long, be the budget.
+	Ceiling time.Duration
 	// MaxConcurrent bounds the decisions in flight, gRPC and /json together
 	// (MAX_CONCURRENT_REQUESTS); a request beyond it is refused at once with
 	// ResourceExhausted and counted as load_shed. 0 means no bound.
@@ -141,6 +151,7 @@ type Service struct {
 	notFound    sync.Map     // domain -> *stats.Counter (see domainNotFound)
 	dynamicKeys atomic.Int64 // stat keys made from request data (see dynamicCounters)
 	inFlight    atomic.Int64 // decisions under way (Config.MaxConcurrent)
+	load        loadMeter    // decisions finished per second (see overloaded)
 	protoLimits sync.Map     // *rules.Limit -> *rlsv3.RateLimitResponse_RateLimit
 	limitStats  sync.Map     // *rules.Limit of a list -> *ruleCounters (see limitCounters)
 	scratch     sync.Pool
@@ -309,6 +320,9 @@ func grow[T any](b []T, n int) []T {
 
 // ShouldRateLimit implements the RLS v3 call.
 func (s *Service) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitRequest) (*rlsv3.RateLimitResponse, error) {
+	if s.cfg.MaxConcurrent > 0 {
+		defer releaseAdmission(ctx)
+	}
 	// One branch on a nil Tracer is all that tracing costs when it is off:
 	// reading the metadata, extracting a context and starting a span
 	// allocate, and would be paid by every request.
@@ -432,9 +446,12 @@ func (s *Service) decide(ctx context.Context, req *rlsv3.RateLimitRequest) (*rls
 		return nil, err
 	}
 	now := s.cfg.Now()
-	storeCtx, cancel := s.budget(ctx)
+	storeCtx, cancel, err := s.budget(ctx)
+	if err != nil {
+		return nil, err
+	}
 	start := s.cfg.Live.StoreStart(now)
-	err := s.limiter.Check(storeCtx, req.GetDomain(), now, sc.descs, sc.statuses)
+	err = s.limiter.Check(storeCtx, req.GetDomain(), now, sc.descs, sc.statuses)
 	s.cfg.Live.StoreDone(start, err)
 	cancel()
 	degraded := false
@@ -608,16 +625,57 @@ func replace(d *limiter.Descriptor, replacing map[string]struct{}) {
 	}
 }
 
-// budget bounds the store's work for one request: the caller's deadline or
-// Config.Timeout, whichever is first. Envoy sends its filter timeout as the
-// deadline; when that is the sooner, no timer is made.
-func (s *Service) budget(ctx context.Context) (context.Context, context.CancelFunc) {
-	if s.cfg.Timeout > 0 {
-		if dl, ok := ctx.Deadline(); !ok || dl.After(time.Now().Add(s.cfg.Timeout)) {
-			return context.WithTimeout(ctx, s.cfg.Timeout)
+// budget bounds the store's work for one request. A caller that sends a
+// deadline gets that deadline less deadlineMargin's share, at most
+// Config.Ceiling: no call fails because a fixed time passed while its
+// caller was still waiting. One that sends none gets Config.Timeout (the
+// Ceiling when that is shorter). With neither Timeout nor Ceiling there is
+// no budget: ctx is returned as it is, and no timer is made (the memory
+// store, which never waits for I/O, has neither; REQUEST_TIMEOUT=0 leaves
+// the caller's deadline alone, as in the anchor).
+//
+// A request whose caller's deadline leaves no time for the store (it
+// waited in this process's queues until then) is shed: its error wraps
+// limiter.ErrOverloaded, answered ResourceExhausted and counted as
+// load_shed, and the store is not asked.
+func (s *Service) budget(ctx context.Context) (context.Context, context.CancelFunc, error) {
+	if s.cfg.Timeout <= 0 && s.cfg.Ceiling <= 0 {
+		return ctx, func() {}, nil
+	}
+	var d time.Duration
+	if dl, ok := ctx.Deadline(); ok {
+		left := time.Until(dl)
+		d = left - deadlineMargin(left)
+		if d <= 0 {
+			return nil, nil, errNoTimeLeft
+		}
+		if s.cfg.Ceiling > 0 {
+			d = min(d, s.cfg.Ceiling)
+		}
+	} else {
+		d = s.cfg.Timeout
+		if s.cfg.Ceiling > 0 && (d <= 0 || s.cfg.Ceiling < d) {
+			d = s.cfg.Ceiling
 		}
 	}
-	return ctx, func() {}
+	ctx, cancel := context.WithTimeout(ctx, d)
+	return ctx, cancel, nil
+}
+
+// errNoTimeLeft sheds a request whose caller's deadline has (all but)
+// passed before the store was asked.
+var errNoTimeLeft = fmt.Errorf("service: %w: the caller's deadline passed before the store could be asked", limiter.ErrOverloaded)
+
+// maxDeadlineMargin bounds deadlineMargin.
+const maxDeadlineMargin = 5 * time.Millisecond
+
+// deadlineMargin is the part of a caller's remaining time left over after
+// the store's budget: what the answer needs to reach the caller (or, with
+// STORE_FAILURE_MODE=local, to be decided from local counts first) before
+// the caller gives up. A tenth of the time left, at most 5 ms: 2 ms of
+// Envoy's default 20 ms.
+func deadlineMargin(left time.Duration) time.Duration {
+	return min(left/10, maxDeadlineMargin)
 }
 
 // overrideLimit builds the limit a descriptor carries itself (Envoy's

@@ -192,6 +192,9 @@ type Settings struct {
 	backendInferred string
 	// statsdAsked is whether any statsd setting was given (see StatsdAsked).
 	statsdAsked bool
+	// requestTimeoutSet is whether REQUEST_TIMEOUT was given (see
+	// RequestTimeoutCeiling).
+	requestTimeoutSet bool
 
 	// Decisions.
 	BackendType                        string  `envconfig:"BACKEND_TYPE" default:"memory"` // anchor: redis; unset with a REDIS_ variable set: redis (see inferBackend)
@@ -372,6 +375,7 @@ func Load() (*Settings, error) {
 			s.statsdAsked = true
 		}
 	}
+	_, s.requestTimeoutSet = os.LookupEnv("REQUEST_TIMEOUT")
 	if err := errors.Join(append(refused, s.Validate(), s.loadMogrifiers(os.LookupEnv))...); err != nil {
 		return nil, err
 	}
@@ -410,6 +414,18 @@ func (s *Settings) inferBackend(lookup func(string) (string, bool), environ []st
 // Statistics go to statsd by default, as in the anchor; when nothing asked
 // for it, a statsd that does not answer is not worth a warning.
 func (s *Settings) StatsdAsked() bool { return s.statsdAsked }
+
+// RequestTimeoutCeiling returns the bound of every request's store budget:
+// REQUEST_TIMEOUT when the environment sets it, as envoyproxy/ratelimit
+// bounds every request by it; 0 (none) when it is left at its default,
+// which then only bounds the requests whose caller sends no deadline. A
+// request's budget otherwise follows its caller's deadline.
+func (s *Settings) RequestTimeoutCeiling() time.Duration {
+	if !s.requestTimeoutSet {
+		return 0
+	}
+	return s.RequestTimeout
+}
 
 // BackendInferred returns the REDIS_ variable that made the backend redis
 // although BACKEND_TYPE was not set, or "".
@@ -686,7 +702,7 @@ func (s *Settings) Validate() error {
 		bad("LIMIT_RESPONSE_HEADERS_STYLE", "unknown style %q (want draft03 or ietf)", s.LimitResponseHeadersStyle)
 	}
 	if s.RequestTimeout < 0 {
-		bad("REQUEST_TIMEOUT", "must not be negative (0: only the caller's deadline)")
+		bad("REQUEST_TIMEOUT", "must not be negative (0: no bound beyond the caller's deadline)")
 	}
 	if s.MaxConcurrentRequests < 0 {
 		bad("MAX_CONCURRENT_REQUESTS", "must not be negative (0: no bound)")

@@ -133,6 +133,39 @@ func TestMalformedValuesNameTheVariable(t *testing.T) {
 	}
 }
 
+// TestRequestTimeoutCeiling: REQUEST_TIMEOUT bounds every request only
+// when it is set, as in the anchor; at its default it is the budget of
+// callers without a deadline alone.
+func TestRequestTimeoutCeiling(t *testing.T) {
+	tests := []struct {
+		name        string
+		value       string // "" leaves it unset
+		wantTimeout time.Duration
+		wantCeiling time.Duration
+	}{
+		{"unset", "", 15 * time.Millisecond, 0},
+		{"set", "250ms", 250 * time.Millisecond, 250 * time.Millisecond},
+		{"set_to_default", "15ms", 15 * time.Millisecond, 15 * time.Millisecond},
+		{"zero", "0", 0, 0},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Setenv("REQUEST_TIMEOUT", tt.value)
+			if tt.value == "" {
+				os.Unsetenv("REQUEST_TIMEOUT")
+			}
+			s, err := Load()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if s.RequestTimeout != tt.wantTimeout || s.RequestTimeoutCeiling() != tt.wantCeiling {
+				t.Errorf("RequestTimeout, RequestTimeoutCeiling() = %v, %v; want %v, %v",
+					s.RequestTimeout, s.RequestTimeoutCeiling(), tt.wantTimeout, tt.wantCeiling)
+			}
+		})
+	}
+}
+
 func TestBackendTypeIsCaseInsensitive(t *testing.T) {
 	t.Setenv("BACKEND_TYPE", "Redis")
 	s, err := Load()

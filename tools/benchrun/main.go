@@ -7,6 +7,10 @@
 // inputs of docs/SCALING.md.
 //
 //	go run ./tools/benchrun [-quick] [-stores memory,redis] [-scenarios c64,hot+nc] [-out docs/BENCHMARKS.md]
+//	go run ./tools/benchrun -overload [-steps 64,256,1024,4096] [-deadlines 2s,20ms] [-stores redis,memcache]
+//
+// With -overload it measures the overload steps of issue 25 instead (see
+// overload.go) and prints their table, writing no file.
 //
 // Each figure is the median of several runs after a warm-up. Every run of
 // the service is paired with a run of grpc-go's no-op server (in a child
@@ -135,6 +139,9 @@ func run(args []string, logw io.Writer) error {
 		envoy     = fs.Bool("envoy", false, "measure the end-to-end cost through real Envoy instead (h2load, no filter against each store, 1 and 3 descriptors); writes its own section of -out")
 		anchor    = fs.String("anchor", os.Getenv("ANCHOR_BIN"), "with -envoy: an envoyproxy/ratelimit `binary` (built by you from its source) to measure beside this service on Redis and Memcached (default $ANCHOR_BIN)")
 		rate      = fs.Int("envoy-rate", 1000, "with -envoy: the fixed request rate of the latency runs")
+		overload  = fs.Bool("overload", false, "measure the overload steps instead (issue 25): calls in flight per -steps, each with each of -deadlines, on redis and memcache unless -stores says otherwise; prints the table, writes no file")
+		steps     = fs.String("steps", "64,256,1024,4096", "with -overload: comma-separated counts of calls in flight")
+		deadlines = fs.String("deadlines", "2s,20ms", "with -overload: comma-separated caller's deadlines of the calls")
 	)
 	fs.SetOutput(logw)
 	if err := fs.Parse(args); err != nil {
@@ -167,6 +174,13 @@ func run(args []string, logw io.Writer) error {
 		*scaling = filepath.Join(filepath.Dir(*out), "SCALING.md")
 	case "-":
 		*scaling = ""
+	}
+	if *overload {
+		explicit := false
+		fs.Visit(func(f *flag.Flag) { explicit = explicit || f.Name == "stores" })
+		if !explicit {
+			*stores = "redis,memcache"
+		}
 	}
 	var storeList []string
 	for s := range strings.SplitSeq(*stores, ",") {
@@ -247,6 +261,9 @@ func run(args []string, logw io.Writer) error {
 		date:    time.Now().UTC(),
 		machine: machineInfo(),
 		timing:  t,
+	}
+	if *overload {
+		return runOverloadSteps(ctx, r, overloadFlags{stores: storeList, steps: *steps, deadlines: *deadlines, bin: *bin, dir: tmp})
 	}
 	r.logf("benchrun: %s; %d run(s) of %v after %v warm-up per scenario, each paired with a no-op run", rep.machine, t.runs, t.duration, t.warmup)
 

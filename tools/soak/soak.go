@@ -373,7 +373,8 @@ func startService(ctx context.Context, bin, root, redisAddr string, budget time.
 		"RUNTIME_ROOT="+root, "HOST=127.0.0.1", "GRPC_HOST=127.0.0.1", "DEBUG_HOST=127.0.0.1",
 		fmt.Sprintf("GRPC_PORT=%d", ports[0]), fmt.Sprintf("PORT=%d", ports[1]), fmt.Sprintf("DEBUG_PORT=%d", ports[2]),
 		"BACKEND_TYPE=redis", "REDIS_SOCKET_TYPE=tcp", "REDIS_URL="+redisAddr,
-		"REQUEST_TIMEOUT="+budget.String(), "LOCAL_CACHE_SIZE_IN_BYTES=1048576", "LOG_LEVEL=warn")
+		"REQUEST_TIMEOUT="+budget.String(), "REDIS_TIMEOUT="+storeTimeout.String(),
+		"LOCAL_CACHE_SIZE_IN_BYTES=1048576", "LOG_LEVEL=warn")
 	s.cmd.Stderr = s.stderr
 	// Killed with us if we die without stopping it.
 	s.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}

@@ -4,6 +4,13 @@
 // trip and without waiting for their deadline, until a background probe
 // finds the server answering again.
 //
+// A failure is evidence that the server fails: a connection that cannot be
+// made or breaks, an error reply about the server's own state, or an
+// answer missing past the store's own timeout, timed from when the request
+// was written to the socket. A request whose own deadline passes while it
+// waits in this process, or for its answer, is not one: under load this
+// process, not the server, may be what is late (issue 25).
+//
 // It knows the limiter's error contract (an open breaker's error wraps
 // limiter.ErrUnavailable) and nothing of any store: what a failure is, how
 // a server is named and how it is probed are the stores' business.
@@ -42,17 +49,8 @@ type Config struct {
 	// ProbeInterval is the longest wait between two probes of an open
 	// breaker's server (STORE_BREAKER_PROBE_INTERVAL; default 500ms when
 	// 0); they back off from FirstProbe (see Run). The breaker closes at
-	// the first probe the server answers.
+	// the first probe the server answers within the store's own timeout.
 	ProbeInterval time.Duration
-	// Budget is the request budget (REQUEST_TIMEOUT; 0: none). A probe
-	// answered later than Budget does not close the breaker (see
-	// ProbeAnswered): a server slower than requests may wait cannot serve
-	// them, and closing its breaker would only make every request in
-	// flight wait its whole budget and fail again, once every probe, for
-	// as long as the server stays slow. The Memcached store needs none:
-	// its round-trip timeout, which bounds its probes, is at most the
-	// budget already.
-	Budget time.Duration
 }
 
 // DefaultProbeInterval is Config.ProbeInterval's default: once the probes
@@ -68,7 +66,6 @@ type Group struct {
 	name     string
 	failures int64
 	interval time.Duration
-	budget   time.Duration
 
 	// servers is copied on write, so that the hot path looks a server up
 	// without a lock; mu serialises the writers.
@@ -93,7 +90,6 @@ func NewGroup(name string, cfg Config) *Group {
 		name:     name,
 		failures: int64(cfg.Failures),
 		interval: cfg.ProbeInterval,
-		budget:   cfg.Budget,
 		opened:   make(chan struct{}, 1),
 	}
 	g.servers.Store(&map[string]*Breaker{})
@@ -221,34 +217,6 @@ func (g *Group) Run(ctx context.Context, probe func(context.Context)) {
 	}
 }
 
-// ProbeAnswered pings one server with ping, each ping bounded by timeout,
-// and reports whether it answered within the Budget of g's Config (any
-// answer when Budget is 0, or g is nil): a store's probe closes a breaker
-// only then. An answer later than Budget comes either from a slow server or
-// from a frozen one that has just thawed and answers at once what it was
-// sent meanwhile; a second ping, sent at once, tells them apart, so that a
-// thawed server's breaker still closes the moment it thaws.
-func (g *Group) ProbeAnswered(ctx context.Context, timeout time.Duration, ping func(context.Context) error) bool {
-	var budget time.Duration
-	if g != nil {
-		budget = g.budget
-	}
-	for range 2 {
-		pctx, cancel := context.WithTimeout(ctx, timeout)
-		start := time.Now()
-		err := ping(pctx)
-		took := time.Since(start)
-		cancel()
-		if err != nil {
-			return false
-		}
-		if budget <= 0 || took <= budget {
-			return true
-		}
-	}
-	return false
-}
-
 // Breaker is the circuit breaker of one server. It is closed (requests go
 // through) until Failures failures in a row open it; then Allow refuses
 // every request until Reset, which the store's probe calls once the server
@@ -300,19 +268,9 @@ func (b *Breaker) Success() {
 	}
 }
 
-// Answer records an answer from the server that took d. Within the Group's
-// Budget (or without one) it is a Success. A later answer is neither: the
-// requests it carried have failed at their deadline already, which the
-// store counts as failures, and a server that answers only that late must
-// not end their run, or a slow server would keep its breaker closed.
-func (b *Breaker) Answer(d time.Duration) {
-	if b != nil && (b.g.budget <= 0 || d <= b.g.budget) {
-		b.Success()
-	}
-}
-
-// Failure records a failure that means the server is unreachable, and opens
-// the breaker at the Failures-th in a row.
+// Failure records a failure that means the server is unreachable (see the
+// package doc: never a request's own deadline), and opens the breaker at
+// the Failures-th in a row.
 func (b *Breaker) Failure() {
 	if b == nil {
 		return

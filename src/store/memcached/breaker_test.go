@@ -171,3 +171,52 @@ func TestBreakerIgnoresDataErrors(t *testing.T) {
 		t.Errorf("Breakers() = %+v after data errors, want none open", st)
 	}
 }
+
+// TestBreakerFollowsTheStoreTimeout puts memcached behind a proxy that
+// delays its answers. Slower than the requests' deadline but within the
+// store's own timeout, memcached answers: every request fails at its own
+// deadline, and the breaker never opens however many do (under load, this
+// process may be what is late). Slower than the store's timeout, the
+// connections break on their missing answers and the breaker opens,
+// although every caller gave up at its own deadline before.
+func TestBreakerFollowsTheStoreTimeout(t *testing.T) {
+	t.Parallel()
+	srv := storetest.StartMemcached(t)
+	px := storetest.StartProxy(t, srv.Addr)
+	const failures = 3
+	s := newStore(t, Config{
+		Addrs: []string{px.Addr}, Timeout: breakerTimeout,
+		Breaker: breaker.Config{Failures: failures, ProbeInterval: breakerProbe},
+	})
+	storetest.WaitFor(t, 5*time.Second, "healthy at start", s.Healthy)
+	const deadline = breakerTimeout / 8
+	hit := func() error {
+		ctx, cancel := context.WithTimeout(t.Context(), deadline)
+		defer cancel()
+		return s.Do(ctx, &limiter.Batch{Now: time.Now(), Ops: []limiter.Op{{
+			Key: "slow", Algorithm: rules.FixedWindow, Limit: 1 << 30, Window: time.Hour, Hits: 1,
+		}}})
+	}
+
+	px.SetLatency(breakerTimeout / 2)
+	for i := range 4 * failures {
+		if err := hit(); !errors.Is(err, context.DeadlineExceeded) || errors.Is(err, breaker.ErrOpen) {
+			t.Fatalf("request %d on a memcached answering after its deadline: %v, want DeadlineExceeded", i, err)
+		}
+	}
+	if st := s.Breakers(); st.Trips != 0 || st.Open != 0 {
+		t.Fatalf("Breakers() = %+v after requests that missed their own deadline, want no trip", st)
+	}
+
+	px.SetLatency(4 * breakerTimeout)
+	for i := 0; ; i++ {
+		err := hit()
+		if errors.Is(err, breaker.ErrOpen) {
+			break
+		}
+		if i == 200 {
+			t.Fatalf("breaker still closed after %d requests on a memcached slower than its timeout: %v", i, err)
+		}
+		time.Sleep(deadline)
+	}
+}

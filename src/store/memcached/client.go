@@ -53,7 +53,20 @@ var (
 	// errNoAnswer is the cause of the failures of a connection whose
 	// oldest answer was later than Timeout: it was closed.
 	errNoAnswer = errors.New("no answer")
+	// errBroken wraps the error of every request failed by a broken
+	// connection (a missing answer, a read or write error, an answer that
+	// fits no request): clientConfig.Broken has counted them already.
+	errBroken = errors.New("connection broken")
+	// errGaveUp wraps the error of a request whose own ctx ended while it
+	// waited (for a dial, or for its answer): the request's deadline or
+	// its caller's cancellation, which say nothing of memcached.
+	errGaveUp = errors.New("gave up waiting")
 )
+
+// gaveUp is the error of a request whose ctx ended while it waited.
+func gaveUp(ctx context.Context) error {
+	return fmt.Errorf("memcached: %w: %w", errGaveUp, ctx.Err())
+}
 
 // clientError is memcached's CLIENT_ERROR answer: it refused the request's
 // data (incr of a value that is not a number), not a failure of the server.
@@ -84,6 +97,11 @@ type clientConfig struct {
 	// time, from the write that sent its request to the read that brought
 	// it; it runs on the connection's reader and must not block.
 	Observe func(time.Duration)
+	// Broken, when not nil, is called when a connection to addr breaks
+	// because memcached failed (not at Close), with the number of
+	// requests queued or under way on it, which fail. It runs with the
+	// connection's lock held and must not block.
+	Broken func(addr string, requests int)
 }
 
 // client is a pipelining memcached client over a list of servers, sharded
@@ -383,7 +401,7 @@ func (c *client) wait(ctx context.Context, r *request) (*request, error) {
 	case <-ctx.Done():
 		// r stays with the connection until its answer comes; it is not
 		// put back in the pool.
-		return nil, ctx.Err()
+		return nil, gaveUp(ctx)
 	}
 	if r.err != nil {
 		err := r.err

@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net"
+	"os"
 	"runtime"
 	"strconv"
 	"sync"
@@ -738,5 +740,56 @@ func TestClientBackoffResetsOnAnswer(t *testing.T) {
 	}
 	if got := backoff(); got != redialMin {
 		t.Errorf("backoff after one late answer following an answer = %v, want %v (a fresh run of failures)", got, redialMin)
+	}
+}
+
+// TestClientLateReaderIsNoTimeout: a reader that starts reading after the
+// connection's read deadline has passed (a busy host ran it late) while
+// the answer waits in the socket reads the answer: memcached was not late.
+// One that waited in time for an answer that does not come times out.
+func TestClientLateReaderIsNoTimeout(t *testing.T) {
+	t.Parallel()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	nc, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	peer, err := ln.Accept()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer peer.Close()
+
+	c := newClient(clientConfig{Timeout: 2 * time.Second})
+	pc := newPconn(c, &server{addr: "test"})
+	pc.mu.Lock()
+	pc.nc, pc.gen = nc, 1
+	pc.setReadDeadlineLocked(time.Now().Add(-time.Second)) // passed before the read starts
+	pc.mu.Unlock()
+	r := &connReader{pc: pc, nc: nc, gen: 1}
+
+	if _, err := peer.Write([]byte("STORED\r\n")); err != nil {
+		t.Fatal(err)
+	}
+	buf := make([]byte, 64)
+	// Loopback delivers the write into the socket before it returns; the
+	// read below finds the answer there whenever it runs.
+	n, err := io.ReadAtLeast(r, buf, len("STORED\r\n"))
+	if err != nil || string(buf[:n]) != "STORED\r\n" {
+		t.Fatalf("read started after the deadline, with the answer waiting: %q, %v; want the answer", buf[:n], err)
+	}
+
+	// In time for an answer that never comes: a timeout, with the
+	// deadline short enough to pass while the read waits.
+	pc.mu.Lock()
+	pc.setReadDeadlineLocked(time.Now().Add(50 * time.Millisecond))
+	pc.mu.Unlock()
+	if _, err := r.Read(buf); !errors.Is(err, os.ErrDeadlineExceeded) {
+		t.Fatalf("read in time, no answer: %v, want a timeout", err)
 	}
 }

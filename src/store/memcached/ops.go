@@ -613,13 +613,17 @@ func (s *Store) gotAnswer(key string) {
 // refusing to store for lack of memory (see outOfMemory) is an answer
 // too, about that write: the error wraps limiter.ErrOverloaded and is
 // counted in Shed. A full queue to the server wraps limiter.ErrOverloaded
-// and is counted in Shed; a canceled request and Close wrap
-// limiter.ErrUnavailable and say nothing about memcached. Everything else
-// (dial and network errors, late answers, a request whose deadline passed
-// while it waited for its server, other SERVER_ERRORs, no servers) means
+// and is counted in Shed. A request whose own deadline passed, or whose
+// caller canceled it, while it waited (for a dial, or for its answer), and
+// Close, wrap limiter.ErrUnavailable and say nothing about memcached:
+// under load this process may be what is late. Everything else means
 // memcached cannot serve in time: the error wraps limiter.ErrUnavailable,
 // Healthy turns false until the next probe succeeds, and it counts as a
-// failure of key's server for its circuit breaker, as on Redis.
+// failure of key's server for its circuit breaker, as on Redis: a dial
+// that failed (and the requests that fail at once during its back-off),
+// other SERVER_ERRORs, no servers. A broken connection (an answer missing
+// past Timeout, from the write, a read or write error) has counted its
+// requests already (breakConn), those whose callers gave up included.
 func (s *Store) fail(key string, err error) error {
 	switch {
 	case refusedData(err):
@@ -632,12 +636,27 @@ func (s *Store) fail(key string, err error) error {
 	case errors.Is(err, errQueueFull):
 		s.shed.Add(1)
 		return fmt.Errorf("memcached: %w: %w", limiter.ErrOverloaded, err)
-	case errors.Is(err, context.Canceled), errors.Is(err, errClientClosed):
+	case errors.Is(err, errGaveUp), errors.Is(err, context.Canceled), errors.Is(err, errClientClosed):
+		return unavailable(err)
+	case errors.Is(err, errBroken):
+		s.up.Store(false)
 		return unavailable(err)
 	}
 	s.up.Store(false)
 	s.breakerFor(key).Failure()
 	return unavailable(err)
+}
+
+// breakConn is the client's clientConfig.Broken: a connection to addr
+// broke because memcached failed, failing requests, each a failure of
+// addr for its circuit breaker.
+func (s *Store) breakConn(addr string, requests int) {
+	s.up.Store(false)
+	if b := s.breakers.Server(addr); b != nil {
+		for range requests {
+			b.Failure()
+		}
+	}
 }
 
 // refusedData reports whether memcached refused an op for its data: a key

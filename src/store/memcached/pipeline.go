@@ -166,8 +166,10 @@ type pconn struct {
 	spare   []byte
 	writing bool
 	// rdl is the read deadline set: the oldest written request's sent
-	// plus Timeout, zero when none waits.
-	rdl time.Time
+	// plus Timeout, zero when none waits. rdlNano mirrors it (Unix
+	// nanoseconds, 0 for none) for the reader, which reads without mu.
+	rdl     time.Time
+	rdlNano atomic.Int64
 	// answered is set by the first answer on the current connection;
 	// dialed is when its dial started.
 	answered bool
@@ -275,7 +277,72 @@ func (pc *pconn) setReadDeadlineLocked(t time.Time) {
 		return
 	}
 	pc.rdl = t
+	if t.IsZero() {
+		pc.rdlNano.Store(0)
+	} else {
+		pc.rdlNano.Store(t.UnixNano())
+	}
 	_ = pc.nc.SetReadDeadline(t)
+}
+
+// maxLateReads bounds the reads a reader tries again because it started
+// them after the read deadline (see connReader).
+const maxLateReads = 3
+
+// lateReadGrace is how long a late reader's second look waits (see
+// connReader): what is in the socket comes back at once, and a server
+// that sent nothing is not given more time.
+const lateReadGrace = 10 * time.Millisecond
+
+// connReader is connection gen's reader's view of nc. A read that fails
+// on the read deadline although this goroutine started it after that
+// deadline had passed says nothing of memcached: the answers may have
+// been waiting in the socket all along, and Go fails a read whose
+// deadline has passed before looking. This process was late (a busy host
+// runs the reader late), so the read looks again, with the deadline moved
+// lateReadGrace past now, at most maxLateReads times: what had arrived is
+// read (and the rest of it given a fresh Timeout), and a connection breaks
+// for a missing answer only when nothing had, so that memcached's answers
+// are timed from the write to their arrival, not to when this process
+// got round to reading them.
+type connReader struct {
+	pc    *pconn
+	nc    net.Conn
+	gen   uint64
+	clock bool      // note when each read returned, in last
+	last  time.Time // for the round-trip times
+}
+
+func (r *connReader) Read(p []byte) (int, error) {
+	for late := 0; ; late++ {
+		start := time.Now()
+		n, err := r.nc.Read(p)
+		if r.clock {
+			r.last = time.Now()
+		}
+		if n > 0 && late > 0 {
+			r.pc.extendDeadline(r.gen, r.nc, r.pc.c.cfg.Timeout)
+		}
+		if n > 0 || !errors.Is(err, os.ErrDeadlineExceeded) || late == maxLateReads {
+			return n, err
+		}
+		if dl := r.pc.rdlNano.Load(); dl == 0 || start.UnixNano() < dl || !r.pc.extendDeadline(r.gen, r.nc, lateReadGrace) {
+			return n, err
+		}
+	}
+}
+
+// extendDeadline moves connection gen's read deadline to d from now, for
+// a reader that was late (see connReader). It reports whether gen is
+// still the connection.
+func (pc *pconn) extendDeadline(gen uint64, nc net.Conn, d time.Duration) bool {
+	pc.mu.Lock()
+	defer pc.mu.Unlock()
+	if pc.gen != gen || pc.nc != nc {
+		return false
+	}
+	pc.setReadDeadlineLocked(time.Now().Add(d))
+	return true
 }
 
 // readyLocked returns when the connection is up, dialing it if needed
@@ -293,7 +360,7 @@ func (pc *pconn) readyLocked(ctx context.Context) error {
 			case <-ch:
 			case <-ctx.Done():
 				pc.mu.Lock()
-				return ctx.Err()
+				return gaveUp(ctx)
 			}
 			pc.mu.Lock()
 			if pc.closed {
@@ -326,6 +393,7 @@ func (pc *pconn) readyLocked(ctx context.Context) error {
 			return errClientClosed
 		}
 		pc.nc, pc.answered, pc.dialed, pc.rdl = nc, false, dialed, time.Time{}
+		pc.rdlNano.Store(0)
 		pc.up.Store(true)
 		pc.gen++
 		pc.readerDone = make(chan struct{})
@@ -353,8 +421,19 @@ func (pc *pconn) breakLocked(gen uint64, err error) {
 	pc.up.Store(false)
 	pc.gen++ // its reader, still parsing maybe, sees it gone
 	pc.rdl = time.Time{}
+	pc.rdlNano.Store(0)
 	pc.wbuf, pc.unsent = pc.wbuf[:0], 0
-	err = fmt.Errorf("memcached: %s: %w", pc.s.addr, err)
+	if errors.Is(err, errClientClosed) {
+		err = fmt.Errorf("memcached: %s: %w", pc.s.addr, err)
+	} else {
+		// memcached failed: each request on the connection is a failure
+		// of the server, counted here, whether its caller still waits
+		// or gave up at its own deadline long ago.
+		err = fmt.Errorf("memcached: %s: %w: %w", pc.s.addr, errBroken, err)
+		if pc.c.cfg.Broken != nil {
+			pc.c.cfg.Broken(pc.s.addr, pc.queue.len())
+		}
+	}
 	pc.lastErr = err
 	if pc.answered && !errors.Is(err, os.ErrDeadlineExceeded) {
 		pc.backoff, pc.retryAt = 0, time.Time{}
@@ -388,7 +467,7 @@ type answer struct {
 // for the oldest request queued, until the connection breaks.
 func (pc *pconn) read(nc net.Conn, gen uint64, done chan struct{}) {
 	defer close(done)
-	tr := &timedReader{r: nc, clock: pc.c.cfg.Observe != nil}
+	tr := &connReader{pc: pc, nc: nc, gen: gen, clock: pc.c.cfg.Observe != nil}
 	br := bufio.NewReaderSize(tr, readBufferSize)
 	for {
 		line, err := br.ReadSlice('\n')
@@ -480,22 +559,6 @@ func (pc *pconn) drainAndClose(deadline time.Time) {
 		case <-t.C:
 		}
 	}
-}
-
-// timedReader reads from the connection and, when asked, notes the time
-// each read returned, for the round-trip times.
-type timedReader struct {
-	r     io.Reader
-	clock bool
-	last  time.Time
-}
-
-func (t *timedReader) Read(p []byte) (int, error) {
-	n, err := t.r.Read(p)
-	if t.clock {
-		t.last = time.Now()
-	}
-	return n, err
 }
 
 // Answer lines.

@@ -199,11 +199,7 @@ func newWith(ctx context.Context, cfg Config, d deps) (*Store, error) {
 		dial = d.wrapDial(dial)
 	}
 	s := &Store{
-		cfg: cfg,
-		client: newClient(clientConfig{
-			Dial: dial, Conns: connsPerServer(cfg), MaxQueue: 4 * cfg.MaxConns,
-			Timeout: cfg.Timeout, Observe: cfg.RoundTrip,
-		}),
+		cfg:      cfg,
 		lookup:   d.lookup,
 		answered: make(chan struct{}),
 		written:  newWritten(),
@@ -211,6 +207,10 @@ func newWith(ctx context.Context, cfg Config, d deps) (*Store, error) {
 		slots:    make(chan struct{}, cfg.MaxConns),
 		breakers: breaker.NewGroup("memcached", cfg.Breaker),
 	}
+	s.client = newClient(clientConfig{
+		Dial: dial, Conns: connsPerServer(cfg), MaxQueue: 4 * cfg.MaxConns,
+		Timeout: cfg.Timeout, Observe: cfg.RoundTrip, Broken: s.breakConn,
+	})
 	addrs := cfg.Addrs
 	if cfg.SRV != "" {
 		if addrs, err = resolveSRV(ctx, d.lookup, cfg.SRV); err != nil {
@@ -332,6 +332,9 @@ func (s *Store) markUp() {
 	s.answeredOnce.Do(func() {
 		s.started.Store(true)
 		close(s.answered)
+		if s.cfg.Answered != nil {
+			s.cfg.Answered()
+		}
 	})
 }
 

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"sync"
-	"time"
 
 	goredis "github.com/redis/go-redis/v9"
 
@@ -45,11 +44,14 @@ func (h breakerHook) ProcessPipelineHook(next goredis.ProcessPipelineHook) gored
 		// node; they then carry the first attempt's error. One request
 		// is one failure, however many attempts it took.
 		retry := len(cmds) > 0 && cmds[0].Err() != nil
-		start := time.Now()
+		// The round trip is this server's, from the write to the read of
+		// its replies, bounded by the store's own timeout (REDIS_TIMEOUT):
+		// a failure here is the server's. How long its requests waited in
+		// this process's queue before is not (see breaker).
 		err := next(ctx, cmds)
 		switch {
 		case !roundTripFailed(err, cmds):
-			h.b.Answer(time.Since(start))
+			h.b.Success()
 		case !retry:
 			h.b.Failure()
 		}
@@ -104,58 +106,49 @@ func (be *backend) addBreaker(c interface{ AddHook(goredis.Hook) }, addr string)
 }
 
 // admit checks, before r is queued, the breakers of the servers r's ops go
-// to, and fails at once with the first open one's error. It returns the
-// breaker of the one server every op of r goes to, or nil when they go to
-// several (or one that cannot be told yet): a request that then misses its
-// deadline is a failure of that server (see Do).
-func (be *backend) admit(ctx context.Context, r *request, b *limiter.Batch) (*breaker.Breaker, error) {
+// to, and fails at once with the first open one's error.
+func (be *backend) admit(ctx context.Context, r *request, b *limiter.Batch) error {
 	if be.breakers == nil {
-		return nil, nil
+		return nil
 	}
 	c, ok := be.client.(*goredis.ClusterClient)
 	if !ok {
-		return be.server, be.server.Allow()
+		return be.server.Allow()
 	}
-	var one *breaker.Breaker
-	for j, i := range r.idx {
+	for _, i := range r.idx {
 		// The slot's master as go-redis will route the command: from
 		// its cached cluster state, which it reloads by itself.
 		n, err := c.MasterForKey(ctx, b.Ops[i].Key)
 		if err != nil {
 			// No cluster state yet (every node unreachable so far):
 			// sending will tell.
-			return nil, nil
+			return nil
 		}
-		br := be.breakers.Lookup(n.Options().Addr)
-		if err := br.Allow(); err != nil {
-			return nil, err
-		}
-		if j == 0 {
-			one = br
-		} else if br != one {
-			one = nil
+		if err := be.breakers.Lookup(n.Options().Addr).Allow(); err != nil {
+			return err
 		}
 	}
-	return one, nil
+	return nil
 }
 
 // probeBreakers is the breakers' probe (breaker.Group.Run): it pings the
 // servers whose breaker is open and closes the breakers of those that
-// answer within the request budget (breaker.Group.ProbeAnswered). Each
-// ping is bounded by the backend's timeout; a frozen server's ping is
-// answered as soon as it thaws.
+// answer. Each ping is bounded by the backend's timeout (REDIS_TIMEOUT), the
+// bound of every round trip: a server that answers within it serves; a
+// frozen server's ping is answered as soon as it thaws.
 func (s *Store) probeBreakers(ctx context.Context, be *backend) {
 	defer recovered(nil)
 	c, ok := be.client.(*goredis.ClusterClient)
 	if !ok {
-		if be.breakers.ProbeAnswered(ctx, be.timeout, func(ctx context.Context) error { return be.client.Ping(ctx).Err() }) {
+		pctx, cancel := context.WithTimeout(ctx, be.timeout)
+		defer cancel()
+		if be.client.Ping(pctx).Err() == nil {
 			be.server.Reset()
 			be.markUp()
 		}
 		return
 	}
-	// Two pings, at most, per master (see ProbeAnswered).
-	ctx, cancel := context.WithTimeout(ctx, 2*be.timeout)
+	ctx, cancel := context.WithTimeout(ctx, be.timeout)
 	defer cancel()
 	var (
 		mu      sync.Mutex
@@ -172,8 +165,8 @@ func (s *Store) probeBreakers(ctx context.Context, be *backend) {
 		if !b.IsOpen() {
 			return nil
 		}
-		if !be.breakers.ProbeAnswered(ctx, be.timeout, func(ctx context.Context) error { return n.Ping(ctx).Err() }) {
-			return errNotAnswered
+		if err := n.Ping(ctx).Err(); err != nil {
+			return err
 		}
 		b.Reset()
 		return nil
@@ -190,10 +183,6 @@ func (s *Store) probeBreakers(ctx context.Context, be *backend) {
 		}
 	}
 }
-
-// errNotAnswered fails a cluster probe's ping that was not answered within
-// the budget; ForEachMaster only collects it.
-var errNotAnswered = errors.New("redis: probe not answered within the budget")
 
 // Breakers returns the counters of the circuit breakers of both Redis
 // (ratelimit.redis.breaker_open, breaker_trips, breaker_open_rejections).

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"sync"
 	"testing"
 	"time"
 
@@ -20,6 +21,7 @@ import (
 // interval.
 const (
 	breakerDeadline = 300 * time.Millisecond // each request's budget
+	breakerTimeout  = 200 * time.Millisecond // the store's own (REDIS_TIMEOUT), where a frozen server must trip
 	breakerFast     = 50 * time.Millisecond  // an open breaker's refusal, at most
 	breakerRecover  = 2 * time.Second        // from the server's return to requests served
 	breakerProbe    = 100 * time.Millisecond
@@ -97,9 +99,10 @@ func waitServed(t *testing.T, s *Store, key string) time.Duration {
 }
 
 // TestBreakerSingle stops or freezes a single Redis: after Failures
-// failures in a row requests fail at once, not after their deadline (nor
-// after the 30 s store timeout), the breaker shows in Breakers and health,
-// and once Redis is back requests are served within breakerRecover.
+// failures in a row (refused connections, or round trips past the store's
+// own timeout) requests fail at once, not after their deadline, the
+// breaker shows in Breakers and health, and once Redis is back requests
+// are served within breakerRecover.
 func TestBreakerSingle(t *testing.T) {
 	tests := []struct {
 		name          string
@@ -114,12 +117,9 @@ func TestBreakerSingle(t *testing.T) {
 			srv := storetest.StartRedis(t, storetest.RedisOptions{})
 			const failures = 3
 			s := newStore(t, Config{
-				URL: srv.Addr, Timeout: 30 * time.Second,
+				URL: srv.Addr, Timeout: breakerTimeout,
 				HealthCheckActiveConnection: true, HealthCheckInterval: time.Hour,
-				// The server's setting: a thawed Redis, whose probe is
-				// answered late, must close the breaker at once all the
-				// same.
-				Breaker: breaker.Config{Failures: failures, ProbeInterval: breakerProbe, Budget: breakerDeadline},
+				Breaker: breaker.Config{Failures: failures, ProbeInterval: breakerProbe},
 			})
 			if _, err := timedHit(s, "warm"); err != nil {
 				t.Fatal(err)
@@ -224,7 +224,7 @@ func TestBreakerCluster(t *testing.T) {
 			c := storetest.StartRedisCluster(t, storetest.RedisOptions{Config: []string{"cluster-require-full-coverage no"}})
 			const failures = 3
 			s := newStore(t, Config{
-				Type: TypeCluster, URL: c.URL, Timeout: 30 * time.Second,
+				Type: TypeCluster, URL: c.URL, Timeout: breakerTimeout,
 				Breaker: breaker.Config{Failures: failures, ProbeInterval: breakerProbe},
 			})
 			// A key on the master that goes down, and one on each other.
@@ -314,30 +314,63 @@ func TestBreakerSentinel(t *testing.T) {
 	}
 }
 
-// TestBreakerStaysOpenWhileSlow puts a Redis whose replies arrive 3 times
-// later than the budget behind a proxy: once the breaker has opened it
-// stays open for as long as Redis is slow, instead of closing on each
-// probe's late answer and letting the requests in flight wait their whole
-// budget again; once Redis is fast again, requests are served within
-// breakerRecover.
-func TestBreakerStaysOpenWhileSlow(t *testing.T) {
+// TestBreakerFollowsTheStoreTimeout puts Redis behind a proxy that delays
+// its replies. Slower than the requests' deadline but within the store's
+// own timeout (REDIS_TIMEOUT), Redis answers: every request fails at its
+// own deadline, and the breaker never opens however many do, since a
+// request's deadline says nothing of Redis (under load, this process may
+// be what is late). Slower than the store's timeout, the round trips
+// fail: the breaker opens, and stays open for as long as Redis is slow
+// (each probe's ping times out); once Redis is fast again, requests are
+// served within breakerRecover.
+func TestBreakerFollowsTheStoreTimeout(t *testing.T) {
 	t.Parallel()
 	srv := storetest.StartRedis(t, storetest.RedisOptions{})
 	px := storetest.StartProxy(t, srv.Addr)
 	const failures = 3
+	const timeout = 4 * breakerDeadline
 	s := newStore(t, Config{
-		URL: px.Addr, Timeout: 10 * time.Second,
-		Breaker: breaker.Config{Failures: failures, ProbeInterval: breakerProbe, Budget: breakerDeadline},
+		URL: px.Addr, Timeout: timeout,
+		Breaker: breaker.Config{Failures: failures, ProbeInterval: breakerProbe},
 	})
 	if _, err := timedHit(s, "warm"); err != nil {
 		t.Fatal(err)
 	}
-	px.SetLatency(3 * breakerDeadline)
-	openBreaker(t, s, "slow", failures)
-	// Several probes' time: each probe's ping is answered, 900 ms late.
+
+	// Requests at once, so that many miss their deadline in a row
+	// before any answer comes.
+	px.SetLatency(2 * breakerDeadline)
+	var wg sync.WaitGroup
+	errs := make([]error, 4*failures)
+	for i := range errs {
+		wg.Go(func() { _, errs[i] = timedHit(s, fmt.Sprint("slow", i)) })
+	}
+	wg.Wait()
+	for i, err := range errs {
+		if !errors.Is(err, context.DeadlineExceeded) {
+			t.Fatalf("request %d on a Redis answering after its deadline: %v, want DeadlineExceeded", i, err)
+		}
+	}
+	if st := s.Breakers(); st.Trips != 0 || st.Open != 0 {
+		t.Fatalf("Breakers() = %+v after requests that missed their own deadline, want no trip", st)
+	}
+
+	// Slower than the store's timeout: the requests still end at their
+	// deadline, and the round trips they started fail at the timeout.
+	px.SetLatency(2 * timeout)
+	for i := 0; ; i++ {
+		_, err := timedHit(s, "slower")
+		if errors.Is(err, breaker.ErrOpen) {
+			break
+		}
+		if i == 100 {
+			t.Fatalf("breaker still closed after %d requests on a Redis slower than its timeout: %v", i, err)
+		}
+	}
+	// Several probes' time: each probe's ping times out.
 	for end := time.Now().Add(3 * time.Second); time.Now().Before(end); time.Sleep(20 * time.Millisecond) {
 		if st := s.Breakers(); st.Open != 1 || st.Trips != 1 {
-			t.Fatalf("Breakers() = %+v with Redis slower than the budget, want it open since its one trip", st)
+			t.Fatalf("Breakers() = %+v with Redis slower than its timeout, want it open since its one trip", st)
 		}
 	}
 	px.Heal()

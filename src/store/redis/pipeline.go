@@ -296,6 +296,8 @@ type backend struct {
 	answered     chan struct{}
 	answeredOnce sync.Once
 	up           atomic.Bool
+	// onAnswered is Config.Answered, called once answered is closed.
+	onAnswered func()
 }
 
 // deepQueue is the work queued (request.load) that justifies one more
@@ -341,7 +343,12 @@ type worker struct {
 
 func (be *backend) markUp() {
 	be.up.Store(true)
-	be.answeredOnce.Do(func() { close(be.answered) })
+	be.answeredOnce.Do(func() {
+		close(be.answered)
+		if be.onAnswered != nil {
+			be.onAnswered()
+		}
+	})
 }
 
 func (be *backend) hasAnswered() bool {
@@ -793,6 +800,12 @@ func (be *backend) send(ctx context.Context, stop <-chan struct{}, r *request) e
 // done, and drain signals the requests left in the queue. A third
 // channel here, the store's, shared by every waiting request, cost a
 // lock and a waiter on it per request.
+//
+// A request whose deadline passes while it is still queued fails as one
+// whose round trip is late, with ErrUnavailable and the deadline: the
+// queue may stand still because Redis froze (an outage, which
+// STORE_FAILURE_MODE=local decides locally) as well as because this
+// process is busy, and only the round trips tell (see breakerHook).
 func (be *backend) wait(ctx context.Context, r *request) (recycle bool, err error) {
 	select {
 	case <-r.done:

@@ -130,17 +130,18 @@ func (s *Store) newBackend(name string, cfg Config) (*backend, error) {
 	}
 	user, password := ParseAuth(cfg.Auth)
 	be := &backend{
-		name:     name,
-		window:   cfg.PipelineWindow,
-		limit:    maxPipelineCommands,
-		deep:     deepQueue,
-		timeout:  cfg.Timeout,
-		maxQueue: cfg.MaxQueue,
-		full:     fmt.Errorf("%s: %w: %d requests wait for Redis already (MaxQueue)", name, limiter.ErrOverloaded, cfg.MaxQueue),
-		shed:     &s.shed,
-		closed:   unavailable(name, errClosed),
-		answered: make(chan struct{}),
-		breakers: breaker.NewGroup(name, cfg.Breaker),
+		name:       name,
+		window:     cfg.PipelineWindow,
+		limit:      maxPipelineCommands,
+		deep:       deepQueue,
+		timeout:    cfg.Timeout,
+		maxQueue:   cfg.MaxQueue,
+		full:       fmt.Errorf("%s: %w: %d requests wait for Redis already (MaxQueue)", name, limiter.ErrOverloaded, cfg.MaxQueue),
+		shed:       &s.shed,
+		closed:     unavailable(name, errClosed),
+		answered:   make(chan struct{}),
+		onAnswered: s.cfg.Answered,
+		breakers:   breaker.NewGroup(name, cfg.Breaker),
 	}
 	if cfg.PipelineLimit > 0 {
 		be.limit = cfg.PipelineLimit
@@ -444,15 +445,12 @@ func (s *Store) Do(ctx context.Context, b *limiter.Batch) error {
 		}
 	}
 	// An open circuit breaker fails the request at once, before it costs
-	// a command or a place in a queue. nodes[k] is the one server of
-	// reqs[k], whose breaker a missed deadline counts against.
-	var nodes [2]*breaker.Breaker
+	// a command or a place in a queue.
 	for k, r := range reqs {
 		if r == nil {
 			continue
 		}
-		var err error
-		if nodes[k], err = bes[k].admit(ctx, r, b); err != nil {
+		if err := bes[k].admit(ctx, r, b); err != nil {
 			for _, r := range reqs {
 				if r != nil {
 					putRequest(r)
@@ -488,16 +486,14 @@ func (s *Store) Do(ctx context.Context, b *limiter.Batch) error {
 			endSpan(spans[k], r, false, errs[k])
 			continue
 		}
+		// A deadline that passes while the request waits (for a
+		// connection, or for its pipeline's replies) is the request's,
+		// not evidence that Redis fails: under load this process may be
+		// what is late. Only the round trip itself, bounded by
+		// REDIS_TIMEOUT, counts for the breaker (breakerHook).
 		recycle[k], errs[k] = bes[k].wait(ctx, r)
 		if errs[k] == nil {
 			errs[k] = s.decode(bes[k], r, b)
-		} else if errors.Is(ctx.Err(), context.DeadlineExceeded) && (!bes[k].cluster || !recycle[k]) {
-			// The deadline passed while the request waited for its one
-			// server: a failure of that server, known long before the
-			// round trip itself times out (REDIS_TIMEOUT). On a Cluster
-			// the queue is every node's, so only a request in flight
-			// (one a worker took: not recycled) counts.
-			nodes[k].Failure()
 		}
 		endSpan(spans[k], r, recycle[k], errs[k])
 	}
