@@ -30,9 +30,8 @@ var localCacheGauges = map[string]int64{
 func TestLocalCacheGauges(t *testing.T) {
 	r := storetest.StartRedis(t, storetest.RedisOptions{})
 	port, lines := statsdUDP(t)
-	promAddr := fmt.Sprintf("127.0.0.1:%d", freePort(t))
 	p := start(t, map[string]string{"web.yaml": statsdRules}, redisEnv(r,
-		"LOCAL_CACHE_SIZE_IN_BYTES=1048576", "USE_PROMETHEUS=true", "PROMETHEUS_ADDR="+promAddr,
+		"LOCAL_CACHE_SIZE_IN_BYTES=1048576", "USE_PROMETHEUS=true", "PROMETHEUS_ADDR=127.0.0.1:0",
 		"USE_STATSD=true", "STATSD_HOST=127.0.0.1", fmt.Sprintf("STATSD_PORT=%d", port),
 		"STATSD_PROTOCOL=udp", "STATS_FLUSH_INTERVAL=100ms")...)
 	c := p.client(t)
@@ -66,7 +65,7 @@ func TestLocalCacheGauges(t *testing.T) {
 	}
 	inCalls("statsd: ratelimit.localcache.averageAccessTime", at)
 
-	mfs := scrapeMetrics(t, p, "http://"+promAddr+"/metrics")
+	mfs := scrapeMetrics(t, p, "http://"+p.prom+"/metrics")
 	gauge := func(name string) (int64, bool) {
 		m := series(mfs, "ratelimit_localcache_"+name, "")
 		if m == nil || m.GetGauge() == nil {

@@ -5,9 +5,9 @@ package integration
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
-	"math/rand/v2"
 	"net"
 	"net/http"
 	"os"
@@ -78,46 +78,12 @@ type proc struct {
 	cmd               *exec.Cmd
 	root              string
 	grpc, http, debug string
-	mu                sync.Mutex
-	stderr            bytes.Buffer
-	done              chan struct{}
-	exitErr           error
-}
-
-// freePort returns a loopback port that was free a moment ago, for the
-// service to listen on. It is taken below the kernel's ephemeral range
-// (net.ipv4.ip_local_port_range, 32768-60999 by default), where a port
-// the kernel picked (":0") could be given again at once to any outgoing
-// connection, such as one of the service's own to Redis, before the
-// service binds it ("address already in use"). Here only another test
-// choosing the same port at random could take it.
-// portsGiven are the ports freePort returned; portsMu guards it.
-var (
-	portsMu    sync.Mutex
-	portsGiven = map[int]bool{}
-)
-
-func freePort(t *testing.T) int {
-	t.Helper()
-	portsMu.Lock()
-	defer portsMu.Unlock()
-	for range 1000 {
-		port := 20000 + rand.IntN(12000)
-		// Never the same port twice in one run: a launch takes three
-		// before its service binds any.
-		if portsGiven[port] {
-			continue
-		}
-		l, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", port))
-		if err != nil {
-			continue
-		}
-		l.Close()
-		portsGiven[port] = true
-		return port
-	}
-	t.Fatal("no free port in 20000-31999")
-	return 0
+	// prom is the PROMETHEUS_ADDR listener's address, if any.
+	prom    string
+	mu      sync.Mutex
+	stderr  bytes.Buffer
+	done    chan struct{}
+	exitErr error
 }
 
 // portOf is the port of a host:port address.
@@ -170,6 +136,10 @@ type launchOpts struct {
 	// defaultBudget leaves REQUEST_TIMEOUT unset, at its default, instead
 	// of the 2s the other tests get.
 	defaultBudget bool
+	// noWait returns at once, before the service says where it listens:
+	// for a service that opens its ports late on purpose (the first rules
+	// from an xDS server); the test calls awaitServing.
+	noWait bool
 }
 
 // launchWith is launch with opts.
@@ -179,10 +149,12 @@ func launchWith(t *testing.T, opts launchOpts, rules map[string]string, env ...s
 	for name, text := range rules {
 		writeRules(t, p.root, name, text)
 	}
-	gp, hp, dp := freePort(t), freePort(t), freePort(t)
-	p.grpc, p.http, p.debug = fmt.Sprintf("127.0.0.1:%d", gp), fmt.Sprintf("127.0.0.1:%d", hp), fmt.Sprintf("127.0.0.1:%d", dp)
+	// The service binds port 0 and says in its "serving" line what it
+	// bound: no port is picked in advance, where another process could
+	// take it first. A restart takes its predecessor's ports.
+	gp, hp, dp := 0, 0, 0
 	if old := opts.reuse; old != nil {
-		p.root, p.grpc, p.http, p.debug = old.root, old.grpc, old.http, old.debug
+		p.root = old.root
 		gp, hp, dp = portOf(t, old.grpc), portOf(t, old.http), portOf(t, old.debug)
 	}
 	bin := binary
@@ -220,7 +192,75 @@ func launchWith(t *testing.T, opts launchOpts, rules map[string]string, env ...s
 			t.Logf("service stderr:\n%s", p.logs())
 		}
 	})
+	if !opts.noWait {
+		p.awaitServing(t)
+	}
 	return p
+}
+
+// awaitServing waits until the service says where it listens, and sets
+// p's addresses; it returns without them when the service exits first.
+func (p *proc) awaitServing(t *testing.T) {
+	t.Helper()
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		if p.readServing() {
+			return
+		}
+		select {
+		case <-p.done:
+			p.readServing() // a line written just before the exit
+			return
+		case <-time.After(10 * time.Millisecond):
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the service did not say where it listens within 60s:\n%s", p.logs())
+		}
+	}
+}
+
+// servingLine is the service's "serving" log line: the addresses it bound.
+type servingLine struct {
+	// Msg is "msg" in slog's JSON, "@message" in the anchor's format.
+	Msg        string `json:"msg"`
+	Message    string `json:"@message"`
+	GRPC       string `json:"grpc"`
+	HTTP       string `json:"http"`
+	Debug      string `json:"debug"`
+	Prometheus string `json:"prometheus"`
+}
+
+// readServing reads the "serving" line from the logs, text or JSON, into
+// p's addresses, and reports whether there was one.
+func (p *proc) readServing() bool {
+	for _, line := range strings.Split(p.logs(), "\n") {
+		var sl servingLine
+		if strings.HasPrefix(line, "{") {
+			if json.Unmarshal([]byte(line), &sl) != nil || (sl.Msg != "serving" && sl.Message != "serving") {
+				continue
+			}
+		} else {
+			if !strings.Contains(line, " msg=serving ") {
+				continue
+			}
+			for _, f := range strings.Fields(line) {
+				k, v, _ := strings.Cut(f, "=")
+				switch k {
+				case "grpc":
+					sl.GRPC = v
+				case "http":
+					sl.HTTP = v
+				case "debug":
+					sl.Debug = v
+				case "prometheus":
+					sl.Prometheus = v
+				}
+			}
+		}
+		p.grpc, p.http, p.debug, p.prom = sl.GRPC, sl.HTTP, sl.Debug, sl.Prometheus
+		return true
+	}
+	return false
 }
 
 type lockedWriter struct {

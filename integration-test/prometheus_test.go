@@ -1,7 +1,6 @@
 package integration
 
 import (
-	"fmt"
 	"math"
 	"net/http"
 	"os"
@@ -75,9 +74,8 @@ func TestPrometheusSeries(t *testing.T) {
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			px.SetLatency(0)
-			promAddr := fmt.Sprintf("127.0.0.1:%d", freePort(t))
 			env := append([]string{"BACKEND_TYPE=redis", "REDIS_SOCKET_TYPE=tcp", "REDIS_URL=" + px.Addr,
-				"USE_STATSD=false", "USE_PROMETHEUS=true", "PROMETHEUS_ADDR=" + promAddr}, tt.env...)
+				"USE_STATSD=false", "USE_PROMETHEUS=true", "PROMETHEUS_ADDR=127.0.0.1:0"}, tt.env...)
 			before := time.Now().Unix()
 			p := start(t, map[string]string{"web.yaml": promRules}, env...)
 			px.SetLatency(latency)
@@ -96,7 +94,7 @@ func TestPrometheusSeries(t *testing.T) {
 				t.Fatal(err)
 			}
 
-			mfs := scrapeMetrics(t, p, "http://"+promAddr+"/metrics")
+			mfs := scrapeMetrics(t, p, "http://"+p.prom+"/metrics")
 			debug := scrapeMetrics(t, p, "http://"+p.debug+"/metrics")
 			for name := range mfs {
 				if _, ok := debug[name]; !ok {
@@ -182,15 +180,14 @@ mappings:
 `), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	promAddr := fmt.Sprintf("127.0.0.1:%d", freePort(t))
 	p := start(t, map[string]string{"web.yaml": promRules},
-		"USE_STATSD=false", "USE_PROMETHEUS=true", "PROMETHEUS_ADDR="+promAddr, "PROMETHEUS_MAPPER_YAML="+good)
+		"USE_STATSD=false", "USE_PROMETHEUS=true", "PROMETHEUS_ADDR=127.0.0.1:0", "PROMETHEUS_MAPPER_YAML="+good)
 	for range 3 {
 		if _, err := p.client(t).ShouldRateLimit(callCtx(t), request("web", "user", "alice")); err != nil {
 			t.Fatal(err)
 		}
 	}
-	for _, url := range []string{"http://" + promAddr + "/metrics", "http://" + p.debug + "/metrics"} {
+	for _, url := range []string{"http://" + p.prom + "/metrics", "http://" + p.debug + "/metrics"} {
 		mfs := scrapeMetrics(t, p, url)
 		// A rule without a value counts under its key, as the anchor's.
 		if m := series(mfs, "web_hits", "domain=web,who=user"); m.GetCounter().GetValue() != 3 {
@@ -221,7 +218,7 @@ mappings:
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			p := launch(t, map[string]string{"web.yaml": promRules}, "USE_STATSD=false", "USE_PROMETHEUS=true",
-				fmt.Sprintf("PROMETHEUS_ADDR=127.0.0.1:%d", freePort(t)), "PROMETHEUS_MAPPER_YAML="+tt.path)
+				"PROMETHEUS_ADDR=127.0.0.1:0", "PROMETHEUS_MAPPER_YAML="+tt.path)
 			if code := p.wait(t, 30*time.Second); code == 0 {
 				t.Fatal("started with a mapping that does not load")
 			}

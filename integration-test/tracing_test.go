@@ -328,9 +328,16 @@ func stalledCollector(t *testing.T) string {
 // traceFlushMax bounds the last export at shutdown (src/server).
 const traceFlushMax = 2 * time.Second
 
-// closedPort is a loopback port nothing listens on.
+// closedPort is a loopback port nothing listens on: one the kernel gave
+// a listener that is closed at once.
 func closedPort(t *testing.T) string {
-	return fmt.Sprintf("127.0.0.1:%d", freePort(t))
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().String()
 }
 
 // TestTracingCollectorDown: a collector that is not there (connections

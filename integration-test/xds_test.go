@@ -360,7 +360,7 @@ func TestEnvoyGatewayDeployment(t *testing.T) {
 					t.Fatal(err)
 				}
 				return []string{
-					"USE_STATSD=false", "USE_PROMETHEUS=true", fmt.Sprintf("PROMETHEUS_ADDR=127.0.0.1:%d", freePort(t)),
+					"USE_STATSD=false", "USE_PROMETHEUS=true", "PROMETHEUS_ADDR=127.0.0.1:0",
 					"PROMETHEUS_MAPPER_YAML=" + mapping,
 					"TRACING_ENABLED=true", "TRACING_SERVICE_NAME=envoy-ratelimit", "TRACING_SERVICE_NAMESPACE=envoy-gateway-system",
 					"TRACING_SERVICE_INSTANCE_ID=envoy-ratelimit-6d7b9c-x2x4z", "TRACING_SAMPLING_RATE=1.0",
@@ -392,13 +392,7 @@ func TestEnvoyGatewayDeployment(t *testing.T) {
 					t.Errorf("span over %s with domain %v, want over http with %s", s.Protocol, s.Attributes["domain"], egDomain)
 				}
 				otlp.WaitSpans(t, 1, 15*time.Second, func(c otlptest.Span) bool { return c.ParentSpanID == s.SpanID && c.Name == "redis pipeline" })
-				addr := ""
-				for _, kv := range p.cmd.Env {
-					if v, ok := strings.CutPrefix(kv, "PROMETHEUS_ADDR="); ok {
-						addr = v
-					}
-				}
-				code, body := p.get(t, "http://"+addr+"/metrics")
+				code, body := p.get(t, "http://"+p.prom+"/metrics")
 				if code != http.StatusOK || !strings.Contains(body, "ratelimit_service_config_load_success") {
 					t.Errorf("Prometheus /metrics = %d, want 200 with config_load_success", code)
 				}

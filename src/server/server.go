@@ -669,9 +669,15 @@ func (s *Server) Run(ctx context.Context) error {
 		}()
 	}
 	// At warn, so that the default LOG_LEVEL shows it: see startup.go.
-	s.log.Warn("serving", "grpc", s.grpcLn.Addr().String(), "grpc_tls", s.tls != nil, "http", s.httpLn.Addr().String(),
-		"debug", s.debugLn.Addr().String(), "backend", s.set.BackendType, "store", storeSummary(s.set),
-		"rules", s.rulesSummary(), "domains", s.domains())
+	// It names the addresses bound, so that a listener on port 0 (tests)
+	// can be found.
+	attrs := []any{"grpc", s.grpcLn.Addr().String(), "grpc_tls", s.tls != nil, "http", s.httpLn.Addr().String(),
+		"debug", s.debugLn.Addr().String()}
+	if s.promLn != nil {
+		attrs = append(attrs, "prometheus", s.promLn.Addr().String())
+	}
+	attrs = append(attrs, "backend", s.set.BackendType, "store", storeSummary(s.set), "rules", s.rulesSummary(), "domains", s.domains())
+	s.log.Warn("serving", attrs...)
 
 	var runErr error
 	select {
