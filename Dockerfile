@@ -3,6 +3,9 @@ FROM golang:1.26-bookworm AS build
 # VERSION is what `ratelimit -version` prints; the Makefile passes git's.
 ARG VERSION=dev
 WORKDIR /src
+# The service's module alone: the modules of the tests, examples and tools
+# (go.work, not in the build context) are not downloaded.
+ENV GOWORK=off
 COPY go.mod go.sum ./
 RUN go mod download
 COPY . .

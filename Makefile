@@ -1,7 +1,9 @@
 # ratelimit — run `make help` for the targets.
 GO       ?= go
 BIN      ?= bin
-PKGS     ?= ./...
+# Every module of the workspace (go.work): the service's, and those of the
+# integration tests, the examples' checks and the tools.
+PKGS     ?= ./... ./integration-test/... ./examples/... ./tools/...
 FUZZTIME ?= 30s
 # VERSION is stamped into the binaries (ratelimit -version) and tags the image.
 VERSION  ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
@@ -43,7 +45,7 @@ unit: ## fast tests only, without the race detector
 allocs: ## the allocation and heap tests, which -race skips (its pools drop items at random; its shadow memory swamps heap figures)
 	$(GO) test -count=1 -run 'Alloc|TestCacheKeyAppends|TestHeap' ./src/...
 
-lint: ## gofmt -s, go vet and staticcheck (pinned in go.mod as a tool)
+lint: ## gofmt -s, go vet and staticcheck (pinned in tools/go.mod as a tool)
 	@test -z "$$(gofmt -s -l $$(git ls-files '*.go'))" || (gofmt -s -l $$(git ls-files '*.go'); echo "gofmt -s needed"; exit 1)
 	$(GO) vet $(PKGS)
 	$(GO) tool staticcheck $(PKGS)

@@ -38,7 +38,7 @@ func TestMain(m *testing.M) {
 	}
 	buildDir = dir
 	binary = filepath.Join(dir, "ratelimit")
-	build := exec.Command("go", "build", "-race", "-o", binary, "../cmd/ratelimit")
+	build := exec.Command("go", "build", "-race", "-o", binary, "github.com/ratelimitd/ratelimit/cmd/ratelimit")
 	build.Stdout, build.Stderr = os.Stdout, os.Stderr
 	if err := build.Run(); err != nil {
 		fmt.Fprintln(os.Stderr, "integration: building the service:", err)
@@ -62,7 +62,7 @@ func plainBinary(t *testing.T) string {
 	t.Helper()
 	plain.once.Do(func() {
 		plain.path = filepath.Join(buildDir, "ratelimit-plain")
-		out, err := exec.Command("go", "build", "-o", plain.path, "../cmd/ratelimit").CombinedOutput()
+		out, err := exec.Command("go", "build", "-o", plain.path, "github.com/ratelimitd/ratelimit/cmd/ratelimit").CombinedOutput()
 		if err != nil {
 			plain.err = fmt.Errorf("building the service without -race: %w\n%s", err, out)
 		}

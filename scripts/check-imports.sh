@@ -2,7 +2,7 @@
 # Checks the one-way dependency rule of DESIGN.md / STYLE.md:
 # cmd -> server -> service -> limiter -> store; rules and settings are leaves.
 set -euo pipefail
-mod=$(go list -m)
+mod=$(GOWORK=off go list -m)
 fail=0
 check() { # package, forbidden import prefixes...
   local pkg=$1; shift

@@ -142,7 +142,7 @@ func TestDashboardAndAlertsUseExportedSeries(t *testing.T) {
 func build(t *testing.T) string {
 	t.Helper()
 	bin := filepath.Join(t.TempDir(), "ratelimit")
-	out, err := exec.Command("go", "build", "-o", bin, "../../cmd/ratelimit").CombinedOutput()
+	out, err := exec.Command("go", "build", "-o", bin, "github.com/ratelimitd/ratelimit/cmd/ratelimit").CombinedOutput()
 	if err != nil {
 		t.Fatalf("building the service: %v\n%s", err, out)
 	}

@@ -407,26 +407,11 @@ func startNoopProcess(ctx context.Context, tuning noopTuning) (*service, error) 
 	return &service{process: p, grpcAddr: addr}, nil
 }
 
-// moduleRoot returns the directory of the main module's go.mod.
-func moduleRoot(ctx context.Context) (string, error) {
-	out, err := exec.CommandContext(ctx, "go", "env", "GOMOD").Output()
-	if err != nil {
-		return "", fmt.Errorf("benchrun: go env GOMOD: %w", err)
-	}
-	gomod := strings.TrimSpace(string(out))
-	if gomod == "" || gomod == os.DevNull {
-		return "", errors.New("benchrun: run inside the ratelimit module")
-	}
-	return filepath.Dir(gomod), nil
-}
-
+// buildService builds the service by its import path, which resolves from
+// any module of the workspace (go.work), or from the tools module alone
+// through its replace directive.
 func buildService(ctx context.Context, bin string) error {
-	root, err := moduleRoot(ctx)
-	if err != nil {
-		return err
-	}
-	cmd := exec.CommandContext(ctx, "go", "build", "-o", bin, "./cmd/ratelimit")
-	cmd.Dir = root
+	cmd := exec.CommandContext(ctx, "go", "build", "-o", bin, "github.com/ratelimitd/ratelimit/cmd/ratelimit")
 	if out, err := cmd.CombinedOutput(); err != nil {
 		return fmt.Errorf("benchrun: go build ./cmd/ratelimit: %w\n%s", err, out)
 	}
