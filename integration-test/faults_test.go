@@ -282,6 +282,7 @@ func testFault(t *testing.T, f fault) {
 	}
 
 	l := startLoad(cs, values)
+	stalls := watchStalls()
 	// Sample the usage while the load runs, for its peak.
 	var peak usage
 	sampled := make(chan struct{})
@@ -320,6 +321,9 @@ func testFault(t *testing.T, f fault) {
 	time.Sleep(faultAfter)
 	answers := l.stop()
 	<-sampled
+	// The machine's own stalls stretch every time bound: a busy host that
+	// stops this process for a second stops the service's too.
+	stall := stalls.stop()
 
 	if logs := p.logs(); strings.Contains(logs, "panic:") || strings.Contains(logs, "DATA RACE") || strings.Contains(logs, "fatal error:") {
 		t.Errorf("the service panicked or raced:\n%s", logs)
@@ -355,7 +359,7 @@ func testFault(t *testing.T, f fault) {
 					t.Errorf("client %d: %v %q at %v: want no error from this fault", i, a.code, a.msg, a.began.Sub(injected))
 				case f.spared != nil && f.spared(i):
 					t.Errorf("client %d (spared): %v %q at %v: want no error for keys the fault does not touch", i, a.code, a.msg, a.began.Sub(injected))
-				case a.ended.Before(injected) || a.began.After(fixed.Add(outageRecover)):
+				case a.ended.Before(injected) || a.began.After(fixed.Add(outageRecover+stall)):
 					// Errors only while the fault lasts: a call that
 					// ended before it, or began after the recovery
 					// bound, must be decided.
@@ -367,9 +371,9 @@ func testFault(t *testing.T, f fault) {
 				t.Errorf("client %d: %v after %v, sent %v after the breaker opened: it closed while the store could not serve",
 					i, a.code, a.took(), a.began.Sub(opened))
 			}
-			if took := a.took(); took > faultBudget+faultMargin {
-				t.Errorf("client %d: %v answered after %v (began %v after the fault began): over the %v budget + %v",
-					i, a.code, took, a.began.Sub(injected), faultBudget, faultMargin)
+			if took := a.took(); took > faultBudget+faultMargin+stall {
+				t.Errorf("client %d: %v answered after %v (began %v after the fault began): over the %v budget + %v + the machine's longest stall, %v",
+					i, a.code, took, a.began.Sub(injected), faultBudget, faultMargin, stall)
 			}
 		}
 		// The first decision after the fix, over all clients; and for
@@ -397,8 +401,8 @@ func testFault(t *testing.T, f fault) {
 	if !f.noErrors && failed == 0 {
 		t.Errorf("no error in %d calls: the fault did not reach the service", calls)
 	}
-	if d := allOK.Sub(fixed); d > outageRecover {
-		t.Errorf("every client decided again %v after the store's return, want within %v", d, outageRecover)
+	if d := allOK.Sub(fixed); d > outageRecover+stall {
+		t.Errorf("every client decided again %v after the store's return, want within %v + the machine's longest stall, %v", d, outageRecover, stall)
 	}
 
 	// No leak: once the load has stopped, the service is back to what it
@@ -417,11 +421,47 @@ func testFault(t *testing.T, f fault) {
 			t.Fatalf("10 s after the load: %v (%v); before the fault: %v", after, err, before)
 		}
 	}
-	t.Logf("%d calls: %v; slowest answer %v (%v, began %v after the fault began), budget %v; "+
+	t.Logf("%d calls: %v; slowest answer %v (%v, began %v after the fault began), budget %v, longest stall of the machine %v; "+
 		"first decision %v after the store's return, every client %v; before %v, peak %v, after %v",
-		calls, byCode, slowest.took().Round(time.Millisecond), slowest.code, slowest.began.Sub(injected).Round(time.Millisecond), faultBudget,
+		calls, byCode, slowest.took().Round(time.Millisecond), slowest.code, slowest.began.Sub(injected).Round(time.Millisecond), faultBudget, stall.Round(time.Millisecond),
 		max(firstOK.Sub(fixed), 0).Round(time.Millisecond), max(allOK.Sub(fixed), 0).Round(time.Millisecond),
 		before, peak, after)
+}
+
+// stallWatch measures how late this process is woken: a goroutine that
+// asks to sleep stallTick at a time and records the longest oversleep. On a
+// busy 2-core host every process is stopped now and then, the service as
+// much as the test; the tests add the longest stall seen to their time
+// bounds, so that a bound is the service's, not the machine's.
+type stallWatch struct {
+	done    chan struct{}
+	stopped chan time.Duration
+}
+
+const stallTick = 5 * time.Millisecond
+
+func watchStalls() *stallWatch {
+	w := &stallWatch{done: make(chan struct{}), stopped: make(chan time.Duration, 1)}
+	go func() {
+		var worst time.Duration
+		for {
+			before := time.Now()
+			select {
+			case <-w.done:
+				w.stopped <- worst
+				return
+			case <-time.After(stallTick):
+			}
+			worst = max(worst, time.Since(before)-stallTick)
+		}
+	}()
+	return w
+}
+
+// stop ends the watch and returns the longest stall seen.
+func (w *stallWatch) stop() time.Duration {
+	close(w.done)
+	return <-w.stopped
 }
 
 // stopAfter lets the load run for d, then stops it.
