@@ -136,6 +136,7 @@ func run(args []string, logw io.Writer) error {
 		warmup    = fs.Duration("warmup", 0, "warm-up before the runs of each scenario (default 2s, 500ms with -quick)")
 		variants  = fs.String("variants", "", "compare service configurations instead of the standard run: `'name: ENV=value ...; name2: ...'`; writes its own section of -out (default scenarios: c64)")
 		bin       = fs.String("bin", "", "service `binary` to measure instead of building ./cmd/ratelimit (any envoyproxy/ratelimit-compatible build)")
+		scrapes   = fs.Bool("scrapes", false, "measure what Prometheus scrapes cost the decisions instead (10,000 rules with their series; 0, 1 and 4 scrapers); prints the table, writes no file")
 		envoy     = fs.Bool("envoy", false, "measure the end-to-end cost through real Envoy instead (h2load, no filter against each store, 1 and 3 descriptors); writes its own section of -out")
 		anchor    = fs.String("anchor", os.Getenv("ANCHOR_BIN"), "with -envoy: an envoyproxy/ratelimit `binary` (built by you from its source) to measure beside this service on Redis and Memcached (default $ANCHOR_BIN)")
 		rate      = fs.Int("envoy-rate", 1000, "with -envoy: the fixed request rate of the latency runs")
@@ -220,6 +221,19 @@ func run(args []string, logw io.Writer) error {
 	}
 	defer os.RemoveAll(tmp)
 
+	if *scrapes {
+		start := time.Now()
+		logf := func(format string, args ...any) {
+			fmt.Fprintf(logw, "[%5s] %s\n", time.Since(start).Round(time.Second), fmt.Sprintf(format, args...))
+		}
+		if *bin == "" {
+			*bin = filepath.Join(tmp, "ratelimit")
+			if err := buildService(ctx, *bin); err != nil {
+				return err
+			}
+		}
+		return runScrapeBench(ctx, *bin, tmp, t.runs, t.duration, logf)
+	}
 	if *envoy {
 		start := time.Now()
 		logf := func(format string, args ...any) {
