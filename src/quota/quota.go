@@ -57,7 +57,7 @@ type Config struct {
 	// learning period: every lease a previous server granted has ended
 	// by then) a subscriber is never granted more than it was seen
 	// admitting, since the shares of Envoys that have not reported yet
-	// are unknown.
+	// are unknown; buckets created meanwhile share the reserve.
 	Start time.Time
 }
 
@@ -169,6 +169,9 @@ type sub struct {
 	// share the Envoy held before the server started.
 	evidence    float64
 	hasEvidence bool
+	// fresh: the bucket was new (its first report said so) in the
+	// learning period, so it held no grant of a previous server.
+	fresh bool
 
 	// grant is the last grant sent; rate and burst its token bucket
 	// (0 for deny). hold is a larger grant sent before it, counted until
@@ -261,6 +264,7 @@ func (p *Pool) Report(now time.Time, id uint64, u Usage) []Change {
 			p.learn(now, s, float64(u.Allowed)/(u.Elapsed+time.Second).Seconds())
 		} else {
 			s.count, s.allowed = n, u.Allowed
+			s.fresh = now.Before(p.cfg.Learning())
 		}
 	} else {
 		s.count += n
@@ -442,11 +446,23 @@ func (p *Pool) rebalance(now time.Time) []Change {
 	if !learning {
 		burst = uint32(max(1, math.Floor(p.limit.Burst/float64(counted))))
 	}
-	for i, s := range live {
-		if learning {
-			// Never more than it was seen admitting: the old server's
-			// lease may still be in force elsewhere.
-			targets[i] = min(targets[i], s.evidence)
+	if learning {
+		// Never more than it was seen admitting: the old server's lease
+		// may still be in force elsewhere. A bucket created meanwhile
+		// held nothing: those share the reserve.
+		fresh := 0
+		for _, s := range live {
+			if s.fresh {
+				fresh++
+			}
+		}
+		for i, s := range live {
+			if s.fresh {
+				targets[i] = min(targets[i], p.limit.Rate*p.cfg.Reserve/float64(fresh))
+			}
+			if s.hasEvidence || !s.fresh {
+				targets[i] = min(targets[i], s.evidence)
+			}
 		}
 	}
 	committed, _ := p.Committed(now)

@@ -259,10 +259,15 @@ func TestLearningNeverGrantsMoreThanSeen(t *testing.T) {
 	if g := h.grants[1]; g.Rate() > 4 || g.Rate() < 3.9 || g.MaxTokens != 1 {
 		t.Errorf("first grant while learning = %v/s, %d tokens; want 4/s at most and 1 token", g.Rate(), g.MaxTokens)
 	}
-	// A bucket created meanwhile holds nothing: denied until learning ends.
+	// A bucket created meanwhile held nothing: it gets at most the
+	// reserve (5 of 100/s), shared with other new ones.
 	h.report(2, 1, 0, 0)
-	if g := h.grants[2]; !g.Deny() {
-		t.Errorf("new bucket while learning = %+v, want a deny", g)
+	if g := h.grants[2]; g.Rate() != 5 || g.MaxTokens != 1 {
+		t.Errorf("new bucket while learning = %v/s, %d tokens; want the reserve, 5/s, and 1 token", g.Rate(), g.MaxTokens)
+	}
+	h.report(3, 1, 0, 0)
+	if r2, r3 := h.grants[2].Rate(), h.grants[3].Rate(); r2+r3 > 5 {
+		t.Errorf("two new buckets while learning = %v + %v/s, want the reserve shared", r2, r3)
 	}
 	// Never more, whatever it reports, until TTL + Settle have passed.
 	for {
@@ -273,6 +278,9 @@ func TestLearningNeverGrantsMoreThanSeen(t *testing.T) {
 		h.tick()
 		if r := h.grants[1].Rate(); r > 4 {
 			t.Fatalf("%v: grant %v/s while learning, above the 4/s seen", h.now.Sub(epoch), r)
+		}
+		if r := h.grants[2].Rate() + h.grants[3].Rate(); r > 5 {
+			t.Fatalf("%v: new buckets have %v/s while learning, above the reserve", h.now.Sub(epoch), r)
 		}
 		if h.now.Sub(epoch)%(5*time.Second) == 0 {
 			h.report(1, 20, 400, 5*time.Second)

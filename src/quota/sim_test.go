@@ -245,7 +245,8 @@ func (s *sim) leave(e *simEnvoy) {
 
 // checkBound checks docs/RLQS.md's bound over every window whose ends
 // fall on a grid of 0.5 s: admitted ≤ R·t + B + N + J + M·⌈B/n⌉ (+ the
-// learning term B·(1 + t_L/P) in windows that overlap learning), where M
+// learning term B·(1 + t_L/P) + ρ·R·t_L in windows that overlap
+// learning), where M
 // counts the changes of subscribers in the window or EventReach before.
 func (s *sim) checkBound(from time.Duration) (worst float64) {
 	s.t.Helper()
@@ -280,7 +281,8 @@ func (s *sim) checkBound(from time.Duration) (worst float64) {
 			t := float64(b-a+1) * dt.Seconds()
 			bound := l.Rate*t + l.Burst + float64(n) + float64(j) + float64(ev)*math.Ceil(l.Burst/float64(nMin))
 			if learn > 0 {
-				bound += l.Burst * (1 + float64(learn)*dt.Seconds()/s.cfg.ReportInterval.Seconds())
+				tl := float64(learn) * dt.Seconds()
+				bound += l.Burst*(1+tl/s.cfg.ReportInterval.Seconds()) + s.cfg.Reserve*l.Rate*tl
 			}
 			if float64(adm) > bound {
 				s.t.Fatalf("window %v..%v: %d admitted > bound %.1f (R·t %.1f, B %v, N %d, J %d, M %d, n ≥ %d, learning %v)",
