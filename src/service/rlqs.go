@@ -298,7 +298,8 @@ func (q *Quota) StreamRateLimitQuotas(ss rlqsv3.RateLimitQuotaService_StreamRate
 			}
 		case err := <-recvErr:
 			if errors.Is(err, io.EOF) {
-				return nil
+				// The client is done sending: answer its last reports.
+				return q.flush(ss, st)
 			}
 			return err
 		case <-q.closing:
