@@ -13,6 +13,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/ratelimitd/ratelimit/src/server/tlstest"
@@ -156,5 +157,29 @@ func TestRLQSOverMTLS(t *testing.T) {
 	}
 	if status.Code(err) != codes.Unavailable {
 		t.Errorf("RLQS with a certificate of another CA: %v, want the connection refused (Unavailable)", err)
+	}
+}
+
+// TestRLQSReportSize: a report larger than GRPC_MAX_RECV_MSG_SIZE ends
+// its stream with ResourceExhausted before it is read whole.
+func TestRLQSReportSize(t *testing.T) {
+	srv, _ := start(t, quotaServerRules, map[string]string{"GRPC_MAX_RECV_MSG_SIZE": "1024"})
+	ctx, cancel := context.WithTimeout(t.Context(), 20*time.Second)
+	defer cancel()
+	s, err := rlqsv3.NewRateLimitQuotaServiceClient(dial(t, srv)).StreamRateLimitQuotas(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := &rlqsv3.RateLimitQuotaUsageReports{Domain: "web"}
+	for i := range 100 {
+		m.BucketQuotaUsages = append(m.BucketQuotaUsages, &rlqsv3.RateLimitQuotaUsageReports_BucketQuotaUsage{
+			BucketId: &rlqsv3.BucketId{Bucket: map[string]string{"tenant": strings.Repeat("t", 10) + string(rune('a'+i%26))}},
+		})
+	}
+	if err := s.Send(m); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Recv(); status.Code(err) != codes.ResourceExhausted {
+		t.Errorf("report of %d bytes with GRPC_MAX_RECV_MSG_SIZE=1024: %v, want ResourceExhausted", proto.Size(m), err)
 	}
 }

@@ -12,6 +12,7 @@ import (
 	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/mem"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/encoding/prototext"
 	"google.golang.org/protobuf/encoding/protowire"
@@ -524,4 +525,42 @@ func TestQuotaIdleAbandoned(t *testing.T) {
 		}
 	}
 	t.Error("a bucket idle for 35 s was not abandoned")
+}
+
+// FuzzQuotaReport feeds arbitrary bytes to the quota service as a report:
+// it never panics, and answers a report or refuses it with
+// InvalidArgument.
+func FuzzQuotaReport(f *testing.F) {
+	for _, m := range []*rlqsv3.RateLimitQuotaUsageReports{
+		{Domain: "web", BucketQuotaUsages: []*rlqsv3.RateLimitQuotaUsageReports_BucketQuotaUsage{
+			{BucketId: bucketID("tenant", "a"), NumRequestsAllowed: 1},
+			{BucketId: bucketID("name", "blocked"), TimeElapsed: &durationpb.Duration{Seconds: 5}, NumRequestsDenied: 1 << 62},
+			{BucketId: bucketID("nothing", "x"), TimeElapsed: &durationpb.Duration{Seconds: -3, Nanos: -1}},
+		}},
+		{Domain: "web", BucketQuotaUsages: []*rlqsv3.RateLimitQuotaUsageReports_BucketQuotaUsage{{}}},
+		{},
+	} {
+		b, err := proto.Marshal(m)
+		if err != nil {
+			f.Fatal(err)
+		}
+		f.Add(b)
+	}
+	f.Add([]byte{0xff, 0x01})
+	q := service.NewQuota(stats.NewRegistry(), service.QuotaConfig{})
+	c, err := rules.Parse([]rules.File{{Name: "quota.yaml", Data: []byte(quotaRules)}}, rules.Options{})
+	if err != nil {
+		f.Fatal(err)
+	}
+	q.SetRules(c)
+	codec := service.Codec()
+	f.Fuzz(func(t *testing.T, b []byte) {
+		var m rlqsv3.RateLimitQuotaUsageReports
+		if err := codec.Unmarshal(mem.BufferSlice{mem.SliceBuffer(b)}, &m); err != nil {
+			t.Fatalf("codec refused a report: %v", err)
+		}
+		if err := service.QuotaReport(q, &m); err != nil && status.Code(err) != codes.InvalidArgument {
+			t.Fatalf("report = %v, want it handled or InvalidArgument", err)
+		}
+	})
 }
