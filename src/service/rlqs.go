@@ -254,16 +254,16 @@ func (q *Quota) Streams() int {
 
 var errClosing = status.Error(codes.Unavailable, "service: shutting down; assignments stay in force until their TTL")
 
-// StreamRateLimitQuotas serves one Envoy's stream.
+// StreamRateLimitQuotas serves one Envoy's stream through a QuotaSession.
 func (q *Quota) StreamRateLimitQuotas(ss rlqsv3.RateLimitQuotaService_StreamRateLimitQuotasServer) error {
 	if q.cfg.Auto && !q.rules.Load().HasQuota() {
 		return status.Error(codes.Unimplemented, "service: no quota_buckets in the rules, so the Rate Limit Quota Service is off (RLQS_ENABLED)")
 	}
-	st, err := q.open()
+	s, err := q.Open()
 	if err != nil {
 		return err
 	}
-	defer q.end(st)
+	defer s.Close()
 	ctx := ss.Context()
 	// Recv blocks; a goroutine of its own leaves this one free to send
 	// and to stop. It ends when the stream does: gRPC cancels the stream
@@ -284,22 +284,26 @@ func (q *Quota) StreamRateLimitQuotas(ss rlqsv3.RateLimitQuotaService_StreamRate
 			}
 		}
 	}()
+	send := func() error {
+		if r := s.Take(); r != nil {
+			return ss.Send(r)
+		}
+		return nil
+	}
 	for {
 		select {
 		case m := <-msgs:
-			if err := q.report(st, m); err != nil {
-				q.invalid.Inc()
-				q.cfg.Log.Warn("quota report refused; closing the stream", "err", err)
+			if err := s.Report(m); err != nil {
 				return err
 			}
-		case <-st.wake:
-			if err := q.flush(ss, st); err != nil {
+		case <-s.Ready():
+			if err := send(); err != nil {
 				return err
 			}
 		case err := <-recvErr:
 			if errors.Is(err, io.EOF) {
 				// The client is done sending: answer its last reports.
-				return q.flush(ss, st)
+				return send()
 			}
 			return err
 		case <-q.closing:
@@ -309,6 +313,64 @@ func (q *Quota) StreamRateLimitQuotas(ss rlqsv3.RateLimitQuotaService_StreamRate
 		}
 	}
 }
+
+// QuotaSession is one client's stream of reports, in process: the gRPC
+// handler serves each stream through one, and a simulator can drive the
+// service through many with no network and a fake clock. Report, Take and
+// Close may be called from different goroutines, each of them from one at
+// a time.
+type QuotaSession struct {
+	q  *Quota
+	st *quotaStream
+}
+
+// Open starts a session, within MaxStreams: ResourceExhausted past it,
+// Unavailable once Close was called.
+func (q *Quota) Open() (*QuotaSession, error) {
+	st, err := q.open()
+	if err != nil {
+		return nil, err
+	}
+	return &QuotaSession{q: q, st: st}, nil
+}
+
+// Report handles one message of the session's client. A message past a
+// bound is refused with InvalidArgument and the reason; the stream should
+// then end.
+func (s *QuotaSession) Report(m *rlqsv3.RateLimitQuotaUsageReports) error {
+	if err := s.q.report(s.st, m); err != nil {
+		s.q.invalid.Inc()
+		s.q.cfg.Log.Warn("quota report refused; closing the stream", "err", err)
+		return err
+	}
+	return nil
+}
+
+// Ready is signalled when the session has actions to send (see Take).
+func (s *QuotaSession) Ready() <-chan struct{} { return s.st.wake }
+
+// Take returns the session's pending actions in one response, sorted by
+// bucket, and clears them; nil when there are none. An action replaces an
+// older one for the same bucket that was not taken yet.
+func (s *QuotaSession) Take() *rlqsv3.RateLimitQuotaResponse {
+	q, st := s.q, s.st
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if len(st.pending) == 0 {
+		return nil
+	}
+	keys := slices.Sorted(maps.Keys(st.pending))
+	resp := &rlqsv3.RateLimitQuotaResponse{BucketAction: make([]*rlqsv3.RateLimitQuotaResponse_BucketAction, 0, len(keys))}
+	for _, k := range keys {
+		resp.BucketAction = append(resp.BucketAction, st.pending[k])
+	}
+	clear(st.pending)
+	return resp
+}
+
+// Close ends the session: its buckets' shares stay counted until their
+// leases end, since Envoy keeps its assignments until then.
+func (s *QuotaSession) Close() { s.q.end(s.st) }
 
 // open registers a new stream, within MaxStreams.
 func (q *Quota) open() (*quotaStream, error) {
@@ -503,22 +565,6 @@ func (q *Quota) queue(st *quotaStream, key string, a *rlqsv3.RateLimitQuotaRespo
 	case st.wake <- struct{}{}:
 	default:
 	}
-}
-
-// flush sends a stream's pending actions in one response.
-func (q *Quota) flush(ss rlqsv3.RateLimitQuotaService_StreamRateLimitQuotasServer, st *quotaStream) error {
-	q.mu.Lock()
-	keys := slices.Sorted(maps.Keys(st.pending))
-	resp := &rlqsv3.RateLimitQuotaResponse{BucketAction: make([]*rlqsv3.RateLimitQuotaResponse_BucketAction, 0, len(keys))}
-	for _, k := range keys {
-		resp.BucketAction = append(resp.BucketAction, st.pending[k])
-	}
-	clear(st.pending)
-	q.mu.Unlock()
-	if len(resp.BucketAction) == 0 {
-		return nil
-	}
-	return ss.Send(resp)
 }
 
 func (q *Quota) ttl() *durationpb.Duration { return durationpb.New(q.cfg.Pool.TTL) }

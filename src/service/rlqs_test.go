@@ -559,8 +559,59 @@ func FuzzQuotaReport(f *testing.F) {
 		if err := codec.Unmarshal(mem.BufferSlice{mem.SliceBuffer(b)}, &m); err != nil {
 			t.Fatalf("codec refused a report: %v", err)
 		}
-		if err := service.QuotaReport(q, &m); err != nil && status.Code(err) != codes.InvalidArgument {
+		s, err := q.Open()
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer s.Close()
+		if err := s.Report(&m); err != nil && status.Code(err) != codes.InvalidArgument {
 			t.Fatalf("report = %v, want it handled or InvalidArgument", err)
 		}
+		s.Take()
 	})
+}
+
+// TestQuotaSession drives the service in process, as a simulator does:
+// a report's answer and the changes it causes on other sessions are
+// there to Take as soon as Report returns.
+func TestQuotaSession(t *testing.T) {
+	f := newQuotaFixture(t, service.QuotaConfig{}, quotaRules)
+	report := func(s *service.QuotaSession) {
+		t.Helper()
+		err := s.Report(&rlqsv3.RateLimitQuotaUsageReports{Domain: "web", BucketQuotaUsages: []*rlqsv3.RateLimitQuotaUsageReports_BucketQuotaUsage{
+			{BucketId: bucketID("tenant", "a"), NumRequestsAllowed: 1},
+		}})
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	a, err := f.q.Open()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	b, err := f.q.Open()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	report(a)
+	select {
+	case <-a.Ready():
+	default:
+		t.Fatal("Ready not signalled after a report")
+	}
+	if got := rateOf(tokenBucket(a.Take(), "tenant", "a")); got != 19 {
+		t.Errorf("a's share = %v, want 19", got)
+	}
+	if r := a.Take(); r != nil {
+		t.Errorf("a second Take = %v, want nil", r)
+	}
+	report(b)
+	if got := rateOf(tokenBucket(a.Take(), "tenant", "a")); got != 9.5 {
+		t.Errorf("a's share after b joined = %v, want 9.5 pushed at once", got)
+	}
+	if got := rateOf(tokenBucket(b.Take(), "tenant", "a")); got != 1 {
+		t.Errorf("b's first share = %v, want the reserve, 1", got)
+	}
 }
