@@ -551,6 +551,11 @@ func (p *Pool) rebalance(now time.Time) []Change {
 
 // set gives s the share (r, b) and builds its grant; the caller sends it.
 func (p *Pool) set(now time.Time, s *sub, r float64, b uint32) {
+	if r > 0 && b == 0 {
+		// A token bucket holds at least one token (Envoy's max_tokens
+		// must be positive): the bound's one token per subscriber.
+		b = 1
+	}
 	s.rate, s.burst = r, b
 	s.grant = s.grant.next(r, b)
 	if r == 0 {

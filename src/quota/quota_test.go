@@ -61,8 +61,14 @@ func newHarness(t *testing.T, l Limit, learning bool) *harness {
 }
 
 func (h *harness) record(cs []Change) []Change {
+	h.t.Helper()
 	for _, c := range cs {
 		h.grants[c.Sub] = c.Grant
+		// What Envoy can take: a token bucket of at least one token,
+		// filled over whole seconds, at least one.
+		if g := c.Grant; !g.Deny() && !g.Abandon && (g.MaxTokens == 0 || g.FillInterval < time.Second) {
+			h.t.Fatalf("at %v grant %+v to %d: a token bucket Envoy cannot use", h.now.Sub(epoch), g, c.Sub)
+		}
 	}
 	h.check()
 	return cs
