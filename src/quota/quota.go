@@ -441,7 +441,7 @@ func (p *Pool) rebalance(now time.Time) []Change {
 			demands[i] = max(s.demand, floor)
 		}
 	}
-	targets := waterfill(capacity, demands)
+	targets := Waterfill(capacity, demands)
 	burst := uint32(1)
 	if !learning {
 		burst = uint32(max(1, math.Floor(p.limit.Burst/float64(counted))))
@@ -565,12 +565,13 @@ func (p *Pool) set(now time.Time, s *sub, r float64, b uint32) {
 	p.sent(now, s)
 }
 
-// waterfill returns max-min fair shares of capacity for demands (+Inf for
+// Waterfill returns max-min fair shares of capacity for demands (+Inf for
 // an unknown or unbounded one): no share exceeds its demand, and no share
 // can grow without shrinking a smaller one. Capacity left over when every
 // demand is met is spread in proportion to demand (equally when every
-// demand is zero), so that each has room to grow.
-func waterfill(capacity float64, demands []float64) []float64 {
+// demand is zero), so that each has room to grow. Pools aim at it, each
+// demand at least a tenth of an equal share.
+func Waterfill(capacity float64, demands []float64) []float64 {
 	n := len(demands)
 	shares := make([]float64, n)
 	order := make([]int, n)

@@ -29,9 +29,9 @@ func TestWaterfill(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			got := waterfill(tt.capacity, tt.demands)
+			got := Waterfill(tt.capacity, tt.demands)
 			if !slices.EqualFunc(got, tt.want, func(a, b float64) bool { return math.Abs(a-b) < 1e-9 }) {
-				t.Errorf("waterfill(%v, %v) = %v, want %v", tt.capacity, tt.demands, got, tt.want)
+				t.Errorf("Waterfill(%v, %v) = %v, want %v", tt.capacity, tt.demands, got, tt.want)
 			}
 		})
 	}
