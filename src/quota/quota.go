@@ -139,6 +139,9 @@ type Change struct {
 type Pool struct {
 	limit Limit
 	cfg   Config
+	// beyond counts the requests reported admitted beyond the shares
+	// granted (see Beyond).
+	beyond uint64
 	// subs holds every subscriber whose share is counted: those
 	// reporting, and those gone or abandoned whose last grant may still
 	// be in force.
@@ -250,6 +253,7 @@ func (p *Pool) Report(now time.Time, id uint64, u Usage) []Change {
 		s = nil
 	}
 	n := u.Allowed + u.Denied
+	p.beyond += p.beyondShare(now, s, u)
 	if s == nil {
 		s = &sub{id: id, since: now, active: now}
 		s.reported = now
@@ -294,6 +298,66 @@ func (p *Pool) Report(now time.Time, id uint64, u Usage) []Change {
 	// Unchanged: send it again, to renew the lease.
 	p.sent(now, s)
 	return append(changes, Change{Sub: id, Grant: s.grant})
+}
+
+// beyondShare is how many of a report's admitted requests its
+// subscriber's grants cannot account for: all of a new bucket's (admitted
+// before any assignment, by Envoy's no_assignment_behavior), and those
+// above the largest rate counted for it over the time since its last
+// report (with a second of slack for the timing of reports) plus its
+// burst and a token. Nothing can be told of the first report of a
+// subscriber that was granted nothing here (a reconnect).
+func (p *Pool) beyondShare(now time.Time, s *sub, u Usage) uint64 {
+	switch {
+	case s == nil && u.Elapsed == 0:
+		return u.Allowed
+	case s == nil || !s.granted:
+		return 0
+	}
+	r, b := max(s.rate, s.holdRate), max(s.burst, s.holdBurst)
+	allowance := r*(now.Sub(s.reported)+time.Second).Seconds() + float64(b) + 1
+	if a := float64(u.Allowed); a > allowance {
+		return uint64(a - allowance)
+	}
+	return 0
+}
+
+// Beyond returns the requests reported admitted beyond the shares granted
+// since the pool was made: what Envoys admitted before their first
+// assignment, or after one expired, or against it.
+func (p *Pool) Beyond() uint64 { return p.beyond }
+
+// Subscriber is what a pool knows of one subscriber, for observability.
+type Subscriber struct {
+	ID uint64
+	// Demand is the smoothed requests a second reported, admitted and
+	// denied; DemandKnown is false until it was measured.
+	Demand      float64
+	DemandKnown bool
+	// Rate and Burst are the last grant sent.
+	Rate  float64
+	Burst uint32
+	// Committed is the rate counted for it now: its grant, or a larger
+	// one it may not have replaced yet.
+	Committed float64
+	// Gone: its stream closed; Abandoned: told to drop the bucket. Its
+	// share counts until Lease.
+	Gone, Abandoned bool
+	Lease           time.Time
+}
+
+// Subscribers returns every subscriber counted, by ID.
+func (p *Pool) Subscribers(now time.Time) []Subscriber {
+	out := make([]Subscriber, 0, len(p.subs))
+	for _, s := range p.subs {
+		c, _ := s.committed(now)
+		out = append(out, Subscriber{
+			ID: s.id, Demand: s.demand, DemandKnown: s.known, Rate: s.rate, Burst: s.burst,
+			Committed: c, Gone: s.gone, Abandoned: s.abandoned, Lease: s.leaseUntil,
+		})
+	}
+	slices.SortFunc(out, func(a, b Subscriber) int { return cmpUint(a.ID, b.ID) })
+	return out
 }
 
 // ghostKey finds a key for a subscriber whose id a new subscription

@@ -382,3 +382,30 @@ func TestInvariantRandom(t *testing.T) {
 		}
 	}
 }
+
+func TestBeyondShares(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t, Limit{Rate: 10, Burst: 5}, false)
+	// A new bucket's requests were admitted before any assignment.
+	h.report(1, 3, 0, 0)
+	if got := h.p.Beyond(); got != 3 {
+		t.Errorf("Beyond() after a new bucket's report of 3 = %d, want 3", got)
+	}
+	// Within its grant (9.5/s, 5 tokens) over 5 s: nothing beyond.
+	h.advance(5 * time.Second)
+	h.report(1, 50, 10, 5*time.Second)
+	if got := h.p.Beyond(); got != 3 {
+		t.Errorf("Beyond() after a report within the share = %d, want still 3", got)
+	}
+	// 100 admitted in 5 s on a share of 9.5/s: 9.5×6 + 5 + 1 = 63 of them
+	// are accounted for.
+	h.advance(5 * time.Second)
+	h.report(1, 100, 0, 5*time.Second)
+	if got := h.p.Beyond(); got != 3+37 {
+		t.Errorf("Beyond() after 100 admitted = %d, want %d", got, 3+37)
+	}
+	subs := h.p.Subscribers(h.now)
+	if len(subs) != 1 || subs[0].ID != 1 || subs[0].Rate != 9.5 || subs[0].Burst != 5 || !subs[0].DemandKnown || subs[0].Committed != 9.5 {
+		t.Errorf("Subscribers() = %+v", subs)
+	}
+}
