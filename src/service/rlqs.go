@@ -16,6 +16,7 @@ import (
 	rlqsv3 "github.com/envoyproxy/go-control-plane/envoy/service/rate_limit_quota/v3"
 	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/wrapperspb"
@@ -87,6 +88,17 @@ type Quota struct {
 	nextID  uint64
 
 	reports, noRule, refused, refusedStreams, invalid *stats.Counter
+	reg                                               *stats.Registry
+	// ruleStats are the counters of each quota rule, by ruleLabel;
+	// guarded by mu.
+	ruleStats map[string]*ruleTotals
+}
+
+// ruleTotals are a quota rule's counters: the requests Envoys reported
+// admitted and denied in its buckets, and those admitted beyond the
+// shares granted (quota.Pool.Beyond).
+type ruleTotals struct {
+	allowed, denied, beyond *stats.Counter
 }
 
 // poolKey names a pool: a domain and a bucket id (see bucketKey).
@@ -101,7 +113,9 @@ type quotaPool struct {
 
 // quotaStream is one Envoy's stream.
 type quotaStream struct {
-	id     uint64
+	id uint64
+	// peer is the client's address, for the live view; empty in process.
+	peer   string
 	domain string
 	// buckets are the bucket ids the stream reported, by bucketKey, with
 	// the pool each is subscribed to (nil: answered without a pool, or
@@ -152,6 +166,8 @@ func NewQuota(reg *stats.Registry, cfg QuotaConfig) *Quota {
 		refused:        reg.Counter("ratelimit.rlqs.buckets_refused"),
 		refusedStreams: reg.Counter("ratelimit.rlqs.streams_refused"),
 		invalid:        reg.Counter("ratelimit.rlqs.invalid_reports"),
+		reg:            reg,
+		ruleStats:      map[string]*ruleTotals{},
 	}
 	reg.GaugeFunc("ratelimit.rlqs.streams", func() int64 {
 		q.mu.Lock()
@@ -259,12 +275,17 @@ func (q *Quota) StreamRateLimitQuotas(ss rlqsv3.RateLimitQuotaService_StreamRate
 	if q.cfg.Auto && !q.rules.Load().HasQuota() {
 		return status.Error(codes.Unimplemented, "service: no quota_buckets in the rules, so the Rate Limit Quota Service is off (RLQS_ENABLED)")
 	}
-	s, err := q.Open()
+	ctx := ss.Context()
+	var addr string
+	if p, ok := peer.FromContext(ctx); ok && p.Addr != nil {
+		addr = p.Addr.String()
+	}
+	st, err := q.open(addr)
 	if err != nil {
 		return err
 	}
+	s := &QuotaSession{q: q, st: st}
 	defer s.Close()
-	ctx := ss.Context()
 	// Recv blocks; a goroutine of its own leaves this one free to send
 	// and to stop. It ends when the stream does: gRPC cancels the stream
 	// when this handler returns, which ends a Recv in progress.
@@ -327,7 +348,7 @@ type QuotaSession struct {
 // Open starts a session, within MaxStreams: ResourceExhausted past it,
 // Unavailable once Close was called.
 func (q *Quota) Open() (*QuotaSession, error) {
-	st, err := q.open()
+	st, err := q.open("")
 	if err != nil {
 		return nil, err
 	}
@@ -373,7 +394,7 @@ func (s *QuotaSession) Take() *rlqsv3.RateLimitQuotaResponse {
 func (s *QuotaSession) Close() { s.q.end(s.st) }
 
 // open registers a new stream, within MaxStreams.
-func (q *Quota) open() (*quotaStream, error) {
+func (q *Quota) open(peer string) (*quotaStream, error) {
 	select {
 	case <-q.closing:
 		return nil, errClosing
@@ -388,6 +409,7 @@ func (q *Quota) open() (*quotaStream, error) {
 	q.nextID++
 	st := &quotaStream{
 		id:      q.nextID,
+		peer:    peer,
 		buckets: map[string]*streamBucket{},
 		pending: map[string]*rlqsv3.RateLimitQuotaResponse_BucketAction{},
 		wake:    make(chan struct{}, 1),
@@ -456,6 +478,14 @@ func (q *Quota) report(st *quotaStream, m *rlqsv3.RateLimitQuotaUsageReports) er
 		if sb.pool != nil && (r == nil || sb.pool.rule != r) {
 			q.leave(now, pk, sb)
 		}
+		allowed := min(u.GetNumRequestsAllowed(), maxReportedRequests)
+		denied := min(u.GetNumRequestsDenied(), maxReportedRequests)
+		var totals *ruleTotals
+		if r != nil {
+			totals = q.totals(r)
+			totals.allowed.Add(allowed)
+			totals.denied.Add(denied)
+		}
 		switch {
 		case r == nil:
 			// No answer: Envoy's no_assignment_behavior decides, as
@@ -478,17 +508,40 @@ func (q *Quota) report(st *quotaStream, m *rlqsv3.RateLimitQuotaUsageReports) er
 				continue
 			}
 			sb.pool = qp
-			before := qp.p.Len()
-			changes := qp.p.Report(now, st.id, quota.Usage{
-				Allowed: min(u.GetNumRequestsAllowed(), maxReportedRequests),
-				Denied:  min(u.GetNumRequestsDenied(), maxReportedRequests),
-				Elapsed: elapsedOf(u),
-			})
+			before, beyond := qp.p.Len(), qp.p.Beyond()
+			changes := qp.p.Report(now, st.id, quota.Usage{Allowed: allowed, Denied: denied, Elapsed: elapsedOf(u)})
 			q.subs += qp.p.Len() - before
+			totals.beyond.Add(qp.p.Beyond() - beyond)
 			q.deliver(pk, qp, changes)
 		}
 	}
 	return nil
+}
+
+// ruleLabel names a quota rule in statistics and the live view: its name,
+// or its place in its domain's list.
+func ruleLabel(r *rules.QuotaRule) string {
+	if r.Name != "" {
+		return r.Name
+	}
+	return "quota_buckets[" + strconv.Itoa(r.Index) + "]"
+}
+
+// totals returns the counters of rule r, made on first use: one set per
+// rule of the rules, so they are bounded as the rules are.
+func (q *Quota) totals(r *rules.QuotaRule) *ruleTotals {
+	k := r.Domain + "\x00" + ruleLabel(r)
+	t := q.ruleStats[k]
+	if t == nil {
+		tags := []stats.Label{{Name: "domain", Value: r.Domain}, {Name: "rule", Value: ruleLabel(r)}}
+		t = &ruleTotals{
+			allowed: q.reg.TaggedCounter("ratelimit.rlqs.rule.allowed", tags...),
+			denied:  q.reg.TaggedCounter("ratelimit.rlqs.rule.denied", tags...),
+			beyond:  q.reg.TaggedCounter("ratelimit.rlqs.rule.beyond_share", tags...),
+		}
+		q.ruleStats[k] = t
+	}
+	return t
 }
 
 func elapsedOf(u *rlqsv3.RateLimitQuotaUsageReports_BucketQuotaUsage) time.Duration {

@@ -615,3 +615,39 @@ func TestQuotaSession(t *testing.T) {
 		t.Errorf("b's first share = %v, want the reserve, 1", got)
 	}
 }
+
+// TestQuotaState: what the live view shows of the quota service: per
+// rule, its buckets and subscribers, the sum of the shares against the
+// limit, the requests reported and those beyond the shares.
+func TestQuotaState(t *testing.T) {
+	f := newQuotaFixture(t, service.QuotaConfig{}, quotaRules)
+	a, b := f.open(t), f.open(t)
+	a.send("web", usage{id: []string{"tenant", "acme"}, allowed: 1})
+	a.recv()
+	b.send("web", usage{id: []string{"tenant", "acme"}, allowed: 2}, usage{id: []string{"name", "blocked"}, denied: 4})
+	b.recv()
+	f.handled(t)
+	st := f.q.State()
+	if !st.Enabled || st.Streams != 2 || st.Subscriptions != 2 || len(st.Rules) != 4 {
+		t.Fatalf("State() = %+v, want 2 streams, 2 subscriptions and the 4 rules", st)
+	}
+	r := st.Rules[0]
+	if r.Rule != "quota_buckets[1]" || r.Policy != "fair_share" || r.Rate != 20 || r.Burst != 10 ||
+		r.Buckets != 1 || r.Subscribers != 2 || r.Allowed != 3 || r.Beyond != 3 {
+		t.Errorf("first rule = %+v, want its 1 bucket of 2 subscribers, 3 allowed, all 3 beyond the shares (no assignment yet)", r)
+	}
+	if len(r.Top) != 1 || r.Top[0].ID["tenant"] != "acme" || len(r.Top[0].Subscribers) != 2 || r.MaxShare > 1 || r.MaxShare < 0.5 {
+		t.Errorf("first rule's buckets = %+v (max share %v)", r.Top, r.MaxShare)
+	}
+	for _, s := range r.Top[0].Subscribers {
+		if s.Peer == "" || s.Rate == 0 || s.Gone {
+			t.Errorf("subscriber %+v: want its peer and its share", s)
+		}
+	}
+	if d := st.Rules[1]; d.Policy != "deny_all" || d.Denied != 4 || d.Buckets != 0 {
+		t.Errorf("deny_all rule = %+v, want 4 denied and no pool", d)
+	}
+	if n := f.reg.Snapshot()["ratelimit.rlqs.rule.allowed.__domain=web.__rule=quota_buckets[1]"]; n != 3 {
+		t.Errorf("rule counter allowed = %d, want 3", n)
+	}
+}
