@@ -1,20 +1,28 @@
 package integration
 
 import (
+	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"math"
 	"net/http"
 	"os"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
 
+	"github.com/chromedp/chromedp"
 	rlqsfilterv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/rate_limit_quota/v3"
 	hcmv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/http_connection_manager/v3"
+	rlqsv3 "github.com/envoyproxy/go-control-plane/envoy/service/rate_limit_quota/v3"
 	_ "github.com/envoyproxy/go-control-plane/envoy/type/matcher/v3"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/protobuf/types/known/durationpb"
 )
 
 // Real Envoys with the rate_limit_quota filter, configured by the shipped
@@ -517,4 +525,86 @@ func TestRLQSDenyResponses(t *testing.T) {
 		}
 	}
 	t.Error("10 anonymous requests at once over a share of one token: none denied")
+}
+
+// TestRLQSInLiveView: the live view shows the quota rules, each bucket's
+// Envoys and their shares, as text (a bucket id holding markup runs
+// nothing), with no console error.
+func TestRLQSInLiveView(t *testing.T) {
+	p := startQuotaService(t, exampleQuotaRules(t))
+	cc, err := grpc.NewClient(p.grpc, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cc.Close() })
+	stream, err := rlqsv3.NewRateLimitQuotaServiceClient(cc).StreamRateLimitQuotas(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	report := func(elapsed int64) error {
+		return stream.Send(&rlqsv3.RateLimitQuotaUsageReports{Domain: "web", BucketQuotaUsages: []*rlqsv3.RateLimitQuotaUsageReports_BucketQuotaUsage{{
+			BucketId:           &rlqsv3.BucketId{Bucket: map[string]string{"name": "api", "tenant": hostileUser}},
+			TimeElapsed:        &durationpb.Duration{Seconds: elapsed},
+			NumRequestsAllowed: 1,
+		}}})
+	}
+	if err := report(0); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := stream.Recv(); err != nil {
+		t.Fatal(err)
+	}
+	// As Envoy does, every 5 s until the test ends: a bucket no longer
+	// reported is dropped after a TTL.
+	reporting := make(chan struct{})
+	stopReporting := make(chan struct{})
+	go func() {
+		defer close(reporting)
+		for {
+			select {
+			case <-stopReporting:
+				return
+			case <-time.After(5 * time.Second):
+				if report(5) != nil {
+					return
+				}
+			}
+		}
+	}()
+	defer func() { close(stopReporting); <-reporting }()
+
+	alloc, cancel := chromedp.NewExecAllocator(t.Context(), append(chromedp.DefaultExecAllocatorOptions[:],
+		chromedp.ExecPath(chromium(t)), chromedp.NoSandbox, chromedp.WindowSize(1400, 1000))...)
+	defer cancel()
+	tab, cancel := chromedp.NewContext(alloc)
+	defer cancel()
+	ctx, cancelRun := context.WithTimeout(tab, 30*time.Second)
+	defer cancelRun()
+	if err := chromedp.Do(ctx); err != nil {
+		t.Fatalf("starting Chromium: %v", err)
+	}
+	problems := watchConsole(ctx)
+	if err := chromedp.Do(ctx, chromedp.Navigate("http://"+p.debug+"/ui/"), chromedp.WaitVisible(chromedp.CSS(`#quota-body tr.sub`))); err != nil {
+		_, body := p.get(t, "http://"+p.debug+"/api/v1/quota")
+		cancelRun()
+		t.Fatalf("loading the page's quota section: %v\n/api/v1/quota: %s\nconsole: %v", err, body, problems())
+	}
+	poll := func(what, expr string) {
+		t.Helper()
+		if _, err := chromedp.Run(ctx, chromedp.Poll[bool](expr, chromedp.WithPollingTimeout(5*time.Second), chromedp.WithPollingInterval(50*time.Millisecond))); err != nil {
+			t.Fatalf("waiting for %s: %v", what, err)
+		}
+	}
+	poll("the rule and its bucket, as text", fmt.Sprintf(`(() => {
+		const t = document.getElementById("quota-body").textContent;
+		return t.includes("web · per-tenant") && t.includes(%q) && t.includes("1 tokens") && document.querySelectorAll("#quota-body img, #quota-body script").length === 0;
+	})()`, hostileUser))
+	raw, err := chromedp.Run(ctx, chromedp.Evaluate[json.RawMessage](`window.__pwned ?? null`))
+	if err != nil || string(raw) != "null" {
+		t.Fatalf("a bucket id became markup: %s %v", raw, err)
+	}
+	cancelRun()
+	if p := problems(); len(p) > 0 {
+		t.Fatalf("the page wrote to the console:\n%s", strings.Join(p, "\n"))
+	}
 }

@@ -71,6 +71,11 @@ func TestRLQSOnTheGRPCListener(t *testing.T) {
 	if got := srv.stats.Gauges()["ratelimit.rlqs.streams"]; got != 1 {
 		t.Errorf("ratelimit.rlqs.streams = %d, want 1", got)
 	}
+	// The live view's API shows the stream's subscription.
+	code, body := get(t, "http://"+srv.Addrs().Debug.String()+"/api/v1/quota")
+	if code != 200 || !strings.Contains(body, `"streams":1`) || !strings.Contains(body, `"subscribers":1`) || !strings.Contains(body, `"tenant":"acme"`) {
+		t.Errorf("/api/v1/quota = %d %s, want the stream and its bucket", code, body)
+	}
 	// /rlconfig lists the quota rule.
 	if code, body := get(t, "http://"+srv.Addrs().Debug.String()+"/rlconfig"); code != 200 || !strings.Contains(body, "web quota_buckets[1] {tenant=*}: unit=SECOND requests_per_unit=10") {
 		t.Errorf("/rlconfig = %d:\n%s\nwant the quota rule", code, body)

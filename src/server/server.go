@@ -462,7 +462,11 @@ func (s *Server) listen() error {
 	dmux.HandleFunc("/debug/pprof/trace", pprof.Trace)
 	index := "/rlconfig: the rules in use\n/stats: counters as text\n/metrics: counters for Prometheus\n/debug/pprof/: profiles\n"
 	if s.live != nil {
-		s.web = web.New(web.Config{Live: s.live, Source: s.liveSource, Store: s.liveStore})
+		wc := web.Config{Live: s.live, Source: s.liveSource, Store: s.liveStore}
+		if s.quota != nil {
+			wc.Quota = func() any { return s.quota.State() }
+		}
+		s.web = web.New(wc)
 		dmux.Handle("/ui", s.web)
 		dmux.Handle("/ui/", s.web)
 		dmux.Handle("/api/", s.web)
