@@ -475,7 +475,12 @@ func (q *Quota) report(st *quotaStream, m *rlqsv3.RateLimitQuotaUsageReports) er
 			st.buckets[key] = sb
 		}
 		r := cfg.MatchQuota(st.domain, id)
-		if sb.pool != nil && (r == nil || sb.pool.rule != r) {
+		switch {
+		case sb.pool != nil && q.pools[pk] != sb.pool:
+			// Its pool ended (abandoned, then dropped): subscribing
+			// again is a new subscription, within the bounds.
+			sb.pool = nil
+		case sb.pool != nil && (r == nil || sb.pool.rule != r):
 			q.leave(now, pk, sb)
 		}
 		allowed := min(u.GetNumRequestsAllowed(), maxReportedRequests)

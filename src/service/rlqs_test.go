@@ -527,6 +527,41 @@ func TestQuotaIdleAbandoned(t *testing.T) {
 	t.Error("a bucket idle for 35 s was not abandoned")
 }
 
+// TestQuotaAbandonedBucketComesBack: once its pool has ended, a bucket
+// that subscribes again counts against RLQS_MAX_BUCKETS like any new one.
+func TestQuotaAbandonedBucketComesBack(t *testing.T) {
+	f := newQuotaFixture(t, service.QuotaConfig{Pool: quota.Config{Idle: 10 * time.Second}, MaxBuckets: 1, MaxBucketsPerStream: 1}, quotaRules)
+	a, b := f.open(t), f.open(t)
+	a.send("web", usage{id: []string{"tenant", "a"}, allowed: 1})
+	a.recv()
+	for i := 0; ; i++ {
+		if i == 5 {
+			t.Fatal("an idle bucket was not abandoned")
+		}
+		f.advance(5 * time.Second)
+		f.q.Tick()
+		a.send("web", usage{id: []string{"tenant", "a"}, elapsed: 5})
+		if action(a.recv(), "tenant", "a").GetAbandonAction() != nil {
+			break
+		}
+	}
+	// Its pool ends once the abandon has settled.
+	f.advance(2 * time.Second)
+	f.q.Tick()
+	if n := f.reg.Gauges()["ratelimit.rlqs.subscriptions"]; n != 0 {
+		t.Fatalf("subscriptions after the abandon = %d, want 0", n)
+	}
+	// Another stream takes the one place, in the same bucket; a's
+	// subscription coming back is refused.
+	b.send("web", usage{id: []string{"tenant", "a"}, allowed: 1})
+	b.recv()
+	a.send("web", usage{id: []string{"tenant", "a"}, allowed: 1})
+	f.handled(t)
+	if n := f.reg.Gauges()["ratelimit.rlqs.subscriptions"]; n != 1 {
+		t.Errorf("subscriptions = %d with RLQS_MAX_BUCKETS=1, want 1", n)
+	}
+}
+
 // FuzzQuotaReport feeds arbitrary bytes to the quota service as a report:
 // it never panics, and answers a report or refuses it with
 // InvalidArgument.
