@@ -76,6 +76,17 @@ func TestRLQSOnTheGRPCListener(t *testing.T) {
 	if code != 200 || !strings.Contains(body, `"streams":1`) || !strings.Contains(body, `"subscribers":1`) || !strings.Contains(body, `"tenant":"acme"`) {
 		t.Errorf("/api/v1/quota = %d %s, want the stream and its bucket", code, body)
 	}
+	// The quota statistics, as Prometheus reads them.
+	code, body = get(t, "http://"+srv.Addrs().Debug.String()+"/metrics")
+	for _, want := range []string{
+		`ratelimit_rlqs_streams 1`, `ratelimit_rlqs_subscriptions 1`, `ratelimit_rlqs_reports 1`,
+		`ratelimit_rlqs_rule_allowed{domain="web",rule="quota_buckets[1]"} 1`,
+		`ratelimit_rlqs_rule_beyond_share{domain="web",rule="quota_buckets[1]"} 1`,
+	} {
+		if code != 200 || !strings.Contains(body, want) {
+			t.Errorf("/metrics has no %s", want)
+		}
+	}
 	// /rlconfig lists the quota rule.
 	if code, body := get(t, "http://"+srv.Addrs().Debug.String()+"/rlconfig"); code != 200 || !strings.Contains(body, "web quota_buckets[1] {tenant=*}: unit=SECOND requests_per_unit=10") {
 		t.Errorf("/rlconfig = %d:\n%s\nwant the quota rule", code, body)
