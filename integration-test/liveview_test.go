@@ -10,7 +10,6 @@ import (
 	"os/exec"
 	"slices"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -102,25 +101,7 @@ func testLiveView(t *testing.T, browser context.Context, backend, shot string, e
 	if err := chromedp.Do(ctx); err != nil { // opens the tab
 		t.Fatal(err)
 	}
-	var (
-		mu       sync.Mutex
-		problems []string
-	)
-	messages := chromedp.Console(ctx)
-	consoleDone := make(chan struct{})
-	go func() {
-		defer close(consoleDone)
-		for m, err := range messages {
-			if err != nil {
-				return
-			}
-			if m.Type == chromedp.ConsoleError || m.IsException() {
-				mu.Lock()
-				problems = append(problems, m.String())
-				mu.Unlock()
-			}
-		}
-	}()
+	problems := watchConsole(ctx)
 	run := func(what string, actions ...chromedp.Action[chromedp.Void]) {
 		t.Helper()
 		if err := chromedp.Do(ctx, actions...); err != nil {
@@ -218,11 +199,31 @@ func testLiveView(t *testing.T, browser context.Context, backend, shot string, e
 		screenshot(t, ctx, c, shot)
 	}
 	cancelRun()
-	<-consoleDone
-	mu.Lock()
-	defer mu.Unlock()
-	if len(problems) > 0 {
-		t.Fatalf("the page wrote to the console:\n%s", strings.Join(problems, "\n"))
+	if p := problems(); len(p) > 0 {
+		t.Fatalf("the page wrote to the console:\n%s", strings.Join(p, "\n"))
+	}
+}
+
+// watchConsole collects the errors and exceptions a tab writes to its
+// console until ctx ends; the function it returns waits for that end
+// (the caller cancels ctx first) and returns them.
+func watchConsole(ctx context.Context) func() []string {
+	var problems []string
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for m, err := range chromedp.Console(ctx) {
+			if err != nil {
+				return
+			}
+			if m.Type == chromedp.ConsoleError || m.IsException() {
+				problems = append(problems, m.String())
+			}
+		}
+	}()
+	return func() []string {
+		<-done
+		return problems
 	}
 }
 

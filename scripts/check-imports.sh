@@ -17,6 +17,8 @@ check() { # package, forbidden import prefixes...
 check src/settings src/
 check src/rules src/
 check src/stats src/
+# The RLQS allocation is pure: it knows nothing else of ours.
+check src/quota src/
 check src/limiter src/store src/service src/server src/provider src/settings src/stats
 for s in memory redis memcached breaker; do
   [ -d "src/store/$s" ] && check "src/store/$s" src/service src/server src/provider src/settings

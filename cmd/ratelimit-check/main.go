@@ -94,7 +94,13 @@ func run(args []string, stdout, stderr io.Writer) int {
 		return 0
 	}
 	domains := c.Domains()
-	fmt.Fprintf(stdout, "ok: %d file(s), %d domain(s), %d rule(s) in %s\n", n, len(domains), len(c.Limits()), dir)
+	quotas := ""
+	if q := len(c.QuotaRules()); q > 0 {
+		// Only when there are some: the line is otherwise the one tools
+		// already read.
+		quotas = fmt.Sprintf(", %d quota rule(s)", q)
+	}
+	fmt.Fprintf(stdout, "ok: %d file(s), %d domain(s), %d rule(s)%s in %s\n", n, len(domains), len(c.Limits()), quotas, dir)
 	if len(domains) > 0 {
 		fmt.Fprintf(stdout, "domains: %s\n", strings.Join(domains, ", "))
 	}

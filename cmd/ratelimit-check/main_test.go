@@ -59,6 +59,14 @@ descriptors:
 	apiMore  = "domain: api\ndescriptors:\n  - key: j\n    rate_limit: {unit: second, requests_per_unit: 2}\n"
 )
 
+// quotaRules are a domain with quota_buckets only (RLQS).
+const quotaRules = `domain: web
+quota_buckets:
+  - bucket: {tenant: "*"}
+    rate_limit: {unit: second, requests_per_unit: 100}
+  - policy: deny_all
+`
+
 func TestRun(t *testing.T) {
 	t.Parallel()
 	good := t.TempDir()
@@ -79,6 +87,8 @@ func TestRun(t *testing.T) {
 	write(t, dotted, "web.yaml", webV1)
 	write(t, dotted, ".api.yaml", apiRules)
 	empty := t.TempDir()
+	quota := t.TempDir()
+	write(t, quota, "web.yaml", quotaRules)
 	lists, listsMore := t.TempDir(), t.TempDir()
 	write(t, lists, "web.yaml", listsV1)
 	write(t, listsMore, "web.yaml", strings.Replace(listsV1, "requests_per_unit: 50", "requests_per_unit: 60", 1))
@@ -130,6 +140,17 @@ func TestRun(t *testing.T) {
 			name:       "dump",
 			args:       []string{"-config_dir", v1, "-dump"},
 			wantStdout: webV1Dump,
+		},
+		{
+			name:       "quota_rules",
+			args:       []string{"-config_dir", quota},
+			wantStdout: "ok: 1 file(s), 1 domain(s), 0 rule(s), 2 quota rule(s) in " + quota + "\ndomains: web\n",
+		},
+		{
+			name: "dump_quota_rules",
+			args: []string{"-config_dir", quota, "-dump"},
+			wantStdout: "web quota_buckets[1] {tenant=*}: unit=SECOND requests_per_unit=100, burst: 100, policy: fair_share\n" +
+				"web quota_buckets[2] default: policy: deny_all\n",
 		},
 		{
 			// Every limit of a list, on a line of its own.

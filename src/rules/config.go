@@ -23,6 +23,8 @@ type Config struct {
 	domains map[string]*node
 	names   []string // sorted
 	limits  []*Limit // in Dump order
+	// quotas are each domain's quota_buckets, in file order.
+	quotas map[string][]*QuotaRule
 }
 
 // Match is the result of matching one descriptor.
@@ -335,7 +337,8 @@ func (c *Config) matchDetailed(domain string, entries []Entry, limit *Limit) Mat
 // limit of a descriptor's rate_limits, in file order, marked "rate_limits:
 // 2/3 minute" (the limit's place and Limit.StatLevel). Each line starts as
 // envoyproxy/ratelimit's /rlconfig line and appends the settings that
-// differ from their defaults.
+// differ from their defaults. The quota rules follow, one line each as
+// QuotaRule.String writes it, domains sorted, each in file order.
 func (c *Config) Dump() string {
 	if c == nil {
 		return ""
@@ -343,6 +346,10 @@ func (c *Config) Dump() string {
 	var b strings.Builder
 	for _, l := range c.limits {
 		writeLimit(&b, l)
+	}
+	for _, q := range c.QuotaRules() {
+		b.WriteString(q.String())
+		b.WriteByte('\n')
 	}
 	return b.String()
 }

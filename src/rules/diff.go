@@ -52,8 +52,15 @@ type Change struct {
 	Levels []string
 	// Old and New are the rule in the old and the new config; nil where
 	// there is none (a rule added or removed, a domain, a level without a
-	// rule).
+	// rule, a quota rule).
 	Old, New *Limit
+	// Quota is the quota rule added or removed (in the new or the old
+	// config); nil for the other changes. A quota rule is known by its
+	// bucket match and settings: a changed one is removed and added. When
+	// only the order of a domain's quota rules changed, which decides the
+	// first match, Kind is Changed and Quota nil, with Fields naming
+	// quota_buckets.
+	Quota *QuotaRule
 	// Fields lists the settings that differ, in Dump's order: every
 	// difference of a rule in both configs, and for the other kinds the
 	// value_to_metric and share_threshold flags of a level present in both
@@ -110,6 +117,8 @@ func (c Change) String() string {
 		rule = c.Old
 	}
 	switch {
+	case c.Quota != nil:
+		b.WriteString(c.Quota.String())
 	case rule != nil:
 		var line strings.Builder
 		for _, l := range all(rule) {
@@ -168,6 +177,53 @@ func Diff(from, to *Config) []Change {
 			changes = append(changes, Change{Kind: Added, Domain: d})
 		}
 		changes = diffLevels(changes, d, flatten(a, nil, nil), flatten(b, nil, nil))
+		changes = diffQuotas(changes, d, from.quotaRules(d), to.quotaRules(d))
+	}
+	return changes
+}
+
+func (c *Config) quotaRules(domain string) []*QuotaRule {
+	if c == nil {
+		return nil
+	}
+	return c.quotas[domain]
+}
+
+// quotaIdentity is a quota rule's bucket match and settings: what makes
+// two rules behave the same, whatever their place.
+func quotaIdentity(q *QuotaRule) string {
+	_, rest, _ := strings.Cut(q.String(), "] ")
+	return rest
+}
+
+// diffQuotas appends the quota rules of a domain removed and added, or a
+// change of their order.
+func diffQuotas(changes []Change, domain string, from, to []*QuotaRule) []Change {
+	ids := func(qs []*QuotaRule) []string {
+		out := make([]string, len(qs))
+		for i, q := range qs {
+			out[i] = quotaIdentity(q)
+		}
+		return out
+	}
+	a, b := ids(from), ids(to)
+	if slices.Equal(a, b) {
+		return changes
+	}
+	n := len(changes)
+	for i, id := range a {
+		if !slices.Contains(b, id) {
+			changes = append(changes, Change{Kind: Removed, Domain: domain, Quota: from[i]})
+		}
+	}
+	for i, id := range b {
+		if !slices.Contains(a, id) {
+			changes = append(changes, Change{Kind: Added, Domain: domain, Quota: to[i]})
+		}
+	}
+	if len(changes) == n {
+		changes = append(changes, Change{Kind: Changed, Domain: domain,
+			Fields: []FieldChange{{Name: "quota_buckets", Old: "order " + strings.Join(a, "; "), New: "order " + strings.Join(b, "; ")}}})
 	}
 	return changes
 }

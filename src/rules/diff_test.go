@@ -283,3 +283,46 @@ func TestDiffSameIsNil(t *testing.T) {
 		}
 	}
 }
+
+func TestDiffQuota(t *testing.T) {
+	t.Parallel()
+	base := "domain: web\nquota_buckets:\n  - bucket: {tenant: \"*\"}\n    rate_limit: {unit: second, requests_per_unit: 100}\n  - bucket: {tenant: blocked}\n    policy: deny_all\n"
+	tests := []struct {
+		name string
+		give string
+		want []string
+	}{
+		{"same_moved_lines", "# a comment\n" + base, nil},
+		{
+			"limit_changed",
+			strings.Replace(base, "requests_per_unit: 100", "requests_per_unit: 50", 1),
+			[]string{
+				"- web quota_buckets[1] {tenant=*}: unit=SECOND requests_per_unit=100, burst: 100, policy: fair_share",
+				"+ web quota_buckets[1] {tenant=*}: unit=SECOND requests_per_unit=50, burst: 50, policy: fair_share",
+			},
+		},
+		{
+			"rule_added",
+			base + "  - policy: allow_all\n",
+			[]string{"+ web quota_buckets[3] default: policy: allow_all"},
+		},
+		{
+			// The first match wins: the order is a change of behaviour.
+			"order_changed",
+			"domain: web\nquota_buckets:\n  - bucket: {tenant: blocked}\n    policy: deny_all\n  - bucket: {tenant: \"*\"}\n    rate_limit: {unit: second, requests_per_unit: 100}\n",
+			[]string{"~ domain web: quota_buckets order {tenant=*}: unit=SECOND requests_per_unit=100, burst: 100, policy: fair_share; {tenant=blocked}: policy: deny_all -> " +
+				"order {tenant=blocked}: policy: deny_all; {tenant=*}: unit=SECOND requests_per_unit=100, burst: 100, policy: fair_share"},
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			var got []string
+			for _, c := range Diff(parseFiles(t, "web.yaml", base), parseFiles(t, "web.yaml", tt.give)) {
+				got = append(got, c.String())
+			}
+			if !slices.Equal(got, tt.want) {
+				t.Errorf("Diff =\n%s\nwant\n%s", strings.Join(got, "\n"), strings.Join(tt.want, "\n"))
+			}
+		})
+	}
+}

@@ -9,9 +9,10 @@ import (
 
 // FuzzParse checks that no input panics Parse, that every problem is an
 // *Error, and that parsing is deterministic: the same bytes give the same
-// Dump, and matching the parsed tree does not panic either.
+// Dump, and matching the parsed tree, or a bucket id against its quota
+// rules, does not panic either.
 func FuzzParse(f *testing.F) {
-	for _, pattern := range []string{"testdata/*.yaml", "testdata/match/*.yaml"} {
+	for _, pattern := range []string{"testdata/*.yaml", "testdata/match/*.yaml", "testdata/quota/*.yaml"} {
 		paths, err := filepath.Glob(pattern)
 		if err != nil {
 			f.Fatal(err)
@@ -58,6 +59,11 @@ func FuzzParse(f *testing.F) {
 				{{Key: "path", Value: "/v1/users/42"}, {Key: "a", Value: "b"}, {Key: "c", Value: "d"}},
 			} {
 				cfg.Match(d, e)
+				id := map[string]string{}
+				for _, kv := range e {
+					id[kv.Key] = kv.Value
+				}
+				cfg.MatchQuota(d, id)
 			}
 		}
 	})

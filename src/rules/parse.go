@@ -54,7 +54,7 @@ type Options struct {
 
 // The keys each kind of YAML map accepts. Anything else is an error.
 var (
-	rootKeys       = []string{"domain", "descriptors"}
+	rootKeys       = []string{"domain", "descriptors", "quota_buckets"}
 	descriptorKeys = []string{
 		"key", "value", "rate_limit", "descriptors", "shadow_mode", "quota_mode",
 		"detailed_metric", "value_to_metric", "share_threshold", "metadata",
@@ -68,8 +68,8 @@ var (
 )
 
 // Parse reads rule files in the envoyproxy/ratelimit YAML format (plus the
-// algorithm, burst, unit_multiplier, rate_limits and value_regex
-// extensions) and builds an immutable
+// algorithm, burst, unit_multiplier, rate_limits, value_regex and
+// quota_buckets extensions) and builds an immutable
 // Config. It reports every problem of every file, each as an *Error, joined
 // with errors.Join; on error the Config is nil.
 func Parse(files []File, opts Options) (*Config, error) {
@@ -94,6 +94,10 @@ type builder struct {
 type domainState struct {
 	root *node
 	file string // the first file that defined the domain
+	// quotas are the domain's quota_buckets, in file order; quotasFull
+	// is set once MaxQuotaRules was reported.
+	quotas     []*QuotaRule
+	quotasFull bool
 }
 
 // fileParser walks the YAML nodes of one file.
@@ -228,6 +232,9 @@ func (p *fileParser) parse(data []byte) {
 	p.domain = domain
 	if f, ok := fs["descriptors"]; ok {
 		p.descriptors(f.val, d.root, domain, nil)
+	}
+	if f, ok := fs["quota_buckets"]; ok && d != nil {
+		p.quotaBuckets(f, d)
 	}
 }
 
@@ -818,10 +825,13 @@ func editDistance(a, b string) int {
 
 // build freezes the parsed domains into a Config.
 func (b *builder) build() *Config {
-	c := &Config{domains: make(map[string]*node, len(b.domains))}
+	c := &Config{domains: make(map[string]*node, len(b.domains)), quotas: map[string][]*QuotaRule{}}
 	for name, d := range b.domains {
 		c.domains[name] = d.root
 		c.names = append(c.names, name)
+		if len(d.quotas) > 0 {
+			c.quotas[name] = d.quotas
+		}
 	}
 	sort.Strings(c.names)
 	for _, name := range c.names {

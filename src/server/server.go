@@ -20,6 +20,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	rlqsv3 "github.com/envoyproxy/go-control-plane/envoy/service/rate_limit_quota/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -32,6 +33,7 @@ import (
 	"github.com/ratelimitd/ratelimit/src/live"
 	"github.com/ratelimitd/ratelimit/src/live/web"
 	"github.com/ratelimitd/ratelimit/src/provider"
+	"github.com/ratelimitd/ratelimit/src/quota"
 	"github.com/ratelimitd/ratelimit/src/rules"
 	"github.com/ratelimitd/ratelimit/src/service"
 	"github.com/ratelimitd/ratelimit/src/settings"
@@ -98,6 +100,9 @@ type Server struct {
 	live      *live.Recorder
 	web       *web.Handler
 	nearCache *limiter.NearCache
+	// quota serves the Rate Limit Quota Service; nil with
+	// RLQS_ENABLED=false.
+	quota *service.Quota
 }
 
 // Reload reads the rule files and the TLS files at once, as an operator's
@@ -215,6 +220,21 @@ func New(ctx context.Context, set *settings.Settings, log *slog.Logger) (*Server
 		Live:               s.live,
 		Log:                log,
 	})
+
+	if set.RLQSEnabled != settings.RLQSOff {
+		idle := set.RLQSIdleTimeout
+		if idle == 0 {
+			idle = -1 // never
+		}
+		s.quota = service.NewQuota(s.stats, service.QuotaConfig{
+			Auto:                set.RLQSEnabled == settings.RLQSAuto,
+			Pool:                quota.Config{TTL: set.RLQSAssignmentTTL, Idle: idle},
+			MaxStreams:          set.RLQSMaxStreams,
+			MaxBuckets:          set.RLQSMaxBuckets,
+			MaxBucketsPerStream: set.RLQSMaxBucketsPerStream,
+			Log:                 log,
+		})
+	}
 
 	if set.ConfigType == settings.ConfigTypeXDS {
 		err = s.watchXDS(ctx)
@@ -351,6 +371,9 @@ func (s *Server) watchXDS(ctx context.Context) error {
 func (s *Server) setRules(snap provider.Snapshot) {
 	cfg := snap.Rules
 	s.svc.SetRules(cfg)
+	if s.quota != nil {
+		s.quota.SetRules(cfg)
+	}
 	s.snapshot.Store(&snap)
 	s.reloadErr.Store(nil)
 	s.stats.Counter("ratelimit.service.config_load_success").Inc()
@@ -442,7 +465,7 @@ func (s *Server) listen() error {
 		s.promSrv = newHTTPServer(pmux, httpWriteTimeout, s.log)
 	}
 
-	opts := append(grpcOptions(s.set, s.recoverUnary),
+	opts := append(grpcOptions(s.set, s.recoverUnary, s.recoverStream),
 		grpc.InTapHandle(s.svc.Tap),
 		grpc.ForceServerCodecV2(service.Codec()))
 	if s.tls != nil {
@@ -450,6 +473,9 @@ func (s *Server) listen() error {
 	}
 	s.grpc = grpc.NewServer(opts...)
 	rlsv3.RegisterRateLimitServiceServer(s.grpc, s.svc)
+	if s.quota != nil {
+		rlqsv3.RegisterRateLimitQuotaServiceServer(s.grpc, s.quota)
+	}
 	healthpb.RegisterHealthServer(s.grpc, s.health.grpc)
 	reflection.Register(s.grpc)
 
@@ -472,7 +498,11 @@ func (s *Server) listen() error {
 	dmux.HandleFunc("/debug/pprof/trace", pprof.Trace)
 	index := "/rlconfig: the rules in use\n/stats: counters as text\n/metrics: counters for Prometheus\n/debug/pprof/: profiles\n"
 	if s.live != nil {
-		s.web = web.New(web.Config{Live: s.live, Source: s.liveSource, Store: s.liveStore})
+		wc := web.Config{Live: s.live, Source: s.liveSource, Store: s.liveStore}
+		if s.quota != nil {
+			wc.Quota = func() any { return s.quota.State() }
+		}
+		s.web = web.New(wc)
 		dmux.Handle("/ui", s.web)
 		dmux.Handle("/ui/", s.web)
 		dmux.Handle("/api/", s.web)
@@ -550,7 +580,7 @@ const (
 )
 
 // grpcOptions are the gRPC server's options from the settings.
-func grpcOptions(set *settings.Settings, intercept grpc.UnaryServerInterceptor) []grpc.ServerOption {
+func grpcOptions(set *settings.Settings, intercept grpc.UnaryServerInterceptor, interceptStream grpc.StreamServerInterceptor) []grpc.ServerOption {
 	opts := []grpc.ServerOption{
 		grpc.KeepaliveParams(keepalive.ServerParameters{
 			MaxConnectionAge:      set.GRPCMaxConnectionAge,
@@ -566,6 +596,7 @@ func grpcOptions(set *settings.Settings, intercept grpc.UnaryServerInterceptor) 
 		grpc.MaxHeaderListSize(grpcMaxHeaderListSize),
 		grpc.ConnectionTimeout(grpcHandshakeTimeout),
 		grpc.ChainUnaryInterceptor(intercept),
+		grpc.ChainStreamInterceptor(interceptStream),
 		grpc.ReadBufferSize(set.GRPCReadBufferSize),
 		grpc.WriteBufferSize(set.GRPCWriteBufferSize),
 		// grpc-go now shares write buffers by default and deprecates the
@@ -599,6 +630,19 @@ func (s *Server) recoverUnary(ctx context.Context, req any, info *grpc.UnaryServ
 		}
 	}()
 	return handler(ctx, req)
+}
+
+// recoverStream is recoverUnary for streams (the quota service, health
+// watches): a panic ends the stream with codes.Internal.
+func (s *Server) recoverStream(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) (err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			s.stats.Counter("ratelimit.server.panics").Inc()
+			s.log.Error("panic in handler", "method", info.FullMethod, "panic", r, "stack", string(debug.Stack()))
+			err = status.Errorf(codes.Internal, "internal error: %v", r)
+		}
+	}()
+	return handler(srv, ss)
 }
 
 // Addrs are the addresses the server listens on (useful with port 0).
@@ -657,6 +701,9 @@ func (s *Server) Run(ctx context.Context) error {
 		wg.Go(func() { s.live.Run(ctx) })
 	}
 	wg.Go(func() { s.svc.RunStatsExpiry(ctx) })
+	if s.quota != nil {
+		wg.Go(func() { s.quota.Run(ctx) })
+	}
 	if s.store.started != nil && s.set.RedisStartupMaxElapsedTime > 0 {
 		wg.Add(1)
 		go func() {
@@ -702,6 +749,12 @@ func (s *Server) shutdown(run *sync.WaitGroup) {
 	dctx, dcancel := context.WithTimeout(context.Background(), s.drain)
 	defer dcancel()
 
+	// Quota streams never end by themselves: end them first, so that
+	// the graceful stop does not wait for them. Envoy keeps their
+	// assignments until their TTL and opens its stream again elsewhere.
+	if s.quota != nil {
+		s.quota.Close()
+	}
 	var drain sync.WaitGroup
 	drain.Go(s.grpc.GracefulStop)
 	for _, h := range s.httpServers() {

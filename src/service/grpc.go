@@ -8,6 +8,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	rlqsv3 "github.com/envoyproxy/go-control-plane/envoy/service/rate_limit_quota/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/encoding"
@@ -19,12 +20,12 @@ import (
 )
 
 // Codec returns the gRPC codec the server must use (grpc.ForceServerCodecV2):
-// grpc-go's proto codec, except that a RateLimitRequest that does not decode
-// (a string field holding invalid UTF-8, a truncated field) reaches the
-// service marked as malformed, and is answered InvalidArgument with the
-// reason, where grpc-go answers Internal from inside its own receive path —
-// which Envoy's default failure_mode_deny: false turns into an admitted
-// request. Other messages decode as usual.
+// grpc-go's proto codec, except that a RateLimitRequest or a quota report
+// that does not decode (a string field holding invalid UTF-8, a truncated
+// field) reaches the service marked as malformed, and is answered
+// InvalidArgument with the reason, where grpc-go answers Internal from
+// inside its own receive path — which Envoy's default failure_mode_deny:
+// false turns into an admitted request. Other messages decode as usual.
 func Codec() encoding.CodecV2 {
 	return codec{encoding.GetCodecV2("proto")}
 }
@@ -33,9 +34,17 @@ type codec struct{ encoding.CodecV2 }
 
 func (c codec) Unmarshal(data mem.BufferSlice, v any) error {
 	err := c.CodecV2.Unmarshal(data, v)
-	if r, ok := v.(*rlsv3.RateLimitRequest); ok && err != nil {
-		proto.Reset(r)
-		markMalformed(r, err)
+	if err == nil {
+		return nil
+	}
+	switch m := v.(type) {
+	case *rlsv3.RateLimitRequest:
+		proto.Reset(m)
+		markMalformed(m, err)
+		return nil
+	case *rlqsv3.RateLimitQuotaUsageReports:
+		proto.Reset(m)
+		markMalformed(m, err)
 		return nil
 	}
 	return err
@@ -54,7 +63,7 @@ var malformedNonce = func() []byte {
 }()
 
 // markMalformed records err in r's unknown fields, behind the nonce.
-func markMalformed(r *rlsv3.RateLimitRequest, err error) {
+func markMalformed(r proto.Message, err error) {
 	var b []byte
 	b = protowire.AppendTag(b, malformedField, protowire.BytesType)
 	b = protowire.AppendBytes(b, append(slices.Clip(malformedNonce), err.Error()...))
@@ -62,7 +71,7 @@ func markMalformed(r *rlsv3.RateLimitRequest, err error) {
 }
 
 // malformed returns the decoding error Codec recorded in r, if any.
-func malformed(r *rlsv3.RateLimitRequest) (string, bool) {
+func malformed(r proto.Message) (string, bool) {
 	u := r.ProtoReflect().GetUnknown()
 	if len(u) == 0 {
 		return "", false

@@ -1,8 +1,10 @@
 // Package service implements Envoy's RateLimitService v3 (ShouldRateLimit)
-// and its JSON form. It validates requests, matches descriptors against the
-// current rules, asks the limiter for decisions and turns them into the
-// response, statistics and gRPC codes. It is the only package that maps
-// errors to gRPC codes and HTTP statuses; it knows no concrete store.
+// and its JSON form, and Envoy's Rate Limit Quota Service (Quota: streams
+// of usage reports answered with quota assignments that package quota
+// computes). It validates requests, matches descriptors and bucket ids
+// against the current rules, asks the limiter for decisions and turns them
+// into the response, statistics and gRPC codes. It is the only package that
+// maps errors to gRPC codes and HTTP statuses; it knows no concrete store.
 package service
 
 import (

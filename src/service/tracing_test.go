@@ -56,9 +56,16 @@ func tracerWith(t testing.TB, rate float64, process func(sdktrace.SpanExporter) 
 // grpcClient serves f's service on an in-memory gRPC connection.
 func grpcClient(t *testing.T, f *fixture) rlsv3.RateLimitServiceClient {
 	t.Helper()
-	ln := bufconn.Listen(1 << 20)
 	srv := grpc.NewServer()
 	rlsv3.RegisterRateLimitServiceServer(srv, f.svc)
+	return rlsv3.NewRateLimitServiceClient(bufconnClient(t, srv))
+}
+
+// bufconnClient serves srv on an in-memory listener until the test ends
+// and returns a connection to it.
+func bufconnClient(t *testing.T, srv *grpc.Server) *grpc.ClientConn {
+	t.Helper()
+	ln := bufconn.Listen(1 << 20)
 	go func() { _ = srv.Serve(ln) }()
 	t.Cleanup(srv.Stop)
 	conn, err := grpc.NewClient("passthrough:///bufconn",
@@ -68,7 +75,7 @@ func grpcClient(t *testing.T, f *fixture) rlsv3.RateLimitServiceClient {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { conn.Close() })
-	return rlsv3.NewRateLimitServiceClient(conn)
+	return conn
 }
 
 // TestTracingSpanPerRequest: each ShouldRateLimit call is one server span,

@@ -239,6 +239,24 @@ type Settings struct {
 	LiveViewEnabled bool `envconfig:"LIVE_VIEW_ENABLED" default:"true"`
 	LiveViewMaxKeys int  `envconfig:"LIVE_VIEW_MAX_KEYS" default:"1024"`
 
+	// The Rate Limit Quota Service (extensions; docs/RLQS.md), on the gRPC
+	// listener. RLQS_ENABLED: true, false, or empty (the default): served
+	// while the rules have quota_buckets, answered Unimplemented while
+	// they have none. RLQS_ASSIGNMENT_TTL: the time to live of every
+	// assignment, whole seconds, 2s..1h, longer than Envoy's report
+	// period (5 s). RLQS_IDLE_TIMEOUT: a bucket that reported no request
+	// for this long is abandoned (0: never). RLQS_MAX_STREAMS: streams
+	// open at once; RLQS_MAX_BUCKETS: subscriptions (a bucket of one
+	// stream) counted at once, all streams together, those of closed
+	// streams included until their leases end; RLQS_MAX_BUCKETS_PER_STREAM:
+	// the same for one stream.
+	RLQSEnabled             string        `envconfig:"RLQS_ENABLED" default:""`
+	RLQSAssignmentTTL       time.Duration `envconfig:"RLQS_ASSIGNMENT_TTL" default:"15s"`
+	RLQSIdleTimeout         time.Duration `envconfig:"RLQS_IDLE_TIMEOUT" default:"60s"`
+	RLQSMaxStreams          int           `envconfig:"RLQS_MAX_STREAMS" default:"1024"`
+	RLQSMaxBuckets          int           `envconfig:"RLQS_MAX_BUCKETS" default:"100000"`
+	RLQSMaxBucketsPerStream int           `envconfig:"RLQS_MAX_BUCKETS_PER_STREAM" default:"10000"`
+
 	// Memory store (our extension). MEMORY_MAX_BYTES: the most bytes its
 	// keys take (64 MiB; at least 1 MiB); MEMORY_MAX_KEYS: the most keys
 	// (0 = no key-count ceiling). At either the store evicts, never refuses.
@@ -716,6 +734,7 @@ func (s *Settings) Validate() error {
 	if s.LiveViewMaxKeys < 16 || s.LiveViewMaxKeys > 65536 {
 		bad("LIVE_VIEW_MAX_KEYS", "%d is outside 16..65536", s.LiveViewMaxKeys)
 	}
+	s.validateRLQS(bad)
 	if s.StatsdPort < 1 || s.StatsdPort > 65535 {
 		bad("STATSD_PORT", "port %d out of range 1-65535", s.StatsdPort)
 	}
@@ -791,6 +810,40 @@ func (s *Settings) Validate() error {
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// Values of RLQS_ENABLED.
+const (
+	RLQSAuto = ""
+	RLQSOn   = "true"
+	RLQSOff  = "false"
+)
+
+// validateRLQS checks the RLQS_* settings.
+func (s *Settings) validateRLQS(bad func(name, format string, args ...any)) {
+	switch v := strings.ToLower(strings.TrimSpace(s.RLQSEnabled)); v {
+	case RLQSAuto, RLQSOn, RLQSOff:
+		s.RLQSEnabled = v
+	default:
+		bad("RLQS_ENABLED", "%q: want true, false, or empty (on while the rules have quota_buckets)", s.RLQSEnabled)
+	}
+	if ttl := s.RLQSAssignmentTTL; ttl < 2*time.Second || ttl > time.Hour || ttl%time.Second != 0 {
+		// Envoy reads whole seconds only, and must hear again before
+		// the TTL ends: its reports come every 5 s.
+		bad("RLQS_ASSIGNMENT_TTL", "%v: want whole seconds from 2s to 1h", ttl)
+	}
+	if d := s.RLQSIdleTimeout; d < 0 || (d > 0 && d < 10*time.Second) {
+		bad("RLQS_IDLE_TIMEOUT", "%v: want 0 (never) or at least 10s", d)
+	}
+	if n := s.RLQSMaxStreams; n < 1 || n > 1_000_000 {
+		bad("RLQS_MAX_STREAMS", "%d is outside 1..1000000", n)
+	}
+	if n := s.RLQSMaxBuckets; n < 1 || n > 10_000_000 {
+		bad("RLQS_MAX_BUCKETS", "%d is outside 1..10000000", n)
+	}
+	if n := s.RLQSMaxBucketsPerStream; n < 1 || n > s.RLQSMaxBuckets {
+		bad("RLQS_MAX_BUCKETS_PER_STREAM", "%d is outside 1..RLQS_MAX_BUCKETS (%d)", n, s.RLQSMaxBuckets)
+	}
 }
 
 // Values of TRACING_EXPORTER_PROTOCOL.

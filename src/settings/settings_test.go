@@ -61,6 +61,12 @@ func TestDefaults(t *testing.T) {
 		{"STORE_BREAKER_FAILURES", s.StoreBreakerFailures, 5},
 		{"STORE_BREAKER_PROBE_INTERVAL", s.StoreBreakerProbeInterval, 500 * time.Millisecond},
 		{"STORE_FAILURE_MODE", s.StoreFailureMode, "error"},
+		{"RLQS_ENABLED", s.RLQSEnabled, ""},
+		{"RLQS_ASSIGNMENT_TTL", s.RLQSAssignmentTTL, 15 * time.Second},
+		{"RLQS_IDLE_TIMEOUT", s.RLQSIdleTimeout, time.Minute},
+		{"RLQS_MAX_STREAMS", s.RLQSMaxStreams, 1024},
+		{"RLQS_MAX_BUCKETS", s.RLQSMaxBuckets, 100000},
+		{"RLQS_MAX_BUCKETS_PER_STREAM", s.RLQSMaxBucketsPerStream, 10000},
 	}
 	for _, c := range checks {
 		if c.got != c.want {
@@ -550,6 +556,45 @@ func TestTracingSettings(t *testing.T) {
 			}
 			if s.TracingExporterProtocol != tt.protocol || s.TracingSamplingRate != tt.rate {
 				t.Errorf("protocol %q, rate %v; want %q, %v", s.TracingExporterProtocol, s.TracingSamplingRate, tt.protocol, tt.rate)
+			}
+		})
+	}
+}
+
+func TestRLQSSettings(t *testing.T) {
+	tests := []struct {
+		name    string
+		env     map[string]string
+		wantErr string
+		check   func(*Settings) bool
+	}{
+		{name: "enabled_any_case", env: map[string]string{"RLQS_ENABLED": " TRUE "}, check: func(s *Settings) bool { return s.RLQSEnabled == RLQSOn }},
+		{name: "disabled", env: map[string]string{"RLQS_ENABLED": "false"}, check: func(s *Settings) bool { return s.RLQSEnabled == RLQSOff }},
+		{name: "enabled_nonsense", env: map[string]string{"RLQS_ENABLED": "sometimes"}, wantErr: `RLQS_ENABLED: "sometimes"`},
+		{name: "ttl_fraction", env: map[string]string{"RLQS_ASSIGNMENT_TTL": "2500ms"}, wantErr: "RLQS_ASSIGNMENT_TTL: 2.5s: want whole seconds"},
+		{name: "ttl_too_short", env: map[string]string{"RLQS_ASSIGNMENT_TTL": "1s"}, wantErr: "RLQS_ASSIGNMENT_TTL: 1s"},
+		{name: "idle_never", env: map[string]string{"RLQS_IDLE_TIMEOUT": "0"}, check: func(s *Settings) bool { return s.RLQSIdleTimeout == 0 }},
+		{name: "idle_too_short", env: map[string]string{"RLQS_IDLE_TIMEOUT": "1s"}, wantErr: "RLQS_IDLE_TIMEOUT: 1s"},
+		{name: "no_streams", env: map[string]string{"RLQS_MAX_STREAMS": "0"}, wantErr: "RLQS_MAX_STREAMS: 0 is outside"},
+		{name: "per_stream_above_total", env: map[string]string{"RLQS_MAX_BUCKETS": "10", "RLQS_MAX_BUCKETS_PER_STREAM": "11"}, wantErr: "RLQS_MAX_BUCKETS_PER_STREAM: 11 is outside 1..RLQS_MAX_BUCKETS (10)"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			for k, v := range tt.env {
+				t.Setenv(k, v)
+			}
+			s, err := Load()
+			if tt.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), tt.wantErr) {
+					t.Fatalf("Load() error = %v, want %q", err, tt.wantErr)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !tt.check(s) {
+				t.Errorf("Load() with %v: unexpected settings %+v", tt.env, s)
 			}
 		})
 	}

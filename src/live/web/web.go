@@ -83,6 +83,9 @@ type Config struct {
 	Source func() Source
 	// Store returns the store's state; nil reports nothing.
 	Store func() Store
+	// Quota returns the state of the Rate Limit Quota Service as a JSON
+	// document (the service's QuotaState); nil when it is off.
+	Quota func() any
 	// MaxStreams bounds the /api/v1/stream clients at once (default
 	// DefaultMaxStreams); one more is answered 503.
 	MaxStreams int
@@ -137,8 +140,9 @@ func New(cfg Config) *Handler {
 	h.mux.HandleFunc("GET /api/v1/traffic", h.serveTraffic)
 	h.mux.HandleFunc("GET /api/v1/topkeys", h.serveTopKeys)
 	h.mux.HandleFunc("GET /api/v1/stream", h.serveStream)
+	h.mux.HandleFunc("GET /api/v1/quota", h.serveQuota)
 	h.mux.HandleFunc("GET /api/", func(w http.ResponseWriter, _ *http.Request) {
-		writeError(w, http.StatusNotFound, "no such endpoint: see /api/v1/rules, /api/v1/traffic, /api/v1/topkeys, /api/v1/stream")
+		writeError(w, http.StatusNotFound, "no such endpoint: see /api/v1/rules, /api/v1/traffic, /api/v1/topkeys, /api/v1/stream, /api/v1/quota")
 	})
 	return h
 }
@@ -199,6 +203,16 @@ func intParam(r *http.Request, name string, def, lo, hi int) (int, bool) {
 
 func (h *Handler) serveRules(w http.ResponseWriter, _ *http.Request) {
 	writeJSON(w, h.rules())
+}
+
+// serveQuota serves the quota service's state, or {"enabled": false} when
+// it is off (RLQS_ENABLED=false).
+func (h *Handler) serveQuota(w http.ResponseWriter, _ *http.Request) {
+	if h.cfg.Quota == nil {
+		writeJSON(w, map[string]any{"enabled": false, "rules": []any{}})
+		return
+	}
+	writeJSON(w, h.cfg.Quota())
 }
 
 func (h *Handler) serveTraffic(w http.ResponseWriter, r *http.Request) {

@@ -380,3 +380,19 @@ func TestCloseEndsStreams(t *testing.T) {
 		t.Fatalf("an event after Close: %s", data)
 	}
 }
+
+func TestQuotaDocument(t *testing.T) {
+	off := newFixture(t, Config{})
+	var doc map[string]any
+	getJSON(t, off.srv.URL+"/api/v1/quota", &doc)
+	if doc["enabled"] != false {
+		t.Errorf("/api/v1/quota with no quota service = %v, want enabled false", doc)
+	}
+	on := newFixture(t, Config{Quota: func() any {
+		return map[string]any{"enabled": true, "rules": []map[string]any{{"domain": "web", "rule": "per-tenant"}}}
+	}})
+	getJSON(t, on.srv.URL+"/api/v1/quota", &doc)
+	if doc["enabled"] != true || len(doc["rules"].([]any)) != 1 {
+		t.Errorf("/api/v1/quota = %v, want the service's document", doc)
+	}
+}

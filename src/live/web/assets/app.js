@@ -264,11 +264,73 @@
     row("Near cache", s.near_cache ? s.near_cache.entries + " keys · " + fmtNum(hits) + " hits/s" : el("span", { class: "dim" }, "off (LOCAL_CACHE_SIZE_IN_BYTES)"));
   }
 
+  // ---- quota (RLQS) ----
+
+  const pct = (x) => Math.round(100 * x) + " %";
+  const rate = (x) => (x < 0 ? "–" : x >= 10 ? String(Math.round(x)) : x.toFixed(2));
+
+  function renderQuota(doc) {
+    const section = $("quota");
+    section.hidden = !doc.enabled || doc.rules.length === 0;
+    if (section.hidden) return;
+    $("quota-summary").textContent = doc.streams + " streams · " + doc.subscriptions + " subscriptions";
+    const body = $("quota-body");
+    body.replaceChildren();
+    const tbody = el("tbody");
+    for (const r of doc.rules) {
+      const limit = r.rate > 0 ? rate(r.rate) + "/s · burst " + r.burst : "–";
+      const share = r.buckets ? el("span", { class: r.max_share > 1 ? "bad" : "" }, pct(r.max_share)) : "–";
+      const tr = el("tr", {},
+        el("td", { class: "mono" }, r.domain + " · " + r.rule), el("td", {}, r.policy), el("td", {}, limit),
+        el("td", { class: "num" }, String(r.buckets)), el("td", { class: "num" }, String(r.subscribers)),
+        el("td", { class: "num" }, share), el("td", { class: "num" }, fmtNum(r.allowed)),
+        el("td", { class: "num" }, fmtNum(r.denied)),
+        el("td", { class: "num" }, r.beyond_share ? el("span", { class: "bad" }, fmtNum(r.beyond_share)) : "0"),
+        el("td", { class: "src" }, r.source));
+      tr.dataset.text = (r.domain + " " + r.rule + " " + r.match).toLowerCase();
+      tbody.append(tr);
+      for (const b of r.top || []) {
+        const id = Object.entries(b.id).map(([k, v]) => k + "=" + v).join(", ");
+        const envoys = b.subscribers.map((s) =>
+          (s.peer || "stream " + s.stream) + (s.gone ? " (gone)" : "") + ": " + rate(s.rate) + "/s of " + rate(s.demand) + "/s wanted, " + s.burst + " tokens").join(" · ");
+        const row = el("tr", { class: "sub" }, el("td", { class: "mono key", colspan: "5" }, "{" + id + "}"),
+          el("td", { class: "num" }, pct(b.share)), el("td", { class: "key", colspan: "4" }, envoys));
+        row.dataset.text = tr.dataset.text + " " + id.toLowerCase();
+        tbody.append(row);
+      }
+    }
+    body.append(el("div", { class: "table-wrap" }, el("table", {},
+      el("thead", {}, el("tr", {},
+        el("th", { scope: "col" }, "Rule"), el("th", { scope: "col" }, "Policy"), el("th", { scope: "col" }, "Limit per bucket"),
+        el("th", { scope: "col", class: "num" }, "Buckets"), el("th", { scope: "col", class: "num" }, "Envoys"),
+        el("th", { scope: "col", class: "num", title: "the largest sum of the shares in one bucket, over its limit" }, "Shares / limit"),
+        el("th", { scope: "col", class: "num" }, "Allowed"), el("th", { scope: "col", class: "num" }, "Denied"),
+        el("th", { scope: "col", class: "num", title: "admitted beyond the shares granted: before a first assignment, after one expired" }, "Beyond shares"),
+        el("th", { scope: "col" }, "Source"))),
+      tbody)));
+    applyFilter();
+  }
+
+  // pollQuota refreshes the quota section every 2 s. A failed fetch shows
+  // in the status line; a failed rendering is a bug, left to the console.
+  async function pollQuota() {
+    setTimeout(pollQuota, 2000);
+    if (state.paused) return;
+    let doc;
+    try {
+      doc = await getJSON("quota");
+    } catch (err) {
+      showError(err);
+      return;
+    }
+    renderQuota(doc);
+  }
+
   // ---- filter, pause, keys ----
 
   function applyFilter() {
     const f = state.filter;
-    for (const tr of document.querySelectorAll("#rules-body tr[data-id], #keys-body tbody tr")) {
+    for (const tr of document.querySelectorAll("#rules-body tr[data-id], #keys-body tbody tr, #quota-body tbody tr")) {
       const text = tr.dataset.text || (state.rows.get(tr.dataset.id) || {}).text || "";
       tr.hidden = f !== "" && !text.includes(f);
     }
@@ -306,6 +368,7 @@
     else if (e.key === "p") setPaused(!state.paused);
     else if (e.key === "k") $("keys").focus();
     else if (e.key === "r") $("rules").focus();
+    else if (e.key === "q") $("quota").focus();
   });
   $("filter").addEventListener("input", (e) => { state.filter = e.target.value.trim().toLowerCase(); applyFilter(); });
   $("pause").addEventListener("click", () => setPaused(!state.paused));
@@ -388,5 +451,6 @@
   }
 
   setInterval(status, 1000);
+  pollQuota();
   reload().then(connect, (err) => { showError(err); setTimeout(() => reload().then(connect, showError), 2000); });
 })();

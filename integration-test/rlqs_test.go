@@ -1,0 +1,610 @@
+package integration
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"math"
+	"net/http"
+	"os"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/chromedp/chromedp"
+	rlqsfilterv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/rate_limit_quota/v3"
+	hcmv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/http_connection_manager/v3"
+	rlqsv3 "github.com/envoyproxy/go-control-plane/envoy/service/rate_limit_quota/v3"
+	_ "github.com/envoyproxy/go-control-plane/envoy/type/matcher/v3"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/protobuf/types/known/durationpb"
+)
+
+// Real Envoys with the rate_limit_quota filter, configured by the shipped
+// example (examples/envoy/rlqs), in front of an upstream of the test's and
+// served by the built service with the example's rules. Load of different
+// rates goes through each Envoy; what each admitted is counted at the
+// client, and the global count is held to docs/RLQS.md's bound over every
+// window, in counts over measured time: no wall-clock bound.
+
+const (
+	rlqsExample      = "../examples/envoy/rlqs/envoy.yaml"
+	rlqsExampleRules = "../examples/envoy/rlqs/rules.yaml"
+	// The example's per-tenant rule: R requests a second, burst B.
+	rlqsRate  = 20.0
+	rlqsBurst = 10.0
+	// The service's defaults: the assignments' TTL, the time a decrease
+	// is given to arrive, the reserve, Envoy's report period.
+	rlqsTTL     = 15 * time.Second
+	rlqsSettle  = time.Second
+	rlqsReserve = 0.05
+	rlqsPeriod  = 5 * time.Second
+)
+
+func TestRLQSExampleDecodes(t *testing.T) {
+	b := loadBootstrap(t, rlqsExample)
+	cfg := parseRules(t, readRules(t, rlqsExampleRules))
+	var found bool
+	for _, l := range b.GetStaticResources().GetListeners() {
+		for _, fc := range l.GetFilterChains() {
+			for _, f := range fc.GetFilters() {
+				hcm := unpack(t, f.GetTypedConfig(), &hcmv3.HttpConnectionManager{})
+				for _, hf := range hcm.GetHttpFilters() {
+					if hf.GetName() != "envoy.filters.http.rate_limit_quota" {
+						continue
+					}
+					found = true
+					q := unpack(t, hf.GetTypedConfig(), &rlqsfilterv3.RateLimitQuotaFilterConfig{})
+					if !cfg.HasDomain(q.GetDomain()) {
+						t.Errorf("filter domain %q is not a domain of %s", q.GetDomain(), rlqsExampleRules)
+					}
+					name := q.GetRlqsServer().GetEnvoyGrpc().GetClusterName()
+					for _, c := range b.GetStaticResources().GetClusters() {
+						if c.GetName() == name {
+							checkRLSCluster(t, rlqsExample, c, name)
+						}
+					}
+				}
+			}
+		}
+	}
+	if !found {
+		t.Fatalf("%s: no rate_limit_quota filter", rlqsExample)
+	}
+	for _, id := range []map[string]string{{"name": "api", "tenant": "acme"}, {"name": "anonymous"}} {
+		if cfg.MatchQuota("web", id) == nil {
+			t.Errorf("the example's bucket %v has no rule in %s", id, rlqsExampleRules)
+		}
+	}
+}
+
+// exampleQuotaRules are the example's rules.
+func exampleQuotaRules(t *testing.T) string {
+	t.Helper()
+	data, err := os.ReadFile(rlqsExampleRules)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(data)
+}
+
+// startQuotaService runs the built service with rules.
+func startQuotaService(t *testing.T, rules string) *proc {
+	t.Helper()
+	return start(t, map[string]string{"web.yaml": rules})
+}
+
+// startQuotaEnvoy runs the example's Envoy in front of up, with the
+// service p as its RLQS server, and returns its listener's address.
+func startQuotaEnvoy(t *testing.T, p *proc, up *upstream) (*envoyProc, string) {
+	t.Helper()
+	e := startEnvoy(t, rewriteBootstrap(t, rlqsExample, map[string]string{"upstream": up.addr, "ratelimit": p.grpc}))
+	return e, e.listener(t, "ingress")
+}
+
+// quotaResult is one request through Envoy: when it was sent and answered,
+// since the test's start, and its status.
+type quotaResult struct {
+	sent, recv time.Duration
+	code       int
+}
+
+// quotaLoad sends requests of one tenant to one Envoy at a steady rate,
+// each on its own goroutine so that a slow answer delays no other, until
+// it is stopped; at most 256 are in flight (more are counted as dropped).
+type quotaLoad struct {
+	t      *testing.T
+	base   time.Time
+	addr   string
+	tenant string
+	client *http.Client
+	rate   atomic.Uint64 // requests a second, as math.Float64bits
+
+	mu      sync.Mutex
+	results []quotaResult
+	dropped int
+
+	stop chan struct{}
+	done sync.WaitGroup
+}
+
+var quotaClient = &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 256}, Timeout: 10 * time.Second}
+
+// probe sends one request, as the first of a new bucket (allowed by the
+// example's no_assignment_behavior), then gives the assignment it causes
+// a second to arrive.
+func probe(t *testing.T, addr, tenant string) {
+	t.Helper()
+	if r := httpGet(t, addr, "/", map[string]string{"x-tenant": tenant}); r.code != http.StatusOK {
+		t.Fatalf("first request of tenant %s: %d, want 200 (no_assignment_behavior ALLOW_ALL)", tenant, r.code)
+	}
+	time.Sleep(time.Second)
+}
+
+func startQuotaLoad(t *testing.T, base time.Time, addr, tenant string, rate float64) *quotaLoad {
+	t.Helper()
+	l := &quotaLoad{t: t, base: base, addr: addr, tenant: tenant, client: quotaClient, stop: make(chan struct{})}
+	l.setRate(rate)
+	sem := make(chan struct{}, 256)
+	l.done.Go(func() {
+		next := time.Now()
+		for {
+			r := math.Float64frombits(l.rate.Load())
+			next = next.Add(time.Duration(float64(time.Second) / r))
+			select {
+			case <-l.stop:
+				return
+			case <-time.After(time.Until(next)):
+			}
+			select {
+			case sem <- struct{}{}:
+			default:
+				l.mu.Lock()
+				l.dropped++
+				l.mu.Unlock()
+				continue
+			}
+			l.done.Go(func() {
+				defer func() { <-sem }()
+				l.one()
+			})
+		}
+	})
+	t.Cleanup(l.close)
+	return l
+}
+
+func (l *quotaLoad) setRate(r float64) { l.rate.Store(math.Float64bits(r)) }
+
+func (l *quotaLoad) one() {
+	sent := time.Since(l.base)
+	req, err := http.NewRequest(http.MethodGet, "http://"+l.addr+"/", nil)
+	if err != nil {
+		return
+	}
+	req.Header.Set("x-tenant", l.tenant)
+	code := 0
+	if resp, err := l.client.Do(req); err == nil {
+		_, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		code = resp.StatusCode
+	}
+	res := quotaResult{sent: sent, recv: time.Since(l.base), code: code}
+	l.mu.Lock()
+	l.results = append(l.results, res)
+	l.mu.Unlock()
+}
+
+// close stops the load and waits for the requests in flight.
+func (l *quotaLoad) close() {
+	select {
+	case <-l.stop:
+	default:
+		close(l.stop)
+	}
+	l.done.Wait()
+}
+
+func (l *quotaLoad) snapshot() []quotaResult {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return append([]quotaResult(nil), l.results...)
+}
+
+// rates returns the requests a second l sent (by send time) and had
+// admitted (200, by answer time) in [from, to).
+func (l *quotaLoad) rates(from, to time.Duration) (offered, admitted float64) {
+	var o, a int
+	for _, r := range l.snapshot() {
+		if r.sent >= from && r.sent < to {
+			o++
+		}
+		if r.code == http.StatusOK && r.recv >= from && r.recv < to {
+			a++
+		}
+	}
+	secs := (to - from).Seconds()
+	return float64(o) / secs, float64(a) / secs
+}
+
+// quotaBound is docs/RLQS.md's bound for one bucket id, with the terms the
+// test knows: the subscribers, the first requests of new buckets (J: one
+// probe each), the changes of subscribers (joins, ends of leases), and the
+// starts of the service (learning periods).
+type quotaBound struct {
+	// rate and burst are the rule's R and B.
+	rate, burst float64
+	n           int
+	probes      []time.Duration
+	events      []time.Duration
+	starts      []time.Duration
+}
+
+// check holds every window whose ends fall on a grid of 0.5 s, up to end,
+// to the bound. Requests are placed by answer time; a request was decided
+// between its sending and its answer, so a window of answers spans the
+// decisions of a window longer by the longest answer time (L).
+func (b quotaBound) check(t *testing.T, loads []*quotaLoad, end time.Duration) {
+	t.Helper()
+	var all []quotaResult
+	var lat time.Duration
+	for _, l := range loads {
+		for _, r := range l.snapshot() {
+			lat = max(lat, r.recv-r.sent)
+			if r.code == http.StatusOK {
+				all = append(all, r)
+			}
+		}
+	}
+	const grid = 500 * time.Millisecond
+	reach := 2*rlqsSettle + time.Second
+	learning := rlqsTTL + rlqsSettle
+	count := func(ts []time.Duration, from, to time.Duration) (n int) {
+		for _, x := range ts {
+			if x >= from && x < to {
+				n++
+			}
+		}
+		return n
+	}
+	worst, worstAt := 0.0, ""
+	for a := time.Duration(0); a < end; a += grid {
+		for z := a + grid; z <= end; z += grid {
+			admitted := 0
+			for _, r := range all {
+				if r.recv >= a && r.recv < z {
+					admitted++
+				}
+			}
+			span := z - a + lat
+			bound := b.rate*span.Seconds() + b.burst + float64(b.n) +
+				float64(count(b.probes, a-lat, z)) +
+				float64(count(b.events, a-lat-reach, z))*b.burst
+			for _, s := range b.starts {
+				// The part of the window in a learning period.
+				from, to := max(a-lat, s), min(z, s+learning)
+				if to > from {
+					tl := (to - from).Seconds()
+					bound += b.burst*(1+tl/rlqsPeriod.Seconds()) + rlqsReserve*b.rate*tl
+				}
+			}
+			if r := float64(admitted) / bound; r > worst {
+				worst, worstAt = r, fmt.Sprintf("%v..%v: %d admitted, bound %.1f", a, z, admitted, bound)
+			}
+			if float64(admitted) > bound {
+				t.Errorf("window %v..%v: %d admitted through all Envoys, above the bound %.1f (R·t %.1f with answer times up to %v)",
+					a, z, admitted, bound, b.rate*span.Seconds(), lat)
+				return
+			}
+		}
+	}
+	t.Logf("worst window: %s (%.2f of the bound); longest answer %v", worstAt, worst, lat)
+}
+
+// TestRLQSRealEnvoysShareFairly: two Envoys with different loads of one
+// tenant split its 20/s max-min fairly; a third joins and the split
+// follows; one leaves and its share goes to the others once its lease has
+// ended. Through it all, the tenant's admitted requests, all Envoys
+// together, stay within the bound.
+func TestRLQSRealEnvoysShareFairly(t *testing.T) {
+	t.Parallel()
+	p := startQuotaService(t, exampleQuotaRules(t))
+	up := startUpstream(t)
+	envA, addrA := startQuotaEnvoy(t, p, up)
+	_, addrB := startQuotaEnvoy(t, p, up)
+	_, addrC := startQuotaEnvoy(t, p, up)
+	base := time.Now()
+	bound := quotaBound{rate: rlqsRate, burst: rlqsBurst, n: 3}
+	since := func() time.Duration { return time.Since(base) }
+
+	// Learning lasts TTL + Settle from the service's start, before base:
+	// counting it from base is the longer, safer term.
+	bound.starts = append(bound.starts, 0)
+	bound.probes = append(bound.probes, since())
+	probe(t, addrA, "acme")
+	bound.probes = append(bound.probes, since())
+	probe(t, addrB, "acme")
+	bound.events = append(bound.events, 0, since())
+	a := startQuotaLoad(t, base, addrA, "acme", 40)
+	b := startQuotaLoad(t, base, addrB, "acme", 6)
+	loads := []*quotaLoad{a, b}
+
+	// After the learning period and a few reports: 19/s to share (5 %
+	// is the reserve), b's 6/s is met, a gets the rest.
+	phase := func(what string, from time.Duration, want map[*quotaLoad]float64, met ...*quotaLoad) {
+		t.Helper()
+		to := from + 10*time.Second
+		time.Sleep(time.Until(base.Add(to)))
+		for _, l := range loads {
+			o, ad := l.rates(from, to)
+			t.Logf("%s, %v..%v: %s offered %.1f/s, admitted %.1f/s", what, from.Round(time.Second), to.Round(time.Second), l.addr, o, ad)
+		}
+		for _, l := range met {
+			if o, ad := l.rates(from, to); ad < 0.9*o {
+				t.Errorf("%s: a load of %.1f/s had %.1f/s admitted, want its demand met (90 %%)", what, o, ad)
+			}
+		}
+		for l, w := range want {
+			if _, ad := l.rates(from, to); ad < 0.75*w || ad > 1.25*w {
+				t.Errorf("%s: %.1f/s admitted, want about %.1f (within 25 %%)", what, ad, w)
+			}
+		}
+	}
+	phase("two Envoys", 24*time.Second, map[*quotaLoad]float64{a: 13}, b)
+
+	// A third Envoy joins with a large load: b keeps its 6/s, the two
+	// large ones share the rest equally.
+	bound.probes = append(bound.probes, since())
+	probe(t, addrC, "acme")
+	bound.events = append(bound.events, since())
+	c := startQuotaLoad(t, base, addrC, "acme", 40)
+	loads = append(loads, c)
+	joined := since()
+	phase("three Envoys", joined+10*time.Second, map[*quotaLoad]float64{a: 6.5, c: 6.5}, b)
+	_, ra := a.rates(joined+10*time.Second, joined+20*time.Second)
+	_, rc := c.rates(joined+10*time.Second, joined+20*time.Second)
+	if math.Abs(ra-rc) > 2 {
+		t.Errorf("the two large loads had %.1f and %.1f/s admitted, want equal shares", ra, rc)
+	}
+
+	// a's Envoy leaves: its share is counted until its lease ends (TTL +
+	// Settle after it was last sent), then goes to c.
+	a.close()
+	envA.Stop()
+	left := since()
+	bound.events = append(bound.events, left, left+rlqsTTL+rlqsSettle)
+	phase("a left", left+rlqsTTL+rlqsSettle+4*time.Second, map[*quotaLoad]float64{c: 13}, b)
+
+	end := since()
+	for _, l := range loads {
+		l.close()
+	}
+	bound.check(t, loads, end)
+}
+
+// TestRLQSRestartKeepsLeases: the service restarts while two Envoys send
+// more than the limit. Envoy keeps its assignments until their TTL and
+// reports again to the new process at its next tick; the new process,
+// which knows none of the old grants, gives no Envoy more than it was seen
+// admitting until every old lease has ended (the learning period). Here
+// demand turns just before the restart and the Envoy that now wants more
+// reports first, while the other still holds the larger share the old
+// process gave it: without the learning period the first would get nearly
+// the whole limit on top of it, beyond the bound (a rule of 50/s and a
+// burst of 4, so that the excess would dwarf the bound's burst terms).
+// The admitted requests stay within the bound through it, restart terms
+// included, and the split is fair again after it.
+func TestRLQSRestartKeepsLeases(t *testing.T) {
+	t.Parallel()
+	const rules = `domain: web
+quota_buckets:
+  - bucket: {name: api, tenant: "*"}
+    rate_limit: {unit: second, requests_per_unit: 50, burst: 4}
+`
+	p := startQuotaService(t, rules)
+	up := startUpstream(t)
+	_, addrA := startQuotaEnvoy(t, p, up)
+	_, addrB := startQuotaEnvoy(t, p, up)
+	base := time.Now()
+	since := func() time.Duration { return time.Since(base) }
+	bound := quotaBound{rate: 50, burst: 4, n: 2, starts: []time.Duration{0}}
+	// Envoy reports a stream's buckets every 5 s from its first bucket:
+	// b's reports come 2.2 s after a's.
+	pa := since()
+	bound.probes = append(bound.probes, pa)
+	probe(t, addrA, "acme")
+	time.Sleep(time.Until(base.Add(pa + 2200*time.Millisecond)))
+	bound.probes = append(bound.probes, since())
+	probe(t, addrB, "acme")
+	bound.events = append(bound.events, pa, since())
+	a := startQuotaLoad(t, base, addrA, "acme", 60)
+	b := startQuotaLoad(t, base, addrB, "acme", 6)
+	loads := []*quotaLoad{a, b}
+
+	// b's demand turns high after its report at pa+27.2 s, so that the
+	// old process never learns it; the service stops just after a's
+	// report at pa+30 s, and is back (in about 1.3 s) before b's at
+	// pa+32.2 s, 2.8 s before a's.
+	time.Sleep(time.Until(base.Add(pa + 27700*time.Millisecond)))
+	b.setRate(60)
+	time.Sleep(time.Until(base.Add(pa + 30200*time.Millisecond)))
+	stopped := since()
+	p.signal(t, syscall.SIGTERM)
+	if code := p.wait(t, 20*time.Second); code != 0 {
+		t.Fatalf("service exited %d", code)
+	}
+	q := launchWith(t, launchOpts{reuse: p}, map[string]string{"web.yaml": rules})
+	q.waitHealth(t, http.StatusOK)
+	restarted := since()
+	t.Logf("service down from %v to %v", stopped.Round(time.Millisecond), restarted.Round(time.Millisecond))
+	// The Envoys keep their buckets and assignments: no subscriber comes
+	// or goes for them. What the new process does not know is the
+	// learning term's, counted from the stop.
+	bound.starts = append(bound.starts, stopped)
+
+	learned := restarted + rlqsTTL + rlqsSettle
+	from, to := learned+6*time.Second, learned+16*time.Second
+	time.Sleep(time.Until(base.Add(to)))
+	for _, l := range loads {
+		o, ad := l.rates(from, to)
+		t.Logf("after the restart, %v..%v: %s offered %.1f/s, admitted %.1f/s", from.Round(time.Second), to.Round(time.Second), l.addr, o, ad)
+		// 47.5/s shared by two equal demands.
+		if ad < 0.75*23.75 || ad > 1.25*23.75 {
+			t.Errorf("after the restart: %.1f/s admitted, want about 23.75 (within 25 %%)", ad)
+		}
+	}
+	for _, l := range loads {
+		l.close()
+	}
+	bound.check(t, loads, to)
+}
+
+// TestRLQSDenyResponses: what a denied request gets is the filter's
+// deny_response_settings (status, body, headers) for a bucket the service
+// denies (deny_all), for a bucket over its share, and not for a bucket
+// the service allows (allow_all).
+func TestRLQSDenyResponses(t *testing.T) {
+	t.Parallel()
+	p := startQuotaService(t, exampleQuotaRules(t))
+	up := startUpstream(t)
+	_, addr := startQuotaEnvoy(t, p, up)
+	get := func(tenant string) envoyResponse {
+		h := map[string]string{}
+		if tenant != "" {
+			h["x-tenant"] = tenant
+		}
+		return httpGet(t, addr, "/", h)
+	}
+	isDenied := func(r envoyResponse) bool {
+		return r.code == http.StatusTooManyRequests && r.header.Get("x-quota") == "exhausted" && r.body == "quota exhausted\n"
+	}
+	// The first request of a new bucket is decided by Envoy's
+	// no_assignment_behavior (ALLOW_ALL in the example) while the
+	// service's first assignment is on its way.
+	for _, tenant := range []string{"internal", "blocked", "acme"} {
+		probe(t, addr, tenant)
+	}
+	for i := range 20 {
+		if r := get("internal"); r.code != http.StatusOK {
+			t.Fatalf("allow_all bucket, request %d: %d, want 200", i, r.code)
+		}
+	}
+	for i := range 5 {
+		if r := get("blocked"); !isDenied(r) {
+			t.Fatalf("deny_all bucket, request %d: %d %v %q; want 429 with x-quota: exhausted and the body", i, r.code, r.header, r.body)
+		}
+	}
+	// acme shares the reserve while the service is learning: a token,
+	// then denials with the same response.
+	denied := 0
+	for range 10 {
+		switch r := get("acme"); {
+		case isDenied(r):
+			denied++
+		case r.code != http.StatusOK:
+			t.Fatalf("acme: %d %q, want 200 or the deny response", r.code, r.body)
+		}
+	}
+	if denied == 0 {
+		t.Error("10 requests at once over a share of one token: none denied")
+	}
+	// Requests without a tenant are in another bucket, whose settings
+	// give a bare 429.
+	probe(t, addr, "")
+	for range 10 {
+		if r := get(""); r.code == http.StatusTooManyRequests {
+			if r.header.Get("x-quota") != "" {
+				t.Errorf("anonymous bucket's 429 has x-quota %q, want none (its own deny settings)", r.header.Get("x-quota"))
+			}
+			return
+		}
+	}
+	t.Error("10 anonymous requests at once over a share of one token: none denied")
+}
+
+// TestRLQSInLiveView: the live view shows the quota rules, each bucket's
+// Envoys and their shares, as text (a bucket id holding markup runs
+// nothing), with no console error.
+func TestRLQSInLiveView(t *testing.T) {
+	p := startQuotaService(t, exampleQuotaRules(t))
+	cc, err := grpc.NewClient(p.grpc, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cc.Close() })
+	stream, err := rlqsv3.NewRateLimitQuotaServiceClient(cc).StreamRateLimitQuotas(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	report := func(elapsed int64) error {
+		return stream.Send(&rlqsv3.RateLimitQuotaUsageReports{Domain: "web", BucketQuotaUsages: []*rlqsv3.RateLimitQuotaUsageReports_BucketQuotaUsage{{
+			BucketId:           &rlqsv3.BucketId{Bucket: map[string]string{"name": "api", "tenant": hostileUser}},
+			TimeElapsed:        &durationpb.Duration{Seconds: elapsed},
+			NumRequestsAllowed: 1,
+		}}})
+	}
+	if err := report(0); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := stream.Recv(); err != nil {
+		t.Fatal(err)
+	}
+	// As Envoy does, every 5 s until the test ends: a bucket no longer
+	// reported is dropped after a TTL.
+	reporting := make(chan struct{})
+	stopReporting := make(chan struct{})
+	go func() {
+		defer close(reporting)
+		for {
+			select {
+			case <-stopReporting:
+				return
+			case <-time.After(5 * time.Second):
+				if report(5) != nil {
+					return
+				}
+			}
+		}
+	}()
+	defer func() { close(stopReporting); <-reporting }()
+
+	alloc, cancel := chromedp.NewExecAllocator(t.Context(), append(chromedp.DefaultExecAllocatorOptions[:],
+		chromedp.ExecPath(chromium(t)), chromedp.NoSandbox, chromedp.WindowSize(1400, 1000))...)
+	defer cancel()
+	tab, cancel := chromedp.NewContext(alloc)
+	defer cancel()
+	ctx, cancelRun := context.WithTimeout(tab, 30*time.Second)
+	defer cancelRun()
+	if err := chromedp.Do(ctx); err != nil {
+		t.Fatalf("starting Chromium: %v", err)
+	}
+	problems := watchConsole(ctx)
+	if err := chromedp.Do(ctx, chromedp.Navigate("http://"+p.debug+"/ui/"), chromedp.WaitVisible(chromedp.CSS(`#quota-body tr.sub`))); err != nil {
+		_, body := p.get(t, "http://"+p.debug+"/api/v1/quota")
+		cancelRun()
+		t.Fatalf("loading the page's quota section: %v\n/api/v1/quota: %s\nconsole: %v", err, body, problems())
+	}
+	poll := func(what, expr string) {
+		t.Helper()
+		if _, err := chromedp.Run(ctx, chromedp.Poll[bool](expr, chromedp.WithPollingTimeout(5*time.Second), chromedp.WithPollingInterval(50*time.Millisecond))); err != nil {
+			t.Fatalf("waiting for %s: %v", what, err)
+		}
+	}
+	poll("the rule and its bucket, as text", fmt.Sprintf(`(() => {
+		const t = document.getElementById("quota-body").textContent;
+		return t.includes("web · per-tenant") && t.includes(%q) && t.includes("1 tokens") && document.querySelectorAll("#quota-body img, #quota-body script").length === 0;
+	})()`, hostileUser))
+	raw, err := chromedp.Run(ctx, chromedp.Evaluate[json.RawMessage](`window.__pwned ?? null`))
+	if err != nil || string(raw) != "null" {
+		t.Fatalf("a bucket id became markup: %s %v", raw, err)
+	}
+	cancelRun()
+	if p := problems(); len(p) > 0 {
+		t.Fatalf("the page wrote to the console:\n%s", strings.Join(p, "\n"))
+	}
+}

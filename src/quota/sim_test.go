@@ -1,0 +1,392 @@
+package quota
+
+import (
+	"math"
+	"math/rand/v2"
+	"testing"
+	"time"
+)
+
+// This file checks the bound of docs/RLQS.md against Envoys mimicked as
+// Envoy 1.40's rate_limit_quota client behaves (its source,
+// global_client_impl.cc and filter.cc, checked against the real binary):
+//
+//   - a new bucket is reported at once with time_elapsed 0, and its
+//     requests are decided by no_assignment_behavior (here ALLOW_ALL, the
+//     default) until the first assignment arrives;
+//   - every bucket is reported every 5 s, time_elapsed in whole seconds
+//     rounded down;
+//   - a token bucket refills continuously at tokens_per_fill /
+//     whole seconds of fill_interval, starts full, and when replaced
+//     starts with the fraction of its maximum the old one had left; it is
+//     kept when max_tokens, tokens_per_fill and the nanoseconds of
+//     fill_interval are unchanged;
+//   - an assignment expires TTL (whole seconds) after it arrived, back to
+//     no_assignment_behavior;
+//   - an abandon drops the bucket; the next request creates it again;
+//   - when its stream breaks, Envoy keeps its assignments and opens a new
+//     stream at its next report.
+//
+// Messages from the server arrive after a random delay below Settle.
+
+type simEnvoy struct {
+	stream uint64
+	// rate is the requests a second sent to it; acc the fraction of a
+	// request due.
+	rate, acc float64
+	// left: the Envoy stopped (no requests, no reports, stream closed).
+	left bool
+
+	has      bool // the bucket exists
+	assigned bool // an assignment is in force
+	grant    Grant
+	tokens   float64
+	expires  time.Time
+	// everGranted: the bucket had an assignment since it was created.
+	everGranted bool
+
+	allowed, denied uint64
+	lastReport      time.Time
+	nextTick        time.Time
+}
+
+type simMessage struct {
+	at     time.Time
+	stream uint64
+	grant  Grant
+}
+
+// sim runs one pool and its Envoys on a fake clock in steps of dt.
+type sim struct {
+	t      *testing.T
+	rng    *rand.Rand
+	pool   *Pool
+	cfg    Config
+	now    time.Time
+	envoys []*simEnvoy
+	inbox  []simMessage
+	next   uint64
+
+	// Per step of dt, from the start: requests admitted, admitted under
+	// no assignment before a bucket's first one (J), admitted under a
+	// fallback after an assignment expired (never expected), the
+	// subscribers counted, and whether the step is in the learning
+	// period.
+	admitted, join, fallback []int
+	counted                  []int
+	events                   []int
+	learning                 []bool
+}
+
+const dt = 10 * time.Millisecond
+
+func newSim(t *testing.T, seed uint64, l Limit, start time.Time) *sim {
+	cfg := Config{Start: start}
+	return &sim{t: t, rng: rand.New(rand.NewPCG(seed, 5)), pool: NewPool(l, cfg), cfg: cfg.withDefaults(), now: epoch}
+}
+
+func (s *sim) add(rate float64) *simEnvoy {
+	s.next++
+	e := &simEnvoy{stream: s.next, rate: rate}
+	s.envoys = append(s.envoys, e)
+	return e
+}
+
+func (s *sim) byStream(id uint64) *simEnvoy {
+	for _, e := range s.envoys {
+		if e.stream == id && !e.left {
+			return e
+		}
+	}
+	return nil
+}
+
+func (s *sim) send(cs []Change) {
+	for _, c := range cs {
+		d := time.Duration(s.rng.Int64N(int64(s.cfg.Settle * 9 / 10)))
+		s.inbox = append(s.inbox, simMessage{at: s.now.Add(d), stream: c.Sub, grant: c.Grant})
+	}
+}
+
+// report sends e's usage of its bucket, as Envoy's timer or a new bucket
+// does.
+func (s *sim) report(e *simEnvoy, initial bool) {
+	elapsed := time.Duration(0)
+	if !initial {
+		elapsed = s.now.Sub(e.lastReport).Truncate(time.Second)
+	}
+	u := Usage{Allowed: e.allowed, Denied: e.denied, Elapsed: elapsed}
+	e.allowed, e.denied, e.lastReport = 0, 0, s.now
+	s.send(s.pool.Report(s.now, e.stream, u))
+}
+
+// apply is Envoy taking a grant.
+func (s *sim) apply(e *simEnvoy, g Grant) {
+	if !e.has {
+		return // a bucket it does not have: Envoy logs and ignores it
+	}
+	if g.Abandon {
+		e.has, e.assigned = false, false
+		return
+	}
+	keep := e.assigned && !e.grant.Deny() && !g.Deny() && e.grant.MaxTokens == g.MaxTokens &&
+		e.grant.TokensPerFill == g.TokensPerFill && e.grant.FillInterval%time.Second == g.FillInterval%time.Second
+	switch {
+	case keep:
+		g = e.grant
+	case g.Deny():
+		e.tokens = 0
+	case e.assigned && !e.grant.Deny():
+		e.tokens = float64(g.MaxTokens) * e.tokens / float64(e.grant.MaxTokens)
+	default:
+		e.tokens = float64(g.MaxTokens)
+	}
+	e.grant, e.assigned, e.everGranted = g, true, true
+	e.expires = s.now.Add(s.cfg.TTL)
+}
+
+// step advances the clock by dt.
+func (s *sim) step() {
+	s.now = s.now.Add(dt)
+	lenBefore := s.pool.Len()
+	var kept []simMessage
+	for _, m := range s.inbox {
+		if m.at.After(s.now) {
+			kept = append(kept, m)
+			continue
+		}
+		if e := s.byStream(m.stream); e != nil {
+			s.apply(e, m.grant)
+		}
+	}
+	s.inbox = kept
+	if s.now.Sub(epoch)%time.Second == 0 {
+		s.send(s.pool.Tick(s.now))
+	}
+	var admitted, join, fallback int
+	for _, e := range s.envoys {
+		if e.left {
+			continue
+		}
+		if e.assigned && !s.now.Before(e.expires) {
+			e.assigned = false
+		}
+		if e.assigned && !e.grant.Deny() {
+			e.tokens = min(float64(e.grant.MaxTokens), e.tokens+e.grant.Rate()*dt.Seconds())
+		}
+		e.acc += e.rate * dt.Seconds()
+		for e.acc >= 1 {
+			e.acc--
+			if !e.has {
+				// A new bucket: allowed by no_assignment_behavior,
+				// reported at once; the report timer starts with
+				// the stream's first bucket.
+				e.has, e.everGranted, e.assigned = true, false, false
+				e.allowed++
+				admitted++
+				join++
+				if e.nextTick.IsZero() {
+					e.nextTick = s.now.Add(5 * time.Second)
+				}
+				s.report(e, true)
+				continue
+			}
+			switch {
+			case !e.assigned:
+				e.allowed++
+				admitted++
+				if e.everGranted {
+					fallback++
+				} else {
+					join++
+				}
+			case !e.grant.Deny() && e.tokens >= 1:
+				e.tokens--
+				e.allowed++
+				admitted++
+			default:
+				e.denied++
+			}
+		}
+		if e.has && !e.nextTick.IsZero() && !s.now.Before(e.nextTick) {
+			e.nextTick = e.nextTick.Add(5 * time.Second)
+			s.report(e, false)
+		}
+	}
+	s.admitted = append(s.admitted, admitted)
+	s.join = append(s.join, join)
+	s.fallback = append(s.fallback, fallback)
+	s.counted = append(s.counted, s.pool.Len())
+	s.events = append(s.events, abs(s.pool.Len()-lenBefore))
+	s.learning = append(s.learning, s.now.Before(s.cfg.Learning()))
+}
+
+func abs(n int) int { return max(n, -n) }
+
+func (s *sim) run(d time.Duration) {
+	for range int(d / dt) {
+		s.step()
+	}
+}
+
+// reconnect breaks e's stream: the server sees it close; Envoy keeps its
+// assignment and opens a new stream at its next report.
+func (s *sim) reconnect(e *simEnvoy) {
+	s.send(s.pool.Leave(s.now, e.stream))
+	s.next++
+	e.stream = s.next
+}
+
+// leave stops e: no more requests or reports, its stream closed.
+func (s *sim) leave(e *simEnvoy) {
+	s.send(s.pool.Leave(s.now, e.stream))
+	e.left = true
+}
+
+// checkBound checks docs/RLQS.md's bound over every window whose ends
+// fall on a grid of 0.5 s: admitted ≤ R·t + B + N + J + M·⌈B/n⌉ (+ the
+// learning term B·(1 + t_L/P) + ρ·R·t_L in windows that overlap
+// learning), where M
+// counts the changes of subscribers in the window or EventReach before.
+func (s *sim) checkBound(from time.Duration) (worst float64) {
+	s.t.Helper()
+	l := s.pool.Limit()
+	grid := int(500 * time.Millisecond / dt)
+	first := int(from / dt)
+	sum := func(xs []int, a, b int) (n int) {
+		for _, x := range xs[a:b] {
+			n += x
+		}
+		return n
+	}
+	// A change of subscribers re-splits the burst as the decreases it
+	// causes settle: its effect reaches windows that start up to
+	// EventReach after it.
+	reach := int(s.cfg.EventReach() / dt)
+	for a := first; a < len(s.admitted); a += grid {
+		adm, j, n, nMin, learn := 0, 0, 0, math.MaxInt, 0
+		ev := sum(s.events, max(0, a-reach), a)
+		for b := a; b < len(s.admitted); b++ {
+			adm += s.admitted[b]
+			j += s.join[b]
+			ev += s.events[b]
+			n = max(n, s.counted[b])
+			nMin = min(nMin, max(1, s.counted[b]))
+			if s.learning[b] {
+				learn++
+			}
+			if (b-a+1)%grid != 0 {
+				continue
+			}
+			t := float64(b-a+1) * dt.Seconds()
+			bound := l.Rate*t + l.Burst + float64(n) + float64(j) + float64(ev)*math.Ceil(l.Burst/float64(nMin))
+			if learn > 0 {
+				tl := float64(learn) * dt.Seconds()
+				bound += l.Burst*(1+tl/s.cfg.ReportInterval.Seconds()) + s.cfg.Reserve*l.Rate*tl
+			}
+			if float64(adm) > bound {
+				s.t.Fatalf("window %v..%v: %d admitted > bound %.1f (R·t %.1f, B %v, N %d, J %d, M %d, n ≥ %d, learning %v)",
+					time.Duration(a)*dt, time.Duration(b+1)*dt, adm, bound, l.Rate*t, l.Burst, n, j, ev, nMin, time.Duration(learn)*dt)
+			}
+			worst = max(worst, float64(adm)/bound)
+		}
+	}
+	if f := sum(s.fallback, 0, len(s.fallback)); f > 0 {
+		s.t.Errorf("%d requests admitted after an assignment expired: a lease was not renewed", f)
+	}
+	return worst
+}
+
+func TestSimBoundSteady(t *testing.T) {
+	t.Parallel()
+	for seed := range uint64(4) {
+		s := newSim(t, seed, Limit{Rate: 50, Burst: 20}, epoch.Add(-time.Hour))
+		a, b, c := s.add(40), s.add(25), s.add(6)
+		s.run(60 * time.Second)
+		// Demand shifts.
+		a.rate, b.rate, c.rate = 5, 60, 30
+		s.run(60 * time.Second)
+		// One joins, one breaks its stream, one leaves.
+		s.add(80)
+		s.run(20 * time.Second)
+		s.reconnect(b)
+		s.run(20 * time.Second)
+		s.leave(a)
+		s.run(40 * time.Second)
+		t.Logf("seed %d: worst window at %.2f of the bound", seed, s.checkBound(0))
+	}
+}
+
+func TestSimBoundIdle(t *testing.T) {
+	t.Parallel()
+	s := newSim(t, 7, Limit{Rate: 10, Burst: 10}, epoch.Add(-time.Hour))
+	a, b := s.add(20), s.add(20)
+	s.run(30 * time.Second)
+	// b goes quiet long enough to be abandoned, then comes back.
+	b.rate = 0
+	s.run(90 * time.Second)
+	b.rate = 30
+	a.rate = 3
+	s.run(60 * time.Second)
+	s.checkBound(0)
+}
+
+func TestSimBoundLearning(t *testing.T) {
+	t.Parallel()
+	// The server restarts while Envoys hold leases of the previous one,
+	// and demand turns at that moment: the Envoy that reports first now
+	// wants much more than it held, and the one that held the most has
+	// not reported yet. Without the learning period the first would get
+	// nearly the whole limit while the other's old lease is still in
+	// force.
+	s := newSim(t, 11, Limit{Rate: 40, Burst: 2}, epoch.Add(-time.Hour))
+	a, c := s.add(60), s.add(5)
+	s.run(2500 * time.Millisecond)
+	b := s.add(5)
+	s.run(40 * time.Second)
+	// Restart just after a's report: b reports 2.5 s before a.
+	for s.now.Sub(a.lastReport) > dt {
+		s.step()
+	}
+	restart := s.now
+	s.pool = NewPool(s.pool.Limit(), Config{Start: restart})
+	s.cfg = Config{Start: restart}.withDefaults()
+	s.inbox = nil
+	for _, e := range []*simEnvoy{a, b, c} {
+		s.next++
+		e.stream = s.next
+	}
+	b.rate = 80
+	s.run(60 * time.Second)
+	t.Logf("worst window at %.2f of the bound", s.checkBound(0))
+}
+
+// TestSimFairSplit checks that the split converges to max-min fair shares
+// within a few report periods: over the last 20 s of a 60 s run, each
+// Envoy admits about its fair share.
+func TestSimFairSplit(t *testing.T) {
+	t.Parallel()
+	s := newSim(t, 3, Limit{Rate: 30, Burst: 10}, epoch.Add(-time.Hour))
+	envoys := []*simEnvoy{s.add(40), s.add(20), s.add(4)}
+	s.run(40 * time.Second)
+	counts := make([]uint64, len(envoys))
+	for range int(20 * time.Second / dt) {
+		before := make([]uint64, len(envoys))
+		for i, e := range envoys {
+			before[i] = e.allowed
+		}
+		s.step()
+		for i, e := range envoys {
+			if e.allowed >= before[i] {
+				counts[i] += e.allowed - before[i]
+			}
+		}
+	}
+	// 28.5/s to share: 4 is met, 12.25 each to the others.
+	want := []float64{12.25, 12.25, 4}
+	for i, c := range counts {
+		if got := float64(c) / 20; !near(got, want[i], 1.5) {
+			t.Errorf("envoy %d admitted %.2f/s over the last 20 s, want about %.2f", i, got, want[i])
+		}
+	}
+}

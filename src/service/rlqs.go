@@ -1,0 +1,684 @@
+package service
+
+import (
+	"context"
+	"errors"
+	"io"
+	"log/slog"
+	"maps"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	rlqsv3 "github.com/envoyproxy/go-control-plane/envoy/service/rate_limit_quota/v3"
+	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/peer"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/wrapperspb"
+
+	"github.com/ratelimitd/ratelimit/src/quota"
+	"github.com/ratelimitd/ratelimit/src/rules"
+	"github.com/ratelimitd/ratelimit/src/stats"
+)
+
+// QuotaConfig tunes a Quota service. Zero bounds take their defaults.
+type QuotaConfig struct {
+	// Auto answers Unimplemented while the rules have no quota_buckets
+	// (RLQS_ENABLED empty); otherwise streams are served whatever the
+	// rules.
+	Auto bool
+	// Pool tunes the allocation: the assignments' TTL
+	// (RLQS_ASSIGNMENT_TTL), the idle timeout (RLQS_IDLE_TIMEOUT) and the
+	// start of the learning period (Pool.Start; zero means when New
+	// runs).
+	Pool quota.Config
+	// MaxStreams bounds the streams open at once (RLQS_MAX_STREAMS,
+	// 1024); a new one past it is refused with ResourceExhausted.
+	MaxStreams int
+	// MaxBuckets bounds the subscriptions counted at once, all streams
+	// together (RLQS_MAX_BUCKETS, 100,000), and MaxBucketsPerStream those
+	// of one stream (RLQS_MAX_BUCKETS_PER_STREAM, 10,000). A bucket past
+	// either gets no assignment, so that Envoy's no_assignment_behavior
+	// decides its requests, and is counted as refused.
+	MaxBuckets, MaxBucketsPerStream int
+	// Now is the clock; nil means time.Now.
+	Now func() time.Time
+	// Log receives what an operator should know; nil discards it.
+	Log *slog.Logger
+}
+
+// Bounds of a quota report, besides the message size (GRPC_MAX_RECV_MSG_SIZE).
+// A report past one ends its stream with InvalidArgument and the reason.
+const (
+	// MaxBucketEntries bounds the entries of one bucket id; key and
+	// value lengths are those of descriptor entries (MaxKeyLen,
+	// MaxValueLen).
+	MaxBucketEntries = 64
+	// maxReportedRequests caps the requests one bucket's report may
+	// claim, so that sums cannot overflow; no Envoy serves 2^40 requests
+	// in a report period.
+	maxReportedRequests = 1 << 40
+	// maxElapsed caps the time_elapsed a report may claim.
+	maxElapsed = time.Hour
+)
+
+// Quota serves Envoy's Rate Limit Quota Service: it answers each Envoy's
+// stream of usage reports with quota assignments, one per bucket, from the
+// quota_buckets of the rules. It is safe for concurrent use; rules are
+// swapped whole with SetRules. Run must run for assignments to follow
+// settling decreases, leases and idle buckets.
+type Quota struct {
+	rlqsv3.UnimplementedRateLimitQuotaServiceServer
+
+	cfg     QuotaConfig
+	rules   atomic.Pointer[rules.Config]
+	closing chan struct{}
+	close   sync.Once
+
+	// mu guards pools, streams, subs and nextID.
+	mu      sync.Mutex
+	pools   map[poolKey]*quotaPool
+	streams map[uint64]*quotaStream
+	subs    int
+	nextID  uint64
+
+	reports, noRule, refused, refusedStreams, invalid *stats.Counter
+	reg                                               *stats.Registry
+	// ruleStats are the counters of each quota rule, by ruleLabel;
+	// guarded by mu.
+	ruleStats map[string]*ruleTotals
+}
+
+// ruleTotals are a quota rule's counters: the requests Envoys reported
+// admitted and denied in its buckets, and those admitted beyond the
+// shares granted (quota.Pool.Beyond).
+type ruleTotals struct {
+	allowed, denied, beyond *stats.Counter
+}
+
+// poolKey names a pool: a domain and a bucket id (see bucketKey).
+type poolKey struct{ domain, bucket string }
+
+// quotaPool is the allocation of one bucket id under one rule.
+type quotaPool struct {
+	id   map[string]string
+	rule *rules.QuotaRule
+	p    *quota.Pool
+}
+
+// quotaStream is one Envoy's stream.
+type quotaStream struct {
+	id uint64
+	// peer is the client's address, for the live view; empty in process.
+	peer   string
+	domain string
+	// buckets are the bucket ids the stream reported, by bucketKey, with
+	// the pool each is subscribed to (nil: answered without a pool, or
+	// not answered).
+	buckets map[string]*streamBucket
+	// pending are the assignments to send, by bucketKey; wake tells the
+	// stream's handler there are some.
+	pending map[string]*rlqsv3.RateLimitQuotaResponse_BucketAction
+	wake    chan struct{}
+}
+
+type streamBucket struct {
+	stream uint64
+	id     *rlqsv3.BucketId
+	pool   *quotaPool
+}
+
+// NewQuota returns a Quota service counting into reg.
+func NewQuota(reg *stats.Registry, cfg QuotaConfig) *Quota {
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	if cfg.Log == nil {
+		cfg.Log = slog.New(slog.DiscardHandler)
+	}
+	if cfg.Pool.Start.IsZero() {
+		cfg.Pool.Start = cfg.Now()
+	}
+	if cfg.Pool.TTL <= 0 {
+		cfg.Pool.TTL = quota.DefaultTTL
+	}
+	if cfg.MaxStreams <= 0 {
+		cfg.MaxStreams = 1024
+	}
+	if cfg.MaxBuckets <= 0 {
+		cfg.MaxBuckets = 100_000
+	}
+	if cfg.MaxBucketsPerStream <= 0 {
+		cfg.MaxBucketsPerStream = min(10_000, cfg.MaxBuckets)
+	}
+	q := &Quota{
+		cfg:            cfg,
+		closing:        make(chan struct{}),
+		pools:          map[poolKey]*quotaPool{},
+		streams:        map[uint64]*quotaStream{},
+		reports:        reg.Counter("ratelimit.rlqs.reports"),
+		noRule:         reg.Counter("ratelimit.rlqs.no_rule"),
+		refused:        reg.Counter("ratelimit.rlqs.buckets_refused"),
+		refusedStreams: reg.Counter("ratelimit.rlqs.streams_refused"),
+		invalid:        reg.Counter("ratelimit.rlqs.invalid_reports"),
+		reg:            reg,
+		ruleStats:      map[string]*ruleTotals{},
+	}
+	reg.GaugeFunc("ratelimit.rlqs.streams", func() int64 {
+		q.mu.Lock()
+		defer q.mu.Unlock()
+		return int64(len(q.streams))
+	})
+	reg.GaugeFunc("ratelimit.rlqs.subscriptions", func() int64 {
+		q.mu.Lock()
+		defer q.mu.Unlock()
+		return int64(q.subs)
+	})
+	return q
+}
+
+// SetRules publishes new rules. Pools whose rule changed take the new
+// limit (decreases at once, increases as they settle); pools whose bucket
+// no longer has a limited rule are dropped, and their buckets are
+// answered by the new rule at their next report.
+func (q *Quota) SetRules(c *rules.Config) {
+	now := q.cfg.Now()
+	// Under the lock, so that a report sees the new rules and the pools
+	// that follow them together.
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	q.rules.Store(c)
+	for k, qp := range q.pools {
+		r := c.MatchQuota(k.domain, qp.id)
+		switch {
+		case r == qp.rule:
+		case r == nil || !r.Policy.Limited():
+			q.dropPool(k, qp)
+		default:
+			qp.rule = r
+			q.deliver(k, qp, qp.p.SetLimit(now, limitOf(r)))
+		}
+	}
+}
+
+// dropPool forgets a pool and unsubscribes its streams' buckets.
+func (q *Quota) dropPool(k poolKey, qp *quotaPool) {
+	for _, st := range q.streams {
+		if sb := st.buckets[k.bucket]; sb != nil && sb.pool == qp && st.domain == k.domain {
+			sb.pool = nil
+		}
+	}
+	q.subs -= qp.p.Len()
+	delete(q.pools, k)
+}
+
+func limitOf(r *rules.QuotaRule) quota.Limit {
+	return quota.Limit{Rate: r.Rate(), Burst: float64(r.Capacity()), Equal: r.Policy == rules.Static}
+}
+
+// Run advances the allocation once a second (increases after decreases
+// settled, ended leases, idle buckets) until ctx is done.
+func (q *Quota) Run(ctx context.Context) {
+	t := time.NewTicker(time.Second)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			q.Tick()
+		}
+	}
+}
+
+// Tick advances every pool to now and sends what changed; Run calls it
+// once a second.
+func (q *Quota) Tick() {
+	now := q.cfg.Now()
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	for k, qp := range q.pools {
+		before := qp.p.Len()
+		changes := qp.p.Tick(now)
+		q.subs += qp.p.Len() - before
+		q.deliver(k, qp, changes)
+		if qp.p.Empty() {
+			delete(q.pools, k)
+		}
+	}
+}
+
+// Close ends every stream with Unavailable and refuses new ones: Envoy
+// keeps its assignments until their TTL and opens a stream again, to
+// this process or another. The server calls it at shutdown, before its
+// graceful stop, which would otherwise wait for streams that never end.
+func (q *Quota) Close() {
+	q.close.Do(func() { close(q.closing) })
+}
+
+// Streams returns the number of streams open.
+func (q *Quota) Streams() int {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return len(q.streams)
+}
+
+var errClosing = status.Error(codes.Unavailable, "service: shutting down; assignments stay in force until their TTL")
+
+// StreamRateLimitQuotas serves one Envoy's stream through a QuotaSession.
+func (q *Quota) StreamRateLimitQuotas(ss rlqsv3.RateLimitQuotaService_StreamRateLimitQuotasServer) error {
+	if q.cfg.Auto && !q.rules.Load().HasQuota() {
+		return status.Error(codes.Unimplemented, "service: no quota_buckets in the rules, so the Rate Limit Quota Service is off (RLQS_ENABLED)")
+	}
+	ctx := ss.Context()
+	var addr string
+	if p, ok := peer.FromContext(ctx); ok && p.Addr != nil {
+		addr = p.Addr.String()
+	}
+	st, err := q.open(addr)
+	if err != nil {
+		return err
+	}
+	s := &QuotaSession{q: q, st: st}
+	defer s.Close()
+	// Recv blocks; a goroutine of its own leaves this one free to send
+	// and to stop. It ends when the stream does: gRPC cancels the stream
+	// when this handler returns, which ends a Recv in progress.
+	msgs := make(chan *rlqsv3.RateLimitQuotaUsageReports)
+	recvErr := make(chan error, 1)
+	go func() {
+		for {
+			m, err := ss.Recv()
+			if err != nil {
+				recvErr <- err
+				return
+			}
+			select {
+			case msgs <- m:
+			case <-ctx.Done():
+				return
+			}
+		}
+	}()
+	send := func() error {
+		if r := s.Take(); r != nil {
+			return ss.Send(r)
+		}
+		return nil
+	}
+	for {
+		select {
+		case m := <-msgs:
+			if err := s.Report(m); err != nil {
+				return err
+			}
+		case <-s.Ready():
+			if err := send(); err != nil {
+				return err
+			}
+		case err := <-recvErr:
+			if errors.Is(err, io.EOF) {
+				// The client is done sending: answer its last reports.
+				return send()
+			}
+			return err
+		case <-q.closing:
+			return errClosing
+		case <-ctx.Done():
+			return status.FromContextError(ctx.Err()).Err()
+		}
+	}
+}
+
+// QuotaSession is one client's stream of reports, in process: the gRPC
+// handler serves each stream through one, and a simulator can drive the
+// service through many with no network and a fake clock. Report, Take and
+// Close may be called from different goroutines, each of them from one at
+// a time.
+type QuotaSession struct {
+	q  *Quota
+	st *quotaStream
+}
+
+// Open starts a session, within MaxStreams: ResourceExhausted past it,
+// Unavailable once Close was called.
+func (q *Quota) Open() (*QuotaSession, error) {
+	st, err := q.open("")
+	if err != nil {
+		return nil, err
+	}
+	return &QuotaSession{q: q, st: st}, nil
+}
+
+// Report handles one message of the session's client. A message past a
+// bound is refused with InvalidArgument and the reason; the stream should
+// then end.
+func (s *QuotaSession) Report(m *rlqsv3.RateLimitQuotaUsageReports) error {
+	if err := s.q.report(s.st, m); err != nil {
+		s.q.invalid.Inc()
+		s.q.cfg.Log.Warn("quota report refused; closing the stream", "err", err)
+		return err
+	}
+	return nil
+}
+
+// Ready is signalled when the session has actions to send (see Take).
+func (s *QuotaSession) Ready() <-chan struct{} { return s.st.wake }
+
+// Take returns the session's pending actions in one response, sorted by
+// bucket, and clears them; nil when there are none. An action replaces an
+// older one for the same bucket that was not taken yet.
+func (s *QuotaSession) Take() *rlqsv3.RateLimitQuotaResponse {
+	q, st := s.q, s.st
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if len(st.pending) == 0 {
+		return nil
+	}
+	keys := slices.Sorted(maps.Keys(st.pending))
+	resp := &rlqsv3.RateLimitQuotaResponse{BucketAction: make([]*rlqsv3.RateLimitQuotaResponse_BucketAction, 0, len(keys))}
+	for _, k := range keys {
+		resp.BucketAction = append(resp.BucketAction, st.pending[k])
+	}
+	clear(st.pending)
+	return resp
+}
+
+// Close ends the session: its buckets' shares stay counted until their
+// leases end, since Envoy keeps its assignments until then.
+func (s *QuotaSession) Close() { s.q.end(s.st) }
+
+// open registers a new stream, within MaxStreams.
+func (q *Quota) open(peer string) (*quotaStream, error) {
+	select {
+	case <-q.closing:
+		return nil, errClosing
+	default:
+	}
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if len(q.streams) >= q.cfg.MaxStreams {
+		q.refusedStreams.Inc()
+		return nil, status.Errorf(codes.ResourceExhausted, "service: %d quota streams open already (RLQS_MAX_STREAMS)", q.cfg.MaxStreams)
+	}
+	q.nextID++
+	st := &quotaStream{
+		id:      q.nextID,
+		peer:    peer,
+		buckets: map[string]*streamBucket{},
+		pending: map[string]*rlqsv3.RateLimitQuotaResponse_BucketAction{},
+		wake:    make(chan struct{}, 1),
+	}
+	q.streams[st.id] = st
+	return st, nil
+}
+
+// end unsubscribes a stream's buckets: their shares stay counted until
+// their leases end, since Envoy keeps its assignments until then.
+func (q *Quota) end(st *quotaStream) {
+	now := q.cfg.Now()
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	delete(q.streams, st.id)
+	for key, sb := range st.buckets {
+		if sb.pool != nil {
+			q.leave(now, poolKey{st.domain, key}, sb)
+		}
+	}
+}
+
+// leave unsubscribes the stream of sb from its pool.
+func (q *Quota) leave(now time.Time, k poolKey, sb *streamBucket) {
+	qp := sb.pool
+	sb.pool = nil
+	if q.pools[k] != qp {
+		return
+	}
+	before := qp.p.Len()
+	changes := qp.p.Leave(now, sb.stream)
+	q.subs += qp.p.Len() - before
+	q.deliver(k, qp, changes)
+	if qp.p.Empty() {
+		delete(q.pools, k)
+	}
+}
+
+// report handles one message of a stream.
+func (q *Quota) report(st *quotaStream, m *rlqsv3.RateLimitQuotaUsageReports) error {
+	if err := validateReport(st, m); err != nil {
+		return status.Error(codes.InvalidArgument, err.Error())
+	}
+	now := q.cfg.Now()
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	cfg := q.rules.Load()
+	if st.domain == "" {
+		st.domain = m.GetDomain()
+	}
+	for _, u := range m.GetBucketQuotaUsages() {
+		q.reports.Inc()
+		id := u.GetBucketId().GetBucket()
+		key := bucketKey(id)
+		pk := poolKey{st.domain, key}
+		sb := st.buckets[key]
+		if sb == nil {
+			if len(st.buckets) >= q.cfg.MaxBucketsPerStream {
+				q.refused.Inc()
+				continue
+			}
+			sb = &streamBucket{stream: st.id, id: u.GetBucketId()}
+			st.buckets[key] = sb
+		}
+		r := cfg.MatchQuota(st.domain, id)
+		switch {
+		case sb.pool != nil && q.pools[pk] != sb.pool:
+			// Its pool ended (abandoned, then dropped): subscribing
+			// again is a new subscription, within the bounds.
+			sb.pool = nil
+		case sb.pool != nil && (r == nil || sb.pool.rule != r):
+			q.leave(now, pk, sb)
+		}
+		allowed := min(u.GetNumRequestsAllowed(), maxReportedRequests)
+		denied := min(u.GetNumRequestsDenied(), maxReportedRequests)
+		var totals *ruleTotals
+		if r != nil {
+			totals = q.totals(r)
+			totals.allowed.Add(allowed)
+			totals.denied.Add(denied)
+		}
+		switch {
+		case r == nil:
+			// No answer: Envoy's no_assignment_behavior decides, as
+			// while the service is unreachable.
+			q.noRule.Inc()
+		case !r.Policy.Limited():
+			q.queue(st, key, q.blanket(sb.id, r.Policy))
+		default:
+			qp := q.pools[pk]
+			if qp == nil {
+				if q.subs >= q.cfg.MaxBuckets {
+					q.refused.Inc()
+					continue
+				}
+				qp = &quotaPool{id: id, rule: r, p: quota.NewPool(limitOf(r), q.cfg.Pool)}
+				q.pools[pk] = qp
+			}
+			if sb.pool == nil && q.subs >= q.cfg.MaxBuckets {
+				q.refused.Inc()
+				continue
+			}
+			sb.pool = qp
+			before, beyond := qp.p.Len(), qp.p.Beyond()
+			changes := qp.p.Report(now, st.id, quota.Usage{Allowed: allowed, Denied: denied, Elapsed: elapsedOf(u)})
+			q.subs += qp.p.Len() - before
+			totals.beyond.Add(qp.p.Beyond() - beyond)
+			q.deliver(pk, qp, changes)
+		}
+	}
+	return nil
+}
+
+// ruleLabel names a quota rule in statistics and the live view: its name,
+// or its place in its domain's list.
+func ruleLabel(r *rules.QuotaRule) string {
+	if r.Name != "" {
+		return r.Name
+	}
+	return "quota_buckets[" + strconv.Itoa(r.Index) + "]"
+}
+
+// totals returns the counters of rule r, made on first use: one set per
+// rule of the rules, so they are bounded as the rules are.
+func (q *Quota) totals(r *rules.QuotaRule) *ruleTotals {
+	k := r.Domain + "\x00" + ruleLabel(r)
+	t := q.ruleStats[k]
+	if t == nil {
+		tags := []stats.Label{{Name: "domain", Value: r.Domain}, {Name: "rule", Value: ruleLabel(r)}}
+		t = &ruleTotals{
+			allowed: q.reg.TaggedCounter("ratelimit.rlqs.rule.allowed", tags...),
+			denied:  q.reg.TaggedCounter("ratelimit.rlqs.rule.denied", tags...),
+			beyond:  q.reg.TaggedCounter("ratelimit.rlqs.rule.beyond_share", tags...),
+		}
+		q.ruleStats[k] = t
+	}
+	return t
+}
+
+func elapsedOf(u *rlqsv3.RateLimitQuotaUsageReports_BucketQuotaUsage) time.Duration {
+	e := u.GetTimeElapsed()
+	if e == nil || e.GetSeconds() < 0 || e.GetNanos() < 0 {
+		return 0
+	}
+	if e.GetSeconds() >= int64(maxElapsed/time.Second) {
+		return maxElapsed
+	}
+	return e.AsDuration()
+}
+
+// validateReport checks a message against the bounds; the time_elapsed of
+// 0 Envoy sends for a new bucket, which the proto's own rules refuse, is
+// accepted.
+func validateReport(st *quotaStream, m *rlqsv3.RateLimitQuotaUsageReports) error {
+	if msg, bad := malformed(m); bad {
+		return badRequest("invalid RateLimitQuotaUsageReports: %s", msg)
+	}
+	d := m.GetDomain()
+	switch {
+	case d == "":
+		return badRequest("quota report: domain must not be empty")
+	case len(d) > MaxDomainLen:
+		return badRequest("quota report: domain is %d bytes long, the limit is %d", len(d), MaxDomainLen)
+	case st.domain != "" && d != st.domain:
+		return badRequest("quota report: domain %q on a stream of domain %q; open a stream per domain", d, st.domain)
+	}
+	for i, u := range m.GetBucketQuotaUsages() {
+		id := u.GetBucketId().GetBucket()
+		if len(id) == 0 {
+			return badRequest("quota report: bucket %d has an empty bucket id", i)
+		}
+		if len(id) > MaxBucketEntries {
+			return badRequest("quota report: bucket %d: id has %d entries, the limit is %d", i, len(id), MaxBucketEntries)
+		}
+		for k, v := range id {
+			switch {
+			case k == "":
+				return badRequest("quota report: bucket %d: id has an empty key", i)
+			case len(k) > MaxKeyLen:
+				return badRequest("quota report: bucket %d: key is %d bytes long, the limit is %d", i, len(k), MaxKeyLen)
+			case len(v) > MaxValueLen:
+				return badRequest("quota report: bucket %d: value of %q is %d bytes long, the limit is %d", i, k, len(v), MaxValueLen)
+			}
+		}
+	}
+	return nil
+}
+
+// deliver queues the grants of changes to their streams; a change for a
+// stream that ended is dropped (the pool was told).
+func (q *Quota) deliver(k poolKey, qp *quotaPool, changes []quota.Change) {
+	ttl := q.ttl()
+	for _, c := range changes {
+		st := q.streams[c.Sub]
+		if st == nil || st.domain != k.domain {
+			continue
+		}
+		sb := st.buckets[k.bucket]
+		if sb == nil || sb.pool != qp {
+			continue
+		}
+		q.queue(st, k.bucket, assignment(sb.id, c.Grant, ttl))
+	}
+}
+
+// queue puts an action in a stream's outbox, replacing any older one for
+// the same bucket, and wakes its handler.
+func (q *Quota) queue(st *quotaStream, key string, a *rlqsv3.RateLimitQuotaResponse_BucketAction) {
+	st.pending[key] = a
+	select {
+	case st.wake <- struct{}{}:
+	default:
+	}
+}
+
+func (q *Quota) ttl() *durationpb.Duration { return durationpb.New(q.cfg.Pool.TTL) }
+
+// blanket is the action of a deny_all or allow_all rule.
+func (q *Quota) blanket(id *rlqsv3.BucketId, p rules.Policy) *rlqsv3.RateLimitQuotaResponse_BucketAction {
+	rule := typev3.RateLimitStrategy_ALLOW_ALL
+	if p == rules.DenyAll {
+		rule = typev3.RateLimitStrategy_DENY_ALL
+	}
+	return quotaAction(id, q.ttl(), &typev3.RateLimitStrategy{Strategy: &typev3.RateLimitStrategy_BlanketRule_{BlanketRule: rule}})
+}
+
+// assignment is the action of a grant.
+func assignment(id *rlqsv3.BucketId, g quota.Grant, ttl *durationpb.Duration) *rlqsv3.RateLimitQuotaResponse_BucketAction {
+	switch {
+	case g.Abandon:
+		return &rlqsv3.RateLimitQuotaResponse_BucketAction{
+			BucketId: id,
+			BucketAction: &rlqsv3.RateLimitQuotaResponse_BucketAction_AbandonAction_{
+				AbandonAction: &rlqsv3.RateLimitQuotaResponse_BucketAction_AbandonAction{},
+			},
+		}
+	case g.Deny():
+		return quotaAction(id, ttl, &typev3.RateLimitStrategy{Strategy: &typev3.RateLimitStrategy_BlanketRule_{BlanketRule: typev3.RateLimitStrategy_DENY_ALL}})
+	}
+	return quotaAction(id, ttl, &typev3.RateLimitStrategy{Strategy: &typev3.RateLimitStrategy_TokenBucket{TokenBucket: &typev3.TokenBucket{
+		MaxTokens:     g.MaxTokens,
+		TokensPerFill: wrapperspb.UInt32(g.TokensPerFill),
+		FillInterval:  durationpb.New(g.FillInterval),
+	}}})
+}
+
+func quotaAction(id *rlqsv3.BucketId, ttl *durationpb.Duration, s *typev3.RateLimitStrategy) *rlqsv3.RateLimitQuotaResponse_BucketAction {
+	return &rlqsv3.RateLimitQuotaResponse_BucketAction{
+		BucketId: id,
+		BucketAction: &rlqsv3.RateLimitQuotaResponse_BucketAction_QuotaAssignmentAction_{
+			QuotaAssignmentAction: &rlqsv3.RateLimitQuotaResponse_BucketAction_QuotaAssignmentAction{
+				AssignmentTimeToLive: ttl,
+				RateLimitStrategy:    s,
+			},
+		},
+	}
+}
+
+// bucketKey is a bucket id as one string, the same for the same entries
+// in any order: each key and value, sorted by key, prefixed by its length.
+func bucketKey(id map[string]string) string {
+	keys := slices.SortedFunc(maps.Keys(id), strings.Compare)
+	var b strings.Builder
+	for _, k := range keys {
+		for _, s := range [2]string{k, id[k]} {
+			b.WriteString(strconv.Itoa(len(s)))
+			b.WriteByte(':')
+			b.WriteString(s)
+		}
+	}
+	return b.String()
+}

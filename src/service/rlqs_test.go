@@ -1,0 +1,688 @@
+package service_test
+
+import (
+	"context"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	rlqsv3 "github.com/envoyproxy/go-control-plane/envoy/service/rate_limit_quota/v3"
+	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/mem"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/encoding/prototext"
+	"google.golang.org/protobuf/encoding/protowire"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	"github.com/ratelimitd/ratelimit/src/quota"
+	"github.com/ratelimitd/ratelimit/src/rules"
+	"github.com/ratelimitd/ratelimit/src/service"
+	"github.com/ratelimitd/ratelimit/src/stats"
+)
+
+const quotaRules = `domain: web
+quota_buckets:
+  - bucket: {tenant: "*"}
+    rate_limit: {unit: second, requests_per_unit: 20, burst: 10}
+  - bucket: {name: blocked}
+    policy: deny_all
+  - bucket: {name: internal}
+    policy: allow_all
+  - bucket: {name: static}
+    rate_limit: {unit: minute, requests_per_unit: 600}
+    policy: static
+`
+
+// quotaFixture serves a Quota service on an in-memory gRPC connection,
+// with a fake clock and the ticks in the test's hands.
+type quotaFixture struct {
+	q     *service.Quota
+	reg   *stats.Registry
+	clock atomic.Pointer[time.Time]
+	cc    *grpc.ClientConn
+	// sent counts the bucket reports sent (see handled).
+	sent atomic.Uint64
+}
+
+func newQuotaFixture(t *testing.T, cfg service.QuotaConfig, text string) *quotaFixture {
+	t.Helper()
+	f := &quotaFixture{reg: stats.NewRegistry()}
+	now := epoch
+	f.clock.Store(&now)
+	cfg.Now = func() time.Time { return *f.clock.Load() }
+	if cfg.Pool.Start.IsZero() {
+		// After the learning period, unless a test asks for it.
+		cfg.Pool.Start = epoch.Add(-time.Hour)
+	}
+	f.q = service.NewQuota(f.reg, cfg)
+	if text != "" {
+		f.setRules(t, text)
+	}
+	srv := grpc.NewServer(grpc.ForceServerCodecV2(service.Codec()))
+	rlqsv3.RegisterRateLimitQuotaServiceServer(srv, f.q)
+	f.cc = bufconnClient(t, srv)
+	return f
+}
+
+func (f *quotaFixture) setRules(t *testing.T, text string) {
+	t.Helper()
+	c, err := rules.Parse([]rules.File{{Name: "quota.yaml", Data: []byte(text)}}, rules.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.q.SetRules(c)
+}
+
+// handled waits until the service has handled every bucket report sent,
+// so that the clock moves only between reports.
+func (f *quotaFixture) handled(t *testing.T) {
+	t.Helper()
+	waitFor(t, func() bool { return f.reg.Snapshot()["ratelimit.rlqs.reports"] >= f.sent.Load() }, "the reports to be handled")
+}
+
+func (f *quotaFixture) advance(d time.Duration) {
+	n := f.clock.Load().Add(d)
+	f.clock.Store(&n)
+}
+
+// envoyStream is a client stream, as Envoy's rate_limit_quota filter
+// opens one per domain. A goroutine reads what the service sends into
+// msgs, and keeps the last action for each bucket.
+type envoyStream struct {
+	t    *testing.T
+	f    *quotaFixture
+	s    rlqsv3.RateLimitQuotaService_StreamRateLimitQuotasClient
+	cf   context.CancelFunc
+	msgs chan *rlqsv3.RateLimitQuotaResponse
+	// err is the stream's end, once msgs is closed.
+	err error
+
+	mu     sync.Mutex
+	latest map[string]*rlqsv3.RateLimitQuotaResponse_BucketAction
+}
+
+func (f *quotaFixture) open(t *testing.T) *envoyStream {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(t.Context(), 20*time.Second)
+	t.Cleanup(cancel)
+	s, err := rlqsv3.NewRateLimitQuotaServiceClient(f.cc).StreamRateLimitQuotas(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := &envoyStream{t: t, f: f, s: s, cf: cancel, msgs: make(chan *rlqsv3.RateLimitQuotaResponse, 1024),
+		latest: map[string]*rlqsv3.RateLimitQuotaResponse_BucketAction{}}
+	go func() {
+		defer close(e.msgs)
+		for {
+			m, err := s.Recv()
+			if err != nil {
+				e.err = err
+				return
+			}
+			e.mu.Lock()
+			for _, a := range m.GetBucketAction() {
+				e.latest[prototext.Format(a.GetBucketId())] = a
+			}
+			e.mu.Unlock()
+			e.msgs <- m
+		}
+	}()
+	return e
+}
+
+// last returns the last action the stream got for a bucket, or nil.
+func (e *envoyStream) last(kv ...string) *rlqsv3.RateLimitQuotaResponse_BucketAction {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.latest[prototext.Format(bucketID(kv...))]
+}
+
+// usage is one bucket's report: its id as key=value pairs.
+type usage struct {
+	id              []string
+	allowed, denied uint64
+	elapsed         int64
+}
+
+func bucketID(kv ...string) *rlqsv3.BucketId {
+	id := &rlqsv3.BucketId{Bucket: map[string]string{}}
+	for i := 0; i+1 < len(kv); i += 2 {
+		id.Bucket[kv[i]] = kv[i+1]
+	}
+	return id
+}
+
+func (e *envoyStream) send(domain string, us ...usage) {
+	e.t.Helper()
+	m := &rlqsv3.RateLimitQuotaUsageReports{Domain: domain}
+	for _, u := range us {
+		m.BucketQuotaUsages = append(m.BucketQuotaUsages, &rlqsv3.RateLimitQuotaUsageReports_BucketQuotaUsage{
+			BucketId:           bucketID(u.id...),
+			TimeElapsed:        &durationpb.Duration{Seconds: u.elapsed},
+			NumRequestsAllowed: u.allowed,
+			NumRequestsDenied:  u.denied,
+		})
+	}
+	e.f.sent.Add(uint64(len(us)))
+	if err := e.s.Send(m); err != nil {
+		e.t.Fatalf("Send: %v", err)
+	}
+}
+
+func (e *envoyStream) recv() *rlqsv3.RateLimitQuotaResponse {
+	e.t.Helper()
+	select {
+	case m, ok := <-e.msgs:
+		if !ok {
+			e.t.Fatalf("Recv: %v", e.err)
+		}
+		return m
+	case <-time.After(10 * time.Second):
+		e.t.Fatal("nothing received in 10 s")
+	}
+	return nil
+}
+
+// recvErr returns the error that ends the stream.
+func (e *envoyStream) recvErr() error {
+	for range e.msgs {
+	}
+	return e.err
+}
+
+// tokenBucket returns the token bucket of the action for id in r, or nil.
+func tokenBucket(r *rlqsv3.RateLimitQuotaResponse, kv ...string) *typev3.TokenBucket {
+	return strategy(r, kv...).GetTokenBucket()
+}
+
+func strategy(r *rlqsv3.RateLimitQuotaResponse, kv ...string) *typev3.RateLimitStrategy {
+	a := action(r, kv...)
+	return a.GetQuotaAssignmentAction().GetRateLimitStrategy()
+}
+
+func action(r *rlqsv3.RateLimitQuotaResponse, kv ...string) *rlqsv3.RateLimitQuotaResponse_BucketAction {
+	want := bucketID(kv...)
+	for _, a := range r.GetBucketAction() {
+		if proto.Equal(a.GetBucketId(), want) {
+			return a
+		}
+	}
+	return nil
+}
+
+// blanketRule returns the strategy's blanket rule, if it is one.
+func blanketRule(s *typev3.RateLimitStrategy) (typev3.RateLimitStrategy_BlanketRule, bool) {
+	if b, ok := s.GetStrategy().(*typev3.RateLimitStrategy_BlanketRule_); ok {
+		return b.BlanketRule, true
+	}
+	return 0, false
+}
+
+func isDeny(s *typev3.RateLimitStrategy) bool {
+	r, ok := blanketRule(s)
+	return ok && r == typev3.RateLimitStrategy_DENY_ALL
+}
+
+func rateOf(tb *typev3.TokenBucket) float64 {
+	return float64(tb.GetTokensPerFill().GetValue()) / float64(tb.GetFillInterval().GetSeconds())
+}
+
+func TestQuotaFirstReportIsAssigned(t *testing.T) {
+	f := newQuotaFixture(t, service.QuotaConfig{}, quotaRules)
+	e := f.open(t)
+	// Envoy's report of a new bucket: time_elapsed 0, which the proto's
+	// own validation refuses; it must be answered.
+	e.send("web", usage{id: []string{"tenant", "acme"}, allowed: 1})
+	r := e.recv()
+	a := action(r, "tenant", "acme")
+	if a == nil {
+		t.Fatalf("response %v has no action for the bucket", r)
+	}
+	if ttl := a.GetQuotaAssignmentAction().GetAssignmentTimeToLive(); ttl.AsDuration() != quota.DefaultTTL {
+		t.Errorf("TTL = %v, want %v", ttl.AsDuration(), quota.DefaultTTL)
+	}
+	tb := tokenBucket(r, "tenant", "acme")
+	// Alone: all of 20/s but the 5 % reserve, and the whole burst; the
+	// fill interval is whole seconds.
+	if tb.GetMaxTokens() != 10 || rateOf(tb) != 19 || tb.GetFillInterval().GetSeconds() != 60 || tb.GetFillInterval().GetNanos() != 0 {
+		t.Errorf("token bucket = %v, want 19/s over a 60 s fill interval and 10 tokens", tb)
+	}
+}
+
+func TestQuotaFairSplitAcrossStreams(t *testing.T) {
+	f := newQuotaFixture(t, service.QuotaConfig{}, quotaRules)
+	a, b := f.open(t), f.open(t)
+	a.send("web", usage{id: []string{"tenant", "acme"}, allowed: 1})
+	a.recv()
+	b.send("web", usage{id: []string{"tenant", "acme"}, allowed: 1})
+	// b gets the reserve at once, and a is decreased without a report
+	// of its own.
+	if got := rateOf(tokenBucket(b.recv(), "tenant", "acme")); got != 1 {
+		t.Errorf("joiner's first share = %v/s, want the reserve, 1/s", got)
+	}
+	if got := rateOf(tokenBucket(a.recv(), "tenant", "acme")); got != 9.5 {
+		t.Errorf("first stream after the join = %v/s, want 9.5/s", got)
+	}
+	// The joiner's share grows once the decrease has settled.
+	f.advance(1100 * time.Millisecond)
+	f.q.Tick()
+	if got := rateOf(tokenBucket(b.recv(), "tenant", "acme")); got != 9.5 {
+		t.Errorf("joiner after the decrease settled = %v/s, want 9.5/s", got)
+	}
+	// Demand, measured by the service over its own clock: a wants 40/s,
+	// b 2/s; Envoy's time_elapsed (rounded down) is not trusted.
+	for range 4 {
+		f.advance(5 * time.Second)
+		f.q.Tick()
+		a.send("web", usage{id: []string{"tenant", "acme"}, allowed: 47, denied: 153, elapsed: 4})
+		b.send("web", usage{id: []string{"tenant", "acme"}, allowed: 10, elapsed: 4})
+		f.handled(t)
+	}
+	f.advance(1100 * time.Millisecond)
+	f.q.Tick()
+	share := func(e *envoyStream) float64 {
+		return rateOf(e.last("tenant", "acme").GetQuotaAssignmentAction().GetRateLimitStrategy().GetTokenBucket())
+	}
+	// 19/s to share: b's 2/s is met, a gets the rest (within the 2 %
+	// by which a share is not worth changing).
+	waitFor(t, func() bool {
+		ra, rb := share(a), share(b)
+		return ra >= 16.6 && ra <= 17.4 && rb >= 1.6 && rb <= 2.4 && ra+rb <= 19
+	}, "shares of about 17 and 2/s")
+}
+
+func TestQuotaBlanketAndUnmatched(t *testing.T) {
+	f := newQuotaFixture(t, service.QuotaConfig{}, quotaRules)
+	e := f.open(t)
+	e.send("web",
+		usage{id: []string{"name", "blocked"}, allowed: 1},
+		usage{id: []string{"name", "internal"}, allowed: 1},
+		usage{id: []string{"nothing", "matches"}, allowed: 1},
+	)
+	r := e.recv()
+	if got, ok := blanketRule(strategy(r, "name", "blocked")); !ok || got != typev3.RateLimitStrategy_DENY_ALL {
+		t.Errorf("deny_all bucket: %v, want DENY_ALL", strategy(r, "name", "blocked"))
+	}
+	if got, ok := blanketRule(strategy(r, "name", "internal")); !ok || got != typev3.RateLimitStrategy_ALLOW_ALL {
+		t.Errorf("allow_all bucket: %v, want ALLOW_ALL", strategy(r, "name", "internal"))
+	}
+	// A bucket no rule matches is not answered: Envoy's own
+	// no_assignment_behavior decides.
+	if a := action(r, "nothing", "matches"); a != nil || len(r.GetBucketAction()) != 2 {
+		t.Errorf("response %v answers the unmatched bucket", r)
+	}
+	if n := f.reg.Snapshot()["ratelimit.rlqs.no_rule"]; n != 1 {
+		t.Errorf("no_rule = %d, want 1", n)
+	}
+}
+
+func TestQuotaStaticPolicy(t *testing.T) {
+	f := newQuotaFixture(t, service.QuotaConfig{}, quotaRules)
+	a, b := f.open(t), f.open(t)
+	a.send("web", usage{id: []string{"name", "static"}, allowed: 1})
+	a.recv()
+	b.send("web", usage{id: []string{"name", "static"}, allowed: 1})
+	b.recv()
+	a.recv()
+	f.advance(1100 * time.Millisecond)
+	f.q.Tick()
+	// 600 a minute, 10/s less the reserve, split equally whatever the
+	// demand; the burst (600) too.
+	tb := tokenBucket(b.recv(), "name", "static")
+	if rateOf(tb) != 4.75 || tb.GetMaxTokens() != 300 {
+		t.Errorf("static share = %v/s and %d tokens, want 4.75/s and 300", rateOf(tb), tb.GetMaxTokens())
+	}
+}
+
+func TestQuotaBadReports(t *testing.T) {
+	long := strings.Repeat("k", service.MaxKeyLen+1)
+	many := make([]string, 0, 2*(service.MaxBucketEntries+1))
+	for i := range service.MaxBucketEntries + 1 {
+		many = append(many, "k"+string(rune('a'+i%26))+strings.Repeat("x", i), "v")
+	}
+	tests := []struct {
+		name   string
+		domain string
+		us     []usage
+		want   string
+	}{
+		{"empty_domain", "", []usage{{id: []string{"tenant", "a"}}}, "domain must not be empty"},
+		{"empty_bucket_id", "web", []usage{{id: nil}}, "bucket 0 has an empty bucket id"},
+		{"too_many_entries", "web", []usage{{id: many}}, "id has 65 entries, the limit is 64"},
+		{"long_key", "web", []usage{{id: []string{long, "v"}}}, "key is 257 bytes long, the limit is 256"},
+		{"empty_key", "web", []usage{{id: []string{"", "v"}}}, "id has an empty key"},
+	}
+	f := newQuotaFixture(t, service.QuotaConfig{}, quotaRules)
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			e := f.open(t)
+			e.send(tt.domain, tt.us...)
+			err := e.recvErr()
+			if status.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), tt.want) {
+				t.Errorf("stream ended with %v, want InvalidArgument with %q", err, tt.want)
+			}
+		})
+	}
+	t.Run("domain_changes", func(t *testing.T) {
+		e := f.open(t)
+		e.send("web", usage{id: []string{"tenant", "a"}, allowed: 1})
+		e.recv()
+		e.send("other", usage{id: []string{"tenant", "a"}, allowed: 1})
+		if err := e.recvErr(); status.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), `domain "other" on a stream of domain "web"`) {
+			t.Errorf("stream ended with %v, want InvalidArgument naming both domains", err)
+		}
+	})
+	t.Run("malformed", func(t *testing.T) {
+		// A bucket id value of invalid UTF-8, which a proto library
+		// would not encode.
+		var entry []byte
+		entry = protowire.AppendTag(entry, 1, protowire.BytesType)
+		entry = protowire.AppendString(entry, "tenant")
+		entry = protowire.AppendTag(entry, 2, protowire.BytesType)
+		entry = protowire.AppendString(entry, "a\xff")
+		var id []byte
+		id = protowire.AppendTag(id, 1, protowire.BytesType)
+		id = protowire.AppendBytes(id, entry)
+		var u []byte
+		u = protowire.AppendTag(u, 1, protowire.BytesType)
+		u = protowire.AppendBytes(u, id)
+		var m []byte
+		m = protowire.AppendTag(m, 1, protowire.BytesType)
+		m = protowire.AppendString(m, "web")
+		m = protowire.AppendTag(m, 2, protowire.BytesType)
+		m = protowire.AppendBytes(m, u)
+		s, err := f.cc.NewStream(t.Context(), &rlqsv3.RateLimitQuotaService_ServiceDesc.Streams[0],
+			rlqsv3.RateLimitQuotaService_StreamRateLimitQuotas_FullMethodName, grpc.ForceCodec(rawCodec{}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := s.SendMsg(&m); err != nil {
+			t.Fatal(err)
+		}
+		var out []byte
+		if err := s.RecvMsg(&out); status.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), "invalid RateLimitQuotaUsageReports") {
+			t.Errorf("malformed report: %v, want InvalidArgument", err)
+		}
+	})
+	if n := f.reg.Snapshot()["ratelimit.rlqs.invalid_reports"]; n != uint64(len(tests)+2) {
+		t.Errorf("invalid_reports = %d, want %d", n, len(tests)+2)
+	}
+}
+
+func TestQuotaBounds(t *testing.T) {
+	t.Run("streams", func(t *testing.T) {
+		f := newQuotaFixture(t, service.QuotaConfig{MaxStreams: 2}, quotaRules)
+		a, b := f.open(t), f.open(t)
+		a.send("web", usage{id: []string{"tenant", "a"}, allowed: 1})
+		a.recv()
+		b.send("web", usage{id: []string{"tenant", "b"}, allowed: 1})
+		b.recv()
+		c := f.open(t)
+		if err := c.recvErr(); status.Code(err) != codes.ResourceExhausted || !strings.Contains(err.Error(), "RLQS_MAX_STREAMS") {
+			t.Errorf("third stream: %v, want ResourceExhausted naming RLQS_MAX_STREAMS", err)
+		}
+		// Once one closes, a new one is served.
+		a.cf()
+		waitFor(t, func() bool { return f.q.Streams() == 1 }, "the closed stream to end")
+		d := f.open(t)
+		d.send("web", usage{id: []string{"tenant", "d"}, allowed: 1})
+		d.recv()
+	})
+	t.Run("buckets_per_stream", func(t *testing.T) {
+		f := newQuotaFixture(t, service.QuotaConfig{MaxBucketsPerStream: 2, MaxBuckets: 10}, quotaRules)
+		e := f.open(t)
+		e.send("web",
+			usage{id: []string{"tenant", "a"}, allowed: 1},
+			usage{id: []string{"tenant", "b"}, allowed: 1},
+			usage{id: []string{"tenant", "c"}, allowed: 1},
+		)
+		r := e.recv()
+		if len(r.GetBucketAction()) != 2 || action(r, "tenant", "c") != nil {
+			t.Errorf("response %v, want the first two buckets answered and the third not", r)
+		}
+		if n := f.reg.Snapshot()["ratelimit.rlqs.buckets_refused"]; n != 1 {
+			t.Errorf("buckets_refused = %d, want 1", n)
+		}
+	})
+	t.Run("buckets", func(t *testing.T) {
+		f := newQuotaFixture(t, service.QuotaConfig{MaxBucketsPerStream: 2, MaxBuckets: 3}, quotaRules)
+		a, b := f.open(t), f.open(t)
+		a.send("web", usage{id: []string{"tenant", "a"}, allowed: 1}, usage{id: []string{"tenant", "b"}, allowed: 1})
+		a.recv()
+		b.send("web", usage{id: []string{"tenant", "c"}, allowed: 1}, usage{id: []string{"tenant", "d"}, allowed: 1})
+		if r := b.recv(); len(r.GetBucketAction()) != 1 || action(r, "tenant", "c") == nil {
+			t.Errorf("response %v, want only the third subscription of all answered", r)
+		}
+		if n := f.reg.Gauges()["ratelimit.rlqs.subscriptions"]; n != 3 {
+			t.Errorf("subscriptions = %d, want 3", n)
+		}
+	})
+}
+
+func TestQuotaAuto(t *testing.T) {
+	f := newQuotaFixture(t, service.QuotaConfig{Auto: true}, "domain: web\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 1}\n")
+	e := f.open(t)
+	if err := e.recvErr(); status.Code(err) != codes.Unimplemented || !strings.Contains(err.Error(), "RLQS_ENABLED") {
+		t.Errorf("stream with no quota rules: %v, want Unimplemented naming RLQS_ENABLED", err)
+	}
+	f.setRules(t, quotaRules)
+	e = f.open(t)
+	e.send("web", usage{id: []string{"tenant", "a"}, allowed: 1})
+	if tb := tokenBucket(e.recv(), "tenant", "a"); tb == nil {
+		t.Error("no token bucket once the rules have quota_buckets")
+	}
+}
+
+func TestQuotaCloseEndsStreams(t *testing.T) {
+	f := newQuotaFixture(t, service.QuotaConfig{}, quotaRules)
+	e := f.open(t)
+	e.send("web", usage{id: []string{"tenant", "a"}, allowed: 1})
+	e.recv()
+	f.q.Close()
+	if err := e.recvErr(); status.Code(err) != codes.Unavailable {
+		t.Errorf("stream after Close: %v, want Unavailable", err)
+	}
+	if err := f.open(t).recvErr(); status.Code(err) != codes.Unavailable {
+		t.Errorf("new stream after Close: %v, want Unavailable", err)
+	}
+}
+
+func TestQuotaRulesChange(t *testing.T) {
+	f := newQuotaFixture(t, service.QuotaConfig{}, quotaRules)
+	e := f.open(t)
+	e.send("web", usage{id: []string{"tenant", "a"}, allowed: 1})
+	e.recv()
+	// The limit drops: the new share is pushed at once.
+	f.setRules(t, strings.Replace(quotaRules, "requests_per_unit: 20, burst: 10", "requests_per_unit: 4, burst: 2", 1))
+	if tb := tokenBucket(e.recv(), "tenant", "a"); rateOf(tb) > 3.8 || tb.GetMaxTokens() != 2 {
+		t.Errorf("share after the limit dropped = %v/s, %d tokens; want at most 3.8/s and 2", rateOf(tb), tb.GetMaxTokens())
+	}
+	// The bucket is now denied: answered so at its next report.
+	f.setRules(t, "domain: web\nquota_buckets:\n  - policy: deny_all\n")
+	f.advance(5 * time.Second)
+	e.send("web", usage{id: []string{"tenant", "a"}, allowed: 3, elapsed: 5})
+	if s := strategy(e.recv(), "tenant", "a"); !isDeny(s) {
+		t.Errorf("after the rule became deny_all: %v, want DENY_ALL", s)
+	}
+}
+
+func TestQuotaIdleAbandoned(t *testing.T) {
+	f := newQuotaFixture(t, service.QuotaConfig{Pool: quota.Config{Idle: 30 * time.Second}}, quotaRules)
+	e := f.open(t)
+	e.send("web", usage{id: []string{"tenant", "a"}, allowed: 1})
+	e.recv()
+	for range 7 {
+		f.advance(5 * time.Second)
+		f.q.Tick()
+		e.send("web", usage{id: []string{"tenant", "a"}, elapsed: 5})
+		if a := action(e.recv(), "tenant", "a"); a.GetAbandonAction() != nil {
+			return
+		}
+	}
+	t.Error("a bucket idle for 35 s was not abandoned")
+}
+
+// TestQuotaAbandonedBucketComesBack: once its pool has ended, a bucket
+// that subscribes again counts against RLQS_MAX_BUCKETS like any new one.
+func TestQuotaAbandonedBucketComesBack(t *testing.T) {
+	f := newQuotaFixture(t, service.QuotaConfig{Pool: quota.Config{Idle: 10 * time.Second}, MaxBuckets: 1, MaxBucketsPerStream: 1}, quotaRules)
+	a, b := f.open(t), f.open(t)
+	a.send("web", usage{id: []string{"tenant", "a"}, allowed: 1})
+	a.recv()
+	for i := 0; ; i++ {
+		if i == 5 {
+			t.Fatal("an idle bucket was not abandoned")
+		}
+		f.advance(5 * time.Second)
+		f.q.Tick()
+		a.send("web", usage{id: []string{"tenant", "a"}, elapsed: 5})
+		if action(a.recv(), "tenant", "a").GetAbandonAction() != nil {
+			break
+		}
+	}
+	// Its pool ends once the abandon has settled.
+	f.advance(2 * time.Second)
+	f.q.Tick()
+	if n := f.reg.Gauges()["ratelimit.rlqs.subscriptions"]; n != 0 {
+		t.Fatalf("subscriptions after the abandon = %d, want 0", n)
+	}
+	// Another stream takes the one place, in the same bucket; a's
+	// subscription coming back is refused.
+	b.send("web", usage{id: []string{"tenant", "a"}, allowed: 1})
+	b.recv()
+	a.send("web", usage{id: []string{"tenant", "a"}, allowed: 1})
+	f.handled(t)
+	if n := f.reg.Gauges()["ratelimit.rlqs.subscriptions"]; n != 1 {
+		t.Errorf("subscriptions = %d with RLQS_MAX_BUCKETS=1, want 1", n)
+	}
+}
+
+// FuzzQuotaReport feeds arbitrary bytes to the quota service as a report:
+// it never panics, and answers a report or refuses it with
+// InvalidArgument.
+func FuzzQuotaReport(f *testing.F) {
+	for _, m := range []*rlqsv3.RateLimitQuotaUsageReports{
+		{Domain: "web", BucketQuotaUsages: []*rlqsv3.RateLimitQuotaUsageReports_BucketQuotaUsage{
+			{BucketId: bucketID("tenant", "a"), NumRequestsAllowed: 1},
+			{BucketId: bucketID("name", "blocked"), TimeElapsed: &durationpb.Duration{Seconds: 5}, NumRequestsDenied: 1 << 62},
+			{BucketId: bucketID("nothing", "x"), TimeElapsed: &durationpb.Duration{Seconds: -3, Nanos: -1}},
+		}},
+		{Domain: "web", BucketQuotaUsages: []*rlqsv3.RateLimitQuotaUsageReports_BucketQuotaUsage{{}}},
+		{},
+	} {
+		b, err := proto.Marshal(m)
+		if err != nil {
+			f.Fatal(err)
+		}
+		f.Add(b)
+	}
+	f.Add([]byte{0xff, 0x01})
+	q := service.NewQuota(stats.NewRegistry(), service.QuotaConfig{})
+	c, err := rules.Parse([]rules.File{{Name: "quota.yaml", Data: []byte(quotaRules)}}, rules.Options{})
+	if err != nil {
+		f.Fatal(err)
+	}
+	q.SetRules(c)
+	codec := service.Codec()
+	f.Fuzz(func(t *testing.T, b []byte) {
+		var m rlqsv3.RateLimitQuotaUsageReports
+		if err := codec.Unmarshal(mem.BufferSlice{mem.SliceBuffer(b)}, &m); err != nil {
+			t.Fatalf("codec refused a report: %v", err)
+		}
+		s, err := q.Open()
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer s.Close()
+		if err := s.Report(&m); err != nil && status.Code(err) != codes.InvalidArgument {
+			t.Fatalf("report = %v, want it handled or InvalidArgument", err)
+		}
+		s.Take()
+	})
+}
+
+// TestQuotaSession drives the service in process, as a simulator does:
+// a report's answer and the changes it causes on other sessions are
+// there to Take as soon as Report returns.
+func TestQuotaSession(t *testing.T) {
+	f := newQuotaFixture(t, service.QuotaConfig{}, quotaRules)
+	report := func(s *service.QuotaSession) {
+		t.Helper()
+		err := s.Report(&rlqsv3.RateLimitQuotaUsageReports{Domain: "web", BucketQuotaUsages: []*rlqsv3.RateLimitQuotaUsageReports_BucketQuotaUsage{
+			{BucketId: bucketID("tenant", "a"), NumRequestsAllowed: 1},
+		}})
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	a, err := f.q.Open()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	b, err := f.q.Open()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	report(a)
+	select {
+	case <-a.Ready():
+	default:
+		t.Fatal("Ready not signalled after a report")
+	}
+	if got := rateOf(tokenBucket(a.Take(), "tenant", "a")); got != 19 {
+		t.Errorf("a's share = %v, want 19", got)
+	}
+	if r := a.Take(); r != nil {
+		t.Errorf("a second Take = %v, want nil", r)
+	}
+	report(b)
+	if got := rateOf(tokenBucket(a.Take(), "tenant", "a")); got != 9.5 {
+		t.Errorf("a's share after b joined = %v, want 9.5 pushed at once", got)
+	}
+	if got := rateOf(tokenBucket(b.Take(), "tenant", "a")); got != 1 {
+		t.Errorf("b's first share = %v, want the reserve, 1", got)
+	}
+}
+
+// TestQuotaState: what the live view shows of the quota service: per
+// rule, its buckets and subscribers, the sum of the shares against the
+// limit, the requests reported and those beyond the shares.
+func TestQuotaState(t *testing.T) {
+	f := newQuotaFixture(t, service.QuotaConfig{}, quotaRules)
+	a, b := f.open(t), f.open(t)
+	a.send("web", usage{id: []string{"tenant", "acme"}, allowed: 1})
+	a.recv()
+	b.send("web", usage{id: []string{"tenant", "acme"}, allowed: 2}, usage{id: []string{"name", "blocked"}, denied: 4})
+	b.recv()
+	f.handled(t)
+	st := f.q.State()
+	if !st.Enabled || st.Streams != 2 || st.Subscriptions != 2 || len(st.Rules) != 4 {
+		t.Fatalf("State() = %+v, want 2 streams, 2 subscriptions and the 4 rules", st)
+	}
+	r := st.Rules[0]
+	if r.Rule != "quota_buckets[1]" || r.Policy != "fair_share" || r.Rate != 20 || r.Burst != 10 ||
+		r.Buckets != 1 || r.Subscribers != 2 || r.Allowed != 3 || r.Beyond != 3 {
+		t.Errorf("first rule = %+v, want its 1 bucket of 2 subscribers, 3 allowed, all 3 beyond the shares (no assignment yet)", r)
+	}
+	if len(r.Top) != 1 || r.Top[0].ID["tenant"] != "acme" || len(r.Top[0].Subscribers) != 2 || r.MaxShare > 1 || r.MaxShare < 0.5 {
+		t.Errorf("first rule's buckets = %+v (max share %v)", r.Top, r.MaxShare)
+	}
+	for _, s := range r.Top[0].Subscribers {
+		if s.Peer == "" || s.Rate == 0 || s.Gone {
+			t.Errorf("subscriber %+v: want its peer and its share", s)
+		}
+	}
+	if d := st.Rules[1]; d.Policy != "deny_all" || d.Denied != 4 || d.Buckets != 0 {
+		t.Errorf("deny_all rule = %+v, want 4 denied and no pool", d)
+	}
+	if n := f.reg.Snapshot()["ratelimit.rlqs.rule.allowed.__domain=web.__rule=quota_buckets[1]"]; n != 3 {
+		t.Errorf("rule counter allowed = %d, want 3", n)
+	}
+}

@@ -1,0 +1,161 @@
+package service
+
+import (
+	"cmp"
+	"slices"
+
+	"github.com/ratelimitd/ratelimit/src/rules"
+)
+
+// QuotaState is what the quota service holds now, for the live view's
+// /api/v1/quota (docs/LIVE.md describes every field).
+type QuotaState struct {
+	// Enabled is false while the service answers Unimplemented
+	// (RLQS_ENABLED empty and no quota_buckets).
+	Enabled       bool             `json:"enabled"`
+	Streams       int              `json:"streams"`
+	Subscriptions int              `json:"subscriptions"`
+	Rules         []QuotaRuleState `json:"rules"`
+}
+
+// QuotaRuleState is one quota rule: its limit and what its buckets hold.
+type QuotaRuleState struct {
+	Domain string `json:"domain"`
+	// Rule is the rule's name, or quota_buckets[i]; Match its bucket
+	// match as /rlconfig writes it.
+	Rule   string `json:"rule"`
+	Match  string `json:"match"`
+	Source string `json:"source"`
+	Policy string `json:"policy"`
+	// Rate (requests a second) and Burst are each bucket's global limit;
+	// 0 for deny_all and allow_all.
+	Rate  float64 `json:"rate"`
+	Burst uint32  `json:"burst"`
+	// Buckets are the bucket ids with a pool, Subscribers the
+	// subscriptions counted in them.
+	Buckets     int `json:"buckets"`
+	Subscribers int `json:"subscribers"`
+	// MaxShare is the largest sum of the shares counted in one bucket,
+	// over the rate: at most 1 outside the bound's transients.
+	MaxShare float64 `json:"max_share"`
+	// Allowed and Denied are the requests Envoys reported for the
+	// rule's buckets, Beyond those the shares granted cannot account
+	// for, since the start.
+	Allowed uint64 `json:"allowed"`
+	Denied  uint64 `json:"denied"`
+	Beyond  uint64 `json:"beyond_share"`
+	// Top are the buckets with the most demand, at most MaxStateBuckets.
+	Top []QuotaBucketState `json:"top"`
+}
+
+// QuotaBucketState is one bucket id of a rule and its subscribers.
+type QuotaBucketState struct {
+	ID map[string]string `json:"id"`
+	// Demand is the sum of its subscribers' demands (requests a second),
+	// Share the sum of the shares counted, both over the rate.
+	Demand      float64                `json:"demand"`
+	Share       float64                `json:"share"`
+	Subscribers []QuotaSubscriberState `json:"subscribers"`
+}
+
+// QuotaSubscriberState is one Envoy's stream reporting a bucket.
+type QuotaSubscriberState struct {
+	Stream uint64 `json:"stream"`
+	// Peer is the stream's client address; empty once the stream closed.
+	Peer string `json:"peer"`
+	// Demand is its smoothed requests a second, -1 until measured; Rate
+	// and Burst its grant; Counted the rate counted for it now.
+	Demand  float64 `json:"demand"`
+	Rate    float64 `json:"rate"`
+	Burst   uint32  `json:"burst"`
+	Counted float64 `json:"counted"`
+	// Gone: its stream closed, its share counted until LeaseLeft ends.
+	Gone      bool    `json:"gone"`
+	LeaseLeft float64 `json:"lease_left_seconds"`
+}
+
+// Bounds of a QuotaState: the buckets shown per rule and the subscribers
+// per bucket (the most demanding), so that the document stays small
+// whatever the fleet.
+const (
+	MaxStateBuckets     = 10
+	MaxStateSubscribers = 20
+)
+
+// State returns what the service holds now.
+func (q *Quota) State() QuotaState {
+	now := q.cfg.Now()
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	cfg := q.rules.Load()
+	st := QuotaState{
+		Enabled:       !q.cfg.Auto || cfg.HasQuota(),
+		Streams:       len(q.streams),
+		Subscriptions: q.subs,
+	}
+	byRule := map[*rules.QuotaRule]*QuotaRuleState{}
+	for _, r := range cfg.QuotaRules() {
+		rs := &QuotaRuleState{
+			Domain: r.Domain, Rule: ruleLabel(r), Source: r.Source, Policy: r.Policy.String(),
+			Match: r.String(), Rate: r.Rate(),
+		}
+		if r.Policy.Limited() {
+			rs.Burst = r.Capacity()
+		}
+		if t := q.ruleStats[r.Domain+"\x00"+ruleLabel(r)]; t != nil {
+			rs.Allowed, rs.Denied, rs.Beyond = t.allowed.Value(), t.denied.Value(), t.beyond.Value()
+		}
+		byRule[r] = rs
+	}
+	peers := make(map[uint64]string, len(q.streams))
+	for id, s := range q.streams {
+		peers[id] = s.peer
+	}
+	tops := map[*rules.QuotaRule][]QuotaBucketState{}
+	for _, qp := range q.pools {
+		rs := byRule[qp.rule]
+		if rs == nil {
+			continue
+		}
+		subs := qp.p.Subscribers(now)
+		rs.Buckets++
+		rs.Subscribers += len(subs)
+		b := QuotaBucketState{ID: qp.id}
+		var demand, share float64
+		for _, s := range subs {
+			d := -1.0
+			if s.DemandKnown {
+				d = s.Demand
+				demand += s.Demand
+			}
+			share += s.Committed
+			b.Subscribers = append(b.Subscribers, QuotaSubscriberState{
+				Stream: s.ID, Peer: peers[s.ID], Demand: d, Rate: s.Rate, Burst: s.Burst, Counted: s.Committed,
+				Gone: s.Gone, LeaseLeft: max(0, s.Lease.Sub(now).Seconds()),
+			})
+		}
+		if rs.Rate > 0 {
+			b.Demand, b.Share = demand/rs.Rate, share/rs.Rate
+		}
+		rs.MaxShare = max(rs.MaxShare, b.Share)
+		slices.SortFunc(b.Subscribers, func(x, y QuotaSubscriberState) int { return cmp.Compare(y.Demand, x.Demand) })
+		b.Subscribers = b.Subscribers[:min(len(b.Subscribers), MaxStateSubscribers)]
+		tops[qp.rule] = topBuckets(append(tops[qp.rule], b))
+	}
+	st.Rules = []QuotaRuleState{}
+	for _, r := range cfg.QuotaRules() {
+		rs := byRule[r]
+		rs.Top = tops[r]
+		if rs.Top == nil {
+			rs.Top = []QuotaBucketState{}
+		}
+		st.Rules = append(st.Rules, *rs)
+	}
+	return st
+}
+
+// topBuckets keeps the MaxStateBuckets buckets with the most demand.
+func topBuckets(bs []QuotaBucketState) []QuotaBucketState {
+	slices.SortStableFunc(bs, func(x, y QuotaBucketState) int { return cmp.Compare(y.Demand, x.Demand) })
+	return bs[:min(len(bs), MaxStateBuckets)]
+}

@@ -1,0 +1,440 @@
+package main
+
+import (
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"runtime"
+	"strconv"
+	"time"
+
+	rlqsv3 "github.com/envoyproxy/go-control-plane/envoy/service/rate_limit_quota/v3"
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	"github.com/ratelimitd/ratelimit/src/quota"
+	"github.com/ratelimitd/ratelimit/src/rules"
+	"github.com/ratelimitd/ratelimit/src/service"
+	"github.com/ratelimitd/ratelimit/src/stats"
+)
+
+// scenario is one run of a fleet.
+type scenario struct {
+	name string
+	// envoys serve tenants; each tenant is one bucket id, its demand
+	// skewed (Zipf) and split between the Envoys that serve it (the
+	// more popular, the more Envoys), the split drawn again every
+	// shiftEvery.
+	envoys, tenants int
+	// rate and burst are the rule every tenant has.
+	rate, burst float64
+	// overload is the most popular tenant's demand over the rate.
+	overload float64
+	// interval is Envoy's report period, ttl the service's
+	// RLQS_ASSIGNMENT_TTL.
+	interval, ttl time.Duration
+	duration      time.Duration
+	shiftEvery    time.Duration
+	// reconnect is the share of Envoys whose stream breaks at each shift
+	// (they keep their assignments and open a new stream at their next
+	// report).
+	reconnect float64
+	// dt is the simulation's step.
+	dt time.Duration
+	// sample is how many tenants, the most popular, are checked, when
+	// checks is set.
+	sample int
+	checks bool
+	seed   uint64
+}
+
+// result is what a run found.
+type result struct {
+	buckets, subs int
+	// worst is the largest admitted / bound of any window of a sampled
+	// tenant; violation describes the first window over its bound.
+	worst     float64
+	violation string
+	// fallbacks counts requests admitted after an assignment expired.
+	fallbacks int
+	// fairMean and fairWorst are the deviation of the admitted rates
+	// from the max-min fair ones (or the demand, when less), summed over
+	// a tenant's Envoys over the last 10 s of each period, as a share of
+	// the rate; converge is the longest time after a shift until the
+	// rates granted stayed within 10 % of the service's targets.
+	fairMean, fairWorst float64
+	converge            time.Duration
+	// cpuReport is the service's time per bucket report (its Report and
+	// Take calls over the bucket usages it handled), cpuTick per tick of
+	// every pool.
+	cpuReport, cpuTick time.Duration
+	heapPerSub         float64
+}
+
+var epoch = time.Date(2026, 7, 1, 0, 0, 0, 0, time.UTC)
+
+// pair is one tenant's load on one Envoy.
+type pair struct {
+	e         *envoy
+	tenant    int
+	weight    float64
+	demand    float64
+	acc       float64
+	perSecond []int // admitted each second, for sampled tenants
+	// granted is the rate of the token bucket in force at the end of
+	// each second (0 with none), for sampled tenants.
+	granted []float64
+	// history is the demand of each period between shifts.
+	history []float64
+}
+
+func (sc scenario) rules() string {
+	return fmt.Sprintf("domain: web\nquota_buckets:\n  - bucket: {name: api, tenant: \"*\"}\n    rate_limit: {unit: second, requests_per_unit: %d, burst: %d}\n",
+		int(sc.rate), int(sc.burst))
+}
+
+func (sc scenario) run() (result, error) {
+	var res result
+	rng := rand.New(rand.NewPCG(sc.seed, 0))
+	now := epoch
+	reg := stats.NewRegistry()
+	q := service.NewQuota(reg, service.QuotaConfig{
+		Pool:                quota.Config{TTL: sc.ttl, ReportInterval: sc.interval, Start: epoch},
+		MaxStreams:          sc.envoys + 1,
+		MaxBuckets:          10_000_000,
+		MaxBucketsPerStream: 1_000_000,
+		Now:                 func() time.Time { return now },
+	})
+	cfg, err := rules.Parse([]rules.File{{Name: "sim.yaml", Data: []byte(sc.rules())}}, rules.Options{})
+	if err != nil {
+		return res, err
+	}
+	q.SetRules(cfg)
+	envoys := make([]*envoy, sc.envoys)
+	for i := range envoys {
+		envoys[i] = newEnvoy(i, sc.interval, q)
+	}
+
+	// Tenant t's demand is overload × rate × (1/(t+1))^1.1, spread over
+	// k_t Envoys, between 2 and all of them in proportion to popularity.
+	var pairs []*pair
+	byTenant := make([][]*pair, sc.tenants)
+	steps := int(sc.duration / sc.dt)
+	seconds := int(sc.duration / time.Second)
+	for t := range sc.tenants {
+		w := math.Pow(float64(t+1), -1.1)
+		k := min(sc.envoys, max(2, int(math.Round(float64(sc.envoys)*w))))
+		for _, i := range rng.Perm(sc.envoys)[:k] {
+			p := &pair{e: envoys[i], tenant: t}
+			if t < sc.sample && sc.checks {
+				p.perSecond = make([]int, seconds+1)
+				p.granted = make([]float64, seconds+1)
+			}
+			pairs = append(pairs, p)
+			byTenant[t] = append(byTenant[t], p)
+		}
+	}
+	total := func(t int) float64 { return sc.overload * sc.rate * math.Pow(float64(t+1), -1.1) }
+	shift := func() {
+		for t, ps := range byTenant {
+			sum := 0.0
+			for _, p := range ps {
+				p.weight = math.Exp(rng.NormFloat64())
+				sum += p.weight
+			}
+			for _, p := range ps {
+				p.demand = total(t) * p.weight / sum
+				p.history = append(p.history, p.demand)
+			}
+		}
+	}
+
+	// Per step, for each sampled tenant: admitted, joins (J), changes of
+	// subscribers, and the subscribers (Envoys with the bucket).
+	type series struct{ admitted, join, events, subs []int }
+	sampled := make([]series, min(sc.sample, sc.tenants))
+	for i := range sampled {
+		sampled[i] = series{make([]int, steps), make([]int, steps), make([]int, steps), make([]int, steps)}
+	}
+	var tickTime time.Duration
+	var ticks int
+	reported := reg.Counter("ratelimit.rlqs.reports")
+	lease := int((sc.ttl + quota.DefaultSettle) / sc.dt)
+	for step := range steps {
+		if elapsed := now.Sub(epoch); elapsed%sc.shiftEvery == 0 {
+			shift()
+			if elapsed > 0 {
+				for _, i := range rng.Perm(sc.envoys)[:int(sc.reconnect*float64(sc.envoys))] {
+					e := envoys[i]
+					// The service sees a subscriber go (its share
+					// counted until its lease ends) and, at the next
+					// report, a new one.
+					for t := range sampled {
+						if e.buckets[tenantName(t)] != nil {
+							sampled[t].events[step]++
+							if step+lease < steps {
+								sampled[t].events[step+lease]++
+							}
+						}
+					}
+					e.reconnect()
+				}
+			}
+		}
+		now = now.Add(sc.dt)
+		if now.Sub(epoch)%time.Second == 0 {
+			began := time.Now()
+			q.Tick()
+			tickTime += time.Since(began)
+			ticks++
+		}
+		for _, e := range envoys {
+			e.advance(now, sc.dt)
+		}
+		sec := int(now.Sub(epoch) / time.Second)
+		for _, p := range pairs {
+			p.acc += p.demand * sc.dt.Seconds()
+			for p.acc >= 1 {
+				p.acc--
+				ok := p.e.request(now, tenantName(p.tenant))
+				if ok && p.perSecond != nil {
+					p.perSecond[sec]++
+				}
+			}
+		}
+		for _, e := range envoys {
+			e.collect(now, time.Duration(rng.Int64N(int64(500*time.Millisecond))))
+		}
+		if now.Sub(epoch)%time.Second == 0 {
+			for _, p := range pairs {
+				if b := p.e.buckets[tenantName(p.tenant)]; p.granted != nil && b != nil && b.action != nil {
+					p.granted[sec] = b.rate
+				}
+			}
+		}
+		for t := range sampled {
+			s := &sampled[t]
+			for _, p := range byTenant[t] {
+				b := p.e.buckets[tenantName(t)]
+				if b == nil {
+					continue
+				}
+				s.admitted[step] += b.stepAllowed
+				s.join[step] += b.stepJoin
+				res.fallbacks += b.stepFallback
+				s.subs[step]++
+				b.stepAllowed, b.stepJoin, b.stepFallback = 0, 0, 0
+			}
+			if step > 0 {
+				s.events[step] += abs(s.subs[step] - s.subs[step-1])
+			} else {
+				s.events[step] += s.subs[step]
+			}
+		}
+		for _, e := range envoys {
+			for _, b := range e.buckets {
+				res.fallbacks += b.stepFallback
+				b.stepAllowed, b.stepJoin, b.stepFallback = 0, 0, 0
+			}
+		}
+	}
+	res.buckets = sc.tenants
+	res.subs = int(reg.Gauges()["ratelimit.rlqs.subscriptions"])
+	var reportTime time.Duration
+	for _, e := range envoys {
+		reportTime += e.spent
+	}
+	if n := reported.Value(); n > 0 {
+		res.cpuReport = reportTime / time.Duration(n)
+	}
+	if ticks > 0 {
+		res.cpuTick = tickTime / time.Duration(ticks)
+	}
+	if sc.checks {
+		for t := range sampled {
+			s := sampled[t]
+			sc.checkBound(&res, t, s.admitted, s.join, s.events, s.subs)
+		}
+		sc.fairness(&res, byTenant[:len(sampled)])
+	}
+	res.heapPerSub = heapPerSubscription(sc, cfg)
+	return res, nil
+}
+
+func tenantName(t int) string { return "t" + strconv.Itoa(t) }
+
+func abs(n int) int { return max(n, -n) }
+
+// checkBound holds every window of a tenant whose ends fall on a grid of
+// 0.5 s, up to 2 minutes long, to docs/RLQS.md's bound.
+func (sc scenario) checkBound(res *result, tenant int, admitted, join, events, subs []int) {
+	grid := int(500 * time.Millisecond / sc.dt)
+	longest := int(2 * time.Minute / sc.dt)
+	reach := int((2*quota.DefaultSettle + time.Second) / sc.dt)
+	learning := int((sc.ttl + quota.DefaultSettle) / sc.dt)
+	for a := 0; a < len(admitted); a += grid {
+		adm, j, ev, n, nMin := 0, 0, 0, 0, math.MaxInt
+		for _, e := range events[max(0, a-reach):a] {
+			ev += e
+		}
+		for z := a; z < len(admitted) && z-a < longest; z++ {
+			adm += admitted[z]
+			j += join[z]
+			ev += events[z]
+			n = max(n, subs[z])
+			nMin = min(nMin, max(1, subs[z]))
+			if (z-a+1)%grid != 0 {
+				continue
+			}
+			t := float64(z-a+1) * sc.dt.Seconds()
+			bound := sc.rate*t + sc.burst + float64(n) + float64(j) + float64(ev)*math.Ceil(sc.burst/float64(nMin))
+			if a < learning {
+				tl := float64(min(z+1, learning)-a) * sc.dt.Seconds()
+				bound += sc.burst*(1+tl/sc.interval.Seconds()) + quota.DefaultReserve*sc.rate*tl
+			}
+			res.worst = max(res.worst, float64(adm)/bound)
+			if float64(adm) > bound && res.violation == "" {
+				res.violation = fmt.Sprintf("tenant %d, window %v..%v: %d admitted > bound %.1f",
+					tenant, time.Duration(a)*sc.dt, time.Duration(z+1)*sc.dt, adm, bound)
+			}
+		}
+	}
+}
+
+// fairness compares, for each sampled tenant and each period between
+// shifts, each Envoy's admitted rate with its max-min fair share of the
+// rate less the reserve, given the demands of that period.
+func (sc scenario) fairness(res *result, byTenant [][]*pair) {
+	periods := int(sc.duration / sc.shiftEvery)
+	capacity := sc.rate * (1 - quota.DefaultReserve)
+	var sum float64
+	var count int
+	for _, ps := range byTenant {
+		for period := range periods {
+			start := int(time.Duration(period) * sc.shiftEvery / time.Second)
+			end := start + int(sc.shiftEvery/time.Second)
+			demands := make([]float64, len(ps))
+			for i, p := range ps {
+				demands[i] = p.history[period]
+			}
+			// What each should admit: its fair share, or its demand when
+			// that is less (spare capacity is headroom, not traffic).
+			fair := quota.Waterfill(capacity, demands)
+			for i := range fair {
+				fair[i] = min(fair[i], demands[i])
+			}
+			deviation := func(from, to int) float64 {
+				d := 0.0
+				for i, p := range ps {
+					n := 0
+					for _, c := range p.perSecond[from:to] {
+						n += c
+					}
+					d += math.Abs(float64(n)/float64(to-from) - fair[i])
+				}
+				return d / sc.rate
+			}
+			if period > 0 || start+10 < end {
+				e := deviation(end-10, end)
+				sum += e
+				count++
+				res.fairWorst = max(res.fairWorst, e)
+			}
+			if period == 0 {
+				continue // the learning period
+			}
+			// Converged: the grants in force are within 10 % of the
+			// service's targets for these demands (spare capacity
+			// included) from then until the next shift.
+			// The service keeps every subscriber at least a tenth of an
+			// equal share, so the spare is spread as if each demanded that.
+			floored := make([]float64, len(demands))
+			for i, d := range demands {
+				floored[i] = max(d, capacity/float64(10*len(demands)))
+			}
+			target := quota.Waterfill(capacity, floored)
+			conv := 0
+			for sec := end - 1; sec > start; sec-- {
+				d := 0.0
+				for i, p := range ps {
+					d += math.Abs(p.granted[sec] - target[i])
+				}
+				if d/sc.rate > 0.1 {
+					conv = sec + 1 - start
+					break
+				}
+			}
+			res.converge = max(res.converge, time.Duration(conv)*time.Second)
+		}
+	}
+	if count > 0 {
+		res.fairMean = sum / float64(count)
+	}
+}
+
+// heapPerSubscription measures the service's heap per subscription:
+// sc.envoys sessions each report every bucket (of sc.tenants spread over
+// them, each bucket on two Envoys), then the heap the service holds is
+// divided by its subscriptions.
+func heapPerSubscription(sc scenario, cfg *rules.Config) float64 {
+	now := epoch
+	reg := stats.NewRegistry()
+	var before, after runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&before)
+	q := service.NewQuota(reg, service.QuotaConfig{
+		Pool:                quota.Config{TTL: sc.ttl, Start: epoch.Add(-time.Hour)},
+		MaxStreams:          sc.envoys + 1,
+		MaxBuckets:          10_000_000,
+		MaxBucketsPerStream: 1_000_000,
+		Now:                 func() time.Time { return now },
+	})
+	q.SetRules(cfg)
+	var sessions []*service.QuotaSession
+	for e := range sc.envoys {
+		s, err := q.Open()
+		if err != nil {
+			panic(err)
+		}
+		sessions = append(sessions, s)
+		m := &rlqsv3.RateLimitQuotaUsageReports{Domain: "web"}
+		for t := e; t < sc.tenants*2; t += sc.envoys {
+			m.BucketQuotaUsages = append(m.BucketQuotaUsages, &rlqsv3.RateLimitQuotaUsageReports_BucketQuotaUsage{
+				BucketId:           &rlqsv3.BucketId{Bucket: map[string]string{"name": "api", "tenant": tenantName(t % sc.tenants)}},
+				TimeElapsed:        &durationpb.Duration{},
+				NumRequestsAllowed: 1,
+			})
+		}
+		if err := s.Report(m); err != nil {
+			panic(err)
+		}
+		s.Take()
+	}
+	runtime.GC()
+	runtime.ReadMemStats(&after)
+	subs := reg.Gauges()["ratelimit.rlqs.subscriptions"]
+	runtime.KeepAlive(sessions)
+	runtime.KeepAlive(q)
+	if subs == 0 {
+		return 0
+	}
+	return float64(after.HeapAlloc-before.HeapAlloc) / float64(subs)
+}
+
+// row writes a result as a row of the report's table.
+func (r result) row(sc scenario) string {
+	bound := "—"
+	if sc.checks {
+		bound = fmt.Sprintf("%.2f", r.worst)
+		if r.violation != "" {
+			bound = "**over: " + r.violation + "**"
+		}
+	}
+	fair, conv := "—", "—"
+	if sc.checks {
+		fair = fmt.Sprintf("%.1f %%, %.1f %%", 100*r.fairMean, 100*r.fairWorst)
+		conv = r.converge.String()
+	}
+	return fmt.Sprintf("| %s | %d | %d | %d | %s | %d | %s | %s | %.1f µs | %.2f ms | %.0f B |",
+		sc.name, sc.envoys, r.buckets, r.subs, bound, r.fallbacks, fair, conv,
+		float64(r.cpuReport.Nanoseconds())/1e3, float64(r.cpuTick.Nanoseconds())/1e6, r.heapPerSub)
+}
