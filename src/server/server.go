@@ -232,8 +232,14 @@ func New(ctx context.Context, set *settings.Settings, log *slog.Logger) (*Server
 			MaxStreams:          set.RLQSMaxStreams,
 			MaxBuckets:          set.RLQSMaxBuckets,
 			MaxBucketsPerStream: set.RLQSMaxBucketsPerStream,
+			Share:               b.share,
+			Scope:               set.CacheKeyPrefix,
 			Log:                 log,
 		})
+		if b.share == nil {
+			log.Info("quota service: one replica: its shares live in this process's memory; run it on one replica, or share them through Redis (BACKEND_TYPE=redis)",
+				"backend", set.BackendType)
+		}
 	}
 
 	if set.ConfigType == settings.ConfigTypeXDS {

@@ -224,6 +224,7 @@ func NewQuota(reg *stats.Registry, cfg QuotaConfig) *Quota {
 			late:       reg.Counter("ratelimit.rlqs.shared.late_assignments"),
 			badRecords: reg.Counter("ratelimit.rlqs.shared.bad_records"),
 		}
+		cfg.Log.Info("quota service: the pools are shared with the other replicas through the store", "replica", cfg.Replica)
 		reg.GaugeFunc("ratelimit.rlqs.shared.owned", func() int64 {
 			q.mu.Lock()
 			defer q.mu.Unlock()
