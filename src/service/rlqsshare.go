@@ -54,6 +54,9 @@ type QuotaShare interface {
 	QuotaStarted(ctx context.Context, scope string, now time.Time) (time.Time, error)
 }
 
+// SharedSettle is the pools' Settle with replicas (see sharedSettle).
+const SharedSettle = sharedSettle
+
 const (
 	// sharedSettle is a pool's Settle with replicas: the time a grant may
 	// take to be in force at its Envoy, from the owner's decision to the

@@ -5,7 +5,9 @@
 // and 10,000 buckets. It checks docs/RLQS.md's bound over every window,
 // the fairness of the split and how fast it converges after a shift, and
 // measures the service's cost: CPU per bucket report and per tick, and
-// memory per subscription. It prints Markdown for docs/RLQS.md.
+// memory per subscription. Some scenarios run several replicas sharing
+// the pools through a real redis-server (started for the run), one of
+// them killed mid-run. It prints Markdown for docs/RLQS.md.
 //
 //	go run ./tools/rlqssim                 # every scenario
 //	go run ./tools/rlqssim -run cost       # the ones whose name contains "cost"
@@ -43,12 +45,16 @@ func scenarios() []scenario {
 	cost := base
 	cost.name, cost.tenants, cost.duration, cost.dt, cost.sample, cost.checks = "cost, 10,000 buckets", 10_000, 2*time.Minute, 100*time.Millisecond, 0, false
 	base.checks, fast.checks = true, true
-	return []scenario{base, fast, cost}
+	two := base
+	two.name, two.replicas = "skewed, 5 s reports, 2 replicas", 2
+	three := base
+	three.name, three.replicas, three.kill = "skewed, 5 s reports, 3 replicas, one killed at 2:30", 3, 150*time.Second
+	return []scenario{base, fast, two, three, cost}
 }
 
 func runAll(w io.Writer, filter string) error {
-	fmt.Fprintln(w, "| scenario | Envoys | buckets | subscriptions | worst window / bound | fallbacks | fairness error (mean, worst) | converged within | CPU per bucket report | CPU per tick | heap per subscription |")
-	fmt.Fprintln(w, "|---|---|---|---|---|---|---|---|---|---|---|")
+	fmt.Fprintln(w, "| scenario | Envoys | buckets | subscriptions | worst window / bound | fallbacks | fairness error (mean, worst) | converged within | takeovers, late grants | CPU per bucket report | time per tick | heap per subscription |")
+	fmt.Fprintln(w, "|---|---|---|---|---|---|---|---|---|---|---|---|")
 	for _, sc := range scenarios() {
 		if filter != "" && !strings.Contains(sc.name, filter) {
 			continue
