@@ -8,6 +8,7 @@ import (
 	"os"
 	"runtime"
 	"strconv"
+	"strings"
 	"time"
 
 	rlqsv3 "github.com/envoyproxy/go-control-plane/envoy/service/rate_limit_quota/v3"
@@ -86,6 +87,9 @@ type result struct {
 	// targets again (as converge).
 	takeovers, late uint64
 	recovered       time.Duration
+	// redisLoad is the CPU the redis-server used per second simulated:
+	// the share of a core it would take in real time.
+	redisLoad float64
 }
 
 var epoch = time.Date(2026, 7, 1, 0, 0, 0, 0, time.UTC)
@@ -128,9 +132,28 @@ type replica struct {
 	offset time.Duration
 }
 
+// redisCPU returns the CPU time srv has used, user and system (INFO cpu).
+func redisCPU(srv *storetest.RedisServer) time.Duration {
+	v, err := srv.Do(context.Background(), "INFO", "cpu")
+	info, _ := v.(string)
+	if err != nil {
+		return 0
+	}
+	var total float64
+	for _, line := range strings.Split(info, "\n") {
+		k, val, _ := strings.Cut(strings.TrimSpace(line), ":")
+		if k == "used_cpu_sys" || k == "used_cpu_user" {
+			f, _ := strconv.ParseFloat(val, 64)
+			total += f
+		}
+	}
+	return time.Duration(total * float64(time.Second))
+}
+
 // replicas starts the run's replicas: one with no store, or sc.replicas
-// sharing a redis-server started in dir; close stops what they use.
-func (sc scenario) startReplicas(dir string, now func() time.Time, cfg *rules.Config) (reps []*replica, closeAll func(), err error) {
+// sharing a redis-server started in dir; close stops what they use, and
+// cpu reads the CPU the redis-server has used (zero without one).
+func (sc scenario) startReplicas(dir string, now func() time.Time, cfg *rules.Config) (reps []*replica, closeAll func(), cpu func() time.Duration, err error) {
 	qc := service.QuotaConfig{
 		Pool:                quota.Config{TTL: sc.ttl, ReportInterval: sc.interval, Start: epoch},
 		MaxStreams:          sc.envoys + 1,
@@ -145,17 +168,19 @@ func (sc scenario) startReplicas(dir string, now func() time.Time, cfg *rules.Co
 		}
 	}
 	n := max(1, sc.replicas)
+	cpu = func() time.Duration { return 0 }
 	if sc.replicas > 0 {
 		srv, err := storetest.LaunchRedis(dir, storetest.RedisOptions{})
 		if err != nil {
-			return nil, closeAll, err
+			return nil, closeAll, cpu, err
 		}
 		closers = append(closers, func() { _ = srv.Close() })
+		cpu = func() time.Duration { return redisCPU(srv) }
 		for i := range n {
 			st, err := redis.New(context.Background(), redis.Config{URL: srv.Addr})
 			if err != nil {
 				closeAll()
-				return nil, nil, err
+				return nil, nil, cpu, err
 			}
 			closers = append(closers, func() { _ = st.Close() })
 			c := qc
@@ -168,12 +193,12 @@ func (sc scenario) startReplicas(dir string, now func() time.Time, cfg *rules.Co
 			r.q.SetRules(cfg)
 			reps = append(reps, r)
 		}
-		return reps, closeAll, nil
+		return reps, closeAll, cpu, nil
 	}
 	r := &replica{reg: stats.NewRegistry()}
 	r.q = service.NewQuota(r.reg, qc)
 	r.q.SetRules(cfg)
-	return []*replica{r}, closeAll, nil
+	return []*replica{r}, closeAll, cpu, nil
 }
 
 func (sc scenario) run() (result, error) {
@@ -189,11 +214,12 @@ func (sc scenario) run() (result, error) {
 		return res, err
 	}
 	defer os.RemoveAll(dir)
-	reps, closeReplicas, err := sc.startReplicas(dir, func() time.Time { return now }, cfg)
+	reps, closeReplicas, redisCPU, err := sc.startReplicas(dir, func() time.Time { return now }, cfg)
 	if err != nil {
 		return res, err
 	}
 	defer closeReplicas()
+	redisBefore := redisCPU()
 	envoys := make([]*envoy, sc.envoys)
 	for i := range envoys {
 		envoys[i] = newEnvoy(i, sc.interval, reps[i%len(reps)].q)
@@ -371,6 +397,7 @@ func (sc scenario) run() (result, error) {
 	if ticks > 0 {
 		res.cpuTick = tickTime / time.Duration(ticks)
 	}
+	res.redisLoad = (redisCPU() - redisBefore).Seconds() / sc.duration.Seconds()
 	if sc.checks {
 		for t := range sampled {
 			s := sampled[t]
@@ -576,13 +603,14 @@ func (r result) row(sc scenario) string {
 			conv += fmt.Sprintf("; %v after the kill", r.recovered)
 		}
 	}
-	shared, heap := "—", "—"
+	shared, redisLoad, heap := "—", "—", "—"
 	if sc.replicas > 0 {
 		shared = fmt.Sprintf("%d, %d", r.takeovers, r.late)
+		redisLoad = fmt.Sprintf("%.1f %%", 100*r.redisLoad)
 	} else {
 		heap = fmt.Sprintf("%.0f B", r.heapPerSub)
 	}
-	return fmt.Sprintf("| %s | %d | %d | %d | %s | %d | %s | %s | %s | %.1f µs | %.2f ms | %s |",
+	return fmt.Sprintf("| %s | %d | %d | %d | %s | %d | %s | %s | %s | %.1f µs | %.2f ms | %s | %s |",
 		sc.name, sc.envoys, r.buckets, r.subs, bound, r.fallbacks, fair, conv, shared,
-		float64(r.cpuReport.Nanoseconds())/1e3, float64(r.cpuTick.Nanoseconds())/1e6, heap)
+		float64(r.cpuReport.Nanoseconds())/1e3, float64(r.cpuTick.Nanoseconds())/1e6, redisLoad, heap)
 }

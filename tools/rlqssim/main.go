@@ -18,14 +18,28 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"runtime/pprof"
 	"strings"
 	"time"
 )
 
 func main() {
 	run := flag.String("run", "", "run only the scenarios whose name contains this")
+	cpuProfile := flag.String("cpuprofile", "", "write a CPU profile of the runs to this `file`")
 	flag.Parse()
+	if *cpuProfile != "" {
+		f, err := os.Create(*cpuProfile)
+		if err == nil {
+			err = pprof.StartCPUProfile(f)
+		}
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "rlqssim:", err)
+			os.Exit(1)
+		}
+		defer pprof.StopCPUProfile()
+	}
 	if err := runAll(os.Stdout, *run); err != nil {
+		pprof.StopCPUProfile()
 		fmt.Fprintln(os.Stderr, "rlqssim:", err)
 		os.Exit(1)
 	}
@@ -49,12 +63,14 @@ func scenarios() []scenario {
 	two.name, two.replicas = "skewed, 5 s reports, 2 replicas", 2
 	three := base
 	three.name, three.replicas, three.kill = "skewed, 5 s reports, 3 replicas, one killed at 2:30", 3, 150*time.Second
-	return []scenario{base, fast, two, three, cost}
+	costShared := cost
+	costShared.name, costShared.replicas = "cost, 10,000 buckets, 3 replicas", 3
+	return []scenario{base, fast, two, three, cost, costShared}
 }
 
 func runAll(w io.Writer, filter string) error {
-	fmt.Fprintln(w, "| scenario | Envoys | buckets | subscriptions | worst window / bound | fallbacks | fairness error (mean, worst) | converged within | takeovers, late grants | CPU per bucket report | time per tick | heap per subscription |")
-	fmt.Fprintln(w, "|---|---|---|---|---|---|---|---|---|---|---|---|")
+	fmt.Fprintln(w, "| scenario | Envoys | buckets | subscriptions | worst window / bound | fallbacks | fairness error (mean, worst) | converged within | takeovers, late grants | CPU per bucket report | time per tick | Redis CPU | heap per subscription |")
+	fmt.Fprintln(w, "|---|---|---|---|---|---|---|---|---|---|---|---|---|")
 	for _, sc := range scenarios() {
 		if filter != "" && !strings.Contains(sc.name, filter) {
 			continue
