@@ -37,6 +37,8 @@ type envoy struct {
 	// spent is the time spent in the service's calls (Report, Take) on
 	// behalf of this Envoy.
 	spent    time.Duration
+	// longest is the longest of those calls.
+	longest  time.Duration
 	interval time.Duration
 	// q is the replica its stream goes to, rep its number; the fleet
 	// moves it to another when that one dies.
@@ -194,7 +196,7 @@ func (e *envoy) send(now time.Time, bs []*bucket, initial bool) {
 	}
 	began := time.Now()
 	err := e.sess.Report(m)
-	e.spent += time.Since(began)
+	e.count(time.Since(began))
 	if err != nil {
 		panic(fmt.Sprintf("envoy %d: report refused: %v", e.id, err))
 	}
@@ -208,10 +210,16 @@ func (e *envoy) collect(now time.Time, delay time.Duration) {
 	}
 	began := time.Now()
 	r := e.sess.Take()
-	e.spent += time.Since(began)
+	e.count(time.Since(began))
 	if r != nil {
 		e.inbox = append(e.inbox, delivery{at: now.Add(delay), resp: r})
 	}
+}
+
+// count adds a call to the service that took d.
+func (e *envoy) count(d time.Duration) {
+	e.spent += d
+	e.longest = max(e.longest, d)
 }
 
 // lose drops the stream without a word, as when its replica is killed:

@@ -9,6 +9,7 @@ import (
 	"runtime"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	rlqsv3 "github.com/envoyproxy/go-control-plane/envoy/service/rate_limit_quota/v3"
@@ -49,6 +50,10 @@ type scenario struct {
 	// pools through a real redis-server; Envoy i's stream goes to
 	// replica i mod replicas. Zero is one replica with no Redis.
 	replicas int
+	// concurrent runs each tick on a goroutine of its own while the
+	// Envoys report, as the service's ticker does, so that a report may
+	// wait for the tick: the longest call then measures how long.
+	concurrent bool
 	// kill, when set, is when the replica that owns the most pools is
 	// killed (SIGKILL: it says nothing); its Envoys open streams to the
 	// others at their next report.
@@ -87,6 +92,8 @@ type result struct {
 	// targets again (as converge).
 	takeovers, late uint64
 	recovered       time.Duration
+	// longestCall is the longest a report or take of an Envoy took.
+	longestCall time.Duration
 	// redisLoad is the CPU the redis-server used per second simulated:
 	// the share of a core it would take in real time.
 	redisLoad float64
@@ -319,12 +326,23 @@ func (sc scenario) run() (result, error) {
 			}
 		}
 		now = now.Add(sc.dt)
+		var ticking sync.WaitGroup
+		var tickMu sync.Mutex
 		for _, r := range reps {
 			if !r.dead && (now.Sub(epoch)-r.offset)%time.Second == 0 {
-				began := time.Now()
-				r.q.Tick()
-				tickTime += time.Since(began)
-				ticks++
+				tick := func() {
+					began := time.Now()
+					r.q.Tick()
+					tickMu.Lock()
+					tickTime += time.Since(began)
+					ticks++
+					tickMu.Unlock()
+				}
+				if sc.concurrent {
+					ticking.Go(tick)
+				} else {
+					tick()
+				}
 			}
 		}
 		for _, e := range envoys {
@@ -344,6 +362,7 @@ func (sc scenario) run() (result, error) {
 		for _, e := range envoys {
 			e.collect(now, time.Duration(rng.Int64N(int64(500*time.Millisecond))))
 		}
+		ticking.Wait()
 		if now.Sub(epoch)%time.Second == 0 {
 			for _, p := range pairs {
 				if b := p.e.buckets[tenantName(p.tenant)]; p.granted != nil && b != nil && b.action != nil {
@@ -390,6 +409,7 @@ func (sc scenario) run() (result, error) {
 	var reportTime time.Duration
 	for _, e := range envoys {
 		reportTime += e.spent
+		res.longestCall = max(res.longestCall, e.longest)
 	}
 	if reported > 0 {
 		res.cpuReport = reportTime / time.Duration(reported)
@@ -610,7 +630,8 @@ func (r result) row(sc scenario) string {
 	} else {
 		heap = fmt.Sprintf("%.0f B", r.heapPerSub)
 	}
-	return fmt.Sprintf("| %s | %d | %d | %d | %s | %d | %s | %s | %s | %.1f µs | %.2f ms | %s | %s |",
+	return fmt.Sprintf("| %s | %d | %d | %d | %s | %d | %s | %s | %s | %.1f µs | %.2f ms | %.2f ms | %s | %s |",
 		sc.name, sc.envoys, r.buckets, r.subs, bound, r.fallbacks, fair, conv, shared,
-		float64(r.cpuReport.Nanoseconds())/1e3, float64(r.cpuTick.Nanoseconds())/1e6, redisLoad, heap)
+		float64(r.cpuReport.Nanoseconds())/1e3, float64(r.longestCall.Nanoseconds())/1e6,
+		float64(r.cpuTick.Nanoseconds())/1e6, redisLoad, heap)
 }
