@@ -324,18 +324,35 @@ func (q *Quota) tick(ctx context.Context) {
 		q.tickShared(ctx)
 		return
 	}
-	now := q.cfg.Now()
-	q.mu.Lock()
-	defer q.mu.Unlock()
-	for k, qp := range q.pools {
-		before := qp.p.Len()
-		changes := qp.p.Tick(now)
-		q.subs += qp.p.Len() - before
-		q.deliver(k, qp, changes)
-		if qp.p.Empty() {
-			delete(q.pools, k)
+	q.tickMu.Lock()
+	defer q.tickMu.Unlock()
+	for _, k := range q.poolKeys() {
+		// The lock is taken pool by pool: a report waits for one
+		// pool's tick at most, not for all of them. Each pool reads
+		// the clock when its turn comes: ticking 10,000 pools takes
+		// milliseconds.
+		q.mu.Lock()
+		if qp := q.pools[k]; qp != nil {
+			now := q.cfg.Now()
+			before := qp.p.Len()
+			changes := qp.p.Tick(now)
+			q.subs += qp.p.Len() - before
+			q.deliver(k, qp, changes)
+			if qp.p.Empty() {
+				delete(q.pools, k)
+			}
 		}
+		q.mu.Unlock()
 	}
+}
+
+// poolKeys returns the keys of the pools, sorted (without the lock).
+func (q *Quota) poolKeys() []poolKey {
+	q.mu.Lock()
+	keys := slices.AppendSeq(make([]poolKey, 0, len(q.pools)), maps.Keys(q.pools))
+	q.mu.Unlock()
+	slices.SortFunc(keys, comparePoolKeys)
+	return keys
 }
 
 // Close ends every stream with Unavailable and refuses new ones: Envoy

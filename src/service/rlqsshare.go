@@ -189,44 +189,20 @@ func (q *Quota) tickShared(ctx context.Context) {
 	defer q.tickMu.Unlock()
 	sh := q.share
 
-	// What to hand over and to ask for, under the lock; the store is
-	// called without it, so that reports are not held up.
-	q.mu.Lock()
+	// What to hand over and to ask for. The lock is taken pool by pool,
+	// so that a report waits for one pool at most, and the store is
+	// called without it.
 	now := q.cfg.Now()
 	var work []*syncing
 	var reqs []quota.SyncRequest
-	for _, k := range slices.SortedFunc(maps.Keys(q.pools), comparePoolKeys) {
-		qp := q.pools[k]
-		if qp.sh == nil {
-			continue
+	for _, k := range q.poolKeys() {
+		q.mu.Lock()
+		if w, req, ok := q.syncRequest(now, k); ok {
+			work = append(work, w)
+			reqs = append(reqs, req)
 		}
-		if len(qp.sh.local) == 0 && (!qp.sh.owned || qp.p.Empty()) {
-			// Nothing of it here any more: its lease lapses.
-			delete(q.pools, k)
-			continue
-		}
-		w := &syncing{k: k, qp: qp, commit: -1}
-		req := quota.SyncRequest{Pool: qp.sh.name, Replica: sh.replica, Now: now, Lease: shareLease, Keep: sh.keep, State: qp.sh.reload}
-		for _, id := range slices.Sorted(maps.Keys(qp.sh.local)) {
-			ls := qp.sh.local[id]
-			if !ls.pending.Empty() {
-				ls.sent, ls.pending = ls.pending, quota.Handover{}
-				req.Push = append(req.Push, quota.Push{
-					Sub:    subField(id),
-					Merged: ls.held.Merge(ls.sent).Append(nil),
-					Alone:  ls.sent.Append(nil),
-				})
-				w.pushed = append(w.pushed, ls)
-			}
-			if !qp.sh.owned && !ls.left {
-				req.Want = append(req.Want, subField(id))
-				w.want = append(w.want, ls)
-			}
-		}
-		work = append(work, w)
-		reqs = append(reqs, req)
+		q.mu.Unlock()
 	}
-	q.mu.Unlock()
 	if len(reqs) == 0 {
 		q.mu.Lock()
 		sh.lastOK, sh.down = now, false
@@ -253,8 +229,6 @@ func (q *Quota) tickShared(ctx context.Context) {
 		}
 	}
 
-	q.mu.Lock()
-	now = q.cfg.Now()
 	var commits []quota.CommitRequest
 	ok := 0
 	for i, w := range work {
@@ -263,13 +237,19 @@ func (q *Quota) tickShared(ctx context.Context) {
 			ok++
 		}
 		w.fresh = startErr != nil
-		if q.syncReply(now, w, rep) {
+		q.mu.Lock()
+		now := q.cfg.Now()
+		// A pool dropped meanwhile (the rules changed) is left alone.
+		if q.pools[w.k] == w.qp && q.syncReply(now, w, rep) {
 			if c, ok := q.runOwned(now, w, rep); ok {
 				w.commit = len(commits)
 				commits = append(commits, c)
 			}
 		}
+		q.mu.Unlock()
 	}
+	q.mu.Lock()
+	now = q.cfg.Now()
 	switch {
 	case ok > 0:
 		sh.lastOK, sh.down = now, false
@@ -287,14 +267,50 @@ func (q *Quota) tickShared(ctx context.Context) {
 	}
 	errs := q.cfg.Share.CommitQuota(ctx, commits)
 
-	q.mu.Lock()
-	defer q.mu.Unlock()
-	now = q.cfg.Now()
 	for _, w := range work {
-		if w.commit >= 0 {
-			q.committed(now, w, commits[w.commit], errs[w.commit])
+		if w.commit < 0 {
+			continue
+		}
+		q.mu.Lock()
+		if q.pools[w.k] == w.qp {
+			q.committed(q.cfg.Now(), w, commits[w.commit], errs[w.commit])
+		}
+		q.mu.Unlock()
+	}
+}
+
+// syncRequest returns what to hand over and ask for of pool k at this
+// tick, if anything; it forgets a pool that has nothing here any more.
+// q.mu is held.
+func (q *Quota) syncRequest(now time.Time, k poolKey) (*syncing, quota.SyncRequest, bool) {
+	qp, sh := q.pools[k], q.share
+	if qp == nil || qp.sh == nil {
+		return nil, quota.SyncRequest{}, false
+	}
+	if len(qp.sh.local) == 0 && (!qp.sh.owned || qp.p.Empty()) {
+		// Nothing of it here any more: its lease lapses.
+		delete(q.pools, k)
+		return nil, quota.SyncRequest{}, false
+	}
+	w := &syncing{k: k, qp: qp, commit: -1}
+	req := quota.SyncRequest{Pool: qp.sh.name, Replica: sh.replica, Now: now, Lease: shareLease, Keep: sh.keep, State: qp.sh.reload}
+	for _, id := range slices.Sorted(maps.Keys(qp.sh.local)) {
+		ls := qp.sh.local[id]
+		if !ls.pending.Empty() {
+			ls.sent, ls.pending = ls.pending, quota.Handover{}
+			req.Push = append(req.Push, quota.Push{
+				Sub:    subField(id),
+				Merged: ls.held.Merge(ls.sent).Append(nil),
+				Alone:  ls.sent.Append(nil),
+			})
+			w.pushed = append(w.pushed, ls)
+		}
+		if !qp.sh.owned && !ls.left {
+			req.Want = append(req.Want, subField(id))
+			w.want = append(w.want, ls)
 		}
 	}
+	return w, req, true
 }
 
 var errShareDown = status.Error(codes.Unavailable, "service: this replica cannot reach the store it shares quotas through (Redis); open the stream to another replica")

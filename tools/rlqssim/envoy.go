@@ -37,8 +37,6 @@ type envoy struct {
 	// spent is the time spent in the service's calls (Report, Take) on
 	// behalf of this Envoy.
 	spent    time.Duration
-	// longest is the longest of those calls.
-	longest  time.Duration
 	interval time.Duration
 	// q is the replica its stream goes to, rep its number; the fleet
 	// moves it to another when that one dies.
@@ -219,7 +217,6 @@ func (e *envoy) collect(now time.Time, delay time.Duration) {
 // count adds a call to the service that took d.
 func (e *envoy) count(d time.Duration) {
 	e.spent += d
-	e.longest = max(e.longest, d)
 }
 
 // lose drops the stream without a word, as when its replica is killed:

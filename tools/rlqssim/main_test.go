@@ -30,17 +30,22 @@ func runChecked(t *testing.T, sc scenario) result {
 	return r
 }
 
-// TestSmallFleet runs a small fleet through the whole simulation, and
-// measures the heap a subscription takes.
+// TestSmallFleet runs a small fleet through the whole simulation, with
+// the ticks beside the streams' calls, and measures the heap a
+// subscription takes.
 func TestSmallFleet(t *testing.T) {
-	r := runChecked(t, scenario{
+	sc := scenario{
 		name: "small", envoys: 10, tenants: 4, rate: 50, burst: 10, overload: 3,
 		interval: 5 * time.Second, ttl: 15 * time.Second,
 		duration: 90 * time.Second, shiftEvery: 30 * time.Second, reconnect: 0.3, dt: 10 * time.Millisecond,
-		sample: 4, checks: true, seed: 1,
-	})
+		sample: 4, checks: true, seed: 1, concurrent: true,
+	}
+	r := runChecked(t, sc)
 	if r.subs == 0 || r.heapPerSub <= 0 {
 		t.Errorf("subscriptions %d, heap per subscription %.0f: want both measured", r.subs, r.heapPerSub)
+	}
+	if r.waitMedian > r.waitMax || !strings.Contains(r.row(sc), " ms, ") {
+		t.Errorf("wait beside a tick: median %v, most %v, row %q", r.waitMedian, r.waitMax, r.row(sc))
 	}
 }
 
