@@ -17,7 +17,7 @@ import (
 const (
 	MaxDomainLen          = 256
 	MaxDescriptors        = 256
-	MaxEntriesPerDescribe = 64
+	MaxEntriesPerDescribe = rules.MaxDepth // deeper rules are refused: no request could reach them
 	MaxKeyLen             = 256
 	MaxValueLen           = 4096
 	// MaxHitsAddend is the largest hits_addend of a descriptor (the
