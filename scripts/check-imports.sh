@@ -41,6 +41,10 @@ fi
 if grep -rl --include='*.go' --exclude='*_test.go' 'src/provider/xdstest' src cmd | grep -v '^src/provider/xdstest/'; then
   echo "imports: provider/xdstest is for tests only"; fail=1
 fi
+# The load generator is for cmd/ratelimit-bench, the tools and the tests.
+if bad=$(grep -rl --include='*.go' --exclude='*_test.go' '"github.com/ratelimitd/ratelimit/src/loadgen"' src cmd | grep -v -e '^src/loadgen/' -e '^cmd/ratelimit-bench/'); then
+  echo "imports: src/loadgen is for cmd/ratelimit-bench, the tools and the tests: $bad"; fail=1
+fi
 if grep -rl --include='*.go' --exclude='*_test.go' 'src/server/otlptest' src cmd | grep -v '^src/server/otlptest/'; then
   echo "imports: server/otlptest is for tests only"; fail=1
 fi

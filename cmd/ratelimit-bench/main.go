@@ -37,7 +37,7 @@ import (
 	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
 
-	"github.com/ratelimitd/ratelimit/cmd/ratelimit-bench/bench"
+	"github.com/ratelimitd/ratelimit/src/loadgen"
 )
 
 // listFlag collects a repeatable string flag.
@@ -56,12 +56,12 @@ func main() {
 // paired is the JSON output of -calibrate with -addr: the target's result,
 // the ceilings', and the target's as a fraction of them.
 type paired struct {
-	Result *bench.Result `json:"result"`
+	Result *loadgen.Result `json:"result"`
 	// Ceiling is the no-op server with the service's gRPC tuning
-	// (bench.ServiceTuning); UntunedCeiling the same with grpc-go's
+	// (loadgen.ServiceTuning); UntunedCeiling the same with grpc-go's
 	// defaults.
-	Ceiling        *bench.Result `json:"ceiling"`
-	UntunedCeiling *bench.Result `json:"untuned_ceiling"`
+	Ceiling        *loadgen.Result `json:"ceiling"`
+	UntunedCeiling *loadgen.Result `json:"untuned_ceiling"`
 	// OfCeilingRPS is requests/s ÷ the ceiling's; P99OfCeiling is p99 ÷
 	// the ceiling's p99; OfUntunedCeilingRPS is requests/s ÷ the untuned
 	// ceiling's.
@@ -72,8 +72,8 @@ type paired struct {
 
 // calibration is the JSON output of -calibrate without -addr.
 type calibration struct {
-	Ceiling        *bench.Result `json:"ceiling"`
-	UntunedCeiling *bench.Result `json:"untuned_ceiling"`
+	Ceiling        *loadgen.Result `json:"ceiling"`
+	UntunedCeiling *loadgen.Result `json:"untuned_ceiling"`
 }
 
 func run(args []string, stdout, stderr io.Writer) error {
@@ -142,7 +142,7 @@ func run(args []string, stdout, stderr io.Writer) error {
 		}
 		defer pprof.StopCPUProfile()
 	}
-	load := bench.Load{
+	load := loadgen.Load{
 		Domain:      *domain,
 		Descriptors: descs,
 		Hits:        uint32(*hits),
@@ -153,9 +153,9 @@ func run(args []string, stdout, stderr io.Writer) error {
 		Warmup:      *warmup,
 		Timeout:     *timeout,
 	}
-	measure := func(target string) (*bench.Result, error) {
+	measure := func(target string) (*loadgen.Result, error) {
 		dialCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
-		client, err := bench.Dial(dialCtx, target, min(*conns, *c))
+		client, err := loadgen.Dial(dialCtx, target, min(*conns, *c))
 		cancel()
 		if err != nil {
 			return nil, err
@@ -168,15 +168,15 @@ func run(args []string, stdout, stderr io.Writer) error {
 		return res, err
 	}
 
-	var ceiling, untuned *bench.Result
+	var ceiling, untuned *loadgen.Result
 	if *calibrate {
 		// The untuned no-op first, then the tuned one (the ceiling) just
 		// before the target, so that the pair compared is the closest.
-		if untuned, err = measureNoop(measure, bench.Tuning{}); untuned == nil {
+		if untuned, err = measureNoop(measure, loadgen.Tuning{}); untuned == nil {
 			return err
 		}
 		if err == nil {
-			ceiling, err = measureNoop(measure, bench.ServiceTuning)
+			ceiling, err = measureNoop(measure, loadgen.ServiceTuning)
 		}
 		if ceiling == nil {
 			return report(stdout, *asJSON, "calibrate    in-process no-op RLS v3 server, grpc-go's defaults", untuned)
@@ -213,14 +213,14 @@ func run(args []string, stdout, stderr io.Writer) error {
 	_, err = fmt.Fprintf(stdout, "ceiling      in-process no-op RLS v3 server with the service's gRPC tuning, same load just before: %.0f req/s, p99 %s\n"+
 		"of ceiling   %.0f%% of its requests/s, %.2f× its p99\n"+
 		"untuned      the same no-op server with grpc-go's defaults: %.0f req/s, p99 %s; %.0f%% of its requests/s\n",
-		ceiling.RPS(), bench.FormatDuration(ceiling.Latency.P99), 100*p.OfCeilingRPS, p.P99OfCeiling,
-		untuned.RPS(), bench.FormatDuration(untuned.Latency.P99), 100*p.OfUntunedCeilingRPS)
+		ceiling.RPS(), loadgen.FormatDuration(ceiling.Latency.P99), 100*p.OfCeilingRPS, p.P99OfCeiling,
+		untuned.RPS(), loadgen.FormatDuration(untuned.Latency.P99), 100*p.OfUntunedCeilingRPS)
 	return err
 }
 
 // measureNoop measures an in-process no-op server with tuning t.
-func measureNoop(measure func(string) (*bench.Result, error), t bench.Tuning) (*bench.Result, error) {
-	srv, err := bench.StartNoopTuned("127.0.0.1:0", t)
+func measureNoop(measure func(string) (*loadgen.Result, error), t loadgen.Tuning) (*loadgen.Result, error) {
+	srv, err := loadgen.StartNoopTuned("127.0.0.1:0", t)
 	if err != nil {
 		return nil, err
 	}
@@ -237,7 +237,7 @@ func ratio(a, b float64) float64 {
 }
 
 // report prints one result, as text under an optional title line, or JSON.
-func report(w io.Writer, asJSON bool, title string, res *bench.Result) error {
+func report(w io.Writer, asJSON bool, title string, res *loadgen.Result) error {
 	if asJSON {
 		return encodeJSON(w, res)
 	}

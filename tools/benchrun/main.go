@@ -41,8 +41,8 @@ import (
 
 	"google.golang.org/grpc/codes"
 
-	"github.com/ratelimitd/ratelimit/cmd/ratelimit-bench/bench"
 	"github.com/ratelimitd/ratelimit/src/gctune"
+	"github.com/ratelimitd/ratelimit/src/loadgen"
 	"github.com/ratelimitd/ratelimit/src/store/storetest"
 )
 
@@ -366,12 +366,12 @@ func commandLine(args []string) string {
 // serveNoop serves bench's no-op server with tuning on addr until SIGTERM,
 // or for an hour at most.
 func serveNoop(addr string, tuning noopTuning) error {
-	var t bench.Tuning
+	var t loadgen.Tuning
 	if tuning == tunedNoop {
-		t = bench.ServiceTuning
+		t = loadgen.ServiceTuning
 		defer gctune.Start(noopGCHeadroom)()
 	}
-	srv, err := bench.StartNoopTuned(addr, t)
+	srv, err := loadgen.StartNoopTuned(addr, t)
 	if err != nil {
 		return err
 	}
@@ -500,7 +500,7 @@ type target struct {
 
 // runResult is one measured run.
 type runResult struct {
-	res *bench.Result
+	res *loadgen.Result
 	// cpuUS, rssMiB, rt (store round trips per decision), redisCPUUS and
 	// redisCmds (Redis CPU and commands per decision, all servers) are NaN
 	// when not measured.
@@ -558,21 +558,21 @@ func (r *runner) measure(ctx context.Context, store string, sc scenario, t targe
 		return nil, fmt.Errorf("benchrun: %s: %w", label, err)
 	}
 	defer client.Close()
-	var ceilClient *bench.Client
+	var ceilClient *loadgen.Client
 	if r.ceil != nil {
 		if ceilClient, err = dialTarget(ctx, r.ceil.addr, sc.c); err != nil {
 			return nil, fmt.Errorf("benchrun: %s: no-op server: %w", label, err)
 		}
 		defer ceilClient.Close()
 	}
-	var untunedClient *bench.Client
+	var untunedClient *loadgen.Client
 	if r.untuned != nil {
 		if untunedClient, err = dialTarget(ctx, r.untuned.addr, sc.c); err != nil {
 			return nil, fmt.Errorf("benchrun: %s: untuned no-op server: %w", label, err)
 		}
 		defer untunedClient.Close()
 	}
-	load := bench.Load{Domain: "bench", Descriptors: sc.descriptors, Concurrency: sc.c, Timeout: 2 * time.Second}
+	load := loadgen.Load{Domain: "bench", Descriptors: sc.descriptors, Concurrency: sc.c, Timeout: 2 * time.Second}
 	if r.timing.warmup > 0 {
 		r.logf("%s: warm-up %v", label, r.timing.warmup)
 		load.Duration = r.timing.warmup
@@ -617,7 +617,7 @@ func (r *runner) measure(ctx context.Context, store string, sc scenario, t targe
 		if ceilClient != nil {
 			c := rw.ceil[i]
 			line += fmt.Sprintf("  | no-op just before: %.0f req/s  p99 %s  (%.0f%%)",
-				c.res.RPS(), bench.FormatDuration(c.res.Latency.P99), 100*m.res.RPS()/c.res.RPS())
+				c.res.RPS(), loadgen.FormatDuration(c.res.Latency.P99), 100*m.res.RPS()/c.res.RPS())
 		}
 		r.logf("%s: run %d/%d: %s", label, i+1, r.timing.runs, line)
 	}
@@ -625,15 +625,15 @@ func (r *runner) measure(ctx context.Context, store string, sc scenario, t targe
 	return rw, nil
 }
 
-func dialTarget(ctx context.Context, addr string, c int) (*bench.Client, error) {
+func dialTarget(ctx context.Context, addr string, c int) (*loadgen.Client, error) {
 	dialCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	return bench.Dial(dialCtx, addr, min(4, c))
+	return loadgen.Dial(dialCtx, addr, min(4, c))
 }
 
 // runOnce measures one run of load on client, which is connected to t, with
 // t's CPU, RSS, round trips and Redis usage around it.
-func (r *runner) runOnce(ctx context.Context, client *bench.Client, load bench.Load, t target) (runResult, error) {
+func (r *runner) runOnce(ctx context.Context, client *loadgen.Client, load loadgen.Load, t target) (runResult, error) {
 	m := runResult{cpuUS: nan(), rssMiB: nan(), rt: nan(), redisCPUUS: nan(), redisCmds: nan(), genCPUUS: nan(), storeCPUUS: nan()}
 	gen0, genErr := cpuTicks(os.Getpid())
 	var store0 uint64
@@ -706,7 +706,7 @@ func (r *runner) runOnce(ctx context.Context, client *bench.Client, load bench.L
 func summary(m runResult) string {
 	res := m.res
 	s := fmt.Sprintf("%.0f req/s  p50 %s  p99 %s  OK %d  OVER_LIMIT %d  errors %d",
-		res.RPS(), bench.FormatDuration(res.Latency.P50), bench.FormatDuration(res.Latency.P99),
+		res.RPS(), loadgen.FormatDuration(res.Latency.P50), loadgen.FormatDuration(res.Latency.P99),
 		res.OK, res.OverLimit, res.ErrorCount())
 	if !math.IsNaN(m.cpuUS) {
 		s += fmt.Sprintf("  CPU %.1f µs/decision", m.cpuUS)

@@ -11,7 +11,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/ratelimitd/ratelimit/cmd/ratelimit-bench/bench"
+	"github.com/ratelimitd/ratelimit/src/loadgen"
 )
 
 // The generated part of the markdown file sits between these markers; the
@@ -84,7 +84,7 @@ func (rep *report) bar() []check {
 	ratioCheck("memcache", "c64", "memcache, (a) c=64: ≥ 50% of the ceiling", 0.50)
 	if rw := rep.find("redis", "c64"); rw != nil && !math.IsNaN(rw.p99Ratio) {
 		out = append(out, check{"redis, (a) c=64: p99 ≤ 1.5 × the no-op p99",
-			fmt.Sprintf("%.2f× (medians %s and %s)", rw.p99Ratio, bench.FormatDuration(rw.p99), bench.FormatDuration(rw.ceilP99)), yesNo(rw.p99Ratio <= 1.5)})
+			fmt.Sprintf("%.2f× (medians %s and %s)", rw.p99Ratio, loadgen.FormatDuration(rw.p99), loadgen.FormatDuration(rw.ceilP99)), yesNo(rw.p99Ratio <= 1.5)})
 	} else {
 		out = append(out, check{"redis, (a) c=64: p99 ≤ 1.5 × the no-op p99", "not measured", "n/a"})
 	}
@@ -127,7 +127,7 @@ func (rep *report) markdown(pngRel string) string {
 		"so the runs are seconds apart and see the same load from the rest of the machine. "+
 		"_of no-op_ is the median of the per-run ratios req/s_i ÷ tuned no-op req/s_i (and the p99 bar the median of p99_i ÷ no-op p99_i), "+
 		"what the service gets of what gRPC alone costs; _of untuned_ the same against the untuned no-op server; "+
-		"the _no-op_ columns are the medians of the paired tuned no-op runs.\n", bench.ServiceTuning.StreamWorkers, noopGCHeadroom>>20, noopWarmup)
+		"the _no-op_ columns are the medians of the paired tuned no-op runs.\n", loadgen.ServiceTuning.StreamWorkers, noopGCHeadroom>>20, noopWarmup)
 	w("- A decision is one ShouldRateLimit call, whatever its number of descriptors. "+
 		"CPU: utime+stime of the service process from /proc per decision; RSS: VmRSS after the run; "+
 		"round trips: the service's `%s` (Memcached: `%s`) counter per decision; Redis CPU and commands: the change of "+
@@ -145,11 +145,11 @@ func (rep *report) markdown(pngRel string) string {
 		}
 		ceilP99 := "–"
 		if rw.ceilP99 > 0 {
-			ceilP99 = bench.FormatDuration(rw.ceilP99)
+			ceilP99 = loadgen.FormatDuration(rw.ceilP99)
 		}
 		w("| %s | %s | %d | %.0f | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n",
 			rw.sc.title, rw.store, rw.sc.c, rw.rps, optional(rw.ceilRPS, "%.0f"), percent(rw.ratio), percent(rw.untunedRatio),
-			bench.FormatDuration(rw.p50), bench.FormatDuration(rw.p99), ceilP99,
+			loadgen.FormatDuration(rw.p50), loadgen.FormatDuration(rw.p99), ceilP99,
 			optional(rw.cpuUS, "%.1f"), optional(rw.rssMiB, "%.0f"), optional(rw.rt, "%.3f"),
 			optional(rw.redisCmds, "%.2f"), optional(rw.redisCPUUS, "%.1f"),
 			outcomes(rw))
@@ -190,7 +190,7 @@ func (rep *report) capacityMarkdown() string {
 	for _, c := range rep.capacity {
 		p50 := "n/a"
 		if c.p50 > 0 {
-			p50 = bench.FormatDuration(c.p50)
+			p50 = loadgen.FormatDuration(c.p50)
 		}
 		full := math.NaN()
 		if c.cpuUS > 0 {

@@ -1,12 +1,15 @@
-// Package bench is a closed-loop gRPC load generator for any Envoy rate-limit
-// service (envoy.service.ratelimit.v3). It keeps a fixed number of requests in
-// flight over a few connections, draws descriptors from templates, and reports
-// throughput, a latency histogram and the count of each outcome.
+// Package loadgen is a closed-loop gRPC load generator for any Envoy
+// rate-limit service (envoy.service.ratelimit.v3). It keeps a fixed number of
+// requests in flight over a few connections, draws descriptors from
+// templates, and reports throughput, a latency histogram and the count of
+// each outcome.
 //
-// It is the core of cmd/ratelimit-bench and of tools/benchrun, which call it in
-// process. It knows nothing of this service's internals: it speaks only the
-// wire protocol, so it measures envoyproxy/ratelimit the same way.
-package bench
+// It is the core of cmd/ratelimit-bench, of tools/benchrun and of the load
+// the integration tests drive, which call it in process; no package of the
+// service imports it. It knows nothing of this service's internals: it
+// speaks only the wire protocol, so it measures envoyproxy/ratelimit the
+// same way.
+package loadgen
 
 import (
 	"context"
