@@ -88,7 +88,8 @@ fuzz: ## run one fuzz target: make fuzz FUZZ=FuzzParse PKG=./src/rules
 # /json bodies and quota reports.
 FUZZ_CI_TIME ?= 15s
 FUZZ_TARGETS = FuzzParse:./src/rules FuzzCacheKey:./src/limiter FuzzParseStates:./src/store/memcached \
-	FuzzReplies:./src/store/redis FuzzRequest:./src/service FuzzJSON:./src/service FuzzQuotaReport:./src/service
+	FuzzParseList:./src/store/memcached FuzzReplies:./src/store/redis FuzzRequest:./src/service FuzzJSON:./src/service \
+	FuzzQuotaReport:./src/service
 fuzz-all: ## run every fuzz target for FUZZ_CI_TIME (15s) each
 	@set -e; for t in $(FUZZ_TARGETS); do \
 	  echo "fuzz $${t%%:*} $${t#*:} ($(FUZZ_CI_TIME))"; \
