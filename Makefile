@@ -12,7 +12,7 @@ VERSION  ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev
 # in cmd/ratelimit checks that they agree).
 BUILDFLAGS = -trimpath -ldflags "-s -w -X main.version=$(VERSION)"
 
-.PHONY: help build run test race unit allocs lint imports check ci bench bench-envoy bench-tuning bench-overload bench-go soak fuzz fuzz-all docker servers clean
+.PHONY: help build run test test-busy race unit allocs lint imports check ci bench bench-envoy bench-tuning bench-overload bench-go soak fuzz fuzz-all docker servers clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN{FS=":.*## "}{printf "  %-10s %s\n", $$1, $$2}'
@@ -36,6 +36,9 @@ test: servers ## the whole suite with the race detector (installs missing server
 	$(GO) vet $(PKGS)
 	$(GO) test -race -count=1 -timeout 12m $$($(GO) list $(PKGS) | grep -v -x -F "$$($(GO) list $(NORACE_PKGS))")
 	$(GO) test -count=1 $(NORACE_PKGS)
+
+test-busy: servers ## the whole suite with two CPU-bound processes beside it (scripts/busy.sh), as on a busy machine
+	./scripts/busy.sh $(MAKE) test
 
 race: test ## same as test: the suite always runs with -race
 
