@@ -5,6 +5,7 @@
 package server
 
 import (
+	"bufio"
 	"context"
 	"errors"
 	"fmt"
@@ -556,7 +557,10 @@ func (s *Server) prometheus() bool { return s.set.UsePrometheus && !s.set.Disabl
 
 func (s *Server) serveRulesDump(w http.ResponseWriter, _ *http.Request) {
 	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
-	_, _ = io.WriteString(w, rulesDump(s.snapshot.Load(), s.reloadErr.Load()))
+	bw := bufio.NewWriterSize(w, 32<<10)
+	if writeRulesDump(bw, s.snapshot.Load(), s.reloadErr.Load()) == nil {
+		_ = bw.Flush()
+	}
 }
 
 // Bounds of the gRPC listener besides the settings (see grpcOptions).
