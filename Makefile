@@ -63,7 +63,10 @@ ci: check ## what .ci/run runs
 bench-go: ## Go micro-benchmarks of the hot path
 	$(GO) test -run '^$$' -bench . -benchmem -count 3 ./src/...
 
-bench: servers ## the service-level scenarios, written to docs/BENCHMARKS.md and docs/SCALING.md
+# ANCHOR_BIN=/path/to/envoyproxy/ratelimit (a binary you built from its
+# source; the project ships none) measures it beside the service on Redis
+# and Memcached, in the same rounds: a side-by-side table.
+bench: servers ## the service-level scenarios, written to docs/BENCHMARKS.md and docs/SCALING.md (ANCHOR_BIN=... adds envoyproxy/ratelimit side by side)
 	$(GO) run ./tools/benchrun -out docs/BENCHMARKS.md
 
 # ANCHOR_BIN=/path/to/envoyproxy/ratelimit (a binary you built from its

@@ -138,7 +138,7 @@ func run(args []string, logw io.Writer) error {
 		bin       = fs.String("bin", "", "service `binary` to measure instead of building ./cmd/ratelimit (any envoyproxy/ratelimit-compatible build)")
 		scrapes   = fs.Bool("scrapes", false, "measure what Prometheus scrapes cost the decisions instead (10,000 rules with their series; 0, 1 and 4 scrapers); prints the table, writes no file")
 		envoy     = fs.Bool("envoy", false, "measure the end-to-end cost through real Envoy instead (h2load, no filter against each store, 1 and 3 descriptors); writes its own section of -out")
-		anchor    = fs.String("anchor", os.Getenv("ANCHOR_BIN"), "with -envoy: an envoyproxy/ratelimit `binary` (built by you from its source) to measure beside this service on Redis and Memcached (default $ANCHOR_BIN)")
+		anchor    = fs.String("anchor", os.Getenv("ANCHOR_BIN"), "an envoyproxy/ratelimit `binary` (built by you from its source) to measure beside this service on Redis and Memcached, in the same rounds: the standard scenarios it can run, or through Envoy with -envoy (default $ANCHOR_BIN)")
 		rate      = fs.Int("envoy-rate", 1000, "with -envoy: the fixed request rate of the latency runs")
 		overload  = fs.Bool("overload", false, "measure the overload steps instead (issue 25): calls in flight per -steps, each with each of -deadlines, on redis and memcache unless -stores says otherwise; prints the table, writes no file")
 		steps     = fs.String("steps", "64,256,1024,4096", "with -overload: comma-separated counts of calls in flight")
@@ -266,6 +266,7 @@ func run(args []string, logw io.Writer) error {
 		start:     time.Now(),
 		log:       logw,
 		scenarios: scs,
+		anchor:    *anchor,
 	}
 	for _, st := range storeList {
 		r.steps += len(r.storeScenarios(st)) * max(1, len(vs)) * t.runs
@@ -460,6 +461,9 @@ type runner struct {
 	// run; nil measures the service alone. untuned, when not nil, is the
 	// no-op server with grpc-go's defaults, measured just before ceil.
 	ceil, untuned *target
+	// anchor, when set, is an envoyproxy/ratelimit binary measured beside
+	// the service on Redis and Memcached, in the same rounds.
+	anchor string
 }
 
 func (r *runner) logf(format string, args ...any) {
@@ -1114,6 +1118,32 @@ func (r *runner) runStore(ctx context.Context, store, bin, dir string) ([]*row, 
 		rw := &row{store: store, sc: sc}
 		rows = append(rows, rw)
 		jobs = append(jobs, job{sc: sc, svc: s, rw: rw})
+	}
+	if r.anchor != "" && (store == "redis" || store == "memcache") {
+		// The anchor on the same store, its rules those of the scenarios
+		// it can run (fixed windows; it knows no other algorithm), and the
+		// same scenarios but the algorithms' and the near cache's, in the
+		// same rounds as the service's.
+		r.logf("benchrun: starting envoyproxy/ratelimit (%s) on %s", r.anchor, store)
+		aroot := filepath.Join(dir, "anchor-rules")
+		if err := writeRules(aroot, rulesHead); err != nil {
+			return nil, nil, err
+		}
+		// Its /healthcheck never says 200 on Memcached.
+		asvc, err := startServiceUntil(ctx, r.anchor, "envoyproxy/ratelimit ("+store+")", aroot, store != "memcache", be.env...)
+		if err != nil {
+			return nil, nil, err
+		}
+		defer asvc.stop()
+		for _, j := range slices.Clone(jobs) {
+			if scenarioAlgorithm(j.sc) != "" || j.sc.nearCache {
+				continue
+			}
+			rw := &row{store: store, sc: j.sc, variant: anchorVariant}
+			rows = append(rows, rw)
+			jobs = append(jobs, job{sc: j.sc, svc: asvc, rw: rw})
+			r.steps += r.timing.runs
+		}
 	}
 	saved := r.timing
 	defer func() { r.timing = saved }()

@@ -37,11 +37,67 @@ type report struct {
 // find returns the measured row of store and scenario id, or nil.
 func (rep *report) find(store, id string) *row {
 	for _, rw := range rep.rows {
-		if rw.store == store && rw.sc.id == id && rw.skip == "" {
+		if rw.store == store && rw.sc.id == id && rw.skip == "" && rw.variant == "" {
 			return rw
 		}
 	}
 	return nil
+}
+
+// anchorVariant marks the rows of envoyproxy/ratelimit measured beside
+// the service (-anchor).
+const anchorVariant = "envoyproxy/ratelimit"
+
+// anchorRow returns the anchor's row of store and scenario id, or nil.
+func (rep *report) anchorRow(store, id string) *row {
+	for _, rw := range rep.rows {
+		if rw.store == store && rw.sc.id == id && rw.skip == "" && rw.variant == anchorVariant {
+			return rw
+		}
+	}
+	return nil
+}
+
+// sideBySideMarkdown compares the service with envoyproxy/ratelimit on the
+// scenarios both ran, round by round: each ratio is taken within a round,
+// the two runs seconds apart under the same load; the median and the range
+// of the rounds' ratios.
+func (rep *report) sideBySideMarkdown() string {
+	var b strings.Builder
+	for _, ours := range rep.rows {
+		if ours.variant != "" || ours.skip != "" {
+			continue
+		}
+		theirs := rep.anchorRow(ours.store, ours.sc.id)
+		if theirs == nil {
+			continue
+		}
+		if b.Len() == 0 {
+			b.WriteString("**Side by side with envoyproxy/ratelimit** (the anchor's binary given with `-anchor` / `ANCHOR_BIN`, on the same store, in the same rounds; " +
+				"each ratio is taken within a round, then the median and range of the rounds)\n\n" +
+				"| scenario | store | req/s, ours | req/s, anchor | ours ÷ anchor | CPU µs/decision, ours | anchor | anchor ÷ ours | p99, ours | anchor | errors, ours / anchor |\n" +
+				"|---|---|--:|--:|--:|--:|--:|--:|--:|--:|---|\n")
+		}
+		var tput, cpu []float64
+		for i := range min(len(ours.runs), len(theirs.runs)) {
+			tput = append(tput, ours.runs[i].res.RPS()/theirs.runs[i].res.RPS())
+			if c := theirs.runs[i].cpuUS / ours.runs[i].cpuUS; !math.IsNaN(c) && !math.IsInf(c, 0) {
+				cpu = append(cpu, c)
+			}
+		}
+		fmt.Fprintf(&b, "| %s | %s | %.0f | %.0f | %s | %s | %s | %s | %s | %s | %d / %d |\n",
+			ours.sc.title, ours.store, ours.rps, theirs.rps, ratioRange(tput), optional(ours.cpuUS, "%.1f"), optional(theirs.cpuUS, "%.1f"),
+			ratioRange(cpu), loadgen.FormatDuration(ours.p99), loadgen.FormatDuration(theirs.p99), ours.errorCount, theirs.errorCount)
+	}
+	return b.String()
+}
+
+// ratioRange formats the median of ratios and their range.
+func ratioRange(xs []float64) string {
+	if len(xs) == 0 {
+		return "–"
+	}
+	return fmt.Sprintf("%.2f× (%.2f–%.2f)", median(xs), slices.Min(xs), slices.Max(xs))
 }
 
 // check is one line of the bar of issues 5 and 15.
@@ -139,6 +195,9 @@ func (rep *report) markdown(pngRel string) string {
 	w("| scenario | store | c | req/s | no-op req/s | of no-op | of untuned | p50 | p99 | no-op p99 | CPU µs/decision | RSS MiB | store round trips/decision | Redis commands/decision | Redis CPU µs/decision | OK / OVER_LIMIT / errors |\n")
 	w("|---|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|---|\n")
 	for _, rw := range rep.rows {
+		if rw.variant == anchorVariant {
+			continue // in the side-by-side table
+		}
 		if rw.skip != "" {
 			w("| %s | %s | %d | – | – | – | – | – | – | – | – | – | – | – | – | not measured: %s |\n", rw.sc.title, rw.store, rw.sc.c, rw.skip)
 			continue
@@ -153,6 +212,9 @@ func (rep *report) markdown(pngRel string) string {
 			optional(rw.cpuUS, "%.1f"), optional(rw.rssMiB, "%.0f"), optional(rw.rt, "%.3f"),
 			optional(rw.redisCmds, "%.2f"), optional(rw.redisCPUUS, "%.1f"),
 			outcomes(rw))
+	}
+	if t := rep.sideBySideMarkdown(); t != "" {
+		w("\n%s", t)
 	}
 	w("\n**The bar (issues 5 and 15)**\n\n| target | measured | met |\n|---|---|---|\n")
 	for _, c := range rep.bar() {

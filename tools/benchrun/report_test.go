@@ -390,3 +390,29 @@ func wantLines(t *testing.T, what, md string, wants ...string) {
 		}
 	}
 }
+
+// TestSideBySide: the anchor's rows are compared with the service's round
+// by round, kept out of the main table and of the bar's lookups.
+func TestSideBySide(t *testing.T) {
+	run := func(rps, cpu float64) runResult {
+		return runResult{res: &loadgen.Result{Requests: uint64(rps), Window: time.Second, InWindow: uint64(rps)},
+			cpuUS: cpu, rssMiB: math.NaN(), rt: math.NaN(), redisCPUUS: math.NaN(), redisCmds: math.NaN()}
+	}
+	// Round 2 is slow for both: its ratios are those of the others.
+	ours := &row{store: "redis", sc: storeScenarios[1], runs: []runResult{run(30000, 30), run(15000, 60), run(30000, 30)}}
+	theirs := &row{store: "redis", sc: storeScenarios[1], variant: anchorVariant, runs: []runResult{run(10000, 90), run(5000, 180), run(10000, 90)}}
+	rep := &report{timing: timing{runs: 3}, rows: []*row{ours, theirs}}
+	for _, rw := range rep.rows {
+		rw.aggregate()
+	}
+	if rep.find("redis", storeScenarios[1].id) != ours {
+		t.Error("find returns the anchor's row")
+	}
+	md := rep.sideBySideMarkdown()
+	if !strings.Contains(md, "| 3.00× (3.00–3.00) |") || strings.Count(md, "3.00× (3.00–3.00)") != 2 {
+		t.Errorf("side by side:\n%s\nwant 3.00× for throughput and CPU in every round", md)
+	}
+	if main := rep.markdown(""); strings.Count(main, storeScenarios[1].title) != 2 {
+		t.Errorf("the scenario appears %d times in the report, want twice (main table, side by side)", strings.Count(main, storeScenarios[1].title))
+	}
+}
