@@ -18,7 +18,7 @@ import (
 )
 
 // shutdownDrain is the service's drain after SIGTERM (src/server's
-// shutdownDrain, documented in the README): the pod's grace period must
+// shutdownDrain, documented in docs/DEPLOY.md): the pod's grace period must
 // be longer.
 const shutdownDrain = 10
 

@@ -1,6 +1,6 @@
 // Package settings reads the service's environment settings. Names, meanings
 // and defaults are envoyproxy/ratelimit's, except the deliberate differences
-// listed in the README. It is the only package that reads the environment.
+// listed in docs/SETTINGS.md. It is the only package that reads the environment.
 package settings
 
 import (
@@ -222,7 +222,7 @@ type Settings struct {
 
 	// Hostile input (extensions): the request budget, the decisions in
 	// flight, and the statistics keys made from request data. See the
-	// README's "Limits and hostile input".
+	// docs/SECURITY.md, "Limits and hostile input".
 	RequestTimeout        time.Duration `envconfig:"REQUEST_TIMEOUT" default:"15ms"`
 	MaxConcurrentRequests int           `envconfig:"MAX_CONCURRENT_REQUESTS" default:"4096"`
 	StatsMaxDynamicKeys   int           `envconfig:"STATS_MAX_DYNAMIC_KEYS" default:"1000"`
