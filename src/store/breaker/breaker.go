@@ -25,6 +25,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	cbackoff "github.com/cenkalti/backoff/v5"
+
 	"github.com/ratelimitd/ratelimit/src/limiter"
 )
 
@@ -192,7 +194,8 @@ func (g *Group) Run(ctx context.Context, probe func(context.Context)) {
 	t := time.NewTimer(g.interval)
 	t.Stop()
 	defer t.Stop()
-	wait := min(FirstProbe, g.interval)
+	waits := cbackoff.ExponentialBackOff{InitialInterval: min(FirstProbe, g.interval), Multiplier: 2, MaxInterval: g.interval}
+	waits.Reset()
 	var closedAt time.Time
 	for {
 		select {
@@ -201,17 +204,16 @@ func (g *Group) Run(ctx context.Context, probe func(context.Context)) {
 		case <-g.opened:
 		}
 		if closedAt.IsZero() || time.Since(closedAt) >= g.interval {
-			wait = min(FirstProbe, g.interval)
+			waits.Reset()
 		}
 		for g.open.Load() > 0 {
-			t.Reset(wait)
+			t.Reset(waits.NextBackOff())
 			select {
 			case <-ctx.Done():
 				return
 			case <-t.C:
 			}
 			probe(ctx)
-			wait = min(2*wait, g.interval)
 		}
 		closedAt = time.Now()
 	}
