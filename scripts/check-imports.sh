@@ -19,6 +19,9 @@ check src/rules src/
 check src/stats src/
 # The RLQS allocation is pure: it knows nothing else of ours.
 check src/quota src/
+# Following files is a leaf too: its owners (provider, server) say what
+# the files are.
+check src/filewatch src/
 check src/limiter src/store src/service src/server src/provider src/settings src/stats
 for s in memory redis memcached breaker; do
   [ -d "src/store/$s" ] && check "src/store/$s" src/service src/server src/provider src/settings
