@@ -232,54 +232,17 @@ func (w *Watcher) Run(ctx context.Context) {
 		defer w.fsw.Close()
 		events, errs = w.fsw.Events, w.fsw.Errors
 	}
-	quiet := w.cfg.Quiet
 	// Since Go 1.23 a stopped timer's channel holds no stale tick, so
 	// Reset alone restarts the quiet period.
-	timer := time.NewTimer(quiet)
-	timer.Stop()
-	defer timer.Stop()
+	s := &settle{w: w, timer: time.NewTimer(w.cfg.Quiet)}
+	s.timer.Stop()
+	defer s.timer.Stop()
 	var recheck <-chan time.Time
 	if w.cfg.Recheck > 0 {
 		ticker := time.NewTicker(w.cfg.Recheck)
 		defer ticker.Stop()
 		recheck = ticker.C
 	}
-
-	// A change is due from an event until two reads agree. A read happens
-	// once no change has been seen for the quiet period, or maxWait after
-	// the previous read (or the first change) while changes never pause.
-	// Changes that are all atomic swaps leave no file half-written: each
-	// read sees one whole version, and only a read that raced a swap can
-	// mix two, so the first read comes after SwapQuiet and a second one
-	// checks it at once; a disagreement, or any other change, makes the
-	// change settle as usual.
-	var (
-		due bool
-		// swapsOnly holds while every change since due was a swap.
-		swapsOnly bool
-		// since is when the wait for the next read began: the first
-		// change, then the last read.
-		since time.Time
-		// candidate is what the last read found, if read; settling is
-		// when the first read of this change was made.
-		candidate Fingerprint
-		read      bool
-		settling  time.Time
-	)
-	maxWait := 10 * quiet
-	changed := func(swap bool) {
-		now := time.Now()
-		if !due {
-			due, since, swapsOnly = true, now, true
-		}
-		swapsOnly = swapsOnly && swap
-		wait := quiet
-		if swapsOnly {
-			wait = w.cfg.SwapQuiet
-		}
-		timer.Reset(max(min(wait, since.Add(maxWait).Sub(now)), 0))
-	}
-	settled := func() { due, swapsOnly, read, settling = false, false, false, time.Time{} }
 	for {
 		select {
 		case <-ctx.Done():
@@ -290,7 +253,7 @@ func (w *Watcher) Run(ctx context.Context) {
 				continue
 			}
 			if w.relevant(ev) {
-				changed(w.cfg.Swap != nil && w.cfg.Swap(ev))
+				s.changed(w.cfg.Swap != nil && w.cfg.Swap(ev))
 			}
 		case err, ok := <-errs:
 			if !ok {
@@ -299,35 +262,14 @@ func (w *Watcher) Run(ctx context.Context) {
 			}
 			// An overflowed event queue loses events: read to be sure.
 			w.cfg.OnError(fmt.Errorf("watch: %w", err))
-			changed(false)
-		case <-timer.C:
-			w.update()
-			if swapsOnly && !read {
-				candidate, read = w.files.Read(), true
-			}
-			now, at := w.files.Read(), time.Now()
-			if read && now == candidate {
-				settled()
-				w.files.Apply()
-				continue
-			}
-			swapsOnly = false
-			switch {
-			case settling.IsZero():
-				settling = at
-			case at.Sub(settling) >= w.cfg.MaxSettle:
-				// A writer that never stops: say so, keep the version in
-				// force, and keep waiting for a pause, counting again.
-				w.cfg.OnError(fmt.Errorf("%w after %v (they must stay unchanged for %v)", ErrUnsettled, w.cfg.MaxSettle, quiet))
-				settling = at
-			}
-			candidate, read, since = now, true, at
-			timer.Reset(quiet)
+			s.changed(false)
+		case <-s.timer.C:
+			s.readAgain()
 		case <-recheck:
 			// A change already due will read everything anyway. A change
 			// found is handled as an event would be, settling included.
-			if !due && w.files.Changed() {
-				changed(false)
+			if !s.due && w.files.Changed() {
+				s.changed(false)
 			}
 		case <-w.now:
 			w.update()
@@ -335,10 +277,80 @@ func (w *Watcher) Run(ctx context.Context) {
 				w.files.Apply()
 			}
 			// Whatever was settling is read: a later event starts anew.
-			timer.Stop()
-			settled()
+			s.timer.Stop()
+			s.reset()
 		}
 	}
+}
+
+// settle is the state of one change, from its first event until two
+// reads agree. A read happens once no change has been seen for the quiet
+// period, or 10 quiet periods after the previous read (or the first
+// change) while changes never pause. Changes that are all atomic swaps
+// leave no file half-written: each read sees one whole version, and only a
+// read that raced a swap can mix two, so the first read comes after
+// SwapQuiet and a second one checks it at once; a disagreement, or any
+// other change, makes the change settle as usual.
+type settle struct {
+	w     *Watcher
+	timer *time.Timer
+	// due holds from a change until it is applied; swapsOnly while
+	// every change since was a swap.
+	due, swapsOnly bool
+	// since is when the wait for the next read began: the first change,
+	// then the last read.
+	since time.Time
+	// candidate is what the last read found, if read; settling is when
+	// the first read of this change was made.
+	candidate Fingerprint
+	read      bool
+	settling  time.Time
+}
+
+func (s *settle) reset() {
+	s.due, s.swapsOnly, s.read, s.settling = false, false, false, time.Time{}
+}
+
+// changed notes an event (swap: an atomic one) and sets when to read.
+func (s *settle) changed(swap bool) {
+	now, quiet := time.Now(), s.w.cfg.Quiet
+	if !s.due {
+		s.due, s.since, s.swapsOnly = true, now, true
+	}
+	s.swapsOnly = s.swapsOnly && swap
+	wait := quiet
+	if s.swapsOnly {
+		wait = s.w.cfg.SwapQuiet
+	}
+	s.timer.Reset(max(min(wait, s.since.Add(10*quiet).Sub(now)), 0))
+}
+
+// readAgain reads the files at the end of a wait, applies them when this read
+// agrees with the previous one, and waits a quiet period again otherwise.
+func (s *settle) readAgain() {
+	w, quiet := s.w, s.w.cfg.Quiet
+	w.update()
+	if s.swapsOnly && !s.read {
+		s.candidate, s.read = w.files.Read(), true
+	}
+	now, at := w.files.Read(), time.Now()
+	if s.read && now == s.candidate {
+		s.reset()
+		w.files.Apply()
+		return
+	}
+	s.swapsOnly = false
+	switch {
+	case s.settling.IsZero():
+		s.settling = at
+	case at.Sub(s.settling) >= w.cfg.MaxSettle:
+		// A writer that never stops: say so, keep the version in force,
+		// and keep waiting for a pause, counting again.
+		w.cfg.OnError(fmt.Errorf("%w after %v (they must stay unchanged for %v)", ErrUnsettled, w.cfg.MaxSettle, quiet))
+		s.settling = at
+	}
+	s.candidate, s.read, s.since = now, true, at
+	s.timer.Reset(quiet)
 }
 
 // maxLinks bounds Links, as the kernel bounds a lookup (40 on Linux), so
