@@ -583,13 +583,15 @@ func grpcOptions(set *settings.Settings, intercept grpc.UnaryServerInterceptor) 
 }
 
 // recoverUnary turns a panic in a handler into codes.Internal, logs it and
-// counts it, so that a bug never takes the process down.
+// counts it, so that a bug never takes the process down. The caller is
+// told only that it was an internal error: the panic's value and stack
+// are for the log.
 func (s *Server) recoverUnary(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (resp any, err error) {
 	defer func() {
 		if r := recover(); r != nil {
 			s.stats.Counter("ratelimit.server.panics").Inc()
 			s.log.Error("panic in handler", "method", info.FullMethod, "panic", r, "stack", string(debug.Stack()))
-			resp, err = nil, status.Errorf(codes.Internal, "internal error: %v", r)
+			resp, err = nil, status.Error(codes.Internal, "internal error")
 		}
 	}()
 	return handler(ctx, req)

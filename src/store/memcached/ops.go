@@ -628,7 +628,7 @@ func (s *Store) fail(key string, err error) error {
 	case outOfMemory(err):
 		s.gotAnswer(key)
 		s.shed.Add(1)
-		return fmt.Errorf("memcached: key %q: %w: %w", key, limiter.ErrOverloaded, err)
+		return fmt.Errorf("memcached: key %q: %w: %w: %w", key, limiter.ErrOverloaded, limiter.ReasonOutOfMemory, err)
 	case errors.Is(err, errQueueFull):
 		s.shed.Add(1)
 		return fmt.Errorf("memcached: %w: %w", limiter.ErrOverloaded, err)
