@@ -445,7 +445,9 @@ func (s *Server) listen() error {
 	s.grpc = grpc.NewServer(opts...)
 	rlsv3.RegisterRateLimitServiceServer(s.grpc, s.svc)
 	healthpb.RegisterHealthServer(s.grpc, s.health.grpc)
-	reflection.Register(s.grpc)
+	if s.set.GRPCReflectionEnabled {
+		reflection.Register(s.grpc)
+	}
 
 	mux := http.NewServeMux()
 	mux.Handle("/healthcheck", s.health)

@@ -63,6 +63,11 @@ type Settings struct {
 	// docs/BENCHMARKS.md). GRPC_NUM_STREAM_WORKERS: handler goroutines reused
 	// across requests (0 = a new goroutine per request, grpc-go's default);
 	// -1 means one per CPU. Buffer sizes are per connection, in bytes.
+	// GRPCReflectionEnabled (extension): serve gRPC server reflection, as
+	// the anchor always does (grpcurl lists the services through it);
+	// false leaves it out.
+	GRPCReflectionEnabled bool `envconfig:"GRPC_REFLECTION_ENABLED" default:"true"`
+
 	GRPCNumStreamWorkers  int  `envconfig:"GRPC_NUM_STREAM_WORKERS" default:"64"`
 	GRPCReadBufferSize    int  `envconfig:"GRPC_READ_BUFFER_SIZE" default:"32768"`
 	GRPCWriteBufferSize   int  `envconfig:"GRPC_WRITE_BUFFER_SIZE" default:"32768"`
