@@ -227,7 +227,7 @@ func memcacheOpStats(reg *stats.Registry, m *memcached.Store) {
 }
 
 // memcacheConfig turns the MEMCACHE_* settings into the Memcached store's
-// Config. TLS files are read as for Redis.
+// Config, its TLS from the MEMCACHE_TLS_* files.
 func memcacheConfig(set *settings.Settings) (memcached.Config, error) {
 	cfg := memcached.Config{
 		SRV:                 set.MemcacheSrv,
@@ -245,7 +245,7 @@ func memcacheConfig(set *settings.Settings) (memcached.Config, error) {
 		}
 	}
 	if set.MemcacheTLS {
-		t, err := redis.TLSConfig(redis.TLSFiles{
+		t, err := memcached.TLSConfig(memcached.TLSFiles{
 			ClientCert:               set.MemcacheTLSClientCert,
 			ClientKey:                set.MemcacheTLSClientKey,
 			CACert:                   set.MemcacheTLSCACert,

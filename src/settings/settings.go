@@ -748,6 +748,20 @@ func (s *Settings) Validate() error {
 			bad("MEMCACHE_HOST_PORT", "BACKEND_TYPE=memcache needs MEMCACHE_HOST_PORT (host:port,...) or MEMCACHE_SRV")
 		}
 	}
+	// A client certificate without its key (or the reverse) cannot be
+	// used: stop at start, naming the store's own settings.
+	for _, pair := range []struct {
+		on        bool
+		cert, key string
+		prefix    string
+	}{
+		{s.RedisTLS || s.RedisPerSecondTLS, s.RedisTLSClientCert, s.RedisTLSClientKey, "REDIS_TLS_CLIENT_"},
+		{s.MemcacheTLS, s.MemcacheTLSClientCert, s.MemcacheTLSClientKey, "MEMCACHE_TLS_CLIENT_"},
+	} {
+		if pair.on && (pair.cert == "") != (pair.key == "") {
+			bad(pair.prefix+"CERT", "%sCERT and %sKEY go together: set both or neither", pair.prefix, pair.prefix)
+		}
+	}
 	if s.MemcacheSrvRefresh < 0 {
 		bad("MEMCACHE_SRV_REFRESH", "must not be negative")
 	}
