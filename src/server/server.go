@@ -461,22 +461,30 @@ func (s *Server) listen() error {
 		_ = s.stats.WriteText(w)
 	})
 	dmux.Handle("/metrics", s.metrics)
-	dmux.HandleFunc("/debug/pprof/", pprof.Index)
-	dmux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
-	dmux.HandleFunc("/debug/pprof/profile", pprof.Profile)
-	dmux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
-	dmux.HandleFunc("/debug/pprof/trace", pprof.Trace)
-	index := "/rlconfig: the rules in use\n/stats: counters as text\n/metrics: counters for Prometheus\n/debug/pprof/: profiles\n"
+	index := "/rlconfig: the rules in use\n/stats: counters as text\n/metrics: counters for Prometheus\n"
+	// off answers 404 under path, saying which setting turned it off.
+	off := func(path, why string) {
+		dmux.HandleFunc(path, func(w http.ResponseWriter, _ *http.Request) { http.Error(w, why, http.StatusNotFound) })
+	}
+	if s.set.PprofEnabled {
+		dmux.HandleFunc("/debug/pprof/", pprof.Index)
+		dmux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
+		dmux.HandleFunc("/debug/pprof/profile", pprof.Profile)
+		dmux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
+		dmux.HandleFunc("/debug/pprof/trace", pprof.Trace)
+		index += "/debug/pprof/: profiles\n"
+	} else {
+		off("/debug/pprof/", "profiles are off (PPROF_ENABLED=false)")
+	}
 	if s.live != nil {
-		s.web = web.New(web.Config{Live: s.live, Source: s.liveSource, Store: s.liveStore})
+		values, _ := web.ParseValues(s.set.LiveViewValues) // validated by settings
+		s.web = web.New(web.Config{Live: s.live, Source: s.liveSource, Store: s.liveStore, Values: values})
 		dmux.Handle("/ui", s.web)
 		dmux.Handle("/ui/", s.web)
 		dmux.Handle("/api/", s.web)
 		index += "/ui/: the live view (its JSON API under /api/v1/)\n"
 	} else {
-		dmux.HandleFunc("/ui/", func(w http.ResponseWriter, _ *http.Request) {
-			http.Error(w, "the live view is off (LIVE_VIEW_ENABLED=false)", http.StatusNotFound)
-		})
+		off("/ui/", "the live view is off (LIVE_VIEW_ENABLED=false)")
 	}
 	dmux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		if r.URL.Path != "/" {
@@ -485,7 +493,7 @@ func (s *Server) listen() error {
 		}
 		_, _ = io.WriteString(w, index)
 	})
-	s.debugSrv = newHTTPServer(dmux, debugWriteTimeout, s.log)
+	s.debugSrv = newHTTPServer(allowHosts(s.set.DebugAllowedHosts, dmux), debugWriteTimeout, s.log)
 	if s.web != nil {
 		// Streams never end by themselves: a graceful shutdown ends them.
 		s.debugSrv.RegisterOnShutdown(s.web.Close)

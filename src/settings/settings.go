@@ -27,6 +27,14 @@ type Settings struct {
 	GRPCUDS   string `envconfig:"GRPC_UDS" default:""`
 	DebugHost string `envconfig:"DEBUG_HOST" default:"127.0.0.1"` // anchor: 0.0.0.0
 	DebugPort int    `envconfig:"DEBUG_PORT" default:"6070"`
+	// DebugAllowedHosts (extension): the host names, besides localhost and
+	// addresses, that the debug listener answers in the Host header (a
+	// page that rebinds its own name to 127.0.0.1 sends its name there);
+	// "*" answers any.
+	DebugAllowedHosts []string `envconfig:"DEBUG_ALLOWED_HOSTS" default:""`
+	// PprofEnabled (extension): serve /debug/pprof/ on the debug listener,
+	// as the anchor always does.
+	PprofEnabled bool `envconfig:"PPROF_ENABLED" default:"true"`
 
 	GRPCMaxConnectionAge      time.Duration `envconfig:"GRPC_MAX_CONNECTION_AGE" default:"24h"`
 	GRPCMaxConnectionAgeGrace time.Duration `envconfig:"GRPC_MAX_CONNECTION_AGE_GRACE" default:"1h"`
@@ -240,6 +248,10 @@ type Settings struct {
 	// domains together (about 400 bytes each; 16..65536).
 	LiveViewEnabled bool `envconfig:"LIVE_VIEW_ENABLED" default:"true"`
 	LiveViewMaxKeys int  `envconfig:"LIVE_VIEW_MAX_KEYS" default:"1024"`
+	// LiveViewValues: how the live view shows descriptor values (request
+	// data): plain, hashed (a keyed hash, stable while the process runs)
+	// or truncated (the first half, at most 4 characters). Validate lowers it.
+	LiveViewValues string `envconfig:"LIVE_VIEW_VALUES" default:"plain"`
 
 	// Memory store (our extension). MEMORY_MAX_BYTES: the most bytes its
 	// keys take (64 MiB; at least 1 MiB); MEMORY_MAX_KEYS: the most keys
@@ -701,6 +713,17 @@ func (s *Settings) Validate() error {
 	}
 	if s.StatsIdleExpiry < time.Second || s.StatsIdleExpiry > 7*24*time.Hour {
 		bad("STATS_IDLE_EXPIRY", "%v is outside 1s..168h", s.StatsIdleExpiry)
+	}
+	switch v := strings.ToLower(s.LiveViewValues); v {
+	case "plain", "hashed", "truncated":
+		s.LiveViewValues = v
+	default:
+		bad("LIVE_VIEW_VALUES", "unknown value %q (want plain, hashed or truncated)", s.LiveViewValues)
+	}
+	for _, h := range s.DebugAllowedHosts {
+		if strings.ContainsAny(h, "/:@ \t") {
+			bad("DEBUG_ALLOWED_HOSTS", "%q is not a host name (want names separated by commas, without ports, or *)", h)
+		}
 	}
 	if s.LiveViewMaxKeys < 16 || s.LiveViewMaxKeys > 65536 {
 		bad("LIVE_VIEW_MAX_KEYS", "%d is outside 16..65536", s.LiveViewMaxKeys)
