@@ -421,6 +421,10 @@ func (s *Server) listen() error {
 	if err != nil {
 		return fmt.Errorf("server: http listener: %w", err)
 	}
+	if s.tls != nil {
+		// Plaintext for the kubelet's probes, TLS for /json (issue 24).
+		s.httpLn = newSniffListener(s.httpLn, s.tls.httpConfig, s.tls.refused, httpReadHeaderTimeout)
+	}
 	s.debugLn, err = open("tcp", net.JoinHostPort(s.set.DebugHost, fmt.Sprint(s.set.DebugPort)), httpCap, "HTTP_MAX_CONNECTIONS")
 	if err != nil {
 		return fmt.Errorf("server: debug listener: %w", err)
@@ -451,7 +455,11 @@ func (s *Server) listen() error {
 
 	mux := http.NewServeMux()
 	mux.Handle("/healthcheck", s.health)
-	mux.Handle("/json", s.svc.JSONHandler(int64(s.set.GRPCMaxRecvMsgSize)))
+	jsonHandler := s.svc.JSONHandler(int64(s.set.GRPCMaxRecvMsgSize))
+	if s.tls != nil {
+		jsonHandler = requireTLS(jsonHandler)
+	}
+	mux.Handle("/json", jsonHandler)
 	s.httpSrv = newHTTPServer(mux, httpWriteTimeout+s.store.timeout, s.log)
 
 	dmux := http.NewServeMux()
