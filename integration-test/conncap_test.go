@@ -1,6 +1,7 @@
 package integration
 
 import (
+	"context"
 	"fmt"
 	"io"
 	"net"
@@ -12,6 +13,7 @@ import (
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 )
 
@@ -20,7 +22,9 @@ import (
 // waits while the two working ones keep being served; when the handshake
 // timeout drops the silent ones, the fifth is served.
 func TestGRPCConnectionCapMakesNewConnectionsWait(t *testing.T) {
-	p := start(t, map[string]string{"web.yaml": webRules}, "GRPC_MAX_CONNECTIONS=4")
+	// Every client is 127.0.0.1 here: no share of its own per address
+	// (TestPeerShareOfConnections tries the share).
+	p := start(t, map[string]string{"web.yaml": webRules}, "GRPC_MAX_CONNECTIONS=4", "MAX_CONNECTIONS_PER_PEER_PERCENT=100")
 	working := []rlsv3.RateLimitServiceClient{p.client(t), p.client(t)}
 	for i, c := range working {
 		if _, err := c.ShouldRateLimit(callCtx(t), request("web", "user", fmt.Sprint("w", i))); err != nil {
@@ -36,9 +40,6 @@ func TestGRPCConnectionCapMakesNewConnectionsWait(t *testing.T) {
 		t.Cleanup(func() { c.Close() })
 		silent = append(silent, c)
 	}
-	// Once it accepted the fourth, the listener waits for a free slot and
-	// logs that it is at its cap.
-	eventually(t, "the cap logged", 20*time.Second, func() bool { return strings.Contains(p.logs(), "GRPC_MAX_CONNECTIONS") })
 	silentAt := time.Now()
 
 	fifth := p.client(t)
@@ -50,6 +51,9 @@ func TestGRPCConnectionCapMakesNewConnectionsWait(t *testing.T) {
 		_, err := fifth.ShouldRateLimit(ctx, request("web", "user", "fifth"), grpc.WaitForReady(true))
 		waited <- err
 	}()
+	// The listener waits for a free slot for it and logs that it is at
+	// its cap.
+	eventually(t, "the cap logged", 20*time.Second, func() bool { return strings.Contains(p.logs(), "GRPC_MAX_CONNECTIONS") })
 	// While the fifth waits, the working clients are served.
 	for i := range 10 {
 		for j, c := range working {
@@ -83,7 +87,7 @@ func TestGRPCConnectionCapMakesNewConnectionsWait(t *testing.T) {
 // files: the caps are lowered (and logged) so that the listeners together
 // keep a reserve, and the lowered HTTP cap really applies.
 func TestConnectionCapsFitTheOpenFileLimit(t *testing.T) {
-	p := launchWith(t, launchOpts{nofile: 400}, map[string]string{"web.yaml": webRules})
+	p := launchWith(t, launchOpts{nofile: 400}, map[string]string{"web.yaml": webRules}, "MAX_CONNECTIONS_PER_PEER_PERCENT=100")
 	p.waitHealth(t, 200)
 	// 400 - 256 reserved = 144, shared in proportion by 10000 (gRPC) and
 	// 2 x 1024 (HTTP and debug): 119 and 12.
@@ -112,4 +116,46 @@ func TestConnectionCapsFitTheOpenFileLimit(t *testing.T) {
 	if _, err := p.client(t).ShouldRateLimit(callCtx(t), request("web", "user", "nofile")); err != nil {
 		t.Errorf("gRPC with the HTTP listener at its cap: %v", err)
 	}
+}
+
+// clientFrom is a gRPC client of p whose connections come from the
+// loopback address local (127.0.0.x): another client address of the same
+// machine.
+func (p *proc) clientFrom(t *testing.T, local string) rlsv3.RateLimitServiceClient {
+	t.Helper()
+	d := net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(local)}}
+	cc, err := grpc.NewClient(p.grpc, grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithContextDialer(func(ctx context.Context, addr string) (net.Conn, error) { return d.DialContext(ctx, "tcp", addr) }))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cc.Close() })
+	return rlsv3.NewRateLimitServiceClient(cc)
+}
+
+// TestPeerShareOfConnections: one client address gets a quarter of
+// GRPC_MAX_CONNECTIONS (MAX_CONNECTIONS_PER_PEER_PERCENT, 25 by default)
+// and its further connections are closed at once, counted, so that others
+// still get in (issue 24, case 5: 200 idle connections of one client
+// locked every other out of a 200-slot service). Before, 127.0.0.2 took
+// all 8 slots and 127.0.0.1 waited until its deadline.
+func TestPeerShareOfConnections(t *testing.T) {
+	p := start(t, map[string]string{"web.yaml": webRules}, "GRPC_MAX_CONNECTIONS=8")
+	served := 0
+	for i := range 8 {
+		// One connection each, held open (idle) once it served.
+		if _, err := p.clientFrom(t, "127.0.0.2").ShouldRateLimit(callCtx(t), request("web", "user", fmt.Sprint("greedy", i))); err == nil {
+			served++
+		}
+	}
+	if served != 2 {
+		t.Errorf("one address got %d of 8 connections served, want its share, 2", served)
+	}
+	if _, err := p.clientFrom(t, "127.0.0.1").ShouldRateLimit(callCtx(t), request("web", "user", "other")); err != nil {
+		t.Errorf("another address beside one at its share: %v", err)
+	}
+	if got := p.stats(t)["ratelimit.server.connections_over_peer_share"]; got < 6 {
+		t.Errorf("connections_over_peer_share = %d, want at least 6", got)
+	}
+	eventually(t, "the share logged", 10*time.Second, func() bool { return strings.Contains(p.logs(), "MAX_CONNECTIONS_PER_PEER_PERCENT") })
 }

@@ -49,6 +49,3 @@ func newHTTPServer(h http.Handler, writeTimeout time.Duration, log *slog.Logger)
 		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
 	}
 }
-
-// capWarnEvery spaces out the warnings of a listener at its cap, so that a
-// client hammering a full listener cannot flood the log.

@@ -381,10 +381,15 @@ func (s *Server) listen() error {
 		s.log.Warn("connection caps lowered to fit the open-file limit",
 			"RLIMIT_NOFILE", nofile, "GRPC_MAX_CONNECTIONS", caps.grpc, "HTTP_MAX_CONNECTIONS", caps.http)
 	}
-	grpcCap, httpCap := caps.grpc, caps.http
+	// No client address may hold more than its share of a listener.
+	overShare := s.stats.Counter("ratelimit.server.connections_over_peer_share")
+	share := func(capacity int, setting string) limits {
+		return limits{capacity: capacity, perPeer: peerShare(capacity, s.set.MaxConnectionsPerPeerPercent), setting: setting, overShare: overShare}
+	}
+	grpcCap, httpCap := share(caps.grpc, "GRPC_MAX_CONNECTIONS"), share(caps.http, "HTTP_MAX_CONNECTIONS")
 
 	var opened []net.Listener
-	open := func(network, addr string, capacity int, setting string) (net.Listener, error) {
+	open := func(network, addr string, lim limits) (net.Listener, error) {
 		l, err := net.Listen(network, addr)
 		if err != nil {
 			for _, o := range opened {
@@ -393,7 +398,7 @@ func (s *Server) listen() error {
 			s.udsOwn.remove()
 			return nil, err
 		}
-		ll := newLimitListener(l, capacity, setting, s.log)
+		ll := newLimitListener(l, lim, s.log)
 		opened = append(opened, ll)
 		return ll, nil
 	}
@@ -407,17 +412,17 @@ func (s *Server) listen() error {
 			if s.udsOwn, err = claimSocket(ul, s.set.GRPCUDS); err != nil {
 				ul.Close()
 			} else {
-				s.grpcLn = newLimitListener(ul, grpcCap, "GRPC_MAX_CONNECTIONS", s.log)
+				s.grpcLn = newLimitListener(ul, grpcCap, s.log)
 				opened = append(opened, s.grpcLn)
 			}
 		}
 	} else {
-		s.grpcLn, err = open("tcp", net.JoinHostPort(s.set.GRPCHost, fmt.Sprint(s.set.GRPCPort)), grpcCap, "GRPC_MAX_CONNECTIONS")
+		s.grpcLn, err = open("tcp", net.JoinHostPort(s.set.GRPCHost, fmt.Sprint(s.set.GRPCPort)), grpcCap)
 	}
 	if err != nil {
 		return fmt.Errorf("server: grpc listener: %w", err)
 	}
-	s.httpLn, err = open("tcp", net.JoinHostPort(s.set.Host, fmt.Sprint(s.set.Port)), httpCap, "HTTP_MAX_CONNECTIONS")
+	s.httpLn, err = open("tcp", net.JoinHostPort(s.set.Host, fmt.Sprint(s.set.Port)), httpCap)
 	if err != nil {
 		return fmt.Errorf("server: http listener: %w", err)
 	}
@@ -425,13 +430,13 @@ func (s *Server) listen() error {
 		// Plaintext for the kubelet's probes, TLS for /json (issue 24).
 		s.httpLn = newSniffListener(s.httpLn, s.tls.httpConfig, s.tls.refused, httpReadHeaderTimeout)
 	}
-	s.debugLn, err = open("tcp", net.JoinHostPort(s.set.DebugHost, fmt.Sprint(s.set.DebugPort)), httpCap, "HTTP_MAX_CONNECTIONS")
+	s.debugLn, err = open("tcp", net.JoinHostPort(s.set.DebugHost, fmt.Sprint(s.set.DebugPort)), httpCap)
 	if err != nil {
 		return fmt.Errorf("server: debug listener: %w", err)
 	}
 
 	if s.prometheus() {
-		s.promLn, err = open("tcp", s.set.PrometheusAddr, httpCap, "HTTP_MAX_CONNECTIONS")
+		s.promLn, err = open("tcp", s.set.PrometheusAddr, httpCap)
 		if err != nil {
 			return fmt.Errorf("server: prometheus listener: %w", err)
 		}

@@ -66,6 +66,10 @@ type Settings struct {
 	GRPCMaxConcurrentStreams int `envconfig:"GRPC_MAX_CONCURRENT_STREAMS" default:"1024"`
 	GRPCMaxConnections       int `envconfig:"GRPC_MAX_CONNECTIONS" default:"10000"`
 	HTTPMaxConnections       int `envconfig:"HTTP_MAX_CONNECTIONS" default:"1024"`
+	// MaxConnectionsPerPeerPercent (extension): the share of each
+	// listener's connections one client address (an IPv6 client's /64)
+	// may hold, in percent (1..100; 100: no share of its own).
+	MaxConnectionsPerPeerPercent int `envconfig:"MAX_CONNECTIONS_PER_PEER_PERCENT" default:"25"`
 
 	// gRPC server tuning (extensions; defaults chosen by measurement, see
 	// docs/BENCHMARKS.md). GRPC_NUM_STREAM_WORKERS: handler goroutines reused
@@ -599,6 +603,9 @@ func (s *Settings) Validate() error {
 	}
 	if s.HTTPMaxConnections < 1 || s.HTTPMaxConnections > maxConnections {
 		bad("HTTP_MAX_CONNECTIONS", "%d is outside 1..%d", s.HTTPMaxConnections, maxConnections)
+	}
+	if s.MaxConnectionsPerPeerPercent < 1 || s.MaxConnectionsPerPeerPercent > 100 {
+		bad("MAX_CONNECTIONS_PER_PEER_PERCENT", "%d is outside 1..100 (100: no share of its own)", s.MaxConnectionsPerPeerPercent)
 	}
 	if s.GRPCServerUseTLS {
 		// The files themselves are read by the server, which names the
