@@ -2,6 +2,7 @@ package integration
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -85,7 +86,8 @@ func TestGRPCConnectionCapMakesNewConnectionsWait(t *testing.T) {
 
 // TestConnectionCapsFitTheOpenFileLimit starts the service with 400 open
 // files: the caps are lowered (and logged) so that the listeners together
-// keep a reserve, and the lowered HTTP cap really applies.
+// keep a reserve, and the lowered HTTP cap really applies (a thirteenth
+// connection takes the slot of one of twelve held).
 func TestConnectionCapsFitTheOpenFileLimit(t *testing.T) {
 	p := launchWith(t, launchOpts{nofile: 400}, map[string]string{"web.yaml": webRules}, "MAX_CONNECTIONS_PER_PEER_PERCENT=100")
 	p.waitHealth(t, 200)
@@ -103,12 +105,18 @@ func TestConnectionCapsFitTheOpenFileLimit(t *testing.T) {
 		}
 		t.Cleanup(func() { c.Close() })
 	}
-	waiting := &http.Client{Timeout: time.Second, Transport: &http.Transport{DisableKeepAlives: true}}
-	if resp, err := waiting.Get("http://" + p.http + "/healthcheck"); err == nil {
+	// At the lowered cap, the new client takes the slot of a held
+	// connection (one at 1024 would have room).
+	fresh := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{DisableKeepAlives: true}}
+	if resp, err := fresh.Get("http://" + p.http + "/healthcheck"); err != nil {
+		t.Errorf("/healthcheck with 12 connections held: %v", err)
+	} else {
 		resp.Body.Close()
-		t.Errorf("/healthcheck with 12 connections held answered %d; want it to wait at the lowered cap", resp.StatusCode)
 	}
-	if resp, err := waiting.Get("http://" + p.debug + "/stats"); err != nil {
+	if got := p.stats(t)["ratelimit.server.connections_evicted"]; got < 1 {
+		t.Errorf("connections_evicted = %d with 13 connections on PORT, want at least 1: the lowered cap of 12 does not apply", got)
+	}
+	if resp, err := fresh.Get("http://" + p.debug + "/stats"); err != nil {
 		t.Errorf("the debug listener with the HTTP one at its cap: %v", err)
 	} else {
 		resp.Body.Close()
@@ -158,4 +166,73 @@ func TestPeerShareOfConnections(t *testing.T) {
 		t.Errorf("connections_over_peer_share = %d, want at least 6", got)
 	}
 	eventually(t, "the share logged", 10*time.Second, func() bool { return strings.Contains(p.logs(), "MAX_CONNECTIONS_PER_PEER_PERCENT") })
+}
+
+// TestHealthAnswersWhileHTTPIsSaturated fills PORT's connections
+// (HTTP_MAX_CONNECTIONS=256) from four client addresses, each holding its
+// share (64) with a request line sent halfway, as a prober's enemy would:
+// /healthcheck from a fifth address is answered at once, by closing the
+// connection idle longest, while the others are still held (issue 24,
+// case 5). Before, it waited for the 10 s header timeout to free a slot,
+// which cut every held connection at about the same time, and a kubelet
+// whose probe times out sooner restarted the pod.
+func TestHealthAnswersWhileHTTPIsSaturated(t *testing.T) {
+	const capacity, addrs = 256, 4
+	p := start(t, map[string]string{"web.yaml": webRules}, fmt.Sprintf("HTTP_MAX_CONNECTIONS=%d", capacity))
+	http.DefaultClient.CloseIdleConnections()
+	var held []net.Conn
+	for i := range capacity {
+		c := dialTCPFrom(t, fmt.Sprintf("127.0.0.%d", 2+i%addrs), p.http)
+		if _, err := io.WriteString(c, "GET /healthcheck HT"); err != nil {
+			t.Fatal(err)
+		}
+		held = append(held, c)
+	}
+	probe := &http.Client{Transport: &http.Transport{
+		DisableKeepAlives: true,
+		DialContext:       (&net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP("127.0.0.1")}}).DialContext,
+	}}
+	resp, err := probe.Get("http://" + p.http + "/healthcheck")
+	if err != nil {
+		t.Fatalf("GET /healthcheck with PORT full of half-sent requests: %v", err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("GET /healthcheck with PORT full: %d, want 200", resp.StatusCode)
+	}
+	open := 0
+	for _, c := range held {
+		if !closedByServer(c, time.Millisecond) {
+			open++
+		}
+	}
+	if open < capacity/2 {
+		t.Errorf("/healthcheck answered once %d of %d held connections were left: it waited for their timeout instead of making room", open, capacity)
+	}
+	if got := p.stats(t)["ratelimit.server.connections_evicted"]; got < 1 {
+		t.Errorf("connections_evicted = %d, want at least 1", got)
+	}
+}
+
+// dialTCPFrom opens a TCP connection to addr from the loopback address
+// local, closed at the end of the test.
+func dialTCPFrom(t *testing.T, local, addr string) net.Conn {
+	t.Helper()
+	d := net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(local)}}
+	c, err := d.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
+// closedByServer reports whether the server has given up on c: a read
+// within the wait gets an answer (such as a 408), EOF or a reset rather
+// than its deadline.
+func closedByServer(c net.Conn, wait time.Duration) bool {
+	_ = c.SetReadDeadline(time.Now().Add(wait))
+	n, err := c.Read(make([]byte, 1))
+	var ne net.Error
+	return n > 0 || err != nil && !(errors.As(err, &ne) && ne.Timeout())
 }

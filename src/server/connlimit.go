@@ -21,10 +21,14 @@ const capWarnEvery = time.Minute
 //
 // It accepts a connection, then gives it a slot: one from an address that
 // holds its share already is closed at once (counted, and warned at most
-// once per capWarnEvery); at the cap it waits for a slot to free, holding
-// the connection unanswered, while further clients complete the TCP
-// handshake in the kernel's accept queue (the listen backlog) and wait
-// there; once that queue is full the kernel drops their connection
+// once per capWarnEvery). At the cap, a listener that may evict closes the
+// open connection that has waited longest with no request under way (see
+// limitConn.idleSince) and gives its slot to the new one: a client that
+// holds connections without finishing its requests cannot keep a prober
+// out. Otherwise, or when every connection is busy, it waits for a slot to
+// free, holding the connection unanswered, while further clients complete
+// the TCP handshake in the kernel's accept queue (the listen backlog) and
+// wait there; once that queue is full the kernel drops their connection
 // attempts. At the cap it logs a warning, at most once per capWarnEvery.
 type limitListener struct {
 	net.Listener
@@ -34,12 +38,15 @@ type limitListener struct {
 	perPeer int
 	// overShare counts the connections closed for their peer's share.
 	overShare *stats.Counter
-	done      chan struct{} // closed by Close
-	once      sync.Once
-	name      string // the setting that sets the cap, for the warnings
-	log       *slog.Logger
-	lastCap   atomic.Int64 // UnixNano of the last warning at the cap
-	lastPeer  atomic.Int64 // and of a peer over its share
+	// evicted counts the connections closed at the cap for a new one; nil
+	// when the listener waits instead.
+	evicted  *stats.Counter
+	done     chan struct{} // closed by Close
+	once     sync.Once
+	name     string // the setting that sets the cap, for the warnings
+	log      *slog.Logger
+	lastCap  atomic.Int64 // UnixNano of the last warning at the cap
+	lastPeer atomic.Int64 // and of a peer over its share
 
 	// freed wakes an Accept waiting at the cap when a slot frees.
 	freed chan struct{}
@@ -47,6 +54,8 @@ type limitListener struct {
 	mu    sync.Mutex
 	open  int
 	peers map[netip.Addr]int
+	// conns are the open connections, kept when the listener may evict.
+	conns map[*limitConn]struct{}
 }
 
 // limits are what newLimitListener caps.
@@ -56,20 +65,28 @@ type limits struct {
 	setting string
 	// overShare counts the connections refused for their peer's share.
 	overShare *stats.Counter
+	// evicted, when not nil, lets the listener close at its cap the
+	// connection idle longest for a new one, and counts them.
+	evicted *stats.Counter
 }
 
 func newLimitListener(l net.Listener, lim limits, log *slog.Logger) *limitListener {
-	return &limitListener{
+	ll := &limitListener{
 		Listener:  l,
 		capacity:  lim.capacity,
 		perPeer:   lim.perPeer,
 		overShare: lim.overShare,
+		evicted:   lim.evicted,
 		done:      make(chan struct{}),
 		freed:     make(chan struct{}, 1),
 		peers:     map[netip.Addr]int{},
 		name:      lim.setting,
 		log:       log,
 	}
+	if ll.evicted != nil {
+		ll.conns = map[*limitConn]struct{}{}
+	}
+	return ll
 }
 
 // Accept returns the next connection that gets a slot.
@@ -109,6 +126,13 @@ func (l *limitListener) admit(c net.Conn) (*limitConn, error) {
 		if l.open < l.capacity {
 			break
 		}
+		if v := l.victim(); v != nil {
+			l.mu.Unlock()
+			v.Close()
+			l.evicted.Inc()
+			l.mu.Lock()
+			continue
+		}
 		warnEvery(&l.lastCap, func() {
 			l.log.Warn("listener at its connection cap; new connections wait until one closes",
 				"addr", l.Addr().String(), "setting", l.name, "cap", l.capacity)
@@ -116,6 +140,8 @@ func (l *limitListener) admit(c net.Conn) (*limitConn, error) {
 		l.mu.Unlock()
 		select {
 		case <-l.freed:
+		case <-l.evictPoll():
+			// A busy connection may have become idle.
 		case <-l.done:
 			c.Close()
 			l.mu.Lock()
@@ -127,13 +153,45 @@ func (l *limitListener) admit(c net.Conn) (*limitConn, error) {
 	if peer.IsValid() {
 		l.peers[peer]++
 	}
-	return &limitConn{Conn: c, l: l, peer: peer}, nil
+	lc := &limitConn{Conn: c, l: l, peer: peer}
+	lc.idleSince.Store(time.Now().UnixNano())
+	if l.conns != nil {
+		l.conns[lc] = struct{}{}
+	}
+	return lc, nil
 }
 
-// release gives back the slot of a connection from peer.
-func (l *limitListener) release(peer netip.Addr) {
+// evictPoll is how often a listener that may evict, waiting at its cap
+// with every connection busy, looks again for one gone idle.
+const evictPoll = 100 * time.Millisecond
+
+// evictPoll returns a channel that fires after evictPoll when the
+// listener may evict, and nil (never) otherwise.
+func (l *limitListener) evictPoll() <-chan time.Time {
+	if l.conns == nil {
+		return nil
+	}
+	return time.After(evictPoll)
+}
+
+// victim returns the open connection idle longest, or nil when the
+// listener may not evict or every connection is busy. l.mu is held.
+func (l *limitListener) victim() *limitConn {
+	var v *limitConn
+	var since int64
+	for c := range l.conns {
+		if t := c.idleSince.Load(); t != 0 && (v == nil || t < since) {
+			v, since = c, t
+		}
+	}
+	return v
+}
+
+// release gives back the slot of c, a connection from peer.
+func (l *limitListener) release(c *limitConn, peer netip.Addr) {
 	l.mu.Lock()
 	l.open--
+	delete(l.conns, c)
 	if peer.IsValid() {
 		if l.peers[peer]--; l.peers[peer] <= 0 {
 			delete(l.peers, peer)
@@ -184,12 +242,33 @@ type limitConn struct {
 	l    *limitListener
 	peer netip.Addr
 	once sync.Once
+	// idleSince is the UnixNano since which the connection has had no
+	// request under way (accepted, between requests, or its request still
+	// arriving), or 0 while one is (see trackRequests): at the cap, the
+	// connection idle longest is the one closed for a new one.
+	idleSince atomic.Int64
 }
 
 func (c *limitConn) Close() error {
 	err := c.Conn.Close()
-	c.once.Do(func() { c.l.release(c.peer) })
+	c.once.Do(func() { c.l.release(c, c.peer) })
 	return err
+}
+
+// limitConnOf returns the limitConn beneath c (behind TLS and sniffing),
+// or nil.
+func limitConnOf(c net.Conn) *limitConn {
+	for range 4 {
+		switch cc := c.(type) {
+		case *limitConn:
+			return cc
+		case interface{ NetConn() net.Conn }:
+			c = cc.NetConn()
+		default:
+			return nil
+		}
+	}
+	return nil
 }
 
 // CloseWrite passes through to TCP connections, which net/http uses to

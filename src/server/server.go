@@ -387,6 +387,9 @@ func (s *Server) listen() error {
 		return limits{capacity: capacity, perPeer: peerShare(capacity, s.set.MaxConnectionsPerPeerPercent), setting: setting, overShare: overShare}
 	}
 	grpcCap, httpCap := share(caps.grpc, "GRPC_MAX_CONNECTIONS"), share(caps.http, "HTTP_MAX_CONNECTIONS")
+	// At its cap an HTTP listener closes the connection idle longest for
+	// a new one, so that /healthcheck answers whatever slow clients hold.
+	httpCap.evicted = s.stats.Counter("ratelimit.server.connections_evicted")
 
 	var opened []net.Listener
 	open := func(network, addr string, lim limits) (net.Listener, error) {
