@@ -236,3 +236,19 @@ func closedByServer(c net.Conn, wait time.Duration) bool {
 	var ne net.Error
 	return n > 0 || err != nil && !(errors.As(err, &ne) && ne.Timeout())
 }
+
+// TestIdleGRPCConnectionsAreClosed: a gRPC connection with no call in
+// flight for GRPC_MAX_CONNECTION_IDLE is closed gracefully (GOAWAY) after
+// its call was answered (issue 24, case 5: idle connections held their
+// slot for 24 h; the test fails on 8bd2d0a, where it stays open).
+func TestIdleGRPCConnectionsAreClosed(t *testing.T) {
+	p := start(t, map[string]string{"web.yaml": webRules}, "GRPC_MAX_CONNECTION_IDLE=1s")
+	idle := dialH2(t, p.grpc)
+	idle.call(t, p.grpc, request("web", "user", "idle"))
+	if !idle.waitClosed(30 * time.Second) {
+		t.Fatal("a connection idle for 30 s with GRPC_MAX_CONNECTION_IDLE=1s is still open")
+	}
+	if idle.answered() != 1 {
+		t.Errorf("the idle connection's call got %d answers, want 1 before it was closed", idle.answered())
+	}
+}

@@ -575,6 +575,8 @@ func grpcOptions(set *settings.Settings, intercept grpc.UnaryServerInterceptor) 
 		grpc.KeepaliveParams(keepalive.ServerParameters{
 			MaxConnectionAge:      set.GRPCMaxConnectionAge,
 			MaxConnectionAgeGrace: set.GRPCMaxConnectionAgeGrace,
+			// 0 is grpc-go's infinity.
+			MaxConnectionIdle: set.GRPCMaxConnectionIdle,
 		}),
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{
 			MinTime:             grpcPingMinTime,

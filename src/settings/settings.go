@@ -38,6 +38,9 @@ type Settings struct {
 
 	GRPCMaxConnectionAge      time.Duration `envconfig:"GRPC_MAX_CONNECTION_AGE" default:"24h"`
 	GRPCMaxConnectionAgeGrace time.Duration `envconfig:"GRPC_MAX_CONNECTION_AGE_GRACE" default:"1h"`
+	// GRPCMaxConnectionIdle (extension): a gRPC connection with no call in
+	// flight for this long is closed gracefully (GOAWAY); 0 never.
+	GRPCMaxConnectionIdle time.Duration `envconfig:"GRPC_MAX_CONNECTION_IDLE" default:"5m"`
 
 	// TLS on the gRPC listener, as in the anchor. GRPC_SERVER_USE_TLS
 	// turns it on and needs GRPC_SERVER_TLS_CERT and GRPC_SERVER_TLS_KEY
@@ -603,6 +606,9 @@ func (s *Settings) Validate() error {
 	}
 	if s.HTTPMaxConnections < 1 || s.HTTPMaxConnections > maxConnections {
 		bad("HTTP_MAX_CONNECTIONS", "%d is outside 1..%d", s.HTTPMaxConnections, maxConnections)
+	}
+	if s.GRPCMaxConnectionIdle < 0 || s.GRPCMaxConnectionIdle > 0 && s.GRPCMaxConnectionIdle < time.Second {
+		bad("GRPC_MAX_CONNECTION_IDLE", "%v: want 0 (never) or at least 1s", s.GRPCMaxConnectionIdle)
 	}
 	if s.MaxConnectionsPerPeerPercent < 1 || s.MaxConnectionsPerPeerPercent > 100 {
 		bad("MAX_CONNECTIONS_PER_PEER_PERCENT", "%d is outside 1..100 (100: no share of its own)", s.MaxConnectionsPerPeerPercent)
