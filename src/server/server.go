@@ -22,6 +22,7 @@ import (
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/keepalive"
 	"google.golang.org/grpc/reflection"
@@ -451,9 +452,12 @@ func (s *Server) listen() error {
 	opts := append(grpcOptions(s.set, s.recoverUnary),
 		grpc.InTapHandle(s.svc.Tap),
 		grpc.ForceServerCodecV2(service.Codec()))
+	// Every connection is watched for answers its client does not let out.
+	var creds credentials.TransportCredentials
 	if s.tls != nil {
-		opts = append(opts, grpc.Creds(s.tls.credentials()))
+		creds = s.tls.credentials()
 	}
+	opts = append(opts, grpc.Creds(newStallWatch(s.stats).credentials(creds)))
 	s.grpc = grpc.NewServer(opts...)
 	rlsv3.RegisterRateLimitServiceServer(s.grpc, s.svc)
 	healthpb.RegisterHealthServer(s.grpc, s.health.grpc)
