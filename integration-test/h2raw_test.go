@@ -102,6 +102,20 @@ func (h *h2Client) call(t *testing.T, authority string, req *rlsv3.RateLimitRequ
 	body := make([]byte, 5+len(msg))
 	binenc.BigEndian.PutUint32(body[1:5], uint32(len(msg)))
 	copy(body[5:], msg)
+	return h.stream(t, authority, body)
+}
+
+// open opens a stream calling ShouldRateLimit and sends nothing more: its
+// message never comes.
+func (h *h2Client) open(t *testing.T, authority string) uint32 {
+	t.Helper()
+	return h.stream(t, authority, nil)
+}
+
+// stream opens a stream calling ShouldRateLimit and sends body, ending the
+// request; with no body it sends the headers alone and leaves it open.
+func (h *h2Client) stream(t *testing.T, authority string, body []byte) uint32 {
+	t.Helper()
 	h.wmu.Lock()
 	defer h.wmu.Unlock()
 	id := h.next
@@ -115,6 +129,9 @@ func (h *h2Client) call(t *testing.T, authority string, req *rlsv3.RateLimitRequ
 	}
 	if err := h.fr.WriteHeaders(http2.HeadersFrameParam{StreamID: id, BlockFragment: h.hbuf.Bytes(), EndHeaders: true}); err != nil {
 		t.Fatalf("stream %d: %v", id, err)
+	}
+	if body == nil {
+		return id
 	}
 	if err := h.fr.WriteData(id, true, body); err != nil {
 		t.Fatalf("stream %d: %v", id, err)

@@ -93,3 +93,33 @@ func TestUnreadableAnswersAreBounded(t *testing.T) {
 			st["ratelimit.server.grpc_stalled_connections_closed"], st["ratelimit.server.grpc_answers_waiting"], conns)
 	}
 }
+
+// TestHalfSentCallsHoldNoPlace opens 4 connections of 1,024 calls whose
+// message never comes (headers alone), as many as MAX_CONCURRENT_REQUESTS
+// (4096): an ordinary call is still decided. Before, each such call took a
+// place among the decisions in flight as its headers arrived and held it
+// until its caller's deadline (none here: for ever), so every other call
+// was refused with ResourceExhausted, which Envoy's default
+// failure_mode_deny: false admits: the limits were off for everyone.
+func TestHalfSentCallsHoldNoPlace(t *testing.T) {
+	p := start(t, map[string]string{"web.yaml": webRules})
+	var wg sync.WaitGroup
+	for range 4 {
+		h := dialH2(t, p.grpc)
+		wg.Go(func() {
+			for range 1024 {
+				h.open(t, p.grpc)
+			}
+		})
+	}
+	wg.Wait()
+	c := p.client(t)
+	// The server reads the headers as they come; a call made once it has
+	// read them all would have been refused.
+	time.Sleep(time.Second)
+	for i := range 5 {
+		if _, err := c.ShouldRateLimit(callCtx(t), request("web", "user", fmt.Sprint("ordinary", i))); err != nil {
+			t.Fatalf("an ordinary call beside 4,096 half-sent ones: %v", err)
+		}
+	}
+}

@@ -79,20 +79,18 @@ func malformed(r *rlsv3.RateLimitRequest) (string, bool) {
 // Tap is a gRPC tap handle (grpc.InTapHandle) that applies
 // Config.MaxConcurrent to ShouldRateLimit before its message is read, so
 // that requests past the bound cost neither a goroutine nor the memory of
-// their message: they are refused at once with ResourceExhausted and
-// counted as load_shed. A request let in holds its place until its stream
-// ends, whatever way it ends (answered, refused while decoding, reset by
-// the client, connection closed).
+// their message: while the bound's decisions are under way, a new one is
+// refused at once with ResourceExhausted and counted as load_shed. It
+// takes no place itself: ShouldRateLimit does once the message has come,
+// so that a call whose message never comes (its headers alone, for as
+// long as its caller's deadline, or for ever) holds none, as a /json body
+// still arriving holds none (issue 24: 4,096 such calls refused every
+// other one, which Envoy's default failure_mode_deny: false admits).
 func (s *Service) Tap(ctx context.Context, info *tap.Info) (context.Context, error) {
-	if s.cfg.MaxConcurrent <= 0 || info.FullMethodName != rlsv3.RateLimitService_ShouldRateLimit_FullMethodName {
-		return ctx, nil
-	}
-	if !s.acquire() {
+	if s.cfg.MaxConcurrent > 0 && info.FullMethodName == rlsv3.RateLimitService_ShouldRateLimit_FullMethodName &&
+		s.inFlight.Load() >= int64(s.cfg.MaxConcurrent) {
 		return nil, s.shed()
 	}
-	// grpc-go cancels a stream's context when the stream ends, on every
-	// path, including those where the handler never runs.
-	context.AfterFunc(ctx, s.release)
 	return ctx, nil
 }
 

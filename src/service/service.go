@@ -307,8 +307,17 @@ func grow[T any](b []T, n int) []T {
 	return b
 }
 
-// ShouldRateLimit implements the RLS v3 call.
+// ShouldRateLimit implements the RLS v3 call. Its message has come: it
+// takes a place among Config.MaxConcurrent decisions in flight (Tap
+// refused the calls past the bound before their messages were read; a few
+// let in at once may still find it reached here).
 func (s *Service) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitRequest) (*rlsv3.RateLimitResponse, error) {
+	if s.cfg.MaxConcurrent > 0 {
+		if !s.acquire() {
+			return nil, s.shed()
+		}
+		defer s.release()
+	}
 	// One branch on a nil Tracer is all that tracing costs when it is off:
 	// reading the metadata, extracting a context and starting a span
 	// allocate, and would be paid by every request.
