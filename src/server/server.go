@@ -671,6 +671,7 @@ func (s *Server) Run(ctx context.Context) error {
 		defer wg.Done()
 		s.store.watchHealth(ctx, s.health, s.log)
 	}()
+	wg.Go(func() { s.store.reportMemory(ctx, s.log) })
 	if s.tls != nil {
 		wg.Add(1)
 		go func() {

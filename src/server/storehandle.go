@@ -42,6 +42,11 @@ type storeHandle struct {
 	local *memory.Store
 	// breakers, for Redis and Memcached, reports their circuit breakers.
 	breakers func() breaker.Stats
+	// memory, for Redis and Memcached, asks every server for its memory
+	// cap and eviction policy; mem holds what it last said, for the
+	// statistics. Nil for the memory store.
+	memory func(ctx context.Context) []storeMemory
+	mem    *memoryGauges
 }
 
 // keyFormat is CACHE_KEY_FORMAT for a store an anchor process may share.
@@ -125,6 +130,14 @@ func newStore(ctx context.Context, set *settings.Settings, reg *stats.Registry, 
 			timeout:   redisTimeout(cfg),
 			keyFormat: keyFormat(set),
 			breakers:  r.Breakers,
+			memory: func(ctx context.Context) []storeMemory {
+				var out []storeMemory
+				for _, m := range r.Memory(ctx) {
+					out = append(out, storeMemory{server: m.Server, known: m.Known, maxBytes: m.MaxBytes, policy: m.Policy, evicts: m.Evicts()})
+				}
+				return out
+			},
+			mem: newMemoryGauges(reg, "ratelimit.redis."),
 		}, nil
 	case settings.BackendMemcache:
 		cfg, err := memcacheConfig(set)
@@ -152,6 +165,18 @@ func newStore(ctx context.Context, set *settings.Settings, reg *stats.Registry, 
 			timeout:   m.Timeout(),
 			keyFormat: keyFormat(set),
 			breakers:  m.Breakers,
+			memory: func(ctx context.Context) []storeMemory {
+				var out []storeMemory
+				for _, s := range m.Memory(ctx) {
+					policy := "evictions off (-M)"
+					if s.Evictions {
+						policy = "evictions on"
+					}
+					out = append(out, storeMemory{server: s.Server, known: s.Known, maxBytes: s.MaxBytes, policy: policy, evicts: s.Evicts()})
+				}
+				return out
+			},
+			mem: newMemoryGauges(reg, "ratelimit.memcache."),
 		}, nil
 	}
 	return nil, fmt.Errorf("server: BACKEND_TYPE %q is not available in this build", set.BackendType)
@@ -344,7 +369,9 @@ func (b *storeHandle) watchHealth(ctx context.Context, h *Health, log *slog.Logg
 	var st storeState
 	check := func() {
 		healthy := b.healthy()
-		st.log(log, healthy, b.breakers)
+		if st.log(log, healthy, b.breakers) {
+			b.askMemory()
+		}
 		h.SetStore(healthy || b.local != nil)
 	}
 	check()
@@ -368,8 +395,10 @@ type storeState struct {
 }
 
 // log logs what changed since the last call: the first call only a store
-// that does not answer yet.
-func (st *storeState) log(log *slog.Logger, healthy bool, breakers func() breaker.Stats) {
+// that does not answer yet. It reports whether the store has just
+// answered: for the first time, or again after an outage (unhealthy, or a
+// breaker open).
+func (st *storeState) log(log *slog.Logger, healthy bool, breakers func() breaker.Stats) (back bool) {
 	var open int64
 	if breakers != nil {
 		open = breakers().Open
@@ -388,5 +417,7 @@ func (st *storeState) log(log *slog.Logger, healthy bool, breakers func() breake
 	case open == 0 && st.open > 0:
 		log.Warn("store circuit breakers all closed again")
 	}
+	back = healthy && open == 0 && (!st.seen || !st.healthy || st.open > 0)
 	st.seen, st.healthy, st.open = true, healthy, open
+	return back
 }
