@@ -244,7 +244,9 @@ func closedByServer(c net.Conn, wait time.Duration) bool {
 func TestIdleGRPCConnectionsAreClosed(t *testing.T) {
 	p := start(t, map[string]string{"web.yaml": webRules}, "GRPC_MAX_CONNECTION_IDLE=1s")
 	idle := dialH2(t, p.grpc)
-	idle.call(t, p.grpc, request("web", "user", "idle"))
+	if _, err := idle.call(p.grpc, request("web", "user", "idle")); err != nil {
+		t.Fatal(err)
+	}
 	if !idle.waitClosed(30 * time.Second) {
 		t.Fatal("a connection idle for 30 s with GRPC_MAX_CONNECTION_IDLE=1s is still open")
 	}

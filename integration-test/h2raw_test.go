@@ -4,6 +4,7 @@ import (
 	"bytes"
 	binenc "encoding/binary"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"sync"
@@ -93,29 +94,27 @@ func (h *h2Client) read() {
 }
 
 // call opens a stream calling ShouldRateLimit with req, its message whole.
-func (h *h2Client) call(t *testing.T, authority string, req *rlsv3.RateLimitRequest) uint32 {
-	t.Helper()
+// It fails once the server has closed the connection.
+func (h *h2Client) call(authority string, req *rlsv3.RateLimitRequest) (uint32, error) {
 	msg, err := proto.Marshal(req)
 	if err != nil {
-		t.Fatal(err)
+		return 0, err
 	}
 	body := make([]byte, 5+len(msg))
 	binenc.BigEndian.PutUint32(body[1:5], uint32(len(msg)))
 	copy(body[5:], msg)
-	return h.stream(t, authority, body)
+	return h.stream(authority, body)
 }
 
 // open opens a stream calling ShouldRateLimit and sends nothing more: its
 // message never comes.
-func (h *h2Client) open(t *testing.T, authority string) uint32 {
-	t.Helper()
-	return h.stream(t, authority, nil)
+func (h *h2Client) open(authority string) (uint32, error) {
+	return h.stream(authority, nil)
 }
 
 // stream opens a stream calling ShouldRateLimit and sends body, ending the
 // request; with no body it sends the headers alone and leaves it open.
-func (h *h2Client) stream(t *testing.T, authority string, body []byte) uint32 {
-	t.Helper()
+func (h *h2Client) stream(authority string, body []byte) (uint32, error) {
 	h.wmu.Lock()
 	defer h.wmu.Unlock()
 	id := h.next
@@ -128,15 +127,15 @@ func (h *h2Client) stream(t *testing.T, authority string, body []byte) uint32 {
 		_ = h.enc.WriteField(hpack.HeaderField{Name: f[0], Value: f[1]})
 	}
 	if err := h.fr.WriteHeaders(http2.HeadersFrameParam{StreamID: id, BlockFragment: h.hbuf.Bytes(), EndHeaders: true}); err != nil {
-		t.Fatalf("stream %d: %v", id, err)
+		return id, fmt.Errorf("stream %d: %w", id, err)
 	}
 	if body == nil {
-		return id
+		return id, nil
 	}
 	if err := h.fr.WriteData(id, true, body); err != nil {
-		t.Fatalf("stream %d: %v", id, err)
+		return id, fmt.Errorf("stream %d: %w", id, err)
 	}
-	return id
+	return id, nil
 }
 
 // answered is the number of streams the server sent headers on.
