@@ -23,6 +23,8 @@ check src/quota src/
 # the files are.
 check src/filewatch src/
 check src/limiter src/store src/service src/server src/provider src/settings src/stats
+# The stores' client TLS knows nothing of ours.
+check src/store/tlsclient src/
 for s in memory redis memcached breaker; do
   [ -d "src/store/$s" ] && check "src/store/$s" src/service src/server src/provider src/settings
 done

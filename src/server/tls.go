@@ -59,8 +59,9 @@ type tlsState struct {
 	// sum identifies the files' contents, so that an unchanged re-read
 	// is recognised without parsing.
 	sum [sha256.Size]byte
-	// config is what a handshake uses.
-	config *tls.Config
+	// config is what a gRPC handshake uses, and http what an HTTPS
+	// handshake on PORT uses: the same but for the protocol offered.
+	config, http *tls.Config
 }
 
 // serverTLS serves TLS on the gRPC listener from files that may change
@@ -170,6 +171,10 @@ func (tl *serverTLS) credentials() credentials.TransportCredentials {
 	return countRefused{TransportCredentials: credentials.NewTLS(base), refused: tl.refused}
 }
 
+// httpConfig returns the configuration of HTTPS on PORT in force now: the
+// gRPC listener's certificate, client CAs and SAN, for HTTP/1.1.
+func (tl *serverTLS) httpConfig() *tls.Config { return tl.cur.Load().http }
+
 // load reads and checks the files and builds their handshake config.
 func (tl *serverTLS) load() (*tlsState, error) {
 	contents, sum, err := tl.read()
@@ -251,7 +256,9 @@ func (tl *serverTLS) parse(contents [3][]byte, sum [sha256.Size]byte) (*tlsState
 			cfg.VerifyConnection = verifyClientSAN(tl.files.clientSAN)
 		}
 	}
-	return &tlsState{sum: sum, config: cfg}, nil
+	httpCfg := cfg.Clone()
+	httpCfg.NextProtos = []string{"http/1.1"}
+	return &tlsState{sum: sum, config: cfg, http: httpCfg}, nil
 }
 
 // checkCertPEM reports whether b holds a certificate Go can parse.

@@ -131,7 +131,7 @@ var anchorSettings = []AnchorSetting{
 	// for client certificates; only GRPC_CLIENT_TLS_CACERT's are trusted
 	// here. GRPC_SERVER_TLS_CA_CERT, which Envoy Gateway sets, is no
 	// setting of the anchor's: it is ignored silently, as there.
-	{Name: "GRPC_SERVER_USE_TLS", Status: Same, Default: "false"},
+	{Name: "GRPC_SERVER_USE_TLS", Status: Different, Default: "false"}, // /json over TLS only
 	{Name: "GRPC_SERVER_TLS_CERT", Status: Same},
 	{Name: "GRPC_SERVER_TLS_KEY", Status: Same},
 	{Name: "GRPC_CLIENT_TLS_CACERT", Status: Different},

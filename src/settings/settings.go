@@ -27,9 +27,20 @@ type Settings struct {
 	GRPCUDS   string `envconfig:"GRPC_UDS" default:""`
 	DebugHost string `envconfig:"DEBUG_HOST" default:"127.0.0.1"` // anchor: 0.0.0.0
 	DebugPort int    `envconfig:"DEBUG_PORT" default:"6070"`
+	// DebugAllowedHosts (extension): the host names, besides localhost and
+	// addresses, that the debug listener answers in the Host header (a
+	// page that rebinds its own name to 127.0.0.1 sends its name there);
+	// "*" answers any.
+	DebugAllowedHosts []string `envconfig:"DEBUG_ALLOWED_HOSTS" default:""`
+	// PprofEnabled (extension): serve /debug/pprof/ on the debug listener,
+	// as the anchor always does.
+	PprofEnabled bool `envconfig:"PPROF_ENABLED" default:"true"`
 
 	GRPCMaxConnectionAge      time.Duration `envconfig:"GRPC_MAX_CONNECTION_AGE" default:"24h"`
 	GRPCMaxConnectionAgeGrace time.Duration `envconfig:"GRPC_MAX_CONNECTION_AGE_GRACE" default:"1h"`
+	// GRPCMaxConnectionIdle (extension): a gRPC connection with no call in
+	// flight for this long is closed gracefully (GOAWAY); 0 never.
+	GRPCMaxConnectionIdle time.Duration `envconfig:"GRPC_MAX_CONNECTION_IDLE" default:"5m"`
 
 	// TLS on the gRPC listener, as in the anchor. GRPC_SERVER_USE_TLS
 	// turns it on and needs GRPC_SERVER_TLS_CERT and GRPC_SERVER_TLS_KEY
@@ -58,11 +69,20 @@ type Settings struct {
 	GRPCMaxConcurrentStreams int `envconfig:"GRPC_MAX_CONCURRENT_STREAMS" default:"1024"`
 	GRPCMaxConnections       int `envconfig:"GRPC_MAX_CONNECTIONS" default:"10000"`
 	HTTPMaxConnections       int `envconfig:"HTTP_MAX_CONNECTIONS" default:"1024"`
+	// MaxConnectionsPerPeerPercent (extension): the share of each
+	// listener's connections one client address (an IPv6 client's /64)
+	// may hold, in percent (1..100; 100: no share of its own).
+	MaxConnectionsPerPeerPercent int `envconfig:"MAX_CONNECTIONS_PER_PEER_PERCENT" default:"25"`
 
 	// gRPC server tuning (extensions; defaults chosen by measurement, see
 	// docs/BENCHMARKS.md). GRPC_NUM_STREAM_WORKERS: handler goroutines reused
 	// across requests (0 = a new goroutine per request, grpc-go's default);
 	// -1 means one per CPU. Buffer sizes are per connection, in bytes.
+	// GRPCReflectionEnabled (extension): serve gRPC server reflection, as
+	// the anchor always does (grpcurl lists the services through it);
+	// false leaves it out.
+	GRPCReflectionEnabled bool `envconfig:"GRPC_REFLECTION_ENABLED" default:"true"`
+
 	GRPCNumStreamWorkers  int  `envconfig:"GRPC_NUM_STREAM_WORKERS" default:"64"`
 	GRPCReadBufferSize    int  `envconfig:"GRPC_READ_BUFFER_SIZE" default:"32768"`
 	GRPCWriteBufferSize   int  `envconfig:"GRPC_WRITE_BUFFER_SIZE" default:"32768"`
@@ -238,6 +258,10 @@ type Settings struct {
 	// domains together (about 400 bytes each; 16..65536).
 	LiveViewEnabled bool `envconfig:"LIVE_VIEW_ENABLED" default:"true"`
 	LiveViewMaxKeys int  `envconfig:"LIVE_VIEW_MAX_KEYS" default:"1024"`
+	// LiveViewValues: how the live view shows descriptor values (request
+	// data): plain, hashed (a keyed hash, stable while the process runs)
+	// or truncated (the first half, at most 4 characters). Validate lowers it.
+	LiveViewValues string `envconfig:"LIVE_VIEW_VALUES" default:"plain"`
 
 	// The Rate Limit Quota Service (extensions; docs/RLQS.md), on the gRPC
 	// listener. RLQS_ENABLED: true, false, or empty (the default): served
@@ -617,6 +641,12 @@ func (s *Settings) Validate() error {
 	if s.HTTPMaxConnections < 1 || s.HTTPMaxConnections > maxConnections {
 		bad("HTTP_MAX_CONNECTIONS", "%d is outside 1..%d", s.HTTPMaxConnections, maxConnections)
 	}
+	if s.GRPCMaxConnectionIdle < 0 || s.GRPCMaxConnectionIdle > 0 && s.GRPCMaxConnectionIdle < time.Second {
+		bad("GRPC_MAX_CONNECTION_IDLE", "%v: want 0 (never) or at least 1s", s.GRPCMaxConnectionIdle)
+	}
+	if s.MaxConnectionsPerPeerPercent < 1 || s.MaxConnectionsPerPeerPercent > 100 {
+		bad("MAX_CONNECTIONS_PER_PEER_PERCENT", "%d is outside 1..100 (100: no share of its own)", s.MaxConnectionsPerPeerPercent)
+	}
 	if s.GRPCServerUseTLS {
 		// The files themselves are read by the server, which names the
 		// setting of any it cannot use.
@@ -731,6 +761,17 @@ func (s *Settings) Validate() error {
 	if s.StatsIdleExpiry < time.Second || s.StatsIdleExpiry > 7*24*time.Hour {
 		bad("STATS_IDLE_EXPIRY", "%v is outside 1s..168h", s.StatsIdleExpiry)
 	}
+	switch v := strings.ToLower(s.LiveViewValues); v {
+	case "plain", "hashed", "truncated":
+		s.LiveViewValues = v
+	default:
+		bad("LIVE_VIEW_VALUES", "unknown value %q (want plain, hashed or truncated)", s.LiveViewValues)
+	}
+	for _, h := range s.DebugAllowedHosts {
+		if strings.ContainsAny(h, "/:@ \t") {
+			bad("DEBUG_ALLOWED_HOSTS", "%q is not a host name (want names separated by commas, without ports, or *)", h)
+		}
+	}
 	if s.LiveViewMaxKeys < 16 || s.LiveViewMaxKeys > 65536 {
 		bad("LIVE_VIEW_MAX_KEYS", "%d is outside 16..65536", s.LiveViewMaxKeys)
 	}
@@ -776,6 +817,20 @@ func (s *Settings) Validate() error {
 			bad("MEMCACHE_HOST_PORT", "set together with MEMCACHE_SRV; set one of them")
 		case !hosts && s.MemcacheSrv == "":
 			bad("MEMCACHE_HOST_PORT", "BACKEND_TYPE=memcache needs MEMCACHE_HOST_PORT (host:port,...) or MEMCACHE_SRV")
+		}
+	}
+	// A client certificate without its key (or the reverse) cannot be
+	// used: stop at start, naming the store's own settings.
+	for _, pair := range []struct {
+		on        bool
+		cert, key string
+		prefix    string
+	}{
+		{s.RedisTLS || s.RedisPerSecondTLS, s.RedisTLSClientCert, s.RedisTLSClientKey, "REDIS_TLS_CLIENT_"},
+		{s.MemcacheTLS, s.MemcacheTLSClientCert, s.MemcacheTLSClientKey, "MEMCACHE_TLS_CLIENT_"},
+	} {
+		if pair.on && (pair.cert == "") != (pair.key == "") {
+			bad(pair.prefix+"CERT", "%sCERT and %sKEY go together: set both or neither", pair.prefix, pair.prefix)
 		}
 	}
 	if s.MemcacheSrvRefresh < 0 {

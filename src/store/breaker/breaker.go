@@ -18,7 +18,6 @@ package breaker
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"maps"
 	"sync"
@@ -31,8 +30,9 @@ import (
 )
 
 // ErrOpen is wrapped, beside limiter.ErrUnavailable, by the error of a
-// request refused by an open breaker.
-var ErrOpen = errors.New("circuit breaker open")
+// request refused by an open breaker. It is a limiter.Reason: a caller is
+// told that the breaker is open, never which server it guards.
+var ErrOpen error = limiter.ReasonBreakerOpen
 
 // MaxServers bounds the breakers of a Group: one per server address seen
 // (a Redis Cluster's masters, including addresses left behind by
