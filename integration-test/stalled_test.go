@@ -96,7 +96,8 @@ func TestUnreadableAnswersAreBounded(t *testing.T) {
 
 // TestHalfSentCallsHoldNoPlace opens 4 connections of 1,024 calls whose
 // message never comes (headers alone), as many as MAX_CONCURRENT_REQUESTS
-// (4096): an ordinary call is still decided. Before, each such call took a
+// (4096): an ordinary call is still decided, and the connections are
+// closed once their calls are 10 s old. Before, each such call took a
 // place among the decisions in flight as its headers arrived and held it
 // until its caller's deadline (none here: for ever), so every other call
 // was refused with ResourceExhausted, which Envoy's default
@@ -104,8 +105,10 @@ func TestUnreadableAnswersAreBounded(t *testing.T) {
 func TestHalfSentCallsHoldNoPlace(t *testing.T) {
 	p := start(t, map[string]string{"web.yaml": webRules})
 	var wg sync.WaitGroup
+	var conns []*h2Client
 	for range 4 {
 		h := dialH2(t, p.grpc)
+		conns = append(conns, h)
 		wg.Go(func() {
 			for range 1024 {
 				if _, err := h.open(p.grpc); err != nil {
@@ -124,5 +127,20 @@ func TestHalfSentCallsHoldNoPlace(t *testing.T) {
 		if _, err := c.ShouldRateLimit(callCtx(t), request("web", "user", fmt.Sprint("ordinary", i))); err != nil {
 			t.Fatalf("an ordinary call beside 4,096 half-sent ones: %v", err)
 		}
+	}
+	// Each half-sent call held one of grpc-go's goroutines waiting for its
+	// message, for ever: now a connection whose request is not whole 10 s
+	// after its headers is closed, and its goroutines end.
+	deadline := time.Now().Add(60 * time.Second)
+	for i, h := range conns {
+		if !h.waitClosed(time.Until(deadline)) {
+			t.Errorf("connection %d, whose calls never send their message, is still open after 60 s", i)
+		}
+	}
+	if got := p.stats(t)["ratelimit.server.grpc_stalled_connections_closed"]; got != 4 {
+		t.Errorf("grpc_stalled_connections_closed = %d, want 4", got)
+	}
+	if _, err := c.ShouldRateLimit(callCtx(t), request("web", "user", "after")); err != nil {
+		t.Errorf("an ordinary call once they are closed: %v", err)
 	}
 }

@@ -30,6 +30,14 @@ const (
 	// flow control, all connections together: past it the connection
 	// holding the most is closed at once.
 	grpcMaxWaitingAnswers = 4096
+	// grpcMaxHalfSent bounds the calls whose request has not come whole
+	// (headers sent, the message not ended), all connections together:
+	// past it the connection holding the most is closed at once. Each
+	// holds a goroutine of grpc-go's waiting for the message, which
+	// nothing else bounded but connections × streams (10,000 × 1,024). A
+	// call whose request is not whole grpcWriteStall after its headers
+	// came has its connection closed too.
+	grpcMaxHalfSent = 4096
 )
 
 // HTTP/2 frame types and flags the watch reads (RFC 9113, section 6).
@@ -70,10 +78,12 @@ const clientPreface = "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
 // SETTINGS and WINDOW_UPDATE), never a message. It is safe for concurrent
 // use.
 type stallWatch struct {
-	stall      time.Duration
-	maxWaiting int64
-	waiting    atomic.Int64 // answers waiting, all connections
-	closed     *stats.Counter
+	stall       time.Duration
+	maxWaiting  int64
+	maxHalfSent int64
+	waiting     atomic.Int64 // answers waiting, all connections
+	halfSent    atomic.Int64 // requests not whole, all connections
+	closed      *stats.Counter
 
 	// mu guards conns.
 	mu    sync.Mutex
@@ -82,10 +92,11 @@ type stallWatch struct {
 
 func newStallWatch(reg *stats.Registry) *stallWatch {
 	w := &stallWatch{
-		stall:      grpcWriteStall,
-		maxWaiting: grpcMaxWaitingAnswers,
-		closed:     reg.Counter("ratelimit.server.grpc_stalled_connections_closed"),
-		conns:      map[*watchedConn]struct{}{},
+		stall:       grpcWriteStall,
+		maxWaiting:  grpcMaxWaitingAnswers,
+		maxHalfSent: grpcMaxHalfSent,
+		closed:      reg.Counter("ratelimit.server.grpc_stalled_connections_closed"),
+		conns:       map[*watchedConn]struct{}{},
 	}
 	reg.GaugeFunc("ratelimit.server.grpc_answers_waiting", w.waiting.Load)
 	return w
@@ -138,11 +149,25 @@ func (w *stallWatch) closeWorst() {
 	if w.waiting.Load() <= w.maxWaiting {
 		return
 	}
+	w.closeMost(func(c *watchedConn) int64 { return c.waitingNow.Load() })
+}
+
+// closeWorstHalfSent closes the connection holding the most requests not
+// whole, when all together are still past the bound.
+func (w *stallWatch) closeWorstHalfSent() {
+	if w.halfSent.Load() <= w.maxHalfSent {
+		return
+	}
+	w.closeMost(func(c *watchedConn) int64 { return c.halfSentNow.Load() })
+}
+
+// closeMost closes the connection with the most of what count counts.
+func (w *stallWatch) closeMost(count func(*watchedConn) int64) {
 	w.mu.Lock()
 	var worst *watchedConn
 	var most int64
 	for c := range w.conns {
-		if m := c.waitingNow.Load(); m > most {
+		if m := count(c); m > most {
 			worst, most = c, m
 		}
 	}
@@ -158,9 +183,10 @@ type watchedConn struct {
 	w    *stallWatch
 	once sync.Once
 
-	// waitingNow is the answers this connection leaves waiting, for the
-	// watch's choice of the connection holding the most.
-	waitingNow atomic.Int64
+	// waitingNow is the answers this connection leaves waiting, and
+	// halfSentNow its requests not whole, for the watch's choice of the
+	// connection holding the most.
+	waitingNow, halfSentNow atomic.Int64
 
 	// mu guards the fields below: the reader's and the writer's
 	// goroutines both parse.
@@ -177,13 +203,21 @@ type watchedConn struct {
 	// does nothing.
 	stallGen uint64
 	timer    *time.Timer
-	closed   bool
+	// halfSent is the streams whose request has not come whole; halfTimer
+	// fires when the oldest of them may be grpcWriteStall old.
+	halfSent  int
+	halfTimer *time.Timer
+	closed    bool
 }
 
 // h2Stream is a stream the client opened and the server has not ended.
 type h2Stream struct {
 	win      int64 // what the client lets the server send on it
 	answered bool  // the server's headers went out
+	// sending holds until the client ends its side (END_STREAM); opened
+	// is when its headers came.
+	sending bool
+	opened  time.Time
 }
 
 func (c *watchedConn) Read(p []byte) (int, error) {
@@ -224,11 +258,16 @@ func (c *watchedConn) Close() error {
 		if c.timer != nil {
 			c.timer.Stop()
 		}
-		n := c.waiting
-		c.waiting = 0
+		if c.halfTimer != nil {
+			c.halfTimer.Stop()
+		}
+		n, h := c.waiting, int64(c.halfSent)
+		c.waiting, c.halfSent = 0, 0
 		c.waitingNow.Store(0)
+		c.halfSentNow.Store(0)
 		c.mu.Unlock()
 		c.w.waiting.Add(-n)
+		c.w.halfSent.Add(-h)
 		c.w.mu.Lock()
 		delete(c.w.conns, c)
 		c.w.mu.Unlock()
@@ -254,8 +293,17 @@ func (c *watchedConn) fromClient(f frame) {
 	case frameHeaders:
 		if _, ok := c.streams[f.stream]; !ok && f.stream > c.lastID && f.stream%2 == 1 && len(c.streams) < h2MaxStreams {
 			c.lastID = f.stream
-			c.streams[f.stream] = h2Stream{win: c.initWin}
+			s := h2Stream{win: c.initWin}
+			if f.flags&flagEndStream == 0 {
+				s.sending, s.opened = true, time.Now()
+				c.addHalfSent(1)
+			}
+			c.streams[f.stream] = s
+			return
 		}
+		c.sent(f)
+	case frameData:
+		c.sent(f)
 	case frameRSTStream:
 		c.end(f.stream)
 	case frameWindowUpdate:
@@ -328,11 +376,75 @@ func (c *watchedConn) setWindow(s *h2Stream, win int64) {
 	s.win = win
 }
 
+// sent notes the end of a client's request (a frame with END_STREAM).
+// c.mu is held.
+func (c *watchedConn) sent(f frame) {
+	if f.flags&flagEndStream == 0 {
+		return
+	}
+	if s, ok := c.streams[f.stream]; ok && s.sending {
+		s.sending = false
+		c.streams[f.stream] = s
+		c.addHalfSent(-1)
+	}
+}
+
+// addHalfSent counts requests that started or stopped being incomplete,
+// arms the timer of the oldest, and, past the bound of all connections,
+// has the connection holding the most closed. c.mu is held.
+func (c *watchedConn) addHalfSent(delta int) {
+	if c.closed {
+		return // Close took the connection's out of the count
+	}
+	was := c.halfSent
+	c.halfSent += delta
+	c.halfSentNow.Store(int64(c.halfSent))
+	if was == 0 && c.halfSent > 0 {
+		c.armHalfTimer(c.w.stall)
+	}
+	if c.w.halfSent.Add(int64(delta)) > c.w.maxHalfSent && delta > 0 {
+		go c.w.closeWorstHalfSent()
+	}
+}
+
+// armHalfTimer looks again in d at the requests not whole: the connection
+// is closed if the oldest is grpcWriteStall old, and looked at again when
+// it would be otherwise. c.mu is held.
+func (c *watchedConn) armHalfTimer(d time.Duration) {
+	if c.halfTimer != nil {
+		c.halfTimer.Stop()
+	}
+	c.halfTimer = time.AfterFunc(d, func() {
+		c.mu.Lock()
+		if c.closed || c.halfSent == 0 {
+			c.mu.Unlock()
+			return
+		}
+		oldest := time.Now()
+		for _, s := range c.streams {
+			if s.sending && s.opened.Before(oldest) {
+				oldest = s.opened
+			}
+		}
+		left := c.w.stall - time.Since(oldest)
+		if left > 0 {
+			c.armHalfTimer(left)
+			c.mu.Unlock()
+			return
+		}
+		c.mu.Unlock()
+		c.closeStalled()
+	})
+}
+
 // end forgets a stream.
 func (c *watchedConn) end(id uint32) {
 	s, ok := c.streams[id]
 	if !ok {
 		return
+	}
+	if s.sending {
+		c.addHalfSent(-1)
 	}
 	if s.answered {
 		c.answered--

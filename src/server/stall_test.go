@@ -280,6 +280,87 @@ func TestUnreadSocketIsClosed(t *testing.T) {
 	})
 }
 
+// halfSent opens streams on wc whose requests do not end: headers only.
+func halfSent(t *testing.T, wc *watchedConn, first uint32, n int) {
+	t.Helper()
+	f := newFrames()
+	if first == 1 {
+		f.buf.WriteString(clientPreface)
+	}
+	for i := range n {
+		_ = f.fr.WriteHeaders(http2.HeadersFrameParam{StreamID: first + uint32(2*i), BlockFragment: []byte{0x83}, EndHeaders: true})
+	}
+	fromClient(t, wc, f.take(), 0)
+}
+
+// finish ends the request of stream id on wc: its message, END_STREAM.
+func finish(t *testing.T, wc *watchedConn, id uint32) {
+	t.Helper()
+	f := newFrames()
+	_ = f.fr.WriteData(id, true, []byte("message"))
+	fromClient(t, wc, f.take(), 0)
+}
+
+// TestHalfSentConnectionIsClosed: a connection with a request not whole
+// grpcWriteStall after its headers is closed and counted; one whose
+// requests each end in time is not, however long it keeps some open.
+func TestHalfSentConnectionIsClosed(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		w := newStallWatch(stats.NewRegistry())
+		stuck := w.watch(&fakeConn{})
+		halfSent(t, stuck, 1, 1)
+		busy := w.watch(&fakeConn{})
+		// 30 requests, each whole a second after its headers, one
+		// always under way: three times the bound in all.
+		halfSent(t, busy, 1, 1)
+		for i := range uint32(30) {
+			time.Sleep(time.Second)
+			halfSent(t, busy, 2*i+3, 1)
+			finish(t, busy, 2*i+1)
+		}
+		synctest.Wait()
+		if !stuck.Conn.(*fakeConn).isClosed() {
+			t.Error("a connection whose request stayed headers only past the bound is open")
+		}
+		if busy.Conn.(*fakeConn).isClosed() {
+			t.Error("a connection whose requests each came whole in a second was closed")
+		}
+		if got := w.closed.Value(); got != 1 {
+			t.Errorf("stalled connections closed = %d, want 1", got)
+		}
+		if got := w.halfSent.Load(); got != 1 {
+			t.Errorf("requests not whole in all = %d, want 1 (the busy connection's last)", got)
+		}
+	})
+}
+
+// TestHalfSentBoundClosesTheWorst: past the bound of requests not whole,
+// all connections together, the one holding the most is closed at once.
+func TestHalfSentBoundClosesTheWorst(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		w := newStallWatch(stats.NewRegistry())
+		w.maxHalfSent = 4
+		small := w.watch(&fakeConn{})
+		halfSent(t, small, 1, 2)
+		big := w.watch(&fakeConn{})
+		halfSent(t, big, 1, 3)
+		synctest.Wait()
+		if !big.Conn.(*fakeConn).isClosed() || small.Conn.(*fakeConn).isClosed() {
+			t.Errorf("5 requests not whole, bound 4: the connection with 3 closed %v, with 2 closed %v; want only the first",
+				big.Conn.(*fakeConn).isClosed(), small.Conn.(*fakeConn).isClosed())
+		}
+		if got := w.halfSent.Load(); got != 2 {
+			t.Errorf("requests not whole in all = %d, want 2", got)
+		}
+		// The small connection's requests come whole: nothing is left.
+		finish(t, small, 1)
+		finish(t, small, 3)
+		if got := w.halfSent.Load(); got != 0 {
+			t.Errorf("after they came whole: %d, want 0", got)
+		}
+	})
+}
+
 // BenchmarkStallWatchCall is what watching costs one unary call: the
 // client's headers and message read, the server's headers, message and
 // trailers written.
