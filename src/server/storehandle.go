@@ -266,7 +266,9 @@ func memcacheConfig(set *settings.Settings) (memcached.Config, error) {
 	cfg := memcached.Config{
 		SRV:                 set.MemcacheSrv,
 		SRVRefresh:          set.MemcacheSrvRefresh,
+		Conns:               set.MemcacheConnections,
 		MaxIdleConns:        set.MemcacheMaxIdleConns,
+		MaxConns:            set.MemcacheMaxInFlight,
 		MaxWaiting:          set.MaxConcurrentRequests,
 		ExpirationJitterMax: time.Duration(set.ExpirationJitterMaxSeconds) * time.Second,
 		Breaker:             breakerConfig(set),

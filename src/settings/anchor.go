@@ -255,7 +255,7 @@ var anchorSettings = []AnchorSetting{
 
 	// Memcached.
 	{Name: "MEMCACHE_HOST_PORT", Status: Same},
-	{Name: "MEMCACHE_MAX_IDLE_CONNS", Status: Different, Default: "2"},
+	{Name: "MEMCACHE_MAX_IDLE_CONNS", Status: Same, Default: "2"},
 	{Name: "MEMCACHE_SRV", Status: Same},
 	{Name: "MEMCACHE_SRV_REFRESH", Status: Same, Default: "0"},
 	{Name: "MEMCACHE_TLS", Status: Same, Default: "false"},

@@ -338,7 +338,9 @@ type Settings struct {
 	MemcacheHostPort                    []string      `envconfig:"MEMCACHE_HOST_PORT" default:""`
 	MemcacheSrv                         string        `envconfig:"MEMCACHE_SRV" default:""`
 	MemcacheSrvRefresh                  time.Duration `envconfig:"MEMCACHE_SRV_REFRESH" default:"0"`
-	MemcacheMaxIdleConns                int           `envconfig:"MEMCACHE_MAX_IDLE_CONNS" default:"64"` // anchor: 2
+	MemcacheMaxIdleConns                int           `envconfig:"MEMCACHE_MAX_IDLE_CONNS" default:"2"`
+	MemcacheConnections                 int           `envconfig:"MEMCACHE_CONNECTIONS" default:"2"`
+	MemcacheMaxInFlight                 int           `envconfig:"MEMCACHE_MAX_IN_FLIGHT" default:"128"`
 	MemcacheTLS                         bool          `envconfig:"MEMCACHE_TLS" default:"false"`
 	MemcacheTLSClientCert               string        `envconfig:"MEMCACHE_TLS_CLIENT_CERT" default:""`
 	MemcacheTLSClientKey                string        `envconfig:"MEMCACHE_TLS_CLIENT_KEY" default:""`
@@ -838,6 +840,12 @@ func (s *Settings) Validate() error {
 	}
 	if s.MemcacheMaxIdleConns < 0 {
 		bad("MEMCACHE_MAX_IDLE_CONNS", "must not be negative")
+	}
+	if s.MemcacheConnections < 1 || s.MemcacheConnections > 8 {
+		bad("MEMCACHE_CONNECTIONS", "must be 1 to 8")
+	}
+	if s.MemcacheMaxInFlight < 1 {
+		bad("MEMCACHE_MAX_IN_FLIGHT", "must be at least 1")
 	}
 	for _, r := range []struct {
 		name, socket, typ string

@@ -185,6 +185,9 @@ type pconn struct {
 	backoff time.Duration               // the last wait redial gave
 	lastErr error
 	closed  bool
+	// idleClose is set on a connection past Idle: it is closed once
+	// nothing is queued or under way on it.
+	idleClose bool
 	// readerDone is closed when the current connection's reader returns.
 	readerDone chan struct{}
 }
@@ -525,8 +528,25 @@ func (pc *pconn) read(nc net.Conn, gen uint64, done chan struct{}) {
 		r.num, r.value = a.num, a.value
 		pc.complete(r, a.err)
 		pc.flushIdleLocked()
+		if pc.idleClose && pc.queue.len() == 0 && !pc.closed {
+			pc.closeIdleLocked()
+			pc.mu.Unlock()
+			return
+		}
 		pc.mu.Unlock()
 	}
+}
+
+// closeIdleLocked closes the connection, which has nothing queued or under
+// way, for being past Idle: no error, no backoff; the next request on it
+// dials again.
+func (pc *pconn) closeIdleLocked() {
+	_ = pc.nc.Close()
+	pc.nc = nil
+	pc.up.Store(false)
+	pc.gen++ // its reader returns
+	pc.rdl = time.Time{}
+	pc.rdlNano.Store(0)
 }
 
 // fail breaks connection gen with err.
