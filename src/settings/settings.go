@@ -620,6 +620,20 @@ func (s *Settings) Validate() error {
 	bad := func(name string, format string, args ...any) {
 		errs = append(errs, fmt.Errorf("settings: %s: %s", name, fmt.Sprintf(format, args...)))
 	}
+	s.validateListeners(bad)
+	s.validateNames(bad)
+	s.validateRules(bad)
+	s.validateDecisions(bad)
+	s.validateRLQS(bad)
+	s.validateStats(bad)
+	s.validateTracing(bad)
+	s.validateStores(bad)
+	return errors.Join(errs...)
+}
+
+// validateListeners checks the listeners: ports, gRPC tuning and bounds, TLS
+// on the gRPC listener.
+func (s *Settings) validateListeners(bad func(name, format string, args ...any)) {
 	port := func(name string, p int) {
 		if p < 0 || p > 65535 {
 			bad(name, "port %d out of range 0-65535", p)
@@ -668,6 +682,11 @@ func (s *Settings) Validate() error {
 	if s.GRPCWriteBufferSize < 0 || s.GRPCWriteBufferSize > 16<<20 {
 		bad("GRPC_WRITE_BUFFER_SIZE", "%d is outside 0..16777216 bytes", s.GRPCWriteBufferSize)
 	}
+}
+
+// validateNames checks the settings that name one of a few choices (the
+// store, the key format, the logs), and normalises their case.
+func (s *Settings) validateNames(bad func(name, format string, args ...any)) {
 	switch strings.ToLower(s.BackendType) {
 	case BackendMemory, BackendRedis, BackendMemcache:
 		s.BackendType = strings.ToLower(s.BackendType)
@@ -691,6 +710,11 @@ func (s *Settings) Validate() error {
 	default:
 		bad("LOG_FORMAT", "unknown format %q (want text or json)", s.LogFormat)
 	}
+}
+
+// validateRules checks where the rules come from: the files' re-check and
+// settle, xDS.
+func (s *Settings) validateRules(bad func(name, format string, args ...any)) {
 	if s.RuntimeRecheckInterval < 0 || (s.RuntimeRecheckInterval > 0 && s.RuntimeRecheckInterval < 100*time.Millisecond) {
 		// Each re-check reads and hashes every rule file: keep it rare.
 		bad("RUNTIME_RECHECK_INTERVAL", "%v: want 0 (no re-check) or at least 100ms", s.RuntimeRecheckInterval)
@@ -736,6 +760,12 @@ func (s *Settings) Validate() error {
 	if s.XDSClientMaxMsgSizeInBytes < 0 {
 		bad("XDS_CLIENT_MAX_MSG_SIZE_IN_BYTES", "must not be negative (0: gRPC's default of 4 MiB)")
 	}
+}
+
+// validateDecisions checks what shapes a decision and its answer: near
+// limit, jitter, near cache, headers, the request budget and bounds,
+// statistics keys, the live view.
+func (s *Settings) validateDecisions(bad func(name, format string, args ...any)) {
 	if s.NearLimitRatio < 0 || s.NearLimitRatio > 1 {
 		bad("NEAR_LIMIT_RATIO", "%v is outside 0..1", s.NearLimitRatio)
 	}
@@ -777,7 +807,10 @@ func (s *Settings) Validate() error {
 	if s.LiveViewMaxKeys < 16 || s.LiveViewMaxKeys > 65536 {
 		bad("LIVE_VIEW_MAX_KEYS", "%d is outside 16..65536", s.LiveViewMaxKeys)
 	}
-	s.validateRLQS(bad)
+}
+
+// validateStats checks the statsd sink.
+func (s *Settings) validateStats(bad func(name, format string, args ...any)) {
 	if s.StatsdPort < 1 || s.StatsdPort > 65535 {
 		bad("STATSD_PORT", "port %d out of range 1-65535", s.StatsdPort)
 	}
@@ -792,7 +825,11 @@ func (s *Settings) Validate() error {
 		// more often than it could be useful.
 		bad("STATS_FLUSH_INTERVAL", "%v: want at least 10ms", s.StatsFlushInterval)
 	}
-	s.validateTracing(bad)
+}
+
+// validateStores checks the stores: memory, breakers, failure mode,
+// Memcached, Redis.
+func (s *Settings) validateStores(bad func(name, format string, args ...any)) {
 	if s.MemoryMaxBytes < 1<<20 {
 		bad("MEMORY_MAX_BYTES", "%d is below the minimum of 1048576 (1 MiB)", s.MemoryMaxBytes)
 	}
@@ -813,6 +850,11 @@ func (s *Settings) Validate() error {
 	default:
 		bad("STORE_FAILURE_MODE", "unknown mode %q (want error or local)", s.StoreFailureMode)
 	}
+	s.validateRemoteStores(bad)
+}
+
+// validateRemoteStores checks the Memcached and Redis settings.
+func (s *Settings) validateRemoteStores(bad func(name, format string, args ...any)) {
 	if s.BackendType == BackendMemcache {
 		switch hosts := len(s.MemcacheHostPort) > 0; {
 		case hosts && s.MemcacheSrv != "":
@@ -872,7 +914,6 @@ func (s *Settings) Validate() error {
 			bad(r.name+"_POOL_SIZE", "must be positive")
 		}
 	}
-	return errors.Join(errs...)
 }
 
 // Values of RLQS_ENABLED.
