@@ -106,7 +106,15 @@ type clientConfig struct {
 	// requests queued or under way on it, which fail. It runs with the
 	// connection's lock held and must not block.
 	Broken func(addr string, requests int)
+	// MaxValue is the largest data block of a gets answer the client
+	// reads: a larger size, which the server's word alone would have the
+	// client allocate, is an answer out of step (the connection is
+	// closed). 0: maxValueDefault.
+	MaxValue int
 }
+
+// maxValueDefault is memcached's default largest item (its -I setting).
+const maxValueDefault = 1 << 20
 
 // client is a pipelining memcached client over a list of servers, sharded
 // as gomemcache's ServerList does. It is safe for concurrent use.
@@ -133,6 +141,9 @@ type server struct {
 func newClient(cfg clientConfig) *client {
 	cfg.Conns = max(cfg.Conns, 1)
 	cfg.MaxQueue = max(cfg.MaxQueue, 1)
+	if cfg.MaxValue <= 0 {
+		cfg.MaxValue = maxValueDefault
+	}
 	return &client{cfg: cfg}
 }
 

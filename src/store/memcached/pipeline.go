@@ -500,7 +500,7 @@ func (pc *pconn) read(nc net.Conn, gen uint64, done chan struct{}) {
 		}
 		v, sent := head.verb, head.sent
 		pc.mu.Unlock()
-		a, desync := parseAnswer(v, line, br)
+		a, desync := parseAnswer(v, line, br, pc.c.cfg.MaxValue)
 		if desync != nil {
 			pc.fail(gen, desync)
 			return
@@ -608,8 +608,9 @@ var (
 // line (more lines are read from br for gets). An answer memcached gives
 // (a miss, a conflict, CLIENT_ERROR...) is in a.err; desync is an answer
 // that does not fit the request, after which the answers no longer match
-// the requests: the connection must be closed.
-func parseAnswer(v verb, line []byte, br *bufio.Reader) (a answer, desync error) {
+// the requests: the connection must be closed. A gets answer's data block
+// may be maxValue bytes at most.
+func parseAnswer(v verb, line []byte, br *bufio.Reader, maxValue int) (a answer, desync error) {
 	if bytes.HasPrefix(line, ansServer) {
 		a.err = &serverError{msg: string(trimEOL(line[len(ansServer):]))}
 		return a, nil
@@ -649,7 +650,7 @@ func parseAnswer(v verb, line []byte, br *bufio.Reader) (a answer, desync error)
 		}
 		return a, nil
 	case verbGets:
-		return parseGets(line, br)
+		return parseGets(line, br, maxValue)
 	default:
 		if !bytes.HasPrefix(line, ansVersion) {
 			return a, unexpected(v, line)
@@ -659,8 +660,8 @@ func parseAnswer(v verb, line []byte, br *bufio.Reader) (a answer, desync error)
 }
 
 // parseGets reads a gets answer: "END", or "VALUE <key> <flags> <bytes>
-// <cas unique>", the data block and "END".
-func parseGets(line []byte, br *bufio.Reader) (a answer, desync error) {
+// <cas unique>", the data block (maxValue bytes at most) and "END".
+func parseGets(line []byte, br *bufio.Reader, maxValue int) (a answer, desync error) {
 	if bytes.Equal(line, ansEnd) {
 		a.err = errCacheMiss
 		return a, nil
@@ -674,7 +675,7 @@ func parseGets(line []byte, br *bufio.Reader) (a answer, desync error) {
 	}
 	size, ok1 := parseUint(f[2])
 	casID, ok2 := parseUint(f[3])
-	if !ok1 || !ok2 || size > 1<<30 {
+	if !ok1 || !ok2 || size > uint64(maxValue) {
 		return a, unexpected(verbGets, line)
 	}
 	data := make([]byte, size+2)

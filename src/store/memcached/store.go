@@ -210,6 +210,7 @@ func newWith(ctx context.Context, cfg Config, d deps) (*Store, error) {
 	s.client = newClient(clientConfig{
 		Dial: dial, Conns: cfg.Conns, Idle: cfg.MaxIdleConns, MaxQueue: 4 * cfg.MaxConns,
 		Timeout: cfg.Timeout, Observe: cfg.RoundTrip, Broken: s.breakConn,
+		MaxValue: maxListBytes,
 	})
 	addrs := cfg.Addrs
 	if cfg.SRV != "" {
