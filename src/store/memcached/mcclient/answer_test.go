@@ -1,4 +1,4 @@
-package memcached
+package mcclient
 
 import (
 	"bufio"
@@ -44,12 +44,7 @@ func TestGetsValueSizeIsBounded(t *testing.T) {
 			t.Errorf("a block of %s bytes, bound %d: read, want out of step", size, maxValue)
 		}
 	}
-	// The store reads at most its largest item.
-	c := newClient(clientConfig{MaxValue: maxListBytes})
-	if c.cfg.MaxValue != maxListBytes {
-		t.Errorf("MaxValue = %d, want %d", c.cfg.MaxValue, maxListBytes)
-	}
-	if c := newClient(clientConfig{}); c.cfg.MaxValue != maxValueDefault {
+	if c := New(Config{}); c.cfg.MaxValue != maxValueDefault {
 		t.Errorf("MaxValue by default = %d, want %d", c.cfg.MaxValue, maxValueDefault)
 	}
 }
@@ -81,10 +76,10 @@ func FuzzParseAnswer(f *testing.F) {
 			if a.value != nil && vb != verbGets {
 				t.Fatalf("%s: a value in an answer to a command that reads none", vb)
 			}
-			var se *serverError
-			var ce *clientError
+			var se *ServerError
+			var ce *ClientError
 			if a.err != nil && !errors.As(a.err, &se) && !errors.As(a.err, &ce) &&
-				!errors.Is(a.err, errCacheMiss) && !errors.Is(a.err, errNotStored) && !errors.Is(a.err, errExists) {
+				!errors.Is(a.err, ErrCacheMiss) && !errors.Is(a.err, ErrNotStored) && !errors.Is(a.err, ErrExists) {
 				t.Fatalf("%s: an answer's error %v is none memcached gives", vb, a.err)
 			}
 		}

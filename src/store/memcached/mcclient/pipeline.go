@@ -1,4 +1,4 @@
-package memcached
+package mcclient
 
 import (
 	"bufio"
@@ -147,7 +147,7 @@ const maxSpare = 64 << 10
 // pipeline (the Redis store schedules its pipelines so too); see also
 // server.choose, which keeps the load on one connection while it keeps up.
 type pconn struct {
-	c *client
+	c *Client
 	s *server
 	// pending counts the requests queued or under way, and up is set
 	// while connected (for choose).
@@ -192,7 +192,7 @@ type pconn struct {
 	readerDone chan struct{}
 }
 
-func newPconn(c *client, s *server) *pconn {
+func newPconn(c *Client, s *server) *pconn {
 	pc := &pconn{c: c, s: s}
 	pc.redial = cbackoff.ExponentialBackOff{InitialInterval: redialMin, Multiplier: 2, MaxInterval: redialMax}
 	pc.redial.Reset()
@@ -362,7 +362,7 @@ func (pc *pconn) extendDeadline(gen uint64, nc net.Conn, d time.Duration) bool {
 // last error.
 func (pc *pconn) readyLocked(ctx context.Context) error {
 	if pc.closed {
-		return errClientClosed
+		return ErrClientClosed
 	}
 	for pc.nc == nil {
 		if ch := pc.dialing; ch != nil {
@@ -375,7 +375,7 @@ func (pc *pconn) readyLocked(ctx context.Context) error {
 			}
 			pc.mu.Lock()
 			if pc.closed {
-				return errClientClosed
+				return ErrClientClosed
 			}
 			continue
 		}
@@ -401,7 +401,7 @@ func (pc *pconn) readyLocked(ctx context.Context) error {
 		}
 		if pc.closed { // closed while dialing
 			_ = nc.Close()
-			return errClientClosed
+			return ErrClientClosed
 		}
 		pc.nc, pc.answered, pc.dialed, pc.rdl = nc, false, dialed, time.Time{}
 		pc.rdlNano.Store(0)
@@ -434,13 +434,13 @@ func (pc *pconn) breakLocked(gen uint64, err error) {
 	pc.rdl = time.Time{}
 	pc.rdlNano.Store(0)
 	pc.wbuf, pc.unsent = pc.wbuf[:0], 0
-	if errors.Is(err, errClientClosed) {
+	if errors.Is(err, ErrClientClosed) {
 		err = fmt.Errorf("memcached: %s: %w", pc.s.addr, err)
 	} else {
 		// memcached failed: each request on the connection is a failure
 		// of the server, counted here, whether its caller still waits
 		// or gave up at its own deadline long ago.
-		err = fmt.Errorf("memcached: %s: %w: %w", pc.s.addr, errBroken, err)
+		err = fmt.Errorf("memcached: %s: %w: %w", pc.s.addr, ErrBroken, err)
 		if pc.c.cfg.Broken != nil {
 			pc.c.cfg.Broken(pc.s.addr, pc.queue.len())
 		}
@@ -559,7 +559,7 @@ func (pc *pconn) fail(gen uint64, err error) {
 // readError names a late answer as such.
 func readError(err error, timeout time.Duration) error {
 	if errors.Is(err, os.ErrDeadlineExceeded) {
-		return fmt.Errorf("%w within %v: %w", errNoAnswer, timeout, err)
+		return fmt.Errorf("%w within %v: %w", ErrNoAnswer, timeout, err)
 	}
 	if errors.Is(err, bufio.ErrBufferFull) {
 		return errors.New("answer line too long")
@@ -578,7 +578,7 @@ func (pc *pconn) drainAndClose(deadline time.Time) {
 		time.Sleep(time.Millisecond)
 		pc.mu.Lock()
 	}
-	pc.breakLocked(pc.gen, errClientClosed)
+	pc.breakLocked(pc.gen, ErrClientClosed)
 	done := pc.readerDone
 	pc.mu.Unlock()
 	if done != nil {
@@ -612,11 +612,11 @@ var (
 // may be maxValue bytes at most.
 func parseAnswer(v verb, line []byte, br *bufio.Reader, maxValue int) (a answer, desync error) {
 	if bytes.HasPrefix(line, ansServer) {
-		a.err = &serverError{msg: string(trimEOL(line[len(ansServer):]))}
+		a.err = &ServerError{Msg: string(trimEOL(line[len(ansServer):]))}
 		return a, nil
 	}
 	if bytes.HasPrefix(line, ansClient) {
-		a.err = &clientError{msg: string(trimEOL(line[len(ansClient):]))}
+		a.err = &ClientError{Msg: string(trimEOL(line[len(ansClient):]))}
 		if v == verbAdd || v == verbAddNum || v == verbCAS {
 			// memcached may have read the data block as a command and
 			// answer it too: close the connection to be sure.
@@ -627,7 +627,7 @@ func parseAnswer(v verb, line []byte, br *bufio.Reader, maxValue int) (a answer,
 	switch v {
 	case verbIncr, verbDecr:
 		if bytes.Equal(line, ansNotFound) {
-			a.err = errCacheMiss
+			a.err = ErrCacheMiss
 			return a, nil
 		}
 		n, ok := parseUint(trimEOL(line))
@@ -640,11 +640,11 @@ func parseAnswer(v verb, line []byte, br *bufio.Reader, maxValue int) (a answer,
 		switch {
 		case bytes.Equal(line, ansStored):
 		case bytes.Equal(line, ansNotStored):
-			a.err = errNotStored
+			a.err = ErrNotStored
 		case bytes.Equal(line, ansExists):
-			a.err = errExists
+			a.err = ErrExists
 		case bytes.Equal(line, ansNotFound):
-			a.err = errCacheMiss
+			a.err = ErrCacheMiss
 		default:
 			return a, unexpected(v, line)
 		}
@@ -663,7 +663,7 @@ func parseAnswer(v verb, line []byte, br *bufio.Reader, maxValue int) (a answer,
 // <cas unique>", the data block (maxValue bytes at most) and "END".
 func parseGets(line []byte, br *bufio.Reader, maxValue int) (a answer, desync error) {
 	if bytes.Equal(line, ansEnd) {
-		a.err = errCacheMiss
+		a.err = ErrCacheMiss
 		return a, nil
 	}
 	if !bytes.HasPrefix(line, ansValue) {
