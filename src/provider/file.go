@@ -10,6 +10,7 @@ package provider
 
 import (
 	"fmt"
+	"io"
 	"io/fs"
 	"os"
 	"path/filepath"
@@ -145,11 +146,16 @@ func readFiles(cfg FileConfig) (string, []rules.File, error) {
 		} else if !d.Type().IsRegular() {
 			return nil
 		}
-		data, err := os.ReadFile(path)
+		rel, err := filepath.Rel(resolved, path)
 		if err != nil {
 			return err
 		}
-		rel, err := filepath.Rel(resolved, path)
+		// A file past the bound is not read whole: its first bytes past
+		// the bound are enough for rules.Parse to refuse it by name.
+		data, err := readAtMost(path, rules.MaxFileBytes+1)
+		if err != nil {
+			return err
+		}
 		if err != nil {
 			return err
 		}
@@ -161,6 +167,17 @@ func readFiles(cfg FileConfig) (string, []rules.File, error) {
 	}
 	sort.Slice(files, func(i, j int) bool { return files[i].Name < files[j].Name })
 	return resolved, files, nil
+}
+
+// readAtMost reads at most n bytes of a file: one that grows while it is
+// read is cut there, and refused by its size.
+func readAtMost(path string, n int64) ([]byte, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	return io.ReadAll(io.LimitReader(f, n))
 }
 
 // isRuleFile reports whether a file name is one to load.

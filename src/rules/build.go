@@ -98,6 +98,15 @@ func (b *builder) source(s *Source) {
 func (b *builder) descriptors(s *Source, list []Descriptor, parent *node, parentKey string, levels []string, errorf func(string, ...any)) {
 	for i := range list {
 		d := &list[i]
+		if msg, stop := b.count(len(levels) + 1); msg != "" || stop {
+			if msg != "" {
+				errorf("descriptor %d of %q: %s", i+1, parentKey, msg)
+			}
+			if stop {
+				return
+			}
+			continue
+		}
 		n := descriptorNames(parentKey, d.Key, d.Value, i+1)
 		levels := append(levels[:len(levels):len(levels)], n.composite)
 		if d.Key == "" {

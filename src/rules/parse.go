@@ -25,6 +25,24 @@ const MaxSlidingLog = 10000
 // document is refused instead of walked.
 const maxAliases = 10000
 
+// The bounds of what rules may make the service build (docs/SECURITY.md, "Limits and
+// hostile input"). An alias expands to its whole subtree at every use, so
+// the aliases' count alone does not bound the rules: a 103 KB file of one
+// list used many times built 1,000,000 rules (1.2 GB). Every descriptor
+// walked is counted, aliases expanded, against MaxDescriptors.
+const (
+	// MaxDepth bounds how deep descriptors nest: a request carries at
+	// most this many entries in a descriptor (the service refuses more),
+	// so nothing deeper could ever match; and the cost of building a chain
+	// grows with its depth times its length.
+	MaxDepth = 64
+	// MaxDescriptors bounds the descriptors of all the rules together,
+	// aliases expanded: each is a rule or a node of the tree.
+	MaxDescriptors = 100000
+	// MaxFileBytes bounds one rule file (a Kubernetes ConfigMap holds 1 MiB).
+	MaxFileBytes = 4 << 20
+)
+
 // maxWindowSeconds is the longest window a time.Duration can hold.
 const maxWindowSeconds = int64(math.MaxInt64 / 1_000_000_000)
 
@@ -76,6 +94,10 @@ func Parse(files []File, opts Options) (*Config, error) {
 	b := &builder{opts: opts, domains: map[string]*domainState{}}
 	for _, f := range files {
 		p := &fileParser{b: b, name: f.Name}
+		if len(f.Data) > MaxFileBytes {
+			p.errorf(0, "larger than the %d bytes a rule file may hold", MaxFileBytes)
+			continue
+		}
 		p.parse(f.Data)
 	}
 	if len(b.errs) > 0 {
@@ -89,6 +111,27 @@ type builder struct {
 	opts    Options
 	domains map[string]*domainState
 	errs    []error
+	// walked counts the descriptors walked, against MaxDescriptors; full
+	// is set once the bound was reported.
+	walked int
+	full   bool
+}
+
+// count charges one descriptor at depth (1 for a top-level one) and
+// returns the problem that stops it, or "": too deep (the descriptor and
+// those below it are left out), or past MaxDescriptors (building stops).
+func (b *builder) count(depth int) (msg string, stop bool) {
+	if depth > MaxDepth {
+		return fmt.Sprintf("descriptors nested %d deep, more than %d: a request carries at most %d entries, so no request can reach them", depth, MaxDepth, MaxDepth), false
+	}
+	if b.walked++; b.walked > MaxDescriptors {
+		if b.full {
+			return "", true
+		}
+		b.full = true
+		return fmt.Sprintf("more than %d descriptors in all, aliases expanded; refusing to build further", MaxDescriptors), true
+	}
+	return "", false
 }
 
 type domainState struct {
@@ -435,6 +478,13 @@ func (p *fileParser) descriptors(seq *yaml.Node, parent *node, parentKey string,
 }
 
 func (p *fileParser) descriptor(item *yaml.Node, index int, parent *node, parentKey string, levels []string) {
+	if msg, stop := p.b.count(len(levels) + 1); msg != "" || stop {
+		if msg != "" {
+			p.errorf(item.Line, "descriptor %d of %q: %s", index, parentKey, msg)
+		}
+		p.aborted = p.aborted || stop
+		return
+	}
 	pairs := p.pairs(item)
 	// The key and value name the descriptor in every other message, so
 	// read them before checking the rest.

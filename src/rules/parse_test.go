@@ -2,6 +2,7 @@ package rules
 
 import (
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -309,5 +310,66 @@ func TestParseEmpty(t *testing.T) {
 	}
 	if cfg.Empty() || !reflect.DeepEqual(cfg.Domains(), []string{"only"}) {
 		t.Errorf("Domains() = %v, want [only]", cfg.Domains())
+	}
+}
+
+// TestRulesBounds: rules deeper than a request can reach, more descriptors
+// than MaxDescriptors (aliases expanded: the alias budget counts uses, and
+// one list used many times built 1,000,000 rules), and a file larger than
+// MaxFileBytes are refused with the file and the reason.
+func TestRulesBounds(t *testing.T) {
+	chain := func(depth int) string {
+		var b strings.Builder
+		b.WriteString("domain: deep\ndescriptors:\n")
+		for i := range depth {
+			indent := strings.Repeat("  ", 2*i)
+			fmt.Fprintf(&b, "%s  - key: k%d\n", indent, i)
+			if i == depth-1 {
+				fmt.Fprintf(&b, "%s    rate_limit: {unit: hour, requests_per_unit: 1}\n", indent)
+			} else {
+				fmt.Fprintf(&b, "%s    descriptors:\n", indent)
+			}
+		}
+		return b.String()
+	}
+	if _, err := Parse([]File{{Name: "ok.yaml", Data: []byte(chain(MaxDepth))}}, Options{}); err != nil {
+		t.Errorf("a chain %d deep: %v", MaxDepth, err)
+	}
+	_, err := Parse([]File{{Name: "deep.yaml", Data: []byte(chain(MaxDepth + 1))}}, Options{})
+	if err == nil || !strings.Contains(err.Error(), "deep.yaml:") || !strings.Contains(err.Error(), "nested 65 deep, more than 64") {
+		t.Errorf("a chain %d deep: %v, want an error naming the file and the depth", MaxDepth+1, err)
+	}
+
+	// A list of 1,000 descriptors used 200 times: 200,000, aliases expanded.
+	var b strings.Builder
+	b.WriteString("domain: bomb\ndescriptors:\n  - key: base\n    descriptors: &list\n")
+	for i := range 1000 {
+		fmt.Fprintf(&b, "      - {key: k%d, rate_limit: {unit: hour, requests_per_unit: 1}}\n", i)
+	}
+	for i := range 200 {
+		fmt.Fprintf(&b, "  - key: copy%d\n    descriptors: *list\n", i)
+	}
+	bomb := b.String()
+	_, err = Parse([]File{{Name: "bomb.yaml", Data: []byte(bomb)}}, Options{})
+	if err == nil || !strings.Contains(err.Error(), "bomb.yaml:") || !strings.Contains(err.Error(), "more than 100000 descriptors") {
+		t.Errorf("%d bytes expanding to 200,000 descriptors: %v, want refused past %d", len(bomb), err, MaxDescriptors)
+	}
+	if n := strings.Count(err.Error(), "\n") + 1; n != 1 {
+		t.Errorf("the refusal has %d problems, want 1 (said once, then the walk stops):\n%.2000s", n, err)
+	}
+
+	_, err = Parse([]File{{Name: "big.yaml", Data: make([]byte, MaxFileBytes+1)}}, Options{})
+	if err == nil || err.Error() != "rules: big.yaml: larger than the 4194304 bytes a rule file may hold" {
+		t.Errorf("a file of %d bytes: %v", MaxFileBytes+1, err)
+	}
+
+	// Data from xDS: the same bounds.
+	var deep []Descriptor
+	for i := range MaxDepth + 1 {
+		deep = []Descriptor{{Key: fmt.Sprintf("k%d", MaxDepth-i), Descriptors: deep}}
+	}
+	_, err = Build([]Source{{Name: `config "x" (domain x)`, Domain: "x", Descriptors: deep}}, Options{})
+	if err == nil || !strings.Contains(err.Error(), "nested 65 deep") {
+		t.Errorf("a Source %d deep: %v", MaxDepth+1, err)
 	}
 }

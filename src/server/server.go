@@ -5,6 +5,7 @@
 package server
 
 import (
+	"bufio"
 	"context"
 	"errors"
 	"fmt"
@@ -24,6 +25,7 @@ import (
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/keepalive"
 	"google.golang.org/grpc/reflection"
@@ -153,7 +155,39 @@ func New(ctx context.Context, set *settings.Settings, log *slog.Logger) (*Server
 	s.store = b
 	s.storeHealth = watchStore(b, s.health, log)
 
-	s.rulesFiles = provider.FileConfig{
+	s.rulesFiles = rulesFileConfig(set, b)
+
+	lim, fallback := s.newLimiters(b)
+	if set.LiveViewEnabled {
+		s.live = live.New(live.Config{MaxKeys: set.LiveViewMaxKeys})
+	}
+	s.svc = s.newService(lim, fallback, b, tr)
+	s.quota = s.newQuota()
+
+	if set.ConfigType == settings.ConfigTypeXDS {
+		err = s.watchXDS(ctx)
+	} else {
+		err = s.watchRules()
+	}
+	if err != nil {
+		b.close()
+		s.stopTracing()
+		return nil, err
+	}
+
+	if err := s.listen(); err != nil {
+		s.stopWatch()
+		s.watcher.Wait()
+		b.close()
+		s.stopTracing()
+		return nil, err
+	}
+	return s, nil
+}
+
+// rulesFileConfig is where the rule files are, and how they load.
+func rulesFileConfig(set *settings.Settings, b *storeHandle) provider.FileConfig {
+	return provider.FileConfig{
 		Root:           set.RulesRoot(),
 		Subdirectory:   set.RuntimeSubdirectory,
 		AppDirectory:   set.RuntimeAppDirectory,
@@ -168,20 +202,24 @@ func New(ctx context.Context, set *settings.Settings, log *slog.Logger) (*Server
 			StoreName:    set.BackendType,
 		},
 	}
+}
 
+// newLimiters builds the limiter of the store, with the near cache, and,
+// with STORE_FAILURE_MODE=local, the one of the local store beside it.
+func (s *Server) newLimiters(b *storeHandle) (lim, fallback *limiter.Limiter) {
+	set := s.set
 	s.nearCache = limiter.NewNearCache(set.LocalCacheSizeInBytes)
 	if s.nearCache != nil {
 		s.stats.GaugeFunc("ratelimit.local_cache.keys", func() int64 { return int64(s.nearCache.Len()) })
 		registerLocalCache(s.stats, s.nearCache)
 	}
-	lim := limiter.New(b.store, limiter.Config{
+	lim = limiter.New(b.store, limiter.Config{
 		Prefix:                     set.CacheKeyPrefix,
 		KeyFormat:                  b.keyFormat,
 		NearLimitRatio:             set.NearLimitRatio,
 		StopIncrementWhenOverLimit: set.StopCacheKeyIncrementWhenOverlimit,
 		NearCache:                  s.nearCache,
 	})
-	var fallback *limiter.Limiter
 	if b.local != nil {
 		// The memory store's keys, which no other process reads.
 		fallback = limiter.New(b.local, limiter.Config{
@@ -191,10 +229,13 @@ func New(ctx context.Context, set *settings.Settings, log *slog.Logger) (*Server
 			StopIncrementWhenOverLimit: set.StopCacheKeyIncrementWhenOverlimit,
 		})
 	}
-	if set.LiveViewEnabled {
-		s.live = live.New(live.Config{MaxKeys: set.LiveViewMaxKeys})
-	}
-	s.svc = service.New(lim, s.stats, service.Config{
+	return lim, fallback
+}
+
+// newService builds the RLS service.
+func (s *Server) newService(lim, fallback *limiter.Limiter, b *storeHandle, tr *tracing) *service.Service {
+	set, log := s.set, s.log
+	return service.New(lim, s.stats, service.Config{
 		GlobalShadowMode: set.ShadowMode,
 		GlobalQuotaMode:  set.QuotaMode,
 		Headers: service.Headers{
@@ -220,47 +261,34 @@ func New(ctx context.Context, set *settings.Settings, log *slog.Logger) (*Server
 		Live:               s.live,
 		Log:                log,
 	})
+}
 
-	if set.RLQSEnabled != settings.RLQSOff {
-		idle := set.RLQSIdleTimeout
-		if idle == 0 {
-			idle = -1 // never
-		}
-		s.quota = service.NewQuota(s.stats, service.QuotaConfig{
-			Auto:                set.RLQSEnabled == settings.RLQSAuto,
-			Pool:                quota.Config{TTL: set.RLQSAssignmentTTL, Idle: idle},
-			MaxStreams:          set.RLQSMaxStreams,
-			MaxBuckets:          set.RLQSMaxBuckets,
-			MaxBucketsPerStream: set.RLQSMaxBucketsPerStream,
-			Share:               b.share,
-			Scope:               set.CacheKeyPrefix,
-			Log:                 log,
-		})
-		if b.share == nil {
-			log.Info("quota service: one replica: its shares live in this process's memory; run it on one replica, or share them through Redis (BACKEND_TYPE=redis)",
-				"backend", set.BackendType)
-		}
+// newQuota builds the Rate Limit Quota Service, unless RLQS_ENABLED=false.
+// With Redis, its pools are shared with the other replicas on that Redis.
+func (s *Server) newQuota() *service.Quota {
+	set := s.set
+	if set.RLQSEnabled == settings.RLQSOff {
+		return nil
 	}
-
-	if set.ConfigType == settings.ConfigTypeXDS {
-		err = s.watchXDS(ctx)
-	} else {
-		err = s.watchRules()
+	idle := set.RLQSIdleTimeout
+	if idle == 0 {
+		idle = -1 // never
 	}
-	if err != nil {
-		b.close()
-		s.stopTracing()
-		return nil, err
+	q := service.NewQuota(s.stats, service.QuotaConfig{
+		Auto:                set.RLQSEnabled == settings.RLQSAuto,
+		Pool:                quota.Config{TTL: set.RLQSAssignmentTTL, Idle: idle},
+		MaxStreams:          set.RLQSMaxStreams,
+		MaxBuckets:          set.RLQSMaxBuckets,
+		MaxBucketsPerStream: set.RLQSMaxBucketsPerStream,
+		Share:               s.store.share,
+		Scope:               set.CacheKeyPrefix,
+		Log:                 s.log,
+	})
+	if s.store.share == nil {
+		s.log.Info("quota service: one replica: its shares live in this process's memory; run it on one replica, or share them through Redis (BACKEND_TYPE=redis)",
+			"backend", set.BackendType)
 	}
-
-	if err := s.listen(); err != nil {
-		s.stopWatch()
-		s.watcher.Wait()
-		b.close()
-		s.stopTracing()
-		return nil, err
-	}
-	return s, nil
+	return q
 }
 
 // stopTracing stops the exporter of a server that failed to start. No
@@ -391,6 +419,20 @@ func (s *Server) setRules(snap provider.Snapshot) {
 func (s *Server) listen() error {
 	// The TLS files first: a misconfiguration stops the start before any
 	// socket opens.
+	if err := s.loadTLS(); err != nil {
+		return err
+	}
+	if err := s.openListeners(s.connLimits()); err != nil {
+		return err
+	}
+	s.newGRPCServer()
+	s.newMainHTTPServer()
+	s.newDebugServer()
+	return nil
+}
+
+// loadTLS reads the TLS files of the gRPC listener, if it serves TLS.
+func (s *Server) loadTLS() error {
 	if s.set.GRPCServerUseTLS {
 		r, err := newServerTLS(tlsFiles{
 			cert:      s.set.GRPCServerTLSCert,
@@ -404,6 +446,11 @@ func (s *Server) listen() error {
 		s.tls = r
 	}
 
+	return nil
+}
+
+// connLimits returns the connection caps of the gRPC and HTTP listeners.
+func (s *Server) connLimits() (grpcCap, httpCap limits) {
 	// One cap per listener, so that no single listener can take every file
 	// descriptor; together they must also fit the open-file limit.
 	caps := connCaps{grpc: s.set.GRPCMaxConnections, http: s.set.HTTPMaxConnections, httpListeners: 2}
@@ -416,10 +463,24 @@ func (s *Server) listen() error {
 		s.log.Warn("connection caps lowered to fit the open-file limit",
 			"RLIMIT_NOFILE", nofile, "GRPC_MAX_CONNECTIONS", caps.grpc, "HTTP_MAX_CONNECTIONS", caps.http)
 	}
-	grpcCap, httpCap := caps.grpc, caps.http
+	// No client address may hold more than its share of a listener.
+	overShare := s.stats.Counter("ratelimit.server.connections_over_peer_share")
+	share := func(capacity int, setting string) limits {
+		return limits{capacity: capacity, perPeer: peerShare(capacity, s.set.MaxConnectionsPerPeerPercent), setting: setting, overShare: overShare}
+	}
+	grpcCap, httpCap = share(caps.grpc, "GRPC_MAX_CONNECTIONS"), share(caps.http, "HTTP_MAX_CONNECTIONS")
+	// At its cap an HTTP listener closes the connection idle longest for
+	// a new one, so that /healthcheck answers whatever slow clients hold.
+	httpCap.evicted = s.stats.Counter("ratelimit.server.connections_evicted")
 
+	return grpcCap, httpCap
+}
+
+// openListeners opens the gRPC, HTTP, debug and Prometheus listeners; on
+// a failure it closes those it opened.
+func (s *Server) openListeners(grpcCap, httpCap limits) error {
 	var opened []net.Listener
-	open := func(network, addr string, capacity int, setting string) (net.Listener, error) {
+	open := func(network, addr string, lim limits) (net.Listener, error) {
 		l, err := net.Listen(network, addr)
 		if err != nil {
 			for _, o := range opened {
@@ -428,7 +489,7 @@ func (s *Server) listen() error {
 			s.udsOwn.remove()
 			return nil, err
 		}
-		ll := newLimitListener(l, capacity, setting, s.log)
+		ll := newLimitListener(l, lim, s.log)
 		opened = append(opened, ll)
 		return ll, nil
 	}
@@ -442,27 +503,31 @@ func (s *Server) listen() error {
 			if s.udsOwn, err = claimSocket(ul, s.set.GRPCUDS); err != nil {
 				ul.Close()
 			} else {
-				s.grpcLn = newLimitListener(ul, grpcCap, "GRPC_MAX_CONNECTIONS", s.log)
+				s.grpcLn = newLimitListener(ul, grpcCap, s.log)
 				opened = append(opened, s.grpcLn)
 			}
 		}
 	} else {
-		s.grpcLn, err = open("tcp", net.JoinHostPort(s.set.GRPCHost, fmt.Sprint(s.set.GRPCPort)), grpcCap, "GRPC_MAX_CONNECTIONS")
+		s.grpcLn, err = open("tcp", net.JoinHostPort(s.set.GRPCHost, fmt.Sprint(s.set.GRPCPort)), grpcCap)
 	}
 	if err != nil {
 		return fmt.Errorf("server: grpc listener: %w", err)
 	}
-	s.httpLn, err = open("tcp", net.JoinHostPort(s.set.Host, fmt.Sprint(s.set.Port)), httpCap, "HTTP_MAX_CONNECTIONS")
+	s.httpLn, err = open("tcp", net.JoinHostPort(s.set.Host, fmt.Sprint(s.set.Port)), httpCap)
 	if err != nil {
 		return fmt.Errorf("server: http listener: %w", err)
 	}
-	s.debugLn, err = open("tcp", net.JoinHostPort(s.set.DebugHost, fmt.Sprint(s.set.DebugPort)), httpCap, "HTTP_MAX_CONNECTIONS")
+	if s.tls != nil {
+		// Plaintext for the kubelet's probes, TLS for /json (issue 24).
+		s.httpLn = newSniffListener(s.httpLn, s.tls.httpConfig, s.tls.refused, httpReadHeaderTimeout)
+	}
+	s.debugLn, err = open("tcp", net.JoinHostPort(s.set.DebugHost, fmt.Sprint(s.set.DebugPort)), httpCap)
 	if err != nil {
 		return fmt.Errorf("server: debug listener: %w", err)
 	}
 
 	if s.prometheus() {
-		s.promLn, err = open("tcp", s.set.PrometheusAddr, httpCap, "HTTP_MAX_CONNECTIONS")
+		s.promLn, err = open("tcp", s.set.PrometheusAddr, httpCap)
 		if err != nil {
 			return fmt.Errorf("server: prometheus listener: %w", err)
 		}
@@ -471,25 +536,47 @@ func (s *Server) listen() error {
 		s.promSrv = newHTTPServer(pmux, httpWriteTimeout, s.log)
 	}
 
+	return nil
+}
+
+// newGRPCServer builds the gRPC server and registers its services.
+func (s *Server) newGRPCServer() {
 	opts := append(grpcOptions(s.set, s.recoverUnary, s.recoverStream),
 		grpc.InTapHandle(s.svc.Tap),
 		grpc.ForceServerCodecV2(service.Codec()))
+	// Every connection is watched for answers its client does not let out.
+	var creds credentials.TransportCredentials
 	if s.tls != nil {
-		opts = append(opts, grpc.Creds(s.tls.credentials()))
+		creds = s.tls.credentials()
 	}
+	opts = append(opts, grpc.Creds(newStallWatch(s.stats).credentials(creds)))
 	s.grpc = grpc.NewServer(opts...)
 	rlsv3.RegisterRateLimitServiceServer(s.grpc, s.svc)
 	if s.quota != nil {
 		rlqsv3.RegisterRateLimitQuotaServiceServer(s.grpc, s.quota)
 	}
 	healthpb.RegisterHealthServer(s.grpc, s.health.grpc)
-	reflection.Register(s.grpc)
+	if s.set.GRPCReflectionEnabled {
+		reflection.Register(s.grpc)
+	}
 
+}
+
+// newMainHTTPServer builds the server of PORT: /healthcheck and /json.
+func (s *Server) newMainHTTPServer() {
 	mux := http.NewServeMux()
 	mux.Handle("/healthcheck", s.health)
-	mux.Handle("/json", s.svc.JSONHandler(int64(s.set.GRPCMaxRecvMsgSize)))
+	jsonHandler := s.svc.JSONHandler(int64(s.set.GRPCMaxRecvMsgSize))
+	if s.tls != nil {
+		jsonHandler = requireTLS(jsonHandler)
+	}
+	mux.Handle("/json", jsonHandler)
 	s.httpSrv = newHTTPServer(mux, httpWriteTimeout+s.store.timeout, s.log)
 
+}
+
+// newDebugServer builds the server of the debug listener.
+func (s *Server) newDebugServer() {
 	dmux := http.NewServeMux()
 	dmux.HandleFunc("/rlconfig", s.serveRulesDump)
 	dmux.HandleFunc("/stats", func(w http.ResponseWriter, _ *http.Request) {
@@ -497,14 +584,24 @@ func (s *Server) listen() error {
 		_ = s.stats.WriteText(w)
 	})
 	dmux.Handle("/metrics", s.metrics)
-	dmux.HandleFunc("/debug/pprof/", pprof.Index)
-	dmux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
-	dmux.HandleFunc("/debug/pprof/profile", pprof.Profile)
-	dmux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
-	dmux.HandleFunc("/debug/pprof/trace", pprof.Trace)
-	index := "/rlconfig: the rules in use\n/stats: counters as text\n/metrics: counters for Prometheus\n/debug/pprof/: profiles\n"
+	index := "/rlconfig: the rules in use\n/stats: counters as text\n/metrics: counters for Prometheus\n"
+	// off answers 404 under path, saying which setting turned it off.
+	off := func(path, why string) {
+		dmux.HandleFunc(path, func(w http.ResponseWriter, _ *http.Request) { http.Error(w, why, http.StatusNotFound) })
+	}
+	if s.set.PprofEnabled {
+		dmux.HandleFunc("/debug/pprof/", pprof.Index)
+		dmux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
+		dmux.HandleFunc("/debug/pprof/profile", pprof.Profile)
+		dmux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
+		dmux.HandleFunc("/debug/pprof/trace", pprof.Trace)
+		index += "/debug/pprof/: profiles\n"
+	} else {
+		off("/debug/pprof/", "profiles are off (PPROF_ENABLED=false)")
+	}
 	if s.live != nil {
-		wc := web.Config{Live: s.live, Source: s.liveSource, Store: s.liveStore}
+		values, _ := web.ParseValues(s.set.LiveViewValues) // validated by settings
+		wc := web.Config{Live: s.live, Source: s.liveSource, Store: s.liveStore, Values: values}
 		if s.quota != nil {
 			wc.Quota = func() any { return s.quota.State() }
 		}
@@ -514,9 +611,7 @@ func (s *Server) listen() error {
 		dmux.Handle("/api/", s.web)
 		index += "/ui/: the live view (its JSON API under /api/v1/)\n"
 	} else {
-		dmux.HandleFunc("/ui/", func(w http.ResponseWriter, _ *http.Request) {
-			http.Error(w, "the live view is off (LIVE_VIEW_ENABLED=false)", http.StatusNotFound)
-		})
+		off("/ui/", "the live view is off (LIVE_VIEW_ENABLED=false)")
 	}
 	dmux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		if r.URL.Path != "/" {
@@ -525,12 +620,11 @@ func (s *Server) listen() error {
 		}
 		_, _ = io.WriteString(w, index)
 	})
-	s.debugSrv = newHTTPServer(dmux, debugWriteTimeout, s.log)
+	s.debugSrv = newHTTPServer(allowHosts(s.set.DebugAllowedHosts, dmux), debugWriteTimeout, s.log)
 	if s.web != nil {
 		// Streams never end by themselves: a graceful shutdown ends them.
 		s.debugSrv.RegisterOnShutdown(s.web.Close)
 	}
-	return nil
 }
 
 // newMetrics returns the Prometheus handler: with PROMETHEUS_MAPPER_YAML,
@@ -562,7 +656,10 @@ func (s *Server) prometheus() bool { return s.set.UsePrometheus && !s.set.Disabl
 
 func (s *Server) serveRulesDump(w http.ResponseWriter, _ *http.Request) {
 	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
-	_, _ = io.WriteString(w, rulesDump(s.snapshot.Load(), s.reloadErr.Load()))
+	bw := bufio.NewWriterSize(w, 32<<10)
+	if writeRulesDump(bw, s.snapshot.Load(), s.reloadErr.Load()) == nil {
+		_ = bw.Flush()
+	}
 }
 
 // Bounds of the gRPC listener besides the settings (see grpcOptions).
@@ -591,6 +688,8 @@ func grpcOptions(set *settings.Settings, intercept grpc.UnaryServerInterceptor, 
 		grpc.KeepaliveParams(keepalive.ServerParameters{
 			MaxConnectionAge:      set.GRPCMaxConnectionAge,
 			MaxConnectionAgeGrace: set.GRPCMaxConnectionAgeGrace,
+			// 0 is grpc-go's infinity.
+			MaxConnectionIdle: set.GRPCMaxConnectionIdle,
 		}),
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{
 			MinTime:             grpcPingMinTime,
@@ -626,13 +725,15 @@ func grpcOptions(set *settings.Settings, intercept grpc.UnaryServerInterceptor, 
 }
 
 // recoverUnary turns a panic in a handler into codes.Internal, logs it and
-// counts it, so that a bug never takes the process down.
+// counts it, so that a bug never takes the process down. The caller is
+// told only that it was an internal error: the panic's value and stack
+// are for the log.
 func (s *Server) recoverUnary(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (resp any, err error) {
 	defer func() {
 		if r := recover(); r != nil {
 			s.stats.Counter("ratelimit.server.panics").Inc()
 			s.log.Error("panic in handler", "method", info.FullMethod, "panic", r, "stack", string(debug.Stack()))
-			resp, err = nil, status.Errorf(codes.Internal, "internal error: %v", r)
+			resp, err = nil, status.Error(codes.Internal, "internal error")
 		}
 	}()
 	return handler(ctx, req)
@@ -693,6 +794,7 @@ func (s *Server) Run(ctx context.Context) error {
 		defer wg.Done()
 		s.storeHealth.run(ctx)
 	}()
+	wg.Go(func() { s.store.reportMemory(ctx, s.log) })
 	if s.tls != nil {
 		wg.Add(1)
 		go func() {

@@ -13,11 +13,11 @@ import (
 // Request bounds. Envoy sends a handful of descriptors of a few entries;
 // these bounds stop absurd or hostile requests before they cost memory or
 // reach a store. A request past one is refused with InvalidArgument and the
-// reason (the README's "Limits and hostile input" lists them).
+// reason (docs/SECURITY.md, "Limits and hostile input", lists them).
 const (
 	MaxDomainLen          = 256
 	MaxDescriptors        = 256
-	MaxEntriesPerDescribe = 64
+	MaxEntriesPerDescribe = rules.MaxDepth // deeper rules are refused: no request could reach them
 	MaxKeyLen             = 256
 	MaxValueLen           = 4096
 	// MaxHitsAddend is the largest hits_addend of a descriptor (the

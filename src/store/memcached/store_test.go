@@ -17,6 +17,7 @@ import (
 
 	"github.com/ratelimitd/ratelimit/src/limiter"
 	"github.com/ratelimitd/ratelimit/src/rules"
+	"github.com/ratelimitd/ratelimit/src/store/memcached/mcclient"
 	"github.com/ratelimitd/ratelimit/src/store/storetest"
 )
 
@@ -30,12 +31,6 @@ func newStore(t testing.TB, cfg Config) *Store {
 	t.Cleanup(func() { _ = s.Close() })
 	return s
 }
-
-// testIdleConns keeps enough idle connections for the suite's 32
-// concurrent goroutines: with the default of 2, every request beyond them
-// would dial and close a connection, and tens of thousands of sockets in
-// TIME_WAIT can exhaust the loopback's ephemeral ports.
-const testIdleConns = 64
 
 // do sends one batch and returns its results.
 func do(t *testing.T, s *Store, allOrNothing bool, now time.Time, ops ...limiter.Op) []limiter.Result {
@@ -57,7 +52,7 @@ func TestStore(t *testing.T) {
 	srv := storetest.StartMemcached(t)
 	// Batch.Now is the clock of every algorithm (see the package doc).
 	storetest.Run(t, func(t *testing.T) limiter.Store {
-		return newStore(t, Config{Addrs: []string{srv.Addr}, MaxIdleConns: testIdleConns})
+		return newStore(t, Config{Addrs: []string{srv.Addr}})
 	}, storetest.Options{})
 }
 
@@ -66,7 +61,7 @@ func TestStore(t *testing.T) {
 func TestShards(t *testing.T) {
 	t.Parallel()
 	a, b := storetest.StartMemcached(t), storetest.StartMemcached(t)
-	s := newStore(t, Config{Addrs: []string{a.Addr, b.Addr}, MaxIdleConns: testIdleConns})
+	s := newStore(t, Config{Addrs: []string{a.Addr, b.Addr}})
 	const keys = 200
 	now := time.Now()
 	for _, alg := range rules.Algorithms {
@@ -148,7 +143,7 @@ func TestUnsafeKeys(t *testing.T) {
 		}
 	}
 	sub := itemKey(long)
-	if len(sub) > maxKeyLen || !legalKey(sub) || sub != itemKey(long) {
+	if !mcclient.LegalKey(sub) || sub != itemKey(long) {
 		t.Errorf("itemKey(long) = %q: not a stable legal memcached key", sub)
 	}
 	if !strings.HasPrefix(sub, long[:keyHead]+"#sha256:") {
@@ -184,7 +179,7 @@ func TestCounterShrinks(t *testing.T) {
 		t.Errorf("after the take-back: %+v, want the count 10", r)
 	}
 	// 10 -> 9 leaves "9 " in memcached.
-	if _, err := s.client.decr(t.Context(), itemKey(op.Key), 1); err != nil {
+	if _, err := s.client.Decr(t.Context(), itemKey(op.Key), 1); err != nil {
 		t.Fatal(err)
 	}
 	if r := do(t, s, false, now, op)[0]; r.Before != 9 || r.Remaining != 1 {
@@ -202,7 +197,7 @@ func TestCounterShrinks(t *testing.T) {
 func TestAllOrNothingTakesBackUnderTraffic(t *testing.T) {
 	t.Parallel()
 	srv := storetest.StartMemcached(t)
-	s := newStore(t, Config{Addrs: []string{srv.Addr}, MaxIdleConns: testIdleConns})
+	s := newStore(t, Config{Addrs: []string{srv.Addr}})
 	now := time.Now()
 	for _, alg := range rules.Algorithms {
 		t.Run(alg.String(), func(t *testing.T) {
@@ -372,6 +367,7 @@ func TestConfig(t *testing.T) {
 		{"addr_empty_host", Config{Addrs: []string{":11211"}}, "empty host"},
 		{"negative_timeout", Config{Addrs: []string{"127.0.0.1:1"}, Timeout: -1}, "Timeout"},
 		{"negative_idle_conns", Config{Addrs: []string{"127.0.0.1:1"}, MaxIdleConns: -1}, "MaxIdleConns"},
+		{"too_many_conns", Config{Addrs: []string{"127.0.0.1:1"}, Conns: 9}, "MEMCACHE_CONNECTIONS"},
 		{"negative_max_conns", Config{Addrs: []string{"127.0.0.1:1"}, MaxConns: -1}, "MaxConns"},
 		{"negative_max_waiting", Config{Addrs: []string{"127.0.0.1:1"}, MaxWaiting: -1}, "MaxWaiting"},
 		{"negative_refresh", Config{SRV: "x", SRVRefresh: -time.Second}, "SRVRefresh"},
@@ -388,14 +384,14 @@ func TestConfig(t *testing.T) {
 			t.Errorf("%s: New(%+v) = %q, want a memcached error mentioning %q", tt.name, tt.give, err, tt.want)
 		}
 	}
-	// The bounds follow MaxIdleConns unless set.
+	// The bounds' defaults, and MaxWaiting following MaxConns unless set.
 	for _, tt := range []struct {
 		give           Config
 		conns, waiting int
 	}{
-		{Config{Addrs: []string{"127.0.0.1:1"}}, 4, 16},
+		{Config{Addrs: []string{"127.0.0.1:1"}}, 128, 512},
 		{Config{Addrs: []string{"127.0.0.1:1"}, MaxIdleConns: 64}, 128, 512},
-		{Config{Addrs: []string{"127.0.0.1:1"}, MaxIdleConns: 64, MaxConns: 10}, 10, 40},
+		{Config{Addrs: []string{"127.0.0.1:1"}, MaxConns: 10}, 10, 40},
 		{Config{Addrs: []string{"127.0.0.1:1"}, MaxConns: 10, MaxWaiting: 3}, 10, 3},
 	} {
 		got, err := tt.give.withDefaults()
@@ -576,7 +572,7 @@ func TestBatchOpsSideBySide(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
 			proxy := storetest.StartProxy(t, srv.Addr)
-			s := newStore(t, Config{Addrs: []string{proxy.Addr}, MaxIdleConns: 8})
+			s := newStore(t, Config{Addrs: []string{proxy.Addr}, MaxConns: 16})
 			if err := s.WaitStarted(t.Context()); err != nil {
 				t.Fatal(err)
 			}
@@ -600,8 +596,8 @@ func TestBatchOpsSideBySide(t *testing.T) {
 			if took < time.Duration(tt.minTrips)*latency || took >= time.Duration(tt.maxTrips+1)*latency {
 				t.Errorf("a batch of %d ops took %v, want %d to %d round trips of %v", len(ops), took, tt.minTrips, tt.maxTrips, latency)
 			}
-			if got := proxy.Conns(); got > maxPipelineConns {
-				t.Errorf("%d connections after one batch of %d ops, want at most %d", got, len(ops), maxPipelineConns)
+			if got := proxy.Conns(); got > defaultConns {
+				t.Errorf("%d connections after one batch of %d ops, want at most %d", got, len(ops), defaultConns)
 			}
 		})
 	}
