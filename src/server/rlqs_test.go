@@ -212,8 +212,13 @@ func TestRLQSReportSize(t *testing.T) {
 func TestRLQSSharedThroughRedis(t *testing.T) {
 	redisSrv := storetest.StartRedis(t, storetest.RedisOptions{})
 	env := map[string]string{"BACKEND_TYPE": "redis", "REDIS_URL": redisSrv.Addr, "REDIS_SOCKET_TYPE": "tcp"}
-	a, _ := start(t, quotaServerRules, env)
+	var logs syncBuffer
+	a, _ := build(t, quotaServerRules, env, &logs)
+	run(t, a)
 	b, _ := start(t, quotaServerRules, env)
+	if strings.Contains(logs.String(), oneReplica) {
+		t.Errorf("log with BACKEND_TYPE=redis says %q:\n%s", oneReplica, logs.String())
+	}
 	ra, err := quotaStream(t, dial(t, a)).Recv()
 	if err != nil {
 		t.Fatal(err)
@@ -228,5 +233,21 @@ func TestRLQSSharedThroughRedis(t *testing.T) {
 	owned := a.stats.Gauges()["ratelimit.rlqs.shared.owned"] + b.stats.Gauges()["ratelimit.rlqs.shared.owned"]
 	if owned != 1 {
 		t.Errorf("pools owned by the two servers = %d, want 1", owned)
+	}
+}
+
+// oneReplica begins the line a server logs when its quota service's
+// shares live in its own memory.
+const oneReplica = "quota service: one replica"
+
+// TestRLQSMemoryStoreSaysOneReplica: with the memory store the quota
+// service's shares live in this process, so several replicas would each
+// give out the whole limit; its log says to run it on one replica.
+func TestRLQSMemoryStoreSaysOneReplica(t *testing.T) {
+	var logs syncBuffer
+	srv, _ := build(t, quotaServerRules, map[string]string{"BACKEND_TYPE": "memory"}, &logs)
+	run(t, srv)
+	if !strings.Contains(logs.String(), oneReplica) {
+		t.Errorf("log with BACKEND_TYPE=memory does not say %q:\n%s", oneReplica, logs.String())
 	}
 }
