@@ -242,12 +242,19 @@ const oneReplica = "quota service: one replica"
 
 // TestRLQSMemoryStoreSaysOneReplica: with the memory store the quota
 // service's shares live in this process, so several replicas would each
-// give out the whole limit; its log says to run it on one replica.
+// give out the whole limit; its log says to run it on one replica, once
+// the rules have quota buckets (and not before: most users of the memory
+// store do not use quotas).
 func TestRLQSMemoryStoreSaysOneReplica(t *testing.T) {
-	var logs syncBuffer
+	var logs, noQuota syncBuffer
 	srv, _ := build(t, quotaServerRules, map[string]string{"BACKEND_TYPE": "memory"}, &logs)
 	run(t, srv)
-	if !strings.Contains(logs.String(), oneReplica) {
-		t.Errorf("log with BACKEND_TYPE=memory does not say %q:\n%s", oneReplica, logs.String())
+	if got := strings.Count(logs.String(), oneReplica); got != 1 {
+		t.Errorf("log with BACKEND_TYPE=memory says %q %d times, want once:\n%s", oneReplica, got, logs.String())
+	}
+	srv, _ = build(t, serverRules, map[string]string{"BACKEND_TYPE": "memory"}, &noQuota)
+	run(t, srv)
+	if strings.Contains(noQuota.String(), oneReplica) {
+		t.Errorf("log with no quota_buckets says %q:\n%s", oneReplica, noQuota.String())
 	}
 }

@@ -105,6 +105,9 @@ type Server struct {
 	// quota serves the Rate Limit Quota Service; nil with
 	// RLQS_ENABLED=false.
 	quota *service.Quota
+	// oneReplica logs, once, that the quota service's shares live in
+	// this process (see setRules).
+	oneReplica sync.Once
 }
 
 // Reload reads the rule files and the TLS files at once, as an operator's
@@ -274,7 +277,7 @@ func (s *Server) newQuota() *service.Quota {
 	if idle == 0 {
 		idle = -1 // never
 	}
-	q := service.NewQuota(s.stats, service.QuotaConfig{
+	return service.NewQuota(s.stats, service.QuotaConfig{
 		Auto:                set.RLQSEnabled == settings.RLQSAuto,
 		Pool:                quota.Config{TTL: set.RLQSAssignmentTTL, Idle: idle},
 		MaxStreams:          set.RLQSMaxStreams,
@@ -284,11 +287,6 @@ func (s *Server) newQuota() *service.Quota {
 		Scope:               set.CacheKeyPrefix,
 		Log:                 s.log,
 	})
-	if s.store.share == nil {
-		s.log.Info("quota service: one replica: its shares live in this process's memory; run it on one replica, or share them through Redis (BACKEND_TYPE=redis)",
-			"backend", set.BackendType)
-	}
-	return q
 }
 
 // stopTracing stops the exporter of a server that failed to start. No
@@ -407,6 +405,13 @@ func (s *Server) setRules(snap provider.Snapshot) {
 	s.svc.SetRules(cfg)
 	if s.quota != nil {
 		s.quota.SetRules(cfg)
+		if s.store.share == nil && cfg.HasQuota() {
+			// Several replicas would each give out the whole limit.
+			s.oneReplica.Do(func() {
+				s.log.Info("quota service: one replica: its shares live in this process's memory; run it on one replica, or share them through Redis (BACKEND_TYPE=redis)",
+					"backend", s.set.BackendType)
+			})
+		}
 	}
 	s.snapshot.Store(&snap)
 	s.reloadErr.Store(nil)
