@@ -126,6 +126,11 @@ type Usage struct {
 	// for the first report of a subscriber it did not know (an Envoy
 	// that reconnected).
 	Elapsed time.Duration
+	// At is when the report was received, if before the call: replicas
+	// that share a pool hand reports to its owner a little later, and the
+	// demand is measured between the times they were received. Zero, or
+	// a time after the call's, means the call's time.
+	At time.Time
 }
 
 // Change is a grant to send to a subscriber now.
@@ -253,10 +258,14 @@ func (p *Pool) Report(now time.Time, id uint64, u Usage) []Change {
 		s = nil
 	}
 	n := u.Allowed + u.Denied
-	p.beyond += p.beyondShare(now, s, u)
+	at := u.At
+	if at.IsZero() || at.After(now) {
+		at = now
+	}
+	p.beyond += p.beyondShare(at, s, u)
 	if s == nil {
-		s = &sub{id: id, since: now, active: now}
-		s.reported = now
+		s = &sub{id: id, since: at, active: at}
+		s.reported = at
 		p.subs[id] = s
 		if u.Elapsed > 0 {
 			// A subscription Envoy had before this stream (the
@@ -273,7 +282,7 @@ func (p *Pool) Report(now time.Time, id uint64, u Usage) []Change {
 	} else {
 		s.count += n
 		s.allowed += u.Allowed
-		if d := now.Sub(s.since); d >= minSample {
+		if d := at.Sub(s.since); d >= minSample {
 			sample := float64(s.count) / d.Seconds()
 			if !s.known {
 				s.demand, s.known = sample, true
@@ -282,12 +291,12 @@ func (p *Pool) Report(now time.Time, id uint64, u Usage) []Change {
 				s.demand += a * (sample - s.demand)
 			}
 			p.learn(now, s, float64(s.allowed)/d.Seconds())
-			s.count, s.allowed, s.since = 0, 0, now
+			s.count, s.allowed, s.since = 0, 0, at
 		}
 	}
-	s.reported = now
+	s.reported = later(s.reported, at)
 	if n > 0 {
-		s.active = now
+		s.active = later(s.active, at)
 	}
 	changes := p.rebalance(now)
 	for _, c := range changes {
@@ -306,8 +315,9 @@ func (p *Pool) Report(now time.Time, id uint64, u Usage) []Change {
 // above the largest rate counted for it over the time since its last
 // report (with a second of slack for the timing of reports) plus its
 // burst and a token. Nothing can be told of the first report of a
-// subscriber that was granted nothing here (a reconnect).
-func (p *Pool) beyondShare(now time.Time, s *sub, u Usage) uint64 {
+// subscriber that was granted nothing here (a reconnect). at is when the
+// report was received.
+func (p *Pool) beyondShare(at time.Time, s *sub, u Usage) uint64 {
 	switch {
 	case s == nil && u.Elapsed == 0:
 		return u.Allowed
@@ -315,7 +325,7 @@ func (p *Pool) beyondShare(now time.Time, s *sub, u Usage) uint64 {
 		return 0
 	}
 	r, b := max(s.rate, s.holdRate), max(s.burst, s.holdBurst)
-	allowance := r*(now.Sub(s.reported)+time.Second).Seconds() + float64(b) + 1
+	allowance := r*(at.Sub(s.reported)+time.Second).Seconds() + float64(b) + 1
 	if a := float64(u.Allowed); a > allowance {
 		return uint64(a - allowance)
 	}
@@ -448,6 +458,14 @@ func (p *Pool) Empty() bool { return len(p.subs) == 0 }
 func (p *Pool) SetLimit(now time.Time, l Limit) []Change {
 	p.limit = l
 	return p.rebalance(now)
+}
+
+// later returns the later of a and b.
+func later(a, b time.Time) time.Time {
+	if b.After(a) {
+		return b
+	}
+	return a
 }
 
 func cmpUint(a, b uint64) int {
