@@ -495,8 +495,18 @@ func deadband(rate float64) float64 { return max(rate*0.02, 1.0/60) }
 // of the gone), the poorest first. It returns the grants that changed.
 func (p *Pool) rebalance(now time.Time) []Change {
 	p.expire(now)
-	var live []*sub
-	counted := 0
+	live, counted := p.live(now)
+	if len(live) == 0 {
+		return nil
+	}
+	targets, burst := p.targets(now, live, counted)
+	changes := p.decrease(now, live, targets, burst, nil)
+	return p.increase(now, live, targets, burst, changes)
+}
+
+// live returns the subscribers that still report, in id order, and how
+// many share the burst: those and the ones whose share still counts.
+func (p *Pool) live(now time.Time) (live []*sub, counted int) {
 	for _, s := range p.subs {
 		if r, b := s.committed(now); r > 0 || b > 0 || (!s.gone && !s.abandoned) {
 			counted++
@@ -505,11 +515,14 @@ func (p *Pool) rebalance(now time.Time) []Change {
 			live = append(live, s)
 		}
 	}
-	if len(live) == 0 {
-		return nil
-	}
 	slices.SortFunc(live, func(a, b *sub) int { return cmpUint(a.id, b.id) })
+	return live, counted
+}
 
+// targets returns each live subscriber's target rate, max-min fair over
+// the capacity less the reserve, and the burst each may hold; while the
+// pool learns, never more than a subscriber was seen admitting.
+func (p *Pool) targets(now time.Time, live []*sub, counted int) ([]float64, uint32) {
 	learning := now.Before(p.cfg.Learning())
 	capacity := p.limit.Rate * (1 - p.cfg.Reserve)
 	demands := make([]float64, len(live))
@@ -524,35 +537,35 @@ func (p *Pool) rebalance(now time.Time) []Change {
 		}
 	}
 	targets := Waterfill(capacity, demands)
-	burst := uint32(1)
 	if !learning {
-		burst = uint32(max(1, math.Floor(p.limit.Burst/float64(counted))))
+		return targets, uint32(max(1, math.Floor(p.limit.Burst/float64(counted))))
 	}
-	if learning {
-		// Never more than it was seen admitting: the old server's lease
-		// may still be in force elsewhere. A bucket created meanwhile
-		// held nothing: those share the reserve.
-		fresh := 0
-		for _, s := range live {
-			if s.fresh {
-				fresh++
-			}
-		}
-		for i, s := range live {
-			if s.fresh {
-				targets[i] = min(targets[i], p.limit.Rate*p.cfg.Reserve/float64(fresh))
-			}
-			if s.hasEvidence || !s.fresh {
-				targets[i] = min(targets[i], s.evidence)
-			}
+	// Never more than it was seen admitting: the old server's lease may
+	// still be in force elsewhere. A bucket created meanwhile held
+	// nothing: those share the reserve.
+	fresh := 0
+	for _, s := range live {
+		if s.fresh {
+			fresh++
 		}
 	}
+	for i, s := range live {
+		if s.fresh {
+			targets[i] = min(targets[i], p.limit.Rate*p.cfg.Reserve/float64(fresh))
+		}
+		if s.hasEvidence || !s.fresh {
+			targets[i] = min(targets[i], s.evidence)
+		}
+	}
+	return targets, 1
+}
+
+// decrease lowers, at once, the grants above their target (or above the
+// burst): the old share stays counted until Settle has passed. It appends
+// the changes to changes.
+func (p *Pool) decrease(now time.Time, live []*sub, targets []float64, burst uint32, changes []Change) []Change {
 	committed, _ := p.Committed(now)
 	over := committed > p.limit.Rate
-
-	var changes []Change
-	// Decreases first, at once: the old share stays counted until
-	// Settle has passed.
 	for i, s := range live {
 		if !s.granted {
 			continue
@@ -572,9 +585,13 @@ func (p *Pool) rebalance(now time.Time) []Change {
 		p.set(now, s, r, b)
 		changes = append(changes, Change{Sub: s.id, Grant: s.grant})
 	}
+	return changes
+}
 
-	// Then increases, out of what is free now, the poorest first. The
-	// reserve is only for subscribers with no grant yet.
+// increase raises the grants below their target out of what is free now,
+// the subscribers with no grant first, then the poorest; the reserve is
+// only for those with no grant yet. It appends the changes to changes.
+func (p *Pool) increase(now time.Time, live []*sub, targets []float64, burst uint32, changes []Change) []Change {
 	rate, burstSum := p.Committed(now)
 	free := p.limit.Rate - rate
 	freeBurst := int64(p.limit.Burst) - int64(burstSum)
