@@ -187,14 +187,38 @@ type syncing struct {
 func (q *Quota) tickShared(ctx context.Context) {
 	q.tickMu.Lock()
 	defer q.tickMu.Unlock()
-	sh := q.share
-
-	// What to hand over and to ask for. The lock is taken pool by pool,
-	// so that a report waits for one pool at most, and the store is
-	// called without it.
 	now := q.cfg.Now()
-	var work []*syncing
-	var reqs []quota.SyncRequest
+	work, reqs := q.syncRequests(now)
+	if len(reqs) == 0 {
+		q.mu.Lock()
+		q.share.lastOK, q.share.down = now, false
+		q.mu.Unlock()
+		return
+	}
+	replies := q.cfg.Share.SyncQuota(ctx, reqs)
+	startErr := q.readStarted(ctx, now, reqs, replies)
+	commits, ok := q.runReplies(work, replies, startErr)
+	q.noteShareReached(ok, replies)
+	if len(commits) == 0 {
+		return
+	}
+	errs := q.cfg.Share.CommitQuota(ctx, commits)
+	for _, w := range work {
+		if w.commit < 0 {
+			continue
+		}
+		q.mu.Lock()
+		if q.pools[w.k] == w.qp {
+			q.committed(q.cfg.Now(), w, commits[w.commit], errs[w.commit])
+		}
+		q.mu.Unlock()
+	}
+}
+
+// syncRequests returns what to hand over and to ask for, pool by pool.
+// The lock is taken pool by pool, so that a report waits for one pool at
+// most, and the store is called without it.
+func (q *Quota) syncRequests(now time.Time) (work []*syncing, reqs []quota.SyncRequest) {
 	for _, k := range q.poolKeys() {
 		q.mu.Lock()
 		if w, req, ok := q.syncRequest(now, k); ok {
@@ -203,34 +227,35 @@ func (q *Quota) tickShared(ctx context.Context) {
 		}
 		q.mu.Unlock()
 	}
-	if len(reqs) == 0 {
-		q.mu.Lock()
-		sh.lastOK, sh.down = now, false
-		q.mu.Unlock()
-		return
-	}
-	replies := q.cfg.Share.SyncQuota(ctx, reqs)
+	return work, reqs
+}
 
-	// A pool the store holds no state of starts now, or learns while the
-	// shared pools are new (the store lost its data).
-	var startErr error
+// readStarted reads when the shared pools started, once a pool the store
+// holds no state of starts now, or learns while the shared pools are new
+// (the store lost its data). It returns the error of that read: the new
+// pools then learn.
+func (q *Quota) readStarted(ctx context.Context, now time.Time, reqs []quota.SyncRequest, replies []quota.SyncReply) error {
 	for i, rep := range replies {
-		if rep.Err == nil && rep.Owner && rep.State == nil && (rep.Fresh || reqs[i].State) {
-			t, err := q.cfg.Share.QuotaStarted(ctx, q.cfg.Scope, now)
-			if err != nil {
-				startErr = err
-				q.cfg.Log.Warn("quota: reading when the shared pools started; new pools learn", "err", err)
-				break
-			}
-			q.mu.Lock()
-			sh.started = t
-			q.mu.Unlock()
-			break
+		if rep.Err != nil || !rep.Owner || rep.State != nil || (!rep.Fresh && !reqs[i].State) {
+			continue
 		}
+		t, err := q.cfg.Share.QuotaStarted(ctx, q.cfg.Scope, now)
+		if err != nil {
+			q.cfg.Log.Warn("quota: reading when the shared pools started; new pools learn", "err", err)
+			return err
+		}
+		q.mu.Lock()
+		q.share.started = t
+		q.mu.Unlock()
+		return nil
 	}
+	return nil
+}
 
-	var commits []quota.CommitRequest
-	ok := 0
+// runReplies applies the store's replies pool by pool, the owner running
+// its pools; it returns what the owned pools write back, and how many
+// replies came.
+func (q *Quota) runReplies(work []*syncing, replies []quota.SyncReply, startErr error) (commits []quota.CommitRequest, ok int) {
 	for i, w := range work {
 		rep := replies[i]
 		if rep.Err == nil {
@@ -241,15 +266,23 @@ func (q *Quota) tickShared(ctx context.Context) {
 		now := q.cfg.Now()
 		// A pool dropped meanwhile (the rules changed) is left alone.
 		if q.pools[w.k] == w.qp && q.syncReply(now, w, rep) {
-			if c, ok := q.runOwned(now, w, rep); ok {
+			if c, owned := q.runOwned(now, w, rep); owned {
 				w.commit = len(commits)
 				commits = append(commits, c)
 			}
 		}
 		q.mu.Unlock()
 	}
+	return commits, ok
+}
+
+// noteShareReached records whether the store answered this tick; past
+// shareDownAfter without an answer, it ends every stream, so that Envoys
+// open theirs to a replica that reaches it.
+func (q *Quota) noteShareReached(ok int, replies []quota.SyncReply) {
 	q.mu.Lock()
-	now = q.cfg.Now()
+	defer q.mu.Unlock()
+	sh, now := q.share, q.cfg.Now()
 	switch {
 	case ok > 0:
 		sh.lastOK, sh.down = now, false
@@ -260,22 +293,6 @@ func (q *Quota) tickShared(ctx context.Context) {
 		for _, st := range q.streams {
 			st.end(errShareDown)
 		}
-	}
-	q.mu.Unlock()
-	if len(commits) == 0 {
-		return
-	}
-	errs := q.cfg.Share.CommitQuota(ctx, commits)
-
-	for _, w := range work {
-		if w.commit < 0 {
-			continue
-		}
-		q.mu.Lock()
-		if q.pools[w.k] == w.qp {
-			q.committed(q.cfg.Now(), w, commits[w.commit], errs[w.commit])
-		}
-		q.mu.Unlock()
 	}
 }
 
