@@ -593,75 +593,82 @@ func (q *Quota) report(st *quotaStream, m *rlqsv3.RateLimitQuotaUsageReports) er
 	}
 	for _, u := range m.GetBucketQuotaUsages() {
 		q.reports.Inc()
-		id := u.GetBucketId().GetBucket()
-		key := bucketKey(id)
-		pk := poolKey{st.domain, key}
-		sb := st.buckets[key]
-		if sb == nil {
-			if len(st.buckets) >= q.cfg.MaxBucketsPerStream {
-				q.refused.Inc()
-				continue
-			}
-			sb = &streamBucket{stream: st.id, key: key, id: u.GetBucketId()}
-			st.buckets[key] = sb
-		}
-		r := cfg.MatchQuota(st.domain, id)
-		switch {
-		case sb.pool != nil && q.pools[pk] != sb.pool:
-			// Its pool ended (abandoned, then dropped): subscribing
-			// again is a new subscription, within the bounds.
-			sb.pool = nil
-		case sb.pool != nil && (r == nil || sb.pool.rule != r):
-			q.leave(now, pk, sb)
-		}
-		allowed := min(u.GetNumRequestsAllowed(), maxReportedRequests)
-		denied := min(u.GetNumRequestsDenied(), maxReportedRequests)
-		var totals *ruleTotals
-		if r != nil {
-			totals = q.totals(r)
-			totals.allowed.Add(allowed)
-			totals.denied.Add(denied)
-		}
-		switch {
-		case r == nil:
-			// No answer: Envoy's no_assignment_behavior decides, as
-			// while the service is unreachable.
-			q.noRule.Inc()
-		case !r.Policy.Limited():
-			q.queue(st, key, q.blanket(sb.id, r.Policy))
-		default:
-			qp := q.pools[pk]
-			if qp == nil {
-				if q.subs >= q.cfg.MaxBuckets {
-					q.refused.Inc()
-					continue
-				}
-				qp = &quotaPool{id: id, rule: r}
-				if q.share != nil {
-					qp.sh = &sharedPool{name: q.cfg.Scope + "\x00" + st.domain + "\x00" + key, local: map[uint64]*localSub{}}
-				} else {
-					qp.p = quota.NewPool(limitOf(r), q.cfg.Pool)
-				}
-				q.pools[pk] = qp
-			}
-			if sb.pool == nil && q.subs >= q.cfg.MaxBuckets {
-				q.refused.Inc()
-				continue
-			}
-			sb.pool = qp
-			if qp.sh != nil {
-				// Answered at a tick, once the pool's owner has run it.
-				q.sharedReport(now, qp, st, sb, allowed, denied, elapsedOf(u))
-				continue
-			}
-			before, beyond := qp.p.Len(), qp.p.Beyond()
-			changes := qp.p.Report(now, st.id, quota.Usage{Allowed: allowed, Denied: denied, Elapsed: elapsedOf(u)})
-			q.subs += qp.p.Len() - before
-			totals.beyond.Add(qp.p.Beyond() - beyond)
-			q.deliver(pk, qp, changes)
-		}
+		q.reportBucket(now, cfg, st, u)
 	}
 	return nil
+}
+
+// reportBucket handles the report of one bucket of stream st: its
+// subscription, within the bounds, and its usage. q.mu is held.
+func (q *Quota) reportBucket(now time.Time, cfg *rules.Config, st *quotaStream, u *rlqsv3.RateLimitQuotaUsageReports_BucketQuotaUsage) {
+	id := u.GetBucketId().GetBucket()
+	key := bucketKey(id)
+	pk := poolKey{st.domain, key}
+	sb := st.buckets[key]
+	if sb == nil {
+		if len(st.buckets) >= q.cfg.MaxBucketsPerStream {
+			q.refused.Inc()
+			return
+		}
+		sb = &streamBucket{stream: st.id, key: key, id: u.GetBucketId()}
+		st.buckets[key] = sb
+	}
+	r := cfg.MatchQuota(st.domain, id)
+	switch {
+	case sb.pool != nil && q.pools[pk] != sb.pool:
+		// Its pool ended (abandoned, then dropped): subscribing again
+		// is a new subscription, within the bounds.
+		sb.pool = nil
+	case sb.pool != nil && (r == nil || sb.pool.rule != r):
+		q.leave(now, pk, sb)
+	}
+	allowed := min(u.GetNumRequestsAllowed(), maxReportedRequests)
+	denied := min(u.GetNumRequestsDenied(), maxReportedRequests)
+	var totals *ruleTotals
+	if r != nil {
+		totals = q.totals(r)
+		totals.allowed.Add(allowed)
+		totals.denied.Add(denied)
+	}
+	switch {
+	case r == nil:
+		// No answer: Envoy's no_assignment_behavior decides, as while
+		// the service is unreachable.
+		q.noRule.Inc()
+		return
+	case !r.Policy.Limited():
+		q.queue(st, key, q.blanket(sb.id, r.Policy))
+		return
+	}
+	qp := q.pools[pk]
+	if qp == nil {
+		if q.subs >= q.cfg.MaxBuckets {
+			q.refused.Inc()
+			return
+		}
+		qp = &quotaPool{id: id, rule: r}
+		if q.share != nil {
+			qp.sh = &sharedPool{name: q.cfg.Scope + "\x00" + st.domain + "\x00" + key, local: map[uint64]*localSub{}}
+		} else {
+			qp.p = quota.NewPool(limitOf(r), q.cfg.Pool)
+		}
+		q.pools[pk] = qp
+	}
+	if sb.pool == nil && q.subs >= q.cfg.MaxBuckets {
+		q.refused.Inc()
+		return
+	}
+	sb.pool = qp
+	if qp.sh != nil {
+		// Answered at a tick, once the pool's owner has run it.
+		q.sharedReport(now, qp, st, sb, allowed, denied, elapsedOf(u))
+		return
+	}
+	before, beyond := qp.p.Len(), qp.p.Beyond()
+	changes := qp.p.Report(now, st.id, quota.Usage{Allowed: allowed, Denied: denied, Elapsed: elapsedOf(u)})
+	q.subs += qp.p.Len() - before
+	totals.beyond.Add(qp.p.Beyond() - beyond)
+	q.deliver(pk, qp, changes)
 }
 
 // ruleLabel names a quota rule in statistics and the live view: its name,
