@@ -388,37 +388,7 @@ func (q *Quota) runOwned(now time.Time, w *syncing, rep quota.SyncReply) (quota.
 	qp, sh := w.qp, w.qp.sh
 	limit := limitOf(qp.rule)
 	if !sh.owned || rep.Fresh || sh.reload || qp.p == nil {
-		cfg := q.cfg.Pool
-		cfg.Start = q.share.started
-		if w.fresh {
-			// When the shared pools started is not known: as if now.
-			cfg.Start = now
-		}
-		if rep.State != nil {
-			p, err := quota.RestorePool(limit, cfg, rep.State)
-			if err != nil {
-				// Not a state this service wrote: start again, learning.
-				q.share.badRecords.Inc()
-				q.cfg.Log.Warn("quota: a pool's state in the store is unreadable; the pool learns again", "err", err)
-				cfg.Start = now
-				p = quota.NewPool(limit, cfg)
-			}
-			qp.p = p
-		} else {
-			qp.p = quota.NewPool(limit, cfg)
-		}
-		if rep.Fresh && rep.Epoch > 1 {
-			// Another replica held it before.
-			q.share.takeovers.Inc()
-		}
-		sh.owned, sh.reload, sh.seq, sh.state = true, false, 0, rep.State
-		sh.grants = map[uint64][]byte{}
-		sh.stored = map[uint64][]byte{}
-		for _, f := range rep.Subs {
-			if id, err := strconv.ParseUint(f, 10, 64); err == nil {
-				sh.stored[id] = nil
-			}
-		}
+		q.takeOwnership(now, w, rep, limit)
 	}
 	sh.epoch = rep.Epoch
 	p := qp.p
@@ -459,6 +429,50 @@ func (q *Quota) runOwned(now time.Time, w *syncing, rep quota.SyncReply) (quota.
 			delete(sh.grants, id)
 		}
 	}
+	return q.commitOf(sh, p)
+}
+
+// takeOwnership starts running a pool whose lease this replica has just
+// taken (or whose state it must read again): from the state the store
+// holds, or new, learning from when the shared pools started.
+func (q *Quota) takeOwnership(now time.Time, w *syncing, rep quota.SyncReply, limit quota.Limit) {
+	qp, sh := w.qp, w.qp.sh
+	cfg := q.cfg.Pool
+	cfg.Start = q.share.started
+	if w.fresh {
+		// When the shared pools started is not known: as if now.
+		cfg.Start = now
+	}
+	if rep.State != nil {
+		p, err := quota.RestorePool(limit, cfg, rep.State)
+		if err != nil {
+			// Not a state this service wrote: start again, learning.
+			q.share.badRecords.Inc()
+			q.cfg.Log.Warn("quota: a pool's state in the store is unreadable; the pool learns again", "err", err)
+			cfg.Start = now
+			p = quota.NewPool(limit, cfg)
+		}
+		qp.p = p
+	} else {
+		qp.p = quota.NewPool(limit, cfg)
+	}
+	if rep.Fresh && rep.Epoch > 1 {
+		// Another replica held it before.
+		q.share.takeovers.Inc()
+	}
+	sh.owned, sh.reload, sh.seq, sh.state = true, false, 0, rep.State
+	sh.grants = map[uint64][]byte{}
+	sh.stored = map[uint64][]byte{}
+	for _, f := range rep.Subs {
+		if id, err := strconv.ParseUint(f, 10, 64); err == nil {
+			sh.stored[id] = nil
+		}
+	}
+}
+
+// commitOf returns what an owner writes of pool p: its state, the grants
+// that changed and those to drop; false when nothing changed.
+func (q *Quota) commitOf(sh *sharedPool, p *quota.Pool) (quota.CommitRequest, bool) {
 	c := quota.CommitRequest{Pool: sh.name, Replica: q.share.replica, Epoch: sh.epoch, Keep: q.share.keep, State: p.AppendState(nil)}
 	for _, id := range slices.Sorted(maps.Keys(sh.grants)) {
 		if g := sh.grants[id]; !bytes.Equal(g, sh.stored[id]) {
