@@ -125,73 +125,89 @@ func newStore(ctx context.Context, set *settings.Settings, reg *stats.Registry, 
 		b.keyFormat = limiter.EscapedKeys
 		return b, nil
 	case settings.BackendRedis:
-		cfg, err := redisConfig(set)
-		if err != nil {
+		if err := b.openRedis(ctx, set, reg, tracer); err != nil {
 			return nil, err
 		}
-		cfg.Tracer = tracer
-		cfg.RoundTrip = redisRoundTrips(reg)
-		cfg.Answered = b.answered
-		r, err := redis.New(ctx, cfg)
-		if err != nil {
-			return nil, err
-		}
-		reg.CounterFunc("ratelimit.redis.round_trips", func() uint64 { rt, _ := r.Counters(); return rt })
-		reg.CounterFunc("ratelimit.redis.ops", func() uint64 { _, ops := r.Counters(); return ops })
-		reg.CounterFunc("ratelimit.redis.load_shed", r.Shed)
-		registerBreakers(reg, "ratelimit.redis.", r.Breakers)
-		redisPoolStats(reg, "ratelimit.redis_pool", r, false)
-		if set.RedisPerSecond {
-			redisPoolStats(reg, "ratelimit.redis_per_second_pool", r, true)
-		}
-		b.store, b.healthy, b.close, b.started = r, r.Healthy, func() { _ = r.Close() }, r.WaitStarted
-		b.timeout, b.keyFormat, b.breakers = redisTimeout(cfg), keyFormat(set), r.Breakers
-		b.share = r
-		b.memory = func(ctx context.Context) []storeMemory {
-			var out []storeMemory
-			for _, m := range r.Memory(ctx) {
-				out = append(out, storeMemory{server: m.Server, known: m.Known, maxBytes: m.MaxBytes, policy: m.Policy, evicts: m.Evicts()})
-			}
-			return out
-		}
-		b.mem = newMemoryGauges(reg, "ratelimit.redis.")
 		return b, nil
 	case settings.BackendMemcache:
-		cfg, err := memcacheConfig(set)
-		if err != nil {
+		if err := b.openMemcached(ctx, set, reg, tracer); err != nil {
 			return nil, err
 		}
-		cfg.Tracer = tracer
-		cfg.RoundTrip = reg.Timer("ratelimit.memcache.round_trip").Record
-		cfg.Answered = b.answered
-		m, err := memcached.New(ctx, cfg)
-		if err != nil {
-			return nil, err
-		}
-		reg.CounterFunc("ratelimit.memcache.round_trips", func() uint64 { rt, _ := m.Counters(); return rt })
-		reg.CounterFunc("ratelimit.memcache.ops", func() uint64 { _, ops := m.Counters(); return ops })
-		reg.CounterFunc("ratelimit.memcache.load_shed", m.Shed)
-		registerBreakers(reg, "ratelimit.memcache.", m.Breakers)
-		memcacheOpStats(reg, m)
-		b.store, b.healthy, b.close, b.started = m, m.Healthy, func() { _ = m.Close() }, m.WaitStarted
-		// The timeout is the store's, its default included: 0 would be
-		// the memory store's, which gets no REQUEST_TIMEOUT (issue 24).
-		b.timeout, b.keyFormat, b.breakers = m.Timeout(), keyFormat(set), m.Breakers
-		b.memory = func(ctx context.Context) []storeMemory {
-			var out []storeMemory
-			for _, s := range m.Memory(ctx) {
-				policy := "evictions off (-M)"
-				if s.Evictions {
-					policy = "evictions on"
-				}
-				out = append(out, storeMemory{server: s.Server, known: s.Known, maxBytes: s.MaxBytes, policy: policy, evicts: s.Evicts()})
-			}
-			return out
-		}
-		b.mem = newMemoryGauges(reg, "ratelimit.memcache.")
 		return b, nil
 	}
 	return nil, fmt.Errorf("server: BACKEND_TYPE %q is not available in this build", set.BackendType)
+}
+
+// openRedis makes b's store a Redis store, with its statistics.
+func (b *storeHandle) openRedis(ctx context.Context, set *settings.Settings, reg *stats.Registry, tracer trace.Tracer) error {
+	cfg, err := redisConfig(set)
+	if err != nil {
+		return err
+	}
+	cfg.Tracer = tracer
+	cfg.RoundTrip = redisRoundTrips(reg)
+	cfg.Answered = b.answered
+	r, err := redis.New(ctx, cfg)
+	if err != nil {
+		return err
+	}
+	reg.CounterFunc("ratelimit.redis.round_trips", func() uint64 { rt, _ := r.Counters(); return rt })
+	reg.CounterFunc("ratelimit.redis.ops", func() uint64 { _, ops := r.Counters(); return ops })
+	reg.CounterFunc("ratelimit.redis.load_shed", r.Shed)
+	registerBreakers(reg, "ratelimit.redis.", r.Breakers)
+	redisPoolStats(reg, "ratelimit.redis_pool", r, false)
+	if set.RedisPerSecond {
+		redisPoolStats(reg, "ratelimit.redis_per_second_pool", r, true)
+	}
+	b.store, b.healthy, b.close, b.started = r, r.Healthy, func() { _ = r.Close() }, r.WaitStarted
+	b.timeout, b.keyFormat, b.breakers = redisTimeout(cfg), keyFormat(set), r.Breakers
+	b.share = r
+	b.memory = func(ctx context.Context) []storeMemory {
+		var out []storeMemory
+		for _, m := range r.Memory(ctx) {
+			out = append(out, storeMemory{server: m.Server, known: m.Known, maxBytes: m.MaxBytes, policy: m.Policy, evicts: m.Evicts()})
+		}
+		return out
+	}
+	b.mem = newMemoryGauges(reg, "ratelimit.redis.")
+	return nil
+}
+
+// openMemcached makes b's store a Memcached store, with its statistics.
+func (b *storeHandle) openMemcached(ctx context.Context, set *settings.Settings, reg *stats.Registry, tracer trace.Tracer) error {
+	cfg, err := memcacheConfig(set)
+	if err != nil {
+		return err
+	}
+	cfg.Tracer = tracer
+	cfg.RoundTrip = reg.Timer("ratelimit.memcache.round_trip").Record
+	cfg.Answered = b.answered
+	m, err := memcached.New(ctx, cfg)
+	if err != nil {
+		return err
+	}
+	reg.CounterFunc("ratelimit.memcache.round_trips", func() uint64 { rt, _ := m.Counters(); return rt })
+	reg.CounterFunc("ratelimit.memcache.ops", func() uint64 { _, ops := m.Counters(); return ops })
+	reg.CounterFunc("ratelimit.memcache.load_shed", m.Shed)
+	registerBreakers(reg, "ratelimit.memcache.", m.Breakers)
+	memcacheOpStats(reg, m)
+	b.store, b.healthy, b.close, b.started = m, m.Healthy, func() { _ = m.Close() }, m.WaitStarted
+	// The timeout is the store's, its default included: 0 would be the
+	// memory store's, which gets no REQUEST_TIMEOUT (issue 24).
+	b.timeout, b.keyFormat, b.breakers = m.Timeout(), keyFormat(set), m.Breakers
+	b.memory = func(ctx context.Context) []storeMemory {
+		var out []storeMemory
+		for _, s := range m.Memory(ctx) {
+			policy := "evictions off (-M)"
+			if s.Evictions {
+				policy = "evictions on"
+			}
+			out = append(out, storeMemory{server: s.Server, known: s.Known, maxBytes: s.MaxBytes, policy: policy, evicts: s.Evicts()})
+		}
+		return out
+	}
+	b.mem = newMemoryGauges(reg, "ratelimit.memcache.")
+	return nil
 }
 
 // pipelineBuckets are the Prometheus buckets of the commands per Redis
