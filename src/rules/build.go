@@ -383,6 +383,8 @@ type limitSpec struct {
 	unlimited bool
 	name      string
 	replaces  []string
+	// shadow is an item of rate_limits's shadow_mode (Limit.Shadow).
+	shadow bool
 
 	// hasAlgorithm, hasBurst and hasMultiplier are the field given (in
 	// YAML, its key present, whatever its value).
@@ -403,6 +405,7 @@ const (
 	fieldAlgorithm  = "algorithm"
 	fieldBurst      = "burst"
 	fieldMultiplier = "unit_multiplier"
+	fieldShadow     = "shadow_mode"
 )
 
 // limitProblem is one problem of a rate_limit: its text and what it is
@@ -429,6 +432,7 @@ func newLimit(s limitSpec, fullKey, source string, flags descriptorFlags, opts O
 		UnitMultiplier:  1,
 		Name:            s.name,
 		Unlimited:       s.unlimited,
+		Shadow:          s.shadow,
 		ShadowMode:      flags.shadow,
 		QuotaMode:       flags.quota,
 		DetailedMetric:  flags.detailed,
@@ -467,7 +471,17 @@ func newLimit(s limitSpec, fullKey, source string, flags descriptorFlags, opts O
 		}
 	}
 
+	if s.shadow && len(s.replaces) > 0 {
+		// Dropping another rule's limit would change what is enforced,
+		// which a shadow limit never does.
+		report(fieldShadow, false, "a shadow limit cannot replace other limits: that would change what is enforced")
+		ok = false
+	}
 	if s.unlimited {
+		if s.shadow {
+			report(fieldShadow, false, "shadow_mode has no effect with unlimited: true")
+			ok = false
+		}
 		for _, f := range []struct {
 			name    string
 			present bool

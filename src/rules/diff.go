@@ -342,6 +342,7 @@ func limitFields(a, b *Limit) []FieldChange {
 	fs = appendField(fs, "requests_per_unit", strconv.FormatUint(uint64(a.RequestsPerUnit), 10), strconv.FormatUint(uint64(b.RequestsPerUnit), 10))
 	fs = appendField(fs, "shadow_mode", strconv.FormatBool(a.ShadowMode), strconv.FormatBool(b.ShadowMode))
 	fs = appendField(fs, "quota_mode", strconv.FormatBool(a.QuotaMode), strconv.FormatBool(b.QuotaMode))
+	fs = appendField(fs, "shadow", strconv.FormatBool(a.Shadow), strconv.FormatBool(b.Shadow))
 	fs = appendField(fs, "unlimited", strconv.FormatBool(a.Unlimited), strconv.FormatBool(b.Unlimited))
 	fs = appendField(fs, "algorithm", a.Algorithm.String(), b.Algorithm.String())
 	fs = appendField(fs, "burst", burst(a), burst(b))
