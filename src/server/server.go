@@ -29,6 +29,7 @@ import (
 	"google.golang.org/grpc/reflection"
 	"google.golang.org/grpc/status"
 
+	"github.com/ratelimitd/ratelimit/src/capture"
 	"github.com/ratelimitd/ratelimit/src/limiter"
 	"github.com/ratelimitd/ratelimit/src/live"
 	"github.com/ratelimitd/ratelimit/src/live/web"
@@ -99,6 +100,7 @@ type Server struct {
 	// the debug listener; both nil with LIVE_VIEW_ENABLED=false.
 	live      *live.Recorder
 	web       *web.Handler
+	capture   *capture.Recorder // nil with CAPTURE_ENABLED=false
 	nearCache *limiter.NearCache
 	// quota serves the Rate Limit Quota Service; nil with
 	// RLQS_ENABLED=false.
@@ -194,6 +196,9 @@ func New(ctx context.Context, set *settings.Settings, log *slog.Logger) (*Server
 	if set.LiveViewEnabled {
 		s.live = live.New(live.Config{MaxKeys: set.LiveViewMaxKeys})
 	}
+	if set.CaptureEnabled {
+		s.capture = newCapture(set)
+	}
 	s.svc = service.New(lim, s.stats, service.Config{
 		GlobalShadowMode: set.ShadowMode,
 		GlobalQuotaMode:  set.QuotaMode,
@@ -218,6 +223,7 @@ func New(ctx context.Context, set *settings.Settings, log *slog.Logger) (*Server
 		Tracer:             tr.Tracer(),
 		Propagator:         service.Propagator(),
 		Live:               s.live,
+		Capture:            s.capture,
 		Log:                log,
 	})
 
@@ -512,6 +518,7 @@ func (s *Server) listen() error {
 			http.Error(w, "the live view is off (LIVE_VIEW_ENABLED=false)", http.StatusNotFound)
 		})
 	}
+	index += s.mountCapture(dmux)
 	dmux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		if r.URL.Path != "/" {
 			http.NotFound(w, r)
@@ -523,6 +530,10 @@ func (s *Server) listen() error {
 	if s.web != nil {
 		// Streams never end by themselves: a graceful shutdown ends them.
 		s.debugSrv.RegisterOnShutdown(s.web.Close)
+	}
+	if s.capture != nil {
+		// Nor does a capture before its time.
+		s.debugSrv.RegisterOnShutdown(s.capture.Close)
 	}
 	return nil
 }

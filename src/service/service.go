@@ -23,6 +23,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/ratelimitd/ratelimit/src/capture"
 	"github.com/ratelimitd/ratelimit/src/limiter"
 	"github.com/ratelimitd/ratelimit/src/live"
 	"github.com/ratelimitd/ratelimit/src/rules"
@@ -133,6 +134,10 @@ type Config struct {
 	// The round trips are timed from Now's readings: with a Now other
 	// than the system clock their latencies mean nothing.
 	Live *live.Recorder
+	// Capture, when not nil, is given every request decided while a
+	// capture runs (the debug listener's /api/v1/capture); while none
+	// runs it costs a decision one atomic load.
+	Capture *capture.Recorder
 	// Now is the clock; nil means time.Now.
 	Now func() time.Time
 	// Log receives errors worth an operator's attention; nil discards them.
@@ -475,7 +480,11 @@ func (s *Service) decide(ctx context.Context, req *rlsv3.RateLimitRequest) (*rls
 	if err != nil {
 		return nil, err
 	}
-	return s.respond(req, sc, now, degraded)
+	resp, err := s.respond(req, sc, now, degraded)
+	if err == nil && s.cfg.Capture.Active() {
+		s.captureRequest(req, now, resp, degraded)
+	}
+	return resp, err
 }
 
 // outage reports whether a limiter error means that the store could not

@@ -239,6 +239,14 @@ type Settings struct {
 	LiveViewEnabled bool `envconfig:"LIVE_VIEW_ENABLED" default:"true"`
 	LiveViewMaxKeys int  `envconfig:"LIVE_VIEW_MAX_KEYS" default:"1024"`
 
+	// Capture (extensions): /api/v1/capture on the debug listener records
+	// the requests decided for a bounded time or count, as NDJSON, when an
+	// operator asks (README, "Changing a limit safely"). CAPTURE_ENABLED=
+	// false removes the endpoint. CAPTURE_MAX_BYTES: the most one capture
+	// may hold, in bytes (256 MiB; 1 MiB..64 GiB).
+	CaptureEnabled  bool  `envconfig:"CAPTURE_ENABLED" default:"true"`
+	CaptureMaxBytes int64 `envconfig:"CAPTURE_MAX_BYTES" default:"268435456"`
+
 	// The Rate Limit Quota Service (extensions; docs/RLQS.md), on the gRPC
 	// listener. RLQS_ENABLED: true, false, or empty (the default): served
 	// while the rules have quota_buckets, answered Unimplemented while
@@ -733,6 +741,9 @@ func (s *Settings) Validate() error {
 	}
 	if s.LiveViewMaxKeys < 16 || s.LiveViewMaxKeys > 65536 {
 		bad("LIVE_VIEW_MAX_KEYS", "%d is outside 16..65536", s.LiveViewMaxKeys)
+	}
+	if s.CaptureMaxBytes < 1<<20 || s.CaptureMaxBytes > 64<<30 {
+		bad("CAPTURE_MAX_BYTES", "%d is outside 1048576..68719476736 (1 MiB..64 GiB)", s.CaptureMaxBytes)
 	}
 	s.validateRLQS(bad)
 	if s.StatsdPort < 1 || s.StatsdPort > 65535 {
