@@ -647,8 +647,10 @@ func (s *Store) doAll(now time.Time, b *limiter.Batch) error {
 	for i := range undos {
 		u := &undos[i]
 		u.e.pinned = false
-		gone := u.created && (u.undone || refused && !u.shadow)
-		if !gone { // a key undone is gone
+		// A key this batch created and took back is gone, for every op
+		// of the batch on it: a read of it (Hits 0) after the op that
+		// created it did not create it.
+		if u.sh.m[u.e.key] == u.e {
 			u.sh.used(u.e, t, &b.Results[u.op])
 		}
 	}
