@@ -17,14 +17,15 @@ import (
 	"github.com/ratelimitd/ratelimit/src/store/storetest"
 )
 
-// shadowListRules try two stricter limits beside the one in force: one of
-// the same algorithm on a longer window, and a token bucket.
+// shadowListRules try two stricter limits beside the one in force: its
+// twin (the same algorithm and window, a key of its own), and a token
+// bucket.
 const shadowListRules = `domain: shd
 descriptors:
   - key: user
     rate_limits:
       - {unit: day, requests_per_unit: 50}
-      - {unit: week, requests_per_unit: 20, shadow_mode: true, name: strict}
+      - {unit: day, requests_per_unit: 20, shadow_mode: true, name: strict}
       - {unit: hour, requests_per_unit: 10, algorithm: token_bucket, shadow_mode: true, name: bucket}
 `
 

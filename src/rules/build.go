@@ -299,7 +299,7 @@ func linkList(list []*Limit) []listProblem {
 		for j, prev := range list[:i] {
 			switch {
 			case !l.Unlimited && !prev.Unlimited && l.Algorithm == prev.Algorithm &&
-				l.Unit == prev.Unit && l.UnitMultiplier == prev.UnitMultiplier:
+				l.Unit == prev.Unit && l.UnitMultiplier == prev.UnitMultiplier && l.Shadow == prev.Shadow:
 				probs = append(probs, listProblem{i, fmt.Sprintf(
 					"same algorithm and window as rate_limits[%d] (%s, %s); they would count in one key, keep the stricter",
 					j+1, l.Algorithm, windowName(l))})
@@ -312,7 +312,9 @@ func linkList(list []*Limit) []listProblem {
 	return probs
 }
 
-// statLevel is a limit's Limit.StatLevel within a list.
+// statLevel is a limit's Limit.StatLevel within a list: an unnamed shadow
+// limit's ends with "_shadow", as its key does, so that it may shadow a
+// limit of its window without a name of its own.
 func statLevel(l *Limit) string {
 	switch {
 	case l.Name != "":
@@ -323,6 +325,9 @@ func statLevel(l *Limit) string {
 	s := windowName(l)
 	if l.Algorithm != FixedWindow {
 		s += "_" + l.Algorithm.String()
+	}
+	if l.Shadow {
+		s += "_shadow"
 	}
 	return s
 }

@@ -212,11 +212,12 @@ func TestParseRateLimitsAndRegexErrors(t *testing.T) {
         requests_per_unit: 1
         shadow_mode: true
         replaces: [{name: b}]`, 7, `descriptor "d.a": rate_limits[1]: a shadow limit cannot replace other limits: that would change what is enforced`},
-		{"shadow_same_window", `
+		{"two_shadows_same_window", `
   - key: a
     rate_limits:
       - {unit: minute, requests_per_unit: 10}
-      - {unit: minute, requests_per_unit: 5, shadow_mode: true, name: strict}`, 6, `descriptor "d.a": rate_limits[2]: same algorithm and window as rate_limits[1] (fixed_window, minute); they would count in one key, keep the stricter`},
+      - {unit: minute, requests_per_unit: 5, shadow_mode: true}
+      - {unit: minute, requests_per_unit: 3, shadow_mode: true, name: other}`, 7, `descriptor "d.a": rate_limits[3]: same algorithm and window as rate_limits[2] (fixed_window, minute); they would count in one key, keep the stricter`},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -254,6 +255,8 @@ descriptors:
 	// The step from shadow to enforced keeps the limit's key: its counts
 	// go on.
 	twoShadow := strings.Replace(two, "requests_per_unit: 5", "requests_per_unit: 5, shadow_mode: true", 1)
+	twin := strings.Replace(two, "{unit: minute, requests_per_unit: 5}", "{unit: second, requests_per_unit: 1, shadow_mode: true}", 1)
+	twinEnforced := "domain: d\ndescriptors:\n  - key: user\n    rate_limits:\n      - {unit: second, requests_per_unit: 1}\n"
 	tests := []struct {
 		name, from, to string
 		want           []string
@@ -263,8 +266,12 @@ descriptors:
 		{"limit_changed", two, twoMore, []string{"~ d.user: rate_limits[2].requests_per_unit 5 -> 6"}},
 		{"limit_added", two, three, []string{"~ d.user: rate_limits 2 -> 3, rate_limits[3] none -> hour (counters restart)"}},
 		{"limit_removed", three, two, []string{"~ d.user: rate_limits 3 -> 2, rate_limits[3] hour -> none"}},
-		{"shadowed", two, twoShadow, []string{"~ d.user: rate_limits[2].shadow false -> true"}},
-		{"enforced", twoShadow, two, []string{"~ d.user: rate_limits[2].shadow true -> false"}},
+		// A shadow limit counts in a key of its own.
+		{"shadowed", two, twoShadow, []string{"~ d.user: rate_limits[2].shadow false -> true (counters restart)"}},
+		{"enforced", twoShadow, two, []string{"~ d.user: rate_limits[2].shadow true -> false (counters restart)"}},
+		// Enforced in place of the limit of its window, it takes that
+		// limit's key, which goes on counting.
+		{"twin_enforced", twin, twinEnforced, []string{"~ d.user: rate_limits 2 -> 1, rate_limits[1].requests_per_unit 2 -> 1, rate_limits[2] second_shadow -> none"}},
 		{"list_added", "domain: d\n", two, []string{
 			"+ d.user: unit=SECOND requests_per_unit=2, shadow_mode: false, quota_mode: false, rate_limits: 1/2 second; " +
 				"d.user: unit=MINUTE requests_per_unit=5, shadow_mode: false, quota_mode: false, rate_limits: 2/2 minute",

@@ -79,7 +79,7 @@ func TestShadowLimitNeverRefuses(t *testing.T) {
 				want = append(want, "test.user.strict")
 			}
 			if i >= 2 {
-				want = append(want, "test.path.hour")
+				want = append(want, "test.path.hour_shadow")
 			}
 			if got := shadowOver(resp); strings.Join(got, ",") != strings.Join(want, ",") {
 				t.Errorf("md=%t: hit %d: shadowOverLimit %q, want %q", md, i+1, got, want)
@@ -95,18 +95,18 @@ func TestShadowLimitNeverRefuses(t *testing.T) {
 		}
 		snap := f.reg.Snapshot()
 		for name, want := range map[string]uint64{
-			"ratelimit.service.rate_limit.test.user.total_hits":               4,
-			"ratelimit.service.rate_limit.test.user.over_limit":               1,
-			"ratelimit.service.rate_limit.test.user.minute.over_limit":        1,
-			"ratelimit.service.rate_limit.test.user.minute.shadow_over_limit": 0,
-			"ratelimit.service.rate_limit.test.user.strict.total_hits":        4,
-			"ratelimit.service.rate_limit.test.user.strict.within_limit":      1,
-			"ratelimit.service.rate_limit.test.user.strict.over_limit":        0,
-			"ratelimit.service.rate_limit.test.user.strict.shadow_over_limit": 3,
-			"ratelimit.service.rate_limit.test.path.hour.total_hits":          4,
-			"ratelimit.service.rate_limit.test.path.hour.shadow_over_limit":   2,
-			"ratelimit.service.rate_limit.test.path.total_hits":               0,
-			"ratelimit.service.rate_limit.test.path.over_limit":               0,
+			"ratelimit.service.rate_limit.test.user.total_hits":                    4,
+			"ratelimit.service.rate_limit.test.user.over_limit":                    1,
+			"ratelimit.service.rate_limit.test.user.minute.over_limit":             1,
+			"ratelimit.service.rate_limit.test.user.minute.shadow_over_limit":      0,
+			"ratelimit.service.rate_limit.test.user.strict.total_hits":             4,
+			"ratelimit.service.rate_limit.test.user.strict.within_limit":           1,
+			"ratelimit.service.rate_limit.test.user.strict.over_limit":             0,
+			"ratelimit.service.rate_limit.test.user.strict.shadow_over_limit":      3,
+			"ratelimit.service.rate_limit.test.path.hour_shadow.total_hits":        4,
+			"ratelimit.service.rate_limit.test.path.hour_shadow.shadow_over_limit": 2,
+			"ratelimit.service.rate_limit.test.path.total_hits":                    0,
+			"ratelimit.service.rate_limit.test.path.over_limit":                    0,
 		} {
 			if got := snap[name]; got != want {
 				t.Errorf("md=%t: %s = %d, want %d", md, name, got, want)
@@ -162,7 +162,7 @@ func TestShadowLimitInTheLiveView(t *testing.T) {
 	// until the hour ends. (A continuous algorithm records none of them:
 	// such a key is at once no longer over.)
 	keys := rec.TopKeys(5)["test"]
-	if len(keys) == 0 || keys[0].RuleID != "test.path.hour" || !keys[0].Over || keys[0].Entries[0].Value != "/x" {
+	if len(keys) == 0 || keys[0].RuleID != "test.path.hour_shadow" || !keys[0].Over || keys[0].Entries[0].Value != "/x" {
 		t.Errorf("top keys: %+v, want first /x, over the shadow limit", keys)
 	}
 }

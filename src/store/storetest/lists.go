@@ -277,11 +277,12 @@ func shadowDomain(t *testing.T, items string) (domain string, limits map[string]
 }
 
 // testShadowCounts: an enforced 3 a minute (A) beside a looser shadow
-// limit, 10 an hour (B), and a stricter one, 2 a day (C), all fixed
-// windows so that every store runs them on the batch's time.
+// limit of the same window, 10 a minute (B, its twin: a key of its own),
+// and a stricter one, 2 a day (C), all fixed windows so that every store
+// runs them on the batch's time.
 func testShadowCounts(t *testing.T, store limiter.Store, stop bool) {
 	domain, limits := shadowDomain(t, `      - {unit: minute, requests_per_unit: 3}
-      - {unit: hour, requests_per_unit: 10, shadow_mode: true}
+      - {unit: minute, requests_per_unit: 10, shadow_mode: true}
       - {unit: day, requests_per_unit: 2, shadow_mode: true, name: strict}
 `)
 	lim := limits["user"]
@@ -381,16 +382,16 @@ func testShadowCounts(t *testing.T, store limiter.Store, stop bool) {
 }
 
 // testShadowConcurrency: 32 goroutines, single-hit requests, day and week
-// windows: an enforced limit of 40 (a token bucket where the store runs
-// one) beside a stricter shadow limit of 10 of the same algorithm and a
-// looser one of 60, a fixed window. Adding them admits exactly what the
+// windows: an enforced limit of 40 a day (a token bucket where the store
+// runs one) beside a stricter shadow limit of 10 of the same algorithm
+// and window (its twin) and a looser one of 60 a week, a fixed window. Adding them admits exactly what the
 // enforced limit alone would (never more where groups are applied one by
 // one); each shadow limit would admit exactly its own limit, and would
 // refuse the rest.
 func testShadowConcurrency(t *testing.T, store limiter.Store, alg rules.Algorithm, stop, oneByOne bool) {
 	const goroutines, requests = 32, 100
 	domain, limits := shadowDomain(t, fmt.Sprintf(`      - {unit: day, requests_per_unit: 40, algorithm: %[1]s}
-      - {unit: week, requests_per_unit: 10, algorithm: %[1]s, shadow_mode: true}
+      - {unit: day, requests_per_unit: 10, algorithm: %[1]s, shadow_mode: true}
       - {unit: week, requests_per_unit: 60, shadow_mode: true, name: loose}
 `, alg))
 	lim := limits["user"]
