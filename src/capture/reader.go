@@ -8,8 +8,6 @@ import (
 	"fmt"
 	"io"
 	"time"
-
-	"github.com/ratelimitd/ratelimit/src/rules"
 )
 
 // LineError is a problem of one line of a capture.
@@ -75,28 +73,7 @@ func (r *Reader) Summary() *Summary { return r.summary }
 // Line returns the number of the line last read.
 func (r *Reader) Line() int { return r.line }
 
-// wireRequest is a request line as written (see the format in record.go).
-type wireRequest struct {
-	NS          *int64           `json:"ns"`
-	Domain      string           `json:"domain"`
-	Hits        uint32           `json:"hits"`
-	Descriptors []wireDescriptor `json:"descriptors"`
-	Code        string           `json:"code"`
-	Codes       []string         `json:"codes"`
-	Degraded    bool             `json:"degraded"`
-	Summary     *wireSummary     `json:"summary"`
-}
-
-type wireDescriptor struct {
-	Entries [][]string `json:"entries"`
-	Hits    *uint64    `json:"hits"`
-	Limit   *struct {
-		RequestsPerUnit uint32 `json:"requests_per_unit"`
-		Unit            string `json:"unit"`
-		UnitMultiplier  uint32 `json:"unit_multiplier"`
-	} `json:"limit"`
-}
-
+// wireSummary is a summary line's object.
 type wireSummary struct {
 	NS       int64  `json:"ns"`
 	Requests int64  `json:"requests"`
@@ -118,13 +95,15 @@ func (r *Reader) Next(req *Request) error {
 	if r.summary != nil {
 		return r.errorf("a line after the summary")
 	}
-	var w wireRequest
-	if err := strict(b, &w); err != nil {
-		return r.errorf("not a request: %s", describe(b, err))
-	}
-	if w.Summary != nil {
-		if w.NS != nil || w.Domain != "" || w.Descriptors != nil || w.Codes != nil || w.Code != "" {
-			return r.errorf("a summary with a request's fields")
+	// One string for the line: the request's strings are slices of it.
+	isSummary, err := parseRequestLine(string(b), req)
+	switch {
+	case isSummary:
+		var w struct {
+			Summary *wireSummary `json:"summary"`
+		}
+		if err := strict(b, &w); err != nil || w.Summary == nil {
+			return r.errorf("not a summary: %s", describe(b, err))
 		}
 		s := w.Summary
 		r.summary = &Summary{End: time.Unix(0, s.NS), Requests: s.Requests, Dropped: s.Dropped, TooLarge: s.TooLarge, Bytes: s.Bytes, Reason: s.Reason}
@@ -135,52 +114,8 @@ func (r *Reader) Next(req *Request) error {
 			return err
 		}
 		return io.EOF
-	}
-	return r.request(&w, req)
-}
-
-// request checks w's form and copies it into req.
-func (r *Reader) request(w *wireRequest, req *Request) error {
-	switch {
-	case w.NS == nil:
-		return r.errorf(`no "ns": not a request`)
-	case *w.NS <= 0:
-		return r.errorf("time %d ns is not after 1970", *w.NS)
-	case len(w.Codes) != len(w.Descriptors):
-		return r.errorf("%d codes for %d descriptors", len(w.Codes), len(w.Descriptors))
-	}
-	over, ok := parseCode(w.Code)
-	if !ok {
-		return r.errorf("code %q (want %s or %s)", w.Code, codeOK, codeOverLimit)
-	}
-	*req = Request{
-		Time: time.Unix(0, *w.NS), Domain: w.Domain, Hits: w.Hits, OverLimit: over, Degraded: w.Degraded,
-		Descriptors: req.Descriptors[:0], Codes: req.Codes[:0],
-	}
-	for i, wd := range w.Descriptors {
-		d := Descriptor{Entries: make([]rules.Entry, len(wd.Entries))}
-		for j, e := range wd.Entries {
-			if len(e) != 2 {
-				return r.errorf("descriptor %d entry %d: %d strings, want [key, value]", i, j, len(e))
-			}
-			d.Entries[j] = rules.Entry{Key: e[0], Value: e[1]}
-		}
-		if wd.Hits != nil {
-			d.HasHits, d.Hits = true, *wd.Hits
-		}
-		if l := wd.Limit; l != nil {
-			unit, ok := rules.ParseUnit(l.Unit)
-			if !ok {
-				return r.errorf("descriptor %d: limit unit %q", i, l.Unit)
-			}
-			d.Limit = &Override{RequestsPerUnit: l.RequestsPerUnit, Unit: unit, UnitMultiplier: l.UnitMultiplier}
-		}
-		req.Descriptors = append(req.Descriptors, d)
-		over, ok := parseCode(w.Codes[i])
-		if !ok {
-			return r.errorf("descriptor %d: code %q (want %s or %s)", i, w.Codes[i], codeOK, codeOverLimit)
-		}
-		req.Codes = append(req.Codes, over)
+	case err != nil:
+		return r.errorf("not a request: %v", err)
 	}
 	return nil
 }

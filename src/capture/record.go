@@ -81,35 +81,35 @@ type Override struct {
 // Header is the first line of a capture.
 type Header struct {
 	// Start is when the capture started.
-	Start time.Time
+	Start time.Time `json:"start"`
 	// Values says how descriptor values are written: "plain", as the
 	// requests sent them, or the name of the transform of Config.Values.
-	Values string
+	Values string `json:"values"`
 	// Seconds and Requests are the capture's bounds as asked.
-	Seconds  int
-	Requests int
+	Seconds  int `json:"seconds"`
+	Requests int `json:"requests"`
 	// Domain, when not empty, is the only domain captured.
-	Domain string
+	Domain string `json:"domain,omitempty"`
 }
 
 // Summary is the last line of a capture: why it ended and what it holds.
 type Summary struct {
 	// End is when the capture ended.
-	End time.Time
+	End time.Time `json:"end"`
 	// Requests is the number of request lines written.
-	Requests int64
+	Requests int64 `json:"requests"`
 	// Dropped counts the requests decided during the capture but not
 	// written because the reader did not keep up (see Recorder); a
 	// capture with drops is not the whole traffic.
-	Dropped int64
+	Dropped int64 `json:"dropped"`
 	// TooLarge counts the requests left out because their line would
 	// have been longer than MaxLine.
-	TooLarge int64
+	TooLarge int64 `json:"too_large"`
 	// Bytes is the size of the request lines written.
-	Bytes int64
+	Bytes int64 `json:"bytes"`
 	// Reason is why it ended: "seconds", "requests", "bytes" (the
 	// capture reached Config.MaxBytes), or "shutdown".
-	Reason string
+	Reason string `json:"reason"`
 }
 
 // MaxLine bounds one line of a capture, in bytes, its newline included. A

@@ -46,7 +46,11 @@ func (s *Service) respond(req *rlsv3.RateLimitRequest, sc *scratch, now time.Tim
 					continue
 				}
 				sc.eachCounters[off+k].add(&each[k].Counts)
-				if m := each[k].Limit; m.Shadow {
+				m := each[k].Limit
+				if s.cfg.Observe != nil {
+					s.cfg.Observe(i, sc.descs[i].Entries, m, &each[k])
+				}
+				if m.Shadow {
 					// Never the decision: said apart, in the live
 					// view and in the dynamic metadata.
 					s.cfg.Live.Observe(req.GetDomain(), sc.descs[i].Entries, m, &each[k], now)
@@ -72,6 +76,9 @@ func (s *Service) respond(req *rlsv3.RateLimitRequest, sc *scratch, now time.Tim
 		if s.cfg.Live != nil {
 			// A list's decision counts under the limit that decided.
 			s.cfg.Live.Observe(req.GetDomain(), sc.descs[i].Entries, decided, ds, now)
+		}
+		if s.cfg.Observe != nil && !l.InList() {
+			s.cfg.Observe(i, sc.descs[i].Entries, decided, ds)
 		}
 		st.CurrentLimit = s.protoLimit(decided)
 		st.LimitRemaining = ds.Remaining
