@@ -12,7 +12,7 @@ VERSION  ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev
 # in cmd/ratelimit checks that they agree).
 BUILDFLAGS = -trimpath -ldflags "-s -w -X main.version=$(VERSION)"
 
-.PHONY: help build run test race unit allocs lint imports check ci bench bench-envoy bench-tuning bench-overload bench-go soak fuzz fuzz-all docker servers clean
+.PHONY: help build run test test-busy race unit allocs lint imports check ci bench bench-envoy bench-tuning bench-overload bench-go soak fuzz fuzz-all docker servers clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN{FS=":.*## "}{printf "  %-10s %s\n", $$1, $$2}'
@@ -37,6 +37,9 @@ test: servers ## the whole suite with the race detector (installs missing server
 	$(GO) test -race -count=1 -timeout 12m $$($(GO) list $(PKGS) | grep -v -x -F "$$($(GO) list $(NORACE_PKGS))")
 	$(GO) test -count=1 $(NORACE_PKGS)
 
+test-busy: servers ## the whole suite with two CPU-bound processes beside it (scripts/busy.sh), as on a busy machine
+	./scripts/busy.sh $(MAKE) test
+
 race: test ## same as test: the suite always runs with -race
 
 unit: ## fast tests only, without the race detector
@@ -60,7 +63,10 @@ ci: check ## what .ci/run runs
 bench-go: ## Go micro-benchmarks of the hot path
 	$(GO) test -run '^$$' -bench . -benchmem -count 3 ./src/...
 
-bench: servers ## the service-level scenarios, written to docs/BENCHMARKS.md and docs/SCALING.md
+# ANCHOR_BIN=/path/to/envoyproxy/ratelimit (a binary you built from its
+# source; the project ships none) measures it beside the service on Redis
+# and Memcached, in the same rounds: a side-by-side table.
+bench: servers ## the service-level scenarios, written to docs/BENCHMARKS.md and docs/SCALING.md (ANCHOR_BIN=... adds envoyproxy/ratelimit side by side)
 	$(GO) run ./tools/benchrun -out docs/BENCHMARKS.md
 
 # ANCHOR_BIN=/path/to/envoyproxy/ratelimit (a binary you built from its
@@ -88,7 +94,8 @@ fuzz: ## run one fuzz target: make fuzz FUZZ=FuzzParse PKG=./src/rules
 # /json bodies and quota reports.
 FUZZ_CI_TIME ?= 15s
 FUZZ_TARGETS = FuzzParse:./src/rules FuzzCacheKey:./src/limiter FuzzParseStates:./src/store/memcached \
-	FuzzReplies:./src/store/redis FuzzRequest:./src/service FuzzJSON:./src/service FuzzQuotaReport:./src/service
+	FuzzParseList:./src/store/memcached FuzzReplies:./src/store/redis FuzzRequest:./src/service FuzzJSON:./src/service \
+	FuzzQuotaReport:./src/service
 fuzz-all: ## run every fuzz target for FUZZ_CI_TIME (15s) each
 	@set -e; for t in $(FUZZ_TARGETS); do \
 	  echo "fuzz $${t%%:*} $${t#*:} ($(FUZZ_CI_TIME))"; \

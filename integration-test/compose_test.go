@@ -134,6 +134,15 @@ func TestComposeMatchesEnvoyExample(t *testing.T) {
 			t.Errorf("the ratelimit service listens on %s=%s but publishes %v", name, p, svc.containerPorts())
 		}
 	}
+	// Only Envoy is published to the network: the other services'
+	// published ports bind loopback alone (host-ip:host-port:container).
+	for name, other := range c.Services {
+		for _, p := range other.Ports {
+			if name != "envoy" && !strings.HasPrefix(p, "127.0.0.1:") {
+				t.Errorf("service %s publishes %q to every interface; publish it on 127.0.0.1 or not at all", name, p)
+			}
+		}
+	}
 	// Envoy's listeners are published.
 	for _, l := range b.GetStaticResources().GetListeners() {
 		if p := strconv.Itoa(int(l.GetAddress().GetSocketAddress().GetPortValue())); !slices.Contains(envoy.containerPorts(), p) {

@@ -10,7 +10,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
-	"github.com/ratelimitd/ratelimit/cmd/ratelimit-bench/bench"
+	"github.com/ratelimitd/ratelimit/src/loadgen"
 	"github.com/ratelimitd/ratelimit/src/store/storetest"
 )
 
@@ -53,9 +53,9 @@ func TestHealthyStoreUnderLoad(t *testing.T) {
 			p := launchWith(t, launchOpts{defaultBudget: true}, map[string]string{"load.yaml": loadRules},
 				append(tt.env(t), "LOG_LEVEL=warn")...)
 			p.waitHealth(t, http.StatusOK)
-			run := func(calls int64, deadline time.Duration) *bench.Result {
+			run := func(calls int64, deadline time.Duration) *loadgen.Result {
 				t.Helper()
-				res, err := bench.Run(t.Context(), p.grpc, 4, bench.Load{
+				res, err := loadgen.Run(t.Context(), p.grpc, 4, loadgen.Load{
 					Domain:      "load",
 					Descriptors: []string{"user=u-{0..9999}"},
 					Concurrency: loadConcurrency,
@@ -119,9 +119,9 @@ func TestOverloadShedsEarly(t *testing.T) {
 
 	// The background load, until the short calls are done.
 	ctx, stop := context.WithCancel(t.Context())
-	loaded := make(chan *bench.Result, 1)
+	loaded := make(chan *loadgen.Result, 1)
 	go func() {
-		res, _ := bench.Run(ctx, p.grpc, 4, bench.Load{
+		res, _ := loadgen.Run(ctx, p.grpc, 4, loadgen.Load{
 			Domain: "load", Descriptors: []string{"user=u-{0..9999}"}, Concurrency: 256,
 			Duration: time.Hour, Timeout: 10 * time.Second,
 		})

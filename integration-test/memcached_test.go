@@ -7,6 +7,8 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -168,4 +170,47 @@ func TestMemcachedRequestBudget(t *testing.T) {
 			t.Errorf("gRPC without a deadline: %v, want ResourceExhausted", err)
 		}
 	})
+}
+
+// TestMemcachedTLSHasItsOwnSettings: with MEMCACHE_TLS the service counts
+// on a memcached that accepts only TLS, from the MEMCACHE_TLS_* files; a
+// certificate without its key, or a CA file without a certificate, stops
+// the start with a message naming the MEMCACHE_ setting at fault, never a
+// REDIS_ one (issue 24, case 10: memcached's TLS was built by the Redis
+// helper, whose errors named REDIS_TLS_CLIENT_CERT and REDIS_TLS_CLIENT_KEY).
+func TestMemcachedTLSHasItsOwnSettings(t *testing.T) {
+	m := storetest.StartMemcachedTLS(t)
+	files := []string{"MEMCACHE_TLS=true", "MEMCACHE_TLS_CLIENT_CERT=" + m.TLS.ClientCertFile,
+		"MEMCACHE_TLS_CLIENT_KEY=" + m.TLS.ClientKeyFile, "MEMCACHE_TLS_CACERT=" + m.TLS.CAFile}
+	p := start(t, map[string]string{"shared.yaml": sharedRules}, memcacheEnv(m, files...)...)
+	c := p.client(t)
+	for i := range 3 {
+		if _, err := c.ShouldRateLimit(callCtx(t), request("shared", "user", "tls")); err != nil {
+			t.Fatalf("request %d over TLS to memcached: %v", i, err)
+		}
+	}
+
+	notPEM := filepath.Join(t.TempDir(), "ca.txt")
+	if err := os.WriteFile(notPEM, []byte("not a certificate\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for _, tt := range []struct {
+		name string
+		env  []string
+		want string
+	}{
+		{"cert_without_key", []string{"MEMCACHE_TLS=true", "MEMCACHE_TLS_CLIENT_CERT=" + m.TLS.ClientCertFile}, "MEMCACHE_TLS_CLIENT_KEY"},
+		{"ca_without_certificate", []string{"MEMCACHE_TLS=true", "MEMCACHE_TLS_CACERT=" + notPEM}, "MEMCACHE_TLS"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			bad := launch(t, map[string]string{"shared.yaml": sharedRules}, memcacheEnv(m, tt.env...)...)
+			if code := bad.wait(t, 30*time.Second); code == 0 {
+				t.Fatalf("started with %v; want it to stop", tt.env)
+			}
+			logs := bad.logs()
+			if !strings.Contains(logs, tt.want) || strings.Contains(logs, "REDIS_") || strings.Contains(logs, "redis:") {
+				t.Errorf("the error with %v should name %q and no REDIS_ setting; it says:\n%s", tt.env, tt.want, logs)
+			}
+		})
+	}
 }

@@ -6,7 +6,9 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
+	"time"
 
 	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
@@ -156,4 +158,44 @@ func (p *proc) stats(t *testing.T) map[string]int64 {
 		}
 	}
 	return out
+}
+
+// TestMemoryCountsArePerInstance proves what the README says of
+// BACKEND_TYPE=memory: two instances count apart (a client spread over
+// both is admitted up to twice its limit), and a restart starts every
+// count afresh.
+func TestMemoryCountsArePerInstance(t *testing.T) {
+	const rules = `domain: apart
+descriptors:
+  - key: user
+    rate_limit: {unit: hour, requests_per_unit: 2}
+`
+	admitted := func(p *proc, n int) int {
+		t.Helper()
+		c, ok := p.client(t), 0
+		for range n {
+			resp, err := c.ShouldRateLimit(callCtx(t), request("apart", "user", "spread"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if resp.GetOverallCode() == rlsv3.RateLimitResponse_OK {
+				ok++
+			}
+		}
+		return ok
+	}
+	a := start(t, map[string]string{"apart.yaml": rules})
+	b := start(t, map[string]string{"apart.yaml": rules})
+	if got := admitted(a, 3) + admitted(b, 3); got != 4 {
+		t.Errorf("a limit of 2 spread over two instances: %d admitted, want 4 (each counts its own)", got)
+	}
+	a.signal(t, syscall.SIGTERM)
+	if code := a.wait(t, 30*time.Second); code != 0 {
+		t.Fatalf("exit %d after SIGTERM", code)
+	}
+	restarted := launchWith(t, launchOpts{reuse: a}, nil)
+	restarted.waitHealth(t, http.StatusOK)
+	if got := admitted(restarted, 3); got != 2 {
+		t.Errorf("after a restart: %d of 3 admitted, want 2 (the counts start afresh)", got)
+	}
 }

@@ -3,6 +3,7 @@ package integration
 import (
 	"crypto/tls"
 	"errors"
+	"io"
 	"math/big"
 	"net/http"
 	"os"
@@ -269,4 +270,73 @@ func TestEnvoyGatewayTLSSettings(t *testing.T) {
 			t.Errorf("logs mention %q:\n%s", s, p.logs())
 		}
 	}
+}
+
+// postJSONWith posts body to /json on p's PORT with client (https:// when
+// it has a TLS configuration) and returns the status, or the error.
+func (p *proc) postJSONWith(t *testing.T, client *http.Client, scheme, body string) (int, error) {
+	t.Helper()
+	resp, err := client.Post(scheme+"://"+p.http+"/json", "application/json", strings.NewReader(body))
+	if err != nil {
+		return 0, err
+	}
+	defer resp.Body.Close()
+	_, _ = io.Copy(io.Discard, resp.Body)
+	return resp.StatusCode, nil
+}
+
+// httpsClient is an HTTP client that speaks TLS with cfg, one connection
+// per request.
+func httpsClient(cfg *tls.Config) *http.Client {
+	return &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{TLSClientConfig: cfg, DisableKeepAlives: true}}
+}
+
+// TestJSONHasTheGRPCListenersTLS: with TLS on the gRPC listener, /json
+// answers on PORT over TLS only, with the same certificate and the same
+// client-certificate rules (CA and SAN), while /healthcheck stays
+// plaintext on the same port for the kubelet (issue 24, case 8). Before,
+// /json answered anyone in plaintext: a way around mTLS.
+func TestJSONHasTheGRPCListenersTLS(t *testing.T) {
+	const body = `{"domain":"web","descriptors":[{"entries":[{"key":"user","value":"json"}]}]}`
+	serverCA, clientCA := tlstest.NewCA(t, "server CA"), tlstest.NewCA(t, "client CA")
+	plain := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{DisableKeepAlives: true}}
+
+	t.Run("mTLS", func(t *testing.T) {
+		p := start(t, map[string]string{"web.yaml": webRules}, tlsSettings(tlsSecret(t, serverCA.Server(t), clientCA), true)...)
+		if code, err := p.postJSONWith(t, plain, "http", body); err != nil || code != http.StatusForbidden {
+			t.Errorf("plaintext POST /json with mTLS on: %d, %v; want 403", code, err)
+		}
+		if code := p.healthCode(); code != http.StatusOK {
+			t.Errorf("plaintext GET /healthcheck: %d, want 200", code)
+		}
+		if code, err := p.postJSONWith(t, httpsClient(tlstest.ClientConfig(clientCA.Client(t, clientSAN), serverCA)), "https", body); err != nil || code != http.StatusOK {
+			t.Errorf("POST /json over TLS with a client certificate: %d, %v; want 200", code, err)
+		}
+		for name, cfg := range map[string]*tls.Config{
+			"no_client_certificate": tlstest.ClientConfig(nil, serverCA),
+			"wrong_SAN":             tlstest.ClientConfig(clientCA.Client(t, "intruder.example.com"), serverCA),
+		} {
+			if code, err := p.postJSONWith(t, httpsClient(cfg), "https", body); err == nil {
+				t.Errorf("POST /json over TLS, %s: %d, want the handshake refused", name, code)
+			}
+		}
+		eventually(t, "the refused handshakes counted", 10*time.Second, func() bool {
+			return p.stat(t, "ratelimit.server.tls_handshake_error") == "ratelimit.server.tls_handshake_error: 2"
+		})
+	})
+	t.Run("TLS_without_client_certificates", func(t *testing.T) {
+		p := start(t, map[string]string{"web.yaml": webRules}, tlsSettings(tlsSecret(t, serverCA.Server(t), nil), false)...)
+		if code, err := p.postJSONWith(t, plain, "http", body); err != nil || code != http.StatusForbidden {
+			t.Errorf("plaintext POST /json with TLS on: %d, %v; want 403", code, err)
+		}
+		if code, err := p.postJSONWith(t, httpsClient(tlstest.ClientConfig(nil, serverCA)), "https", body); err != nil || code != http.StatusOK {
+			t.Errorf("POST /json over TLS: %d, %v; want 200", code, err)
+		}
+	})
+	t.Run("plaintext_without_TLS", func(t *testing.T) {
+		p := start(t, map[string]string{"web.yaml": webRules})
+		if code, err := p.postJSONWith(t, plain, "http", body); err != nil || code != http.StatusOK {
+			t.Errorf("plaintext POST /json without TLS: %d, %v; want 200, as the anchor", code, err)
+		}
+	})
 }

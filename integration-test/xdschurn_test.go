@@ -21,8 +21,10 @@ import (
 func TestXDSChurn(t *testing.T) {
 	xds := xdstest.Start(t, xdstest.Options{})
 	xds.SetConfigs(t, egNode, xdsWeb(3, 100))
+	// No jitter: the NACKs' pace is the back-off's, 200 ms, exactly.
 	p := launch(t, nil, "CONFIG_TYPE=GRPC_XDS_SOTW", "CONFIG_GRPC_XDS_SERVER_URL="+xds.Addr, "CONFIG_GRPC_XDS_NODE_ID="+egNode,
-		"XDS_CLIENT_BACKOFF_INITIAL_INTERVAL=200ms", "XDS_CLIENT_BACKOFF_MAX_INTERVAL=1s", "XDS_CLIENT_MAX_MSG_SIZE_IN_BYTES=65536")
+		"XDS_CLIENT_BACKOFF_INITIAL_INTERVAL=200ms", "XDS_CLIENT_BACKOFF_MAX_INTERVAL=1s", "XDS_CLIENT_BACKOFF_JITTER=false",
+		"XDS_CLIENT_MAX_MSG_SIZE_IN_BYTES=65536")
 	p.waitHealth(t, http.StatusOK)
 	loadErrors := func() int64 { return p.stats(t)["ratelimit.service.config_load_error"] }
 	logLines := func(s string) int { return strings.Count(p.logs(), s) }

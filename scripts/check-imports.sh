@@ -19,7 +19,12 @@ check src/rules src/
 check src/stats src/
 # The RLQS allocation is pure: it knows nothing else of ours.
 check src/quota src/
+# Following files is a leaf too: its owners (provider, server) say what
+# the files are.
+check src/filewatch src/
 check src/limiter src/store src/service src/server src/provider src/settings src/stats
+# The stores' client TLS knows nothing of ours.
+check src/store/tlsclient src/
 for s in memory redis memcached breaker; do
   [ -d "src/store/$s" ] && check "src/store/$s" src/service src/server src/provider src/settings
 done
@@ -46,6 +51,10 @@ if bad=$(grep -rl --include='*.go' --exclude='*_test.go' -e 'go-control-plane/ra
 fi
 if grep -rl --include='*.go' --exclude='*_test.go' 'src/provider/xdstest' src cmd | grep -v '^src/provider/xdstest/'; then
   echo "imports: provider/xdstest is for tests only"; fail=1
+fi
+# The load generator is for cmd/ratelimit-bench, the tools and the tests.
+if bad=$(grep -rl --include='*.go' --exclude='*_test.go' '"github.com/ratelimitd/ratelimit/src/loadgen"' src cmd | grep -v -e '^src/loadgen/' -e '^cmd/ratelimit-bench/'); then
+  echo "imports: src/loadgen is for cmd/ratelimit-bench, the tools and the tests: $bad"; fail=1
 fi
 if grep -rl --include='*.go' --exclude='*_test.go' 'src/server/otlptest' src cmd | grep -v '^src/server/otlptest/'; then
   echo "imports: server/otlptest is for tests only"; fail=1

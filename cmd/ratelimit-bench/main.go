@@ -37,7 +37,7 @@ import (
 	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
 
-	"github.com/ratelimitd/ratelimit/cmd/ratelimit-bench/bench"
+	"github.com/ratelimitd/ratelimit/src/loadgen"
 )
 
 // listFlag collects a repeatable string flag.
@@ -56,12 +56,12 @@ func main() {
 // paired is the JSON output of -calibrate with -addr: the target's result,
 // the ceilings', and the target's as a fraction of them.
 type paired struct {
-	Result *bench.Result `json:"result"`
+	Result *loadgen.Result `json:"result"`
 	// Ceiling is the no-op server with the service's gRPC tuning
-	// (bench.ServiceTuning); UntunedCeiling the same with grpc-go's
+	// (loadgen.ServiceTuning); UntunedCeiling the same with grpc-go's
 	// defaults.
-	Ceiling        *bench.Result `json:"ceiling"`
-	UntunedCeiling *bench.Result `json:"untuned_ceiling"`
+	Ceiling        *loadgen.Result `json:"ceiling"`
+	UntunedCeiling *loadgen.Result `json:"untuned_ceiling"`
 	// OfCeilingRPS is requests/s ÷ the ceiling's; P99OfCeiling is p99 ÷
 	// the ceiling's p99; OfUntunedCeilingRPS is requests/s ÷ the untuned
 	// ceiling's.
@@ -72,67 +72,19 @@ type paired struct {
 
 // calibration is the JSON output of -calibrate without -addr.
 type calibration struct {
-	Ceiling        *bench.Result `json:"ceiling"`
-	UntunedCeiling *bench.Result `json:"untuned_ceiling"`
+	Ceiling        *loadgen.Result `json:"ceiling"`
+	UntunedCeiling *loadgen.Result `json:"untuned_ceiling"`
 }
 
 func run(args []string, stdout, stderr io.Writer) error {
-	fs := flag.NewFlagSet("ratelimit-bench", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	var (
-		addr      = fs.String("addr", "127.0.0.1:8081", "`host:port` of the RLS v3 gRPC server")
-		c         = fs.Int("c", 64, "concurrent requests in flight")
-		conns     = fs.Int("conns", 4, "gRPC connections; requests spread over them round robin")
-		d         = fs.Duration("d", 10*time.Second, "measured `duration` (with -n: stop at whichever comes first)")
-		n         = fs.Int64("n", 0, "measured requests; when set without -d, the run is bounded by count only")
-		warmup    = fs.Duration("warmup", time.Second, "warm-up before measuring; its requests are not counted")
-		domain    = fs.String("domain", "bench", "request domain")
-		hits      = fs.Uint("hits", 0, "hits_addend of each request; 0 leaves it unset (the server counts 1)")
-		override  = fs.String("override", "", "a limit override on every descriptor, `N/unit` (e.g. 100/hour): the server applies it instead of its rules")
-		asJSON    = fs.Bool("json", false, "print the result as JSON")
-		calibrate = fs.Bool("calibrate", false, "first run the same load against in-process no-op RLS servers (grpc-go's defaults, then the service's gRPC tuning: the ceiling of this machine), then against -addr, and report -addr's figures as fractions of theirs; without -addr, measure only the no-op servers")
-		timeout   = fs.Duration("timeout", time.Second, "deadline of each request; 0 for none")
-		cpuprof   = fs.String("cpuprofile", "", "write a CPU profile of this process (generator, and the no-op server with -calibrate) to `file`")
-		descs     listFlag
-	)
-	fs.Var(&descs, "descriptors", "descriptor `template`, e.g. 'user_id=user-{0..9999}' or 'a=x,b=y-{0..9},c=z' (repeatable; default user_id=user-{0..9999})")
-	fs.Usage = func() {
-		fmt.Fprintf(fs.Output(), "usage: ratelimit-bench [flags]\n\n")
-		fs.PrintDefaults()
-	}
-	if err := fs.Parse(args); err != nil {
-		return err
-	}
-	if fs.NArg() > 0 {
-		return fmt.Errorf("unexpected arguments %q", fs.Args())
-	}
-	dSet, addrSet := false, false
-	fs.Visit(func(f *flag.Flag) {
-		dSet = dSet || f.Name == "d"
-		addrSet = addrSet || f.Name == "addr"
-	})
-	if *n > 0 && !dSet {
-		*d = 0
-	}
-	if *hits > 1<<32-1 {
-		return fmt.Errorf("-hits %d does not fit in 32 bits", *hits)
-	}
-	if len(descs) == 0 {
-		descs = listFlag{"user_id=user-{0..9999}"}
-	}
-	ov, err := parseOverride(*override)
+	o, err := parseFlags(args, stderr)
 	if err != nil {
 		return err
 	}
-	if *c < 1 || *conns < 1 {
-		return errors.New("-c and -conns must be at least 1")
-	}
-
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-
-	if *cpuprof != "" {
-		f, err := os.Create(*cpuprof)
+	if o.cpuprofile != "" {
+		f, err := os.Create(o.cpuprofile)
 		if err != nil {
 			return err
 		}
@@ -142,7 +94,95 @@ func run(args []string, stdout, stderr io.Writer) error {
 		}
 		defer pprof.StopCPUProfile()
 	}
-	load := bench.Load{
+	measure := func(target string) (*loadgen.Result, error) {
+		dialCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		client, err := loadgen.Dial(dialCtx, target, min(o.conns, o.load.Concurrency))
+		cancel()
+		if err != nil {
+			return nil, err
+		}
+		defer client.Close()
+		res, err := client.Run(ctx, o.load)
+		if res != nil && err != nil {
+			fmt.Fprintln(stderr, "ratelimit-bench: interrupted; partial result:")
+		}
+		return res, err
+	}
+	if !o.calibrate {
+		res, err := measure(o.addr)
+		if res == nil {
+			return err
+		}
+		return report(stdout, o.asJSON, "", res)
+	}
+	return calibrated(o, measure, stdout)
+}
+
+// options are the command line's.
+type options struct {
+	addr       string
+	addrSet    bool
+	conns      int
+	asJSON     bool
+	calibrate  bool
+	cpuprofile string
+	load       loadgen.Load
+}
+
+// parseFlags reads and checks the command line.
+func parseFlags(args []string, stderr io.Writer) (*options, error) {
+	fs := flag.NewFlagSet("ratelimit-bench", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	o := &options{}
+	var (
+		c        = fs.Int("c", 64, "concurrent requests in flight")
+		d        = fs.Duration("d", 10*time.Second, "measured `duration` (with -n: stop at whichever comes first)")
+		n        = fs.Int64("n", 0, "measured requests; when set without -d, the run is bounded by count only")
+		warmup   = fs.Duration("warmup", time.Second, "warm-up before measuring; its requests are not counted")
+		domain   = fs.String("domain", "bench", "request domain")
+		hits     = fs.Uint("hits", 0, "hits_addend of each request; 0 leaves it unset (the server counts 1)")
+		override = fs.String("override", "", "a limit override on every descriptor, `N/unit` (e.g. 100/hour): the server applies it instead of its rules")
+		timeout  = fs.Duration("timeout", time.Second, "deadline of each request; 0 for none")
+		descs    listFlag
+	)
+	fs.StringVar(&o.addr, "addr", "127.0.0.1:8081", "`host:port` of the RLS v3 gRPC server")
+	fs.IntVar(&o.conns, "conns", 4, "gRPC connections; requests spread over them round robin")
+	fs.BoolVar(&o.asJSON, "json", false, "print the result as JSON")
+	fs.BoolVar(&o.calibrate, "calibrate", false, "first run the same load against in-process no-op RLS servers (grpc-go's defaults, then the service's gRPC tuning: the ceiling of this machine), then against -addr, and report -addr's figures as fractions of theirs; without -addr, measure only the no-op servers")
+	fs.StringVar(&o.cpuprofile, "cpuprofile", "", "write a CPU profile of this process (generator, and the no-op server with -calibrate) to `file`")
+	fs.Var(&descs, "descriptors", "descriptor `template`, e.g. 'user_id=user-{0..9999}' or 'a=x,b=y-{0..9},c=z' (repeatable; default user_id=user-{0..9999})")
+	fs.Usage = func() {
+		fmt.Fprintf(fs.Output(), "usage: ratelimit-bench [flags]\n\n")
+		fs.PrintDefaults()
+	}
+	if err := fs.Parse(args); err != nil {
+		return nil, err
+	}
+	if fs.NArg() > 0 {
+		return nil, fmt.Errorf("unexpected arguments %q", fs.Args())
+	}
+	dSet := false
+	fs.Visit(func(f *flag.Flag) {
+		dSet = dSet || f.Name == "d"
+		o.addrSet = o.addrSet || f.Name == "addr"
+	})
+	if *n > 0 && !dSet {
+		*d = 0
+	}
+	if *hits > 1<<32-1 {
+		return nil, fmt.Errorf("-hits %d does not fit in 32 bits", *hits)
+	}
+	if len(descs) == 0 {
+		descs = listFlag{"user_id=user-{0..9999}"}
+	}
+	ov, err := parseOverride(*override)
+	if err != nil {
+		return nil, err
+	}
+	if *c < 1 || o.conns < 1 {
+		return nil, errors.New("-c and -conns must be at least 1")
+	}
+	o.load = loadgen.Load{
 		Domain:      *domain,
 		Descriptors: descs,
 		Hits:        uint32(*hits),
@@ -153,55 +193,48 @@ func run(args []string, stdout, stderr io.Writer) error {
 		Warmup:      *warmup,
 		Timeout:     *timeout,
 	}
-	measure := func(target string) (*bench.Result, error) {
-		dialCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
-		client, err := bench.Dial(dialCtx, target, min(*conns, *c))
-		cancel()
-		if err != nil {
-			return nil, err
-		}
-		defer client.Close()
-		res, err := client.Run(ctx, load)
-		if res != nil && err != nil {
-			fmt.Fprintln(stderr, "ratelimit-bench: interrupted; partial result:")
-		}
-		return res, err
-	}
+	return o, nil
+}
 
-	var ceiling, untuned *bench.Result
-	if *calibrate {
-		// The untuned no-op first, then the tuned one (the ceiling) just
-		// before the target, so that the pair compared is the closest.
-		if untuned, err = measureNoop(measure, bench.Tuning{}); untuned == nil {
+// calibrated measures the no-op servers (grpc-go's defaults, then the
+// service's tuning: the ceiling) and then -addr, and reports -addr's
+// figures as fractions of theirs; without -addr, the no-op servers only.
+func calibrated(o *options, measure func(string) (*loadgen.Result, error), stdout io.Writer) error {
+	// The untuned no-op first, then the tuned one (the ceiling) just
+	// before the target, so that the pair compared is the closest.
+	untuned, err := measureNoop(measure, loadgen.Tuning{})
+	if untuned == nil {
+		return err
+	}
+	var ceiling *loadgen.Result
+	if err == nil {
+		ceiling, err = measureNoop(measure, loadgen.ServiceTuning)
+	}
+	if ceiling == nil {
+		return report(stdout, o.asJSON, "calibrate    in-process no-op RLS v3 server, grpc-go's defaults", untuned)
+	}
+	if err != nil || !o.addrSet {
+		if o.asJSON {
+			return encodeJSON(stdout, calibration{Ceiling: ceiling, UntunedCeiling: untuned})
+		}
+		if err := report(stdout, false, "calibrate    in-process no-op RLS v3 server, the service's gRPC tuning (the ceiling)", ceiling); err != nil {
 			return err
 		}
-		if err == nil {
-			ceiling, err = measureNoop(measure, bench.ServiceTuning)
-		}
-		if ceiling == nil {
-			return report(stdout, *asJSON, "calibrate    in-process no-op RLS v3 server, grpc-go's defaults", untuned)
-		}
-		if err != nil || !addrSet {
-			if *asJSON {
-				return encodeJSON(stdout, calibration{Ceiling: ceiling, UntunedCeiling: untuned})
-			}
-			if err := report(stdout, false, "calibrate    in-process no-op RLS v3 server, the service's gRPC tuning (the ceiling)", ceiling); err != nil {
-				return err
-			}
-			return report(stdout, false, "untuned      the same with grpc-go's defaults", untuned)
-		}
+		return report(stdout, false, "untuned      the same with grpc-go's defaults", untuned)
 	}
-	res, err := measure(*addr)
+	res, err := measure(o.addr)
 	if res == nil {
 		return err
 	}
-	if ceiling == nil {
-		return report(stdout, *asJSON, "", res)
-	}
+	return reportPaired(stdout, o.asJSON, res, ceiling, untuned)
+}
+
+// reportPaired reports res with its fractions of the no-op servers'.
+func reportPaired(stdout io.Writer, asJSON bool, res, ceiling, untuned *loadgen.Result) error {
 	p := paired{Result: res, Ceiling: ceiling, UntunedCeiling: untuned,
 		OfCeilingRPS: ratio(res.RPS(), ceiling.RPS()), OfUntunedCeilingRPS: ratio(res.RPS(), untuned.RPS()),
 		P99OfCeiling: ratio(float64(res.Latency.P99), float64(ceiling.Latency.P99))}
-	if *asJSON {
+	if asJSON {
 		if math.IsNaN(p.OfCeilingRPS) || math.IsNaN(p.P99OfCeiling) || math.IsNaN(p.OfUntunedCeilingRPS) {
 			return errors.New("the ceiling run answered nothing: no fraction to report")
 		}
@@ -210,17 +243,17 @@ func run(args []string, stdout, stderr io.Writer) error {
 	if err := res.WriteText(stdout); err != nil {
 		return err
 	}
-	_, err = fmt.Fprintf(stdout, "ceiling      in-process no-op RLS v3 server with the service's gRPC tuning, same load just before: %.0f req/s, p99 %s\n"+
+	_, err := fmt.Fprintf(stdout, "ceiling      in-process no-op RLS v3 server with the service's gRPC tuning, same load just before: %.0f req/s, p99 %s\n"+
 		"of ceiling   %.0f%% of its requests/s, %.2f× its p99\n"+
 		"untuned      the same no-op server with grpc-go's defaults: %.0f req/s, p99 %s; %.0f%% of its requests/s\n",
-		ceiling.RPS(), bench.FormatDuration(ceiling.Latency.P99), 100*p.OfCeilingRPS, p.P99OfCeiling,
-		untuned.RPS(), bench.FormatDuration(untuned.Latency.P99), 100*p.OfUntunedCeilingRPS)
+		ceiling.RPS(), loadgen.FormatDuration(ceiling.Latency.P99), 100*p.OfCeilingRPS, p.P99OfCeiling,
+		untuned.RPS(), loadgen.FormatDuration(untuned.Latency.P99), 100*p.OfUntunedCeilingRPS)
 	return err
 }
 
 // measureNoop measures an in-process no-op server with tuning t.
-func measureNoop(measure func(string) (*bench.Result, error), t bench.Tuning) (*bench.Result, error) {
-	srv, err := bench.StartNoopTuned("127.0.0.1:0", t)
+func measureNoop(measure func(string) (*loadgen.Result, error), t loadgen.Tuning) (*loadgen.Result, error) {
+	srv, err := loadgen.StartNoopTuned("127.0.0.1:0", t)
 	if err != nil {
 		return nil, err
 	}
@@ -237,7 +270,7 @@ func ratio(a, b float64) float64 {
 }
 
 // report prints one result, as text under an optional title line, or JSON.
-func report(w io.Writer, asJSON bool, title string, res *bench.Result) error {
+func report(w io.Writer, asJSON bool, title string, res *loadgen.Result) error {
 	if asJSON {
 		return encodeJSON(w, res)
 	}

@@ -7,14 +7,14 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/ratelimitd/ratelimit/cmd/ratelimit-bench/bench"
+	"github.com/ratelimitd/ratelimit/src/loadgen"
 	"github.com/ratelimitd/ratelimit/src/settings"
 )
 
 // TestCalibrateWithAddr measures a no-op server as the target, paired with
 // the in-process ceiling, and reports the fraction in text and JSON.
 func TestCalibrateWithAddr(t *testing.T) {
-	target, err := bench.StartNoop("127.0.0.1:0")
+	target, err := loadgen.StartNoop("127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -73,8 +73,8 @@ func TestServiceTuning(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got := bench.ServiceTuning.StreamWorkers; int(got) != set.GRPCNumStreamWorkers {
-		t.Errorf("bench.ServiceTuning.StreamWorkers = %d, want the service's default %d", got, set.GRPCNumStreamWorkers)
+	if got := loadgen.ServiceTuning.StreamWorkers; int(got) != set.GRPCNumStreamWorkers {
+		t.Errorf("loadgen.ServiceTuning.StreamWorkers = %d, want the service's default %d", got, set.GRPCNumStreamWorkers)
 	}
 }
 

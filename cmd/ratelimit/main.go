@@ -1,6 +1,6 @@
 // Command ratelimit is the rate-limit service: Envoy's RateLimitService v3
 // over gRPC, with /json and /healthcheck over HTTP. Settings come from the
-// environment (see the README); rules from RUNTIME_ROOT/RUNTIME_SUBDIRECTORY/
+// environment (see docs/SETTINGS.md); rules from RUNTIME_ROOT/RUNTIME_SUBDIRECTORY/
 // RUNTIME_APPDIRECTORY, which defaults to ./config.
 //
 //	ratelimit                serve

@@ -1,6 +1,7 @@
 package kubernetes
 
 import (
+	"fmt"
 	"slices"
 	"strings"
 	"testing"
@@ -93,6 +94,16 @@ autoscaling: {enabled: true, minReplicas: 2, maxReplicas: 6}
 tls: {enabled: true, secretName: ratelimit-tls, clientCA: true}
 `,
 			want: want{name: "ratelimit", rulesConfigMap: "ratelimit-rules", backend: "memory", tlsSecret: "ratelimit-tls"}},
+		{name: "json_published_over_mTLS", values: `
+tls: {enabled: true, secretName: ratelimit-tls, clientCA: true}
+service: {json: true}
+networkPolicy: {jsonFrom: [{namespaceSelector: {matchLabels: {team: payments}}}]}
+`,
+			want: want{name: "ratelimit", rulesConfigMap: "ratelimit-rules", backend: "memory", tlsSecret: "ratelimit-tls", json: true}},
+		{name: "no_network_policy", values: `
+networkPolicy: {enabled: false}
+`,
+			want: want{name: "ratelimit", rulesConfigMap: "ratelimit-rules", backend: "memory", noNetworkPolicy: true}},
 		{name: "existing_rules", values: `
 rules: {existingConfigMap: my-rules}
 `,
@@ -117,6 +128,35 @@ rules:
 		t.Run(tt.name, func(t *testing.T) {
 			checkRatelimit(t, renderObjects(t, ch, tt.values), tt.want)
 		})
+	}
+}
+
+// TestChartNetworkPolicyPeers: the peers of the values are the rules'
+// sources, each for its own port; no peers lets in any source.
+func TestChartNetworkPolicyPeers(t *testing.T) {
+	objs := renderObjects(t, loadChart(t), `
+service: {json: true}
+metrics: {enabled: true}
+networkPolicy:
+  grpcFrom: [{namespaceSelector: {matchLabels: {kubernetes.io/metadata.name: envoy-gateway-system}}}]
+  jsonFrom: [{podSelector: {matchLabels: {app: billing}}}]
+`)
+	np := objs.networkPolicies["ratelimit"]
+	if np == nil {
+		t.Fatal("no NetworkPolicy ratelimit")
+	}
+	from := map[string]string{}
+	for _, r := range np.Spec.Ingress {
+		from[r.Ports[0].Port.String()] = fmt.Sprint(r.From)
+	}
+	for port, want := range map[string]string{
+		"grpc":    "envoy-gateway-system",
+		"http":    "billing",
+		"metrics": "[]",
+	} {
+		if !strings.Contains(from[port], want) {
+			t.Errorf("port %s: from %s, want %s", port, from[port], want)
+		}
 	}
 }
 

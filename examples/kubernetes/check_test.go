@@ -2,6 +2,7 @@ package kubernetes
 
 import (
 	"fmt"
+	"maps"
 	"net"
 	"path"
 	"reflect"
@@ -11,6 +12,7 @@ import (
 	"testing"
 
 	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
 
 	"github.com/ratelimitd/ratelimit/src/rules"
@@ -18,7 +20,7 @@ import (
 )
 
 // shutdownDrain is the service's drain after SIGTERM (src/server's
-// shutdownDrain, documented in the README): the pod's grace period must
+// shutdownDrain, documented in docs/DEPLOY.md): the pod's grace period must
 // be longer.
 const shutdownDrain = 10
 
@@ -41,6 +43,13 @@ type want struct {
 	tlsSecret string
 	// serviceMonitor: one selects the Service's metrics port.
 	serviceMonitor bool
+	// json: the Service publishes PORT for /json clients; otherwise it
+	// publishes only what Envoy and Prometheus call.
+	json bool
+	// noNetworkPolicy: no NetworkPolicy selects the pods (the chart with
+	// networkPolicy.enabled false); otherwise one lets in exactly the
+	// ports the Service publishes.
+	noNetworkPolicy bool
 }
 
 // loadSettings resolves the container's environment as the service does
@@ -278,6 +287,7 @@ func checkRatelimit(t *testing.T, objs *objects, w want) {
 	if !grpcServed {
 		t.Errorf("Service %s does not serve the gRPC port", svc.Name)
 	}
+	checkPublished(t, objs, svc, c, set, podLabels, w)
 
 	// Disruptions and scaling.
 	replicas := int32(1)
@@ -396,4 +406,61 @@ func deref[T any](p *T) string {
 		return "unset"
 	}
 	return fmt.Sprint(*p)
+}
+
+// checkPublished: the Service publishes PORT only for /json clients (the
+// kubelet probes the pods themselves), never the debug port; and, unless
+// the values turn it off, a NetworkPolicy on the pods lets in exactly the
+// ports the Service publishes, over TCP.
+func checkPublished(t *testing.T, objs *objects, svc *corev1.Service, c *corev1.Container, set *settings.Settings, podLabels map[string]string, w want) {
+	t.Helper()
+	published := map[int32]bool{}
+	for _, p := range svc.Spec.Ports {
+		published[portNumber(c, p.TargetPort)] = true
+	}
+	if published[int32(set.Port)] != w.json {
+		t.Errorf("Service %s publishes PORT %d: %v, want %v (only for /json clients)", svc.Name, set.Port, published[int32(set.Port)], w.json)
+	}
+	if published[int32(set.DebugPort)] {
+		t.Errorf("Service %s publishes the debug port %d", svc.Name, set.DebugPort)
+	}
+	var policies []*networkingv1.NetworkPolicy
+	for _, np := range objs.networkPolicies {
+		if selects(np.Spec.PodSelector.MatchLabels, podLabels) {
+			policies = append(policies, np)
+		}
+	}
+	if w.noNetworkPolicy {
+		if len(policies) != 0 {
+			t.Errorf("%d NetworkPolicies select the pods, want none", len(policies))
+		}
+		return
+	}
+	if len(policies) != 1 {
+		t.Fatalf("%d NetworkPolicies select the pods, want 1", len(policies))
+	}
+	np := policies[0]
+	if !slices.Contains(np.Spec.PolicyTypes, networkingv1.PolicyTypeIngress) {
+		t.Errorf("NetworkPolicy %s: policyTypes %v, want Ingress", np.Name, np.Spec.PolicyTypes)
+	}
+	admitted := map[int32]bool{}
+	for _, r := range np.Spec.Ingress {
+		if len(r.Ports) == 0 {
+			t.Errorf("NetworkPolicy %s: a rule without ports lets in every port", np.Name)
+		}
+		for _, p := range r.Ports {
+			if p.Port == nil || p.Protocol == nil || *p.Protocol != corev1.ProtocolTCP {
+				t.Errorf("NetworkPolicy %s: port %v protocol %v, want a TCP port", np.Name, p.Port, p.Protocol)
+				continue
+			}
+			n := portNumber(c, *p.Port)
+			if n == 0 {
+				t.Errorf("NetworkPolicy %s: port %s is no container port", np.Name, p.Port.String())
+			}
+			admitted[n] = true
+		}
+	}
+	if !maps.Equal(admitted, published) {
+		t.Errorf("NetworkPolicy %s lets in ports %v; the Service publishes %v", np.Name, slices.Sorted(maps.Keys(admitted)), slices.Sorted(maps.Keys(published)))
+	}
 }

@@ -50,6 +50,24 @@ func TestManifests(t *testing.T) {
 		backend:        "redis",
 		hpa:            true,
 	})
+	// Redis: the rate-limit pods alone may reach it (whoever can write to
+	// it can reset any client's counters).
+	redis := objs.deployments["redis"]
+	np := objs.networkPolicies["redis"]
+	if redis == nil || np == nil || !selects(np.Spec.PodSelector.MatchLabels, redis.Spec.Template.Labels) {
+		t.Fatal("no NetworkPolicy selects the Redis pods")
+	}
+	rl := objs.deployments["ratelimit"].Spec.Template.Labels
+	for _, r := range np.Spec.Ingress {
+		if len(r.From) == 0 {
+			t.Error("NetworkPolicy redis: a rule lets in any source")
+		}
+		for _, peer := range r.From {
+			if peer.NamespaceSelector != nil || peer.IPBlock != nil || peer.PodSelector == nil || !selects(peer.PodSelector.MatchLabels, rl) {
+				t.Errorf("NetworkPolicy redis lets in %v, want the rate-limit pods alone", peer)
+			}
+		}
+	}
 	if k.Namespace != "" && objs.namespaces[k.Namespace] == nil {
 		t.Errorf("the kustomization puts everything in namespace %s, which it does not create", k.Namespace)
 	}

@@ -13,6 +13,7 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	autoscalingv2 "k8s.io/api/autoscaling/v2"
 	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
 	policyv1 "k8s.io/api/policy/v1"
 	"sigs.k8s.io/yaml"
 )
@@ -28,6 +29,7 @@ type objects struct {
 	serviceMonitors map[string]*serviceMonitor
 	namespaces      map[string]*corev1.Namespace
 	serviceAccounts map[string]*corev1.ServiceAccount
+	networkPolicies map[string]*networkingv1.NetworkPolicy
 }
 
 // serviceMonitor is the part of the Prometheus Operator's ServiceMonitor
@@ -112,6 +114,10 @@ func decodeObjects(t *testing.T, name string, data []byte, into *objects) {
 			o := &autoscalingv2.HorizontalPodAutoscaler{}
 			strict(o)
 			put(t, where, into.hpas, o.Name, o)
+		case "networking.k8s.io/v1 NetworkPolicy":
+			o := &networkingv1.NetworkPolicy{}
+			strict(o)
+			put(t, where, into.networkPolicies, o.Name, o)
 		case "monitoring.coreos.com/v1 ServiceMonitor":
 			o := &serviceMonitor{}
 			strict(o)
@@ -133,6 +139,7 @@ func newObjects() *objects {
 		serviceMonitors: map[string]*serviceMonitor{},
 		namespaces:      map[string]*corev1.Namespace{},
 		serviceAccounts: map[string]*corev1.ServiceAccount{},
+		networkPolicies: map[string]*networkingv1.NetworkPolicy{},
 	}
 }
 

@@ -74,7 +74,7 @@ func (e exported) add(mfs map[string]*dto.MetricFamily) {
 // PROMETHEUS_ADDR, and checks that every PromQL expression of the
 // dashboard and of the alerting rules parses and selects only series
 // (and label names and values) that the service exports, and that the
-// README lists every series.
+// docs/OBSERVABILITY.md lists every series.
 func TestDashboardAndAlertsUseExportedSeries(t *testing.T) {
 	bin := build(t)
 	redis := storetest.StartRedis(t, storetest.RedisOptions{})
@@ -124,14 +124,14 @@ func TestDashboardAndAlertsUseExportedSeries(t *testing.T) {
 		}
 	})
 	t.Run("readme", func(t *testing.T) {
-		b, err := os.ReadFile("../../README.md")
+		b, err := os.ReadFile("../../docs/OBSERVABILITY.md")
 		if err != nil {
 			t.Fatal(err)
 		}
 		slices.Sort(families)
 		for _, name := range slices.Compact(families) {
 			if !strings.Contains(string(b), "`"+name+"`") {
-				t.Errorf("README.md does not list `%s`", name)
+				t.Errorf("docs/OBSERVABILITY.md does not list `%s`", name)
 			}
 		}
 	})

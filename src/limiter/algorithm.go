@@ -13,7 +13,7 @@ import (
 // microseconds (Redis TIME's resolution; 2^53 µs is the year 2255, so Lua's
 // doubles hold them exactly) and counts are unsigned integers.
 //
-// What each algorithm reports (the README copies this table; W is the
+// What each algorithm reports (docs/RULES.md copies this table; W is the
 // window, T = ceil(W / limit) the token bucket's refill interval):
 //
 //	| algorithm      | state per key                        | admitted when            | Before / After measure                 | Remaining                      | ResetAfter                                         |

@@ -27,6 +27,28 @@ var ErrOverloaded = errors.New("store overloaded")
 // service answers codes.Internal for that request only.
 var ErrData = errors.New("store refused the data")
 
+// Reason is why a store failed, in words a caller may be told: it names no
+// server, address, port or key (those are for the logs). A store wraps one
+// in an error whose kind (ErrUnavailable, ErrOverloaded, ErrData) alone
+// says too little for a caller to act on; the service sends a caller the
+// kind and the reason, and logs the whole error.
+type Reason string
+
+func (r Reason) Error() string { return string(r) }
+
+// The reasons the stores give.
+const (
+	// ReasonBreakerOpen: the server's circuit breaker is open, so the
+	// request was refused without trying it (ErrUnavailable).
+	ReasonBreakerOpen Reason = "circuit breaker open"
+	// ReasonNoRoom: the memory store is full of keys over their limit and
+	// has no room for a new key (ErrOverloaded).
+	ReasonNoRoom Reason = "no room for a new key"
+	// ReasonOutOfMemory: the store refused a write for lack of memory
+	// (ErrOverloaded).
+	ReasonOutOfMemory Reason = "out of memory"
+)
+
 // MaxHits is the largest Op.Hits the service sends: 2^32-1, the largest
 // hits_addend a request may carry. Every store counts exactly up to its own
 // range and saturates beyond it, so no sum of ops can wrap or reset a

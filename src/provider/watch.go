@@ -16,6 +16,7 @@ import (
 
 	"github.com/fsnotify/fsnotify"
 
+	"github.com/ratelimitd/ratelimit/src/filewatch"
 	"github.com/ratelimitd/ratelimit/src/rules"
 )
 
@@ -33,10 +34,6 @@ const defaultQuietPeriod = time.Second
 // the old version within milliseconds) into one reload.
 const maxSwapQuiet = 100 * time.Millisecond
 
-// errNoDirectory is returned by Watch when not even an ancestor of the
-// rules directory can be watched.
-var errNoDirectory = errors.New("provider: nothing to watch: no ancestor of the rules directory exists")
-
 // ErrEmptyReload is reported (wrapped) when a reload finds no domain at all
 // while the rules in use have some, and FileConfig.AllowEmptyReload is
 // false. Nothing is loaded.
@@ -44,7 +41,7 @@ var ErrEmptyReload = errors.New("no domain left")
 
 // ErrUnsettled is reported (wrapped) when the rule files kept changing for
 // FileConfig.MaxSettle. Nothing is loaded; Watch goes on waiting.
-var ErrUnsettled = errors.New("still changing")
+var ErrUnsettled = filewatch.ErrUnsettled
 
 // Watcher reloads a rules directory whenever anything in it changes:
 // files written, created, removed, renamed or chmod-ed, subdirectories
@@ -62,33 +59,27 @@ var ErrUnsettled = errors.New("still changing")
 // methods are safe for concurrent use.
 type Watcher struct {
 	cfg     FileConfig
-	fsw     *fsnotify.Watcher
+	fw      *filewatch.Watcher
 	onLoad  func(Snapshot)
 	onError func(error)
 	cancel  context.CancelFunc
 	done    chan struct{}
-	// now asks the goroutine for a read at once (Reload).
-	now chan struct{}
 
-	// watched maps each watched directory to the entries of it that
-	// matter. Only Watch and then the run goroutine touch it.
-	watched map[string]watchSpec
-	// last is what the last load read, and domains how many domains the
-	// last successful load had. Only Watch and then the run goroutine
-	// touch them.
+	// read is what the last read found, for the load that may follow
+	// (filewatch.Files); last is what the last load read, and domains
+	// how many domains the last successful load had. Only Watch and then
+	// the watching goroutine touch them.
+	read struct {
+		dir   string
+		files []rules.File
+		err   error
+	}
 	last    content
 	domains int
 
 	// mu guards stats.
 	mu    sync.Mutex
 	stats WatchStats
-}
-
-// watchSpec says which events of a watched directory reload: all of them,
-// or only those about the listed entries.
-type watchSpec struct {
-	all   bool
-	names map[string]bool
 }
 
 // WatchStats counts a Watcher's reloads.
@@ -140,6 +131,36 @@ func contentOf(dir string, files []rules.File, err error) content {
 	return c
 }
 
+// fingerprint is c as filewatch compares reads.
+func (c content) fingerprint() filewatch.Fingerprint {
+	h := sha256.New()
+	h.Write([]byte(c.dir))
+	h.Write([]byte{0})
+	h.Write(c.sum[:])
+	return filewatch.Fingerprint(h.Sum(nil))
+}
+
+// ruleFiles is the Watcher as filewatch follows it.
+type ruleFiles Watcher
+
+func (f *ruleFiles) Watches() map[string]filewatch.Spec { return (*Watcher)(f).watches() }
+
+func (f *ruleFiles) Read() filewatch.Fingerprint {
+	r := &f.read
+	r.dir, r.files, r.err = readFiles(f.cfg)
+	return contentOf(r.dir, r.files, r.err).fingerprint()
+}
+
+func (f *ruleFiles) Apply() {
+	r := f.read
+	f.read.files = nil
+	(*Watcher)(f).load(r.dir, r.files, r.err)
+}
+
+func (f *ruleFiles) Current() filewatch.Fingerprint { return f.last.fingerprint() }
+
+func (f *ruleFiles) Changed() bool { return (*Watcher)(f).recheck() }
+
 // Watch loads the rules directory, reports the result through onLoad or
 // onError before it returns, and then watches the directory, reloading
 // once each burst of changes has settled (see FileConfig.QuietPeriod).
@@ -172,28 +193,36 @@ func Watch(ctx context.Context, cfg FileConfig, onLoad func(Snapshot), onError f
 	if onError == nil {
 		onError = func(error) {}
 	}
-	fsw, err := fsnotify.NewWatcher()
-	if err != nil {
-		return nil, fmt.Errorf("provider: watch %s: %w", cfg.Dir(), err)
-	}
 	w := &Watcher{
 		cfg:     cfg,
-		fsw:     fsw,
 		onLoad:  onLoad,
 		onError: onError,
 		done:    make(chan struct{}),
-		now:     make(chan struct{}, 1),
-		watched: map[string]watchSpec{},
 	}
+	fw, err := filewatch.New(filewatch.Config{
+		Quiet:     cfg.QuietPeriod,
+		SwapQuiet: min(cfg.QuietPeriod, maxSwapQuiet),
+		MaxSettle: cfg.MaxSettle,
+		Recheck:   cfg.Recheck,
+		Swap:      atomicChange,
+		OnError:   w.watchError,
+	}, (*ruleFiles)(w))
+	if err != nil {
+		return nil, fmt.Errorf("provider: watch %s: %w", cfg.Dir(), err)
+	}
+	w.fw = fw
 	if err := w.updateWatches(); err != nil {
-		fsw.Close()
+		fw.Close()
 		return nil, err
 	}
 	// Load only once the watches are in place, so that no change falls
 	// between the first load and the watching.
 	w.load(readFiles(w.cfg))
 	ctx, w.cancel = context.WithCancel(ctx)
-	go w.run(ctx)
+	go func() {
+		defer close(w.done)
+		fw.Run(ctx)
+	}()
 	return w, nil
 }
 
@@ -222,146 +251,13 @@ func (w *Watcher) Done() <-chan struct{} {
 // settle: the caller (an operator's SIGHUP) says the files are complete. A
 // load fails, and keeps the rules in use, as any other would. It does not
 // wait for the read; a Reload asked while one is pending is the same one.
-func (w *Watcher) Reload() {
-	select {
-	case w.now <- struct{}{}:
-	default:
-	}
-}
+func (w *Watcher) Reload() { w.fw.Now() }
 
 // Stats returns the counts of loads so far.
 func (w *Watcher) Stats() WatchStats {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	return w.stats
-}
-
-func (w *Watcher) run(ctx context.Context) {
-	defer close(w.done)
-	defer w.fsw.Close()
-	quiet := w.cfg.QuietPeriod
-	// Since Go 1.23 a stopped timer's channel holds no stale tick, so
-	// Reset alone restarts the quiet period.
-	timer := time.NewTimer(quiet)
-	timer.Stop()
-	defer timer.Stop()
-	var recheck <-chan time.Time
-	if w.cfg.Recheck > 0 {
-		ticker := time.NewTicker(w.cfg.Recheck)
-		defer ticker.Stop()
-		recheck = ticker.C
-	}
-
-	// A reload is due from a change until two reads of the files agree.
-	// A read happens once no change has been seen for the quiet period,
-	// or maxWait after the previous read (or the first change) while
-	// changes never pause. An event only says that something changed, not
-	// that the writer is done: removing a file before writing it again,
-	// truncating it, or writing it in pieces each raise events with pauses
-	// between them, and a read in such a pause finds a valid but partial
-	// configuration. Asking a second read, a quiet period later, to find
-	// the same bytes means a writer is seen as done only after pausing
-	// for at least that long.
-	//
-	// Changes that are all atomic swaps (see atomicChange) leave no file
-	// half-written: each read sees one whole version, and only a read
-	// that raced a swap can mix two. For them the first read is made
-	// after a shorter pause (maxSwapQuiet) and checked by a second one at
-	// once, which differs if a swap fell inside the first; a disagreement
-	// or any other change makes the reload settle as usual. A Kubernetes
-	// ConfigMap update then applies in about 0.1 s instead of 2 s.
-	swapQuiet := min(quiet, maxSwapQuiet)
-	var (
-		due bool
-		// swapsOnly holds while every change of this reload was an
-		// atomic swap.
-		swapsOnly bool
-		// since is when the wait for the next read began: the first
-		// change of this reload, then the last read.
-		since time.Time
-		// candidate is what the last read of this reload found, if
-		// read; settling is when that reload's first read was made.
-		candidate content
-		read      bool
-		settling  time.Time
-	)
-	maxWait := 10 * quiet
-	changed := func(swap bool) {
-		now := time.Now()
-		if !due {
-			due, since, swapsOnly = true, now, true
-		}
-		swapsOnly = swapsOnly && swap
-		wait := quiet
-		if swapsOnly {
-			wait = swapQuiet
-		}
-		timer.Reset(max(min(wait, since.Add(maxWait).Sub(now)), 0))
-	}
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case ev, ok := <-w.fsw.Events:
-			if !ok {
-				return
-			}
-			if w.relevant(ev) {
-				changed(atomicChange(ev))
-			}
-		case err, ok := <-w.fsw.Errors:
-			if !ok {
-				return
-			}
-			// An overflowed event queue loses events: reload to be sure.
-			w.onError(fmt.Errorf("provider: watch %s: %w", w.cfg.Dir(), err))
-			changed(false)
-		case <-timer.C:
-			if err := w.updateWatches(); err != nil {
-				w.onError(err)
-			}
-			if swapsOnly && !read {
-				candidate, read = contentOf(readFiles(w.cfg)), true
-			}
-			dir, files, err := readFiles(w.cfg)
-			now, at := contentOf(dir, files, err), time.Now()
-			if read && now == candidate {
-				due, swapsOnly, read, settling = false, false, false, time.Time{}
-				w.load(dir, files, err)
-				continue
-			}
-			swapsOnly = false
-			switch {
-			case settling.IsZero():
-				settling = at
-			case at.Sub(settling) >= w.cfg.MaxSettle:
-				// A writer that never stops: say so, keep the rules in
-				// use, and keep waiting for a pause, counting again.
-				w.fail(fmt.Errorf("provider: reload of %s: %w after %v; keeping the rules in use until the files stay unchanged for %v",
-					w.cfg.Dir(), ErrUnsettled, w.cfg.MaxSettle, quiet))
-				settling = at
-			}
-			candidate, read, since = now, true, at
-			timer.Reset(quiet)
-		case <-recheck:
-			// A reload already due will read everything anyway. A change
-			// found is handled as an event would be, settling included.
-			if !due && w.recheck() {
-				changed(false)
-			}
-		case <-w.now:
-			if err := w.updateWatches(); err != nil {
-				w.onError(err)
-			}
-			dir, files, err := readFiles(w.cfg)
-			if contentOf(dir, files, err) != w.last {
-				w.load(dir, files, err)
-			}
-			// Whatever was settling is read: a later event starts anew.
-			timer.Stop()
-			due, swapsOnly, read, settling = false, false, false, time.Time{}
-		}
-	}
 }
 
 // atomicChange reports whether an event is an atomic swap, after which a
@@ -411,19 +307,6 @@ func (w *Watcher) recheck() bool {
 	return false
 }
 
-// relevant reports whether an event may change the rules.
-func (w *Watcher) relevant(ev fsnotify.Event) bool {
-	if _, self := w.watched[ev.Name]; self {
-		// A watched directory itself was removed or renamed.
-		return true
-	}
-	spec, ok := w.watched[filepath.Dir(ev.Name)]
-	if !ok {
-		return false
-	}
-	return spec.all || spec.names[filepath.Base(ev.Name)]
-}
-
 // load parses what readFiles returned and reports the result.
 func (w *Watcher) load(dir string, files []rules.File, err error) {
 	w.last = contentOf(dir, files, err)
@@ -455,6 +338,28 @@ func (w *Watcher) load(dir string, files []rules.File, err error) {
 	w.onLoad(Snapshot{Rules: cfg, Source: src})
 }
 
+// watchError reports an error of the watching; files that would not
+// settle count as a failed load.
+func (w *Watcher) watchError(err error) {
+	if errors.Is(err, filewatch.ErrUnsettled) {
+		w.fail(fmt.Errorf("provider: reload of %s: %w; keeping the rules in use", w.cfg.Dir(), err))
+		return
+	}
+	w.onError(fmt.Errorf("provider: %s: %w", w.cfg.Dir(), err))
+}
+
+// updateWatches watches what watches names.
+func (w *Watcher) updateWatches() error {
+	err := w.fw.Update()
+	if errors.Is(err, filewatch.ErrNothingWatched) {
+		return fmt.Errorf("provider: %w: no ancestor of the rules directory %s exists", err, w.cfg.Dir())
+	}
+	if err != nil {
+		return fmt.Errorf("provider: %w", err)
+	}
+	return nil
+}
+
 // fail counts a failed load and reports it.
 func (w *Watcher) fail(err error) {
 	w.mu.Lock()
@@ -464,26 +369,26 @@ func (w *Watcher) fail(err error) {
 	w.onError(err)
 }
 
-// updateWatches watches what the rules depend on now: the rules directory
+// watches returns what the rules depend on now: the rules directory
 // as its symlinks resolve today and its subdirectories (every event); the
 // directories holding it, holding Root and holding each symlink met on the
 // way from Root to it (events about those entries only, so a replaced
 // directory or a swapped symlink reloads); or, while the directory is
 // missing, its nearest existing ancestor.
-func (w *Watcher) updateWatches() error {
-	want := map[string]watchSpec{}
+func (w *Watcher) watches() map[string]filewatch.Spec {
+	want := map[string]filewatch.Spec{}
 	all := func(dir string) {
-		want[dir] = watchSpec{all: true}
+		want[dir] = filewatch.Spec{All: true}
 	}
 	entry := func(dir, name string) {
 		s := want[dir]
-		if s.all {
+		if s.All {
 			return
 		}
-		if s.names == nil {
-			s.names = map[string]bool{}
+		if s.Names == nil {
+			s.Names = map[string]bool{}
 		}
-		s.names[name] = true
+		s.Names[name] = true
 		want[dir] = s
 	}
 
@@ -497,7 +402,7 @@ func (w *Watcher) updateWatches() error {
 	// link on the way (Root, Root/Subdirectory, the rules directory) and
 	// every link those point through.
 	for _, p := range []string{w.cfg.Root, filepath.Join(w.cfg.Root, w.cfg.Subdirectory), dir} {
-		for _, link := range symlinkHops(p) {
+		for _, link := range filewatch.Links(p) {
 			entry(filepath.Dir(link), filepath.Base(link))
 		}
 	}
@@ -524,54 +429,5 @@ func (w *Watcher) updateWatches() error {
 		}
 	}
 
-	// Add every path again, even those watched already: a directory
-	// removed and created anew under the same name lost its watch.
-	var errs []error
-	for path, spec := range want {
-		if err := w.fsw.Add(path); err != nil {
-			delete(want, path)
-			if !errors.Is(err, fs.ErrNotExist) && spec.all {
-				errs = append(errs, fmt.Errorf("provider: watch %s: %w", path, err))
-			}
-		}
-	}
-	for path := range w.watched {
-		if _, ok := want[path]; !ok {
-			// The directory may be gone already; nothing to undo then.
-			_ = w.fsw.Remove(path)
-		}
-	}
-	w.watched = want
-	if len(want) == 0 {
-		errs = append(errs, errNoDirectory)
-	}
-	return errors.Join(errs...)
-}
-
-// maxSymlinkHops bounds symlinkHops, as the kernel bounds a lookup (40 on
-// Linux), so that a link loop ends.
-const maxSymlinkHops = 40
-
-// symlinkHops returns the symbolic links met when resolving the last
-// element of path: path itself if it is a link, then its target if that
-// is a link too, and so on. Directories earlier in path are resolved by
-// the system, and the caller asks about them separately.
-func symlinkHops(path string) []string {
-	var links []string
-	for range maxSymlinkHops {
-		info, err := os.Lstat(path)
-		if err != nil || info.Mode()&fs.ModeSymlink == 0 {
-			break
-		}
-		links = append(links, path)
-		target, err := os.Readlink(path)
-		if err != nil {
-			break
-		}
-		if !filepath.IsAbs(target) {
-			target = filepath.Join(filepath.Dir(path), target)
-		}
-		path = target
-	}
-	return links
+	return want
 }

@@ -8,13 +8,13 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
-	"math/rand/v2"
 	"os"
 	"strings"
 	"sync"
 	"time"
 	"unicode/utf8"
 
+	cbackoff "github.com/cenkalti/backoff/v5"
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	rlsconfv3 "github.com/envoyproxy/go-control-plane/ratelimit/config/ratelimit/v3"
@@ -118,15 +118,26 @@ type Backoff struct {
 	Jitter       bool
 }
 
-// backoff is the state of one Backoff schedule.
+// backoff is the state of one Backoff schedule: cenkalti/backoff's
+// exponential schedule (the one the binary already carries through the
+// OTLP exporter), doubling, with the jitter clamped to Max.
 type backoff struct {
-	cfg  Backoff
-	next time.Duration
+	exp cbackoff.ExponentialBackOff
+	max time.Duration
 }
 
 func newBackoff(cfg Backoff) *backoff {
 	cfg = cfg.normal()
-	return &backoff{cfg: cfg, next: cfg.Initial}
+	b := &backoff{max: cfg.Max, exp: cbackoff.ExponentialBackOff{
+		InitialInterval: cfg.Initial,
+		Multiplier:      2,
+		MaxInterval:     cfg.Max,
+	}}
+	if cfg.Jitter {
+		b.exp.RandomizationFactor = cfg.RandomFactor
+	}
+	b.exp.Reset()
+	return b
 }
 
 // normal returns cfg with its defaults and bounds applied.
@@ -148,17 +159,9 @@ func repeatBackoff(cfg Backoff) *backoff {
 }
 
 // wait returns the next wait and doubles the one after.
-func (b *backoff) wait() time.Duration {
-	d := b.next
-	b.next = min(2*b.next, b.cfg.Max)
-	if b.cfg.Jitter && b.cfg.RandomFactor > 0 {
-		spread := 1 + b.cfg.RandomFactor*(2*rand.Float64()-1)
-		d = min(time.Duration(float64(d)*spread), b.cfg.Max)
-	}
-	return d
-}
+func (b *backoff) wait() time.Duration { return min(b.exp.NextBackOff(), b.max) }
 
-func (b *backoff) reset() { b.next = b.cfg.Initial }
+func (b *backoff) reset() { b.exp.Reset() }
 
 // XDSStats counts what an XDSWatcher did.
 type XDSStats struct {

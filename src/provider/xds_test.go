@@ -412,7 +412,7 @@ func TestBackoff(t *testing.T) {
 		if i%3 == 0 {
 			j.reset()
 		}
-		base := j.next
+		base := time.Second << (i % 3) // 1s after a reset, then 2s, 4s
 		d := j.wait()
 		if d < base/2 || d > min(base*3/2, 4*time.Second) {
 			t.Fatalf("jittered wait %v for %v, want within ±50%% and at most 4s", d, base)

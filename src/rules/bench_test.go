@@ -2,6 +2,7 @@ package rules
 
 import (
 	"fmt"
+	"runtime"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -134,5 +135,50 @@ func BenchmarkParse(b *testing.B) {
 		if _, err := Parse([]File{{Name: "edge.yaml", Data: data}}, Options{}); err != nil {
 			b.Fatal(err)
 		}
+	}
+}
+
+// BenchmarkRulesMemory reports the heap a loaded rule set holds, per rule
+// (one domain of many key-only rules) and per domain (many domains of one
+// rule each, as an xDS snapshot of Envoy Gateway's holds): the figures of
+// the README's "Memory per rule".
+func BenchmarkRulesMemory(b *testing.B) {
+	for _, tt := range []struct {
+		name    string
+		domains int
+		rules   int
+	}{
+		{"rules_in_one_domain", 1, 10000},
+		{"domains_of_one_rule", 10000, 1},
+	} {
+		b.Run(tt.name, func(b *testing.B) {
+			var files []File
+			for d := range tt.domains {
+				var y strings.Builder
+				fmt.Fprintf(&y, "domain: domain-%05d\ndescriptors:\n", d)
+				for r := range tt.rules {
+					fmt.Fprintf(&y, "  - key: key_%05d\n    value: value_%05d\n    rate_limit: {unit: minute, requests_per_unit: 100}\n", r, r)
+				}
+				files = append(files, File{Name: fmt.Sprintf("f%05d.yaml", d), Data: []byte(y.String())})
+			}
+			heap := func() uint64 {
+				runtime.GC()
+				var ms runtime.MemStats
+				runtime.ReadMemStats(&ms)
+				return ms.HeapAlloc
+			}
+			var per float64
+			for range b.N {
+				before := heap()
+				cfg, err := Parse(files, Options{})
+				if err != nil {
+					b.Fatal(err)
+				}
+				after := heap()
+				runtime.KeepAlive(cfg)
+				per = float64(after-before) / float64(tt.domains*tt.rules)
+			}
+			b.ReportMetric(per, "heap-B/rule")
+		})
 	}
 }

@@ -11,6 +11,7 @@ package rules
 import (
 	"encoding/json"
 	"fmt"
+	"io"
 	"regexp"
 	"sort"
 	"strings"
@@ -341,18 +342,31 @@ func (c *Config) matchDetailed(domain string, entries []Entry, limit *Limit) Mat
 // differ from their defaults. The quota rules follow, one line each as
 // QuotaRule.String writes it, domains sorted, each in file order.
 func (c *Config) Dump() string {
-	if c == nil {
-		return ""
-	}
 	var b strings.Builder
+	_ = c.WriteDump(&b)
+	return b.String()
+}
+
+// WriteDump writes what Dump returns to w, a line at a time, so that a
+// large rule set is never held as one string (the /rlconfig endpoint).
+func (c *Config) WriteDump(w io.Writer) error {
+	if c == nil {
+		return nil
+	}
+	var line strings.Builder
 	for _, l := range c.limits {
-		writeLimit(&b, l)
+		line.Reset()
+		writeLimit(&line, l)
+		if _, err := io.WriteString(w, line.String()); err != nil {
+			return err
+		}
 	}
 	for _, q := range c.QuotaRules() {
-		b.WriteString(q.String())
-		b.WriteByte('\n')
+		if _, err := io.WriteString(w, q.String()+"\n"); err != nil {
+			return err
+		}
 	}
-	return b.String()
+	return nil
 }
 
 func writeLimit(b *strings.Builder, l *Limit) {

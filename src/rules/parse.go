@@ -25,7 +25,7 @@ const MaxSlidingLog = 10000
 // document is refused instead of walked.
 const maxAliases = 10000
 
-// The bounds of what rules may make the service build (README, "Limits and
+// The bounds of what rules may make the service build (docs/SECURITY.md, "Limits and
 // hostile input"). An alias expands to its whole subtree at every use, so
 // the aliases' count alone does not bound the rules: a 103 KB file of one
 // list used many times built 1,000,000 rules (1.2 GB). Every descriptor

@@ -1,6 +1,7 @@
 package server
 
 import (
+	"io"
 	"strings"
 	"time"
 
@@ -17,13 +18,14 @@ type loadError struct {
 // millisecond, so that instances in other time zones compare at a glance.
 const rlconfigTime = "2006-01-02T15:04:05.000Z07:00"
 
-// rulesDump is the body of /rlconfig: a header of lines starting with "#"
-// saying where the rules in use came from, when they loaded and the last
-// failed load since then, if any; then the rules, one line each, exactly
-// as envoyproxy/ratelimit's /rlconfig and rules.Config.Dump write them.
-// Tools that read the anchor's lines skip the header by dropping the
-// lines that start with "#".
-func rulesDump(snap *provider.Snapshot, failed *loadError) string {
+// writeRulesDump writes the body of /rlconfig to w: a header of lines
+// starting with "#" saying where the rules in use came from, when they
+// loaded and the last failed load since then, if any; then the rules, one
+// line each, exactly as envoyproxy/ratelimit's /rlconfig and
+// rules.Config.Dump write them, a line at a time, so that the endpoint
+// holds no copy of a large rule set. Tools that read the anchor's lines
+// skip the header by dropping the lines that start with "#".
+func writeRulesDump(w io.Writer, snap *provider.Snapshot, failed *loadError) error {
 	var b strings.Builder
 	header := func(name, value string) {
 		b.WriteString("# ")
@@ -51,8 +53,9 @@ func rulesDump(snap *provider.Snapshot, failed *loadError) string {
 	}
 	if snap == nil {
 		b.WriteString("no rules loaded\n")
-		return b.String()
 	}
-	b.WriteString(snap.Rules.Dump())
-	return b.String()
+	if _, err := io.WriteString(w, b.String()); err != nil || snap == nil {
+		return err
+	}
+	return snap.Rules.WriteDump(w)
 }

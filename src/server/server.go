@@ -5,6 +5,7 @@
 package server
 
 import (
+	"bufio"
 	"context"
 	"errors"
 	"fmt"
@@ -24,6 +25,7 @@ import (
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/keepalive"
 	"google.golang.org/grpc/reflection"
@@ -416,10 +418,18 @@ func (s *Server) listen() error {
 		s.log.Warn("connection caps lowered to fit the open-file limit",
 			"RLIMIT_NOFILE", nofile, "GRPC_MAX_CONNECTIONS", caps.grpc, "HTTP_MAX_CONNECTIONS", caps.http)
 	}
-	grpcCap, httpCap := caps.grpc, caps.http
+	// No client address may hold more than its share of a listener.
+	overShare := s.stats.Counter("ratelimit.server.connections_over_peer_share")
+	share := func(capacity int, setting string) limits {
+		return limits{capacity: capacity, perPeer: peerShare(capacity, s.set.MaxConnectionsPerPeerPercent), setting: setting, overShare: overShare}
+	}
+	grpcCap, httpCap := share(caps.grpc, "GRPC_MAX_CONNECTIONS"), share(caps.http, "HTTP_MAX_CONNECTIONS")
+	// At its cap an HTTP listener closes the connection idle longest for
+	// a new one, so that /healthcheck answers whatever slow clients hold.
+	httpCap.evicted = s.stats.Counter("ratelimit.server.connections_evicted")
 
 	var opened []net.Listener
-	open := func(network, addr string, capacity int, setting string) (net.Listener, error) {
+	open := func(network, addr string, lim limits) (net.Listener, error) {
 		l, err := net.Listen(network, addr)
 		if err != nil {
 			for _, o := range opened {
@@ -428,7 +438,7 @@ func (s *Server) listen() error {
 			s.udsOwn.remove()
 			return nil, err
 		}
-		ll := newLimitListener(l, capacity, setting, s.log)
+		ll := newLimitListener(l, lim, s.log)
 		opened = append(opened, ll)
 		return ll, nil
 	}
@@ -442,27 +452,31 @@ func (s *Server) listen() error {
 			if s.udsOwn, err = claimSocket(ul, s.set.GRPCUDS); err != nil {
 				ul.Close()
 			} else {
-				s.grpcLn = newLimitListener(ul, grpcCap, "GRPC_MAX_CONNECTIONS", s.log)
+				s.grpcLn = newLimitListener(ul, grpcCap, s.log)
 				opened = append(opened, s.grpcLn)
 			}
 		}
 	} else {
-		s.grpcLn, err = open("tcp", net.JoinHostPort(s.set.GRPCHost, fmt.Sprint(s.set.GRPCPort)), grpcCap, "GRPC_MAX_CONNECTIONS")
+		s.grpcLn, err = open("tcp", net.JoinHostPort(s.set.GRPCHost, fmt.Sprint(s.set.GRPCPort)), grpcCap)
 	}
 	if err != nil {
 		return fmt.Errorf("server: grpc listener: %w", err)
 	}
-	s.httpLn, err = open("tcp", net.JoinHostPort(s.set.Host, fmt.Sprint(s.set.Port)), httpCap, "HTTP_MAX_CONNECTIONS")
+	s.httpLn, err = open("tcp", net.JoinHostPort(s.set.Host, fmt.Sprint(s.set.Port)), httpCap)
 	if err != nil {
 		return fmt.Errorf("server: http listener: %w", err)
 	}
-	s.debugLn, err = open("tcp", net.JoinHostPort(s.set.DebugHost, fmt.Sprint(s.set.DebugPort)), httpCap, "HTTP_MAX_CONNECTIONS")
+	if s.tls != nil {
+		// Plaintext for the kubelet's probes, TLS for /json (issue 24).
+		s.httpLn = newSniffListener(s.httpLn, s.tls.httpConfig, s.tls.refused, httpReadHeaderTimeout)
+	}
+	s.debugLn, err = open("tcp", net.JoinHostPort(s.set.DebugHost, fmt.Sprint(s.set.DebugPort)), httpCap)
 	if err != nil {
 		return fmt.Errorf("server: debug listener: %w", err)
 	}
 
 	if s.prometheus() {
-		s.promLn, err = open("tcp", s.set.PrometheusAddr, httpCap, "HTTP_MAX_CONNECTIONS")
+		s.promLn, err = open("tcp", s.set.PrometheusAddr, httpCap)
 		if err != nil {
 			return fmt.Errorf("server: prometheus listener: %w", err)
 		}
@@ -474,20 +488,29 @@ func (s *Server) listen() error {
 	opts := append(grpcOptions(s.set, s.recoverUnary, s.recoverStream),
 		grpc.InTapHandle(s.svc.Tap),
 		grpc.ForceServerCodecV2(service.Codec()))
+	// Every connection is watched for answers its client does not let out.
+	var creds credentials.TransportCredentials
 	if s.tls != nil {
-		opts = append(opts, grpc.Creds(s.tls.credentials()))
+		creds = s.tls.credentials()
 	}
+	opts = append(opts, grpc.Creds(newStallWatch(s.stats).credentials(creds)))
 	s.grpc = grpc.NewServer(opts...)
 	rlsv3.RegisterRateLimitServiceServer(s.grpc, s.svc)
 	if s.quota != nil {
 		rlqsv3.RegisterRateLimitQuotaServiceServer(s.grpc, s.quota)
 	}
 	healthpb.RegisterHealthServer(s.grpc, s.health.grpc)
-	reflection.Register(s.grpc)
+	if s.set.GRPCReflectionEnabled {
+		reflection.Register(s.grpc)
+	}
 
 	mux := http.NewServeMux()
 	mux.Handle("/healthcheck", s.health)
-	mux.Handle("/json", s.svc.JSONHandler(int64(s.set.GRPCMaxRecvMsgSize)))
+	jsonHandler := s.svc.JSONHandler(int64(s.set.GRPCMaxRecvMsgSize))
+	if s.tls != nil {
+		jsonHandler = requireTLS(jsonHandler)
+	}
+	mux.Handle("/json", jsonHandler)
 	s.httpSrv = newHTTPServer(mux, httpWriteTimeout+s.store.timeout, s.log)
 
 	dmux := http.NewServeMux()
@@ -497,14 +520,24 @@ func (s *Server) listen() error {
 		_ = s.stats.WriteText(w)
 	})
 	dmux.Handle("/metrics", s.metrics)
-	dmux.HandleFunc("/debug/pprof/", pprof.Index)
-	dmux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
-	dmux.HandleFunc("/debug/pprof/profile", pprof.Profile)
-	dmux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
-	dmux.HandleFunc("/debug/pprof/trace", pprof.Trace)
-	index := "/rlconfig: the rules in use\n/stats: counters as text\n/metrics: counters for Prometheus\n/debug/pprof/: profiles\n"
+	index := "/rlconfig: the rules in use\n/stats: counters as text\n/metrics: counters for Prometheus\n"
+	// off answers 404 under path, saying which setting turned it off.
+	off := func(path, why string) {
+		dmux.HandleFunc(path, func(w http.ResponseWriter, _ *http.Request) { http.Error(w, why, http.StatusNotFound) })
+	}
+	if s.set.PprofEnabled {
+		dmux.HandleFunc("/debug/pprof/", pprof.Index)
+		dmux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
+		dmux.HandleFunc("/debug/pprof/profile", pprof.Profile)
+		dmux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
+		dmux.HandleFunc("/debug/pprof/trace", pprof.Trace)
+		index += "/debug/pprof/: profiles\n"
+	} else {
+		off("/debug/pprof/", "profiles are off (PPROF_ENABLED=false)")
+	}
 	if s.live != nil {
-		wc := web.Config{Live: s.live, Source: s.liveSource, Store: s.liveStore}
+		values, _ := web.ParseValues(s.set.LiveViewValues) // validated by settings
+		wc := web.Config{Live: s.live, Source: s.liveSource, Store: s.liveStore, Values: values}
 		if s.quota != nil {
 			wc.Quota = func() any { return s.quota.State() }
 		}
@@ -514,9 +547,7 @@ func (s *Server) listen() error {
 		dmux.Handle("/api/", s.web)
 		index += "/ui/: the live view (its JSON API under /api/v1/)\n"
 	} else {
-		dmux.HandleFunc("/ui/", func(w http.ResponseWriter, _ *http.Request) {
-			http.Error(w, "the live view is off (LIVE_VIEW_ENABLED=false)", http.StatusNotFound)
-		})
+		off("/ui/", "the live view is off (LIVE_VIEW_ENABLED=false)")
 	}
 	index += s.mountCapture(dmux)
 	dmux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
@@ -526,7 +557,7 @@ func (s *Server) listen() error {
 		}
 		_, _ = io.WriteString(w, index)
 	})
-	s.debugSrv = newHTTPServer(dmux, debugWriteTimeout, s.log)
+	s.debugSrv = newHTTPServer(allowHosts(s.set.DebugAllowedHosts, dmux), debugWriteTimeout, s.log)
 	if s.web != nil {
 		// Streams never end by themselves: a graceful shutdown ends them.
 		s.debugSrv.RegisterOnShutdown(s.web.Close)
@@ -567,7 +598,10 @@ func (s *Server) prometheus() bool { return s.set.UsePrometheus && !s.set.Disabl
 
 func (s *Server) serveRulesDump(w http.ResponseWriter, _ *http.Request) {
 	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
-	_, _ = io.WriteString(w, rulesDump(s.snapshot.Load(), s.reloadErr.Load()))
+	bw := bufio.NewWriterSize(w, 32<<10)
+	if writeRulesDump(bw, s.snapshot.Load(), s.reloadErr.Load()) == nil {
+		_ = bw.Flush()
+	}
 }
 
 // Bounds of the gRPC listener besides the settings (see grpcOptions).
@@ -596,6 +630,8 @@ func grpcOptions(set *settings.Settings, intercept grpc.UnaryServerInterceptor, 
 		grpc.KeepaliveParams(keepalive.ServerParameters{
 			MaxConnectionAge:      set.GRPCMaxConnectionAge,
 			MaxConnectionAgeGrace: set.GRPCMaxConnectionAgeGrace,
+			// 0 is grpc-go's infinity.
+			MaxConnectionIdle: set.GRPCMaxConnectionIdle,
 		}),
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{
 			MinTime:             grpcPingMinTime,
@@ -631,13 +667,15 @@ func grpcOptions(set *settings.Settings, intercept grpc.UnaryServerInterceptor, 
 }
 
 // recoverUnary turns a panic in a handler into codes.Internal, logs it and
-// counts it, so that a bug never takes the process down.
+// counts it, so that a bug never takes the process down. The caller is
+// told only that it was an internal error: the panic's value and stack
+// are for the log.
 func (s *Server) recoverUnary(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (resp any, err error) {
 	defer func() {
 		if r := recover(); r != nil {
 			s.stats.Counter("ratelimit.server.panics").Inc()
 			s.log.Error("panic in handler", "method", info.FullMethod, "panic", r, "stack", string(debug.Stack()))
-			resp, err = nil, status.Errorf(codes.Internal, "internal error: %v", r)
+			resp, err = nil, status.Error(codes.Internal, "internal error")
 		}
 	}()
 	return handler(ctx, req)
@@ -698,6 +736,7 @@ func (s *Server) Run(ctx context.Context) error {
 		defer wg.Done()
 		s.storeHealth.run(ctx)
 	}()
+	wg.Go(func() { s.store.reportMemory(ctx, s.log) })
 	if s.tls != nil {
 		wg.Add(1)
 		go func() {

@@ -543,3 +543,24 @@ func TestMemoryMaxBytes(t *testing.T) {
 		t.Errorf("/stats after 3 MiB of keys in 1 MiB: want evicted_under_limit above 0:\n%s", body)
 	}
 }
+
+// TestReflectionSwitch: GRPC_REFLECTION_ENABLED=false leaves server
+// reflection out; by default it is served, as the anchor serves it.
+func TestReflectionSwitch(t *testing.T) {
+	for _, tt := range []struct {
+		give string
+		want bool
+	}{{"", true}, {"true", true}, {"false", false}} {
+		t.Run("enabled="+tt.give, func(t *testing.T) {
+			env := map[string]string{}
+			if tt.give != "" {
+				env["GRPC_REFLECTION_ENABLED"] = tt.give
+			}
+			srv, _ := start(t, serverRules, env)
+			_, got := srv.grpc.GetServiceInfo()[reflectionpb.ServerReflection_ServiceDesc.ServiceName]
+			if got != tt.want {
+				t.Errorf("GRPC_REFLECTION_ENABLED=%q: reflection registered %v, want %v", tt.give, got, tt.want)
+			}
+		})
+	}
+}

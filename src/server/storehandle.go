@@ -47,6 +47,11 @@ type storeHandle struct {
 	// health, once set (see storeHealth), is told when the store first
 	// answers (answered).
 	health atomic.Pointer[storeHealth]
+	// memory, for Redis and Memcached, asks every server for its memory
+	// cap and eviction policy; mem holds what it last said, for the
+	// statistics. Nil for the memory store.
+	memory func(ctx context.Context) []storeMemory
+	mem    *memoryGauges
 }
 
 // answered is the Redis and Memcached stores' Config.Answered: the store
@@ -136,6 +141,14 @@ func newStore(ctx context.Context, set *settings.Settings, reg *stats.Registry, 
 		}
 		b.store, b.healthy, b.close, b.started = r, r.Healthy, func() { _ = r.Close() }, r.WaitStarted
 		b.timeout, b.keyFormat, b.breakers = redisTimeout(cfg), keyFormat(set), r.Breakers
+		b.memory = func(ctx context.Context) []storeMemory {
+			var out []storeMemory
+			for _, m := range r.Memory(ctx) {
+				out = append(out, storeMemory{server: m.Server, known: m.Known, maxBytes: m.MaxBytes, policy: m.Policy, evicts: m.Evicts()})
+			}
+			return out
+		}
+		b.mem = newMemoryGauges(reg, "ratelimit.redis.")
 		return b, nil
 	case settings.BackendMemcache:
 		cfg, err := memcacheConfig(set)
@@ -158,6 +171,18 @@ func newStore(ctx context.Context, set *settings.Settings, reg *stats.Registry, 
 		// The timeout is the store's, its default included: 0 would be
 		// the memory store's, which gets no REQUEST_TIMEOUT (issue 24).
 		b.timeout, b.keyFormat, b.breakers = m.Timeout(), keyFormat(set), m.Breakers
+		b.memory = func(ctx context.Context) []storeMemory {
+			var out []storeMemory
+			for _, s := range m.Memory(ctx) {
+				policy := "evictions off (-M)"
+				if s.Evictions {
+					policy = "evictions on"
+				}
+				out = append(out, storeMemory{server: s.Server, known: s.Known, maxBytes: s.MaxBytes, policy: policy, evicts: s.Evicts()})
+			}
+			return out
+		}
+		b.mem = newMemoryGauges(reg, "ratelimit.memcache.")
 		return b, nil
 	}
 	return nil, fmt.Errorf("server: BACKEND_TYPE %q is not available in this build", set.BackendType)
@@ -233,15 +258,17 @@ func memcacheOpStats(reg *stats.Registry, m *memcached.Store) {
 }
 
 // memcacheConfig turns the MEMCACHE_* settings into the Memcached store's
-// Config. TLS files are read as for Redis. As many calls may wait for a
-// connection slot as MAX_CONCURRENT_REQUESTS lets in (the store's own
-// bound without it): a healthy memcached sheds nothing the service
+// Config, its TLS from the MEMCACHE_TLS_* files. As many calls may wait
+// for a connection slot as MAX_CONCURRENT_REQUESTS lets in (the store's
+// own bound without it): a healthy memcached sheds nothing the service
 // admitted.
 func memcacheConfig(set *settings.Settings) (memcached.Config, error) {
 	cfg := memcached.Config{
 		SRV:                 set.MemcacheSrv,
 		SRVRefresh:          set.MemcacheSrvRefresh,
+		Conns:               set.MemcacheConnections,
 		MaxIdleConns:        set.MemcacheMaxIdleConns,
+		MaxConns:            set.MemcacheMaxInFlight,
 		MaxWaiting:          set.MaxConcurrentRequests,
 		ExpirationJitterMax: time.Duration(set.ExpirationJitterMaxSeconds) * time.Second,
 		Breaker:             breakerConfig(set),
@@ -255,7 +282,7 @@ func memcacheConfig(set *settings.Settings) (memcached.Config, error) {
 		}
 	}
 	if set.MemcacheTLS {
-		t, err := redis.TLSConfig(redis.TLSFiles{
+		t, err := memcached.TLSConfig(memcached.TLSFiles{
 			ClientCert:               set.MemcacheTLSClientCert,
 			ClientKey:                set.MemcacheTLSClientKey,
 			CACert:                   set.MemcacheTLSCACert,
@@ -380,7 +407,9 @@ func (w *storeHealth) check() {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	healthy := w.b.healthy()
-	w.st.log(w.log, healthy, w.b.breakers)
+	if w.st.log(w.log, healthy, w.b.breakers) {
+		w.b.askMemory()
+	}
 	w.h.SetStore(healthy || w.b.local != nil)
 }
 
@@ -415,8 +444,10 @@ type storeState struct {
 }
 
 // log logs what changed since the last call: the first call only a store
-// that does not answer yet.
-func (st *storeState) log(log *slog.Logger, healthy bool, breakers func() breaker.Stats) {
+// that does not answer yet. It reports whether the store has just
+// answered: for the first time, or again after an outage (unhealthy, or a
+// breaker open).
+func (st *storeState) log(log *slog.Logger, healthy bool, breakers func() breaker.Stats) (back bool) {
 	var open int64
 	if breakers != nil {
 		open = breakers().Open
@@ -435,5 +466,7 @@ func (st *storeState) log(log *slog.Logger, healthy bool, breakers func() breake
 	case open == 0 && st.open > 0:
 		log.Warn("store circuit breakers all closed again")
 	}
+	back = healthy && open == 0 && (!st.seen || !st.healthy || st.open > 0)
 	st.seen, st.healthy, st.open = true, healthy, open
+	return back
 }

@@ -20,6 +20,7 @@ import (
 	"github.com/fsnotify/fsnotify"
 	"google.golang.org/grpc/credentials"
 
+	"github.com/ratelimitd/ratelimit/src/filewatch"
 	"github.com/ratelimitd/ratelimit/src/stats"
 )
 
@@ -58,8 +59,9 @@ type tlsState struct {
 	// sum identifies the files' contents, so that an unchanged re-read
 	// is recognised without parsing.
 	sum [sha256.Size]byte
-	// config is what a handshake uses.
-	config *tls.Config
+	// config is what a gRPC handshake uses, and http what an HTTPS
+	// handshake on PORT uses: the same but for the protocol offered.
+	config, http *tls.Config
 }
 
 // serverTLS serves TLS on the gRPC listener from files that may change
@@ -99,6 +101,8 @@ type serverTLS struct {
 	// expire. Only the goroutine of watch touches them.
 	lastFailure string
 	warned      time.Time
+	// pending is what the watch's last read found.
+	pending tlsRead
 }
 
 // newServerTLS loads the files once. An error names the setting of
@@ -166,6 +170,10 @@ func (tl *serverTLS) credentials() credentials.TransportCredentials {
 	}
 	return countRefused{TransportCredentials: credentials.NewTLS(base), refused: tl.refused}
 }
+
+// httpConfig returns the configuration of HTTPS on PORT in force now: the
+// gRPC listener's certificate, client CAs and SAN, for HTTP/1.1.
+func (tl *serverTLS) httpConfig() *tls.Config { return tl.cur.Load().http }
 
 // load reads and checks the files and builds their handshake config.
 func (tl *serverTLS) load() (*tlsState, error) {
@@ -248,7 +256,9 @@ func (tl *serverTLS) parse(contents [3][]byte, sum [sha256.Size]byte) (*tlsState
 			cfg.VerifyConnection = verifyClientSAN(tl.files.clientSAN)
 		}
 	}
-	return &tlsState{sum: sum, config: cfg}, nil
+	httpCfg := cfg.Clone()
+	httpCfg.NextProtos = []string{"http/1.1"}
+	return &tlsState{sum: sum, config: cfg, http: httpCfg}, nil
 }
 
 // checkCertPEM reports whether b holds a certificate Go can parse.
@@ -284,19 +294,78 @@ func verifyClientSAN(san string) func(tls.ConnectionState) error {
 	}
 }
 
-// reload reads the files and publishes them when they changed and make a
-// valid whole; otherwise it logs and counts the failure, once per
-// distinct failure, and keeps the version in force.
-func (tl *serverTLS) reload() {
-	contents, sum, err := tl.read()
+// tlsWatch is serverTLS as filewatch follows it: the files are read
+// again when they changed and settled (a Secret update swaps them in
+// steps), at every re-check, and at once on SIGHUP.
+type tlsWatch serverTLS
+
+// tlsRead is what a read of the files found.
+type tlsRead struct {
+	contents [3][]byte
+	sum      [sha256.Size]byte
+	err      error
+}
+
+func (f *tlsWatch) Watches() map[string]filewatch.Spec {
+	// The directories that hold the files and every symlink on the way
+	// to them: a Kubernetes secret volume holds name -> ..data/name and
+	// swaps ..data by a rename in the same directory, which a watch on
+	// the file would not see.
+	dirs := map[string]filewatch.Spec{}
+	for _, file := range []string{f.files.cert, f.files.key, f.files.clientCA} {
+		if file == "" {
+			continue
+		}
+		dirs[filepath.Dir(file)] = filewatch.Spec{All: true}
+		for _, p := range filewatch.Links(file) {
+			dirs[filepath.Dir(p)] = filewatch.Spec{All: true}
+		}
+		if real, err := filepath.EvalSymlinks(file); err == nil {
+			dirs[filepath.Dir(real)] = filewatch.Spec{All: true}
+		}
+	}
+	return dirs
+}
+
+func (f *tlsWatch) Read() filewatch.Fingerprint {
+	r := &f.pending
+	r.contents, r.sum, r.err = (*serverTLS)(f).read()
+	if r.err != nil {
+		return filewatch.Fingerprint(sha256.Sum256([]byte(r.err.Error())))
+	}
+	return r.sum
+}
+
+func (f *tlsWatch) Apply() {
+	r := f.pending
+	f.pending = tlsRead{}
+	(*serverTLS)(f).apply(r)
+}
+
+func (f *tlsWatch) Current() filewatch.Fingerprint { return f.cur.Load().sum }
+
+// Changed is the periodic re-check, which also warns of a certificate
+// that ends soon.
+func (f *tlsWatch) Changed() bool {
+	tl := (*serverTLS)(f)
+	tl.warnExpiry()
+	_, sum, err := tl.read()
+	return err != nil || sum != tl.cur.Load().sum
+}
+
+// apply publishes what a read found when it changed and makes a valid
+// whole; otherwise it logs and counts the failure, once per distinct
+// failure, and keeps the version in force.
+func (tl *serverTLS) apply(r tlsRead) {
+	err := r.err
 	failure := ""
 	if err == nil {
-		if sum == tl.cur.Load().sum {
+		if r.sum == tl.cur.Load().sum {
 			tl.lastFailure = ""
 			return
 		}
 		var st *tlsState
-		if st, err = tl.parse(contents, sum); err == nil {
+		if st, err = tl.parse(r.contents, r.sum); err == nil {
 			tl.publish(st)
 			tl.lastFailure = ""
 			tl.reloaded.Inc()
@@ -306,7 +375,7 @@ func (tl *serverTLS) reload() {
 		}
 		// Two different invalid versions are two failures, even when
 		// their errors read the same.
-		failure = string(sum[:])
+		failure = string(r.sum[:])
 	}
 	failure += err.Error()
 	if failure == tl.lastFailure {
@@ -319,102 +388,37 @@ func (tl *serverTLS) reload() {
 	tl.failed.Inc()
 }
 
-// watch reloads the files when they change until ctx is done: on file
-// events, once they stop for the quiet period, and every recheck interval.
+// watch follows the files until ctx is done.
 func (tl *serverTLS) watch(ctx context.Context) {
-	var events <-chan fsnotify.Event
-	var errs <-chan error
-	fsw, err := tl.newWatcher()
+	cfg := filewatch.Config{
+		Quiet:      tl.quiet,
+		Recheck:    tl.recheck,
+		NewWatcher: tl.newWatcher,
+		OnError: func(err error) {
+			tl.log.Debug("TLS file watch", "err", err)
+		},
+	}
+	w, err := filewatch.New(cfg, (*tlsWatch)(tl))
 	if err != nil {
 		tl.log.Warn("cannot watch the TLS files; re-reading them periodically only", "every", tl.recheck, "err", err)
-	} else {
-		defer fsw.Close()
-		events, errs = fsw.Events, fsw.Errors
-		tl.addWatches(fsw)
+		w = filewatch.Polling(cfg, (*tlsWatch)(tl))
 	}
-	recheck := time.NewTicker(tl.recheck)
-	defer recheck.Stop()
-	quiet := time.NewTimer(tl.quiet)
-	quiet.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case _, ok := <-events:
-			if !ok {
-				events = nil
-				continue
+	if err := w.Update(); err != nil {
+		tl.log.Debug("TLS file watch", "err", err)
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	go func() {
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-tl.poke:
+				w.Now()
 			}
-			quiet.Reset(tl.quiet)
-		case err, ok := <-errs:
-			if !ok {
-				errs = nil
-				continue
-			}
-			// An overflow loses events: read the files after the quiet
-			// period as if one had come.
-			tl.log.Debug("TLS file watch", "err", err)
-			quiet.Reset(tl.quiet)
-		case <-quiet.C:
-			tl.reload()
-			tl.addWatches(fsw)
-		case <-recheck.C:
-			tl.reload()
-			tl.addWatches(fsw)
-			tl.warnExpiry()
-		case <-tl.poke:
-			tl.reload()
-			tl.addWatches(fsw)
 		}
-	}
-}
-
-// addWatches watches the directories that hold the files and every
-// symlink on the way to them. A Kubernetes secret volume holds name ->
-// ..data/name and swaps ..data by a rename in the same directory, and a
-// watch on a file would follow the old target; the directory sees the
-// swap. Adding again a directory watched already is harmless, and re-adds
-// one removed and created anew.
-func (tl *serverTLS) addWatches(fsw *fsnotify.Watcher) {
-	if fsw == nil {
-		return
-	}
-	dirs := map[string]bool{}
-	for _, f := range []string{tl.files.cert, tl.files.key, tl.files.clientCA} {
-		if f == "" {
-			continue
-		}
-		for _, p := range linkChain(f) {
-			dirs[filepath.Dir(p)] = true
-		}
-	}
-	for d := range dirs {
-		if err := fsw.Add(d); err != nil {
-			tl.log.Debug("cannot watch a directory of the TLS files", "dir", d, "err", err)
-		}
-	}
-}
-
-// maxLinks bounds linkChain, as the kernel bounds a lookup, so that a
-// loop of links ends.
-const maxLinks = 40
-
-// linkChain returns path, and each target while the last one is a
-// symlink.
-func linkChain(path string) []string {
-	chain := []string{path}
-	for range maxLinks {
-		target, err := os.Readlink(path)
-		if err != nil {
-			break
-		}
-		if !filepath.IsAbs(target) {
-			target = filepath.Join(filepath.Dir(path), target)
-		}
-		path = target
-		chain = append(chain, path)
-	}
-	return chain
+	}()
+	w.Run(ctx)
 }
 
 // countRefused counts the handshakes the listener refuses. grpc-go logs

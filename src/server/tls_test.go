@@ -567,3 +567,11 @@ func newErr(t *testing.T, env map[string]string) error {
 	}
 	return err
 }
+
+// reload reads the files and applies them, as the watch does once they
+// have settled.
+func (tl *serverTLS) reload() {
+	w := (*tlsWatch)(tl)
+	w.Read()
+	w.Apply()
+}

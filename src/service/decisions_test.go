@@ -29,11 +29,13 @@ func (f *fixture) decisions() map[string]uint64 {
 // TestDecisionsByDomainAndCode: every call answered is counted once by
 // domain and code, gRPC and /json alike; a domain the rules do not name
 // is counted as _unknown, so clients cannot add series; a reload adds the
-// new domains.
+// new domains. A configured domain's series appear at its first call (a
+// snapshot of 45,000 idle domains made 90,000 series), OK and OVER_LIMIT
+// together; _unknown's are there from the start.
 func TestDecisionsByDomainAndCode(t *testing.T) {
 	f := newFixture(t, service.Config{})
-	if got := f.decisions(); len(got) != 4 || got["test/OK"] != 0 || got["_unknown/OVER_LIMIT"] != 0 {
-		t.Errorf("before any call: %v, want OK and OVER_LIMIT at 0 for test and _unknown", got)
+	if got := f.decisions(); len(got) != 2 || got["_unknown/OK"] != 0 || got["_unknown/OVER_LIMIT"] != 0 {
+		t.Errorf("before any call: %v, want OK and OVER_LIMIT at 0 for _unknown only", got)
 	}
 	for range 4 {
 		f.call(t, req(desc("user", "alice"))) // 3 OK, then OVER_LIMIT

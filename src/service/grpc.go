@@ -5,7 +5,6 @@ import (
 	"context"
 	"crypto/rand"
 	"slices"
-	"sync/atomic"
 	"time"
 
 	rlqsv3 "github.com/envoyproxy/go-control-plane/envoy/service/rate_limit_quota/v3"
@@ -90,66 +89,27 @@ func malformed(r proto.Message) (string, bool) {
 // Tap is a gRPC tap handle (grpc.InTapHandle) that applies
 // Config.MaxConcurrent to ShouldRateLimit before its message is read, so
 // that requests past the bound cost neither a goroutine nor the memory of
-// their message: they are refused at once with ResourceExhausted and
-// counted as load_shed. So is a request whose deadline is too short for
-// the wait behind the calls in flight (see overloaded). A request let in
-// holds its place until its handler returns, or, when it has none, until
-// its stream ends, whatever way it ends (refused while decoding, reset by
-// the client, connection closed): see admission.
+// their message: while that many decisions are under way, a new one is
+// refused at once with ResourceExhausted and counted as load_shed, and so
+// is a call whose deadline is too short for the wait behind the calls in
+// flight (see overloaded). It takes no place itself: ShouldRateLimit does
+// once the message has come, so that a call whose message never comes
+// (its headers alone, for as long as its caller's deadline, or for ever)
+// holds none, as a /json body still arriving holds none (issue 24: 4,096
+// such calls refused every other one, which Envoy's default
+// failure_mode_deny: false admits).
 func (s *Service) Tap(ctx context.Context, info *tap.Info) (context.Context, error) {
 	if s.cfg.MaxConcurrent <= 0 || info.FullMethodName != rlsv3.RateLimitService_ShouldRateLimit_FullMethodName {
 		return ctx, nil
 	}
-	n := s.inFlight.Add(1)
-	if n > int64(s.cfg.MaxConcurrent) {
-		s.inFlight.Add(-1)
+	n := s.inFlight.Load()
+	if n >= int64(s.cfg.MaxConcurrent) {
 		return nil, s.shed()
 	}
-	if err := s.overloaded(ctx, n, time.Now()); err != nil {
-		s.inFlight.Add(-1)
+	if err := s.overloaded(ctx, n+1, time.Now()); err != nil {
 		return nil, err
 	}
-	a := &admission{Context: ctx, s: s}
-	// grpc-go cancels a stream's context when the stream ends, on every
-	// path, including those where the handler never runs.
-	context.AfterFunc(ctx, a.release)
-	return a, nil
-}
-
-// admission is the place a gRPC call took among Config.MaxConcurrent, and
-// the call's context, which carries it to the handler. The place is given
-// back once: when ShouldRateLimit returns, before its answer is written
-// (so that a client that sends its next call as soon as it has the answer
-// never finds its own last call's place still taken: with exactly
-// MAX_CONCURRENT_REQUESTS calls in flight none is shed), or when the
-// stream ends without the handler.
-type admission struct {
-	context.Context
-	s        *Service
-	released atomic.Bool
-}
-
-type admissionKey struct{}
-
-func (a *admission) Value(key any) any {
-	if key == (admissionKey{}) {
-		return a
-	}
-	return a.Context.Value(key)
-}
-
-func (a *admission) release() {
-	if a.released.CompareAndSwap(false, true) {
-		a.s.release()
-	}
-}
-
-// releaseAdmission gives back the place of the call of ctx, if Tap gave it
-// one.
-func releaseAdmission(ctx context.Context) {
-	if a, ok := ctx.Value(admissionKey{}).(*admission); ok {
-		a.release()
-	}
+	return ctx, nil
 }
 
 // acquire takes a place among the Config.MaxConcurrent decisions in flight.
@@ -161,7 +121,7 @@ func (s *Service) acquire() bool {
 	return true
 }
 
-// release gives back a place taken by acquire (or Tap) once its decision
+// release gives back a place taken by acquire once its decision
 // has finished, and counts it for the rate overloaded reads.
 func (s *Service) release() {
 	s.inFlight.Add(-1)

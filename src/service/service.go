@@ -337,10 +337,16 @@ func grow[T any](b []T, n int) []T {
 	return b
 }
 
-// ShouldRateLimit implements the RLS v3 call.
+// ShouldRateLimit implements the RLS v3 call. Its message has come: it
+// takes a place among Config.MaxConcurrent decisions in flight (Tap
+// refused the calls past the bound before their messages were read; a few
+// let in at once may still find it reached here).
 func (s *Service) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitRequest) (*rlsv3.RateLimitResponse, error) {
 	if s.cfg.MaxConcurrent > 0 {
-		defer releaseAdmission(ctx)
+		if !s.acquire() {
+			return nil, s.shed()
+		}
+		defer s.release()
 	}
 	// One branch on a nil Tracer is all that tracing costs when it is off:
 	// reading the metadata, extracting a context and starting a span
@@ -406,10 +412,14 @@ func (s *Service) reply(ctx context.Context, req *rlsv3.RateLimitRequest) (*rlsv
 // toStatus maps an error to its gRPC status, counting and logging the ones
 // that are not the caller's fault.
 //
-// A request refused for what it carries, or cut by its deadline, is logged
-// at debug level with the reason (the default level logs no line per
-// request); failures of the service or the store at warn or error, at most
-// one line a second per kind.
+// A request refused for what it carries is told the reason (it is about
+// the caller's own request). A failure of the store or of the service is
+// told only its kind, and the store's reason when it gave one
+// (limiter.Reason): the whole error names servers, addresses, ports and
+// cache keys, which are for the logs, not for whoever sends requests
+// (issue 24). It is logged at debug level for a deadline or a load shed
+// (the default level logs no line per request), at warn or error for
+// failures of the service or the store, at most one line a second per kind.
 func (s *Service) toStatus(err error) error {
 	var re *requestError
 	switch {
@@ -422,27 +432,47 @@ func (s *Service) toStatus(err error) error {
 	case errors.Is(err, context.DeadlineExceeded):
 		s.storeErrors.Inc()
 		s.cfg.Log.Debug("request out of time", "reason", err.Error())
-		return status.Error(codes.DeadlineExceeded, err.Error())
+		return status.Error(codes.DeadlineExceeded, msgDeadline)
 	case errors.Is(err, context.Canceled):
 		s.cfg.Log.Debug("request canceled by its caller", "reason", err.Error())
-		return status.Error(codes.Canceled, err.Error())
+		return status.Error(codes.Canceled, msgCanceled)
 	case errors.Is(err, limiter.ErrOverloaded):
 		s.loadShed.Inc()
 		s.cfg.Log.Debug("request shed", "reason", err.Error())
-		return status.Error(codes.ResourceExhausted, err.Error())
+		return status.Error(codes.ResourceExhausted, withReason(limiter.ErrOverloaded, err))
 	case errors.Is(err, limiter.ErrUnavailable):
 		s.storeErrors.Inc()
 		if ok, held := s.unavailableLog.allow(time.Now()); ok {
 			s.cfg.Log.Warn("store unavailable", "err", err, "suppressed", held)
 		}
-		return status.Error(codes.Unavailable, err.Error())
+		return status.Error(codes.Unavailable, withReason(limiter.ErrUnavailable, err))
 	default:
 		s.serviceErrors.Inc()
 		if ok, held := s.errorLog.allow(time.Now()); ok {
 			s.cfg.Log.Error("rate limit decision failed", "err", err, "suppressed", held)
 		}
-		return status.Error(codes.Internal, err.Error())
+		if errors.Is(err, limiter.ErrData) {
+			return status.Error(codes.Internal, limiter.ErrData.Error())
+		}
+		return status.Error(codes.Internal, msgInternal)
 	}
+}
+
+// What a caller is told of a failure that is not its request's.
+const (
+	msgDeadline = "deadline exceeded"
+	msgCanceled = "canceled"
+	msgInternal = "internal error"
+)
+
+// withReason is kind's text, followed by the first limiter.Reason that err
+// wraps, if any.
+func withReason(kind, err error) string {
+	var r limiter.Reason
+	if errors.As(err, &r) {
+		return kind.Error() + ": " + string(r)
+	}
+	return kind.Error()
 }
 
 func (s *Service) decide(ctx context.Context, req *rlsv3.RateLimitRequest) (*rlsv3.RateLimitResponse, error) {

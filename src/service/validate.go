@@ -13,7 +13,7 @@ import (
 // Request bounds. Envoy sends a handful of descriptors of a few entries;
 // these bounds stop absurd or hostile requests before they cost memory or
 // reach a store. A request past one is refused with InvalidArgument and the
-// reason (the README's "Limits and hostile input" lists them).
+// reason (docs/SECURITY.md, "Limits and hostile input", lists them).
 const (
 	MaxDomainLen          = 256
 	MaxDescriptors        = 256

@@ -131,7 +131,7 @@ var anchorSettings = []AnchorSetting{
 	// for client certificates; only GRPC_CLIENT_TLS_CACERT's are trusted
 	// here. GRPC_SERVER_TLS_CA_CERT, which Envoy Gateway sets, is no
 	// setting of the anchor's: it is ignored silently, as there.
-	{Name: "GRPC_SERVER_USE_TLS", Status: Same, Default: "false"},
+	{Name: "GRPC_SERVER_USE_TLS", Status: Different, Default: "false"}, // /json over TLS only
 	{Name: "GRPC_SERVER_TLS_CERT", Status: Same},
 	{Name: "GRPC_SERVER_TLS_KEY", Status: Same},
 	{Name: "GRPC_CLIENT_TLS_CACERT", Status: Different},
@@ -230,7 +230,7 @@ var anchorSettings = []AnchorSetting{
 	{Name: "REDIS_TIMEOUT", Status: Same, Default: "10s"},
 	{Name: "REDIS_HEALTH_CHECK_ACTIVE_CONNECTION", Status: Same, Default: "false"},
 	{Name: "REDIS_USE_EXPLICIT_PIPELINE", Status: Warned, Default: "false", honoured: isFalse,
-		Why: "the commands of concurrent requests are always pipelined together (see the README's Redis section)"},
+		Why: "the commands of concurrent requests are always pipelined together (see docs/STORES.md, Redis)"},
 	{Name: "REDIS_POOL_ON_EMPTY_BEHAVIOR", Status: Warned, Default: "WAIT", honoured: oneOf("WAIT"),
 		Why: "a request waits for a connection (WAIT), within REDIS_TIMEOUT"},
 	{Name: "REDIS_CLUSTER_PIPELINE_PARALLELISM", Status: Warned, Default: "1",
@@ -247,7 +247,7 @@ var anchorSettings = []AnchorSetting{
 	{Name: "REDIS_PERSECOND_PIPELINE_LIMIT", Status: Same, Default: "0"},
 	{Name: "REDIS_PERSECOND_TIMEOUT", Status: Same, Default: "10s"},
 	{Name: "REDIS_PERSECOND_USE_EXPLICIT_PIPELINE", Status: Warned, Default: "false", honoured: isFalse,
-		Why: "the commands of concurrent requests are always pipelined together (see the README's Redis section)"},
+		Why: "the commands of concurrent requests are always pipelined together (see docs/STORES.md, Redis)"},
 	{Name: "REDIS_PERSECOND_POOL_ON_EMPTY_BEHAVIOR", Status: Warned, Default: "WAIT", honoured: oneOf("WAIT"),
 		Why: "a request waits for a connection (WAIT), within REDIS_PERSECOND_TIMEOUT"},
 	{Name: "REDIS_PERSECOND_CLUSTER_PIPELINE_PARALLELISM", Status: Warned, Default: "1",
@@ -255,7 +255,7 @@ var anchorSettings = []AnchorSetting{
 
 	// Memcached.
 	{Name: "MEMCACHE_HOST_PORT", Status: Same},
-	{Name: "MEMCACHE_MAX_IDLE_CONNS", Status: Different, Default: "2"},
+	{Name: "MEMCACHE_MAX_IDLE_CONNS", Status: Same, Default: "2"},
 	{Name: "MEMCACHE_SRV", Status: Same},
 	{Name: "MEMCACHE_SRV_REFRESH", Status: Same, Default: "0"},
 	{Name: "MEMCACHE_TLS", Status: Same, Default: "false"},

@@ -1,6 +1,6 @@
 // Package settings reads the service's environment settings. Names, meanings
 // and defaults are envoyproxy/ratelimit's, except the deliberate differences
-// listed in the README. It is the only package that reads the environment.
+// listed in docs/SETTINGS.md. It is the only package that reads the environment.
 package settings
 
 import (
@@ -27,9 +27,20 @@ type Settings struct {
 	GRPCUDS   string `envconfig:"GRPC_UDS" default:""`
 	DebugHost string `envconfig:"DEBUG_HOST" default:"127.0.0.1"` // anchor: 0.0.0.0
 	DebugPort int    `envconfig:"DEBUG_PORT" default:"6070"`
+	// DebugAllowedHosts (extension): the host names, besides localhost and
+	// addresses, that the debug listener answers in the Host header (a
+	// page that rebinds its own name to 127.0.0.1 sends its name there);
+	// "*" answers any.
+	DebugAllowedHosts []string `envconfig:"DEBUG_ALLOWED_HOSTS" default:""`
+	// PprofEnabled (extension): serve /debug/pprof/ on the debug listener,
+	// as the anchor always does.
+	PprofEnabled bool `envconfig:"PPROF_ENABLED" default:"true"`
 
 	GRPCMaxConnectionAge      time.Duration `envconfig:"GRPC_MAX_CONNECTION_AGE" default:"24h"`
 	GRPCMaxConnectionAgeGrace time.Duration `envconfig:"GRPC_MAX_CONNECTION_AGE_GRACE" default:"1h"`
+	// GRPCMaxConnectionIdle (extension): a gRPC connection with no call in
+	// flight for this long is closed gracefully (GOAWAY); 0 never.
+	GRPCMaxConnectionIdle time.Duration `envconfig:"GRPC_MAX_CONNECTION_IDLE" default:"5m"`
 
 	// TLS on the gRPC listener, as in the anchor. GRPC_SERVER_USE_TLS
 	// turns it on and needs GRPC_SERVER_TLS_CERT and GRPC_SERVER_TLS_KEY
@@ -58,11 +69,20 @@ type Settings struct {
 	GRPCMaxConcurrentStreams int `envconfig:"GRPC_MAX_CONCURRENT_STREAMS" default:"1024"`
 	GRPCMaxConnections       int `envconfig:"GRPC_MAX_CONNECTIONS" default:"10000"`
 	HTTPMaxConnections       int `envconfig:"HTTP_MAX_CONNECTIONS" default:"1024"`
+	// MaxConnectionsPerPeerPercent (extension): the share of each
+	// listener's connections one client address (an IPv6 client's /64)
+	// may hold, in percent (1..100; 100: no share of its own).
+	MaxConnectionsPerPeerPercent int `envconfig:"MAX_CONNECTIONS_PER_PEER_PERCENT" default:"25"`
 
 	// gRPC server tuning (extensions; defaults chosen by measurement, see
 	// docs/BENCHMARKS.md). GRPC_NUM_STREAM_WORKERS: handler goroutines reused
 	// across requests (0 = a new goroutine per request, grpc-go's default);
 	// -1 means one per CPU. Buffer sizes are per connection, in bytes.
+	// GRPCReflectionEnabled (extension): serve gRPC server reflection, as
+	// the anchor always does (grpcurl lists the services through it);
+	// false leaves it out.
+	GRPCReflectionEnabled bool `envconfig:"GRPC_REFLECTION_ENABLED" default:"true"`
+
 	GRPCNumStreamWorkers  int  `envconfig:"GRPC_NUM_STREAM_WORKERS" default:"64"`
 	GRPCReadBufferSize    int  `envconfig:"GRPC_READ_BUFFER_SIZE" default:"32768"`
 	GRPCWriteBufferSize   int  `envconfig:"GRPC_WRITE_BUFFER_SIZE" default:"32768"`
@@ -222,7 +242,7 @@ type Settings struct {
 
 	// Hostile input (extensions): the request budget, the decisions in
 	// flight, and the statistics keys made from request data. See the
-	// README's "Limits and hostile input".
+	// docs/SECURITY.md, "Limits and hostile input".
 	RequestTimeout        time.Duration `envconfig:"REQUEST_TIMEOUT" default:"15ms"`
 	MaxConcurrentRequests int           `envconfig:"MAX_CONCURRENT_REQUESTS" default:"4096"`
 	StatsMaxDynamicKeys   int           `envconfig:"STATS_MAX_DYNAMIC_KEYS" default:"1000"`
@@ -238,10 +258,14 @@ type Settings struct {
 	// domains together (about 400 bytes each; 16..65536).
 	LiveViewEnabled bool `envconfig:"LIVE_VIEW_ENABLED" default:"true"`
 	LiveViewMaxKeys int  `envconfig:"LIVE_VIEW_MAX_KEYS" default:"1024"`
+	// LiveViewValues: how the live view shows descriptor values (request
+	// data): plain, hashed (a keyed hash, stable while the process runs)
+	// or truncated (the first half, at most 4 characters). Validate lowers it.
+	LiveViewValues string `envconfig:"LIVE_VIEW_VALUES" default:"plain"`
 
 	// Capture (extensions): /api/v1/capture on the debug listener records
 	// the requests decided for a bounded time or count, as NDJSON, when an
-	// operator asks (README, "Changing a limit safely"). CAPTURE_ENABLED=
+	// operator asks (docs/CHANGING_LIMITS.md). CAPTURE_ENABLED=
 	// false removes the endpoint. CAPTURE_MAX_BYTES: the most one capture
 	// may hold, in bytes (256 MiB; 1 MiB..64 GiB).
 	CaptureEnabled  bool  `envconfig:"CAPTURE_ENABLED" default:"true"`
@@ -322,7 +346,9 @@ type Settings struct {
 	MemcacheHostPort                    []string      `envconfig:"MEMCACHE_HOST_PORT" default:""`
 	MemcacheSrv                         string        `envconfig:"MEMCACHE_SRV" default:""`
 	MemcacheSrvRefresh                  time.Duration `envconfig:"MEMCACHE_SRV_REFRESH" default:"0"`
-	MemcacheMaxIdleConns                int           `envconfig:"MEMCACHE_MAX_IDLE_CONNS" default:"64"` // anchor: 2
+	MemcacheMaxIdleConns                int           `envconfig:"MEMCACHE_MAX_IDLE_CONNS" default:"2"`
+	MemcacheConnections                 int           `envconfig:"MEMCACHE_CONNECTIONS" default:"2"`
+	MemcacheMaxInFlight                 int           `envconfig:"MEMCACHE_MAX_IN_FLIGHT" default:"128"`
 	MemcacheTLS                         bool          `envconfig:"MEMCACHE_TLS" default:"false"`
 	MemcacheTLSClientCert               string        `envconfig:"MEMCACHE_TLS_CLIENT_CERT" default:""`
 	MemcacheTLSClientKey                string        `envconfig:"MEMCACHE_TLS_CLIENT_KEY" default:""`
@@ -602,6 +628,20 @@ func (s *Settings) Validate() error {
 	bad := func(name string, format string, args ...any) {
 		errs = append(errs, fmt.Errorf("settings: %s: %s", name, fmt.Sprintf(format, args...)))
 	}
+	s.validateListeners(bad)
+	s.validateNames(bad)
+	s.validateRules(bad)
+	s.validateDecisions(bad)
+	s.validateRLQS(bad)
+	s.validateStats(bad)
+	s.validateTracing(bad)
+	s.validateStores(bad)
+	return errors.Join(errs...)
+}
+
+// validateListeners checks the listeners: ports, gRPC tuning and bounds, TLS
+// on the gRPC listener.
+func (s *Settings) validateListeners(bad func(name, format string, args ...any)) {
 	port := func(name string, p int) {
 		if p < 0 || p > 65535 {
 			bad(name, "port %d out of range 0-65535", p)
@@ -625,6 +665,12 @@ func (s *Settings) Validate() error {
 	if s.HTTPMaxConnections < 1 || s.HTTPMaxConnections > maxConnections {
 		bad("HTTP_MAX_CONNECTIONS", "%d is outside 1..%d", s.HTTPMaxConnections, maxConnections)
 	}
+	if s.GRPCMaxConnectionIdle < 0 || s.GRPCMaxConnectionIdle > 0 && s.GRPCMaxConnectionIdle < time.Second {
+		bad("GRPC_MAX_CONNECTION_IDLE", "%v: want 0 (never) or at least 1s", s.GRPCMaxConnectionIdle)
+	}
+	if s.MaxConnectionsPerPeerPercent < 1 || s.MaxConnectionsPerPeerPercent > 100 {
+		bad("MAX_CONNECTIONS_PER_PEER_PERCENT", "%d is outside 1..100 (100: no share of its own)", s.MaxConnectionsPerPeerPercent)
+	}
 	if s.GRPCServerUseTLS {
 		// The files themselves are read by the server, which names the
 		// setting of any it cannot use.
@@ -644,6 +690,11 @@ func (s *Settings) Validate() error {
 	if s.GRPCWriteBufferSize < 0 || s.GRPCWriteBufferSize > 16<<20 {
 		bad("GRPC_WRITE_BUFFER_SIZE", "%d is outside 0..16777216 bytes", s.GRPCWriteBufferSize)
 	}
+}
+
+// validateNames checks the settings that name one of a few choices (the
+// store, the key format, the logs), and normalises their case.
+func (s *Settings) validateNames(bad func(name, format string, args ...any)) {
 	switch strings.ToLower(s.BackendType) {
 	case BackendMemory, BackendRedis, BackendMemcache:
 		s.BackendType = strings.ToLower(s.BackendType)
@@ -667,6 +718,11 @@ func (s *Settings) Validate() error {
 	default:
 		bad("LOG_FORMAT", "unknown format %q (want text or json)", s.LogFormat)
 	}
+}
+
+// validateRules checks where the rules come from: the files' re-check and
+// settle, xDS.
+func (s *Settings) validateRules(bad func(name, format string, args ...any)) {
 	if s.RuntimeRecheckInterval < 0 || (s.RuntimeRecheckInterval > 0 && s.RuntimeRecheckInterval < 100*time.Millisecond) {
 		// Each re-check reads and hashes every rule file: keep it rare.
 		bad("RUNTIME_RECHECK_INTERVAL", "%v: want 0 (no re-check) or at least 100ms", s.RuntimeRecheckInterval)
@@ -712,6 +768,12 @@ func (s *Settings) Validate() error {
 	if s.XDSClientMaxMsgSizeInBytes < 0 {
 		bad("XDS_CLIENT_MAX_MSG_SIZE_IN_BYTES", "must not be negative (0: gRPC's default of 4 MiB)")
 	}
+}
+
+// validateDecisions checks what shapes a decision and its answer: near
+// limit, jitter, near cache, headers, the request budget and bounds,
+// statistics keys, the live view.
+func (s *Settings) validateDecisions(bad func(name, format string, args ...any)) {
 	if s.NearLimitRatio < 0 || s.NearLimitRatio > 1 {
 		bad("NEAR_LIMIT_RATIO", "%v is outside 0..1", s.NearLimitRatio)
 	}
@@ -739,13 +801,27 @@ func (s *Settings) Validate() error {
 	if s.StatsIdleExpiry < time.Second || s.StatsIdleExpiry > 7*24*time.Hour {
 		bad("STATS_IDLE_EXPIRY", "%v is outside 1s..168h", s.StatsIdleExpiry)
 	}
+	switch v := strings.ToLower(s.LiveViewValues); v {
+	case "plain", "hashed", "truncated":
+		s.LiveViewValues = v
+	default:
+		bad("LIVE_VIEW_VALUES", "unknown value %q (want plain, hashed or truncated)", s.LiveViewValues)
+	}
+	for _, h := range s.DebugAllowedHosts {
+		if strings.ContainsAny(h, "/:@ \t") {
+			bad("DEBUG_ALLOWED_HOSTS", "%q is not a host name (want names separated by commas, without ports, or *)", h)
+		}
+	}
 	if s.LiveViewMaxKeys < 16 || s.LiveViewMaxKeys > 65536 {
 		bad("LIVE_VIEW_MAX_KEYS", "%d is outside 16..65536", s.LiveViewMaxKeys)
 	}
 	if s.CaptureMaxBytes < 1<<20 || s.CaptureMaxBytes > 64<<30 {
 		bad("CAPTURE_MAX_BYTES", "%d is outside 1048576..68719476736 (1 MiB..64 GiB)", s.CaptureMaxBytes)
 	}
-	s.validateRLQS(bad)
+}
+
+// validateStats checks the statsd sink.
+func (s *Settings) validateStats(bad func(name, format string, args ...any)) {
 	if s.StatsdPort < 1 || s.StatsdPort > 65535 {
 		bad("STATSD_PORT", "port %d out of range 1-65535", s.StatsdPort)
 	}
@@ -760,7 +836,11 @@ func (s *Settings) Validate() error {
 		// more often than it could be useful.
 		bad("STATS_FLUSH_INTERVAL", "%v: want at least 10ms", s.StatsFlushInterval)
 	}
-	s.validateTracing(bad)
+}
+
+// validateStores checks the stores: memory, breakers, failure mode,
+// Memcached, Redis.
+func (s *Settings) validateStores(bad func(name, format string, args ...any)) {
 	if s.MemoryMaxBytes < 1<<20 {
 		bad("MEMORY_MAX_BYTES", "%d is below the minimum of 1048576 (1 MiB)", s.MemoryMaxBytes)
 	}
@@ -781,6 +861,11 @@ func (s *Settings) Validate() error {
 	default:
 		bad("STORE_FAILURE_MODE", "unknown mode %q (want error or local)", s.StoreFailureMode)
 	}
+	s.validateRemoteStores(bad)
+}
+
+// validateRemoteStores checks the Memcached and Redis settings.
+func (s *Settings) validateRemoteStores(bad func(name, format string, args ...any)) {
 	if s.BackendType == BackendMemcache {
 		switch hosts := len(s.MemcacheHostPort) > 0; {
 		case hosts && s.MemcacheSrv != "":
@@ -789,11 +874,31 @@ func (s *Settings) Validate() error {
 			bad("MEMCACHE_HOST_PORT", "BACKEND_TYPE=memcache needs MEMCACHE_HOST_PORT (host:port,...) or MEMCACHE_SRV")
 		}
 	}
+	// A client certificate without its key (or the reverse) cannot be
+	// used: stop at start, naming the store's own settings.
+	for _, pair := range []struct {
+		on        bool
+		cert, key string
+		prefix    string
+	}{
+		{s.RedisTLS || s.RedisPerSecondTLS, s.RedisTLSClientCert, s.RedisTLSClientKey, "REDIS_TLS_CLIENT_"},
+		{s.MemcacheTLS, s.MemcacheTLSClientCert, s.MemcacheTLSClientKey, "MEMCACHE_TLS_CLIENT_"},
+	} {
+		if pair.on && (pair.cert == "") != (pair.key == "") {
+			bad(pair.prefix+"CERT", "%sCERT and %sKEY go together: set both or neither", pair.prefix, pair.prefix)
+		}
+	}
 	if s.MemcacheSrvRefresh < 0 {
 		bad("MEMCACHE_SRV_REFRESH", "must not be negative")
 	}
 	if s.MemcacheMaxIdleConns < 0 {
 		bad("MEMCACHE_MAX_IDLE_CONNS", "must not be negative")
+	}
+	if s.MemcacheConnections < 1 || s.MemcacheConnections > 8 {
+		bad("MEMCACHE_CONNECTIONS", "must be 1 to 8")
+	}
+	if s.MemcacheMaxInFlight < 1 {
+		bad("MEMCACHE_MAX_IN_FLIGHT", "must be at least 1")
 	}
 	for _, r := range []struct {
 		name, socket, typ string
@@ -820,7 +925,6 @@ func (s *Settings) Validate() error {
 			bad(r.name+"_POOL_SIZE", "must be positive")
 		}
 	}
-	return errors.Join(errs...)
 }
 
 // Values of RLQS_ENABLED.

@@ -440,7 +440,10 @@ func TestScrapesShareOneGathering(t *testing.T) {
 	now := time.Unix(1_700_000_000, 0)
 	var mu sync.Mutex
 	clock := func() time.Time { mu.Lock(); defer mu.Unlock(); return now }
-	h := r.PrometheusHandler(PrometheusConfig{Now: clock}).(*scrapeCache)
+	// An hour: the release of an idle exposition (a real timer) never
+	// comes within the test, however slow the machine.
+	const reuse = time.Hour
+	h := r.PrometheusHandler(PrometheusConfig{Now: clock, ScrapeReuse: reuse}).(*scrapeCache)
 	c := r.Counter("ratelimit.x")
 	c.Add(3)
 	var wg sync.WaitGroup
@@ -453,13 +456,13 @@ func TestScrapesShareOneGathering(t *testing.T) {
 	}
 	c.Add(4)
 	if got := find(t, gather(t, h), "ratelimit_x", "").GetCounter().GetValue(); got != 3 {
-		t.Errorf("a scrape within ScrapeReuse: %v, want the 3 gathered", got)
+		t.Errorf("a scrape within the reuse time: %v, want the 3 gathered", got)
 	}
 	mu.Lock()
-	now = now.Add(ScrapeReuse)
+	now = now.Add(reuse)
 	mu.Unlock()
 	if got := find(t, gather(t, h), "ratelimit_x", "").GetCounter().GetValue(); got != 7 || h.gathered != 2 {
-		t.Errorf("a scrape ScrapeReuse later: %v after %d gatherings, want 7 after 2", got, h.gathered)
+		t.Errorf("a scrape the reuse time later: %v after %d gatherings, want 7 after 2", got, h.gathered)
 	}
 
 	req := httptest.NewRequest("GET", "/metrics", nil)
@@ -473,5 +476,27 @@ func TestScrapesShareOneGathering(t *testing.T) {
 	body, _ := io.ReadAll(zr)
 	if !strings.Contains(string(body), "ratelimit_x 7") {
 		t.Errorf("gzipped exposition:\n%s", body)
+	}
+}
+
+// TestIdleExpositionIsReleased: the exposition is held no longer than it
+// may be served, so an idle service keeps no copy of its series.
+func TestIdleExpositionIsReleased(t *testing.T) {
+	r := NewRegistry()
+	r.Counter("ratelimit.x").Inc()
+	h := r.PrometheusHandler(PrometheusConfig{ScrapeReuse: 10 * time.Millisecond}).(*scrapeCache)
+	gather(t, h)
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		h.mu.Lock()
+		held := h.text != nil
+		h.mu.Unlock()
+		if !held {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the exposition is still held 10 s after a scrape, with a reuse of 10 ms")
+		}
+		time.Sleep(5 * time.Millisecond)
 	}
 }

@@ -19,7 +19,8 @@ import (
 // while one gathers waits for it, and one that comes within ScrapeReuse of
 // the last gathering gets the same bytes. Whatever the number of
 // scrapers, gathering costs at most one exposition's CPU per ScrapeReuse,
-// and memory one exposition and its gzip form.
+// and memory one exposition and its gzip form, held no longer than
+// ScrapeReuse.
 
 // ScrapeReuse is how long a gathered exposition is served again. It is
 // well under any scrape interval (15 s by default), so that a scraper
@@ -74,6 +75,17 @@ func (c *scrapeCache) exposition(gz bool) ([]byte, error) {
 			}
 		}
 		c.text, c.gz, c.at = b.Bytes(), nil, now
+		if c.reuse > 0 {
+			// Keep the exposition no longer than it may be served: an
+			// idle service holds no copy of its series.
+			time.AfterFunc(c.reuse, func() {
+				c.mu.Lock()
+				defer c.mu.Unlock()
+				if c.at.Equal(now) {
+					c.text, c.gz = nil, nil
+				}
+			})
+		}
 	}
 	if !gz {
 		return c.text, gatherErr

@@ -34,7 +34,7 @@ var algorithmScenarios = []string{"sliding", "log", "bucket"}
 func (rep *report) algorithmComparison() []algorithmRatios {
 	var out []algorithmRatios
 	for _, rw := range rep.rows {
-		if rw.skip != "" || !slices.Contains(algorithmScenarios, rw.sc.id) {
+		if rw.skip != "" || rw.variant != "" || !slices.Contains(algorithmScenarios, rw.sc.id) {
 			continue
 		}
 		fixed := rep.find(rw.store, "fixed")

@@ -83,6 +83,9 @@ func cpuBreakdown(rw *row) (cpuRow, bool) {
 func (rep *report) cpuMarkdown() string {
 	var b strings.Builder
 	for _, rw := range rep.rows {
+		if rw.variant == anchorVariant {
+			continue // measured without the no-op pairing's breakdown
+		}
 		c, ok := cpuBreakdown(rw)
 		if !ok {
 			continue

@@ -41,8 +41,8 @@ import (
 
 	"google.golang.org/grpc/codes"
 
-	"github.com/ratelimitd/ratelimit/cmd/ratelimit-bench/bench"
 	"github.com/ratelimitd/ratelimit/src/gctune"
+	"github.com/ratelimitd/ratelimit/src/loadgen"
 	"github.com/ratelimitd/ratelimit/src/store/storetest"
 )
 
@@ -138,7 +138,7 @@ func run(args []string, logw io.Writer) error {
 		bin       = fs.String("bin", "", "service `binary` to measure instead of building ./cmd/ratelimit (any envoyproxy/ratelimit-compatible build)")
 		scrapes   = fs.Bool("scrapes", false, "measure what Prometheus scrapes cost the decisions instead (10,000 rules with their series; 0, 1 and 4 scrapers); prints the table, writes no file")
 		envoy     = fs.Bool("envoy", false, "measure the end-to-end cost through real Envoy instead (h2load, no filter against each store, 1 and 3 descriptors); writes its own section of -out")
-		anchor    = fs.String("anchor", os.Getenv("ANCHOR_BIN"), "with -envoy: an envoyproxy/ratelimit `binary` (built by you from its source) to measure beside this service on Redis and Memcached (default $ANCHOR_BIN)")
+		anchor    = fs.String("anchor", os.Getenv("ANCHOR_BIN"), "an envoyproxy/ratelimit `binary` (built by you from its source) to measure beside this service on Redis and Memcached, in the same rounds: the standard scenarios it can run, or through Envoy with -envoy (default $ANCHOR_BIN)")
 		rate      = fs.Int("envoy-rate", 1000, "with -envoy: the fixed request rate of the latency runs")
 		overload  = fs.Bool("overload", false, "measure the overload steps instead (issue 25): calls in flight per -steps, each with each of -deadlines, on redis and memcache unless -stores says otherwise; prints the table, writes no file")
 		steps     = fs.String("steps", "64,256,1024,4096", "with -overload: comma-separated counts of calls in flight")
@@ -266,6 +266,7 @@ func run(args []string, logw io.Writer) error {
 		start:     time.Now(),
 		log:       logw,
 		scenarios: scs,
+		anchor:    *anchor,
 	}
 	for _, st := range storeList {
 		r.steps += len(r.storeScenarios(st)) * max(1, len(vs)) * t.runs
@@ -366,12 +367,12 @@ func commandLine(args []string) string {
 // serveNoop serves bench's no-op server with tuning on addr until SIGTERM,
 // or for an hour at most.
 func serveNoop(addr string, tuning noopTuning) error {
-	var t bench.Tuning
+	var t loadgen.Tuning
 	if tuning == tunedNoop {
-		t = bench.ServiceTuning
+		t = loadgen.ServiceTuning
 		defer gctune.Start(noopGCHeadroom)()
 	}
-	srv, err := bench.StartNoopTuned(addr, t)
+	srv, err := loadgen.StartNoopTuned(addr, t)
 	if err != nil {
 		return err
 	}
@@ -460,6 +461,9 @@ type runner struct {
 	// run; nil measures the service alone. untuned, when not nil, is the
 	// no-op server with grpc-go's defaults, measured just before ceil.
 	ceil, untuned *target
+	// anchor, when set, is an envoyproxy/ratelimit binary measured beside
+	// the service on Redis and Memcached, in the same rounds.
+	anchor string
 }
 
 func (r *runner) logf(format string, args ...any) {
@@ -500,7 +504,7 @@ type target struct {
 
 // runResult is one measured run.
 type runResult struct {
-	res *bench.Result
+	res *loadgen.Result
 	// cpuUS, rssMiB, rt (store round trips per decision), redisCPUUS and
 	// redisCmds (Redis CPU and commands per decision, all servers) are NaN
 	// when not measured.
@@ -558,21 +562,21 @@ func (r *runner) measure(ctx context.Context, store string, sc scenario, t targe
 		return nil, fmt.Errorf("benchrun: %s: %w", label, err)
 	}
 	defer client.Close()
-	var ceilClient *bench.Client
+	var ceilClient *loadgen.Client
 	if r.ceil != nil {
 		if ceilClient, err = dialTarget(ctx, r.ceil.addr, sc.c); err != nil {
 			return nil, fmt.Errorf("benchrun: %s: no-op server: %w", label, err)
 		}
 		defer ceilClient.Close()
 	}
-	var untunedClient *bench.Client
+	var untunedClient *loadgen.Client
 	if r.untuned != nil {
 		if untunedClient, err = dialTarget(ctx, r.untuned.addr, sc.c); err != nil {
 			return nil, fmt.Errorf("benchrun: %s: untuned no-op server: %w", label, err)
 		}
 		defer untunedClient.Close()
 	}
-	load := bench.Load{Domain: "bench", Descriptors: sc.descriptors, Concurrency: sc.c, Timeout: 2 * time.Second}
+	load := loadgen.Load{Domain: "bench", Descriptors: sc.descriptors, Concurrency: sc.c, Timeout: 2 * time.Second}
 	if r.timing.warmup > 0 {
 		r.logf("%s: warm-up %v", label, r.timing.warmup)
 		load.Duration = r.timing.warmup
@@ -617,7 +621,7 @@ func (r *runner) measure(ctx context.Context, store string, sc scenario, t targe
 		if ceilClient != nil {
 			c := rw.ceil[i]
 			line += fmt.Sprintf("  | no-op just before: %.0f req/s  p99 %s  (%.0f%%)",
-				c.res.RPS(), bench.FormatDuration(c.res.Latency.P99), 100*m.res.RPS()/c.res.RPS())
+				c.res.RPS(), loadgen.FormatDuration(c.res.Latency.P99), 100*m.res.RPS()/c.res.RPS())
 		}
 		r.logf("%s: run %d/%d: %s", label, i+1, r.timing.runs, line)
 	}
@@ -625,15 +629,15 @@ func (r *runner) measure(ctx context.Context, store string, sc scenario, t targe
 	return rw, nil
 }
 
-func dialTarget(ctx context.Context, addr string, c int) (*bench.Client, error) {
+func dialTarget(ctx context.Context, addr string, c int) (*loadgen.Client, error) {
 	dialCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	return bench.Dial(dialCtx, addr, min(4, c))
+	return loadgen.Dial(dialCtx, addr, min(4, c))
 }
 
 // runOnce measures one run of load on client, which is connected to t, with
 // t's CPU, RSS, round trips and Redis usage around it.
-func (r *runner) runOnce(ctx context.Context, client *bench.Client, load bench.Load, t target) (runResult, error) {
+func (r *runner) runOnce(ctx context.Context, client *loadgen.Client, load loadgen.Load, t target) (runResult, error) {
 	m := runResult{cpuUS: nan(), rssMiB: nan(), rt: nan(), redisCPUUS: nan(), redisCmds: nan(), genCPUUS: nan(), storeCPUUS: nan()}
 	gen0, genErr := cpuTicks(os.Getpid())
 	var store0 uint64
@@ -706,7 +710,7 @@ func (r *runner) runOnce(ctx context.Context, client *bench.Client, load bench.L
 func summary(m runResult) string {
 	res := m.res
 	s := fmt.Sprintf("%.0f req/s  p50 %s  p99 %s  OK %d  OVER_LIMIT %d  errors %d",
-		res.RPS(), bench.FormatDuration(res.Latency.P50), bench.FormatDuration(res.Latency.P99),
+		res.RPS(), loadgen.FormatDuration(res.Latency.P50), loadgen.FormatDuration(res.Latency.P99),
 		res.OK, res.OverLimit, res.ErrorCount())
 	if !math.IsNaN(m.cpuUS) {
 		s += fmt.Sprintf("  CPU %.1f µs/decision", m.cpuUS)
@@ -1114,6 +1118,32 @@ func (r *runner) runStore(ctx context.Context, store, bin, dir string) ([]*row, 
 		rw := &row{store: store, sc: sc}
 		rows = append(rows, rw)
 		jobs = append(jobs, job{sc: sc, svc: s, rw: rw})
+	}
+	if r.anchor != "" && (store == "redis" || store == "memcache") {
+		// The anchor on the same store, its rules those of the scenarios
+		// it can run (fixed windows; it knows no other algorithm), and the
+		// same scenarios but the algorithms' and the near cache's, in the
+		// same rounds as the service's.
+		r.logf("benchrun: starting envoyproxy/ratelimit (%s) on %s", r.anchor, store)
+		aroot := filepath.Join(dir, "anchor-rules")
+		if err := writeRules(aroot, rulesHead); err != nil {
+			return nil, nil, err
+		}
+		// Its /healthcheck never says 200 on Memcached.
+		asvc, err := startServiceUntil(ctx, r.anchor, "envoyproxy/ratelimit ("+store+")", aroot, store != "memcache", be.env...)
+		if err != nil {
+			return nil, nil, err
+		}
+		defer asvc.stop()
+		for _, j := range slices.Clone(jobs) {
+			if scenarioAlgorithm(j.sc) != "" || j.sc.nearCache {
+				continue
+			}
+			rw := &row{store: store, sc: j.sc, variant: anchorVariant}
+			rows = append(rows, rw)
+			jobs = append(jobs, job{sc: j.sc, svc: asvc, rw: rw})
+			r.steps += r.timing.runs
+		}
 	}
 	saved := r.timing
 	defer func() { r.timing = saved }()

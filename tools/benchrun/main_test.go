@@ -15,7 +15,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/ratelimitd/ratelimit/cmd/ratelimit-bench/bench"
+	"github.com/ratelimitd/ratelimit/src/loadgen"
 	"github.com/ratelimitd/ratelimit/src/settings"
 )
 
@@ -53,7 +53,7 @@ func fakeService() {
 	if a := os.Getenv("FAKE_REFUSE"); a != "" && strings.Contains(string(rules), "algorithm: "+a) {
 		fail("rules: bench.yaml: algorithm %s: the store cannot run it atomically", a)
 	}
-	noop, err := bench.StartNoop("127.0.0.1:" + os.Getenv("GRPC_PORT"))
+	noop, err := loadgen.StartNoop("127.0.0.1:" + os.Getenv("GRPC_PORT"))
 	if err != nil {
 		fail("%v", err)
 	}
@@ -329,7 +329,7 @@ func TestRulesYAML(t *testing.T) {
 	}
 	for _, sc := range storeScenarios {
 		for _, d := range sc.descriptors {
-			if _, err := bench.ParseTemplate(d); err != nil {
+			if _, err := loadgen.ParseTemplate(d); err != nil {
 				t.Errorf("scenario %s: %v", sc.id, err)
 			}
 		}

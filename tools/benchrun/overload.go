@@ -15,7 +15,7 @@ import (
 
 	"google.golang.org/grpc/codes"
 
-	"github.com/ratelimitd/ratelimit/cmd/ratelimit-bench/bench"
+	"github.com/ratelimitd/ratelimit/src/loadgen"
 )
 
 // The overload steps (issue 25, -overload): the service on each store, at
@@ -55,7 +55,7 @@ type overloadRow struct {
 	store    string
 	c        int
 	deadline time.Duration
-	res      *bench.Result
+	res      *loadgen.Result
 	// trips and shed are the breaker trips and the calls shed during the
 	// step, from the service's /stats; NaN when it has no such counter
 	// (another build, the memory store's breaker).
@@ -208,13 +208,13 @@ func (r *runner) overloadStep(ctx context.Context, svc *service, trips string, c
 	// connections for every call to be in flight at once.
 	conns := min(16, max(4, (c+1023)/1024))
 	dctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	client, err := bench.Dial(dctx, svc.grpcAddr, conns)
+	client, err := loadgen.Dial(dctx, svc.grpcAddr, conns)
 	cancel()
 	if err != nil {
 		return overloadRow{}, err
 	}
 	defer client.Close()
-	load := bench.Load{Domain: "bench", Descriptors: []string{usersTemplate}, Concurrency: c, Timeout: d}
+	load := loadgen.Load{Domain: "bench", Descriptors: []string{usersTemplate}, Concurrency: c, Timeout: d}
 	if t.warmup > 0 {
 		load.Duration = t.warmup
 		if _, err := client.Run(ctx, load); err != nil {
@@ -240,8 +240,8 @@ func (r *runner) overloadStep(ctx context.Context, svc *service, trips string, c
 func overloadSummary(row overloadRow) string {
 	res := row.res
 	return fmt.Sprintf("%.0f calls/s  p50 %s  p99 %s  p99.9 %s  OK %d  errors %s  trips %s  shed %s",
-		res.RPS(), bench.FormatDuration(res.Latency.P50), bench.FormatDuration(res.Latency.P99),
-		bench.FormatDuration(res.Latency.P999), res.OK+res.OverLimit, errorsByCode(res.Errors),
+		res.RPS(), loadgen.FormatDuration(res.Latency.P50), loadgen.FormatDuration(res.Latency.P99),
+		loadgen.FormatDuration(res.Latency.P999), res.OK+res.OverLimit, errorsByCode(res.Errors),
 		count(row.trips), count(row.shed))
 }
 
@@ -304,8 +304,8 @@ func overloadMarkdown(rows []overloadRow, cfg overloadConfig) string {
 	for _, row := range rows {
 		res := row.res
 		fmt.Fprintf(&b, "| %s | %d | %v | %.0f | %s | %s | %s | %d | %s | %s | %s |\n",
-			row.store, row.c, row.deadline, res.RPS(), bench.FormatDuration(res.Latency.P50),
-			bench.FormatDuration(res.Latency.P99), bench.FormatDuration(res.Latency.P999),
+			row.store, row.c, row.deadline, res.RPS(), loadgen.FormatDuration(res.Latency.P50),
+			loadgen.FormatDuration(res.Latency.P99), loadgen.FormatDuration(res.Latency.P999),
 			res.OK+res.OverLimit, errorsByCode(res.Errors), count(row.trips), count(row.shed))
 	}
 	return b.String()

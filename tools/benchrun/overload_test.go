@@ -7,7 +7,7 @@ import (
 
 	"google.golang.org/grpc/codes"
 
-	"github.com/ratelimitd/ratelimit/cmd/ratelimit-bench/bench"
+	"github.com/ratelimitd/ratelimit/src/loadgen"
 )
 
 func TestParseOverloadFlags(t *testing.T) {
@@ -39,7 +39,7 @@ func TestOverloadMarkdown(t *testing.T) {
 	if want := "RESOURCE_EXHAUSTED 7, DEADLINE_EXCEEDED 3"; got != want {
 		t.Errorf("errorsByCode = %q, want %q", got, want)
 	}
-	res := &bench.Result{OK: 10, Errors: map[codes.Code]uint64{}, Window: time.Second, InWindow: 10}
+	res := &loadgen.Result{OK: 10, Errors: map[codes.Code]uint64{}, Window: time.Second, InWindow: 10}
 	md := overloadMarkdown([]overloadRow{
 		{store: "redis", c: 64, deadline: 2 * time.Second, res: res, trips: 0, shed: 0},
 		{store: "memory", c: 64, deadline: 2 * time.Second, res: res, trips: nan(), shed: 1},

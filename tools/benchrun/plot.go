@@ -104,7 +104,7 @@ func renderPlot(rep *report) *image.RGBA {
 	// runs, NaN where not measured.
 	value := func(store, id string, p99 bool) (v, ceil float64) {
 		for _, rw := range rep.rows {
-			if rw.store == store && rw.sc.id == id && rw.skip == "" {
+			if rw.store == store && rw.sc.id == id && rw.skip == "" && rw.variant == "" {
 				if p99 {
 					ceil = math.NaN()
 					if rw.ceilP99 > 0 {

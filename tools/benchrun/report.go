@@ -11,7 +11,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/ratelimitd/ratelimit/cmd/ratelimit-bench/bench"
+	"github.com/ratelimitd/ratelimit/src/loadgen"
 )
 
 // The generated part of the markdown file sits between these markers; the
@@ -37,11 +37,67 @@ type report struct {
 // find returns the measured row of store and scenario id, or nil.
 func (rep *report) find(store, id string) *row {
 	for _, rw := range rep.rows {
-		if rw.store == store && rw.sc.id == id && rw.skip == "" {
+		if rw.store == store && rw.sc.id == id && rw.skip == "" && rw.variant == "" {
 			return rw
 		}
 	}
 	return nil
+}
+
+// anchorVariant marks the rows of envoyproxy/ratelimit measured beside
+// the service (-anchor).
+const anchorVariant = "envoyproxy/ratelimit"
+
+// anchorRow returns the anchor's row of store and scenario id, or nil.
+func (rep *report) anchorRow(store, id string) *row {
+	for _, rw := range rep.rows {
+		if rw.store == store && rw.sc.id == id && rw.skip == "" && rw.variant == anchorVariant {
+			return rw
+		}
+	}
+	return nil
+}
+
+// sideBySideMarkdown compares the service with envoyproxy/ratelimit on the
+// scenarios both ran, round by round: each ratio is taken within a round,
+// the two runs seconds apart under the same load; the median and the range
+// of the rounds' ratios.
+func (rep *report) sideBySideMarkdown() string {
+	var b strings.Builder
+	for _, ours := range rep.rows {
+		if ours.variant != "" || ours.skip != "" {
+			continue
+		}
+		theirs := rep.anchorRow(ours.store, ours.sc.id)
+		if theirs == nil {
+			continue
+		}
+		if b.Len() == 0 {
+			b.WriteString("**Side by side with envoyproxy/ratelimit** (the anchor's binary given with `-anchor` / `ANCHOR_BIN`, on the same store, in the same rounds; " +
+				"each ratio is taken within a round, then the median and range of the rounds)\n\n" +
+				"| scenario | store | req/s, ours | req/s, anchor | ours ÷ anchor | CPU µs/decision, ours | anchor | anchor ÷ ours | p99, ours | anchor | errors, ours / anchor |\n" +
+				"|---|---|--:|--:|--:|--:|--:|--:|--:|--:|---|\n")
+		}
+		var tput, cpu []float64
+		for i := range min(len(ours.runs), len(theirs.runs)) {
+			tput = append(tput, ours.runs[i].res.RPS()/theirs.runs[i].res.RPS())
+			if c := theirs.runs[i].cpuUS / ours.runs[i].cpuUS; !math.IsNaN(c) && !math.IsInf(c, 0) {
+				cpu = append(cpu, c)
+			}
+		}
+		fmt.Fprintf(&b, "| %s | %s | %.0f | %.0f | %s | %s | %s | %s | %s | %s | %d / %d |\n",
+			ours.sc.title, ours.store, ours.rps, theirs.rps, ratioRange(tput), optional(ours.cpuUS, "%.1f"), optional(theirs.cpuUS, "%.1f"),
+			ratioRange(cpu), loadgen.FormatDuration(ours.p99), loadgen.FormatDuration(theirs.p99), ours.errorCount, theirs.errorCount)
+	}
+	return b.String()
+}
+
+// ratioRange formats the median of ratios and their range.
+func ratioRange(xs []float64) string {
+	if len(xs) == 0 {
+		return "–"
+	}
+	return fmt.Sprintf("%.2f× (%.2f–%.2f)", median(xs), slices.Min(xs), slices.Max(xs))
 }
 
 // check is one line of the bar of issues 5 and 15.
@@ -84,7 +140,7 @@ func (rep *report) bar() []check {
 	ratioCheck("memcache", "c64", "memcache, (a) c=64: ≥ 50% of the ceiling", 0.50)
 	if rw := rep.find("redis", "c64"); rw != nil && !math.IsNaN(rw.p99Ratio) {
 		out = append(out, check{"redis, (a) c=64: p99 ≤ 1.5 × the no-op p99",
-			fmt.Sprintf("%.2f× (medians %s and %s)", rw.p99Ratio, bench.FormatDuration(rw.p99), bench.FormatDuration(rw.ceilP99)), yesNo(rw.p99Ratio <= 1.5)})
+			fmt.Sprintf("%.2f× (medians %s and %s)", rw.p99Ratio, loadgen.FormatDuration(rw.p99), loadgen.FormatDuration(rw.ceilP99)), yesNo(rw.p99Ratio <= 1.5)})
 	} else {
 		out = append(out, check{"redis, (a) c=64: p99 ≤ 1.5 × the no-op p99", "not measured", "n/a"})
 	}
@@ -127,7 +183,7 @@ func (rep *report) markdown(pngRel string) string {
 		"so the runs are seconds apart and see the same load from the rest of the machine. "+
 		"_of no-op_ is the median of the per-run ratios req/s_i ÷ tuned no-op req/s_i (and the p99 bar the median of p99_i ÷ no-op p99_i), "+
 		"what the service gets of what gRPC alone costs; _of untuned_ the same against the untuned no-op server; "+
-		"the _no-op_ columns are the medians of the paired tuned no-op runs.\n", bench.ServiceTuning.StreamWorkers, noopGCHeadroom>>20, noopWarmup)
+		"the _no-op_ columns are the medians of the paired tuned no-op runs.\n", loadgen.ServiceTuning.StreamWorkers, noopGCHeadroom>>20, noopWarmup)
 	w("- A decision is one ShouldRateLimit call, whatever its number of descriptors. "+
 		"CPU: utime+stime of the service process from /proc per decision; RSS: VmRSS after the run; "+
 		"round trips: the service's `%s` (Memcached: `%s`) counter per decision; Redis CPU and commands: the change of "+
@@ -139,20 +195,26 @@ func (rep *report) markdown(pngRel string) string {
 	w("| scenario | store | c | req/s | no-op req/s | of no-op | of untuned | p50 | p99 | no-op p99 | CPU µs/decision | RSS MiB | store round trips/decision | Redis commands/decision | Redis CPU µs/decision | OK / OVER_LIMIT / errors |\n")
 	w("|---|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|---|\n")
 	for _, rw := range rep.rows {
+		if rw.variant == anchorVariant {
+			continue // in the side-by-side table
+		}
 		if rw.skip != "" {
 			w("| %s | %s | %d | – | – | – | – | – | – | – | – | – | – | – | – | not measured: %s |\n", rw.sc.title, rw.store, rw.sc.c, rw.skip)
 			continue
 		}
 		ceilP99 := "–"
 		if rw.ceilP99 > 0 {
-			ceilP99 = bench.FormatDuration(rw.ceilP99)
+			ceilP99 = loadgen.FormatDuration(rw.ceilP99)
 		}
 		w("| %s | %s | %d | %.0f | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n",
 			rw.sc.title, rw.store, rw.sc.c, rw.rps, optional(rw.ceilRPS, "%.0f"), percent(rw.ratio), percent(rw.untunedRatio),
-			bench.FormatDuration(rw.p50), bench.FormatDuration(rw.p99), ceilP99,
+			loadgen.FormatDuration(rw.p50), loadgen.FormatDuration(rw.p99), ceilP99,
 			optional(rw.cpuUS, "%.1f"), optional(rw.rssMiB, "%.0f"), optional(rw.rt, "%.3f"),
 			optional(rw.redisCmds, "%.2f"), optional(rw.redisCPUUS, "%.1f"),
 			outcomes(rw))
+	}
+	if t := rep.sideBySideMarkdown(); t != "" {
+		w("\n%s", t)
 	}
 	w("\n**The bar (issues 5 and 15)**\n\n| target | measured | met |\n|---|---|---|\n")
 	for _, c := range rep.bar() {
@@ -190,7 +252,7 @@ func (rep *report) capacityMarkdown() string {
 	for _, c := range rep.capacity {
 		p50 := "n/a"
 		if c.p50 > 0 {
-			p50 = bench.FormatDuration(c.p50)
+			p50 = loadgen.FormatDuration(c.p50)
 		}
 		full := math.NaN()
 		if c.cpuUS > 0 {

@@ -12,7 +12,7 @@ import (
 
 	"google.golang.org/grpc/codes"
 
-	"github.com/ratelimitd/ratelimit/cmd/ratelimit-bench/bench"
+	"github.com/ratelimitd/ratelimit/src/loadgen"
 )
 
 func TestReplaceSection(t *testing.T) {
@@ -46,10 +46,10 @@ func TestReplaceSection(t *testing.T) {
 // fakeRow builds a measured row with one run, paired with a no-op run of
 // 60,000 req/s, p99 4 ms and 50 µs of CPU per call.
 func fakeRow(store string, sc scenario, rps float64, p99 time.Duration, cpu, rt float64) *row {
-	res := &bench.Result{
+	res := &loadgen.Result{
 		Requests: uint64(rps), Elapsed: time.Second, OK: uint64(rps),
 		Errors:  map[codes.Code]uint64{},
-		Latency: bench.Latency{P50: p99 / 2, P99: p99},
+		Latency: loadgen.Latency{P50: p99 / 2, P99: p99},
 	}
 	if store == "redis" && sc.id == "chain" {
 		res.OK -= 7
@@ -59,14 +59,14 @@ func fakeRow(store string, sc scenario, rps float64, p99 time.Duration, cpu, rt 
 	if strings.HasPrefix(store, "redis") {
 		redisCPU, redisCmds = 8, 2
 	}
-	noop := &bench.Result{
+	noop := &loadgen.Result{
 		Requests: 60000, Elapsed: time.Second, OK: 60000, Errors: map[codes.Code]uint64{},
-		Latency: bench.Latency{P50: 2 * time.Millisecond, P99: 4 * time.Millisecond},
+		Latency: loadgen.Latency{P50: 2 * time.Millisecond, P99: 4 * time.Millisecond},
 	}
 	rw := &row{store: store, sc: sc,
 		runs: []runResult{{res: res, cpuUS: cpu, rssMiB: 30, rt: rt, redisCPUUS: redisCPU, redisCmds: redisCmds}},
 		ceil: []runResult{{res: noop, cpuUS: 50, rssMiB: 10, rt: math.NaN(), redisCPUUS: math.NaN(), redisCmds: math.NaN()}},
-		untuned: []runResult{{res: &bench.Result{Requests: 45000, Elapsed: time.Second, OK: 45000},
+		untuned: []runResult{{res: &loadgen.Result{Requests: 45000, Elapsed: time.Second, OK: 45000},
 			cpuUS: 60, rssMiB: 10, rt: math.NaN(), redisCPUUS: math.NaN(), redisCmds: math.NaN()}},
 	}
 	rw.aggregate()
@@ -127,8 +127,8 @@ func TestReportMarkdown(t *testing.T) {
 // own pair.
 func TestPairedRatio(t *testing.T) {
 	result := func(rps float64, p99 time.Duration) runResult {
-		return runResult{res: &bench.Result{Requests: uint64(rps), Window: time.Second, InWindow: uint64(rps),
-			Latency: bench.Latency{P99: p99}}, cpuUS: math.NaN(), rssMiB: math.NaN(), rt: math.NaN(), redisCPUUS: math.NaN(), redisCmds: math.NaN()}
+		return runResult{res: &loadgen.Result{Requests: uint64(rps), Window: time.Second, InWindow: uint64(rps),
+			Latency: loadgen.Latency{P99: p99}}, cpuUS: math.NaN(), rssMiB: math.NaN(), rt: math.NaN(), redisCPUUS: math.NaN(), redisCmds: math.NaN()}
 	}
 	rw := &row{
 		runs: []runResult{result(50, 10*time.Millisecond), result(40, 8*time.Millisecond), result(30, 9*time.Millisecond)},
@@ -287,7 +287,7 @@ func TestNiceScale(t *testing.T) {
 // slow round moves in both scenarios alike, not the ratio of the medians.
 func TestAlgorithmComparison(t *testing.T) {
 	run := func(rps, cpu, redisCPU float64) runResult {
-		return runResult{res: &bench.Result{Requests: uint64(rps), Window: time.Second, InWindow: uint64(rps)},
+		return runResult{res: &loadgen.Result{Requests: uint64(rps), Window: time.Second, InWindow: uint64(rps)},
 			cpuUS: cpu, rssMiB: math.NaN(), rt: math.NaN(), redisCPUUS: redisCPU, redisCmds: math.NaN()}
 	}
 	noop := func(rps float64) runResult { return run(rps, 20, math.NaN()) }
@@ -341,7 +341,7 @@ func TestAlgorithmComparison(t *testing.T) {
 // run's 50 allows half the ceiling.
 func TestCPUBreakdown(t *testing.T) {
 	run := func(rps, gen, server, store, redis float64) runResult {
-		return runResult{res: &bench.Result{Requests: uint64(rps), Window: time.Second, InWindow: uint64(rps)},
+		return runResult{res: &loadgen.Result{Requests: uint64(rps), Window: time.Second, InWindow: uint64(rps)},
 			cpuUS: server, genCPUUS: gen, storeCPUUS: store, redisCPUUS: redis,
 			rssMiB: math.NaN(), rt: math.NaN(), redisCmds: math.NaN()}
 	}
@@ -388,5 +388,31 @@ func wantLines(t *testing.T, what, md string, wants ...string) {
 		if !strings.Contains(md, want) {
 			t.Errorf("%s lacks %q:\n%s", what, want, md)
 		}
+	}
+}
+
+// TestSideBySide: the anchor's rows are compared with the service's round
+// by round, kept out of the main table and of the bar's lookups.
+func TestSideBySide(t *testing.T) {
+	run := func(rps, cpu float64) runResult {
+		return runResult{res: &loadgen.Result{Requests: uint64(rps), Window: time.Second, InWindow: uint64(rps)},
+			cpuUS: cpu, rssMiB: math.NaN(), rt: math.NaN(), redisCPUUS: math.NaN(), redisCmds: math.NaN()}
+	}
+	// Round 2 is slow for both: its ratios are those of the others.
+	ours := &row{store: "redis", sc: storeScenarios[1], runs: []runResult{run(30000, 30), run(15000, 60), run(30000, 30)}}
+	theirs := &row{store: "redis", sc: storeScenarios[1], variant: anchorVariant, runs: []runResult{run(10000, 90), run(5000, 180), run(10000, 90)}}
+	rep := &report{timing: timing{runs: 3}, rows: []*row{ours, theirs}}
+	for _, rw := range rep.rows {
+		rw.aggregate()
+	}
+	if rep.find("redis", storeScenarios[1].id) != ours {
+		t.Error("find returns the anchor's row")
+	}
+	md := rep.sideBySideMarkdown()
+	if !strings.Contains(md, "| 3.00× (3.00–3.00) |") || strings.Count(md, "3.00× (3.00–3.00)") != 2 {
+		t.Errorf("side by side:\n%s\nwant 3.00× for throughput and CPU in every round", md)
+	}
+	if main := rep.markdown(""); strings.Count(main, storeScenarios[1].title) != 2 {
+		t.Errorf("the scenario appears %d times in the report, want twice (main table, side by side)", strings.Count(main, storeScenarios[1].title))
 	}
 }

@@ -13,7 +13,7 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/ratelimitd/ratelimit/cmd/ratelimit-bench/bench"
+	"github.com/ratelimitd/ratelimit/src/loadgen"
 )
 
 // What Prometheus scrapes cost the decisions (-scrapes, issue 26): the
@@ -57,7 +57,7 @@ func runScrapeBench(ctx context.Context, bin, tmp string, runs int, d time.Durat
 
 	// Every rule once, so that each has its series: 6 per rule.
 	for i := range scrapeRules {
-		if _, err := bench.Run(ctx, svc.grpcAddr, 1, bench.Load{Domain: "scrape", Descriptors: []string{fmt.Sprintf("k%d=v", i)}, Concurrency: 1, Requests: 1}); err != nil {
+		if _, err := loadgen.Run(ctx, svc.grpcAddr, 1, loadgen.Load{Domain: "scrape", Descriptors: []string{fmt.Sprintf("k%d=v", i)}, Concurrency: 1, Requests: 1}); err != nil {
 			return err
 		}
 	}
@@ -131,7 +131,7 @@ func measureScrapes(ctx context.Context, svc *service, url string, n int, d time
 			}
 		})
 	}
-	res, err := bench.Run(ctx, svc.grpcAddr, 4, bench.Load{Domain: "scrape", Descriptors: []string{"k{0..9999}=v"}, Concurrency: 64, Duration: d, Warmup: time.Second})
+	res, err := loadgen.Run(ctx, svc.grpcAddr, 4, loadgen.Load{Domain: "scrape", Descriptors: []string{"k{0..9999}=v"}, Concurrency: 64, Duration: d, Warmup: time.Second})
 	stop()
 	wg.Wait()
 	if err != nil {

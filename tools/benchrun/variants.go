@@ -11,7 +11,7 @@ import (
 	"slices"
 	"strings"
 
-	"github.com/ratelimitd/ratelimit/cmd/ratelimit-bench/bench"
+	"github.com/ratelimitd/ratelimit/src/loadgen"
 )
 
 // -variants compares service configurations (environment settings) on the
@@ -172,7 +172,7 @@ func (rep *report) variantsMarkdown(vs []variant) string {
 		}
 		w("| %s | %s | %s | %s | %.0f | %s | %s | %s | %s | %s | %s | %d |\n",
 			rw.variant, settings, rw.store, rw.sc.title, rw.rps, percent(rw.ratio),
-			bench.FormatDuration(rw.p99), optional(rw.p99Ratio, "%.2f×"),
+			loadgen.FormatDuration(rw.p99), optional(rw.p99Ratio, "%.2f×"),
 			optional(rw.cpuUS, "%.1f"), optional(rw.cpuRatio, "%.2f×"), optional(rw.rssMiB, "%.0f"), rw.errorCount)
 	}
 	b.WriteByte('\n')

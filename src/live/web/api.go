@@ -177,15 +177,18 @@ type topDomainDoc struct {
 
 type topKeysDoc struct {
 	// Capacity is the sketch's: the keys tracked at once.
-	Capacity int            `json:"capacity"`
-	Domains  []topDomainDoc `json:"domains"`
+	Capacity int `json:"capacity"`
+	// Values is how the entries' values are shown: plain, hashed or
+	// truncated (LIVE_VIEW_VALUES).
+	Values  string         `json:"values"`
+	Domains []topDomainDoc `json:"domains"`
 }
 
 // topKeys returns the top n keys of every domain, or of one when domain is
 // not empty.
 func (h *Handler) topKeys(n int, domain string) topKeysDoc {
 	top := h.cfg.Live.TopKeys(n)
-	doc := topKeysDoc{Capacity: h.cfg.Live.MaxKeys(), Domains: []topDomainDoc{}}
+	doc := topKeysDoc{Capacity: h.cfg.Live.MaxKeys(), Values: h.values.values.String(), Domains: []topDomainDoc{}}
 	now := time.Now()
 	for d, keys := range top {
 		if domain != "" && d != domain {
@@ -200,7 +203,7 @@ func (h *Handler) topKeys(n int, domain string) topKeysDoc {
 				Entries: make([]entryDoc, len(k.Entries)),
 			}
 			for i, e := range k.Entries {
-				kd.Entries[i] = entryDoc{e.Key, e.Value}
+				kd.Entries[i] = entryDoc{e.Key, h.values.show(e.Value)}
 			}
 			dd.Keys = append(dd.Keys, kd)
 		}

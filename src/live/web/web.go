@@ -93,6 +93,9 @@ type Config struct {
 	// (default DefaultWriteTimeout). A client that reads no more than
 	// that is dropped; it never holds up anyone else.
 	WriteTimeout time.Duration
+	// Values is how the keys' descriptor values are shown (default
+	// PlainValues, as sent).
+	Values Values
 }
 
 //go:embed assets
@@ -102,6 +105,7 @@ var assets embed.FS
 // Make one with New; Close ends the streams.
 type Handler struct {
 	cfg     Config
+	values  masker
 	mux     *http.ServeMux
 	streams chan struct{} // one token per stream client
 	done    chan struct{}
@@ -128,7 +132,7 @@ func New(cfg Config) *Handler {
 	if cfg.Store == nil {
 		cfg.Store = func() Store { return Store{} }
 	}
-	h := &Handler{cfg: cfg, mux: http.NewServeMux(), streams: make(chan struct{}, cfg.MaxStreams), done: make(chan struct{})}
+	h := &Handler{cfg: cfg, values: newMasker(cfg.Values), mux: http.NewServeMux(), streams: make(chan struct{}, cfg.MaxStreams), done: make(chan struct{})}
 	page, err := fs.Sub(assets, "assets")
 	if err != nil {
 		panic(err) // the embedded tree is fixed at build time

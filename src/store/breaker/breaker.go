@@ -18,19 +18,21 @@ package breaker
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"maps"
 	"sync"
 	"sync/atomic"
 	"time"
 
+	cbackoff "github.com/cenkalti/backoff/v5"
+
 	"github.com/ratelimitd/ratelimit/src/limiter"
 )
 
 // ErrOpen is wrapped, beside limiter.ErrUnavailable, by the error of a
-// request refused by an open breaker.
-var ErrOpen = errors.New("circuit breaker open")
+// request refused by an open breaker. It is a limiter.Reason: a caller is
+// told that the breaker is open, never which server it guards.
+var ErrOpen error = limiter.ReasonBreakerOpen
 
 // MaxServers bounds the breakers of a Group: one per server address seen
 // (a Redis Cluster's masters, including addresses left behind by
@@ -192,7 +194,8 @@ func (g *Group) Run(ctx context.Context, probe func(context.Context)) {
 	t := time.NewTimer(g.interval)
 	t.Stop()
 	defer t.Stop()
-	wait := min(FirstProbe, g.interval)
+	waits := cbackoff.ExponentialBackOff{InitialInterval: min(FirstProbe, g.interval), Multiplier: 2, MaxInterval: g.interval}
+	waits.Reset()
 	var closedAt time.Time
 	for {
 		select {
@@ -201,17 +204,16 @@ func (g *Group) Run(ctx context.Context, probe func(context.Context)) {
 		case <-g.opened:
 		}
 		if closedAt.IsZero() || time.Since(closedAt) >= g.interval {
-			wait = min(FirstProbe, g.interval)
+			waits.Reset()
 		}
 		for g.open.Load() > 0 {
-			t.Reset(wait)
+			t.Reset(waits.NextBackOff())
 			select {
 			case <-ctx.Done():
 				return
 			case <-t.C:
 			}
 			probe(ctx)
-			wait = min(2*wait, g.interval)
 		}
 		closedAt = time.Now()
 	}

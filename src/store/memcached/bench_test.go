@@ -13,8 +13,9 @@ import (
 	"github.com/ratelimitd/ratelimit/src/store/storetest"
 )
 
-// benchIdleConns is MaxIdleConns for the benchmarks: one idle connection
-// per concurrent client, so that none dials (see Config.MaxIdleConns).
+// benchIdleConns is gomemcache's MaxIdleConns in the benchmarks that
+// compare it: one idle connection per concurrent client, so that none
+// dials.
 const benchIdleConns = 64
 
 // BenchmarkStoreFixedWindow measures one-op fixed-window requests from 64
@@ -42,7 +43,7 @@ func BenchmarkStore(b *testing.B) {
 func benchStore(b *testing.B, alg rules.Algorithm, perBatch int) {
 	// A fresh server per run, so that its item count checks the key set.
 	srv := storetest.StartMemcached(b)
-	s := newStore(b, Config{Addrs: []string{srv.Addr}, MaxIdleConns: benchIdleConns})
+	s := newStore(b, Config{Addrs: []string{srv.Addr}})
 	const keys = 10_000
 	names := make([]string, keys)
 	for i := range names {
@@ -147,7 +148,7 @@ func BenchmarkLimiterCheckList(b *testing.B) {
 // checks that memcached holds one item per address.
 func benchDecisions(b *testing.B, lim *rules.Limit) {
 	srv := storetest.StartMemcached(b)
-	s := newStore(b, Config{Addrs: []string{srv.Addr}, MaxIdleConns: benchIdleConns})
+	s := newStore(b, Config{Addrs: []string{srv.Addr}})
 	l := limiter.New(s, limiter.Config{Prefix: "ratelimit_", NearLimitRatio: 0.8})
 	const keys = 10_000
 	values := make([]string, keys)

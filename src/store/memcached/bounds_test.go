@@ -281,7 +281,7 @@ func TestConnectionBound(t *testing.T) {
 	)
 	var conns connCounter
 	s := newCountingStore(t, Config{
-		Addrs: []string{srv.Addr}, MaxIdleConns: maxConns, MaxConns: maxConns, MaxWaiting: maxWaiting,
+		Addrs: []string{srv.Addr}, MaxConns: maxConns, MaxWaiting: maxWaiting,
 		Timeout: 10 * time.Second, // the connections are not closed as late
 	}, &conns)
 	currConns := func() int {
@@ -371,7 +371,7 @@ func TestConnectionBound(t *testing.T) {
 	if got, want := s.Shed(), uint64(fast+waited); got != want {
 		t.Errorf("Shed() = %d, want the %d calls that failed with ErrOverloaded", got, want)
 	}
-	want := min(maxConns, maxPipelineConns)
+	want := defaultConns
 	if peak := conns.peak.Load(); peak > int64(want) {
 		t.Errorf("%d connections open at once, want at most %d", peak, want)
 	}

@@ -84,8 +84,12 @@ func (e *serverError) Error() string { return "memcached: server error: " + e.ms
 type clientConfig struct {
 	// Dial opens a connection (TCP or TLS); it must honour ctx.
 	Dial dialFunc
-	// Conns is the number of connections kept to each server (at least 1).
+	// Conns is the number of connections to each server (at least 1).
 	Conns int
+	// Idle is how many of them stay open while nothing is under way on
+	// them; the others are closed once their last answer is read (0: all
+	// stay).
+	Idle int
 	// MaxQueue bounds the requests queued or under way to one server; one
 	// more fails at once with errQueueFull.
 	MaxQueue int
@@ -187,6 +191,7 @@ func (c *client) newServer(addr string) *server {
 	s := &server{addr: addr, conns: make([]*pconn, c.cfg.Conns)}
 	for i := range s.conns {
 		s.conns[i] = newPconn(c, s)
+		s.conns[i].idleClose = c.cfg.Idle > 0 && i >= c.cfg.Idle
 	}
 	return s
 }
@@ -331,6 +336,9 @@ func (c *client) pingAddr(ctx context.Context, addr string) error {
 func (c *client) pingServer(ctx context.Context, s *server) error {
 	var first error
 	for _, pc := range s.conns {
+		if pc.idleClose && !pc.up.Load() {
+			continue // closed for being idle: nothing to check, and no dial for it
+		}
 		r, err := c.enqueue(ctx, s, pc, request{verb: verbVersion}, false)
 		if err == nil {
 			r, err = c.wait(ctx, r)

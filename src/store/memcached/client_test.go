@@ -793,3 +793,54 @@ func TestClientLateReaderIsNoTimeout(t *testing.T) {
 		t.Fatalf("read in time, no answer: %v, want a timeout", err)
 	}
 }
+
+// TestIdleConnectionsPastIdleAreClosed: with 2 connections and Idle 1 (the
+// anchor's MEMCACHE_MAX_IDLE_CONNS), the second connection is dialed while
+// the first has a deep queue, and closed as soon as nothing is under way
+// on it; with Idle 2 it stays.
+func TestIdleConnectionsPastIdleAreClosed(t *testing.T) {
+	t.Parallel()
+	for _, idle := range []int{1, 2} {
+		t.Run(fmt.Sprint("idle_", idle), func(t *testing.T) {
+			t.Parallel()
+			srv := storetest.StartMemcached(t)
+			var counter connCounter
+			d := &net.Dialer{Timeout: 10 * time.Second}
+			c := testClient(t, clientConfig{Conns: 2, Idle: idle, Timeout: 10 * time.Second, Dial: counter.wrap(d.DialContext)}, nil, srv.Addr)
+			ctx := t.Context()
+			if err := c.ping(ctx); err != nil {
+				t.Fatal(err)
+			}
+			// Frozen, memcached answers nothing: the first connection's
+			// queue grows past deepQueue and the next pings go to the
+			// second.
+			if err := srv.Freeze(); err != nil {
+				t.Fatal(err)
+			}
+			var wg sync.WaitGroup
+			for i := range 2 * deepQueue {
+				wg.Go(func() {
+					if _, err := c.incr(ctx, fmt.Sprint("idle-", i), 1); err != nil && !errors.Is(err, errCacheMiss) {
+						t.Error(err)
+					}
+				})
+			}
+			storetest.WaitFor(t, 5*time.Second, "a second connection", func() bool { return counter.open.Load() == 2 })
+			if err := srv.Thaw(); err != nil {
+				t.Fatal(err)
+			}
+			wg.Wait()
+			if idle == 1 {
+				storetest.WaitFor(t, 5*time.Second, "the connection past Idle closed", func() bool { return counter.open.Load() == 1 })
+			} else {
+				time.Sleep(100 * time.Millisecond)
+				if n := counter.open.Load(); n != 2 {
+					t.Errorf("%d connections open with Idle 2, want 2", n)
+				}
+			}
+			if err := c.ping(ctx); err != nil {
+				t.Fatal(err)
+			}
+		})
+	}
+}

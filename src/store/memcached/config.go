@@ -35,17 +35,20 @@ type Config struct {
 	// resolved once, in New). A failed lookup keeps the current list.
 	// Ignored without SRV.
 	SRVRefresh time.Duration
-	// MaxIdleConns sets the connections kept open to each server
-	// (MEMCACHE_MAX_IDLE_CONNS, which defaults to 64; 0 here means 2):
-	// MaxIdleConns, at most 2. For gomemcache (the anchor's client) it
-	// is the idle connections kept per server, one per command under
-	// way; here each connection pipelines any number of concurrent
-	// commands, and fewer connections coalesce more of them per write:
-	// the second takes requests only while the first has a deep queue
-	// (see server.choose).
+	// Conns is the connections to each server (MEMCACHE_CONNECTIONS;
+	// default 2, at most maxPipelineConns). Each pipelines any number of
+	// concurrent commands, and fewer connections coalesce more of them
+	// per write: the next takes requests only while the ones before have
+	// deep queues (see server.choose).
+	Conns int
+	// MaxIdleConns is the anchor's MEMCACHE_MAX_IDLE_CONNS: the
+	// connections to each server kept open while nothing is under way on
+	// them (default 2; 0 means 2, as for gomemcache). A connection past
+	// it is closed as soon as its last answer is read, and dialed again
+	// when a deep queue needs it.
 	MaxIdleConns int
-	// MaxConns bounds the ops under way at once (default 2 ×
-	// MaxIdleConns): a Do takes one slot, and the other ops of its batch
+	// MaxConns bounds the ops under way at once (MEMCACHE_MAX_IN_FLIGHT;
+	// default 128): a Do takes one slot, and the other ops of its batch
 	// run side by side on more while they are free (else after one
 	// another on the Do's). A Do that finds every one taken waits for
 	// one, at most until its ctx's deadline, and then fails with an error
@@ -99,8 +102,13 @@ type Config struct {
 
 // Defaults of the zero Config fields.
 const (
+	defaultConns        = 2
 	defaultMaxIdleConns = 2
+	defaultMaxConns     = 128
 	defaultTimeout      = 500 * time.Millisecond
+	// maxPipelineConns caps Conns: past a few, connections only split the
+	// batches a pipeline coalesces (see BenchmarkClientIncr).
+	maxPipelineConns = 8
 )
 
 // withDefaults validates cfg and fills its zero fields. Every problem is
@@ -124,6 +132,9 @@ func (cfg Config) withDefaults() (Config, error) {
 	if cfg.SRVRefresh < 0 {
 		bad("SRVRefresh (MEMCACHE_SRV_REFRESH) %v is negative", cfg.SRVRefresh)
 	}
+	if cfg.Conns < 0 || cfg.Conns > maxPipelineConns {
+		bad("Conns (MEMCACHE_CONNECTIONS) %d: want 1 to %d", cfg.Conns, maxPipelineConns)
+	}
 	if cfg.MaxIdleConns < 0 {
 		bad("MaxIdleConns (MEMCACHE_MAX_IDLE_CONNS) %d is negative", cfg.MaxIdleConns)
 	}
@@ -142,11 +153,14 @@ func (cfg Config) withDefaults() (Config, error) {
 	if err := errors.Join(errs...); err != nil {
 		return cfg, err
 	}
+	if cfg.Conns == 0 {
+		cfg.Conns = defaultConns
+	}
 	if cfg.MaxIdleConns == 0 {
 		cfg.MaxIdleConns = defaultMaxIdleConns
 	}
 	if cfg.MaxConns == 0 {
-		cfg.MaxConns = 2 * cfg.MaxIdleConns
+		cfg.MaxConns = defaultMaxConns
 	}
 	if cfg.MaxWaiting == 0 {
 		cfg.MaxWaiting = 4 * cfg.MaxConns

@@ -157,10 +157,32 @@ func (d *decoder) tag(want byte) {
 	}
 }
 
-func (d *decoder) varint() int64   { return readVarint(d, binary.Varint) }
-func (d *decoder) uvarint() uint64 { return readVarint(d, binary.Uvarint) }
+func (d *decoder) varint() int64   { return readVarint(d, shortestVarint) }
+func (d *decoder) uvarint() uint64 { return readVarint(d, shortestUvarint) }
 
-// readVarint takes one varint off d with read (binary.Varint or Uvarint).
+// shortestUvarint and shortestVarint are binary.Uvarint and Varint that
+// take only the shortest form, the one binary.AppendUvarint writes: a
+// longer one (a last byte of 0, such as 0x80 0x00 for 0) is not what this
+// service wrote, and would give one state two encodings. n <= 0 when the
+// bytes are no such varint.
+func shortestUvarint(b []byte) (uint64, int) {
+	v, n := binary.Uvarint(b)
+	if n > 1 && b[n-1] == 0 {
+		return 0, 0
+	}
+	return v, n
+}
+
+func shortestVarint(b []byte) (int64, int) {
+	v, n := binary.Varint(b)
+	if n > 1 && b[n-1] == 0 {
+		return 0, 0
+	}
+	return v, n
+}
+
+// readVarint takes one varint off d with read (shortestVarint or
+// shortestUvarint).
 func readVarint[T int64 | uint64](d *decoder, read func([]byte) (T, int)) T {
 	if d.err != nil {
 		return 0

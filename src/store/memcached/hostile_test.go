@@ -87,7 +87,7 @@ func TestDataErrors(t *testing.T) {
 	t.Parallel()
 	srv := storetest.StartMemcached(t)
 	var conns connCounter
-	s := newCountingStore(t, Config{Addrs: []string{srv.Addr}, MaxIdleConns: 4}, &conns)
+	s := newCountingStore(t, Config{Addrs: []string{srv.Addr}, MaxConns: 8}, &conns)
 	raw := memcache.New(srv.Addr)
 	sw := string(appendSlidingWindowState(nil, limiter.SlidingWindowState{Curr: 1}))
 	tests := []struct {
@@ -235,7 +235,7 @@ func TestSaturation(t *testing.T) {
 func TestSaturationConcurrent(t *testing.T) {
 	t.Parallel()
 	srv := storetest.StartMemcached(t)
-	s := newStore(t, Config{Addrs: []string{srv.Addr}, MaxIdleConns: testIdleConns})
+	s := newStore(t, Config{Addrs: []string{srv.Addr}})
 	raw := memcache.New(srv.Addr)
 	key := uniqueKey(t, "k")
 	if err := raw.Set(&memcache.Item{Key: key, Value: strconv.AppendUint(nil, pinMark-1000, 10), Expiration: 3600}); err != nil {

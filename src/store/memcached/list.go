@@ -422,13 +422,13 @@ func parseFixed(data []byte) (fixedState, error) {
 	d := data[1:]
 	ok := true
 	varint := func() int64 {
-		v, n := binary.Varint(d)
+		v, n := shortestVarint(d)
 		ok = ok && n > 0
 		d = d[max(n, 0):]
 		return v
 	}
 	uvarint := func() uint64 {
-		v, n := binary.Uvarint(d)
+		v, n := shortestUvarint(d)
 		ok = ok && n > 0
 		d = d[max(n, 0):]
 		return v
@@ -464,24 +464,24 @@ func parseList(data []byte, slots []listSlot) ([]listSlot, error) {
 		return corrupt(fmt.Sprintf("version %d, want %d", data[1], listVersion))
 	}
 	d := data[2:]
-	n, k := binary.Uvarint(d)
+	n, k := shortestUvarint(d)
 	if k <= 0 || n > maxListSlots {
 		return corrupt("bad number of limits")
 	}
 	d = d[k:]
 	for range n {
-		l, k := binary.Uvarint(d)
+		l, k := shortestUvarint(d)
 		if k <= 0 || l == 0 || l > maxSlotID || l > uint64(len(d)-k) {
 			return corrupt("bad limit id")
 		}
 		id := d[k : k+int(l)]
 		d = d[k+int(l):]
-		idle, k := binary.Varint(d)
+		idle, k := shortestVarint(d)
 		if k <= 0 {
 			return corrupt("bad idle time")
 		}
 		d = d[k:]
-		l, k = binary.Uvarint(d)
+		l, k = shortestUvarint(d)
 		if k <= 0 || l > uint64(len(d)-k) {
 			return corrupt("bad state length")
 		}

@@ -184,8 +184,8 @@ func TestListContention(t *testing.T) {
 	}
 
 	// Two instances, 16 goroutines each, on one list of 40 and 60.
-	other := newStore(t, Config{Addrs: []string{srv.Addr}, MaxIdleConns: testIdleConns})
-	s2 := newStore(t, Config{Addrs: []string{srv.Addr}, MaxIdleConns: testIdleConns})
+	other := newStore(t, Config{Addrs: []string{srv.Addr}})
+	s2 := newStore(t, Config{Addrs: []string{srv.Addr}})
 	ops, _ = listOps(t, "two_instances", now, 1)
 	ops[0].Limit, ops[0].Window = 60, 24*time.Hour
 	ops[0].Key = strings.Replace(ops[0].Key, "_1_minute", "_1_day", 1)

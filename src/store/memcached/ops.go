@@ -123,8 +123,9 @@ func (s *Store) countFrom(ctx context.Context, key string, op *limiter.Op, now t
 }
 
 // errMissing is the cause of a fixed-window op whose incr missed the item
-// that add found there, at every attempt.
-var errMissing = errors.New("incr missed the item add found, at every attempt")
+// that add found there, at every attempt. It names no key or server: a
+// caller is told it (limiter.Reason).
+var errMissing error = limiter.Reason("incr missed the item add found, at every attempt")
 
 // The marks of a fixed-window count (see the package doc): a count at or
 // above satMark is saturated, and one that passes pinMark is set back to
@@ -316,8 +317,9 @@ const (
 	takingBack
 )
 
-// errContended is the cause of an update that ran out of cycles.
-var errContended = errors.New("item changed by others at every attempt")
+// errContended is the cause of an update that ran out of cycles; a
+// caller is told it (limiter.Reason).
+var errContended error = limiter.Reason("item changed by others at every attempt")
 
 // update changes the item of key optimistically: gets, f on the item (nil
 // when there is none), then, when f returns a value, cas (add for a new
@@ -632,7 +634,7 @@ func (s *Store) fail(key string, err error) error {
 	case outOfMemory(err):
 		s.gotAnswer(key)
 		s.shed.Add(1)
-		return fmt.Errorf("memcached: key %q: %w: %w", key, limiter.ErrOverloaded, err)
+		return fmt.Errorf("memcached: key %q: %w: %w: %w", key, limiter.ErrOverloaded, limiter.ReasonOutOfMemory, err)
 	case errors.Is(err, errQueueFull):
 		s.shed.Add(1)
 		return fmt.Errorf("memcached: %w: %w", limiter.ErrOverloaded, err)

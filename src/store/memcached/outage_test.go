@@ -165,7 +165,7 @@ func TestRestartBetweenProbes(t *testing.T) {
 	t.Parallel()
 	srv := storetest.StartMemcached(t)
 	const conns = 8
-	s := newStore(t, Config{Addrs: []string{srv.Addr}, MaxIdleConns: conns})
+	s := newStore(t, Config{Addrs: []string{srv.Addr}, MaxConns: 2 * conns})
 	// Fill the idle pool: conns concurrent requests, each on a connection.
 	var wg sync.WaitGroup
 	start := make(chan struct{})
@@ -229,7 +229,7 @@ func TestCloseBounded(t *testing.T) {
 			})
 		}
 	}}
-	s, err := newWith(t.Context(), Config{Addrs: []string{srv.Addr}, Timeout: timeout, MaxIdleConns: calls}, deps{wrapDial: conns.wrap})
+	s, err := newWith(t.Context(), Config{Addrs: []string{srv.Addr}, Timeout: timeout, MaxConns: 2 * calls}, deps{wrapDial: conns.wrap})
 	if err != nil {
 		t.Fatal(err)
 	}

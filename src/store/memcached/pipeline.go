@@ -14,6 +14,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	cbackoff "github.com/cenkalti/backoff/v5"
 )
 
 // verb is a command the client sends.
@@ -179,14 +181,23 @@ type pconn struct {
 	// retryAt is when the next dial may start; lastErr fails requests
 	// until then.
 	retryAt time.Time
-	backoff time.Duration
+	redial  cbackoff.ExponentialBackOff // from redialMin, doubling to redialMax
+	backoff time.Duration               // the last wait redial gave
 	lastErr error
 	closed  bool
+	// idleClose is set on a connection past Idle: it is closed once
+	// nothing is queued or under way on it.
+	idleClose bool
 	// readerDone is closed when the current connection's reader returns.
 	readerDone chan struct{}
 }
 
-func newPconn(c *client, s *server) *pconn { return &pconn{c: c, s: s} }
+func newPconn(c *client, s *server) *pconn {
+	pc := &pconn{c: c, s: s}
+	pc.redial = cbackoff.ExponentialBackOff{InitialInterval: redialMin, Multiplier: 2, MaxInterval: redialMax}
+	pc.redial.Reset()
+	return pc
+}
 
 // submit queues r, dialing first when the connection is down, and writes
 // it unless a write is under way (whose writer then writes it) or hold is
@@ -404,7 +415,7 @@ func (pc *pconn) readyLocked(ctx context.Context) error {
 
 // backOffLocked schedules the next dial after a failure.
 func (pc *pconn) backOffLocked() {
-	pc.backoff = min(max(2*pc.backoff, redialMin), redialMax)
+	pc.backoff = pc.redial.NextBackOff()
 	pc.retryAt = time.Now().Add(pc.backoff)
 }
 
@@ -436,6 +447,7 @@ func (pc *pconn) breakLocked(gen uint64, err error) {
 	}
 	pc.lastErr = err
 	if pc.answered && !errors.Is(err, os.ErrDeadlineExceeded) {
+		pc.redial.Reset()
 		pc.backoff, pc.retryAt = 0, time.Time{}
 	} else {
 		pc.backOffLocked()
@@ -506,6 +518,7 @@ func (pc *pconn) read(nc net.Conn, gen uint64, done chan struct{}) {
 			// The connection serves: the failures in a row are over,
 			// and a later one backs off from redialMin again.
 			pc.answered, pc.backoff = true, 0
+			pc.redial.Reset()
 		}
 		if next := pc.queue.peek(); next == nil || next.sent.IsZero() {
 			pc.setReadDeadlineLocked(time.Time{})
@@ -515,8 +528,25 @@ func (pc *pconn) read(nc net.Conn, gen uint64, done chan struct{}) {
 		r.num, r.value = a.num, a.value
 		pc.complete(r, a.err)
 		pc.flushIdleLocked()
+		if pc.idleClose && pc.queue.len() == 0 && !pc.closed {
+			pc.closeIdleLocked()
+			pc.mu.Unlock()
+			return
+		}
 		pc.mu.Unlock()
 	}
+}
+
+// closeIdleLocked closes the connection, which has nothing queued or under
+// way, for being past Idle: no error, no backoff; the next request on it
+// dials again.
+func (pc *pconn) closeIdleLocked() {
+	_ = pc.nc.Close()
+	pc.nc = nil
+	pc.up.Store(false)
+	pc.gen++ // its reader returns
+	pc.rdl = time.Time{}
+	pc.rdlNano.Store(0)
 }
 
 // fail breaks connection gen with err.

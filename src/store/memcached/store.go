@@ -208,7 +208,7 @@ func newWith(ctx context.Context, cfg Config, d deps) (*Store, error) {
 		breakers: breaker.NewGroup("memcached", cfg.Breaker),
 	}
 	s.client = newClient(clientConfig{
-		Dial: dial, Conns: connsPerServer(cfg), MaxQueue: 4 * cfg.MaxConns,
+		Dial: dial, Conns: cfg.Conns, Idle: cfg.MaxIdleConns, MaxQueue: 4 * cfg.MaxConns,
 		Timeout: cfg.Timeout, Observe: cfg.RoundTrip, Broken: s.breakConn,
 	})
 	addrs := cfg.Addrs
@@ -264,17 +264,6 @@ func dialer(cfg Config) dialFunc {
 	}
 	return d.DialContext
 }
-
-// connsPerServer is the number of pipelined connections to each server:
-// Config.MaxIdleConns, at most maxPipelineConns. One connection carries
-// any number of concurrent requests, and fewer connections coalesce more
-// of them per write (see BenchmarkClientIncr).
-func connsPerServer(cfg Config) int {
-	return min(cfg.MaxIdleConns, maxPipelineConns)
-}
-
-// maxPipelineConns caps the connections per server.
-const maxPipelineConns = 2
 
 // probe pings every server until they first answer, backing off from
 // probeInitial to probeInterval, then every probeInterval, to keep Healthy

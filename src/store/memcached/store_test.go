@@ -31,12 +31,6 @@ func newStore(t testing.TB, cfg Config) *Store {
 	return s
 }
 
-// testIdleConns keeps enough idle connections for the suite's 32
-// concurrent goroutines: with the default of 2, every request beyond them
-// would dial and close a connection, and tens of thousands of sockets in
-// TIME_WAIT can exhaust the loopback's ephemeral ports.
-const testIdleConns = 64
-
 // do sends one batch and returns its results.
 func do(t *testing.T, s *Store, allOrNothing bool, now time.Time, ops ...limiter.Op) []limiter.Result {
 	t.Helper()
@@ -57,7 +51,7 @@ func TestStore(t *testing.T) {
 	srv := storetest.StartMemcached(t)
 	// Batch.Now is the clock of every algorithm (see the package doc).
 	storetest.Run(t, func(t *testing.T) limiter.Store {
-		return newStore(t, Config{Addrs: []string{srv.Addr}, MaxIdleConns: testIdleConns})
+		return newStore(t, Config{Addrs: []string{srv.Addr}})
 	}, storetest.Options{})
 }
 
@@ -66,7 +60,7 @@ func TestStore(t *testing.T) {
 func TestShards(t *testing.T) {
 	t.Parallel()
 	a, b := storetest.StartMemcached(t), storetest.StartMemcached(t)
-	s := newStore(t, Config{Addrs: []string{a.Addr, b.Addr}, MaxIdleConns: testIdleConns})
+	s := newStore(t, Config{Addrs: []string{a.Addr, b.Addr}})
 	const keys = 200
 	now := time.Now()
 	for _, alg := range rules.Algorithms {
@@ -202,7 +196,7 @@ func TestCounterShrinks(t *testing.T) {
 func TestAllOrNothingTakesBackUnderTraffic(t *testing.T) {
 	t.Parallel()
 	srv := storetest.StartMemcached(t)
-	s := newStore(t, Config{Addrs: []string{srv.Addr}, MaxIdleConns: testIdleConns})
+	s := newStore(t, Config{Addrs: []string{srv.Addr}})
 	now := time.Now()
 	for _, alg := range rules.Algorithms {
 		t.Run(alg.String(), func(t *testing.T) {
@@ -372,6 +366,7 @@ func TestConfig(t *testing.T) {
 		{"addr_empty_host", Config{Addrs: []string{":11211"}}, "empty host"},
 		{"negative_timeout", Config{Addrs: []string{"127.0.0.1:1"}, Timeout: -1}, "Timeout"},
 		{"negative_idle_conns", Config{Addrs: []string{"127.0.0.1:1"}, MaxIdleConns: -1}, "MaxIdleConns"},
+		{"too_many_conns", Config{Addrs: []string{"127.0.0.1:1"}, Conns: 9}, "MEMCACHE_CONNECTIONS"},
 		{"negative_max_conns", Config{Addrs: []string{"127.0.0.1:1"}, MaxConns: -1}, "MaxConns"},
 		{"negative_max_waiting", Config{Addrs: []string{"127.0.0.1:1"}, MaxWaiting: -1}, "MaxWaiting"},
 		{"negative_refresh", Config{SRV: "x", SRVRefresh: -time.Second}, "SRVRefresh"},
@@ -388,14 +383,14 @@ func TestConfig(t *testing.T) {
 			t.Errorf("%s: New(%+v) = %q, want a memcached error mentioning %q", tt.name, tt.give, err, tt.want)
 		}
 	}
-	// The bounds follow MaxIdleConns unless set.
+	// The bounds' defaults, and MaxWaiting following MaxConns unless set.
 	for _, tt := range []struct {
 		give           Config
 		conns, waiting int
 	}{
-		{Config{Addrs: []string{"127.0.0.1:1"}}, 4, 16},
+		{Config{Addrs: []string{"127.0.0.1:1"}}, 128, 512},
 		{Config{Addrs: []string{"127.0.0.1:1"}, MaxIdleConns: 64}, 128, 512},
-		{Config{Addrs: []string{"127.0.0.1:1"}, MaxIdleConns: 64, MaxConns: 10}, 10, 40},
+		{Config{Addrs: []string{"127.0.0.1:1"}, MaxConns: 10}, 10, 40},
 		{Config{Addrs: []string{"127.0.0.1:1"}, MaxConns: 10, MaxWaiting: 3}, 10, 3},
 	} {
 		got, err := tt.give.withDefaults()
@@ -576,7 +571,7 @@ func TestBatchOpsSideBySide(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
 			proxy := storetest.StartProxy(t, srv.Addr)
-			s := newStore(t, Config{Addrs: []string{proxy.Addr}, MaxIdleConns: 8})
+			s := newStore(t, Config{Addrs: []string{proxy.Addr}, MaxConns: 16})
 			if err := s.WaitStarted(t.Context()); err != nil {
 				t.Fatal(err)
 			}
@@ -600,8 +595,8 @@ func TestBatchOpsSideBySide(t *testing.T) {
 			if took < time.Duration(tt.minTrips)*latency || took >= time.Duration(tt.maxTrips+1)*latency {
 				t.Errorf("a batch of %d ops took %v, want %d to %d round trips of %v", len(ops), took, tt.minTrips, tt.maxTrips, latency)
 			}
-			if got := proxy.Conns(); got > maxPipelineConns {
-				t.Errorf("%d connections after one batch of %d ops, want at most %d", got, len(ops), maxPipelineConns)
+			if got := proxy.Conns(); got > defaultConns {
+				t.Errorf("%d connections after one batch of %d ops, want at most %d", got, len(ops), defaultConns)
 			}
 		})
 	}

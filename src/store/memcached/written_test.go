@@ -58,7 +58,7 @@ func TestWrittenBounded(t *testing.T) {
 func TestFirstHitsTakeOneRoundTrip(t *testing.T) {
 	srv := storetest.StartMemcached(t)
 	open := func() *Store {
-		s, err := New(t.Context(), Config{Addrs: []string{srv.Addr}, MaxIdleConns: 4})
+		s, err := New(t.Context(), Config{Addrs: []string{srv.Addr}, MaxConns: 8})
 		if err != nil {
 			t.Fatal(err)
 		}

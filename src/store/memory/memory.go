@@ -467,7 +467,7 @@ func (s *Store) Evictions() Evictions {
 
 // errFull is the error of a new key refused because nothing but keys over
 // their limit is left to give up room (see Store).
-var errFull = fmt.Errorf("memory: %w: no room for a new key: the store is full of keys over their limit until their windows end", limiter.ErrOverloaded)
+var errFull = fmt.Errorf("memory: %w: %w: the store is full of keys over their limit until their windows end", limiter.ErrOverloaded, limiter.ReasonNoRoom)
 
 // Do applies the batch's ops at b.Now (or Config.Now when b.Now is zero)
 // with the limiter's pure functions. Without AllOrNothing each op locks its

@@ -2,16 +2,15 @@ package redis
 
 import (
 	"crypto/tls"
-	"crypto/x509"
 	"errors"
 	"fmt"
-	"os"
 	"strings"
 	"time"
 
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/ratelimitd/ratelimit/src/store/breaker"
+	"github.com/ratelimitd/ratelimit/src/store/tlsclient"
 )
 
 // The values of Config.Type (REDIS_TYPE), compared case-insensitively.
@@ -240,63 +239,18 @@ func ParseAuth(auth string) (user, password string) {
 	return "", auth
 }
 
-// TLSFiles names the PEM files of REDIS_TLS_CLIENT_CERT, REDIS_TLS_CLIENT_KEY
-// and REDIS_TLS_CACERT, and REDIS_TLS_SKIP_HOSTNAME_VERIFICATION.
-type TLSFiles struct {
-	ClientCert, ClientKey string
-	// CACert is the CA bundle that signs the server's certificate; empty
-	// means the system roots.
-	CACert string
-	// SkipHostnameVerification still verifies the server's chain against the
-	// CA, but not that its name matches the address dialled (useful when
-	// Redis is reached by an IP its certificate does not list).
-	SkipHostnameVerification bool
-}
+// TLSFiles names the PEM files of REDIS_TLS_CLIENT_CERT,
+// REDIS_TLS_CLIENT_KEY and REDIS_TLS_CACERT, and
+// REDIS_TLS_SKIP_HOSTNAME_VERIFICATION (see tlsclient.Files).
+type TLSFiles = tlsclient.Files
 
 // TLSConfig builds the client TLS configuration for Redis, as
 // envoyproxy/ratelimit does from the same settings. A client certificate is
 // used only when both its files are given.
 func TLSConfig(f TLSFiles) (*tls.Config, error) {
-	c := &tls.Config{MinVersion: tls.VersionTLS12}
-	if (f.ClientCert == "") != (f.ClientKey == "") {
-		return nil, errors.New("redis: tls: REDIS_TLS_CLIENT_CERT and REDIS_TLS_CLIENT_KEY must be set together")
-	}
-	if f.ClientCert != "" {
-		cert, err := tls.LoadX509KeyPair(f.ClientCert, f.ClientKey)
-		if err != nil {
-			return nil, fmt.Errorf("redis: tls: client certificate: %w", err)
-		}
-		c.Certificates = []tls.Certificate{cert}
-	}
-	if f.CACert != "" {
-		pem, err := os.ReadFile(f.CACert)
-		if err != nil {
-			return nil, fmt.Errorf("redis: tls: %w", err)
-		}
-		pool := x509.NewCertPool()
-		if !pool.AppendCertsFromPEM(pem) {
-			return nil, fmt.Errorf("redis: tls: %s: no PEM certificate found", f.CACert)
-		}
-		c.RootCAs = pool
-	}
-	if f.SkipHostnameVerification {
-		// Turn off the standard verification, which always checks the name,
-		// and verify the chain ourselves without a name.
-		c.InsecureSkipVerify = true
-		roots := c.RootCAs
-		c.VerifyConnection = func(cs tls.ConnectionState) error {
-			if len(cs.PeerCertificates) == 0 {
-				return errors.New("redis: tls: server sent no certificate")
-			}
-			opts := x509.VerifyOptions{Roots: roots, Intermediates: x509.NewCertPool()}
-			for _, cert := range cs.PeerCertificates[1:] {
-				opts.Intermediates.AddCert(cert)
-			}
-			if _, err := cs.PeerCertificates[0].Verify(opts); err != nil {
-				return fmt.Errorf("redis: tls: %w", err)
-			}
-			return nil
-		}
+	c, err := tlsclient.Config(f)
+	if err != nil {
+		return nil, fmt.Errorf("redis: tls: %w", err)
 	}
 	return c, nil
 }

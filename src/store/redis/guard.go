@@ -8,7 +8,7 @@ import (
 	"strconv"
 )
 
-// The bounds of what Redis's replies may make the client allocate (README,
+// The bounds of what Redis's replies may make the client allocate (docs/STORES.md,
 // "Redis"). go-redis allocates the length a reply announces as soon as it
 // reads the header: "$9223372036854775807" panics in makeslice,
 // "$100000000000" is a fatal out-of-memory, "*9223372036854775807" to

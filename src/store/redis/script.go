@@ -674,7 +674,7 @@ func scriptSource(sha string) string {
 // an instance of this version never reads a key an older one wrote in
 // another layout ("start:prev:curr", a list of times, a decimal TAT) and
 // the other way round. A rolling upgrade from such a version counts these
-// algorithms apart for one window (README, upgrade notes). Fixed-window
+// algorithms apart for one window (docs/STORES.md, Redis). Fixed-window
 // keys are envoyproxy/ratelimit's and never change.
 const stateSuffix = ":v2"
 

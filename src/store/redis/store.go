@@ -973,7 +973,7 @@ func cmdError(name, key string, err error) error {
 	case isDataError(err):
 		return fmt.Errorf("%s: key %q: %w: %w", name, key, limiter.ErrData, err)
 	case isOOM(err):
-		return fmt.Errorf("%s: key %q: %w: %w", name, key, limiter.ErrOverloaded, err)
+		return fmt.Errorf("%s: key %q: %w: %w: %w", name, key, limiter.ErrOverloaded, limiter.ReasonOutOfMemory, err)
 	}
 	return unavailable(name, err)
 }

@@ -1,12 +1,15 @@
-// Package bench is a closed-loop gRPC load generator for any Envoy rate-limit
-// service (envoy.service.ratelimit.v3). It keeps a fixed number of requests in
-// flight over a few connections, draws descriptors from templates, and reports
-// throughput, a latency histogram and the count of each outcome.
+// Package loadgen is a closed-loop gRPC load generator for any Envoy
+// rate-limit service (envoy.service.ratelimit.v3). It keeps a fixed number of
+// requests in flight over a few connections, draws descriptors from
+// templates, and reports throughput, a latency histogram and the count of
+// each outcome.
 //
-// It is the core of cmd/ratelimit-bench and of tools/benchrun, which call it in
-// process. It knows nothing of this service's internals: it speaks only the
-// wire protocol, so it measures envoyproxy/ratelimit the same way.
-package bench
+// It is the core of cmd/ratelimit-bench, of tools/benchrun and of the load
+// the integration tests drive, which call it in process; no package of the
+// service imports it. It knows nothing of this service's internals: it
+// speaks only the wire protocol, so it measures envoyproxy/ratelimit the
+// same way.
+package loadgen
 
 import (
 	"context"
@@ -324,31 +327,10 @@ func (c *Client) Run(ctx context.Context, l Load) (*Result, error) {
 	if l.Concurrency == 0 {
 		l.Concurrency = 64
 	}
-	switch {
-	case l.Concurrency < 0:
-		return nil, fmt.Errorf("bench: concurrency %d: want at least 1", l.Concurrency)
-	case l.Requests < 0 || l.Duration < 0 || l.Warmup < 0 || l.Timeout < 0:
-		return nil, errors.New("bench: negative requests, duration, warm-up or timeout")
-	case l.Requests == 0 && l.Duration == 0:
-		return nil, errors.New("bench: set a number of requests or a duration")
-	case len(l.Descriptors) == 0:
-		return nil, errors.New("bench: no descriptors")
+	tmpls, keySpace, err := l.check()
+	if err != nil {
+		return nil, err
 	}
-	tmpls := make([]*Template, len(l.Descriptors))
-	keySpace := int64(1)
-	for i, s := range l.Descriptors {
-		t, err := ParseTemplate(s)
-		if err != nil {
-			return nil, err
-		}
-		tmpls[i] = t
-		if n := t.Size(); keySpace > (1<<63-1)/n {
-			keySpace = 1<<63 - 1
-		} else {
-			keySpace *= n
-		}
-	}
-
 	seed := uint64(time.Now().UnixNano())
 	workers := make([]*worker, l.Concurrency)
 	for i := range workers {
@@ -372,8 +354,50 @@ func (c *Client) Run(ctx context.Context, l Load) (*Result, error) {
 		KeySpace:    keySpace,
 		Concurrency: l.Concurrency,
 		Conns:       len(c.conns),
-		Errors:      map[codes.Code]uint64{},
 	}
+	r.gather(workers, p.measureStart)
+	// An interrupted run has no full window; its rate is taken to the last
+	// completion instead.
+	if l.Duration > 0 && ctx.Err() == nil {
+		r.Window = l.Duration
+	}
+	return r, ctx.Err()
+}
+
+// check reports a Load that cannot run, and parses its descriptors'
+// templates, with the number of distinct requests they make.
+func (l *Load) check() ([]*Template, int64, error) {
+	switch {
+	case l.Concurrency < 0:
+		return nil, 0, fmt.Errorf("bench: concurrency %d: want at least 1", l.Concurrency)
+	case l.Requests < 0 || l.Duration < 0 || l.Warmup < 0 || l.Timeout < 0:
+		return nil, 0, errors.New("bench: negative requests, duration, warm-up or timeout")
+	case l.Requests == 0 && l.Duration == 0:
+		return nil, 0, errors.New("bench: set a number of requests or a duration")
+	case len(l.Descriptors) == 0:
+		return nil, 0, errors.New("bench: no descriptors")
+	}
+	tmpls := make([]*Template, len(l.Descriptors))
+	keySpace := int64(1)
+	for i, s := range l.Descriptors {
+		t, err := ParseTemplate(s)
+		if err != nil {
+			return nil, 0, err
+		}
+		tmpls[i] = t
+		if n := t.Size(); keySpace > (1<<63-1)/n {
+			keySpace = 1<<63 - 1
+		} else {
+			keySpace *= n
+		}
+	}
+	return tmpls, keySpace, nil
+}
+
+// gather adds up what the workers counted and measured since
+// measureStart.
+func (r *Result) gather(workers []*worker, measureStart time.Time) {
+	r.Errors = map[codes.Code]uint64{}
 	var h histogram
 	var last time.Time
 	for _, w := range workers {
@@ -393,12 +417,7 @@ func (c *Client) Run(ctx context.Context, l Load) (*Result, error) {
 		}
 	}
 	if r.Requests > 0 {
-		r.Elapsed = last.Sub(p.measureStart)
-	}
-	// An interrupted run has no full window; its rate is taken to the last
-	// completion instead.
-	if l.Duration > 0 && ctx.Err() == nil {
-		r.Window = l.Duration
+		r.Elapsed = last.Sub(measureStart)
 	}
 	r.Latency = Latency{
 		Min:  time.Duration(h.min),
@@ -409,5 +428,4 @@ func (c *Client) Run(ctx context.Context, l Load) (*Result, error) {
 		P999: h.quantile(0.999),
 		Max:  time.Duration(h.max),
 	}
-	return r, ctx.Err()
 }

@@ -1,0 +1,555 @@
+package server
+
+import (
+	"encoding/binary"
+	"net"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/credentials/insecure"
+
+	"github.com/ratelimitd/ratelimit/src/stats"
+)
+
+// Bounds of the answers a gRPC client does not let out (issue 24, case 5).
+// A client that never reads (it grants no HTTP/2 flow-control window, or
+// does not read its socket) leaves each call's answer queued in grpc-go
+// once the call is done: grpc-go keeps the stream until its last frame is
+// written, so the only bound was GRPC_MAX_CONCURRENT_STREAMS per
+// connection times GRPC_MAX_CONNECTIONS, a few KB each (24,576 such calls
+// kept 57 MB live in the heap, about 2.3 KB each, RSS about twice that;
+// 300 connections took RSS from 21 to 575 MB).
+const (
+	// grpcWriteStall is how long a connection may leave answers waiting
+	// on the client's flow control, or a write to its socket unfinished,
+	// before it is closed.
+	grpcWriteStall = 10 * time.Second
+	// grpcMaxWaitingAnswers bounds the answers waiting on their clients'
+	// flow control, all connections together: past it the connection
+	// holding the most is closed at once.
+	grpcMaxWaitingAnswers = 4096
+	// grpcMaxHalfSent bounds the calls whose request has not come whole
+	// (headers sent, the message not ended), all connections together:
+	// past it the connection holding the most is closed at once. Each
+	// holds a goroutine of grpc-go's waiting for the message, which
+	// nothing else bounded but connections × streams (10,000 × 1,024). A
+	// call whose request is not whole grpcWriteStall after its headers
+	// came has its connection closed too.
+	grpcMaxHalfSent = 4096
+)
+
+// HTTP/2 frame types and flags the watch reads (RFC 9113, section 6).
+const (
+	frameData         = 0x0
+	frameHeaders      = 0x1
+	frameRSTStream    = 0x3
+	frameSettings     = 0x4
+	frameWindowUpdate = 0x8
+
+	flagEndStream = 0x1
+	flagAck       = 0x1
+
+	settingInitialWindowSize = 0x4
+
+	// h2DefaultWindow is the flow-control window before any SETTINGS or
+	// WINDOW_UPDATE, for the connection and for each stream.
+	h2DefaultWindow = 65535
+	// h2MaxPayloadKept bounds the payload of a SETTINGS or WINDOW_UPDATE
+	// frame the watch keeps to read: grpc-go refuses frames larger than
+	// 16 KiB anyway.
+	h2MaxPayloadKept = 16 << 10
+	// h2MaxStreams bounds the streams a connection's watch tracks: far
+	// above GRPC_MAX_CONCURRENT_STREAMS, past which grpc-go refuses them.
+	h2MaxStreams = 1 << 16
+)
+
+// clientPreface starts every HTTP/2 connection from a client.
+const clientPreface = "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
+
+// stallWatch watches every gRPC connection's HTTP/2 frames, both ways, to
+// tell when the client keeps the server's answers from going out: the
+// answers waiting on the client's flow-control window (the connection's
+// or the stream's) are counted, and a connection is closed when it leaves
+// some waiting for grpcWriteStall, when a write to its socket takes that
+// long, or, the one holding the most, when all connections together leave
+// more than maxWaiting. It reads frame headers only (and the payloads of
+// SETTINGS and WINDOW_UPDATE), never a message. It is safe for concurrent
+// use.
+type stallWatch struct {
+	stall       time.Duration
+	maxWaiting  int64
+	maxHalfSent int64
+	waiting     atomic.Int64 // answers waiting, all connections
+	halfSent    atomic.Int64 // requests not whole, all connections
+	closed      *stats.Counter
+
+	// mu guards conns.
+	mu    sync.Mutex
+	conns map[*watchedConn]struct{}
+}
+
+func newStallWatch(reg *stats.Registry) *stallWatch {
+	w := &stallWatch{
+		stall:       grpcWriteStall,
+		maxWaiting:  grpcMaxWaitingAnswers,
+		maxHalfSent: grpcMaxHalfSent,
+		closed:      reg.Counter("ratelimit.server.grpc_stalled_connections_closed"),
+		conns:       map[*watchedConn]struct{}{},
+	}
+	reg.GaugeFunc("ratelimit.server.grpc_answers_waiting", w.waiting.Load)
+	return w
+}
+
+// credentials wraps a listener's transport credentials (nil: plaintext)
+// so that every connection they hand grpc-go is watched.
+func (w *stallWatch) credentials(inner credentials.TransportCredentials) credentials.TransportCredentials {
+	if inner == nil {
+		inner = insecure.NewCredentials()
+	}
+	return watchCreds{TransportCredentials: inner, w: w}
+}
+
+type watchCreds struct {
+	credentials.TransportCredentials
+	w *stallWatch
+}
+
+// ServerHandshake watches the connection the inner handshake returns.
+func (c watchCreds) ServerHandshake(raw net.Conn) (net.Conn, credentials.AuthInfo, error) {
+	conn, info, err := c.TransportCredentials.ServerHandshake(raw)
+	if err != nil {
+		return conn, info, err
+	}
+	return c.w.watch(conn), info, nil
+}
+
+// Clone keeps the watch.
+func (c watchCreds) Clone() credentials.TransportCredentials {
+	return watchCreds{TransportCredentials: c.TransportCredentials.Clone(), w: c.w}
+}
+
+func (w *stallWatch) watch(c net.Conn) *watchedConn {
+	wc := &watchedConn{
+		Conn: c, w: w,
+		in:      frameParser{skip: len(clientPreface)},
+		initWin: h2DefaultWindow, connWin: h2DefaultWindow,
+		streams: map[uint32]h2Stream{},
+	}
+	w.mu.Lock()
+	w.conns[wc] = struct{}{}
+	w.mu.Unlock()
+	return wc
+}
+
+// closeWorst closes the connection leaving the most answers waiting, when
+// all together are still past the bound.
+func (w *stallWatch) closeWorst() {
+	if w.waiting.Load() <= w.maxWaiting {
+		return
+	}
+	w.closeMost(func(c *watchedConn) int64 { return c.waitingNow.Load() })
+}
+
+// closeWorstHalfSent closes the connection holding the most requests not
+// whole, when all together are still past the bound.
+func (w *stallWatch) closeWorstHalfSent() {
+	if w.halfSent.Load() <= w.maxHalfSent {
+		return
+	}
+	w.closeMost(func(c *watchedConn) int64 { return c.halfSentNow.Load() })
+}
+
+// closeMost closes the connection with the most of what count counts.
+func (w *stallWatch) closeMost(count func(*watchedConn) int64) {
+	w.mu.Lock()
+	var worst *watchedConn
+	var most int64
+	for c := range w.conns {
+		if m := count(c); m > most {
+			worst, most = c, m
+		}
+	}
+	w.mu.Unlock()
+	if worst != nil {
+		worst.closeStalled()
+	}
+}
+
+// watchedConn is a gRPC connection whose frames the watch reads.
+type watchedConn struct {
+	net.Conn
+	w    *stallWatch
+	once sync.Once
+
+	// waitingNow is the answers this connection leaves waiting, and
+	// halfSentNow its requests not whole, for the watch's choice of the
+	// connection holding the most.
+	waitingNow, halfSentNow atomic.Int64
+
+	// mu guards the fields below: the reader's and the writer's
+	// goroutines both parse.
+	mu       sync.Mutex
+	in, out  frameParser
+	initWin  int64 // the client's SETTINGS_INITIAL_WINDOW_SIZE
+	connWin  int64 // what the client lets the server send on the connection
+	streams  map[uint32]h2Stream
+	lastID   uint32 // the highest stream the client opened
+	answered int    // streams whose answer started and did not end
+	starved  int    // of those, with no window of their own left
+	waiting  int64  // answers waiting on flow control: answered or starved
+	// stallGen counts the stalls, so that the timer of one that ended
+	// does nothing.
+	stallGen uint64
+	timer    *time.Timer
+	// halfSent is the streams whose request has not come whole; halfTimer
+	// fires when the oldest of them may be grpcWriteStall old.
+	halfSent  int
+	halfTimer *time.Timer
+	closed    bool
+}
+
+// h2Stream is a stream the client opened and the server has not ended.
+type h2Stream struct {
+	win      int64 // what the client lets the server send on it
+	answered bool  // the server's headers went out
+	// sending holds until the client ends its side (END_STREAM); opened
+	// is when its headers came.
+	sending bool
+	opened  time.Time
+}
+
+func (c *watchedConn) Read(p []byte) (int, error) {
+	n, err := c.Conn.Read(p)
+	c.follow(&c.in, p[:n], c.fromClient)
+	return n, err
+}
+
+func (c *watchedConn) Write(p []byte) (int, error) {
+	// A client that does not read its socket blocks the write: it too
+	// gets grpcWriteStall.
+	_ = c.Conn.SetWriteDeadline(time.Now().Add(c.w.stall))
+	n, err := c.Conn.Write(p)
+	if ne, ok := err.(net.Error); ok && ne.Timeout() {
+		c.closeStalled()
+	}
+	c.follow(&c.out, p[:n], c.fromServer)
+	return n, err
+}
+
+// follow reads the bytes b that went one way with fp.
+func (c *watchedConn) follow(fp *frameParser, b []byte, apply func(frame)) {
+	if len(b) == 0 {
+		return
+	}
+	c.mu.Lock()
+	fp.feed(b, apply)
+	c.update()
+	c.mu.Unlock()
+}
+
+// Close closes the connection and takes its answers out of the count.
+func (c *watchedConn) Close() error {
+	err := c.Conn.Close()
+	c.once.Do(func() {
+		c.mu.Lock()
+		c.closed = true
+		if c.timer != nil {
+			c.timer.Stop()
+		}
+		if c.halfTimer != nil {
+			c.halfTimer.Stop()
+		}
+		n, h := c.waiting, int64(c.halfSent)
+		c.waiting, c.halfSent = 0, 0
+		c.waitingNow.Store(0)
+		c.halfSentNow.Store(0)
+		c.mu.Unlock()
+		c.w.waiting.Add(-n)
+		c.w.halfSent.Add(-h)
+		c.w.mu.Lock()
+		delete(c.w.conns, c)
+		c.w.mu.Unlock()
+	})
+	return err
+}
+
+// closeStalled closes the connection for leaving answers waiting, once.
+func (c *watchedConn) closeStalled() {
+	c.mu.Lock()
+	done := c.closed
+	c.closed = true
+	c.mu.Unlock()
+	if !done {
+		c.w.closed.Inc()
+	}
+	c.Close()
+}
+
+// fromClient applies a frame the client sent. c.mu is held.
+func (c *watchedConn) fromClient(f frame) {
+	switch f.typ {
+	case frameHeaders:
+		if _, ok := c.streams[f.stream]; !ok && f.stream > c.lastID && f.stream%2 == 1 && len(c.streams) < h2MaxStreams {
+			c.lastID = f.stream
+			s := h2Stream{win: c.initWin}
+			if f.flags&flagEndStream == 0 {
+				s.sending, s.opened = true, time.Now()
+				c.addHalfSent(1)
+			}
+			c.streams[f.stream] = s
+			return
+		}
+		c.sent(f)
+	case frameData:
+		c.sent(f)
+	case frameRSTStream:
+		c.end(f.stream)
+	case frameWindowUpdate:
+		if len(f.payload) != 4 {
+			return
+		}
+		inc := int64(binary.BigEndian.Uint32(f.payload) & 0x7fffffff)
+		if f.stream == 0 {
+			c.connWin += inc
+		} else if s, ok := c.streams[f.stream]; ok {
+			c.setWindow(&s, s.win+inc)
+			c.streams[f.stream] = s
+		}
+	case frameSettings:
+		if f.stream != 0 || f.flags&flagAck != 0 {
+			return
+		}
+		for p := f.payload; len(p) >= 6; p = p[6:] {
+			if binary.BigEndian.Uint16(p) != settingInitialWindowSize {
+				continue
+			}
+			v := int64(binary.BigEndian.Uint32(p[2:]))
+			delta := v - c.initWin
+			c.initWin = v
+			for id, s := range c.streams {
+				c.setWindow(&s, s.win+delta)
+				c.streams[id] = s
+			}
+		}
+	}
+}
+
+// fromServer applies a frame the server wrote. c.mu is held.
+func (c *watchedConn) fromServer(f frame) {
+	s, ok := c.streams[f.stream]
+	switch f.typ {
+	case frameData:
+		c.connWin -= int64(f.length)
+		if ok {
+			c.setWindow(&s, s.win-int64(f.length))
+			c.streams[f.stream] = s
+		}
+	case frameHeaders:
+		if ok && !s.answered {
+			s.answered = true
+			c.streams[f.stream] = s
+			c.answered++
+			if s.win <= 0 {
+				c.starved++
+			}
+		}
+	case frameRSTStream:
+		c.end(f.stream)
+		return
+	}
+	if f.flags&flagEndStream != 0 && (f.typ == frameData || f.typ == frameHeaders) {
+		c.end(f.stream)
+	}
+}
+
+// setWindow changes a stream's window, keeping the count of starved ones.
+func (c *watchedConn) setWindow(s *h2Stream, win int64) {
+	if s.answered && (s.win <= 0) != (win <= 0) {
+		if win <= 0 {
+			c.starved++
+		} else {
+			c.starved--
+		}
+	}
+	s.win = win
+}
+
+// sent notes the end of a client's request (a frame with END_STREAM).
+// c.mu is held.
+func (c *watchedConn) sent(f frame) {
+	if f.flags&flagEndStream == 0 {
+		return
+	}
+	if s, ok := c.streams[f.stream]; ok && s.sending {
+		s.sending = false
+		c.streams[f.stream] = s
+		c.addHalfSent(-1)
+	}
+}
+
+// addHalfSent counts requests that started or stopped being incomplete,
+// arms the timer of the oldest, and, past the bound of all connections,
+// has the connection holding the most closed. c.mu is held.
+func (c *watchedConn) addHalfSent(delta int) {
+	if c.closed {
+		return // Close took the connection's out of the count
+	}
+	was := c.halfSent
+	c.halfSent += delta
+	c.halfSentNow.Store(int64(c.halfSent))
+	if was == 0 && c.halfSent > 0 {
+		c.armHalfTimer(c.w.stall)
+	}
+	if c.w.halfSent.Add(int64(delta)) > c.w.maxHalfSent && delta > 0 {
+		go c.w.closeWorstHalfSent()
+	}
+}
+
+// armHalfTimer looks again in d at the requests not whole: the connection
+// is closed if the oldest is grpcWriteStall old, and looked at again when
+// it would be otherwise. c.mu is held.
+func (c *watchedConn) armHalfTimer(d time.Duration) {
+	if c.halfTimer != nil {
+		c.halfTimer.Stop()
+	}
+	c.halfTimer = time.AfterFunc(d, func() {
+		c.mu.Lock()
+		if c.closed || c.halfSent == 0 {
+			c.mu.Unlock()
+			return
+		}
+		oldest := time.Now()
+		for _, s := range c.streams {
+			if s.sending && s.opened.Before(oldest) {
+				oldest = s.opened
+			}
+		}
+		left := c.w.stall - time.Since(oldest)
+		if left > 0 {
+			c.armHalfTimer(left)
+			c.mu.Unlock()
+			return
+		}
+		c.mu.Unlock()
+		c.closeStalled()
+	})
+}
+
+// end forgets a stream.
+func (c *watchedConn) end(id uint32) {
+	s, ok := c.streams[id]
+	if !ok {
+		return
+	}
+	if s.sending {
+		c.addHalfSent(-1)
+	}
+	if s.answered {
+		c.answered--
+		if s.win <= 0 {
+			c.starved--
+		}
+	}
+	delete(c.streams, id)
+}
+
+// update recounts the answers waiting on flow control and starts or stops
+// the connection's stall timer. c.mu is held.
+func (c *watchedConn) update() {
+	waiting := int64(c.starved)
+	if c.connWin <= 0 {
+		waiting = int64(c.answered)
+	}
+	delta := waiting - c.waiting
+	if delta == 0 || c.closed {
+		return
+	}
+	was := c.waiting
+	c.waiting = waiting
+	c.waitingNow.Store(waiting)
+	switch {
+	case was == 0:
+		c.stallGen++
+		gen := c.stallGen
+		c.timer = time.AfterFunc(c.w.stall, func() {
+			c.mu.Lock()
+			still := c.stallGen == gen && c.waiting > 0
+			c.mu.Unlock()
+			if still {
+				c.closeStalled()
+			}
+		})
+	case waiting == 0:
+		c.stallGen++
+		c.timer.Stop()
+	}
+	// Past the bound, the watch closes the connection holding the most,
+	// aside: closing takes c.mu.
+	if c.w.waiting.Add(delta) > c.w.maxWaiting && delta > 0 {
+		go c.w.closeWorst()
+	}
+}
+
+// frame is what the watch reads of an HTTP/2 frame.
+type frame struct {
+	typ, flags byte
+	stream     uint32
+	length     int
+	// payload is kept for SETTINGS and WINDOW_UPDATE only.
+	payload []byte
+}
+
+// frameParser reads the frames of one direction of a connection from the
+// bytes as they come, whatever their cut.
+type frameParser struct {
+	skip int // preface bytes still to pass over
+	hdr  [9]byte
+	nhdr int
+	cur  frame
+	left int  // payload bytes of cur still to come
+	keep bool // cur's payload is kept
+	// broken is set on a frame the watch cannot follow; it then reads no
+	// more (grpc-go closes such a connection itself).
+	broken bool
+}
+
+// feed reads p and calls apply for each frame whose payload is complete.
+func (fp *frameParser) feed(p []byte, apply func(frame)) {
+	for len(p) > 0 && !fp.broken {
+		if fp.skip > 0 {
+			n := min(fp.skip, len(p))
+			fp.skip -= n
+			p = p[n:]
+			continue
+		}
+		if fp.nhdr < len(fp.hdr) {
+			n := copy(fp.hdr[fp.nhdr:], p)
+			fp.nhdr += n
+			p = p[n:]
+			if fp.nhdr < len(fp.hdr) {
+				return
+			}
+			length := int(fp.hdr[0])<<16 | int(fp.hdr[1])<<8 | int(fp.hdr[2])
+			fp.cur = frame{typ: fp.hdr[3], flags: fp.hdr[4], stream: binary.BigEndian.Uint32(fp.hdr[5:]) & 0x7fffffff, length: length}
+			fp.left = length
+			fp.keep = fp.cur.typ == frameSettings || fp.cur.typ == frameWindowUpdate
+			if fp.keep && length > h2MaxPayloadKept {
+				fp.broken = true
+				return
+			}
+		}
+		n := min(fp.left, len(p))
+		if fp.keep {
+			fp.cur.payload = append(fp.cur.payload, p[:n]...)
+		}
+		fp.left -= n
+		p = p[n:]
+		if fp.left == 0 {
+			apply(fp.cur)
+			fp.nhdr = 0
+			fp.cur = frame{}
+		}
+	}
+}

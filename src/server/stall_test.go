@@ -1,0 +1,400 @@
+package server
+
+import (
+	"bytes"
+	"encoding/binary"
+	"io"
+	"net"
+	"sync"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"golang.org/x/net/http2"
+
+	"github.com/ratelimitd/ratelimit/src/stats"
+)
+
+// frames builds HTTP/2 frames with x/net's framer.
+type frames struct {
+	buf bytes.Buffer
+	fr  *http2.Framer
+}
+
+func newFrames() *frames {
+	f := &frames{}
+	f.fr = http2.NewFramer(&f.buf, nil)
+	return f
+}
+
+// take returns the bytes written so far and forgets them.
+func (f *frames) take() []byte {
+	b := bytes.Clone(f.buf.Bytes())
+	f.buf.Reset()
+	return b
+}
+
+// fakeConn is a connection whose reads return what the test queues and
+// whose writes go nowhere.
+type fakeConn struct {
+	mu     sync.Mutex
+	queued [][]byte
+	closed bool
+}
+
+func (c *fakeConn) Read(p []byte) (int, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if len(c.queued) == 0 {
+		return 0, io.EOF
+	}
+	n := copy(p, c.queued[0])
+	if c.queued[0] = c.queued[0][n:]; len(c.queued[0]) == 0 {
+		c.queued = c.queued[1:]
+	}
+	return n, nil
+}
+
+func (c *fakeConn) Write(p []byte) (int, error)      { return len(p), nil }
+func (c *fakeConn) LocalAddr() net.Addr              { return &net.TCPAddr{} }
+func (c *fakeConn) RemoteAddr() net.Addr             { return &net.TCPAddr{} }
+func (c *fakeConn) SetDeadline(time.Time) error      { return nil }
+func (c *fakeConn) SetReadDeadline(time.Time) error  { return nil }
+func (c *fakeConn) SetWriteDeadline(time.Time) error { return nil }
+
+func (c *fakeConn) Close() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.closed = true
+	return nil
+}
+
+func (c *fakeConn) isClosed() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.closed
+}
+
+// fromClient makes wc read b, cut into pieces of cut bytes (0: whole).
+func fromClient(t *testing.T, wc *watchedConn, b []byte, cut int) {
+	t.Helper()
+	fc := wc.Conn.(*fakeConn)
+	if cut <= 0 {
+		cut = len(b)
+	}
+	for len(b) > 0 {
+		n := min(cut, len(b))
+		fc.mu.Lock()
+		fc.queued = append(fc.queued, b[:n])
+		fc.mu.Unlock()
+		b = b[n:]
+		if _, err := wc.Read(make([]byte, n)); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// fromServer makes wc write b, as grpc-go's writer does.
+func fromServer(t *testing.T, wc *watchedConn, b []byte) {
+	t.Helper()
+	if _, err := wc.Write(b); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func waitingOf(wc *watchedConn) int64 {
+	wc.mu.Lock()
+	defer wc.mu.Unlock()
+	return wc.waiting
+}
+
+// TestStallWatchCountsWaitingAnswers follows the flow-control windows of
+// a connection, its bytes cut anywhere: an answer waits while the client
+// grants no window for it (the stream's or the connection's), and stops
+// waiting when the window comes or the stream ends.
+func TestStallWatchCountsWaitingAnswers(t *testing.T) {
+	for _, cut := range []int{0, 1, 3, 7, 10} {
+		w := newStallWatch(stats.NewRegistry())
+		wc := w.watch(&fakeConn{})
+		f := newFrames()
+
+		// The client grants streams no window, and opens two.
+		f.buf.WriteString(clientPreface)
+		_ = f.fr.WriteSettings(http2.Setting{ID: http2.SettingInitialWindowSize, Val: 0})
+		_ = f.fr.WriteHeaders(http2.HeadersFrameParam{StreamID: 1, BlockFragment: []byte{0x82}, EndHeaders: true})
+		_ = f.fr.WriteData(1, true, []byte("request"))
+		_ = f.fr.WriteHeaders(http2.HeadersFrameParam{StreamID: 3, BlockFragment: []byte{0x82}, EndHeaders: true, EndStream: true})
+		fromClient(t, wc, f.take(), cut)
+
+		// Stream 1's answer starts: its headers go, its message cannot.
+		_ = f.fr.WriteHeaders(http2.HeadersFrameParam{StreamID: 1, BlockFragment: []byte{0x88}, EndHeaders: true})
+		fromServer(t, wc, f.take())
+		if got := waitingOf(wc); got != 1 {
+			t.Fatalf("cut %d: an answer with no window: %d waiting, want 1", cut, got)
+		}
+		// Stream 3 is refused with headers alone: nothing waits for it.
+		_ = f.fr.WriteHeaders(http2.HeadersFrameParam{StreamID: 3, BlockFragment: []byte{0x88}, EndHeaders: true, EndStream: true})
+		fromServer(t, wc, f.take())
+		if got := waitingOf(wc); got != 1 {
+			t.Fatalf("cut %d: after a trailers-only answer: %d waiting, want 1", cut, got)
+		}
+		// The client grants stream 1 ten bytes: the message goes in part,
+		// and waits again once they are spent.
+		_ = f.fr.WriteWindowUpdate(1, 10)
+		fromClient(t, wc, f.take(), cut)
+		if got := waitingOf(wc); got != 0 {
+			t.Fatalf("cut %d: with a window: %d waiting, want 0", cut, got)
+		}
+		_ = f.fr.WriteData(1, false, make([]byte, 10))
+		fromServer(t, wc, f.take())
+		if got := waitingOf(wc); got != 1 {
+			t.Fatalf("cut %d: the window spent: %d waiting, want 1", cut, got)
+		}
+		// The client raises every stream's window; the answer ends.
+		_ = f.fr.WriteSettings(http2.Setting{ID: http2.SettingInitialWindowSize, Val: 65535})
+		fromClient(t, wc, f.take(), cut)
+		_ = f.fr.WriteData(1, false, make([]byte, 20))
+		_ = f.fr.WriteHeaders(http2.HeadersFrameParam{StreamID: 1, BlockFragment: []byte{0x88}, EndHeaders: true, EndStream: true})
+		fromServer(t, wc, f.take())
+		if got := waitingOf(wc); got != 0 {
+			t.Fatalf("cut %d: the answer ended: %d waiting, want 0", cut, got)
+		}
+		// The connection's own window spent leaves every started answer
+		// waiting; a reset stream stops waiting.
+		_ = f.fr.WriteHeaders(http2.HeadersFrameParam{StreamID: 5, BlockFragment: []byte{0x82}, EndHeaders: true, EndStream: true})
+		fromClient(t, wc, f.take(), cut)
+		_ = f.fr.WriteHeaders(http2.HeadersFrameParam{StreamID: 5, BlockFragment: []byte{0x88}, EndHeaders: true})
+		_ = f.fr.WriteData(5, false, make([]byte, 16384))
+		_ = f.fr.WriteData(5, false, make([]byte, 16384))
+		_ = f.fr.WriteData(5, false, make([]byte, 16384))
+		_ = f.fr.WriteData(5, false, make([]byte, 65535-30-3*16384))
+		fromServer(t, wc, f.take())
+		if got := waitingOf(wc); got != 1 {
+			t.Fatalf("cut %d: the connection's window spent: %d waiting, want 1", cut, got)
+		}
+		_ = f.fr.WriteRSTStream(5, http2.ErrCodeCancel)
+		fromClient(t, wc, f.take(), cut)
+		if got := waitingOf(wc); got != 0 || w.waiting.Load() != 0 {
+			t.Fatalf("cut %d: the stream reset: %d waiting (%d in all), want 0", cut, got, w.waiting.Load())
+		}
+	}
+}
+
+// stalledConn is a watched connection whose client opened a stream with
+// no window and got its answer's headers: one answer waits.
+func stalledConn(t *testing.T, w *stallWatch, streams int) (*watchedConn, *fakeConn) {
+	t.Helper()
+	fc := &fakeConn{}
+	wc := w.watch(fc)
+	f := newFrames()
+	f.buf.WriteString(clientPreface)
+	_ = f.fr.WriteSettings(http2.Setting{ID: http2.SettingInitialWindowSize, Val: 0})
+	for i := range streams {
+		_ = f.fr.WriteHeaders(http2.HeadersFrameParam{StreamID: uint32(2*i + 1), BlockFragment: []byte{0x82}, EndHeaders: true, EndStream: true})
+	}
+	fromClient(t, wc, f.take(), 0)
+	for i := range streams {
+		_ = f.fr.WriteHeaders(http2.HeadersFrameParam{StreamID: uint32(2*i + 1), BlockFragment: []byte{0x88}, EndHeaders: true})
+	}
+	fromServer(t, wc, f.take())
+	return wc, fc
+}
+
+// TestStalledConnectionIsClosed: a connection that leaves an answer
+// waiting for grpcWriteStall is closed and counted; one whose client
+// grants the window in time is not.
+func TestStalledConnectionIsClosed(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		w := newStallWatch(stats.NewRegistry())
+		_, stuckConn := stalledConn(t, w, 1)
+		late, lateConn := stalledConn(t, w, 1)
+		time.Sleep(grpcWriteStall / 2)
+		f := newFrames()
+		_ = f.fr.WriteWindowUpdate(1, 100)
+		fromClient(t, late, f.take(), 0)
+		time.Sleep(grpcWriteStall)
+		synctest.Wait()
+		if !stuckConn.isClosed() {
+			t.Error("a connection leaving an answer waiting for the stall bound is open")
+		}
+		if lateConn.isClosed() {
+			t.Error("a connection whose client granted the window in time was closed")
+		}
+		if got := w.closed.Value(); got != 1 {
+			t.Errorf("stalled connections closed = %d, want 1", got)
+		}
+		if got := w.waiting.Load(); got != 0 {
+			t.Errorf("answers waiting in all = %d, want 0", got)
+		}
+	})
+}
+
+// TestWaitingBoundClosesTheWorst: when all connections together leave more
+// answers waiting than the bound, the one leaving the most is closed at
+// once, long before its stall bound.
+func TestWaitingBoundClosesTheWorst(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		w := newStallWatch(stats.NewRegistry())
+		w.maxWaiting = 4
+		_, small := stalledConn(t, w, 2)
+		_, big := stalledConn(t, w, 3)
+		synctest.Wait()
+		if !big.isClosed() || small.isClosed() {
+			t.Errorf("5 answers waiting, bound 4: the connection with 3 closed %v, with 2 closed %v; want only the first", big.isClosed(), small.isClosed())
+		}
+		if got := w.waiting.Load(); got != 2 {
+			t.Errorf("answers waiting in all = %d, want 2", got)
+		}
+	})
+}
+
+// TestUnreadSocketIsClosed: a write to a client that does not read its
+// socket gets grpcWriteStall, then the connection is closed and counted.
+func TestUnreadSocketIsClosed(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		w := newStallWatch(stats.NewRegistry())
+		server, client := net.Pipe()
+		defer client.Close()
+		wc := w.watch(server)
+		errc := make(chan error, 1)
+		go func() {
+			_, err := wc.Write([]byte("an answer nobody reads"))
+			errc <- err
+		}()
+		time.Sleep(grpcWriteStall + time.Second)
+		synctest.Wait()
+		select {
+		case err := <-errc:
+			if err == nil {
+				t.Fatal("a write nobody reads succeeded")
+			}
+		default:
+			t.Fatal("a write nobody reads still blocks after the stall bound")
+		}
+		if got := w.closed.Value(); got != 1 {
+			t.Errorf("stalled connections closed = %d, want 1", got)
+		}
+		if _, err := client.Write([]byte("x")); err == nil {
+			t.Error("the connection is still open")
+		}
+	})
+}
+
+// halfSent opens streams on wc whose requests do not end: headers only.
+func halfSent(t *testing.T, wc *watchedConn, first uint32, n int) {
+	t.Helper()
+	f := newFrames()
+	if first == 1 {
+		f.buf.WriteString(clientPreface)
+	}
+	for i := range n {
+		_ = f.fr.WriteHeaders(http2.HeadersFrameParam{StreamID: first + uint32(2*i), BlockFragment: []byte{0x83}, EndHeaders: true})
+	}
+	fromClient(t, wc, f.take(), 0)
+}
+
+// finish ends the request of stream id on wc: its message, END_STREAM.
+func finish(t *testing.T, wc *watchedConn, id uint32) {
+	t.Helper()
+	f := newFrames()
+	_ = f.fr.WriteData(id, true, []byte("message"))
+	fromClient(t, wc, f.take(), 0)
+}
+
+// TestHalfSentConnectionIsClosed: a connection with a request not whole
+// grpcWriteStall after its headers is closed and counted; one whose
+// requests each end in time is not, however long it keeps some open.
+func TestHalfSentConnectionIsClosed(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		w := newStallWatch(stats.NewRegistry())
+		stuck := w.watch(&fakeConn{})
+		halfSent(t, stuck, 1, 1)
+		busy := w.watch(&fakeConn{})
+		// 30 requests, each whole a second after its headers, one
+		// always under way: three times the bound in all.
+		halfSent(t, busy, 1, 1)
+		for i := range uint32(30) {
+			time.Sleep(time.Second)
+			halfSent(t, busy, 2*i+3, 1)
+			finish(t, busy, 2*i+1)
+		}
+		synctest.Wait()
+		if !stuck.Conn.(*fakeConn).isClosed() {
+			t.Error("a connection whose request stayed headers only past the bound is open")
+		}
+		if busy.Conn.(*fakeConn).isClosed() {
+			t.Error("a connection whose requests each came whole in a second was closed")
+		}
+		if got := w.closed.Value(); got != 1 {
+			t.Errorf("stalled connections closed = %d, want 1", got)
+		}
+		if got := w.halfSent.Load(); got != 1 {
+			t.Errorf("requests not whole in all = %d, want 1 (the busy connection's last)", got)
+		}
+	})
+}
+
+// TestHalfSentBoundClosesTheWorst: past the bound of requests not whole,
+// all connections together, the one holding the most is closed at once.
+func TestHalfSentBoundClosesTheWorst(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		w := newStallWatch(stats.NewRegistry())
+		w.maxHalfSent = 4
+		small := w.watch(&fakeConn{})
+		halfSent(t, small, 1, 2)
+		big := w.watch(&fakeConn{})
+		halfSent(t, big, 1, 3)
+		synctest.Wait()
+		if !big.Conn.(*fakeConn).isClosed() || small.Conn.(*fakeConn).isClosed() {
+			t.Errorf("5 requests not whole, bound 4: the connection with 3 closed %v, with 2 closed %v; want only the first",
+				big.Conn.(*fakeConn).isClosed(), small.Conn.(*fakeConn).isClosed())
+		}
+		if got := w.halfSent.Load(); got != 2 {
+			t.Errorf("requests not whole in all = %d, want 2", got)
+		}
+		// The small connection's requests come whole: nothing is left.
+		finish(t, small, 1)
+		finish(t, small, 3)
+		if got := w.halfSent.Load(); got != 0 {
+			t.Errorf("after they came whole: %d, want 0", got)
+		}
+	})
+}
+
+// BenchmarkStallWatchCall is what watching costs one unary call: the
+// client's headers and message read, the server's headers, message and
+// trailers written.
+func BenchmarkStallWatchCall(b *testing.B) {
+	w := newStallWatch(stats.NewRegistry())
+	wc := w.watch(&fakeConn{})
+	f := newFrames()
+	f.buf.WriteString(clientPreface)
+	_ = f.fr.WriteSettings()
+	wc.in.feed(f.take(), wc.fromClient)
+	// One call's frames, whose stream IDs are set for each call.
+	_ = f.fr.WriteHeaders(http2.HeadersFrameParam{StreamID: 1, BlockFragment: make([]byte, 40), EndHeaders: true})
+	_ = f.fr.WriteData(1, true, make([]byte, 60))
+	in := f.take()
+	_ = f.fr.WriteHeaders(http2.HeadersFrameParam{StreamID: 1, BlockFragment: make([]byte, 10), EndHeaders: true})
+	_ = f.fr.WriteData(1, false, make([]byte, 30))
+	_ = f.fr.WriteHeaders(http2.HeadersFrameParam{StreamID: 1, BlockFragment: make([]byte, 12), EndHeaders: true, EndStream: true})
+	out := f.take()
+	setIDs := func(b []byte, id uint32) {
+		for len(b) >= 9 {
+			binary.BigEndian.PutUint32(b[5:9], id)
+			b = b[9+(int(b[0])<<16|int(b[1])<<8|int(b[2])):]
+		}
+	}
+	id := uint32(1)
+	b.ReportAllocs()
+	for b.Loop() {
+		setIDs(in, id)
+		setIDs(out, id)
+		wc.follow(&wc.in, in, wc.fromClient)
+		wc.follow(&wc.out, out, wc.fromServer)
+		id += 2
+	}
+	if len(wc.streams) != 0 || wc.waiting != 0 {
+		b.Fatalf("%d streams left, %d waiting", len(wc.streams), wc.waiting)
+	}
+}
