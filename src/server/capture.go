@@ -4,15 +4,18 @@ import (
 	"net/http"
 
 	"github.com/ratelimitd/ratelimit/src/capture"
+	"github.com/ratelimitd/ratelimit/src/live/web"
 	"github.com/ratelimitd/ratelimit/src/settings"
 )
 
-// newCapture returns the recorder of /api/v1/capture. Descriptor values are
-// written as requests sent them: this is the place to give it
-// capture.Config.Values (and its ValuesMode) should a setting hide values
-// from the debug listener, as the live view's may.
+// newCapture returns the recorder of /api/v1/capture. Descriptor values
+// are written as LIVE_VIEW_VALUES says the debug listener shows them:
+// hashed, a capture still tells keys apart (a replay counts them right,
+// but rules that name values no longer match them); truncated, it does
+// not.
 func newCapture(set *settings.Settings) *capture.Recorder {
-	return capture.New(capture.Config{MaxBytes: set.CaptureMaxBytes})
+	values, _ := web.ParseValues(set.LiveViewValues) // validated by settings
+	return capture.New(capture.Config{MaxBytes: set.CaptureMaxBytes, Values: values.Shower(), ValuesMode: values.String()})
 }
 
 // mountCapture serves /api/v1/capture on the debug mux, or says it is off,
@@ -26,5 +29,5 @@ func (s *Server) mountCapture(dmux *http.ServeMux) string {
 		return ""
 	}
 	dmux.Handle("/api/v1/capture", s.capture.Handler())
-	return "/api/v1/capture?seconds=S&requests=N: the requests decided, as NDJSON (client values; see the README)\n"
+	return "/api/v1/capture?seconds=S&requests=N: the requests decided, as NDJSON (client values; see docs/CHANGING_LIMITS.md)\n"
 }

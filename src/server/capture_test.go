@@ -67,3 +67,39 @@ func TestCaptureOff(t *testing.T) {
 		t.Error("a recorder with CAPTURE_ENABLED=false")
 	}
 }
+
+// TestCaptureHidesValuesAsTheLiveView: with LIVE_VIEW_VALUES=hashed a
+// capture holds keyed hashes of the values, one per value, never the
+// values.
+func TestCaptureHidesValuesAsTheLiveView(t *testing.T) {
+	srv, _, stop := startStoppable(t, serverRules, map[string]string{"USE_STATSD": "false", "LIVE_VIEW_VALUES": "hashed"})
+	br := openDebug(t, srv, "/api/v1/capture?seconds=3600&requests=3", `{"capture":1,`)
+	c := rlsv3.NewRateLimitServiceClient(dial(t, srv))
+	for _, user := range []string{"alice", "bob", "alice"} {
+		if _, err := c.ShouldRateLimit(t.Context(), &rlsv3.RateLimitRequest{Domain: "web", Descriptors: []*ratelimitv3.RateLimitDescriptor{{
+			Entries: []*ratelimitv3.RateLimitDescriptor_Entry{{Key: "user", Value: user}},
+		}}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	rest, err := io.ReadAll(br)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stop()
+	if strings.Contains(string(rest), "alice") || strings.Contains(string(rest), "bob") {
+		t.Fatalf("a capture with hashed values holds a value:\n%s", rest)
+	}
+	rd, err := capture.NewReader(strings.NewReader(`{"capture":1}` + "\n" + string(rest)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var seen []string
+	var r capture.Request
+	for rd.Next(&r) == nil {
+		seen = append(seen, r.Descriptors[0].Entries[0].Value)
+	}
+	if len(seen) != 3 || !strings.HasPrefix(seen[0], "#") || seen[0] != seen[2] || seen[0] == seen[1] {
+		t.Errorf("values captured %q, want alice's hash twice and bob's once", seen)
+	}
+}
