@@ -157,7 +157,42 @@ func New(ctx context.Context, set *settings.Settings, log *slog.Logger) (*Server
 	s.store = b
 	s.storeHealth = watchStore(b, s.health, log)
 
-	s.rulesFiles = provider.FileConfig{
+	s.rulesFiles = rulesFileConfig(set, b)
+
+	lim, fallback := s.newLimiters(b)
+	if set.LiveViewEnabled {
+		s.live = live.New(live.Config{MaxKeys: set.LiveViewMaxKeys})
+	}
+	if set.CaptureEnabled {
+		s.capture = newCapture(set)
+	}
+	s.svc = s.newService(lim, fallback, b, tr)
+	s.quota = s.newQuota()
+
+	if set.ConfigType == settings.ConfigTypeXDS {
+		err = s.watchXDS(ctx)
+	} else {
+		err = s.watchRules()
+	}
+	if err != nil {
+		b.close()
+		s.stopTracing()
+		return nil, err
+	}
+
+	if err := s.listen(); err != nil {
+		s.stopWatch()
+		s.watcher.Wait()
+		b.close()
+		s.stopTracing()
+		return nil, err
+	}
+	return s, nil
+}
+
+// rulesFileConfig is where the rule files are, and how they load.
+func rulesFileConfig(set *settings.Settings, b *storeHandle) provider.FileConfig {
+	return provider.FileConfig{
 		Root:           set.RulesRoot(),
 		Subdirectory:   set.RuntimeSubdirectory,
 		AppDirectory:   set.RuntimeAppDirectory,
@@ -172,20 +207,24 @@ func New(ctx context.Context, set *settings.Settings, log *slog.Logger) (*Server
 			StoreName:    set.BackendType,
 		},
 	}
+}
 
+// newLimiters builds the limiter of the store, with the near cache, and,
+// with STORE_FAILURE_MODE=local, the one of the local store beside it.
+func (s *Server) newLimiters(b *storeHandle) (lim, fallback *limiter.Limiter) {
+	set := s.set
 	s.nearCache = limiter.NewNearCache(set.LocalCacheSizeInBytes)
 	if s.nearCache != nil {
 		s.stats.GaugeFunc("ratelimit.local_cache.keys", func() int64 { return int64(s.nearCache.Len()) })
 		registerLocalCache(s.stats, s.nearCache)
 	}
-	lim := limiter.New(b.store, limiter.Config{
+	lim = limiter.New(b.store, limiter.Config{
 		Prefix:                     set.CacheKeyPrefix,
 		KeyFormat:                  b.keyFormat,
 		NearLimitRatio:             set.NearLimitRatio,
 		StopIncrementWhenOverLimit: set.StopCacheKeyIncrementWhenOverlimit,
 		NearCache:                  s.nearCache,
 	})
-	var fallback *limiter.Limiter
 	if b.local != nil {
 		// The memory store's keys, which no other process reads.
 		fallback = limiter.New(b.local, limiter.Config{
@@ -195,13 +234,13 @@ func New(ctx context.Context, set *settings.Settings, log *slog.Logger) (*Server
 			StopIncrementWhenOverLimit: set.StopCacheKeyIncrementWhenOverlimit,
 		})
 	}
-	if set.LiveViewEnabled {
-		s.live = live.New(live.Config{MaxKeys: set.LiveViewMaxKeys})
-	}
-	if set.CaptureEnabled {
-		s.capture = newCapture(set)
-	}
-	s.svc = service.New(lim, s.stats, service.Config{
+	return lim, fallback
+}
+
+// newService builds the RLS service.
+func (s *Server) newService(lim, fallback *limiter.Limiter, b *storeHandle, tr *tracing) *service.Service {
+	set, log := s.set, s.log
+	return service.New(lim, s.stats, service.Config{
 		GlobalShadowMode: set.ShadowMode,
 		GlobalQuotaMode:  set.QuotaMode,
 		Headers: service.Headers{
@@ -228,41 +267,26 @@ func New(ctx context.Context, set *settings.Settings, log *slog.Logger) (*Server
 		Capture:            s.capture,
 		Log:                log,
 	})
+}
 
-	if set.RLQSEnabled != settings.RLQSOff {
-		idle := set.RLQSIdleTimeout
-		if idle == 0 {
-			idle = -1 // never
-		}
-		s.quota = service.NewQuota(s.stats, service.QuotaConfig{
-			Auto:                set.RLQSEnabled == settings.RLQSAuto,
-			Pool:                quota.Config{TTL: set.RLQSAssignmentTTL, Idle: idle},
-			MaxStreams:          set.RLQSMaxStreams,
-			MaxBuckets:          set.RLQSMaxBuckets,
-			MaxBucketsPerStream: set.RLQSMaxBucketsPerStream,
-			Log:                 log,
-		})
+// newQuota builds the Rate Limit Quota Service, unless RLQS_ENABLED=false.
+func (s *Server) newQuota() *service.Quota {
+	set := s.set
+	if set.RLQSEnabled == settings.RLQSOff {
+		return nil
 	}
-
-	if set.ConfigType == settings.ConfigTypeXDS {
-		err = s.watchXDS(ctx)
-	} else {
-		err = s.watchRules()
+	idle := set.RLQSIdleTimeout
+	if idle == 0 {
+		idle = -1 // never
 	}
-	if err != nil {
-		b.close()
-		s.stopTracing()
-		return nil, err
-	}
-
-	if err := s.listen(); err != nil {
-		s.stopWatch()
-		s.watcher.Wait()
-		b.close()
-		s.stopTracing()
-		return nil, err
-	}
-	return s, nil
+	return service.NewQuota(s.stats, service.QuotaConfig{
+		Auto:                set.RLQSEnabled == settings.RLQSAuto,
+		Pool:                quota.Config{TTL: set.RLQSAssignmentTTL, Idle: idle},
+		MaxStreams:          set.RLQSMaxStreams,
+		MaxBuckets:          set.RLQSMaxBuckets,
+		MaxBucketsPerStream: set.RLQSMaxBucketsPerStream,
+		Log:                 s.log,
+	})
 }
 
 // stopTracing stops the exporter of a server that failed to start. No
@@ -393,6 +417,20 @@ func (s *Server) setRules(snap provider.Snapshot) {
 func (s *Server) listen() error {
 	// The TLS files first: a misconfiguration stops the start before any
 	// socket opens.
+	if err := s.loadTLS(); err != nil {
+		return err
+	}
+	if err := s.openListeners(s.connLimits()); err != nil {
+		return err
+	}
+	s.newGRPCServer()
+	s.newMainHTTPServer()
+	s.newDebugServer()
+	return nil
+}
+
+// loadTLS reads the TLS files of the gRPC listener, if it serves TLS.
+func (s *Server) loadTLS() error {
 	if s.set.GRPCServerUseTLS {
 		r, err := newServerTLS(tlsFiles{
 			cert:      s.set.GRPCServerTLSCert,
@@ -406,6 +444,11 @@ func (s *Server) listen() error {
 		s.tls = r
 	}
 
+	return nil
+}
+
+// connLimits returns the connection caps of the gRPC and HTTP listeners.
+func (s *Server) connLimits() (grpcCap, httpCap limits) {
 	// One cap per listener, so that no single listener can take every file
 	// descriptor; together they must also fit the open-file limit.
 	caps := connCaps{grpc: s.set.GRPCMaxConnections, http: s.set.HTTPMaxConnections, httpListeners: 2}
@@ -423,11 +466,17 @@ func (s *Server) listen() error {
 	share := func(capacity int, setting string) limits {
 		return limits{capacity: capacity, perPeer: peerShare(capacity, s.set.MaxConnectionsPerPeerPercent), setting: setting, overShare: overShare}
 	}
-	grpcCap, httpCap := share(caps.grpc, "GRPC_MAX_CONNECTIONS"), share(caps.http, "HTTP_MAX_CONNECTIONS")
+	grpcCap, httpCap = share(caps.grpc, "GRPC_MAX_CONNECTIONS"), share(caps.http, "HTTP_MAX_CONNECTIONS")
 	// At its cap an HTTP listener closes the connection idle longest for
 	// a new one, so that /healthcheck answers whatever slow clients hold.
 	httpCap.evicted = s.stats.Counter("ratelimit.server.connections_evicted")
 
+	return grpcCap, httpCap
+}
+
+// openListeners opens the gRPC, HTTP, debug and Prometheus listeners; on
+// a failure it closes those it opened.
+func (s *Server) openListeners(grpcCap, httpCap limits) error {
 	var opened []net.Listener
 	open := func(network, addr string, lim limits) (net.Listener, error) {
 		l, err := net.Listen(network, addr)
@@ -485,6 +534,11 @@ func (s *Server) listen() error {
 		s.promSrv = newHTTPServer(pmux, httpWriteTimeout, s.log)
 	}
 
+	return nil
+}
+
+// newGRPCServer builds the gRPC server and registers its services.
+func (s *Server) newGRPCServer() {
 	opts := append(grpcOptions(s.set, s.recoverUnary, s.recoverStream),
 		grpc.InTapHandle(s.svc.Tap),
 		grpc.ForceServerCodecV2(service.Codec()))
@@ -504,6 +558,10 @@ func (s *Server) listen() error {
 		reflection.Register(s.grpc)
 	}
 
+}
+
+// newMainHTTPServer builds the server of PORT: /healthcheck and /json.
+func (s *Server) newMainHTTPServer() {
 	mux := http.NewServeMux()
 	mux.Handle("/healthcheck", s.health)
 	jsonHandler := s.svc.JSONHandler(int64(s.set.GRPCMaxRecvMsgSize))
@@ -513,6 +571,10 @@ func (s *Server) listen() error {
 	mux.Handle("/json", jsonHandler)
 	s.httpSrv = newHTTPServer(mux, httpWriteTimeout+s.store.timeout, s.log)
 
+}
+
+// newDebugServer builds the server of the debug listener.
+func (s *Server) newDebugServer() {
 	dmux := http.NewServeMux()
 	dmux.HandleFunc("/rlconfig", s.serveRulesDump)
 	dmux.HandleFunc("/stats", func(w http.ResponseWriter, _ *http.Request) {
@@ -566,7 +628,6 @@ func (s *Server) listen() error {
 		// Nor does a capture before its time.
 		s.debugSrv.RegisterOnShutdown(s.capture.Close)
 	}
-	return nil
 }
 
 // newMetrics returns the Prometheus handler: with PROMETHEUS_MAPPER_YAML,

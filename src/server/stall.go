@@ -50,6 +50,11 @@ const (
 
 	flagEndStream = 0x1
 	flagAck       = 0x1
+	flagPadded    = 0x8
+
+	// grpcPrefix is the length of the prefix of a gRPC message: a
+	// compressed flag and the message's length, 4 bytes big-endian.
+	grpcPrefix = 5
 
 	settingInitialWindowSize = 0x4
 
@@ -214,10 +219,17 @@ type watchedConn struct {
 type h2Stream struct {
 	win      int64 // what the client lets the server send on it
 	answered bool  // the server's headers went out
-	// sending holds until the client ends its side (END_STREAM); opened
-	// is when its headers came.
+	// sending holds until the request's first message has come whole,
+	// or the client ends its side (END_STREAM): a unary call then runs,
+	// and a stream (RLQS) is a stream, bounded on its own. opened is when
+	// its headers came.
 	sending bool
 	opened  time.Time
+	// prefix holds the first message's gRPC prefix as it comes (nprefix
+	// bytes); got is the data bytes come so far.
+	prefix  [grpcPrefix]byte
+	nprefix int
+	got     int64
 }
 
 func (c *watchedConn) Read(p []byte) (int, error) {
@@ -303,6 +315,7 @@ func (c *watchedConn) fromClient(f frame) {
 		}
 		c.sent(f)
 	case frameData:
+		c.data(f)
 		c.sent(f)
 	case frameRSTStream:
 		c.end(f.stream)
@@ -374,6 +387,35 @@ func (c *watchedConn) setWindow(s *h2Stream, win int64) {
 		}
 	}
 	s.win = win
+}
+
+// data follows the first message of a request still being sent: once
+// its prefix and as many bytes as it names have come, the request is
+// whole. c.mu is held.
+func (c *watchedConn) data(f frame) {
+	s, ok := c.streams[f.stream]
+	if !ok || !s.sending {
+		return
+	}
+	head, size := f.head[:f.nhead], f.length
+	if f.flags&flagPadded != 0 {
+		if len(head) == 0 {
+			return
+		}
+		size -= 1 + int(head[0])
+		head = head[1:]
+	}
+	if size <= 0 {
+		return
+	}
+	head = head[:min(len(head), size)]
+	s.nprefix += copy(s.prefix[s.nprefix:], head)
+	s.got += int64(size)
+	if s.nprefix == grpcPrefix && s.got >= grpcPrefix+int64(binary.BigEndian.Uint32(s.prefix[1:])) {
+		s.sending = false
+		c.addHalfSent(-1)
+	}
+	c.streams[f.stream] = s
 }
 
 // sent notes the end of a client's request (a frame with END_STREAM).
@@ -499,6 +541,10 @@ type frame struct {
 	length     int
 	// payload is kept for SETTINGS and WINDOW_UPDATE only.
 	payload []byte
+	// head is the start of a DATA frame's payload (nhead bytes): its pad
+	// length, if any, and enough to read a gRPC message's prefix.
+	head  [1 + grpcPrefix]byte
+	nhead int
 }
 
 // frameParser reads the frames of one direction of a connection from the
@@ -543,6 +589,8 @@ func (fp *frameParser) feed(p []byte, apply func(frame)) {
 		n := min(fp.left, len(p))
 		if fp.keep {
 			fp.cur.payload = append(fp.cur.payload, p[:n]...)
+		} else if fp.cur.typ == frameData && fp.cur.nhead < len(fp.cur.head) {
+			fp.cur.nhead += copy(fp.cur.head[fp.cur.nhead:], p[:n])
 		}
 		fp.left -= n
 		p = p[n:]

@@ -361,6 +361,56 @@ func TestHalfSentBoundClosesTheWorst(t *testing.T) {
 	})
 }
 
+// grpcMessage is a gRPC message of n bytes with its prefix.
+func grpcMessage(n int) []byte {
+	m := make([]byte, grpcPrefix+n)
+	binary.BigEndian.PutUint32(m[1:], uint32(n))
+	return m
+}
+
+// TestStreamWithWholeMessageStaysOpen: a streaming call (RLQS) never ends
+// its side; once its first message has come whole, however cut into DATA
+// frames and padded, it is no longer a request not whole. One whose
+// message stops short of the length its prefix names still is.
+func TestStreamWithWholeMessageStaysOpen(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		w := newStallWatch(stats.NewRegistry())
+		stream := w.watch(&fakeConn{})
+		halfSent(t, stream, 1, 1)
+		f := newFrames()
+		msg := grpcMessage(40)
+		// The prefix cut over three frames, one of them padded.
+		_ = f.fr.WriteData(1, false, msg[:2])
+		_ = f.fr.WriteDataPadded(1, false, msg[2:4], make([]byte, 7))
+		_ = f.fr.WriteData(1, false, msg[4:30])
+		fromClient(t, stream, f.take(), 1)
+		if got := w.halfSent.Load(); got != 1 {
+			t.Fatalf("30 of 45 bytes come: requests not whole = %d, want 1", got)
+		}
+		_ = f.fr.WriteData(1, false, msg[30:])
+		// A second message, after the first, changes nothing.
+		_ = f.fr.WriteData(1, false, grpcMessage(3)[:4])
+		fromClient(t, stream, f.take(), 0)
+		if got := w.halfSent.Load(); got != 0 {
+			t.Fatalf("the first message whole: requests not whole = %d, want 0", got)
+		}
+
+		short := w.watch(&fakeConn{})
+		halfSent(t, short, 1, 1)
+		_ = f.fr.WriteData(1, false, msg[:len(msg)-1])
+		fromClient(t, short, f.take(), 0)
+
+		time.Sleep(3 * grpcWriteStall)
+		synctest.Wait()
+		if stream.Conn.(*fakeConn).isClosed() {
+			t.Error("a stream whose first message came whole was closed")
+		}
+		if !short.Conn.(*fakeConn).isClosed() {
+			t.Error("a request one byte short of its message stayed open past the bound")
+		}
+	})
+}
+
 // BenchmarkStallWatchCall is what watching costs one unary call: the
 // client's headers and message read, the server's headers, message and
 // trailers written.
