@@ -4,10 +4,14 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"math/rand/v2"
 	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -19,7 +23,6 @@ import (
 
 	"github.com/ratelimitd/ratelimit/src/capture"
 	"github.com/ratelimitd/ratelimit/src/replay"
-	"github.com/ratelimitd/ratelimit/src/rules"
 )
 
 // replayRules use every algorithm, windows of a second and a minute, a
@@ -89,8 +92,9 @@ func replayTraffic(n int) []*rlsv3.RateLimitRequest {
 // TestReplayOfTheRunningService: a capture taken from the built binary, on
 // the memory store, holds every request it decided with the answer its
 // client got, and ratelimit-check's replay of it against the same rules
-// decides every descriptor as the service did; against stricter rules it
-// reports what they change.
+// (the built command, on the capture saved to a file) decides every
+// descriptor as the service did; against stricter rules it reports what
+// they change.
 func TestReplayOfTheRunningService(t *testing.T) {
 	p := start(t, map[string]string{"rp.yaml": replayRules}, "USE_STATSD=false")
 	c := p.client(t)
@@ -155,32 +159,45 @@ func TestReplayOfTheRunningService(t *testing.T) {
 		t.Fatalf("the service refused %d descriptors of %d requests: the traffic tests too little", refused, len(reqs))
 	}
 
-	parse := func(yaml string) *rules.Config {
-		c, err := rules.Parse([]rules.File{{Name: "rp.yaml", Data: []byte(yaml)}}, rules.Options{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		return c
+	// ratelimit-check -replay, as an operator runs it, on the capture
+	// saved to a file.
+	dir := t.TempDir()
+	checker := filepath.Join(dir, "ratelimit-check")
+	if out, err := exec.Command("go", "build", "-o", checker, "github.com/ratelimitd/ratelimit/cmd/ratelimit-check").CombinedOutput(); err != nil {
+		t.Fatalf("building ratelimit-check: %v\n%s", err, out)
 	}
-	replayed := func(cfg replay.Config) *replay.Report {
-		rd, err := capture.NewReader(bytes.NewReader(data))
-		if err != nil {
-			t.Fatal(err)
-		}
-		rep, err := replay.Run(t.Context(), rd, cfg)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return rep
+	file := filepath.Join(dir, "rp.ndjson")
+	if err := os.WriteFile(file, data, 0o644); err != nil {
+		t.Fatal(err)
 	}
-	same := replayed(replay.Config{New: parse(replayRules), NewName: "same"})
-	if same.Requests != int64(len(reqs)) || same.Differs() {
+	rulesDir := func(name, yaml string) string {
+		writeRules(t, filepath.Join(dir, name), "rp.yaml", yaml)
+		return filepath.Join(dir, name, "config")
+	}
+	same, stricterDir := rulesDir("same", replayRules), rulesDir("stricter", strings.Replace(replayRules, "requests_per_unit: 8}", "requests_per_unit: 5}", 1))
+	replayed := func(wantExit int, args ...string) *replay.Report {
+		t.Helper()
+		var stdout, stderr bytes.Buffer
+		cmd := exec.Command(checker, append([]string{"-replay", file, "-json"}, args...)...)
+		cmd.Stdout, cmd.Stderr = &stdout, &stderr
+		if code := exitCode(cmd.Run()); code != wantExit {
+			t.Fatalf("ratelimit-check %s: exit %d, want %d\n%s", strings.Join(args, " "), code, wantExit, stderr.String())
+		}
+		var rep replay.Report
+		if err := json.Unmarshal(stdout.Bytes(), &rep); err != nil {
+			t.Fatalf("ratelimit-check %s -json: %v\n%s", strings.Join(args, " "), err, stdout.String())
+		}
+		return &rep
+	}
+	// Against the service's rules, compared with the answers in the
+	// capture: every descriptor answered as the service answered it.
+	if rep := replayed(0, "-config_dir", same); rep.Requests != int64(len(reqs)) || rep.DescriptorsDiffer != 0 {
 		t.Fatalf("replayed %d of %d requests against the service's rules: %d descriptors answered otherwise than the service did",
-			same.Requests, len(reqs), same.DescriptorsDiffer)
+			rep.Requests, len(reqs), rep.DescriptorsDiffer)
 	}
-	stricter := replayed(replay.Config{New: parse(strings.Replace(replayRules, "requests_per_unit: 8}", "requests_per_unit: 5}", 1)), NewName: "stricter"})
-	if !stricter.Differs() || stricter.RefusedByNewOnly == 0 || stricter.RefusedByOtherOnly != 0 {
-		t.Errorf("stricter rules: %d descriptors differ, %d refused by them only, %d by the service only; want some, some, none",
+	stricter := replayed(1, "-config_dir", stricterDir, "-against", same)
+	if stricter.RefusedByNewOnly == 0 || stricter.RefusedByOtherOnly != 0 {
+		t.Errorf("stricter rules: %d descriptors differ, %d refused by them only, %d by the service's rules only; want some, some, none",
 			stricter.DescriptorsDiffer, stricter.RefusedByNewOnly, stricter.RefusedByOtherOnly)
 	}
 	t.Logf("%d requests, %d descriptors refused; the stricter rules refuse %d requests more", len(reqs), refused, stricter.RefusedByNewOnly)
