@@ -20,6 +20,7 @@ import (
 	"os"
 	"runtime/debug"
 	"runtime/metrics"
+	"runtime/pprof"
 	"strconv"
 	"time"
 
@@ -65,7 +66,19 @@ func main() {
 	users := flag.Int("users", 50_000, "distinct users (and a tenth as many addresses)")
 	write := flag.String("write", "", "write the capture and the two rule sets (FILE, FILE.current/, FILE.stricter/) instead of replaying")
 	one := flag.Bool("one", false, "replay against the stricter rules only, compared with the answers in the capture (as without -against)")
+	cpuProfile := flag.String("cpuprofile", "", "write a CPU profile of the replay to this file")
 	flag.Parse()
+	if *cpuProfile != "" {
+		f, err := os.Create(*cpuProfile)
+		if err == nil {
+			err = pprof.StartCPUProfile(f)
+		}
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "replaybench:", err)
+			os.Exit(1)
+		}
+		defer pprof.StopCPUProfile()
+	}
 	if *write != "" {
 		if err := writeFiles(*write, *rate, *seconds, *users); err != nil {
 			fmt.Fprintln(os.Stderr, "replaybench:", err)
