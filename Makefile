@@ -90,11 +90,11 @@ fuzz: ## run one fuzz target: make fuzz FUZZ=FuzzParse PKG=./src/rules
 	$(GO) test -run '^$$' -fuzz '$(FUZZ)' -fuzztime $(FUZZTIME) $(PKG)
 
 # Every fuzz target, FUZZ_CI_TIME each (CI runs them all): the rules parser,
-# cache keys, the stores' state decoders, Redis's replies, gRPC requests,
+# cache keys, the stores' state decoders, Redis's and Memcached's replies, gRPC requests,
 # /json bodies and quota reports.
 FUZZ_CI_TIME ?= 15s
 FUZZ_TARGETS = FuzzParse:./src/rules FuzzCacheKey:./src/limiter FuzzParseStates:./src/store/memcached \
-	FuzzParseList:./src/store/memcached FuzzReplies:./src/store/redis FuzzRequest:./src/service FuzzJSON:./src/service \
+	FuzzParseList:./src/store/memcached FuzzParseAnswer:./src/store/memcached/mcclient FuzzReplies:./src/store/redis FuzzRequest:./src/service FuzzJSON:./src/service \
 	FuzzQuotaReport:./src/service
 fuzz-all: ## run every fuzz target for FUZZ_CI_TIME (15s) each
 	@set -e; for t in $(FUZZ_TARGETS); do \

@@ -1,6 +1,7 @@
 package integration
 
 import (
+	"cmp"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -127,6 +128,10 @@ type quotaLoad struct {
 	mu      sync.Mutex
 	results []quotaResult
 	dropped int
+	// inflight are the requests not answered yet, by number: when each
+	// was sent.
+	inflight map[int]time.Duration
+	next     int
 
 	stop chan struct{}
 	done sync.WaitGroup
@@ -147,7 +152,7 @@ func probe(t *testing.T, addr, tenant string) {
 
 func startQuotaLoad(t *testing.T, base time.Time, addr, tenant string, rate float64) *quotaLoad {
 	t.Helper()
-	l := &quotaLoad{t: t, base: base, addr: addr, tenant: tenant, client: quotaClient, stop: make(chan struct{})}
+	l := &quotaLoad{t: t, base: base, addr: addr, tenant: tenant, client: quotaClient, stop: make(chan struct{}), inflight: map[int]time.Duration{}}
 	l.setRate(rate)
 	sem := make(chan struct{}, 256)
 	l.done.Go(func() {
@@ -182,6 +187,11 @@ func (l *quotaLoad) setRate(r float64) { l.rate.Store(math.Float64bits(r)) }
 
 func (l *quotaLoad) one() {
 	sent := time.Since(l.base)
+	l.mu.Lock()
+	l.next++
+	n := l.next
+	l.inflight[n] = sent
+	l.mu.Unlock()
 	req, err := http.NewRequest(http.MethodGet, "http://"+l.addr+"/", nil)
 	if err != nil {
 		return
@@ -196,7 +206,29 @@ func (l *quotaLoad) one() {
 	res := quotaResult{sent: sent, recv: time.Since(l.base), code: code}
 	l.mu.Lock()
 	l.results = append(l.results, res)
+	delete(l.inflight, n)
 	l.mu.Unlock()
+}
+
+// await waits until every request sent before to has its answer (or its
+// client's timeout, 10 s): a machine that stalls delays the answers, and
+// the rates of a period are read once they are all in.
+func (l *quotaLoad) await(to time.Duration) {
+	deadline := time.Now().Add(2 * quotaClient.Timeout)
+	for time.Now().Before(deadline) {
+		l.mu.Lock()
+		waiting := 0
+		for _, sent := range l.inflight {
+			if sent < to {
+				waiting++
+			}
+		}
+		l.mu.Unlock()
+		if waiting == 0 {
+			return
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
 }
 
 // close stops the load and waits for the requests in flight.
@@ -231,6 +263,23 @@ func (l *quotaLoad) rates(from, to time.Duration) (offered, admitted float64) {
 	return float64(o) / secs, float64(a) / secs
 }
 
+// quotaPeriod waits until the 10 s from from (since base) are over and
+// every request of loads sent in them is answered, logs what each load
+// offered and had admitted, and returns the period's end.
+func quotaPeriod(t *testing.T, what string, base time.Time, loads []*quotaLoad, from time.Duration) (to time.Duration) {
+	t.Helper()
+	to = from + 10*time.Second
+	time.Sleep(time.Until(base.Add(to)))
+	for _, l := range loads {
+		l.await(to)
+	}
+	for _, l := range loads {
+		o, ad := l.rates(from, to)
+		t.Logf("%s, %v..%v: %s offered %.1f/s, admitted %.1f/s", what, from.Round(time.Second), to.Round(time.Second), l.addr, o, ad)
+	}
+	return to
+}
+
 // quotaBound is docs/RLQS.md's bound for one bucket id, with the terms the
 // test knows: the subscribers, the first requests of new buckets (J: one
 // probe each), the changes of subscribers (joins, ends of leases), and the
@@ -238,10 +287,13 @@ func (l *quotaLoad) rates(from, to time.Duration) (offered, admitted float64) {
 type quotaBound struct {
 	// rate and burst are the rule's R and B.
 	rate, burst float64
-	n           int
-	probes      []time.Duration
-	events      []time.Duration
-	starts      []time.Duration
+	// settle is the service's Settle: rlqsSettle (zero) on one replica,
+	// rlqsSharedSettle with replicas.
+	settle time.Duration
+	n      int
+	probes []time.Duration
+	events []time.Duration
+	starts []time.Duration
 }
 
 // check holds every window whose ends fall on a grid of 0.5 s, up to end,
@@ -261,8 +313,9 @@ func (b quotaBound) check(t *testing.T, loads []*quotaLoad, end time.Duration) {
 		}
 	}
 	const grid = 500 * time.Millisecond
-	reach := 2*rlqsSettle + time.Second
-	learning := rlqsTTL + rlqsSettle
+	settle := cmp.Or(b.settle, rlqsSettle)
+	reach := 2*settle + time.Second
+	learning := rlqsTTL + settle
 	count := func(ts []time.Duration, from, to time.Duration) (n int) {
 		for _, x := range ts {
 			if x >= from && x < to {
@@ -337,12 +390,7 @@ func TestRLQSRealEnvoysShareFairly(t *testing.T) {
 	// is the reserve), b's 6/s is met, a gets the rest.
 	phase := func(what string, from time.Duration, want map[*quotaLoad]float64, met ...*quotaLoad) {
 		t.Helper()
-		to := from + 10*time.Second
-		time.Sleep(time.Until(base.Add(to)))
-		for _, l := range loads {
-			o, ad := l.rates(from, to)
-			t.Logf("%s, %v..%v: %s offered %.1f/s, admitted %.1f/s", what, from.Round(time.Second), to.Round(time.Second), l.addr, o, ad)
-		}
+		to := quotaPeriod(t, what, base, loads, from)
 		for _, l := range met {
 			if o, ad := l.rates(from, to); ad < 0.9*o {
 				t.Errorf("%s: a load of %.1f/s had %.1f/s admitted, want its demand met (90 %%)", what, o, ad)
@@ -449,6 +497,9 @@ quota_buckets:
 	learned := restarted + rlqsTTL + rlqsSettle
 	from, to := learned+6*time.Second, learned+16*time.Second
 	time.Sleep(time.Until(base.Add(to)))
+	for _, l := range loads {
+		l.await(to)
+	}
 	for _, l := range loads {
 		o, ad := l.rates(from, to)
 		t.Logf("after the restart, %v..%v: %s offered %.1f/s, admitted %.1f/s", from.Round(time.Second), to.Round(time.Second), l.addr, o, ad)

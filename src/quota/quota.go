@@ -126,6 +126,11 @@ type Usage struct {
 	// for the first report of a subscriber it did not know (an Envoy
 	// that reconnected).
 	Elapsed time.Duration
+	// At is when the report was received, if before the call: replicas
+	// that share a pool hand reports to its owner a little later, and the
+	// demand is measured between the times they were received. Zero, or
+	// a time after the call's, means the call's time.
+	At time.Time
 }
 
 // Change is a grant to send to a subscriber now.
@@ -253,10 +258,14 @@ func (p *Pool) Report(now time.Time, id uint64, u Usage) []Change {
 		s = nil
 	}
 	n := u.Allowed + u.Denied
-	p.beyond += p.beyondShare(now, s, u)
+	at := u.At
+	if at.IsZero() || at.After(now) {
+		at = now
+	}
+	p.beyond += p.beyondShare(at, s, u)
 	if s == nil {
-		s = &sub{id: id, since: now, active: now}
-		s.reported = now
+		s = &sub{id: id, since: at, active: at}
+		s.reported = at
 		p.subs[id] = s
 		if u.Elapsed > 0 {
 			// A subscription Envoy had before this stream (the
@@ -273,7 +282,7 @@ func (p *Pool) Report(now time.Time, id uint64, u Usage) []Change {
 	} else {
 		s.count += n
 		s.allowed += u.Allowed
-		if d := now.Sub(s.since); d >= minSample {
+		if d := at.Sub(s.since); d >= minSample {
 			sample := float64(s.count) / d.Seconds()
 			if !s.known {
 				s.demand, s.known = sample, true
@@ -282,12 +291,12 @@ func (p *Pool) Report(now time.Time, id uint64, u Usage) []Change {
 				s.demand += a * (sample - s.demand)
 			}
 			p.learn(now, s, float64(s.allowed)/d.Seconds())
-			s.count, s.allowed, s.since = 0, 0, now
+			s.count, s.allowed, s.since = 0, 0, at
 		}
 	}
-	s.reported = now
+	s.reported = later(s.reported, at)
 	if n > 0 {
-		s.active = now
+		s.active = later(s.active, at)
 	}
 	changes := p.rebalance(now)
 	for _, c := range changes {
@@ -306,8 +315,9 @@ func (p *Pool) Report(now time.Time, id uint64, u Usage) []Change {
 // above the largest rate counted for it over the time since its last
 // report (with a second of slack for the timing of reports) plus its
 // burst and a token. Nothing can be told of the first report of a
-// subscriber that was granted nothing here (a reconnect).
-func (p *Pool) beyondShare(now time.Time, s *sub, u Usage) uint64 {
+// subscriber that was granted nothing here (a reconnect). at is when the
+// report was received.
+func (p *Pool) beyondShare(at time.Time, s *sub, u Usage) uint64 {
 	switch {
 	case s == nil && u.Elapsed == 0:
 		return u.Allowed
@@ -315,7 +325,7 @@ func (p *Pool) beyondShare(now time.Time, s *sub, u Usage) uint64 {
 		return 0
 	}
 	r, b := max(s.rate, s.holdRate), max(s.burst, s.holdBurst)
-	allowance := r*(now.Sub(s.reported)+time.Second).Seconds() + float64(b) + 1
+	allowance := r*(at.Sub(s.reported)+time.Second).Seconds() + float64(b) + 1
 	if a := float64(u.Allowed); a > allowance {
 		return uint64(a - allowance)
 	}
@@ -450,6 +460,14 @@ func (p *Pool) SetLimit(now time.Time, l Limit) []Change {
 	return p.rebalance(now)
 }
 
+// later returns the later of a and b.
+func later(a, b time.Time) time.Time {
+	if b.After(a) {
+		return b
+	}
+	return a
+}
+
 func cmpUint(a, b uint64) int {
 	switch {
 	case a < b:
@@ -477,8 +495,18 @@ func deadband(rate float64) float64 { return max(rate*0.02, 1.0/60) }
 // of the gone), the poorest first. It returns the grants that changed.
 func (p *Pool) rebalance(now time.Time) []Change {
 	p.expire(now)
-	var live []*sub
-	counted := 0
+	live, counted := p.live(now)
+	if len(live) == 0 {
+		return nil
+	}
+	targets, burst := p.targets(now, live, counted)
+	changes := p.decrease(now, live, targets, burst, nil)
+	return p.increase(now, live, targets, burst, changes)
+}
+
+// live returns the subscribers that still report, in id order, and how
+// many share the burst: those and the ones whose share still counts.
+func (p *Pool) live(now time.Time) (live []*sub, counted int) {
 	for _, s := range p.subs {
 		if r, b := s.committed(now); r > 0 || b > 0 || (!s.gone && !s.abandoned) {
 			counted++
@@ -487,11 +515,14 @@ func (p *Pool) rebalance(now time.Time) []Change {
 			live = append(live, s)
 		}
 	}
-	if len(live) == 0 {
-		return nil
-	}
 	slices.SortFunc(live, func(a, b *sub) int { return cmpUint(a.id, b.id) })
+	return live, counted
+}
 
+// targets returns each live subscriber's target rate, max-min fair over
+// the capacity less the reserve, and the burst each may hold; while the
+// pool learns, never more than a subscriber was seen admitting.
+func (p *Pool) targets(now time.Time, live []*sub, counted int) ([]float64, uint32) {
 	learning := now.Before(p.cfg.Learning())
 	capacity := p.limit.Rate * (1 - p.cfg.Reserve)
 	demands := make([]float64, len(live))
@@ -506,35 +537,35 @@ func (p *Pool) rebalance(now time.Time) []Change {
 		}
 	}
 	targets := Waterfill(capacity, demands)
-	burst := uint32(1)
 	if !learning {
-		burst = uint32(max(1, math.Floor(p.limit.Burst/float64(counted))))
+		return targets, uint32(max(1, math.Floor(p.limit.Burst/float64(counted))))
 	}
-	if learning {
-		// Never more than it was seen admitting: the old server's lease
-		// may still be in force elsewhere. A bucket created meanwhile
-		// held nothing: those share the reserve.
-		fresh := 0
-		for _, s := range live {
-			if s.fresh {
-				fresh++
-			}
-		}
-		for i, s := range live {
-			if s.fresh {
-				targets[i] = min(targets[i], p.limit.Rate*p.cfg.Reserve/float64(fresh))
-			}
-			if s.hasEvidence || !s.fresh {
-				targets[i] = min(targets[i], s.evidence)
-			}
+	// Never more than it was seen admitting: the old server's lease may
+	// still be in force elsewhere. A bucket created meanwhile held
+	// nothing: those share the reserve.
+	fresh := 0
+	for _, s := range live {
+		if s.fresh {
+			fresh++
 		}
 	}
+	for i, s := range live {
+		if s.fresh {
+			targets[i] = min(targets[i], p.limit.Rate*p.cfg.Reserve/float64(fresh))
+		}
+		if s.hasEvidence || !s.fresh {
+			targets[i] = min(targets[i], s.evidence)
+		}
+	}
+	return targets, 1
+}
+
+// decrease lowers, at once, the grants above their target (or above the
+// burst): the old share stays counted until Settle has passed. It appends
+// the changes to changes.
+func (p *Pool) decrease(now time.Time, live []*sub, targets []float64, burst uint32, changes []Change) []Change {
 	committed, _ := p.Committed(now)
 	over := committed > p.limit.Rate
-
-	var changes []Change
-	// Decreases first, at once: the old share stays counted until
-	// Settle has passed.
 	for i, s := range live {
 		if !s.granted {
 			continue
@@ -554,9 +585,13 @@ func (p *Pool) rebalance(now time.Time) []Change {
 		p.set(now, s, r, b)
 		changes = append(changes, Change{Sub: s.id, Grant: s.grant})
 	}
+	return changes
+}
 
-	// Then increases, out of what is free now, the poorest first. The
-	// reserve is only for subscribers with no grant yet.
+// increase raises the grants below their target out of what is free now,
+// the subscribers with no grant first, then the poorest; the reserve is
+// only for those with no grant yet. It appends the changes to changes.
+func (p *Pool) increase(now time.Time, live []*sub, targets []float64, burst uint32, changes []Change) []Change {
 	rate, burstSum := p.Committed(now)
 	free := p.limit.Rate - rate
 	freeBurst := int64(p.limit.Burst) - int64(burstSum)

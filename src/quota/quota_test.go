@@ -409,3 +409,22 @@ func TestBeyondShares(t *testing.T) {
 		t.Errorf("Subscribers() = %+v", subs)
 	}
 }
+
+// TestDemandBetweenReceipts: a report handed over late (by a replica to
+// the pool's owner) is measured from when it was received, not from when
+// the pool got it.
+func TestDemandBetweenReceipts(t *testing.T) {
+	t.Parallel()
+	p := NewPool(Limit{Rate: 100, Burst: 10}, Config{Start: epoch.Add(-time.Hour)})
+	p.Report(epoch.Add(900*time.Millisecond), 1, Usage{Allowed: 1, At: epoch})
+	p.Report(epoch.Add(5900*time.Millisecond), 1, Usage{Allowed: 50, Elapsed: 5 * time.Second, At: epoch.Add(5 * time.Second)})
+	subs := p.Subscribers(epoch.Add(6 * time.Second))
+	if len(subs) != 1 || !near(subs[0].Demand, 51.0/5, 1e-9) {
+		t.Errorf("Subscribers() = %+v, want a demand of 51 requests over the 5 s between receipts", subs)
+	}
+	// A time after the call's is the call's.
+	p.Report(epoch.Add(7*time.Second), 1, Usage{Allowed: 0, Elapsed: time.Second, At: epoch.Add(time.Hour)})
+	if p.subs[1].reported != epoch.Add(7*time.Second) {
+		t.Errorf("a report received in the future was recorded at %v", p.subs[1].reported)
+	}
+}

@@ -17,6 +17,7 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/ratelimitd/ratelimit/src/server/tlstest"
+	"github.com/ratelimitd/ratelimit/src/store/storetest"
 )
 
 const quotaServerRules = serverRules + `quota_buckets:
@@ -199,5 +200,61 @@ func TestRLQSReportSize(t *testing.T) {
 	}
 	if _, err := s.Recv(); status.Code(err) != codes.ResourceExhausted {
 		t.Errorf("report of %d bytes with GRPC_MAX_RECV_MSG_SIZE=1024: %v, want ResourceExhausted", proto.Size(m), err)
+	}
+}
+
+// TestRLQSSharedThroughRedis: with BACKEND_TYPE=redis the quota service's
+// pools are shared by the replicas on that Redis: one of them owns the
+// bucket's pool, and the second server's first grant counts the first's.
+// The shared pools are new, so they learn: new buckets share the reserve
+// (0.5 a second), where a replica of its own would give the second the
+// whole reserve again.
+func TestRLQSSharedThroughRedis(t *testing.T) {
+	redisSrv := storetest.StartRedis(t, storetest.RedisOptions{})
+	env := map[string]string{"BACKEND_TYPE": "redis", "REDIS_URL": redisSrv.Addr, "REDIS_SOCKET_TYPE": "tcp"}
+	var logs syncBuffer
+	a, _ := build(t, quotaServerRules, env, &logs)
+	run(t, a)
+	b, _ := start(t, quotaServerRules, env)
+	if strings.Contains(logs.String(), oneReplica) {
+		t.Errorf("log with BACKEND_TYPE=redis says %q:\n%s", oneReplica, logs.String())
+	}
+	ra, err := quotaStream(t, dial(t, a)).Recv()
+	if err != nil {
+		t.Fatal(err)
+	}
+	rb, err := quotaStream(t, dial(t, b)).Recv()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ga, gb := tokens(ra), tokens(rb); ga != 0.5 || gb != 0.25 {
+		t.Errorf("first grants = %v and %v a second, want 0.5 and 0.25: the reserve, then shared", ga, gb)
+	}
+	owned := a.stats.Gauges()["ratelimit.rlqs.shared.owned"] + b.stats.Gauges()["ratelimit.rlqs.shared.owned"]
+	if owned != 1 {
+		t.Errorf("pools owned by the two servers = %d, want 1", owned)
+	}
+}
+
+// oneReplica begins the line a server logs when its quota service's
+// shares live in its own memory.
+const oneReplica = "quota service: one replica"
+
+// TestRLQSMemoryStoreSaysOneReplica: with the memory store the quota
+// service's shares live in this process, so several replicas would each
+// give out the whole limit; its log says to run it on one replica, once
+// the rules have quota buckets (and not before: most users of the memory
+// store do not use quotas).
+func TestRLQSMemoryStoreSaysOneReplica(t *testing.T) {
+	var logs, noQuota syncBuffer
+	srv, _ := build(t, quotaServerRules, map[string]string{"BACKEND_TYPE": "memory"}, &logs)
+	run(t, srv)
+	if got := strings.Count(logs.String(), oneReplica); got != 1 {
+		t.Errorf("log with BACKEND_TYPE=memory says %q %d times, want once:\n%s", oneReplica, got, logs.String())
+	}
+	srv, _ = build(t, serverRules, map[string]string{"BACKEND_TYPE": "memory"}, &noQuota)
+	run(t, srv)
+	if strings.Contains(noQuota.String(), oneReplica) {
+		t.Errorf("log with no quota_buckets says %q:\n%s", oneReplica, noQuota.String())
 	}
 }

@@ -107,6 +107,9 @@ type Server struct {
 	// quota serves the Rate Limit Quota Service; nil with
 	// RLQS_ENABLED=false.
 	quota *service.Quota
+	// oneReplica logs, once, that the quota service's shares live in
+	// this process (see setRules).
+	oneReplica sync.Once
 }
 
 // Reload reads the rule files and the TLS files at once, as an operator's
@@ -270,6 +273,7 @@ func (s *Server) newService(lim, fallback *limiter.Limiter, b *storeHandle, tr *
 }
 
 // newQuota builds the Rate Limit Quota Service, unless RLQS_ENABLED=false.
+// With Redis, its pools are shared with the other replicas on that Redis.
 func (s *Server) newQuota() *service.Quota {
 	set := s.set
 	if set.RLQSEnabled == settings.RLQSOff {
@@ -285,6 +289,8 @@ func (s *Server) newQuota() *service.Quota {
 		MaxStreams:          set.RLQSMaxStreams,
 		MaxBuckets:          set.RLQSMaxBuckets,
 		MaxBucketsPerStream: set.RLQSMaxBucketsPerStream,
+		Share:               s.store.share,
+		Scope:               set.CacheKeyPrefix,
 		Log:                 s.log,
 	})
 }
@@ -405,6 +411,13 @@ func (s *Server) setRules(snap provider.Snapshot) {
 	s.svc.SetRules(cfg)
 	if s.quota != nil {
 		s.quota.SetRules(cfg)
+		if s.store.share == nil && cfg.HasQuota() {
+			// Several replicas would each give out the whole limit.
+			s.oneReplica.Do(func() {
+				s.log.Info("quota service: one replica: its shares live in this process's memory; run it on one replica, or share them through Redis (BACKEND_TYPE=redis)",
+					"backend", s.set.BackendType)
+			})
+		}
 	}
 	s.snapshot.Store(&snap)
 	s.reloadErr.Store(nil)

@@ -14,6 +14,7 @@ import (
 
 	"github.com/ratelimitd/ratelimit/src/limiter"
 	"github.com/ratelimitd/ratelimit/src/rules"
+	"github.com/ratelimitd/ratelimit/src/service"
 	"github.com/ratelimitd/ratelimit/src/settings"
 	"github.com/ratelimitd/ratelimit/src/stats"
 	"github.com/ratelimitd/ratelimit/src/store/breaker"
@@ -47,6 +48,10 @@ type storeHandle struct {
 	// health, once set (see storeHealth), is told when the store first
 	// answers (answered).
 	health atomic.Pointer[storeHealth]
+	// share, for Redis, shares the quota service's pools with the other
+	// replicas; nil for the memory store and Memcached, which keep them
+	// in one replica.
+	share service.QuotaShare
 	// memory, for Redis and Memcached, asks every server for its memory
 	// cap and eviction policy; mem holds what it last said, for the
 	// statistics. Nil for the memory store.
@@ -141,6 +146,7 @@ func newStore(ctx context.Context, set *settings.Settings, reg *stats.Registry, 
 		}
 		b.store, b.healthy, b.close, b.started = r, r.Healthy, func() { _ = r.Close() }, r.WaitStarted
 		b.timeout, b.keyFormat, b.breakers = redisTimeout(cfg), keyFormat(set), r.Breakers
+		b.share = r
 		b.memory = func(ctx context.Context) []storeMemory {
 			var out []storeMemory
 			for _, m := range r.Memory(ctx) {

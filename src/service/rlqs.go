@@ -46,6 +46,17 @@ type QuotaConfig struct {
 	// either gets no assignment, so that Envoy's no_assignment_behavior
 	// decides its requests, and is counted as refused.
 	MaxBuckets, MaxBucketsPerStream int
+	// Share, when set, shares the pools with the other replicas of the
+	// service through a store (Redis): see docs/RLQS.md, "Several
+	// replicas". Nil: this process is the only replica, and its pools
+	// live in its memory.
+	Share QuotaShare
+	// Replica names this replica to the others (with Share): a number
+	// below 2^31, unique among the replicas; zero picks one at random.
+	Replica uint32
+	// Scope is the prefix of the store's keys (CACHE_KEY_PREFIX): the
+	// replicas of one scope share their pools.
+	Scope string
 	// Now is the clock; nil means time.Now.
 	Now func() time.Time
 	// Log receives what an operator should know; nil discards it.
@@ -80,12 +91,18 @@ type Quota struct {
 	closing chan struct{}
 	close   sync.Once
 
-	// mu guards pools, streams, subs and nextID.
+	// mu guards pools, streams, subs, nextID and share.
 	mu      sync.Mutex
 	pools   map[poolKey]*quotaPool
 	streams map[uint64]*quotaStream
 	subs    int
 	nextID  uint64
+	// idBase is the top half of the ids of this replica's streams.
+	idBase uint64
+	// share is the side of sharing the pools; nil with one replica.
+	share *shareState
+	// tickMu lets one Tick run at a time.
+	tickMu sync.Mutex
 
 	reports, noRule, refused, refusedStreams, invalid *stats.Counter
 	reg                                               *stats.Registry
@@ -104,11 +121,14 @@ type ruleTotals struct {
 // poolKey names a pool: a domain and a bucket id (see bucketKey).
 type poolKey struct{ domain, bucket string }
 
-// quotaPool is the allocation of one bucket id under one rule.
+// quotaPool is the allocation of one bucket id under one rule. With
+// replicas, sh is this replica's side of it and p is set only while this
+// replica owns it.
 type quotaPool struct {
 	id   map[string]string
 	rule *rules.QuotaRule
 	p    *quota.Pool
+	sh   *sharedPool
 }
 
 // quotaStream is one Envoy's stream.
@@ -125,12 +145,26 @@ type quotaStream struct {
 	// stream's handler there are some.
 	pending map[string]*rlqsv3.RateLimitQuotaResponse_BucketAction
 	wake    chan struct{}
+	// done is closed when the service ends the stream, with endErr (see
+	// end); guarded by Quota.mu.
+	done   chan struct{}
+	endErr error
+}
+
+// end ends the stream with err: its handler returns err.
+func (st *quotaStream) end(err error) {
+	if st.endErr == nil {
+		st.endErr = err
+		close(st.done)
+	}
 }
 
 type streamBucket struct {
 	stream uint64
-	id     *rlqsv3.BucketId
-	pool   *quotaPool
+	// key is the bucket id's bucketKey.
+	key  string
+	id   *rlqsv3.BucketId
+	pool *quotaPool
 }
 
 // NewQuota returns a Quota service counting into reg.
@@ -156,6 +190,9 @@ func NewQuota(reg *stats.Registry, cfg QuotaConfig) *Quota {
 	if cfg.MaxBucketsPerStream <= 0 {
 		cfg.MaxBucketsPerStream = min(10_000, cfg.MaxBuckets)
 	}
+	if cfg.Share != nil && cfg.Pool.Settle <= 0 {
+		cfg.Pool.Settle = sharedSettle
+	}
 	q := &Quota{
 		cfg:            cfg,
 		closing:        make(chan struct{}),
@@ -168,6 +205,37 @@ func NewQuota(reg *stats.Registry, cfg QuotaConfig) *Quota {
 		invalid:        reg.Counter("ratelimit.rlqs.invalid_reports"),
 		reg:            reg,
 		ruleStats:      map[string]*ruleTotals{},
+	}
+	if cfg.Share != nil {
+		if cfg.Replica == 0 || cfg.Replica >= 1<<31 {
+			cfg.Replica = newReplica()
+			q.cfg.Replica = cfg.Replica
+		}
+		q.idBase = uint64(cfg.Replica) << 32
+		q.nextID = q.idBase
+		q.share = &shareState{
+			replica: strconv.FormatUint(uint64(cfg.Replica), 10),
+			// Longer than any grant lives, and than a lease: a pool
+			// nobody writes to is gone after that.
+			keep:       4 * (cfg.Pool.TTL + cfg.Pool.Settle),
+			lastOK:     cfg.Now(),
+			errors:     reg.Counter("ratelimit.rlqs.shared.errors"),
+			takeovers:  reg.Counter("ratelimit.rlqs.shared.takeovers"),
+			late:       reg.Counter("ratelimit.rlqs.shared.late_assignments"),
+			badRecords: reg.Counter("ratelimit.rlqs.shared.bad_records"),
+		}
+		cfg.Log.Info("quota service: the pools are shared with the other replicas through the store", "replica", cfg.Replica)
+		reg.GaugeFunc("ratelimit.rlqs.shared.owned", func() int64 {
+			q.mu.Lock()
+			defer q.mu.Unlock()
+			n := 0
+			for _, qp := range q.pools {
+				if qp.sh != nil && qp.sh.owned {
+					n++
+				}
+			}
+			return int64(n)
+		})
 	}
 	reg.GaugeFunc("ratelimit.rlqs.streams", func() int64 {
 		q.mu.Lock()
@@ -183,7 +251,8 @@ func NewQuota(reg *stats.Registry, cfg QuotaConfig) *Quota {
 }
 
 // SetRules publishes new rules. Pools whose rule changed take the new
-// limit (decreases at once, increases as they settle); pools whose bucket
+// limit (decreases at once, increases as they settle; with replicas, at
+// the next tick of the pool's owner); pools whose bucket
 // no longer has a limited rule are dropped, and their buckets are
 // answered by the new rule at their next report.
 func (q *Quota) SetRules(c *rules.Config) {
@@ -199,6 +268,9 @@ func (q *Quota) SetRules(c *rules.Config) {
 		case r == qp.rule:
 		case r == nil || !r.Policy.Limited():
 			q.dropPool(k, qp)
+		case qp.sh != nil:
+			// Its owner takes the new limit at its next tick.
+			qp.rule = r
 		default:
 			qp.rule = r
 			q.deliver(k, qp, qp.p.SetLimit(now, limitOf(r)))
@@ -206,14 +278,20 @@ func (q *Quota) SetRules(c *rules.Config) {
 	}
 }
 
-// dropPool forgets a pool and unsubscribes its streams' buckets.
+// dropPool forgets a pool and unsubscribes its streams' buckets. A shared
+// pool this replica owned is left to its lease's end: no replica runs it
+// any more.
 func (q *Quota) dropPool(k poolKey, qp *quotaPool) {
 	for _, st := range q.streams {
 		if sb := st.buckets[k.bucket]; sb != nil && sb.pool == qp && st.domain == k.domain {
 			sb.pool = nil
 		}
 	}
-	q.subs -= qp.p.Len()
+	if qp.sh != nil {
+		q.subs -= len(qp.sh.local)
+	} else {
+		q.subs -= qp.p.Len()
+	}
 	delete(q.pools, k)
 }
 
@@ -231,26 +309,50 @@ func (q *Quota) Run(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		case <-t.C:
-			q.Tick()
+			q.tick(ctx)
 		}
 	}
 }
 
 // Tick advances every pool to now and sends what changed; Run calls it
-// once a second.
-func (q *Quota) Tick() {
-	now := q.cfg.Now()
-	q.mu.Lock()
-	defer q.mu.Unlock()
-	for k, qp := range q.pools {
-		before := qp.p.Len()
-		changes := qp.p.Tick(now)
-		q.subs += qp.p.Len() - before
-		q.deliver(k, qp, changes)
-		if qp.p.Empty() {
-			delete(q.pools, k)
-		}
+// once a second. With replicas, it exchanges the reports and grants of
+// the tick with the store (see tickShared).
+func (q *Quota) Tick() { q.tick(context.Background()) }
+
+func (q *Quota) tick(ctx context.Context) {
+	if q.share != nil {
+		q.tickShared(ctx)
+		return
 	}
+	q.tickMu.Lock()
+	defer q.tickMu.Unlock()
+	for _, k := range q.poolKeys() {
+		// The lock is taken pool by pool: a report waits for one
+		// pool's tick at most, not for all of them. Each pool reads
+		// the clock when its turn comes: ticking 10,000 pools takes
+		// milliseconds.
+		q.mu.Lock()
+		if qp := q.pools[k]; qp != nil {
+			now := q.cfg.Now()
+			before := qp.p.Len()
+			changes := qp.p.Tick(now)
+			q.subs += qp.p.Len() - before
+			q.deliver(k, qp, changes)
+			if qp.p.Empty() {
+				delete(q.pools, k)
+			}
+		}
+		q.mu.Unlock()
+	}
+}
+
+// poolKeys returns the keys of the pools, sorted (without the lock).
+func (q *Quota) poolKeys() []poolKey {
+	q.mu.Lock()
+	keys := slices.AppendSeq(make([]poolKey, 0, len(q.pools)), maps.Keys(q.pools))
+	q.mu.Unlock()
+	slices.SortFunc(keys, comparePoolKeys)
+	return keys
 }
 
 // Close ends every stream with Unavailable and refuses new ones: Envoy
@@ -329,6 +431,8 @@ func (q *Quota) StreamRateLimitQuotas(ss rlqsv3.RateLimitQuotaService_StreamRate
 			return err
 		case <-q.closing:
 			return errClosing
+		case <-st.done:
+			return q.endErr(st)
 		case <-ctx.Done():
 			return status.FromContextError(ctx.Err()).Err()
 		}
@@ -370,6 +474,13 @@ func (s *QuotaSession) Report(m *rlqsv3.RateLimitQuotaUsageReports) error {
 // Ready is signalled when the session has actions to send (see Take).
 func (s *QuotaSession) Ready() <-chan struct{} { return s.st.wake }
 
+// Done is closed when the service ends the session (a replica that cannot
+// reach the store it shares quotas through); Err then says why.
+func (s *QuotaSession) Done() <-chan struct{} { return s.st.done }
+
+// Err is why the service ended the session, nil while it has not.
+func (s *QuotaSession) Err() error { return s.q.endErr(s.st) }
+
 // Take returns the session's pending actions in one response, sorted by
 // bucket, and clears them; nil when there are none. An action replaces an
 // older one for the same bucket that was not taken yet.
@@ -402,17 +513,26 @@ func (q *Quota) open(peer string) (*quotaStream, error) {
 	}
 	q.mu.Lock()
 	defer q.mu.Unlock()
+	if q.share != nil && q.share.down {
+		return nil, errShareDown
+	}
 	if len(q.streams) >= q.cfg.MaxStreams {
 		q.refusedStreams.Inc()
 		return nil, status.Errorf(codes.ResourceExhausted, "service: %d quota streams open already (RLQS_MAX_STREAMS)", q.cfg.MaxStreams)
 	}
-	q.nextID++
+	// Ids count up in the bottom half; a process that opened 2^32
+	// streams starts again from 1.
+	q.nextID = q.idBase | uint64(uint32(q.nextID)+1)
+	if uint32(q.nextID) == 0 {
+		q.nextID++
+	}
 	st := &quotaStream{
 		id:      q.nextID,
 		peer:    peer,
 		buckets: map[string]*streamBucket{},
 		pending: map[string]*rlqsv3.RateLimitQuotaResponse_BucketAction{},
 		wake:    make(chan struct{}, 1),
+		done:    make(chan struct{}),
 	}
 	q.streams[st.id] = st
 	return st, nil
@@ -432,11 +552,22 @@ func (q *Quota) end(st *quotaStream) {
 	}
 }
 
+// endErr is why the service ended st.
+func (q *Quota) endErr(st *quotaStream) error {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return st.endErr
+}
+
 // leave unsubscribes the stream of sb from its pool.
 func (q *Quota) leave(now time.Time, k poolKey, sb *streamBucket) {
 	qp := sb.pool
 	sb.pool = nil
 	if q.pools[k] != qp {
+		return
+	}
+	if qp.sh != nil {
+		q.sharedLeave(qp, sb.stream)
 		return
 	}
 	before := qp.p.Len()
@@ -462,65 +593,82 @@ func (q *Quota) report(st *quotaStream, m *rlqsv3.RateLimitQuotaUsageReports) er
 	}
 	for _, u := range m.GetBucketQuotaUsages() {
 		q.reports.Inc()
-		id := u.GetBucketId().GetBucket()
-		key := bucketKey(id)
-		pk := poolKey{st.domain, key}
-		sb := st.buckets[key]
-		if sb == nil {
-			if len(st.buckets) >= q.cfg.MaxBucketsPerStream {
-				q.refused.Inc()
-				continue
-			}
-			sb = &streamBucket{stream: st.id, id: u.GetBucketId()}
-			st.buckets[key] = sb
-		}
-		r := cfg.MatchQuota(st.domain, id)
-		switch {
-		case sb.pool != nil && q.pools[pk] != sb.pool:
-			// Its pool ended (abandoned, then dropped): subscribing
-			// again is a new subscription, within the bounds.
-			sb.pool = nil
-		case sb.pool != nil && (r == nil || sb.pool.rule != r):
-			q.leave(now, pk, sb)
-		}
-		allowed := min(u.GetNumRequestsAllowed(), maxReportedRequests)
-		denied := min(u.GetNumRequestsDenied(), maxReportedRequests)
-		var totals *ruleTotals
-		if r != nil {
-			totals = q.totals(r)
-			totals.allowed.Add(allowed)
-			totals.denied.Add(denied)
-		}
-		switch {
-		case r == nil:
-			// No answer: Envoy's no_assignment_behavior decides, as
-			// while the service is unreachable.
-			q.noRule.Inc()
-		case !r.Policy.Limited():
-			q.queue(st, key, q.blanket(sb.id, r.Policy))
-		default:
-			qp := q.pools[pk]
-			if qp == nil {
-				if q.subs >= q.cfg.MaxBuckets {
-					q.refused.Inc()
-					continue
-				}
-				qp = &quotaPool{id: id, rule: r, p: quota.NewPool(limitOf(r), q.cfg.Pool)}
-				q.pools[pk] = qp
-			}
-			if sb.pool == nil && q.subs >= q.cfg.MaxBuckets {
-				q.refused.Inc()
-				continue
-			}
-			sb.pool = qp
-			before, beyond := qp.p.Len(), qp.p.Beyond()
-			changes := qp.p.Report(now, st.id, quota.Usage{Allowed: allowed, Denied: denied, Elapsed: elapsedOf(u)})
-			q.subs += qp.p.Len() - before
-			totals.beyond.Add(qp.p.Beyond() - beyond)
-			q.deliver(pk, qp, changes)
-		}
+		q.reportBucket(now, cfg, st, u)
 	}
 	return nil
+}
+
+// reportBucket handles the report of one bucket of stream st: its
+// subscription, within the bounds, and its usage. q.mu is held.
+func (q *Quota) reportBucket(now time.Time, cfg *rules.Config, st *quotaStream, u *rlqsv3.RateLimitQuotaUsageReports_BucketQuotaUsage) {
+	id := u.GetBucketId().GetBucket()
+	key := bucketKey(id)
+	pk := poolKey{st.domain, key}
+	sb := st.buckets[key]
+	if sb == nil {
+		if len(st.buckets) >= q.cfg.MaxBucketsPerStream {
+			q.refused.Inc()
+			return
+		}
+		sb = &streamBucket{stream: st.id, key: key, id: u.GetBucketId()}
+		st.buckets[key] = sb
+	}
+	r := cfg.MatchQuota(st.domain, id)
+	switch {
+	case sb.pool != nil && q.pools[pk] != sb.pool:
+		// Its pool ended (abandoned, then dropped): subscribing again
+		// is a new subscription, within the bounds.
+		sb.pool = nil
+	case sb.pool != nil && (r == nil || sb.pool.rule != r):
+		q.leave(now, pk, sb)
+	}
+	allowed := min(u.GetNumRequestsAllowed(), maxReportedRequests)
+	denied := min(u.GetNumRequestsDenied(), maxReportedRequests)
+	var totals *ruleTotals
+	if r != nil {
+		totals = q.totals(r)
+		totals.allowed.Add(allowed)
+		totals.denied.Add(denied)
+	}
+	switch {
+	case r == nil:
+		// No answer: Envoy's no_assignment_behavior decides, as while
+		// the service is unreachable.
+		q.noRule.Inc()
+		return
+	case !r.Policy.Limited():
+		q.queue(st, key, q.blanket(sb.id, r.Policy))
+		return
+	}
+	qp := q.pools[pk]
+	if qp == nil {
+		if q.subs >= q.cfg.MaxBuckets {
+			q.refused.Inc()
+			return
+		}
+		qp = &quotaPool{id: id, rule: r}
+		if q.share != nil {
+			qp.sh = &sharedPool{name: q.cfg.Scope + "\x00" + st.domain + "\x00" + key, local: map[uint64]*localSub{}}
+		} else {
+			qp.p = quota.NewPool(limitOf(r), q.cfg.Pool)
+		}
+		q.pools[pk] = qp
+	}
+	if sb.pool == nil && q.subs >= q.cfg.MaxBuckets {
+		q.refused.Inc()
+		return
+	}
+	sb.pool = qp
+	if qp.sh != nil {
+		// Answered at a tick, once the pool's owner has run it.
+		q.sharedReport(now, qp, st, sb, allowed, denied, elapsedOf(u))
+		return
+	}
+	before, beyond := qp.p.Len(), qp.p.Beyond()
+	changes := qp.p.Report(now, st.id, quota.Usage{Allowed: allowed, Denied: denied, Elapsed: elapsedOf(u)})
+	q.subs += qp.p.Len() - before
+	totals.beyond.Add(qp.p.Beyond() - beyond)
+	q.deliver(pk, qp, changes)
 }
 
 // ruleLabel names a quota rule in statistics and the live view: its name,

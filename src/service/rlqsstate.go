@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"slices"
 
+	"github.com/ratelimitd/ratelimit/src/quota"
 	"github.com/ratelimitd/ratelimit/src/rules"
 )
 
@@ -117,7 +118,15 @@ func (q *Quota) State() QuotaState {
 		if rs == nil {
 			continue
 		}
-		subs := qp.p.Subscribers(now)
+		var subs []quota.Subscriber
+		switch {
+		case qp.p != nil:
+			subs = qp.p.Subscribers(now)
+		case qp.sh != nil:
+			// Another replica owns it: this one knows its own
+			// subscribers' grants only.
+			subs = qp.sh.subscribers()
+		}
 		rs.Buckets++
 		rs.Subscribers += len(subs)
 		b := QuotaBucketState{ID: qp.id}

@@ -38,9 +38,12 @@ type envoy struct {
 	// behalf of this Envoy.
 	spent    time.Duration
 	interval time.Duration
-	q        *service.Quota
-	sess     *service.QuotaSession
-	buckets  map[string]*bucket
+	// q is the replica its stream goes to, rep its number; the fleet
+	// moves it to another when that one dies.
+	q       *service.Quota
+	rep     int
+	sess    *service.QuotaSession
+	buckets map[string]*bucket
 	// nextTick is the next report, zero until the first bucket.
 	nextTick time.Time
 	// inbox holds the service's responses until they arrive.
@@ -129,6 +132,15 @@ func isBlanket(s *typev3.RateLimitStrategy, r typev3.RateLimitStrategy_BlanketRu
 // advance refills token buckets over dt, delivers the responses due and
 // sends the reports due at now.
 func (e *envoy) advance(now time.Time, dt time.Duration) {
+	if e.sess != nil {
+		select {
+		case <-e.sess.Done():
+			// The replica ended the stream (it cannot reach Redis):
+			// Envoy opens another at its next report.
+			e.sess = nil
+		default:
+		}
+	}
 	for _, b := range e.buckets {
 		if b.action != nil && b.max > 0 {
 			b.tokens = min(b.max, b.tokens+b.rate*dt.Seconds())
@@ -182,7 +194,7 @@ func (e *envoy) send(now time.Time, bs []*bucket, initial bool) {
 	}
 	began := time.Now()
 	err := e.sess.Report(m)
-	e.spent += time.Since(began)
+	e.count(time.Since(began))
 	if err != nil {
 		panic(fmt.Sprintf("envoy %d: report refused: %v", e.id, err))
 	}
@@ -196,10 +208,21 @@ func (e *envoy) collect(now time.Time, delay time.Duration) {
 	}
 	began := time.Now()
 	r := e.sess.Take()
-	e.spent += time.Since(began)
+	e.count(time.Since(began))
 	if r != nil {
 		e.inbox = append(e.inbox, delivery{at: now.Add(delay), resp: r})
 	}
+}
+
+// count adds a call to the service that took d.
+func (e *envoy) count(d time.Duration) {
+	e.spent += d
+}
+
+// lose drops the stream without a word, as when its replica is killed:
+// the next report opens a new one, to q.
+func (e *envoy) lose(q *service.Quota, rep int) {
+	e.sess, e.q, e.rep = nil, q, rep
 }
 
 // reconnect ends the stream; the next report opens a new one.

@@ -1,11 +1,16 @@
 package main
 
 import (
+	"context"
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"os"
 	"runtime"
+	"slices"
 	"strconv"
+	"strings"
+	"sync"
 	"time"
 
 	rlqsv3 "github.com/envoyproxy/go-control-plane/envoy/service/rate_limit_quota/v3"
@@ -15,6 +20,8 @@ import (
 	"github.com/ratelimitd/ratelimit/src/rules"
 	"github.com/ratelimitd/ratelimit/src/service"
 	"github.com/ratelimitd/ratelimit/src/stats"
+	"github.com/ratelimitd/ratelimit/src/store/redis"
+	"github.com/ratelimitd/ratelimit/src/store/storetest"
 )
 
 // scenario is one run of a fleet.
@@ -40,6 +47,21 @@ type scenario struct {
 	reconnect float64
 	// dt is the simulation's step.
 	dt time.Duration
+	// replicas, when set, is how many replicas of the service share the
+	// pools through a real redis-server; Envoy i's stream goes to
+	// replica i mod replicas. Zero is one replica with no Redis.
+	replicas int
+	// concurrent runs each tick on a goroutine of its own, as the
+	// service's ticker does beside the streams' handlers, and meanwhile
+	// calls the service from another, as a stream does (a Take, which
+	// takes the service's lock and finds nothing to send), every
+	// probeEvery until the tick is done: the longest of those calls is
+	// the longest a stream waited for that tick.
+	concurrent bool
+	// kill, when set, is when the replica that owns the most pools is
+	// killed (SIGKILL: it says nothing); its Envoys open streams to the
+	// others at their next report.
+	kill time.Duration
 	// sample is how many tenants, the most popular, are checked, when
 	// checks is set.
 	sample int
@@ -68,6 +90,18 @@ type result struct {
 	// every pool.
 	cpuReport, cpuTick time.Duration
 	heapPerSub         float64
+	// takeovers counts the pools a replica took over from another, late
+	// the grants sent later than Settle assumes; recovered is how long
+	// after a replica's death the grants stayed within 10 % of the
+	// targets again (as converge).
+	takeovers, late uint64
+	recovered       time.Duration
+	// waitMedian and waitMax are the median and the largest, over the
+	// ticks, of the longest call beside a tick (with concurrent).
+	waitMedian, waitMax time.Duration
+	// redisLoad is the CPU the redis-server used per second simulated:
+	// the share of a core it would take in real time.
+	redisLoad float64
 }
 
 var epoch = time.Date(2026, 7, 1, 0, 0, 0, 0, time.UTC)
@@ -92,26 +126,118 @@ func (sc scenario) rules() string {
 		int(sc.rate), int(sc.burst))
 }
 
-func (sc scenario) run() (result, error) {
-	var res result
-	rng := rand.New(rand.NewPCG(sc.seed, 0))
-	now := epoch
-	reg := stats.NewRegistry()
-	q := service.NewQuota(reg, service.QuotaConfig{
+// settle is the service's Settle: longer with replicas, whose grants
+// take a tick and two round trips more to reach their Envoys.
+func (sc scenario) settle() time.Duration {
+	if sc.replicas > 0 {
+		return service.SharedSettle
+	}
+	return quota.DefaultSettle
+}
+
+// replica is one replica of the service in a run.
+type replica struct {
+	q    *service.Quota
+	reg  *stats.Registry
+	dead bool
+	// offset is when in each second it ticks.
+	offset time.Duration
+	// probe is the session callBeside calls.
+	probe *service.QuotaSession
+}
+
+// redisCPU returns the CPU time srv has used, user and system (INFO cpu).
+func redisCPU(srv *storetest.RedisServer) time.Duration {
+	v, err := srv.Do(context.Background(), "INFO", "cpu")
+	info, _ := v.(string)
+	if err != nil {
+		return 0
+	}
+	var total float64
+	for _, line := range strings.Split(info, "\n") {
+		k, val, _ := strings.Cut(strings.TrimSpace(line), ":")
+		if k == "used_cpu_sys" || k == "used_cpu_user" {
+			f, _ := strconv.ParseFloat(val, 64)
+			total += f
+		}
+	}
+	return time.Duration(total * float64(time.Second))
+}
+
+// replicas starts the run's replicas: one with no store, or sc.replicas
+// sharing a redis-server started in dir; close stops what they use, and
+// cpu reads the CPU the redis-server has used (zero without one).
+func (sc scenario) startReplicas(dir string, now func() time.Time, cfg *rules.Config) (reps []*replica, closeAll func(), cpu func() time.Duration, err error) {
+	qc := service.QuotaConfig{
 		Pool:                quota.Config{TTL: sc.ttl, ReportInterval: sc.interval, Start: epoch},
 		MaxStreams:          sc.envoys + 1,
 		MaxBuckets:          10_000_000,
 		MaxBucketsPerStream: 1_000_000,
-		Now:                 func() time.Time { return now },
-	})
+		Now:                 now,
+	}
+	var closers []func()
+	closeAll = func() {
+		for i := len(closers) - 1; i >= 0; i-- {
+			closers[i]()
+		}
+	}
+	n := max(1, sc.replicas)
+	cpu = func() time.Duration { return 0 }
+	if sc.replicas > 0 {
+		srv, err := storetest.LaunchRedis(dir, storetest.RedisOptions{})
+		if err != nil {
+			return nil, closeAll, cpu, err
+		}
+		closers = append(closers, func() { _ = srv.Close() })
+		cpu = func() time.Duration { return redisCPU(srv) }
+		for i := range n {
+			st, err := redis.New(context.Background(), redis.Config{URL: srv.Addr})
+			if err != nil {
+				closeAll()
+				return nil, nil, cpu, err
+			}
+			closers = append(closers, func() { _ = st.Close() })
+			c := qc
+			c.Share, c.Replica = st, uint32(i+1)
+			// Replicas tick at different times of each second, on the
+			// step's grid.
+			offset := (time.Duration(i) * time.Second / time.Duration(n)).Truncate(sc.dt)
+			r := &replica{reg: stats.NewRegistry(), offset: offset}
+			r.q = service.NewQuota(r.reg, c)
+			r.q.SetRules(cfg)
+			reps = append(reps, r)
+		}
+		return reps, closeAll, cpu, nil
+	}
+	r := &replica{reg: stats.NewRegistry()}
+	r.q = service.NewQuota(r.reg, qc)
+	r.q.SetRules(cfg)
+	return []*replica{r}, closeAll, cpu, nil
+}
+
+func (sc scenario) run() (result, error) {
+	var res result
+	rng := rand.New(rand.NewPCG(sc.seed, 0))
+	now := epoch
 	cfg, err := rules.Parse([]rules.File{{Name: "sim.yaml", Data: []byte(sc.rules())}}, rules.Options{})
 	if err != nil {
 		return res, err
 	}
-	q.SetRules(cfg)
+	dir, err := os.MkdirTemp("", "rlqssim")
+	if err != nil {
+		return res, err
+	}
+	defer os.RemoveAll(dir)
+	reps, closeReplicas, redisCPU, err := sc.startReplicas(dir, func() time.Time { return now }, cfg)
+	if err != nil {
+		return res, err
+	}
+	defer closeReplicas()
+	redisBefore := redisCPU()
 	envoys := make([]*envoy, sc.envoys)
 	for i := range envoys {
-		envoys[i] = newEnvoy(i, sc.interval, q)
+		envoys[i] = newEnvoy(i, sc.interval, reps[i%len(reps)].q)
+		envoys[i].rep = i % len(reps)
 	}
 
 	// Tenant t's demand is overload × rate × (1/(t+1))^1.1, spread over
@@ -157,35 +283,81 @@ func (sc scenario) run() (result, error) {
 	}
 	var tickTime time.Duration
 	var ticks int
-	reported := reg.Counter("ratelimit.rlqs.reports")
-	lease := int((sc.ttl + quota.DefaultSettle) / sc.dt)
+	// beside are the longest calls made beside each tick.
+	var beside []time.Duration
+	lease := int((sc.ttl + sc.settle()) / sc.dt)
+	// changed marks, for each sampled tenant, that its subscribers change
+	// at step: one goes (its share counted until its lease ends) and, at
+	// its next report, one comes.
+	changed := func(e *envoy, step int) {
+		for t := range sampled {
+			if e.buckets[tenantName(t)] != nil {
+				sampled[t].events[step]++
+				if step+lease < steps {
+					sampled[t].events[step+lease]++
+				}
+			}
+		}
+	}
 	for step := range steps {
 		if elapsed := now.Sub(epoch); elapsed%sc.shiftEvery == 0 {
 			shift()
 			if elapsed > 0 {
 				for _, i := range rng.Perm(sc.envoys)[:int(sc.reconnect*float64(sc.envoys))] {
 					e := envoys[i]
-					// The service sees a subscriber go (its share
-					// counted until its lease ends) and, at the next
-					// report, a new one.
-					for t := range sampled {
-						if e.buckets[tenantName(t)] != nil {
-							sampled[t].events[step]++
-							if step+lease < steps {
-								sampled[t].events[step+lease]++
-							}
-						}
+					if reps[e.rep].dead {
+						continue
 					}
+					changed(e, step)
 					e.reconnect()
 				}
 			}
 		}
+		if sc.kill > 0 && now.Sub(epoch) == sc.kill {
+			// The replica that owns the most pools dies: its streams
+			// are cut, its Envoys open new ones to the others at their
+			// next report.
+			victim := 0
+			for i, r := range reps {
+				if r.reg.Gauges()["ratelimit.rlqs.shared.owned"] > reps[victim].reg.Gauges()["ratelimit.rlqs.shared.owned"] {
+					victim = i
+				}
+			}
+			reps[victim].dead = true
+			next := 0
+			for _, e := range envoys {
+				if e.rep == victim {
+					changed(e, step)
+					for next++; reps[next%len(reps)].dead; next++ {
+					}
+					e.lose(reps[next%len(reps)].q, next%len(reps))
+				}
+			}
+		}
 		now = now.Add(sc.dt)
-		if now.Sub(epoch)%time.Second == 0 {
-			began := time.Now()
-			q.Tick()
-			tickTime += time.Since(began)
-			ticks++
+		var ticking sync.WaitGroup
+		var tickMu sync.Mutex
+		var ticked []*replica
+		for _, r := range reps {
+			if !r.dead && (now.Sub(epoch)-r.offset)%time.Second == 0 {
+				tick := func() {
+					began := time.Now()
+					r.q.Tick()
+					tickMu.Lock()
+					tickTime += time.Since(began)
+					ticks++
+					tickMu.Unlock()
+				}
+				if sc.concurrent {
+					ticking.Go(tick)
+					ticked = append(ticked, r)
+				} else {
+					tick()
+				}
+			}
+		}
+		if len(ticked) > 0 {
+			beside = append(beside, callBeside(ticked, &ticking))
 		}
 		for _, e := range envoys {
 			e.advance(now, sc.dt)
@@ -204,6 +376,7 @@ func (sc scenario) run() (result, error) {
 		for _, e := range envoys {
 			e.collect(now, time.Duration(rng.Int64N(int64(500*time.Millisecond))))
 		}
+		ticking.Wait()
 		if now.Sub(epoch)%time.Second == 0 {
 			for _, p := range pairs {
 				if b := p.e.buckets[tenantName(p.tenant)]; p.granted != nil && b != nil && b.action != nil {
@@ -238,17 +411,30 @@ func (sc scenario) run() (result, error) {
 		}
 	}
 	res.buckets = sc.tenants
-	res.subs = int(reg.Gauges()["ratelimit.rlqs.subscriptions"])
+	var reported uint64
+	for _, r := range reps {
+		if !r.dead {
+			res.subs += int(r.reg.Gauges()["ratelimit.rlqs.subscriptions"])
+		}
+		reported += r.reg.Counter("ratelimit.rlqs.reports").Value()
+		res.takeovers += r.reg.Counter("ratelimit.rlqs.shared.takeovers").Value()
+		res.late += r.reg.Counter("ratelimit.rlqs.shared.late_assignments").Value()
+	}
 	var reportTime time.Duration
 	for _, e := range envoys {
 		reportTime += e.spent
 	}
-	if n := reported.Value(); n > 0 {
-		res.cpuReport = reportTime / time.Duration(n)
+	if len(beside) > 0 {
+		slices.Sort(beside)
+		res.waitMedian, res.waitMax = beside[len(beside)/2], beside[len(beside)-1]
+	}
+	if reported > 0 {
+		res.cpuReport = reportTime / time.Duration(reported)
 	}
 	if ticks > 0 {
 		res.cpuTick = tickTime / time.Duration(ticks)
 	}
+	res.redisLoad = (redisCPU() - redisBefore).Seconds() / sc.duration.Seconds()
 	if sc.checks {
 		for t := range sampled {
 			s := sampled[t]
@@ -256,7 +442,9 @@ func (sc scenario) run() (result, error) {
 		}
 		sc.fairness(&res, byTenant[:len(sampled)])
 	}
-	res.heapPerSub = heapPerSubscription(sc, cfg)
+	if sc.replicas == 0 {
+		res.heapPerSub = heapPerSubscription(sc, cfg)
+	}
 	return res, nil
 }
 
@@ -264,13 +452,60 @@ func tenantName(t int) string { return "t" + strconv.Itoa(t) }
 
 func abs(n int) int { return max(n, -n) }
 
+// probeEvery is how often callBeside calls a replica: about as often as
+// the streams report at 10,000 buckets (3,500 reports a second). A probe
+// that called without a pause would take a core from the tick it
+// measures.
+const probeEvery = 200 * time.Microsecond
+
+// callBeside calls each replica in ticked in turn, every probeEvery, until
+// the ticks running in ticking are done, and returns the longest call.
+// Each replica gets a session of its own, which has nothing to send: a
+// call is the service's lock and nothing else.
+func callBeside(ticked []*replica, ticking *sync.WaitGroup) (longest time.Duration) {
+	done := make(chan struct{})
+	go func() { ticking.Wait(); close(done) }()
+	var sessions []*service.QuotaSession
+	for _, r := range ticked {
+		if r.probe == nil {
+			s, err := r.q.Open()
+			if err != nil {
+				continue
+			}
+			r.probe = s
+		}
+		sessions = append(sessions, r.probe)
+	}
+	if len(sessions) == 0 {
+		<-done
+		return 0
+	}
+	pace := time.NewTicker(probeEvery)
+	defer pace.Stop()
+	for n := 0; ; n++ {
+		s := sessions[n%len(sessions)]
+		began := time.Now()
+		s.Take()
+		longest = max(longest, time.Since(began))
+		select {
+		case <-done:
+			return longest
+		case <-pace.C:
+		}
+	}
+}
+
 // checkBound holds every window of a tenant whose ends fall on a grid of
 // 0.5 s, up to 2 minutes long, to docs/RLQS.md's bound.
 func (sc scenario) checkBound(res *result, tenant int, admitted, join, events, subs []int) {
 	grid := int(500 * time.Millisecond / sc.dt)
 	longest := int(2 * time.Minute / sc.dt)
-	reach := int((2*quota.DefaultSettle + time.Second) / sc.dt)
-	learning := int((sc.ttl + quota.DefaultSettle) / sc.dt)
+	reach := int((2*sc.settle() + time.Second) / sc.dt)
+	learning := int((sc.ttl + sc.settle()) / sc.dt)
+	if sc.replicas > 0 {
+		// The shared pools start at the first tick that makes one.
+		learning += int(time.Second / sc.dt)
+	}
 	for a := 0; a < len(admitted); a += grid {
 		adm, j, ev, n, nMin := 0, 0, 0, 0, math.MaxInt
 		for _, e := range events[max(0, a-reach):a] {
@@ -352,18 +587,29 @@ func (sc scenario) fairness(res *result, byTenant [][]*pair) {
 				floored[i] = max(d, capacity/float64(10*len(demands)))
 			}
 			target := quota.Waterfill(capacity, floored)
+			// A period in which a replica died is measured from its
+			// death: how long its Envoys took to be served again.
+			killed := sc.kill > 0 && int(sc.kill/time.Second) > start && int(sc.kill/time.Second) < end
+			from := start
+			if killed {
+				from = int(sc.kill / time.Second)
+			}
 			conv := 0
-			for sec := end - 1; sec > start; sec-- {
+			for sec := end - 1; sec > from; sec-- {
 				d := 0.0
 				for i, p := range ps {
 					d += math.Abs(p.granted[sec] - target[i])
 				}
 				if d/sc.rate > 0.1 {
-					conv = sec + 1 - start
+					conv = sec + 1 - from
 					break
 				}
 			}
-			res.converge = max(res.converge, time.Duration(conv)*time.Second)
+			if killed {
+				res.recovered = max(res.recovered, time.Duration(conv)*time.Second)
+			} else {
+				res.converge = max(res.converge, time.Duration(conv)*time.Second)
+			}
 		}
 	}
 	if count > 0 {
@@ -433,8 +679,23 @@ func (r result) row(sc scenario) string {
 	if sc.checks {
 		fair = fmt.Sprintf("%.1f %%, %.1f %%", 100*r.fairMean, 100*r.fairWorst)
 		conv = r.converge.String()
+		if sc.kill > 0 {
+			conv += fmt.Sprintf("; %v after the kill", r.recovered)
+		}
 	}
-	return fmt.Sprintf("| %s | %d | %d | %d | %s | %d | %s | %s | %.1f µs | %.2f ms | %.0f B |",
-		sc.name, sc.envoys, r.buckets, r.subs, bound, r.fallbacks, fair, conv,
-		float64(r.cpuReport.Nanoseconds())/1e3, float64(r.cpuTick.Nanoseconds())/1e6, r.heapPerSub)
+	shared, redisLoad, heap := "—", "—", "—"
+	if sc.replicas > 0 {
+		shared = fmt.Sprintf("%d, %d", r.takeovers, r.late)
+		redisLoad = fmt.Sprintf("%.1f %%", 100*r.redisLoad)
+	} else {
+		heap = fmt.Sprintf("%.0f B", r.heapPerSub)
+	}
+	calls := "—"
+	if sc.concurrent {
+		calls = fmt.Sprintf("%.2f ms, %.1f ms", float64(r.waitMedian.Nanoseconds())/1e6, float64(r.waitMax.Nanoseconds())/1e6)
+	}
+	return fmt.Sprintf("| %s | %d | %d | %d | %s | %d | %s | %s | %s | %.1f µs | %s | %.2f ms | %s | %s |",
+		sc.name, sc.envoys, r.buckets, r.subs, bound, r.fallbacks, fair, conv, shared,
+		float64(r.cpuReport.Nanoseconds())/1e3, calls,
+		float64(r.cpuTick.Nanoseconds())/1e6, redisLoad, heap)
 }

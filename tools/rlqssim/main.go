@@ -5,7 +5,9 @@
 // and 10,000 buckets. It checks docs/RLQS.md's bound over every window,
 // the fairness of the split and how fast it converges after a shift, and
 // measures the service's cost: CPU per bucket report and per tick, and
-// memory per subscription. It prints Markdown for docs/RLQS.md.
+// memory per subscription. Some scenarios run several replicas sharing
+// the pools through a real redis-server (started for the run), one of
+// them killed mid-run. It prints Markdown for docs/RLQS.md.
 //
 //	go run ./tools/rlqssim                 # every scenario
 //	go run ./tools/rlqssim -run cost       # the ones whose name contains "cost"
@@ -16,14 +18,28 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"runtime/pprof"
 	"strings"
 	"time"
 )
 
 func main() {
 	run := flag.String("run", "", "run only the scenarios whose name contains this")
+	cpuProfile := flag.String("cpuprofile", "", "write a CPU profile of the runs to this `file`")
 	flag.Parse()
+	if *cpuProfile != "" {
+		f, err := os.Create(*cpuProfile)
+		if err == nil {
+			err = pprof.StartCPUProfile(f)
+		}
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "rlqssim:", err)
+			os.Exit(1)
+		}
+		defer pprof.StopCPUProfile()
+	}
 	if err := runAll(os.Stdout, *run); err != nil {
+		pprof.StopCPUProfile()
 		fmt.Fprintln(os.Stderr, "rlqssim:", err)
 		os.Exit(1)
 	}
@@ -42,13 +58,22 @@ func scenarios() []scenario {
 	base.name = "skewed, 5 s reports"
 	cost := base
 	cost.name, cost.tenants, cost.duration, cost.dt, cost.sample, cost.checks = "cost, 10,000 buckets", 10_000, 2*time.Minute, 100*time.Millisecond, 0, false
+	// The ticks run beside the streams' calls, as in the service, which
+	// shows how long a stream waits for a tick.
+	cost.concurrent = true
 	base.checks, fast.checks = true, true
-	return []scenario{base, fast, cost}
+	two := base
+	two.name, two.replicas = "skewed, 5 s reports, 2 replicas", 2
+	three := base
+	three.name, three.replicas, three.kill = "skewed, 5 s reports, 3 replicas, one killed at 2:30", 3, 150*time.Second
+	costShared := cost
+	costShared.name, costShared.replicas = "cost, 10,000 buckets, 3 replicas", 3
+	return []scenario{base, fast, two, three, cost, costShared}
 }
 
 func runAll(w io.Writer, filter string) error {
-	fmt.Fprintln(w, "| scenario | Envoys | buckets | subscriptions | worst window / bound | fallbacks | fairness error (mean, worst) | converged within | CPU per bucket report | CPU per tick | heap per subscription |")
-	fmt.Fprintln(w, "|---|---|---|---|---|---|---|---|---|---|---|")
+	fmt.Fprintln(w, "| scenario | Envoys | buckets | subscriptions | worst window / bound | fallbacks | fairness error (mean, worst) | converged within | takeovers, late grants | CPU per bucket report | a stream's longest wait in a tick (median, most) | time per tick | Redis CPU | heap per subscription |")
+	fmt.Fprintln(w, "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
 	for _, sc := range scenarios() {
 		if filter != "" && !strings.Contains(sc.name, filter) {
 			continue

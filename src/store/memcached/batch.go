@@ -8,6 +8,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/ratelimitd/ratelimit/src/limiter"
+	"github.com/ratelimitd/ratelimit/src/store/memcached/mcclient"
 )
 
 // countBatch reports whether b, of units units (see units), is a batch
@@ -30,18 +31,17 @@ func countBatch(b *limiter.Batch, units int, apart bool) bool {
 type counting struct {
 	key       string
 	incrFirst bool
-	r         *request
-	pc        *pconn
+	call      mcclient.Call
 	span      trace.Span
 	err       error
 }
 
 // doCounts applies a countBatch: the first command of every op (incr, or
 // add for a key this instance has not written in the window; see
-// applyCount) is queued before any is written, so that the batch goes out
-// in one write per connection and comes back in about one round trip,
-// without a goroutine per op. An op whose first command missed (incr of a
-// key gone, add of a key another instance created) goes on alone as
+// applyCount) is queued in one of the client's batches, so that the batch
+// goes out in one write per connection and comes back in about one round
+// trip, without a goroutine per op. An op whose first command missed (incr
+// of a key gone, add of a key another instance created) goes on alone as
 // applyCount would. It returns the error of the lowest op that failed.
 func (s *Store) doCounts(ctx context.Context, b *limiter.Batch) error {
 	if err := s.check(ctx); err != nil {
@@ -53,30 +53,22 @@ func (s *Store) doCounts(ctx context.Context, b *limiter.Batch) error {
 		ops = make([]counting, 0, len(b.Ops))
 	}
 	sec := b.Now.Unix()
-	var flushBuf [8]*pconn
-	flush := flushBuf[:0]
+	var batch mcclient.Batch
 	for i := range b.Ops {
 		op := &b.Ops[i]
 		c := counting{key: itemKey(op.Key)}
 		c.incrFirst = s.written.has(c.key, sec)
-		q := request{key: c.key, num: op.Hits}
 		if c.incrFirst {
-			q.verb = verbIncr
 			c.span = s.startSpan(ctx, cmdIncr)
+			c.call, c.err = s.client.QueueIncr(ctx, &batch, c.key, op.Hits)
 		} else {
-			q.verb = verbAddNum
-			q.exp = s.expiration(max(int64(op.Window/time.Second), 1))
 			c.span = s.startSpan(ctx, cmdAdd)
-		}
-		c.r, c.pc, c.err = s.client.start(ctx, c.key, q, true)
-		if c.err == nil && !containsConn(flush, c.pc) {
-			flush = append(flush, c.pc)
+			exp := s.expiration(max(int64(op.Window/time.Second), 1))
+			c.call, c.err = s.client.QueueAddNum(ctx, &batch, c.key, op.Hits, exp)
 		}
 		ops = append(ops, c)
 	}
-	for _, pc := range flush {
-		pc.flush()
-	}
+	batch.Send()
 	var first error
 	for i := range ops {
 		if err := s.finishCount(ctx, &ops[i], &b.Ops[i], b.Now, &b.Results[i]); err != nil && first == nil {
@@ -92,11 +84,7 @@ func (s *Store) finishCount(ctx context.Context, c *counting, op *limiter.Op, no
 	err := c.err
 	var n uint64
 	if err == nil {
-		var r *request
-		if r, err = s.client.wait(ctx, c.r); err == nil {
-			n = r.num
-			putRequest(r)
-		}
+		n, err = s.client.Wait(ctx, c.call)
 	}
 	endSpan(c.span, err)
 	if c.incrFirst {
@@ -111,21 +99,11 @@ func (s *Store) finishCount(ctx context.Context, c *counting, op *limiter.Op, no
 		s.written.add(c.key, limiter.FixedWindowEnd(now, op.Window).Unix(), now.Unix())
 		s.counted(ctx, c.key, op, now, n, res)
 		return nil
-	case c.incrFirst && errors.Is(err, errCacheMiss), !c.incrFirst && errors.Is(err, errNotStored):
+	case c.incrFirst && errors.Is(err, mcclient.ErrCacheMiss), !c.incrFirst && errors.Is(err, mcclient.ErrNotStored):
 		s.gotAnswer(c.key)
 		_, err = s.countFrom(ctx, c.key, op, now, res, !c.incrFirst)
 		return err
 	default:
 		return s.fail(c.key, err)
 	}
-}
-
-// containsConn reports whether pcs holds pc.
-func containsConn(pcs []*pconn, pc *pconn) bool {
-	for _, p := range pcs {
-		if p == pc {
-			return true
-		}
-	}
-	return false
 }

@@ -13,11 +13,6 @@ import (
 	"github.com/ratelimitd/ratelimit/src/store/storetest"
 )
 
-// benchIdleConns is gomemcache's MaxIdleConns in the benchmarks that
-// compare it: one idle connection per concurrent client, so that none
-// dials.
-const benchIdleConns = 64
-
 // BenchmarkStoreFixedWindow measures one-op fixed-window requests from 64
 // concurrent clients over 10,000 keys against a local memcached, as the
 // Redis store's BenchmarkStore does, and reports the round trips per op and
@@ -50,7 +45,7 @@ func benchStore(b *testing.B, alg rules.Algorithm, perBatch int) {
 		names[i] = "bench_" + alg.String() + "_user_" + strconv.Itoa(i)
 	}
 	var next, sink atomic.Uint64
-	cpu := startCPU(b, srv)
+	cpu := srv.StartCPU(b.Context())
 	b.ReportAllocs()
 	b.SetParallelism(64 / max(1, runtime.GOMAXPROCS(0)))
 	b.ResetTimer()
@@ -95,30 +90,6 @@ func benchStore(b *testing.B, alg rules.Algorithm, perBatch int) {
 	}
 }
 
-// startCPU starts measuring the CPU time used by this process and by
-// memcached; the meter reports the server's as memcached-cpu-ns/op.
-func startCPU(b *testing.B, srv *storetest.MemcachedServer) *storetest.CPUMeter {
-	return storetest.StartCPU(func() (time.Duration, bool) { return memcachedCPU(b, srv) }, "memcached-cpu-ns/op")
-}
-
-// memcachedCPU returns the CPU time memcached has used (stats rusage_*).
-func memcachedCPU(b *testing.B, srv *storetest.MemcachedServer) (time.Duration, bool) {
-	b.Helper()
-	stats, err := srv.Stats(b.Context())
-	if err != nil {
-		return 0, false
-	}
-	var total float64
-	for _, name := range []string{"rusage_user", "rusage_system"} {
-		f, err := strconv.ParseFloat(stats[name], 64)
-		if err != nil {
-			return 0, false
-		}
-		total += f
-	}
-	return time.Duration(total * float64(time.Second)), true
-}
-
 // BenchmarkLimiterCheckList compares one decision through the limiter on
 // memcached, from 64 concurrent clients over 10,000 addresses, for a
 // descriptor with one limit (rate_limit: a minute, one incr), a list of
@@ -157,7 +128,7 @@ func benchDecisions(b *testing.B, lim *rules.Limit) {
 	}
 	now := time.Now()
 	var next, sink atomic.Uint64
-	cpu := startCPU(b, srv)
+	cpu := srv.StartCPU(b.Context())
 	b.ReportAllocs()
 	b.SetParallelism(64 / max(1, runtime.GOMAXPROCS(0)))
 	b.ResetTimer()

@@ -20,7 +20,7 @@ func (s *Store) breakerFor(key string) *breaker.Breaker {
 	if s.breakers == nil {
 		return nil
 	}
-	a, err := s.client.addrOf(key)
+	a, err := s.client.AddrOf(key)
 	if err != nil {
 		return nil
 	}
@@ -54,7 +54,7 @@ func (s *Store) admit(b *limiter.Batch) error {
 // breakers of those that answer within Timeout. A server no longer in the
 // list (an SRV refresh dropped it) gets no traffic: its breaker is closed.
 func (s *Store) probeBreakers(ctx context.Context) {
-	addrs := s.client.addrs()
+	addrs := s.client.Addrs()
 	for _, b := range s.breakers.OpenServers() {
 		if !slices.Contains(addrs, b.Addr()) || s.pingServer(ctx, b.Addr()) == nil {
 			b.Reset()
@@ -66,7 +66,7 @@ func (s *Store) probeBreakers(ctx context.Context) {
 func (s *Store) pingServer(ctx context.Context, addr string) error {
 	ctx, cancel := context.WithTimeout(ctx, s.cfg.Timeout)
 	defer cancel()
-	return s.client.pingAddr(ctx, addr)
+	return s.client.PingAddr(ctx, addr)
 }
 
 // Breakers returns the counters of the servers' circuit breakers

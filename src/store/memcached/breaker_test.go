@@ -66,7 +66,7 @@ func TestBreakerOneOfTwoServers(t *testing.T) {
 			keyOn := func(addr string, alg rules.Algorithm) string {
 				for i := range 1000 {
 					key := fmt.Sprintf("k%d_%s", i, alg)
-					if a, err := s.client.addrOf(key); err == nil && a == addr {
+					if a, err := s.client.AddrOf(key); err == nil && a == addr {
 						return key
 					}
 				}
@@ -154,7 +154,7 @@ func TestBreakerIgnoresDataErrors(t *testing.T) {
 	s := newStore(t, Config{Addrs: []string{srv.Addr}, Breaker: breaker.Config{Failures: 2, ProbeInterval: breakerProbe}})
 	now := time.Now()
 	key := fmt.Sprintf("poisoned_%d", now.Unix()/3600*3600)
-	if err := s.client.add(t.Context(), key, []byte("abc"), 60); err != nil {
+	if err := s.client.Add(t.Context(), key, []byte("abc"), 60); err != nil {
 		t.Fatal(err)
 	}
 	// As if this instance had written the key in this window: each

@@ -19,6 +19,7 @@ import (
 	"github.com/ratelimitd/ratelimit/src/limiter"
 	"github.com/ratelimitd/ratelimit/src/rules"
 	"github.com/ratelimitd/ratelimit/src/store/breaker"
+	"github.com/ratelimitd/ratelimit/src/store/memcached/mcclient"
 	"github.com/ratelimitd/ratelimit/src/store/storetest"
 )
 
@@ -31,7 +32,7 @@ type connCounter struct {
 	onWrite func(p []byte)
 }
 
-func (c *connCounter) wrap(dial dialFunc) dialFunc {
+func (c *connCounter) wrap(dial mcclient.DialFunc) mcclient.DialFunc {
 	return func(ctx context.Context, network, addr string) (net.Conn, error) {
 		c.dials.Add(1)
 		n := c.open.Add(1)

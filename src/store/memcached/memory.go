@@ -38,7 +38,7 @@ const maxStatsLines = 512
 // connection of its own (dialed as the store's, TLS included), each within
 // the store's timeout. A server that does not answer is not Known.
 func (s *Store) Memory(ctx context.Context) []Memory {
-	addrs := s.client.addrs()
+	addrs := s.client.Addrs()
 	out := make([]Memory, len(addrs))
 	for i, addr := range addrs {
 		out[i] = Memory{Server: addr}
@@ -52,7 +52,7 @@ func (s *Store) Memory(ctx context.Context) []Memory {
 func (s *Store) readMemory(ctx context.Context, addr string) (Memory, error) {
 	ctx, cancel := context.WithTimeout(ctx, s.cfg.Timeout)
 	defer cancel()
-	conn, err := s.client.cfg.Dial(ctx, "tcp", addr)
+	conn, err := s.dial(ctx, "tcp", addr)
 	if err != nil {
 		return Memory{}, err
 	}

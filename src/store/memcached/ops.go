@@ -15,6 +15,7 @@ import (
 
 	"github.com/ratelimitd/ratelimit/src/limiter"
 	"github.com/ratelimitd/ratelimit/src/rules"
+	"github.com/ratelimitd/ratelimit/src/store/memcached/mcclient"
 )
 
 // undo is what it takes to take back one op that recorded hits, for an
@@ -93,7 +94,7 @@ func (s *Store) countFrom(ctx context.Context, key string, op *limiter.Op, now t
 				s.written.add(key, end, sec)
 				return s.counted(ctx, key, op, now, after, r), nil
 			}
-			if !errors.Is(err, errCacheMiss) {
+			if !errors.Is(err, mcclient.ErrCacheMiss) {
 				return undo{}, s.fail(key, err)
 			}
 			s.gotAnswer(key)
@@ -113,7 +114,7 @@ func (s *Store) countFrom(ctx context.Context, key string, op *limiter.Op, now t
 			s.written.add(key, end, sec)
 			return s.counted(ctx, key, op, now, op.Hits, r), nil
 		}
-		if !errors.Is(err, errNotStored) {
+		if !errors.Is(err, mcclient.ErrNotStored) {
 			return undo{}, s.fail(key, err)
 		}
 		s.gotAnswer(key)
@@ -201,7 +202,7 @@ func (s *Store) pin(ctx context.Context, key string, op *limiter.Op) {
 		}
 		it, err := s.get(ctx, key)
 		if err != nil {
-			if errors.Is(err, errCacheMiss) {
+			if errors.Is(err, mcclient.ErrCacheMiss) {
 				s.gotAnswer(key)
 			} else {
 				_ = s.fail(key, err)
@@ -245,7 +246,7 @@ func (s *Store) readCount(ctx context.Context, key string) (uint64, error) {
 		return 0, err
 	}
 	it, err := s.get(ctx, key)
-	if errors.Is(err, errCacheMiss) {
+	if errors.Is(err, mcclient.ErrCacheMiss) {
 		s.gotAnswer(key)
 		return 0, nil
 	}
@@ -369,7 +370,7 @@ func (s *Store) update(ctx context.Context, key string, now time.Time, purpose p
 			return false, err
 		}
 		it, err := s.get(ctx, key)
-		if err != nil && !errors.Is(err, errCacheMiss) {
+		if err != nil && !errors.Is(err, mcclient.ErrCacheMiss) {
 			return false, s.fail(key, err)
 		}
 		s.gotAnswer(key)
@@ -431,8 +432,8 @@ func (s *Store) backoff(ctx context.Context, attempt int) {
 // conflict reports whether a cas or add failed because another op changed,
 // created or removed the item since it was read: the op starts again.
 func conflict(err error) bool {
-	return errors.Is(err, errExists) || errors.Is(err, errNotStored) ||
-		errors.Is(err, errCacheMiss)
+	return errors.Is(err, mcclient.ErrExists) || errors.Is(err, mcclient.ErrNotStored) ||
+		errors.Is(err, mcclient.ErrCacheMiss)
 }
 
 // step runs op's pure function on the state encoded in data (a new key
@@ -506,7 +507,7 @@ func (s *Store) undo(ctx context.Context, u *undo) error {
 			return err
 		}
 		err := s.decrement(ctx, u.key, op.Hits)
-		if err == nil || errors.Is(err, errCacheMiss) {
+		if err == nil || errors.Is(err, mcclient.ErrCacheMiss) {
 			s.gotAnswer(u.key)
 			return nil
 		}
@@ -635,12 +636,12 @@ func (s *Store) fail(key string, err error) error {
 		s.gotAnswer(key)
 		s.shed.Add(1)
 		return fmt.Errorf("memcached: key %q: %w: %w: %w", key, limiter.ErrOverloaded, limiter.ReasonOutOfMemory, err)
-	case errors.Is(err, errQueueFull):
+	case errors.Is(err, mcclient.ErrQueueFull):
 		s.shed.Add(1)
 		return fmt.Errorf("memcached: %w: %w", limiter.ErrOverloaded, err)
-	case errors.Is(err, errGaveUp), errors.Is(err, context.Canceled), errors.Is(err, errClientClosed):
+	case errors.Is(err, mcclient.ErrGaveUp), errors.Is(err, context.Canceled), errors.Is(err, mcclient.ErrClientClosed):
 		return unavailable(err)
-	case errors.Is(err, errBroken):
+	case errors.Is(err, mcclient.ErrBroken):
 		s.up.Store(false)
 		return unavailable(err)
 	}
@@ -666,10 +667,10 @@ func (s *Store) breakConn(addr string, requests int) {
 // is not a 64-bit decimal number: "cannot increment or decrement
 // non-numeric value"), or a value too large for an item.
 func refusedData(err error) bool {
-	var ce *clientError
-	var se *serverError
-	return errors.Is(err, errMalformedKey) || errors.As(err, &ce) ||
-		errors.As(err, &se) && strings.HasPrefix(se.msg, "object too large")
+	var ce *mcclient.ClientError
+	var se *mcclient.ServerError
+	return errors.Is(err, mcclient.ErrMalformedKey) || errors.As(err, &ce) ||
+		errors.As(err, &se) && strings.HasPrefix(se.Msg, "object too large")
 }
 
 // outOfMemory reports whether err is memcached refusing to store an item
@@ -679,8 +680,8 @@ func refusedData(err error) bool {
 // has room for, so it neither trips a breaker nor marks memcached down;
 // the request fails with ResourceExhausted, never OK.
 func outOfMemory(err error) bool {
-	var se *serverError
-	return errors.As(err, &se) && strings.HasPrefix(se.msg, "out of memory")
+	var se *mcclient.ServerError
+	return errors.As(err, &se) && strings.HasPrefix(se.Msg, "out of memory")
 }
 
 // dataError wraps an error about the data of key: memcached refused it, or
@@ -693,29 +694,15 @@ func dataError(key string, err error) error {
 // whitespace or control characters. Those keys are stored under a stable
 // substitute: the first keyHead bytes with the bad characters turned into
 // '_', then "#sha256:" and the hex SHA-256 of the whole key.
-const (
-	maxKeyLen = 250
-	keyHead   = 100
-)
+const keyHead = 100
 
 // itemKey is the memcached key of a limiter key: key itself when memcached
 // takes it, else its substitute.
 func itemKey(key string) string {
-	if len(key) <= maxKeyLen && legalKey(key) {
+	if mcclient.LegalKey(key) {
 		return key
 	}
 	return substituteKey(key)
-}
-
-// legalKey reports whether key has only the characters memcached takes in
-// a key (gomemcache's rule: no byte <= ' ', no DEL).
-func legalKey(key string) bool {
-	for i := 0; i < len(key); i++ {
-		if c := key[i]; c <= ' ' || c == 0x7f {
-			return false
-		}
-	}
-	return true
 }
 
 func substituteKey(key string) string {

@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"sync/atomic"
+
+	"github.com/ratelimitd/ratelimit/src/store/memcached/mcclient"
 )
 
 // OpStats counts the store's memcached commands by outcome, as the
@@ -54,7 +56,7 @@ type cacheItem struct {
 // increment is the client's incr, counted.
 func (s *Store) increment(ctx context.Context, key string, delta uint64) (uint64, error) {
 	span := s.startSpan(ctx, cmdIncr)
-	v, err := s.client.incr(ctx, key, delta)
+	v, err := s.client.Incr(ctx, key, delta)
 	endSpan(span, err)
 	s.countIncr(err)
 	return v, err
@@ -65,7 +67,7 @@ func (s *Store) countIncr(err error) {
 	switch {
 	case err == nil:
 		s.opCounts.incrOK.Add(1)
-	case errors.Is(err, errCacheMiss):
+	case errors.Is(err, mcclient.ErrCacheMiss):
 		s.opCounts.incrMiss.Add(1)
 	default:
 		s.opCounts.incrErr.Add(1)
@@ -75,7 +77,7 @@ func (s *Store) countIncr(err error) {
 // add is the client's add, counted.
 func (s *Store) add(ctx context.Context, item *cacheItem) error {
 	span := s.startSpan(ctx, cmdAdd)
-	err := s.client.add(ctx, item.Key, item.Value, item.Expiration)
+	err := s.client.Add(ctx, item.Key, item.Value, item.Expiration)
 	endSpan(span, err)
 	s.countAdd(err)
 	return err
@@ -86,7 +88,7 @@ func (s *Store) countAdd(err error) {
 	switch {
 	case err == nil:
 		s.opCounts.addOK.Add(1)
-	case errors.Is(err, errNotStored):
+	case errors.Is(err, mcclient.ErrNotStored):
 		s.opCounts.addNotStored.Add(1)
 	default:
 		s.opCounts.addErr.Add(1)
@@ -98,7 +100,7 @@ func (s *Store) countAdd(err error) {
 func (s *Store) get(ctx context.Context, key string) (*cacheItem, error) {
 	span := s.startSpan(ctx, cmdGets)
 	var it *cacheItem
-	value, casID, err := s.client.gets(ctx, key)
+	value, casID, err := s.client.Gets(ctx, key)
 	if err == nil {
 		it = &cacheItem{Key: key, Value: value, CasID: casID}
 	}
@@ -108,7 +110,7 @@ func (s *Store) get(ctx context.Context, key string) (*cacheItem, error) {
 	case err == nil:
 		s.opCounts.getOK.Add(1)
 		s.opCounts.found.Add(1)
-	case errors.Is(err, errCacheMiss):
+	case errors.Is(err, mcclient.ErrCacheMiss):
 		s.opCounts.getOK.Add(1)
 	default:
 		s.opCounts.getErr.Add(1)
@@ -120,7 +122,7 @@ func (s *Store) get(ctx context.Context, key string) (*cacheItem, error) {
 // cas).
 func (s *Store) compareAndSwap(ctx context.Context, item *cacheItem) error {
 	span := s.startSpan(ctx, cmdCAS)
-	err := s.client.cas(ctx, item.Key, item.Value, item.Expiration, item.CasID)
+	err := s.client.CAS(ctx, item.Key, item.Value, item.Expiration, item.CasID)
 	endSpan(span, err)
 	return err
 }
@@ -128,7 +130,7 @@ func (s *Store) compareAndSwap(ctx context.Context, item *cacheItem) error {
 // decrement is the client's decr (not counted: the anchor sends no decr).
 func (s *Store) decrement(ctx context.Context, key string, delta uint64) error {
 	span := s.startSpan(ctx, cmdDecr)
-	_, err := s.client.decr(ctx, key, delta)
+	_, err := s.client.Decr(ctx, key, delta)
 	endSpan(span, err)
 	return err
 }

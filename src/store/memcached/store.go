@@ -100,6 +100,7 @@ import (
 
 	"github.com/ratelimitd/ratelimit/src/limiter"
 	"github.com/ratelimitd/ratelimit/src/store/breaker"
+	"github.com/ratelimitd/ratelimit/src/store/memcached/mcclient"
 )
 
 // errClosed is the cause of errors after Close.
@@ -121,9 +122,12 @@ type Store struct {
 	written *written
 	// locks serialise this instance's updates of one item (see update).
 	locks *itemLocks
-	// client is the pipelining memcached client (client.go); it holds
+	// client is the pipelining memcached client (package mcclient); it holds
 	// the server list.
-	client *client
+	client *mcclient.Client
+	// dial is the client's dial function, for the reads of the servers'
+	// settings (memory.go), which speak to them on a connection of their own.
+	dial   mcclient.DialFunc
 	lookup lookupSRVFunc
 	// srvAddrs is the server list last resolved from cfg.SRV; only New and
 	// then the refresher touch it.
@@ -186,7 +190,7 @@ type deps struct {
 	lookup lookupSRVFunc
 	// wrapDial, when not nil, wraps the dial function (tests count the
 	// connections).
-	wrapDial func(dialFunc) dialFunc
+	wrapDial func(mcclient.DialFunc) mcclient.DialFunc
 }
 
 func newWith(ctx context.Context, cfg Config, d deps) (*Store, error) {
@@ -200,6 +204,7 @@ func newWith(ctx context.Context, cfg Config, d deps) (*Store, error) {
 	}
 	s := &Store{
 		cfg:      cfg,
+		dial:     dial,
 		lookup:   d.lookup,
 		answered: make(chan struct{}),
 		written:  newWritten(),
@@ -207,9 +212,10 @@ func newWith(ctx context.Context, cfg Config, d deps) (*Store, error) {
 		slots:    make(chan struct{}, cfg.MaxConns),
 		breakers: breaker.NewGroup("memcached", cfg.Breaker),
 	}
-	s.client = newClient(clientConfig{
+	s.client = mcclient.New(mcclient.Config{
 		Dial: dial, Conns: cfg.Conns, Idle: cfg.MaxIdleConns, MaxQueue: 4 * cfg.MaxConns,
 		Timeout: cfg.Timeout, Observe: cfg.RoundTrip, Broken: s.breakConn,
+		MaxValue: maxListBytes,
 	})
 	addrs := cfg.Addrs
 	if cfg.SRV != "" {
@@ -218,7 +224,7 @@ func newWith(ctx context.Context, cfg Config, d deps) (*Store, error) {
 		}
 		s.srvAddrs = addrs
 	}
-	if err := s.client.setServers(addrs...); err != nil {
+	if err := s.client.SetServers(addrs...); err != nil {
 		// A name that does not resolve yet (a service not yet in DNS):
 		// the prober tries again. Names are resolved only here, as the
 		// anchor's client (gomemcache's ServerList) does.
@@ -250,12 +256,9 @@ func (s *Store) start(f func()) {
 	}()
 }
 
-// dialFunc is the signature of the client's dial function.
-type dialFunc = func(ctx context.Context, network, addr string) (net.Conn, error)
-
 // dialer returns the client's dial function: TCP with keep-alives, and TLS
 // when configured; the client bounds each dial by Timeout.
-func dialer(cfg Config) dialFunc {
+func dialer(cfg Config) mcclient.DialFunc {
 	d := &net.Dialer{Timeout: cfg.Timeout, KeepAlive: 30 * time.Second}
 	if cfg.TLS != nil {
 		// tls.Dialer takes ServerName from the address when the config
@@ -307,12 +310,12 @@ func (s *Store) ping() error {
 	ctx, cancel := context.WithTimeout(s.ctx, 2*s.cfg.Timeout)
 	defer cancel()
 	if s.unresolved != nil {
-		if err := s.client.setServers(s.unresolved...); err != nil {
+		if err := s.client.SetServers(s.unresolved...); err != nil {
 			return err
 		}
 		s.unresolved = nil
 	}
-	return s.client.ping(ctx)
+	return s.client.Ping(ctx)
 }
 
 // markUp records that memcached answered.
@@ -344,7 +347,7 @@ func (s *Store) refresh() {
 		if err != nil || slices.Equal(addrs, s.srvAddrs) {
 			continue
 		}
-		if s.client.setServers(addrs...) == nil {
+		if s.client.SetServers(addrs...) == nil {
 			s.srvAddrs = addrs
 		}
 	}
@@ -413,7 +416,7 @@ func (s *Store) Close() error {
 		t := time.NewTimer(time.Until(deadline))
 		defer t.Stop()
 		s.drain(t.C)
-		err = s.client.closeBy(deadline)
+		err = s.client.CloseBy(deadline)
 	})
 	return err
 }

@@ -17,6 +17,7 @@ import (
 
 	"github.com/ratelimitd/ratelimit/src/limiter"
 	"github.com/ratelimitd/ratelimit/src/rules"
+	"github.com/ratelimitd/ratelimit/src/store/memcached/mcclient"
 	"github.com/ratelimitd/ratelimit/src/store/storetest"
 )
 
@@ -142,7 +143,7 @@ func TestUnsafeKeys(t *testing.T) {
 		}
 	}
 	sub := itemKey(long)
-	if len(sub) > maxKeyLen || !legalKey(sub) || sub != itemKey(long) {
+	if !mcclient.LegalKey(sub) || sub != itemKey(long) {
 		t.Errorf("itemKey(long) = %q: not a stable legal memcached key", sub)
 	}
 	if !strings.HasPrefix(sub, long[:keyHead]+"#sha256:") {
@@ -178,7 +179,7 @@ func TestCounterShrinks(t *testing.T) {
 		t.Errorf("after the take-back: %+v, want the count 10", r)
 	}
 	// 10 -> 9 leaves "9 " in memcached.
-	if _, err := s.client.decr(t.Context(), itemKey(op.Key), 1); err != nil {
+	if _, err := s.client.Decr(t.Context(), itemKey(op.Key), 1); err != nil {
 		t.Fatal(err)
 	}
 	if r := do(t, s, false, now, op)[0]; r.Before != 9 || r.Remaining != 1 {

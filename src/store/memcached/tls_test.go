@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ratelimitd/ratelimit/src/store/memcached/mcclient"
 	"github.com/ratelimitd/ratelimit/src/store/storetest"
 )
 
@@ -37,5 +38,24 @@ func TestTLSConfigErrors(t *testing.T) {
 		if err == nil || !strings.HasPrefix(err.Error(), "memcached: tls: ") || strings.Contains(err.Error(), "REDIS") {
 			t.Errorf("TLSConfig(%+v) = %v, want an error of memcached's", f, err)
 		}
+	}
+}
+
+// TestClientOverTLS: the client the store makes speaks to a memcached that
+// accepts only TLS.
+func TestClientOverTLS(t *testing.T) {
+	t.Parallel()
+	srv := storetest.StartMemcachedTLS(t)
+	cfg := Config{Addrs: []string{srv.Addr}, TLS: srv.TLS.ClientConfig(), Timeout: time.Second}
+	c := mcclient.New(mcclient.Config{Conns: 2, Timeout: time.Second, MaxQueue: 16, Dial: dialer(cfg)})
+	t.Cleanup(func() { _ = c.Close() })
+	if err := c.SetServers(srv.Addr); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Add(t.Context(), "tls_n", []byte("1"), 60); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := c.Incr(t.Context(), "tls_n", 2); err != nil || n != 3 {
+		t.Fatalf("incr over TLS = %d, %v, want 3", n, err)
 	}
 }

@@ -7,6 +7,8 @@ import (
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/trace"
+
+	"github.com/ratelimitd/ratelimit/src/store/memcached/mcclient"
 )
 
 // The commands a round trip sends, as span names: one command per span,
@@ -56,11 +58,11 @@ func endSpan(span trace.Span, err error) {
 	}
 	switch {
 	case err == nil:
-	case errors.Is(err, errCacheMiss):
+	case errors.Is(err, mcclient.ErrCacheMiss):
 		span.SetAttributes(attrAnswer.String("miss"))
-	case errors.Is(err, errNotStored):
+	case errors.Is(err, mcclient.ErrNotStored):
 		span.SetAttributes(attrAnswer.String("not_stored"))
-	case errors.Is(err, errExists):
+	case errors.Is(err, mcclient.ErrExists):
 		span.SetAttributes(attrAnswer.String("exists"))
 	default:
 		span.SetStatus(codes.Error, err.Error())

@@ -647,7 +647,8 @@ var (
 // scriptSources maps every script's SHA1 to its source, for EVAL after
 // NOSCRIPT.
 var scriptSources = func() map[string]string {
-	m := map[string]string{decideSHA: decideLua, undoSHA: undoLua}
+	m := map[string]string{decideSHA: decideLua, undoSHA: undoLua,
+		quotaSyncSHA: quotaSyncLua, quotaCommitSHA: quotaCommitLua, quotaStartedSHA: quotaStartedLua}
 	for _, src := range leanScripts {
 		if src != "" {
 			m[scriptSHA(src)] = src

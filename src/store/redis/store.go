@@ -424,27 +424,7 @@ func (s *Store) Do(ctx context.Context, b *limiter.Batch) error {
 	if b.Now.IsZero() {
 		b.Now = time.Now()
 	}
-
-	var reqs [2]*request
-	var bes [2]*backend
-	if s.perSecond == nil {
-		r := getRequest(ctx)
-		for i := range n {
-			r.idx = append(r.idx, i)
-		}
-		reqs[0], bes[0] = r, s.main
-	} else {
-		for i := range b.Ops {
-			k, be := 0, s.main
-			if b.Ops[i].PerSecond {
-				k, be = 1, s.perSecond
-			}
-			if reqs[k] == nil {
-				reqs[k], bes[k] = getRequest(ctx), be
-			}
-			reqs[k].idx = append(reqs[k].idx, i)
-		}
-	}
+	reqs, bes := s.split(ctx, b, n)
 	// An open circuit breaker fails the request at once, before it costs
 	// a command or a place in a queue.
 	for k, r := range reqs {
@@ -465,12 +445,49 @@ func (s *Store) Do(ctx context.Context, b *limiter.Batch) error {
 			s.build(r, b, bes[k])
 		}
 	}
+	recycle, err := s.exchange(ctx, b, reqs, bes)
+	if err == nil && b.AllOrNothing {
+		err = s.compensate(ctx, b, reqs, bes)
+	}
+	for k, r := range reqs {
+		if r != nil && recycle[k] {
+			putRequest(r)
+		}
+	}
+	return err
+}
 
-	// With both backends, queue on both before waiting for either, so that
-	// the two round trips overlap.
+// split makes the requests of b's n ops: one to the main Redis, or, with
+// a per-second Redis, one to each Redis that has ops of b.
+func (s *Store) split(ctx context.Context, b *limiter.Batch, n int) (reqs [2]*request, bes [2]*backend) {
+	if s.perSecond == nil {
+		r := getRequest(ctx)
+		for i := range n {
+			r.idx = append(r.idx, i)
+		}
+		reqs[0], bes[0] = r, s.main
+		return reqs, bes
+	}
+	for i := range b.Ops {
+		k, be := 0, s.main
+		if b.Ops[i].PerSecond {
+			k, be = 1, s.perSecond
+		}
+		if reqs[k] == nil {
+			reqs[k], bes[k] = getRequest(ctx), be
+		}
+		reqs[k].idx = append(reqs[k].idx, i)
+	}
+	return reqs, bes
+}
+
+// exchange sends the built requests and decodes their replies into b.
+// With both Redis, it queues on both before waiting for either, so that
+// the two round trips overlap. recycle says which requests are the
+// caller's to put back (a request given up on stays with its pipeline).
+func (s *Store) exchange(ctx context.Context, b *limiter.Batch, reqs [2]*request, bes [2]*backend) (recycle [2]bool, err error) {
 	stop := s.ctx.Done()
 	var errs [2]error
-	var recycle [2]bool
 	var spans [2]trace.Span
 	for k, r := range reqs {
 		if r != nil {
@@ -498,16 +515,7 @@ func (s *Store) Do(ctx context.Context, b *limiter.Batch) error {
 		}
 		endSpan(spans[k], r, recycle[k], errs[k])
 	}
-	err := errors.Join(errs[0], errs[1])
-	if err == nil && b.AllOrNothing {
-		err = s.compensate(ctx, b, reqs, bes)
-	}
-	for k, r := range reqs {
-		if r != nil && recycle[k] {
-			putRequest(r)
-		}
-	}
-	return err
+	return recycle, errors.Join(errs[0], errs[1])
 }
 
 // compensate completes an AllOrNothing batch that needed more than one

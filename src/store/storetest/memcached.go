@@ -13,6 +13,7 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+	"time"
 )
 
 // memcachedInstall is the "binary not found" advice: a missing server is a
@@ -148,6 +149,26 @@ func (s *MemcachedServer) Close() error { return s.Stop() }
 
 // Running reports whether the process is up.
 func (s *MemcachedServer) Running() bool { return s.proc.running() }
+
+// StartCPU starts measuring the CPU memcached uses (stats rusage_*),
+// reported per op as memcached-cpu-ns/op by the meter's Stop.
+func (s *MemcachedServer) StartCPU(ctx context.Context) *CPUMeter {
+	return StartCPU(func() (time.Duration, bool) {
+		stats, err := s.Stats(ctx)
+		if err != nil {
+			return 0, false
+		}
+		var total float64
+		for _, name := range []string{"rusage_user", "rusage_system"} {
+			f, err := strconv.ParseFloat(stats[name], 64)
+			if err != nil {
+				return 0, false
+			}
+			total += f
+		}
+		return time.Duration(total * float64(time.Second)), true
+	}, "memcached-cpu-ns/op")
+}
 
 // Stats returns the server's "stats" (curr_items, pid, ...) read on a fresh
 // connection (TLS when the server uses it).

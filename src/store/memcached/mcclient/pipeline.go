@@ -1,4 +1,4 @@
-package memcached
+package mcclient
 
 import (
 	"bufio"
@@ -147,7 +147,7 @@ const maxSpare = 64 << 10
 // pipeline (the Redis store schedules its pipelines so too); see also
 // server.choose, which keeps the load on one connection while it keeps up.
 type pconn struct {
-	c *client
+	c *Client
 	s *server
 	// pending counts the requests queued or under way, and up is set
 	// while connected (for choose).
@@ -192,7 +192,7 @@ type pconn struct {
 	readerDone chan struct{}
 }
 
-func newPconn(c *client, s *server) *pconn {
+func newPconn(c *Client, s *server) *pconn {
 	pc := &pconn{c: c, s: s}
 	pc.redial = cbackoff.ExponentialBackOff{InitialInterval: redialMin, Multiplier: 2, MaxInterval: redialMax}
 	pc.redial.Reset()
@@ -362,7 +362,7 @@ func (pc *pconn) extendDeadline(gen uint64, nc net.Conn, d time.Duration) bool {
 // last error.
 func (pc *pconn) readyLocked(ctx context.Context) error {
 	if pc.closed {
-		return errClientClosed
+		return ErrClientClosed
 	}
 	for pc.nc == nil {
 		if ch := pc.dialing; ch != nil {
@@ -375,7 +375,7 @@ func (pc *pconn) readyLocked(ctx context.Context) error {
 			}
 			pc.mu.Lock()
 			if pc.closed {
-				return errClientClosed
+				return ErrClientClosed
 			}
 			continue
 		}
@@ -401,7 +401,7 @@ func (pc *pconn) readyLocked(ctx context.Context) error {
 		}
 		if pc.closed { // closed while dialing
 			_ = nc.Close()
-			return errClientClosed
+			return ErrClientClosed
 		}
 		pc.nc, pc.answered, pc.dialed, pc.rdl = nc, false, dialed, time.Time{}
 		pc.rdlNano.Store(0)
@@ -434,13 +434,13 @@ func (pc *pconn) breakLocked(gen uint64, err error) {
 	pc.rdl = time.Time{}
 	pc.rdlNano.Store(0)
 	pc.wbuf, pc.unsent = pc.wbuf[:0], 0
-	if errors.Is(err, errClientClosed) {
+	if errors.Is(err, ErrClientClosed) {
 		err = fmt.Errorf("memcached: %s: %w", pc.s.addr, err)
 	} else {
 		// memcached failed: each request on the connection is a failure
 		// of the server, counted here, whether its caller still waits
 		// or gave up at its own deadline long ago.
-		err = fmt.Errorf("memcached: %s: %w: %w", pc.s.addr, errBroken, err)
+		err = fmt.Errorf("memcached: %s: %w: %w", pc.s.addr, ErrBroken, err)
 		if pc.c.cfg.Broken != nil {
 			pc.c.cfg.Broken(pc.s.addr, pc.queue.len())
 		}
@@ -500,7 +500,7 @@ func (pc *pconn) read(nc net.Conn, gen uint64, done chan struct{}) {
 		}
 		v, sent := head.verb, head.sent
 		pc.mu.Unlock()
-		a, desync := parseAnswer(v, line, br)
+		a, desync := parseAnswer(v, line, br, pc.c.cfg.MaxValue)
 		if desync != nil {
 			pc.fail(gen, desync)
 			return
@@ -559,7 +559,7 @@ func (pc *pconn) fail(gen uint64, err error) {
 // readError names a late answer as such.
 func readError(err error, timeout time.Duration) error {
 	if errors.Is(err, os.ErrDeadlineExceeded) {
-		return fmt.Errorf("%w within %v: %w", errNoAnswer, timeout, err)
+		return fmt.Errorf("%w within %v: %w", ErrNoAnswer, timeout, err)
 	}
 	if errors.Is(err, bufio.ErrBufferFull) {
 		return errors.New("answer line too long")
@@ -578,7 +578,7 @@ func (pc *pconn) drainAndClose(deadline time.Time) {
 		time.Sleep(time.Millisecond)
 		pc.mu.Lock()
 	}
-	pc.breakLocked(pc.gen, errClientClosed)
+	pc.breakLocked(pc.gen, ErrClientClosed)
 	done := pc.readerDone
 	pc.mu.Unlock()
 	if done != nil {
@@ -608,14 +608,15 @@ var (
 // line (more lines are read from br for gets). An answer memcached gives
 // (a miss, a conflict, CLIENT_ERROR...) is in a.err; desync is an answer
 // that does not fit the request, after which the answers no longer match
-// the requests: the connection must be closed.
-func parseAnswer(v verb, line []byte, br *bufio.Reader) (a answer, desync error) {
+// the requests: the connection must be closed. A gets answer's data block
+// may be maxValue bytes at most.
+func parseAnswer(v verb, line []byte, br *bufio.Reader, maxValue int) (a answer, desync error) {
 	if bytes.HasPrefix(line, ansServer) {
-		a.err = &serverError{msg: string(trimEOL(line[len(ansServer):]))}
+		a.err = &ServerError{Msg: string(trimEOL(line[len(ansServer):]))}
 		return a, nil
 	}
 	if bytes.HasPrefix(line, ansClient) {
-		a.err = &clientError{msg: string(trimEOL(line[len(ansClient):]))}
+		a.err = &ClientError{Msg: string(trimEOL(line[len(ansClient):]))}
 		if v == verbAdd || v == verbAddNum || v == verbCAS {
 			// memcached may have read the data block as a command and
 			// answer it too: close the connection to be sure.
@@ -626,7 +627,7 @@ func parseAnswer(v verb, line []byte, br *bufio.Reader) (a answer, desync error)
 	switch v {
 	case verbIncr, verbDecr:
 		if bytes.Equal(line, ansNotFound) {
-			a.err = errCacheMiss
+			a.err = ErrCacheMiss
 			return a, nil
 		}
 		n, ok := parseUint(trimEOL(line))
@@ -639,17 +640,17 @@ func parseAnswer(v verb, line []byte, br *bufio.Reader) (a answer, desync error)
 		switch {
 		case bytes.Equal(line, ansStored):
 		case bytes.Equal(line, ansNotStored):
-			a.err = errNotStored
+			a.err = ErrNotStored
 		case bytes.Equal(line, ansExists):
-			a.err = errExists
+			a.err = ErrExists
 		case bytes.Equal(line, ansNotFound):
-			a.err = errCacheMiss
+			a.err = ErrCacheMiss
 		default:
 			return a, unexpected(v, line)
 		}
 		return a, nil
 	case verbGets:
-		return parseGets(line, br)
+		return parseGets(line, br, maxValue)
 	default:
 		if !bytes.HasPrefix(line, ansVersion) {
 			return a, unexpected(v, line)
@@ -659,10 +660,10 @@ func parseAnswer(v verb, line []byte, br *bufio.Reader) (a answer, desync error)
 }
 
 // parseGets reads a gets answer: "END", or "VALUE <key> <flags> <bytes>
-// <cas unique>", the data block and "END".
-func parseGets(line []byte, br *bufio.Reader) (a answer, desync error) {
+// <cas unique>", the data block (maxValue bytes at most) and "END".
+func parseGets(line []byte, br *bufio.Reader, maxValue int) (a answer, desync error) {
 	if bytes.Equal(line, ansEnd) {
-		a.err = errCacheMiss
+		a.err = ErrCacheMiss
 		return a, nil
 	}
 	if !bytes.HasPrefix(line, ansValue) {
@@ -674,7 +675,7 @@ func parseGets(line []byte, br *bufio.Reader) (a answer, desync error) {
 	}
 	size, ok1 := parseUint(f[2])
 	casID, ok2 := parseUint(f[3])
-	if !ok1 || !ok2 || size > 1<<30 {
+	if !ok1 || !ok2 || size > uint64(maxValue) {
 		return a, unexpected(verbGets, line)
 	}
 	data := make([]byte, size+2)

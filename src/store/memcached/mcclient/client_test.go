@@ -1,4 +1,4 @@
-package memcached
+package mcclient
 
 import (
 	"context"
@@ -22,7 +22,7 @@ import (
 // testClient returns a client of srv (more servers: sharded) with cfg's
 // zero fields defaulted, closed in t.Cleanup. Its dial counts the writes
 // made on its connections into writes, when not nil.
-func testClient(t testing.TB, cfg clientConfig, writes *atomic.Int64, addrs ...string) *client {
+func testClient(t testing.TB, cfg Config, writes *atomic.Int64, addrs ...string) *Client {
 	t.Helper()
 	if cfg.Timeout == 0 {
 		cfg.Timeout = time.Second
@@ -44,11 +44,11 @@ func testClient(t testing.TB, cfg clientConfig, writes *atomic.Int64, addrs ...s
 			return &countingConn{Conn: c, writes: writes}, nil
 		}
 	}
-	c := newClient(cfg)
-	if err := c.setServers(addrs...); err != nil {
+	c := New(cfg)
+	if err := c.SetServers(addrs...); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { _ = c.close() })
+	t.Cleanup(func() { _ = c.Close() })
 	return c
 }
 
@@ -63,77 +63,102 @@ func (c *countingConn) Write(p []byte) (int, error) {
 	return c.Conn.Write(p)
 }
 
+// connCounter counts the connections open through the dial it wraps.
+type connCounter struct{ open atomic.Int64 }
+
+func (c *connCounter) wrap(dial DialFunc) DialFunc {
+	return func(ctx context.Context, network, addr string) (net.Conn, error) {
+		conn, err := dial(ctx, network, addr)
+		if err != nil {
+			return nil, err
+		}
+		c.open.Add(1)
+		return &closeCounted{Conn: conn, c: c}, nil
+	}
+}
+
+type closeCounted struct {
+	net.Conn
+	c    *connCounter
+	once sync.Once
+}
+
+func (cc *closeCounted) Close() error {
+	cc.once.Do(func() { cc.c.open.Add(-1) })
+	return cc.Conn.Close()
+}
+
 // TestClientCommands checks every command's answers against a real
 // memcached, misses and conflicts included.
 func TestClientCommands(t *testing.T) {
 	t.Parallel()
 	srv := storetest.StartMemcached(t)
-	c := testClient(t, clientConfig{Conns: 2}, nil, srv.Addr)
+	c := testClient(t, Config{Conns: 2}, nil, srv.Addr)
 	ctx := t.Context()
 
-	if _, err := c.incr(ctx, "cmd_n", 1); !errors.Is(err, errCacheMiss) {
-		t.Fatalf("incr of a missing key: %v, want errCacheMiss", err)
+	if _, err := c.Incr(ctx, "cmd_n", 1); !errors.Is(err, ErrCacheMiss) {
+		t.Fatalf("incr of a missing key: %v, want ErrCacheMiss", err)
 	}
-	if err := c.add(ctx, "cmd_n", []byte("5"), 60); err != nil {
+	if err := c.Add(ctx, "cmd_n", []byte("5"), 60); err != nil {
 		t.Fatalf("add: %v", err)
 	}
-	if err := c.add(ctx, "cmd_n", []byte("7"), 60); !errors.Is(err, errNotStored) {
-		t.Fatalf("add of an existing key: %v, want errNotStored", err)
+	if err := c.Add(ctx, "cmd_n", []byte("7"), 60); !errors.Is(err, ErrNotStored) {
+		t.Fatalf("add of an existing key: %v, want ErrNotStored", err)
 	}
-	if n, err := c.incr(ctx, "cmd_n", 3); err != nil || n != 8 {
+	if n, err := c.Incr(ctx, "cmd_n", 3); err != nil || n != 8 {
 		t.Fatalf("incr = %d, %v, want 8", n, err)
 	}
-	if n, err := c.decr(ctx, "cmd_n", 10); err != nil || n != 0 {
+	if n, err := c.Decr(ctx, "cmd_n", 10); err != nil || n != 0 {
 		t.Fatalf("decr below 0 = %d, %v, want 0", n, err)
 	}
-	if n, err := c.incr(ctx, "cmd_n", 1<<63); err != nil || n != 1<<63 {
+	if n, err := c.Incr(ctx, "cmd_n", 1<<63); err != nil || n != 1<<63 {
 		t.Fatalf("incr by 2^63 = %d, %v", n, err)
 	}
 
-	if _, _, err := c.gets(ctx, "cmd_state"); !errors.Is(err, errCacheMiss) {
-		t.Fatalf("gets of a missing key: %v, want errCacheMiss", err)
+	if _, _, err := c.Gets(ctx, "cmd_state"); !errors.Is(err, ErrCacheMiss) {
+		t.Fatalf("gets of a missing key: %v, want ErrCacheMiss", err)
 	}
 	state := []byte("a value\r\nwith CRLF inside")
-	if err := c.add(ctx, "cmd_state", state, 60); err != nil {
+	if err := c.Add(ctx, "cmd_state", state, 60); err != nil {
 		t.Fatal(err)
 	}
-	v, casID, err := c.gets(ctx, "cmd_state")
+	v, casID, err := c.Gets(ctx, "cmd_state")
 	if err != nil || string(v) != string(state) {
 		t.Fatalf("gets = %q, %v, want %q", v, err, state)
 	}
-	if err := c.cas(ctx, "cmd_state", []byte("two"), 60, casID); err != nil {
+	if err := c.CAS(ctx, "cmd_state", []byte("two"), 60, casID); err != nil {
 		t.Fatalf("cas: %v", err)
 	}
-	if err := c.cas(ctx, "cmd_state", []byte("three"), 60, casID); !errors.Is(err, errExists) {
-		t.Fatalf("cas with a stale unique: %v, want errExists", err)
+	if err := c.CAS(ctx, "cmd_state", []byte("three"), 60, casID); !errors.Is(err, ErrExists) {
+		t.Fatalf("cas with a stale unique: %v, want ErrExists", err)
 	}
-	if err := c.cas(ctx, "cmd_gone", []byte("x"), 60, casID); !errors.Is(err, errCacheMiss) {
-		t.Fatalf("cas of a missing key: %v, want errCacheMiss", err)
+	if err := c.CAS(ctx, "cmd_gone", []byte("x"), 60, casID); !errors.Is(err, ErrCacheMiss) {
+		t.Fatalf("cas of a missing key: %v, want ErrCacheMiss", err)
 	}
-	if v, _, err := c.gets(ctx, "cmd_state"); err != nil || string(v) != "two" {
+	if v, _, err := c.Gets(ctx, "cmd_state"); err != nil || string(v) != "two" {
 		t.Fatalf("gets after cas = %q, %v, want two", v, err)
 	}
 
 	// memcached refuses incr on a value that is not a number: an answer,
 	// and the connection goes on.
-	var ce *clientError
-	if _, err := c.incr(ctx, "cmd_state", 1); !errors.As(err, &ce) {
-		t.Fatalf("incr of a non-number: %v, want a clientError", err)
+	var ce *ClientError
+	if _, err := c.Incr(ctx, "cmd_state", 1); !errors.As(err, &ce) {
+		t.Fatalf("incr of a non-number: %v, want a ClientError", err)
 	}
 	// An item over memcached's 1 MiB limit: SERVER_ERROR, data swallowed.
-	var se *serverError
-	if err := c.add(ctx, "cmd_big", make([]byte, 2<<20), 60); !errors.As(err, &se) {
-		t.Fatalf("add of 2 MiB: %v, want a serverError", err)
+	var se *ServerError
+	if err := c.Add(ctx, "cmd_big", make([]byte, 2<<20), 60); !errors.As(err, &se) {
+		t.Fatalf("add of 2 MiB: %v, want a ServerError", err)
 	}
 	for _, key := range []string{"", "has space", "ctl\x01", string(make([]byte, 251))} {
-		if _, err := c.incr(ctx, key, 1); !errors.Is(err, errMalformedKey) {
-			t.Errorf("incr(%q): %v, want errMalformedKey", key, err)
+		if _, err := c.Incr(ctx, key, 1); !errors.Is(err, ErrMalformedKey) {
+			t.Errorf("incr(%q): %v, want ErrMalformedKey", key, err)
 		}
 	}
-	if n, err := c.incr(ctx, "cmd_n", 1); err != nil || n != 1<<63+1 {
+	if n, err := c.Incr(ctx, "cmd_n", 1); err != nil || n != 1<<63+1 {
 		t.Fatalf("incr after the refusals = %d, %v: the connection is out of step", n, err)
 	}
-	if err := c.ping(ctx); err != nil {
+	if err := c.Ping(ctx); err != nil {
 		t.Fatalf("ping: %v", err)
 	}
 }
@@ -147,30 +172,30 @@ func TestClientPipelineOrder(t *testing.T) {
 	t.Parallel()
 	srv := storetest.StartMemcached(t)
 	var writes atomic.Int64
-	c := testClient(t, clientConfig{Conns: 1}, &writes, srv.Addr)
+	c := testClient(t, Config{Conns: 1}, &writes, srv.Addr)
 	const workers, rounds = 32, 200
 	var wg sync.WaitGroup
 	for w := range workers {
 		wg.Go(func() {
 			key := "order_" + strconv.Itoa(w)
 			delta := uint64(w + 1)
-			if err := c.add(t.Context(), key, []byte("0"), 60); err != nil {
+			if err := c.Add(t.Context(), key, []byte("0"), 60); err != nil {
 				t.Error(err)
 				return
 			}
 			state := "state_" + strconv.Itoa(w)
-			if err := c.add(t.Context(), state, []byte(state), 60); err != nil {
+			if err := c.Add(t.Context(), state, []byte(state), 60); err != nil {
 				t.Error(err)
 				return
 			}
 			for i := range uint64(rounds) {
-				n, err := c.incr(t.Context(), key, delta)
+				n, err := c.Incr(t.Context(), key, delta)
 				if err != nil || n != (i+1)*delta {
 					t.Errorf("worker %d round %d: incr = %d, %v, want %d", w, i, n, err, (i+1)*delta)
 					return
 				}
 				if i%10 == 0 {
-					v, _, err := c.gets(t.Context(), state)
+					v, _, err := c.Gets(t.Context(), state)
 					if err != nil || string(v) != state {
 						t.Errorf("worker %d: gets = %q, %v, want %q", w, v, err, state)
 						return
@@ -202,8 +227,8 @@ func TestClientPicksAsGomemcache(t *testing.T) {
 		if err := sl.SetServers(addrs...); err != nil {
 			t.Fatal(err)
 		}
-		c := newClient(clientConfig{})
-		if err := c.setServers(addrs...); err != nil {
+		c := New(Config{})
+		if err := c.SetServers(addrs...); err != nil {
 			t.Fatal(err)
 		}
 		for i := range 2000 {
@@ -215,12 +240,12 @@ func TestClientPicksAsGomemcache(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			got, err := c.addrOf(key)
+			got, err := c.AddrOf(key)
 			if err != nil || got != want.String() {
 				t.Fatalf("%d servers: addrOf(%q) = %q, %v, want %q", n, key, got, err, want)
 			}
 		}
-		_ = c.close()
+		_ = c.Close()
 	}
 }
 
@@ -228,9 +253,9 @@ func TestClientPicksAsGomemcache(t *testing.T) {
 func TestClientShards(t *testing.T) {
 	t.Parallel()
 	a, b := storetest.StartMemcached(t), storetest.StartMemcached(t)
-	c := testClient(t, clientConfig{Conns: 2}, nil, a.Addr, b.Addr)
+	c := testClient(t, Config{Conns: 2}, nil, a.Addr, b.Addr)
 	for i := range 50 {
-		if err := c.add(t.Context(), "shard_"+strconv.Itoa(i), []byte("1"), 60); err != nil {
+		if err := c.Add(t.Context(), "shard_"+strconv.Itoa(i), []byte("1"), 60); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -242,12 +267,12 @@ func TestClientShards(t *testing.T) {
 		if n, _ := strconv.Atoi(stats["curr_items"]); n == 0 || n == 50 {
 			t.Errorf("%s holds %d of 50 items, want a share", srv.Addr, n)
 		}
-		if err := c.pingAddr(t.Context(), srv.Addr); err != nil {
+		if err := c.PingAddr(t.Context(), srv.Addr); err != nil {
 			t.Errorf("pingAddr(%s): %v", srv.Addr, err)
 		}
 	}
-	if err := c.pingAddr(t.Context(), "127.0.0.1:1"); !errors.Is(err, errNoServers) {
-		t.Errorf("pingAddr of a server not in the list: %v, want errNoServers", err)
+	if err := c.PingAddr(t.Context(), "127.0.0.1:1"); !errors.Is(err, ErrNoServers) {
+		t.Errorf("pingAddr of a server not in the list: %v, want ErrNoServers", err)
 	}
 }
 
@@ -259,11 +284,11 @@ func TestClientOutage(t *testing.T) {
 	srv := storetest.StartMemcached(t)
 	const timeout = 300 * time.Millisecond
 	goroutines := runtime.NumGoroutine()
-	c := newClient(clientConfig{Dial: (&net.Dialer{Timeout: timeout}).DialContext, Conns: 2, MaxQueue: 1024, Timeout: timeout})
-	if err := c.setServers(srv.Addr); err != nil {
+	c := New(Config{Dial: (&net.Dialer{Timeout: timeout}).DialContext, Conns: 2, MaxQueue: 1024, Timeout: timeout})
+	if err := c.SetServers(srv.Addr); err != nil {
 		t.Fatal(err)
 	}
-	if err := c.add(t.Context(), "outage_n", []byte("0"), 60); err != nil {
+	if err := c.Add(t.Context(), "outage_n", []byte("0"), 60); err != nil {
 		t.Fatal(err)
 	}
 	// load keeps 16 workers incrementing until stop, and returns their
@@ -280,7 +305,7 @@ func TestClientOutage(t *testing.T) {
 					default:
 					}
 					start := time.Now()
-					_, err := c.incr(t.Context(), "outage_n", 1)
+					_, err := c.Incr(t.Context(), "outage_n", 1)
 					if took := time.Since(start); took > timeout+500*time.Millisecond {
 						t.Errorf("incr took %v, want within %v", took, timeout)
 					}
@@ -313,7 +338,7 @@ func TestClientOutage(t *testing.T) {
 		// While down, a request fails without waiting for a Timeout:
 		// the connections are closed and the next dials back off.
 		start := time.Now()
-		_, err := c.incr(t.Context(), "outage_n", 1)
+		_, err := c.Incr(t.Context(), "outage_n", 1)
 		if err == nil {
 			t.Errorf("%s: incr succeeded", outage.name)
 		}
@@ -326,14 +351,14 @@ func TestClientOutage(t *testing.T) {
 			t.Fatal(err)
 		}
 		if outage.name == "killed" {
-			if err := c.add(t.Context(), "outage_n", []byte("0"), 60); err != nil && !errors.Is(err, errNotStored) {
+			if err := c.Add(t.Context(), "outage_n", []byte("0"), 60); err != nil && !errors.Is(err, ErrNotStored) {
 				t.Logf("add after restart: %v", err)
 			}
 		}
 		storetest.WaitFor(t, 5*time.Second, outage.name+": answering again", func() bool {
-			_, err := c.incr(t.Context(), "outage_n", 1)
-			if errors.Is(err, errCacheMiss) {
-				_ = c.add(t.Context(), "outage_n", []byte("0"), 60)
+			_, err := c.Incr(t.Context(), "outage_n", 1)
+			if errors.Is(err, ErrCacheMiss) {
+				_ = c.Add(t.Context(), "outage_n", []byte("0"), 60)
 			}
 			return err == nil
 		})
@@ -344,7 +369,7 @@ func TestClientOutage(t *testing.T) {
 			t.Errorf("%s: no request failed", outage.name)
 		}
 	}
-	if err := c.close(); err != nil {
+	if err := c.Close(); err != nil {
 		t.Fatal(err)
 	}
 	storetest.CheckGoroutines(t, goroutines)
@@ -357,8 +382,8 @@ func TestClientDeadline(t *testing.T) {
 	t.Parallel()
 	srv := storetest.StartMemcached(t)
 	const timeout = 400 * time.Millisecond
-	c := testClient(t, clientConfig{Conns: 1, Timeout: timeout}, nil, srv.Addr)
-	if err := c.ping(t.Context()); err != nil {
+	c := testClient(t, Config{Conns: 1, Timeout: timeout}, nil, srv.Addr)
+	if err := c.Ping(t.Context()); err != nil {
 		t.Fatal(err)
 	}
 	if err := srv.Freeze(); err != nil {
@@ -369,15 +394,15 @@ func TestClientDeadline(t *testing.T) {
 	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Millisecond)
 	defer cancel()
 	start := time.Now()
-	if _, err := c.incr(ctx, "deadline_n", 1); !errors.Is(err, context.DeadlineExceeded) {
+	if _, err := c.Incr(ctx, "deadline_n", 1); !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("incr past its deadline: %v, want DeadlineExceeded", err)
 	}
 	if took := time.Since(start); took > timeout/2 {
 		t.Errorf("incr returned after %v, want at its 30ms deadline", took)
 	}
 	start = time.Now()
-	_, err := c.incr(t.Context(), "deadline_n", 1)
-	if !errors.Is(err, errNoAnswer) {
+	_, err := c.Incr(t.Context(), "deadline_n", 1)
+	if !errors.Is(err, ErrNoAnswer) {
 		t.Fatalf("incr without deadline on a frozen server: %v, want a late answer", err)
 	}
 	if took := time.Since(start); took > timeout+500*time.Millisecond {
@@ -386,12 +411,12 @@ func TestClientDeadline(t *testing.T) {
 }
 
 // TestClientQueueBound freezes memcached and fills its queue: one more
-// request fails at once with errQueueFull, and is counted.
+// request fails at once with ErrQueueFull, and is counted.
 func TestClientQueueBound(t *testing.T) {
 	t.Parallel()
 	srv := storetest.StartMemcached(t)
-	c := testClient(t, clientConfig{Conns: 2, MaxQueue: 4, Timeout: 2 * time.Second}, nil, srv.Addr)
-	if err := c.ping(t.Context()); err != nil {
+	c := testClient(t, Config{Conns: 2, MaxQueue: 4, Timeout: 2 * time.Second}, nil, srv.Addr)
+	if err := c.Ping(t.Context()); err != nil {
 		t.Fatal(err)
 	}
 	if err := srv.Freeze(); err != nil {
@@ -399,7 +424,7 @@ func TestClientQueueBound(t *testing.T) {
 	}
 	var wg sync.WaitGroup
 	for i := range 4 {
-		wg.Go(func() { _, _ = c.incr(t.Context(), "queue_"+strconv.Itoa(i), 1) })
+		wg.Go(func() { _, _ = c.Incr(t.Context(), "queue_"+strconv.Itoa(i), 1) })
 	}
 	storetest.WaitFor(t, 2*time.Second, "4 requests queued", func() bool {
 		c.mu.RLock()
@@ -407,13 +432,13 @@ func TestClientQueueBound(t *testing.T) {
 		return c.servers[0].queued.Load() == 4
 	})
 	start := time.Now()
-	if _, err := c.incr(t.Context(), "queue_more", 1); !errors.Is(err, errQueueFull) {
-		t.Errorf("incr beyond the queue: %v, want errQueueFull", err)
+	if _, err := c.Incr(t.Context(), "queue_more", 1); !errors.Is(err, ErrQueueFull) {
+		t.Errorf("incr beyond the queue: %v, want ErrQueueFull", err)
 	}
 	if took := time.Since(start); took > 100*time.Millisecond {
 		t.Errorf("shed after %v, want at once", took)
 	}
-	if n := c.shedCount(); n != 1 {
+	if n := c.Shed(); n != 1 {
 		t.Errorf("shed = %d, want 1", n)
 	}
 	if err := srv.Thaw(); err != nil {
@@ -428,8 +453,8 @@ func TestClientQueueBound(t *testing.T) {
 func TestClientCloseDrains(t *testing.T) {
 	t.Parallel()
 	srv := storetest.StartMemcached(t)
-	c := testClient(t, clientConfig{Conns: 1, Timeout: 2 * time.Second}, nil, srv.Addr)
-	if err := c.add(t.Context(), "drain_n", []byte("0"), 60); err != nil {
+	c := testClient(t, Config{Conns: 1, Timeout: 2 * time.Second}, nil, srv.Addr)
+	if err := c.Add(t.Context(), "drain_n", []byte("0"), 60); err != nil {
 		t.Fatal(err)
 	}
 	if err := srv.Freeze(); err != nil {
@@ -439,7 +464,7 @@ func TestClientCloseDrains(t *testing.T) {
 	var answered atomic.Int64
 	for range 8 {
 		wg.Go(func() {
-			if _, err := c.incr(t.Context(), "drain_n", 1); err != nil {
+			if _, err := c.Incr(t.Context(), "drain_n", 1); err != nil {
 				t.Errorf("incr under way at close: %v", err)
 				return
 			}
@@ -451,7 +476,7 @@ func TestClientCloseDrains(t *testing.T) {
 	})
 	closed := make(chan struct{})
 	go func() {
-		_ = c.close()
+		_ = c.Close()
 		close(closed)
 	}()
 	time.Sleep(100 * time.Millisecond)
@@ -463,22 +488,8 @@ func TestClientCloseDrains(t *testing.T) {
 	if n := answered.Load(); n != 8 {
 		t.Errorf("%d of 8 requests answered", n)
 	}
-	if _, err := c.incr(t.Context(), "drain_n", 1); !errors.Is(err, errClientClosed) {
-		t.Errorf("incr after close: %v, want errClientClosed", err)
-	}
-}
-
-// TestClientTLS speaks to a memcached that accepts only TLS.
-func TestClientTLS(t *testing.T) {
-	t.Parallel()
-	srv := storetest.StartMemcachedTLS(t)
-	cfg := Config{Addrs: []string{srv.Addr}, TLS: srv.TLS.ClientConfig(), Timeout: time.Second}
-	c := testClient(t, clientConfig{Conns: 2, Dial: dialer(cfg)}, nil, srv.Addr)
-	if err := c.add(t.Context(), "tls_n", []byte("1"), 60); err != nil {
-		t.Fatal(err)
-	}
-	if n, err := c.incr(t.Context(), "tls_n", 2); err != nil || n != 3 {
-		t.Fatalf("incr over TLS = %d, %v, want 3", n, err)
+	if _, err := c.Incr(t.Context(), "drain_n", 1); !errors.Is(err, ErrClientClosed) {
+		t.Errorf("incr after close: %v, want ErrClientClosed", err)
 	}
 }
 
@@ -504,6 +515,11 @@ func TestParseUint(t *testing.T) {
 	}
 }
 
+// benchIdleConns is gomemcache's MaxIdleConns in the benchmarks that
+// compare it: one idle connection per concurrent client, so that none
+// dials.
+const benchIdleConns = 64
+
 // BenchmarkClientIncr compares gomemcache and this client on the store's
 // hot command (incr on 10,000 keys, 64 concurrent callers), on one
 // memcached, in the same run: ns/op is the throughput, cpu-ns/op the CPU
@@ -524,7 +540,7 @@ func BenchmarkClientIncr(b *testing.B) {
 	_ = seed.Close()
 	run := func(b *testing.B, incr func(key string) error) {
 		var next atomic.Uint64
-		cpu := startCPU(b, srv)
+		cpu := srv.StartCPU(b.Context())
 		b.ReportAllocs()
 		b.SetParallelism(64 / max(1, runtime.GOMAXPROCS(0)))
 		b.ResetTimer()
@@ -547,9 +563,9 @@ func BenchmarkClientIncr(b *testing.B) {
 	})
 	for _, conns := range []int{1, 2, 4} {
 		b.Run(fmt.Sprintf("pipelined_conns=%d", conns), func(b *testing.B) {
-			c := testClient(b, clientConfig{Conns: conns}, nil, srv.Addr)
+			c := testClient(b, Config{Conns: conns}, nil, srv.Addr)
 			ctx := context.Background()
-			run(b, func(key string) error { _, err := c.incr(ctx, key, 1); return err })
+			run(b, func(key string) error { _, err := c.Incr(ctx, key, 1); return err })
 		})
 	}
 }
@@ -562,16 +578,16 @@ func TestClientPrefersFirstConn(t *testing.T) {
 	srv := storetest.StartMemcached(t)
 	var dials atomic.Int64
 	d := &net.Dialer{Timeout: time.Second}
-	c := testClient(t, clientConfig{Conns: 2, Dial: func(ctx context.Context, network, addr string) (net.Conn, error) {
+	c := testClient(t, Config{Conns: 2, Dial: func(ctx context.Context, network, addr string) (net.Conn, error) {
 		dials.Add(1)
 		return d.DialContext(ctx, network, addr)
 	}}, nil, srv.Addr)
 	ctx := t.Context()
-	if err := c.add(ctx, "prefer", []byte("0"), 60); err != nil {
+	if err := c.Add(ctx, "prefer", []byte("0"), 60); err != nil {
 		t.Fatal(err)
 	}
 	for range 50 {
-		if _, err := c.incr(ctx, "prefer", 1); err != nil {
+		if _, err := c.Incr(ctx, "prefer", 1); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -620,9 +636,9 @@ func TestClientPrefersFirstConn(t *testing.T) {
 func TestClientYieldSharesWrite(t *testing.T) {
 	srv := storetest.StartMemcached(t)
 	var writes atomic.Int64
-	c := testClient(t, clientConfig{Conns: 1}, &writes, srv.Addr)
+	c := testClient(t, Config{Conns: 1}, &writes, srv.Addr)
 	ctx := t.Context()
-	if err := c.add(ctx, "yield", []byte("0"), 60); err != nil {
+	if err := c.Add(ctx, "yield", []byte("0"), 60); err != nil {
 		t.Fatal(err)
 	}
 	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(1))
@@ -632,7 +648,7 @@ func TestClientYieldSharesWrite(t *testing.T) {
 		var wg sync.WaitGroup
 		for range callers {
 			wg.Go(func() {
-				if _, err := c.incr(ctx, "yield", 1); err != nil {
+				if _, err := c.Incr(ctx, "yield", 1); err != nil {
 					t.Error(err)
 				}
 			})
@@ -658,7 +674,7 @@ func TestClientPassesOverDownConn(t *testing.T) {
 		refuse bool
 	)
 	d := &net.Dialer{Timeout: time.Second}
-	c := testClient(t, clientConfig{Conns: 2, Dial: func(ctx context.Context, network, addr string) (net.Conn, error) {
+	c := testClient(t, Config{Conns: 2, Dial: func(ctx context.Context, network, addr string) (net.Conn, error) {
 		mu.Lock()
 		defer mu.Unlock()
 		if refuse {
@@ -671,7 +687,7 @@ func TestClientPassesOverDownConn(t *testing.T) {
 		return nc, err
 	}}, nil, srv.Addr)
 	ctx := t.Context()
-	if err := c.ping(ctx); err != nil { // dials both
+	if err := c.Ping(ctx); err != nil { // dials both
 		t.Fatal(err)
 	}
 	mu.Lock()
@@ -684,11 +700,11 @@ func TestClientPassesOverDownConn(t *testing.T) {
 		t.Fatal(err)
 	}
 	storetest.WaitFor(t, 5*time.Second, "the first connection down", func() bool { return !s.conns[0].up.Load() })
-	if err := c.add(ctx, "down", []byte("0"), 60); err != nil {
+	if err := c.Add(ctx, "down", []byte("0"), 60); err != nil {
 		t.Fatal(err)
 	}
 	for i := range 10 {
-		if _, err := c.incr(ctx, "down", 1); err != nil {
+		if _, err := c.Incr(ctx, "down", 1); err != nil {
 			t.Fatalf("request %d with the second connection up: %v", i, err)
 		}
 	}
@@ -701,9 +717,9 @@ func TestClientPassesOverDownConn(t *testing.T) {
 func TestClientBackoffResetsOnAnswer(t *testing.T) {
 	t.Parallel()
 	srv := storetest.StartMemcached(t)
-	c := testClient(t, clientConfig{Conns: 1, Timeout: 100 * time.Millisecond}, nil, srv.Addr)
+	c := testClient(t, Config{Conns: 1, Timeout: 100 * time.Millisecond}, nil, srv.Addr)
 	ctx := t.Context()
-	if err := c.ping(ctx); err != nil {
+	if err := c.Ping(ctx); err != nil {
 		t.Fatal(err)
 	}
 	s, err := c.pick("k")
@@ -724,18 +740,18 @@ func TestClientBackoffResetsOnAnswer(t *testing.T) {
 			srv.Thaw()
 			t.Fatalf("backoff %v after 100 pings of a frozen memcached, want it to grow past %v", backoff(), 8*redialMin)
 		}
-		_ = c.ping(ctx) // late, or refused at once within the backoff
+		_ = c.Ping(ctx) // late, or refused at once within the backoff
 		time.Sleep(redialMin)
 	}
 	if err := srv.Thaw(); err != nil {
 		t.Fatal(err)
 	}
-	storetest.WaitFor(t, 5*time.Second, "an answer after the thaw", func() bool { return c.ping(ctx) == nil })
+	storetest.WaitFor(t, 5*time.Second, "an answer after the thaw", func() bool { return c.Ping(ctx) == nil })
 	if err := srv.Freeze(); err != nil {
 		t.Fatal(err)
 	}
 	defer srv.Thaw()
-	if err := c.ping(ctx); err == nil {
+	if err := c.Ping(ctx); err == nil {
 		t.Fatal("a ping of a frozen memcached answered")
 	}
 	if got := backoff(); got != redialMin {
@@ -765,7 +781,7 @@ func TestClientLateReaderIsNoTimeout(t *testing.T) {
 	}
 	defer peer.Close()
 
-	c := newClient(clientConfig{Timeout: 2 * time.Second})
+	c := New(Config{Timeout: 2 * time.Second})
 	pc := newPconn(c, &server{addr: "test"})
 	pc.mu.Lock()
 	pc.nc, pc.gen = nc, 1
@@ -806,9 +822,9 @@ func TestIdleConnectionsPastIdleAreClosed(t *testing.T) {
 			srv := storetest.StartMemcached(t)
 			var counter connCounter
 			d := &net.Dialer{Timeout: 10 * time.Second}
-			c := testClient(t, clientConfig{Conns: 2, Idle: idle, Timeout: 10 * time.Second, Dial: counter.wrap(d.DialContext)}, nil, srv.Addr)
+			c := testClient(t, Config{Conns: 2, Idle: idle, Timeout: 10 * time.Second, Dial: counter.wrap(d.DialContext)}, nil, srv.Addr)
 			ctx := t.Context()
-			if err := c.ping(ctx); err != nil {
+			if err := c.Ping(ctx); err != nil {
 				t.Fatal(err)
 			}
 			// Frozen, memcached answers nothing: the first connection's
@@ -820,7 +836,7 @@ func TestIdleConnectionsPastIdleAreClosed(t *testing.T) {
 			var wg sync.WaitGroup
 			for i := range 2 * deepQueue {
 				wg.Go(func() {
-					if _, err := c.incr(ctx, fmt.Sprint("idle-", i), 1); err != nil && !errors.Is(err, errCacheMiss) {
+					if _, err := c.Incr(ctx, fmt.Sprint("idle-", i), 1); err != nil && !errors.Is(err, ErrCacheMiss) {
 						t.Error(err)
 					}
 				})
@@ -838,7 +854,7 @@ func TestIdleConnectionsPastIdleAreClosed(t *testing.T) {
 					t.Errorf("%d connections open with Idle 2, want 2", n)
 				}
 			}
-			if err := c.ping(ctx); err != nil {
+			if err := c.Ping(ctx); err != nil {
 				t.Fatal(err)
 			}
 		})

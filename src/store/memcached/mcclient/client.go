@@ -1,4 +1,4 @@
-package memcached
+package mcclient
 
 import (
 	"context"
@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"hash/crc32"
 	"net"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -34,56 +35,76 @@ import (
 // the minimum memcached version for no measurable gain. The client needs
 // nothing newer than the text protocol of memcached 1.4.
 
+// DialFunc opens a connection to a server; it must honour ctx.
+type DialFunc = func(ctx context.Context, network, addr string) (net.Conn, error)
+
+// MaxKeyLen is the longest key memcached takes.
+const MaxKeyLen = 250
+
+// LegalKey reports whether memcached takes key: at most MaxKeyLen bytes,
+// none of them a space, a control character or DEL (gomemcache's rule).
+func LegalKey(key string) bool {
+	if len(key) > MaxKeyLen {
+		return false
+	}
+	for i := 0; i < len(key); i++ {
+		if c := key[i]; c <= ' ' || c == 0x7f {
+			return false
+		}
+	}
+	return true
+}
+
 // Errors of the client: memcached's answers that are not a success. They
 // carry no key: the store names it.
 var (
-	errCacheMiss = errors.New("memcached: cache miss")
-	errNotStored = errors.New("memcached: item not stored")
-	errExists    = errors.New("memcached: compare-and-swap conflict")
-	// errMalformedKey is a key memcached would refuse (over 250 bytes,
+	ErrCacheMiss = errors.New("memcached: cache miss")
+	ErrNotStored = errors.New("memcached: item not stored")
+	ErrExists    = errors.New("memcached: compare-and-swap conflict")
+	// ErrMalformedKey is a key memcached would refuse (over 250 bytes,
 	// spaces, control characters); it is never sent, because memcached
 	// may then read the rest of the command as another command and the
 	// answers would no longer match the requests.
-	errMalformedKey = errors.New("memcached: malformed key: longer than 250 bytes or with spaces or control characters")
-	errNoServers    = errors.New("memcached: no servers configured or available")
-	// errQueueFull is a request shed because Config.MaxQueue requests
+	ErrMalformedKey = errors.New("memcached: malformed key: longer than 250 bytes or with spaces or control characters")
+	ErrNoServers    = errors.New("memcached: no servers configured or available")
+	// ErrQueueFull is a request shed because Config.MaxQueue requests
 	// are queued or under way to its server already.
-	errQueueFull    = errors.New("memcached: queue to the server full")
-	errClientClosed = errors.New("memcached: client closed")
-	// errNoAnswer is the cause of the failures of a connection whose
+	ErrQueueFull    = errors.New("memcached: queue to the server full")
+	ErrClientClosed = errors.New("memcached: client closed")
+	// ErrNoAnswer is the cause of the failures of a connection whose
 	// oldest answer was later than Timeout: it was closed.
-	errNoAnswer = errors.New("no answer")
-	// errBroken wraps the error of every request failed by a broken
+	ErrNoAnswer = errors.New("no answer")
+	// ErrBroken wraps the error of every request failed by a broken
 	// connection (a missing answer, a read or write error, an answer that
-	// fits no request): clientConfig.Broken has counted them already.
-	errBroken = errors.New("connection broken")
-	// errGaveUp wraps the error of a request whose own ctx ended while it
+	// fits no request): Config.Broken has counted them already.
+	ErrBroken = errors.New("connection broken")
+	// ErrGaveUp wraps the error of a request whose own ctx ended while it
 	// waited (for a dial, or for its answer): the request's deadline or
 	// its caller's cancellation, which say nothing of memcached.
-	errGaveUp = errors.New("gave up waiting")
+	ErrGaveUp = errors.New("gave up waiting")
 )
 
 // gaveUp is the error of a request whose ctx ended while it waited.
 func gaveUp(ctx context.Context) error {
-	return fmt.Errorf("memcached: %w: %w", errGaveUp, ctx.Err())
+	return fmt.Errorf("memcached: %w: %w", ErrGaveUp, ctx.Err())
 }
 
-// clientError is memcached's CLIENT_ERROR answer: it refused the request's
+// ClientError is memcached's CLIENT_ERROR answer: it refused the request's
 // data (incr of a value that is not a number), not a failure of the server.
-type clientError struct{ msg string }
+type ClientError struct{ Msg string }
 
-func (e *clientError) Error() string { return "memcached: client error: " + e.msg }
+func (e *ClientError) Error() string { return "memcached: client error: " + e.Msg }
 
-// serverError is memcached's SERVER_ERROR answer ("object too large for
+// ServerError is memcached's SERVER_ERROR answer ("object too large for
 // cache", "out of memory storing object").
-type serverError struct{ msg string }
+type ServerError struct{ Msg string }
 
-func (e *serverError) Error() string { return "memcached: server error: " + e.msg }
+func (e *ServerError) Error() string { return "memcached: server error: " + e.Msg }
 
-// clientConfig configures a client.
-type clientConfig struct {
+// Config configures a client.
+type Config struct {
 	// Dial opens a connection (TCP or TLS); it must honour ctx.
-	Dial dialFunc
+	Dial DialFunc
 	// Conns is the number of connections to each server (at least 1).
 	Conns int
 	// Idle is how many of them stay open while nothing is under way on
@@ -91,7 +112,7 @@ type clientConfig struct {
 	// stay).
 	Idle int
 	// MaxQueue bounds the requests queued or under way to one server; one
-	// more fails at once with errQueueFull.
+	// more fails at once with ErrQueueFull.
 	MaxQueue int
 	// Timeout bounds a dial, a write, and the wait for an answer once its
 	// request is written: a connection whose oldest answer is later than
@@ -106,19 +127,27 @@ type clientConfig struct {
 	// requests queued or under way on it, which fail. It runs with the
 	// connection's lock held and must not block.
 	Broken func(addr string, requests int)
+	// MaxValue is the largest data block of a gets answer the client
+	// reads: a larger size, which the server's word alone would have the
+	// client allocate, is an answer out of step (the connection is
+	// closed). 0: maxValueDefault.
+	MaxValue int
 }
 
-// client is a pipelining memcached client over a list of servers, sharded
+// maxValueDefault is memcached's default largest item (its -I setting).
+const maxValueDefault = 1 << 20
+
+// Client is a pipelining memcached client over a list of servers, sharded
 // as gomemcache's ServerList does. It is safe for concurrent use.
-type client struct {
-	cfg clientConfig
+type Client struct {
+	cfg Config
 
 	// mu guards servers and closed.
 	mu      sync.RWMutex
 	servers []*server // in list order: a key's server is picked by index
 	closed  bool
 
-	// shed counts the requests that failed with errQueueFull.
+	// shed counts the requests that failed with ErrQueueFull.
 	shed atomic.Uint64
 }
 
@@ -130,10 +159,13 @@ type server struct {
 	queued atomic.Int64
 }
 
-func newClient(cfg clientConfig) *client {
+func New(cfg Config) *Client {
 	cfg.Conns = max(cfg.Conns, 1)
 	cfg.MaxQueue = max(cfg.MaxQueue, 1)
-	return &client{cfg: cfg}
+	if cfg.MaxValue <= 0 {
+		cfg.MaxValue = maxValueDefault
+	}
+	return &Client{cfg: cfg}
 }
 
 // setServers replaces the server list. Names are resolved here, once, as
@@ -141,7 +173,7 @@ func newClient(cfg clientConfig) *client {
 // whole call and changes nothing). The connections of a server that stays
 // in the list are kept; those of a server dropped from it are closed once
 // their requests under way are answered (or within Timeout).
-func (c *client) setServers(addrs ...string) error {
+func (c *Client) SetServers(addrs ...string) error {
 	resolved := make([]string, len(addrs))
 	for i, a := range addrs {
 		ta, err := net.ResolveTCPAddr("tcp", a)
@@ -153,7 +185,7 @@ func (c *client) setServers(addrs ...string) error {
 	c.mu.Lock()
 	if c.closed {
 		c.mu.Unlock()
-		return errClientClosed
+		return ErrClientClosed
 	}
 	old := map[string]*server{}
 	for _, s := range c.servers {
@@ -187,7 +219,7 @@ func (c *client) setServers(addrs ...string) error {
 	return nil
 }
 
-func (c *client) newServer(addr string) *server {
+func (c *Client) newServer(addr string) *server {
 	s := &server{addr: addr, conns: make([]*pconn, c.cfg.Conns)}
 	for i := range s.conns {
 		s.conns[i] = newPconn(c, s)
@@ -200,15 +232,15 @@ func (c *client) newServer(addr string) *server {
 // key's first 256 bytes modulo the number of servers, exactly as
 // gomemcache's ServerList picks, so that this client and the anchor's
 // agree on where a key lives during a rolling upgrade.
-func (c *client) pick(key string) (*server, error) {
+func (c *Client) pick(key string) (*server, error) {
 	c.mu.RLock()
 	defer c.mu.RUnlock()
 	if c.closed {
-		return nil, errClientClosed
+		return nil, ErrClientClosed
 	}
 	switch len(c.servers) {
 	case 0:
-		return nil, errNoServers
+		return nil, ErrNoServers
 	case 1:
 		return c.servers[0], nil
 	}
@@ -226,7 +258,7 @@ func pickIndex(key string, n int) int {
 }
 
 // addrOf returns the address of key's server.
-func (c *client) addrOf(key string) (string, error) {
+func (c *Client) AddrOf(key string) (string, error) {
 	s, err := c.pick(key)
 	if err != nil {
 		return "", err
@@ -235,7 +267,7 @@ func (c *client) addrOf(key string) (string, error) {
 }
 
 // addrs returns the servers' addresses, in list order.
-func (c *client) addrs() []string {
+func (c *Client) Addrs() []string {
 	c.mu.RLock()
 	defer c.mu.RUnlock()
 	out := make([]string, len(c.servers))
@@ -245,18 +277,18 @@ func (c *client) addrs() []string {
 	return out
 }
 
-// incr adds delta to key's counter and returns the new value (errCacheMiss
+// incr adds delta to key's counter and returns the new value (ErrCacheMiss
 // when key is missing). memcached wraps at 2^64.
-func (c *client) incr(ctx context.Context, key string, delta uint64) (uint64, error) {
+func (c *Client) Incr(ctx context.Context, key string, delta uint64) (uint64, error) {
 	return c.arith(ctx, verbIncr, key, delta)
 }
 
 // decr subtracts delta from key's counter, stopping at 0.
-func (c *client) decr(ctx context.Context, key string, delta uint64) (uint64, error) {
+func (c *Client) Decr(ctx context.Context, key string, delta uint64) (uint64, error) {
 	return c.arith(ctx, verbDecr, key, delta)
 }
 
-func (c *client) arith(ctx context.Context, v verb, key string, delta uint64) (uint64, error) {
+func (c *Client) arith(ctx context.Context, v verb, key string, delta uint64) (uint64, error) {
 	r, err := c.do(ctx, key, request{verb: v, key: key, num: delta})
 	if err != nil {
 		return 0, err
@@ -266,9 +298,9 @@ func (c *client) arith(ctx context.Context, v verb, key string, delta uint64) (u
 	return n, nil
 }
 
-// add stores value under key unless key exists (errNotStored). exp is
+// add stores value under key unless key exists (ErrNotStored). exp is
 // memcached's expiration: seconds up to 30 days, else a Unix time.
-func (c *client) add(ctx context.Context, key string, value []byte, exp int32) error {
+func (c *Client) Add(ctx context.Context, key string, value []byte, exp int32) error {
 	r, err := c.do(ctx, key, request{verb: verbAdd, key: key, value: value, exp: exp})
 	if err == nil {
 		putRequest(r)
@@ -277,8 +309,8 @@ func (c *client) add(ctx context.Context, key string, value []byte, exp int32) e
 }
 
 // cas stores value under key if the item is unchanged since the gets that
-// answered casID (errExists when it changed, errCacheMiss when it is gone).
-func (c *client) cas(ctx context.Context, key string, value []byte, exp int32, casID uint64) error {
+// answered casID (ErrExists when it changed, ErrCacheMiss when it is gone).
+func (c *Client) CAS(ctx context.Context, key string, value []byte, exp int32, casID uint64) error {
 	r, err := c.do(ctx, key, request{verb: verbCAS, key: key, value: value, exp: exp, num: casID})
 	if err == nil {
 		putRequest(r)
@@ -287,8 +319,8 @@ func (c *client) cas(ctx context.Context, key string, value []byte, exp int32, c
 }
 
 // gets returns key's value, a new slice the caller owns, and its cas
-// unique (errCacheMiss when key is missing).
-func (c *client) gets(ctx context.Context, key string) (value []byte, casID uint64, err error) {
+// unique (ErrCacheMiss when key is missing).
+func (c *Client) Gets(ctx context.Context, key string) (value []byte, casID uint64, err error) {
 	r, err := c.do(ctx, key, request{verb: verbGets, key: key})
 	if err != nil {
 		return nil, 0, err
@@ -301,12 +333,12 @@ func (c *client) gets(ctx context.Context, key string) (value []byte, casID uint
 // ping asks every server for its version, on every connection (dialing
 // those that are down), and returns the first error. A connection to a
 // server that restarted fails here rather than under a request.
-func (c *client) ping(ctx context.Context) error {
+func (c *Client) Ping(ctx context.Context) error {
 	c.mu.RLock()
 	servers := c.servers
 	c.mu.RUnlock()
 	if len(servers) == 0 {
-		return errNoServers
+		return ErrNoServers
 	}
 	for _, s := range servers {
 		if err := c.pingServer(ctx, s); err != nil {
@@ -317,8 +349,8 @@ func (c *client) ping(ctx context.Context) error {
 }
 
 // pingAddr pings the server at addr (resolved, as addrOf gives it) on all
-// its connections; errNoServers when it is no longer in the list.
-func (c *client) pingAddr(ctx context.Context, addr string) error {
+// its connections; ErrNoServers when it is no longer in the list.
+func (c *Client) PingAddr(ctx context.Context, addr string) error {
 	c.mu.RLock()
 	var srv *server
 	for _, s := range c.servers {
@@ -328,12 +360,12 @@ func (c *client) pingAddr(ctx context.Context, addr string) error {
 	}
 	c.mu.RUnlock()
 	if srv == nil {
-		return errNoServers
+		return ErrNoServers
 	}
 	return c.pingServer(ctx, srv)
 }
 
-func (c *client) pingServer(ctx context.Context, s *server) error {
+func (c *Client) pingServer(ctx context.Context, s *server) error {
 	var first error
 	for _, pc := range s.conns {
 		if pc.idleClose && !pc.up.Load() {
@@ -355,7 +387,7 @@ func (c *client) pingServer(ctx context.Context, s *server) error {
 // do sends the request to key's server and waits for its answer, at most
 // until ctx ends. A request whose ctx ends first returns ctx's error; its
 // answer, when it comes, is read and dropped.
-func (c *client) do(ctx context.Context, key string, q request) (*request, error) {
+func (c *Client) do(ctx context.Context, key string, q request) (*request, error) {
 	r, _, err := c.start(ctx, key, q, false)
 	if err != nil {
 		return nil, err
@@ -368,9 +400,9 @@ func (c *client) do(ctx context.Context, key string, q request) (*request, error
 // (or by a write under way on it), so that the caller can queue several
 // requests and write them at once; otherwise start writes it unless a
 // write is under way. wait then waits for its answer.
-func (c *client) start(ctx context.Context, key string, q request, hold bool) (*request, *pconn, error) {
-	if !legalKey(key) || len(key) > maxKeyLen || key == "" {
-		return nil, nil, errMalformedKey
+func (c *Client) start(ctx context.Context, key string, q request, hold bool) (*request, *pconn, error) {
+	if key == "" || !LegalKey(key) {
+		return nil, nil, ErrMalformedKey
 	}
 	s, err := c.pick(key)
 	if err != nil {
@@ -382,11 +414,11 @@ func (c *client) start(ctx context.Context, key string, q request, hold bool) (*
 }
 
 // enqueue queues q on pc (of server s), within the server's bound.
-func (c *client) enqueue(ctx context.Context, s *server, pc *pconn, q request, hold bool) (*request, error) {
+func (c *Client) enqueue(ctx context.Context, s *server, pc *pconn, q request, hold bool) (*request, error) {
 	if s.queued.Add(1) > int64(c.cfg.MaxQueue) {
 		s.queued.Add(-1)
 		c.shed.Add(1)
-		return nil, fmt.Errorf("%w: %d requests queued or under way to %s", errQueueFull, c.cfg.MaxQueue, s.addr)
+		return nil, fmt.Errorf("%w: %d requests queued or under way to %s", ErrQueueFull, c.cfg.MaxQueue, s.addr)
 	}
 	r := getRequest()
 	done := r.done
@@ -403,7 +435,7 @@ func (c *client) enqueue(ctx context.Context, s *server, pc *pconn, q request, h
 // wait waits for the answer to r, started by start, at most until ctx
 // ends. It returns r answered, or the error memcached answered (r then
 // recycled), or ctx's error (r then left to its connection).
-func (c *client) wait(ctx context.Context, r *request) (*request, error) {
+func (c *Client) wait(ctx context.Context, r *request) (*request, error) {
 	select {
 	case <-r.done:
 	case <-ctx.Done():
@@ -417,6 +449,78 @@ func (c *client) wait(ctx context.Context, r *request) (*request, error) {
 		return nil, err
 	}
 	return r, nil
+}
+
+// Batch holds requests queued to go out together: each Queue call puts
+// its request on its server's connection without writing it, and Send
+// then writes each connection's requests at once, one write for the
+// batch's requests to a server, answered in about one round trip, without
+// a goroutine per request. The zero Batch is ready; one goroutine uses it.
+type Batch struct {
+	few  [8]*pconn
+	n    int
+	more []*pconn
+}
+
+// Call is a request queued in a Batch; Wait returns its answer.
+type Call struct{ r *request }
+
+// QueueIncr queues in b an incr of key's counter by delta (see Incr).
+func (c *Client) QueueIncr(ctx context.Context, b *Batch, key string, delta uint64) (Call, error) {
+	return c.queue(ctx, b, request{verb: verbIncr, key: key, num: delta})
+}
+
+// QueueAddNum queues in b an add of key holding the decimal n, with
+// memcached's expiration exp (see Add).
+func (c *Client) QueueAddNum(ctx context.Context, b *Batch, key string, n uint64, exp int32) (Call, error) {
+	return c.queue(ctx, b, request{verb: verbAddNum, key: key, num: n, exp: exp})
+}
+
+func (c *Client) queue(ctx context.Context, b *Batch, q request) (Call, error) {
+	r, pc, err := c.start(ctx, q.key, q, true)
+	if err != nil {
+		return Call{}, err
+	}
+	for _, p := range b.few[:b.n] {
+		if p == pc {
+			return Call{r}, nil
+		}
+	}
+	switch {
+	case slices.Contains(b.more, pc):
+	case b.n < len(b.few):
+		b.few[b.n] = pc
+		b.n++
+	default:
+		b.more = append(b.more, pc)
+	}
+	return Call{r}, nil
+}
+
+// Send writes the requests queued in b, after the last Queue call.
+func (b *Batch) Send() {
+	for _, pc := range b.few[:b.n] {
+		pc.flush()
+	}
+	for _, pc := range b.more {
+		pc.flush()
+	}
+}
+
+// Wait waits for the answer to call, sent by its Batch, at most until ctx
+// ends: the counter's new value for an incr (0 for an add), or the error
+// (ErrCacheMiss, ErrNotStored, ctx's...) as Incr and Add return them.
+func (c *Client) Wait(ctx context.Context, call Call) (uint64, error) {
+	r, err := c.wait(ctx, call.r)
+	if err != nil {
+		return 0, err
+	}
+	n := r.num
+	if r.verb != verbIncr {
+		n = 0
+	}
+	putRequest(r)
+	return n, nil
 }
 
 // choose returns the connection for a new request: the first one that is
@@ -462,7 +566,7 @@ const deepQueue = 32
 
 // closeServers closes the connections of servers dropped from the list,
 // after their requests under way are answered or Timeout has passed.
-func (c *client) closeServers(servers []*server) {
+func (c *Client) closeServers(servers []*server) {
 	deadline := time.Now().Add(c.cfg.Timeout)
 	for _, s := range servers {
 		for _, pc := range s.conns {
@@ -471,15 +575,15 @@ func (c *client) closeServers(servers []*server) {
 	}
 }
 
-// close stops the client: new requests fail with errClientClosed, the
+// close stops the client: new requests fail with ErrClientClosed, the
 // requests under way get their answers (waiting at most Timeout), then
 // every connection is closed. It returns when they are.
-func (c *client) close() error {
-	return c.closeBy(time.Now().Add(c.cfg.Timeout))
+func (c *Client) Close() error {
+	return c.CloseBy(time.Now().Add(c.cfg.Timeout))
 }
 
 // closeBy is close waiting for the answers at most until deadline.
-func (c *client) closeBy(deadline time.Time) error {
+func (c *Client) CloseBy(deadline time.Time) error {
 	c.mu.Lock()
 	if c.closed {
 		c.mu.Unlock()
@@ -498,4 +602,4 @@ func (c *client) closeBy(deadline time.Time) error {
 
 // shedCount returns the requests that failed because their server's
 // queue was full.
-func (c *client) shedCount() uint64 { return c.shed.Load() }
+func (c *Client) Shed() uint64 { return c.shed.Load() }

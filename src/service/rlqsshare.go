@@ -1,0 +1,571 @@
+package service
+
+import (
+	"bytes"
+	"cmp"
+	"context"
+	"errors"
+	"maps"
+	"math/rand/v2"
+	"slices"
+	"strconv"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	"github.com/ratelimitd/ratelimit/src/quota"
+	"github.com/ratelimitd/ratelimit/src/stats"
+)
+
+// Several replicas of the service share their pools through a store
+// (Redis), as docs/RLQS.md ("Several replicas") describes:
+//
+//   - a report is not answered at once: its replica keeps it and hands
+//     it over to the store at its next tick (every second), with every
+//     report of its streams for that pool since;
+//   - one replica, the pool's owner, holds a lease on it in the store,
+//     renewed at each of its ticks. At each tick it takes the reports
+//     every replica handed over, runs the pool (quota.Pool) on them, and
+//     writes the pool's state and the grants that changed, together, and
+//     only while the lease is still its own;
+//   - every replica reads, at each tick, the grants written for its own
+//     streams' subscribers, and sends those it has not sent yet;
+//   - a replica that takes a pool over (its owner died, or lost the
+//     store) resumes from the state its previous owner wrote: every grant
+//     any replica sent was written there first.
+//
+// A grant reaches its Envoy up to a tick and two round trips later than
+// on one replica, so the pools count a decrease as settled only after
+// sharedSettle, and a grant's lease accordingly.
+
+// QuotaShare is what the service needs of a store to share its pools
+// with the other replicas: see quota.SyncRequest and quota.CommitRequest.
+// The Redis store has it.
+type QuotaShare interface {
+	// SyncQuota makes each request's exchange; each reply has its error.
+	SyncQuota(ctx context.Context, reqs []quota.SyncRequest) []quota.SyncReply
+	// CommitQuota makes each owner's write; each has its error,
+	// quota.ErrNotOwner when its lease changed hands.
+	CommitQuota(ctx context.Context, reqs []quota.CommitRequest) []error
+	// QuotaStarted returns when the shared pools of scope started, now
+	// when they had not (the store is new, or lost its data).
+	QuotaStarted(ctx context.Context, scope string, now time.Time) (time.Time, error)
+}
+
+// SharedSettle is the pools' Settle with replicas (see sharedSettle).
+const SharedSettle = sharedSettle
+
+const (
+	// sharedSettle is a pool's Settle with replicas: the time a grant may
+	// take to be in force at its Envoy, from the owner's decision to the
+	// write (a round trip), to the next tick of the stream's replica (a
+	// second) and its read (a round trip), then on the stream
+	// (quota.DefaultSettle). The round trips, and what the ticks take,
+	// have half a second.
+	sharedSettle = quota.DefaultSettle + time.Second + 500*time.Millisecond
+	// shareLease is how long a pool's lease lasts without a renewal:
+	// three ticks. An owner that stops (or loses the store) is replaced
+	// within it and a tick.
+	shareLease = 3 * time.Second
+	// shareDownAfter is how long a replica that cannot reach the store
+	// keeps its streams: then it ends them with Unavailable, and refuses
+	// new ones until the store answers again, so that Envoys open theirs
+	// to a replica that can, before their assignments expire.
+	shareDownAfter = 3 * time.Second
+)
+
+// sharedPool is what a replica holds of a shared pool, guarded by
+// Quota.mu. Its maps are bounded: local by RLQS_MAX_BUCKETS (they count
+// in Quota.subs), grants and stored by the pool's subscribers, which are
+// those of every replica's streams, each within its RLQS_MAX_BUCKETS.
+type sharedPool struct {
+	// name is the pool's name in the store: the scope (CACHE_KEY_PREFIX),
+	// the domain and the bucket id.
+	name string
+	// local are the subscribers of this replica's streams, by id.
+	local map[uint64]*localSub
+
+	// The owner's side, while owned: the pool runs in quotaPool.p.
+	owned bool
+	epoch uint64
+	// reload: the last commit failed, so what the store holds is not
+	// known; the next sync asks for the state.
+	reload bool
+	// seq counts the grants written under the lease.
+	seq uint64
+	// grants are the grant records in force, by subscriber; stored what
+	// the store holds (nil values: held there, but not known here), and
+	// state the state it holds.
+	grants, stored map[uint64][]byte
+	state          []byte
+}
+
+// localSub is a subscriber of this replica: one of its streams reporting
+// the pool's bucket.
+type localSub struct {
+	id uint64
+	st *quotaStream
+	sb *streamBucket
+	// pending are its reports not handed over yet; sent those in the
+	// sync in flight; held those handed over that the owner may not have
+	// taken yet (a new report is written merged with them).
+	pending, sent, held quota.Handover
+	// left: its stream closed (or its bucket left the pool); it goes once
+	// that is handed over.
+	left bool
+	// delivered is the last grant record sent to its stream.
+	delivered []byte
+	grant     quota.Grant
+}
+
+// shareState is the replica's side of sharing, guarded by Quota.mu.
+type shareState struct {
+	// replica names this replica in the store (its ids' top half).
+	replica string
+	keep    time.Duration
+	// started is when the shared pools started, as last read.
+	started time.Time
+	// lastOK is when a sync last succeeded; down is set while none did
+	// for shareDownAfter, and the replica has ended its streams.
+	lastOK time.Time
+	down   bool
+
+	// Counters (docs/RLQS.md, "Observing it").
+	errors, takeovers, late, badRecords *stats.Counter
+}
+
+// newReplica returns a replica number: random, so that replicas need not
+// agree on one, of 31 bits, so that its ids (replica<<32 | stream) stay
+// below the pool's ghost ids (1<<63).
+func newReplica() uint32 { return 1 + rand.Uint32N(1<<31-1) }
+
+func subField(id uint64) string { return strconv.FormatUint(id, 10) }
+
+// sharedReport records a report of a stream's bucket in a shared pool.
+func (q *Quota) sharedReport(now time.Time, qp *quotaPool, st *quotaStream, sb *streamBucket, allowed, denied uint64, elapsed time.Duration) {
+	ls := qp.sh.local[st.id]
+	if ls != nil && ls.left {
+		// Its bucket left the pool and came back (the rules changed
+		// twice) before the leave was handed over: this report is
+		// dropped, and the next one subscribes again.
+		return
+	}
+	if ls == nil {
+		ls = &localSub{id: st.id, st: st, sb: sb}
+		qp.sh.local[st.id] = ls
+		q.subs++
+	}
+	ls.pending = ls.pending.Add(now, allowed, denied, elapsed)
+}
+
+// sharedLeave records that a stream's bucket left a shared pool: the
+// owner is told at the next tick.
+func (q *Quota) sharedLeave(qp *quotaPool, stream uint64) {
+	if ls := qp.sh.local[stream]; ls != nil {
+		ls.left = true
+		ls.pending.Left = true
+	}
+}
+
+// syncing is one pool's part of a tick.
+type syncing struct {
+	k      poolKey
+	qp     *quotaPool
+	pushed []*localSub
+	want   []*localSub
+	// commit is the pool's write in the tick's, -1 for none; fresh: when
+	// the shared pools started could not be read for it.
+	commit int
+	fresh  bool
+}
+
+// tickShared is Tick with a shared store: one exchange with the store for
+// every pool with a subscriber here or owned here, then the owners run
+// their pools and write them, then grants are sent.
+func (q *Quota) tickShared(ctx context.Context) {
+	q.tickMu.Lock()
+	defer q.tickMu.Unlock()
+	now := q.cfg.Now()
+	work, reqs := q.syncRequests(now)
+	if len(reqs) == 0 {
+		q.mu.Lock()
+		q.share.lastOK, q.share.down = now, false
+		q.mu.Unlock()
+		return
+	}
+	replies := q.cfg.Share.SyncQuota(ctx, reqs)
+	startErr := q.readStarted(ctx, now, reqs, replies)
+	commits, ok := q.runReplies(work, replies, startErr)
+	q.noteShareReached(ok, replies)
+	if len(commits) == 0 {
+		return
+	}
+	errs := q.cfg.Share.CommitQuota(ctx, commits)
+	for _, w := range work {
+		if w.commit < 0 {
+			continue
+		}
+		q.mu.Lock()
+		if q.pools[w.k] == w.qp {
+			q.committed(q.cfg.Now(), w, commits[w.commit], errs[w.commit])
+		}
+		q.mu.Unlock()
+	}
+}
+
+// syncRequests returns what to hand over and to ask for, pool by pool.
+// The lock is taken pool by pool, so that a report waits for one pool at
+// most, and the store is called without it.
+func (q *Quota) syncRequests(now time.Time) (work []*syncing, reqs []quota.SyncRequest) {
+	for _, k := range q.poolKeys() {
+		q.mu.Lock()
+		if w, req, ok := q.syncRequest(now, k); ok {
+			work = append(work, w)
+			reqs = append(reqs, req)
+		}
+		q.mu.Unlock()
+	}
+	return work, reqs
+}
+
+// readStarted reads when the shared pools started, once a pool the store
+// holds no state of starts now, or learns while the shared pools are new
+// (the store lost its data). It returns the error of that read: the new
+// pools then learn.
+func (q *Quota) readStarted(ctx context.Context, now time.Time, reqs []quota.SyncRequest, replies []quota.SyncReply) error {
+	for i, rep := range replies {
+		if rep.Err != nil || !rep.Owner || rep.State != nil || (!rep.Fresh && !reqs[i].State) {
+			continue
+		}
+		t, err := q.cfg.Share.QuotaStarted(ctx, q.cfg.Scope, now)
+		if err != nil {
+			q.cfg.Log.Warn("quota: reading when the shared pools started; new pools learn", "err", err)
+			return err
+		}
+		q.mu.Lock()
+		q.share.started = t
+		q.mu.Unlock()
+		return nil
+	}
+	return nil
+}
+
+// runReplies applies the store's replies pool by pool, the owner running
+// its pools; it returns what the owned pools write back, and how many
+// replies came.
+func (q *Quota) runReplies(work []*syncing, replies []quota.SyncReply, startErr error) (commits []quota.CommitRequest, ok int) {
+	for i, w := range work {
+		rep := replies[i]
+		if rep.Err == nil {
+			ok++
+		}
+		w.fresh = startErr != nil
+		q.mu.Lock()
+		now := q.cfg.Now()
+		// A pool dropped meanwhile (the rules changed) is left alone.
+		if q.pools[w.k] == w.qp && q.syncReply(now, w, rep) {
+			if c, owned := q.runOwned(now, w, rep); owned {
+				w.commit = len(commits)
+				commits = append(commits, c)
+			}
+		}
+		q.mu.Unlock()
+	}
+	return commits, ok
+}
+
+// noteShareReached records whether the store answered this tick; past
+// shareDownAfter without an answer, it ends every stream, so that Envoys
+// open theirs to a replica that reaches it.
+func (q *Quota) noteShareReached(ok int, replies []quota.SyncReply) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	sh, now := q.share, q.cfg.Now()
+	switch {
+	case ok > 0:
+		sh.lastOK, sh.down = now, false
+	case now.Sub(sh.lastOK) >= shareDownAfter && !sh.down:
+		sh.down = true
+		q.cfg.Log.Warn("quota: the shared store is unreachable; ending the quota streams so that Envoys open theirs to a replica that reaches it",
+			"err", replies[0].Err, "streams", len(q.streams))
+		for _, st := range q.streams {
+			st.end(errShareDown)
+		}
+	}
+}
+
+// syncRequest returns what to hand over and ask for of pool k at this
+// tick, if anything; it forgets a pool that has nothing here any more.
+// q.mu is held.
+func (q *Quota) syncRequest(now time.Time, k poolKey) (*syncing, quota.SyncRequest, bool) {
+	qp, sh := q.pools[k], q.share
+	if qp == nil || qp.sh == nil {
+		return nil, quota.SyncRequest{}, false
+	}
+	if len(qp.sh.local) == 0 && (!qp.sh.owned || qp.p.Empty()) {
+		// Nothing of it here any more: its lease lapses.
+		delete(q.pools, k)
+		return nil, quota.SyncRequest{}, false
+	}
+	w := &syncing{k: k, qp: qp, commit: -1}
+	req := quota.SyncRequest{Pool: qp.sh.name, Replica: sh.replica, Now: now, Lease: shareLease, Keep: sh.keep, State: qp.sh.reload}
+	for _, id := range slices.Sorted(maps.Keys(qp.sh.local)) {
+		ls := qp.sh.local[id]
+		if !ls.pending.Empty() {
+			ls.sent, ls.pending = ls.pending, quota.Handover{}
+			req.Push = append(req.Push, quota.Push{
+				Sub:    subField(id),
+				Merged: ls.held.Merge(ls.sent).Append(nil),
+				Alone:  ls.sent.Append(nil),
+			})
+			w.pushed = append(w.pushed, ls)
+		}
+		if !qp.sh.owned && !ls.left {
+			req.Want = append(req.Want, subField(id))
+			w.want = append(w.want, ls)
+		}
+	}
+	return w, req, true
+}
+
+var errShareDown = status.Error(codes.Unavailable, "service: this replica cannot reach the store it shares quotas through (Redis); open the stream to another replica")
+
+// syncReply takes in the store's answer for one pool: the reports handed
+// over, and the grants of a pool another replica owns. It reports whether
+// this replica owns the pool, which then runs.
+func (q *Quota) syncReply(now time.Time, w *syncing, rep quota.SyncReply) bool {
+	sh := w.qp.sh
+	for i, ls := range w.pushed {
+		switch {
+		case rep.Err != nil:
+			// Handed over or not: it is forgotten rather than counted
+			// twice. A lost report costs the demand it measured.
+			ls.held = quota.Handover{}
+		case rep.Owner:
+			ls.held = quota.Handover{} // taken
+		case rep.Merged[i]:
+			ls.held = ls.held.Merge(ls.sent)
+		default:
+			ls.held = ls.sent
+		}
+		ls.sent = quota.Handover{}
+	}
+	for id, ls := range sh.local {
+		if ls.left && ls.pending.Empty() && ls.sent.Empty() {
+			delete(sh.local, id)
+			q.subs--
+		}
+	}
+	if rep.Err != nil {
+		q.share.errors.Inc()
+		return false
+	}
+	if !rep.Owner {
+		if sh.owned {
+			q.disown(w.qp)
+		}
+		for i, ls := range w.want {
+			q.sendGrant(now, ls, rep.Grants[i])
+		}
+		return false
+	}
+	return true
+}
+
+// disown forgets a pool this replica owned: its lease is another's.
+func (q *Quota) disown(qp *quotaPool) {
+	sh := qp.sh
+	sh.owned, sh.reload = false, false
+	sh.grants, sh.stored, sh.state = nil, nil, nil
+	qp.p = nil
+}
+
+// runOwned runs a pool this replica holds the lease of on the reports
+// taken, and returns what to write.
+func (q *Quota) runOwned(now time.Time, w *syncing, rep quota.SyncReply) (quota.CommitRequest, bool) {
+	qp, sh := w.qp, w.qp.sh
+	limit := limitOf(qp.rule)
+	if !sh.owned || rep.Fresh || sh.reload || qp.p == nil {
+		q.takeOwnership(now, w, rep, limit)
+	}
+	sh.epoch = rep.Epoch
+	p := qp.p
+	var changes []quota.Change
+	if p.Limit() != limit {
+		changes = append(changes, p.SetLimit(now, limit)...)
+	}
+	beyond := p.Beyond()
+	for _, f := range rep.Reports {
+		id, err := strconv.ParseUint(f.Sub, 10, 64)
+		h, herr := quota.ReadHandover(f.Value)
+		if err != nil || herr != nil || id >= 1<<63 {
+			q.share.badRecords.Inc()
+			continue
+		}
+		if h.Reports > 0 {
+			changes = append(changes, p.Report(now, id, h.Usage())...)
+		}
+		if h.Left {
+			changes = append(changes, p.Leave(now, id)...)
+		}
+	}
+	changes = append(changes, p.Tick(now)...)
+	q.totals(qp.rule).beyond.Add(p.Beyond() - beyond)
+	for _, c := range changes {
+		if c.Sub >= 1<<63 {
+			continue
+		}
+		sh.seq++
+		rec := quota.Issued{
+			At: now, Expires: now.Add(q.cfg.Pool.TTL + q.cfg.Pool.Settle - quota.DefaultSettle),
+			Epoch: sh.epoch, Seq: sh.seq, Grant: c.Grant,
+		}
+		sh.grants[c.Sub] = rec.Append(nil)
+	}
+	for id := range sh.grants {
+		if !p.Has(id) {
+			delete(sh.grants, id)
+		}
+	}
+	return q.commitOf(sh, p)
+}
+
+// takeOwnership starts running a pool whose lease this replica has just
+// taken (or whose state it must read again): from the state the store
+// holds, or new, learning from when the shared pools started.
+func (q *Quota) takeOwnership(now time.Time, w *syncing, rep quota.SyncReply, limit quota.Limit) {
+	qp, sh := w.qp, w.qp.sh
+	cfg := q.cfg.Pool
+	cfg.Start = q.share.started
+	if w.fresh {
+		// When the shared pools started is not known: as if now.
+		cfg.Start = now
+	}
+	if rep.State != nil {
+		p, err := quota.RestorePool(limit, cfg, rep.State)
+		if err != nil {
+			// Not a state this service wrote: start again, learning.
+			q.share.badRecords.Inc()
+			q.cfg.Log.Warn("quota: a pool's state in the store is unreadable; the pool learns again", "err", err)
+			cfg.Start = now
+			p = quota.NewPool(limit, cfg)
+		}
+		qp.p = p
+	} else {
+		qp.p = quota.NewPool(limit, cfg)
+	}
+	if rep.Fresh && rep.Epoch > 1 {
+		// Another replica held it before.
+		q.share.takeovers.Inc()
+	}
+	sh.owned, sh.reload, sh.seq, sh.state = true, false, 0, rep.State
+	sh.grants = map[uint64][]byte{}
+	sh.stored = map[uint64][]byte{}
+	for _, f := range rep.Subs {
+		if id, err := strconv.ParseUint(f, 10, 64); err == nil {
+			sh.stored[id] = nil
+		}
+	}
+}
+
+// commitOf returns what an owner writes of pool p: its state, the grants
+// that changed and those to drop; false when nothing changed.
+func (q *Quota) commitOf(sh *sharedPool, p *quota.Pool) (quota.CommitRequest, bool) {
+	c := quota.CommitRequest{Pool: sh.name, Replica: q.share.replica, Epoch: sh.epoch, Keep: q.share.keep, State: p.AppendState(nil)}
+	for _, id := range slices.Sorted(maps.Keys(sh.grants)) {
+		if g := sh.grants[id]; !bytes.Equal(g, sh.stored[id]) {
+			c.Grants = append(c.Grants, quota.Field{Sub: subField(id), Value: g})
+		}
+	}
+	for _, id := range slices.Sorted(maps.Keys(sh.stored)) {
+		if _, ok := sh.grants[id]; !ok {
+			c.Drop = append(c.Drop, subField(id))
+		}
+	}
+	if len(c.Grants) == 0 && len(c.Drop) == 0 && bytes.Equal(c.State, sh.state) {
+		return c, false
+	}
+	return c, true
+}
+
+// committed takes in the outcome of an owner's write: the grants written
+// are sent to this replica's streams; a pool whose lease changed hands is
+// forgotten; a pool whose write failed is read again from the store at
+// the next tick, since what it holds is not known.
+func (q *Quota) committed(now time.Time, w *syncing, c quota.CommitRequest, err error) {
+	qp, sh := w.qp, w.qp.sh
+	switch {
+	case errors.Is(err, quota.ErrNotOwner):
+		q.disown(qp)
+		return
+	case err != nil:
+		q.share.errors.Inc()
+		sh.reload = true
+		return
+	}
+	for _, g := range c.Grants {
+		if id, err := strconv.ParseUint(g.Sub, 10, 64); err == nil {
+			sh.stored[id] = g.Value
+		}
+	}
+	for _, d := range c.Drop {
+		if id, err := strconv.ParseUint(d, 10, 64); err == nil {
+			delete(sh.stored, id)
+		}
+	}
+	sh.state = c.State
+	for _, id := range slices.Sorted(maps.Keys(sh.local)) {
+		if ls := sh.local[id]; !ls.left {
+			q.sendGrant(now, ls, sh.grants[id])
+		}
+	}
+}
+
+// sendGrant sends a grant record to its subscriber's stream, unless it
+// was sent already. The assignment's TTL is what is left of the grant's
+// lease, so that a grant sent late is not in force longer than its owner
+// counts it; one with less than a second left is not sent (the Envoy
+// keeps the grant it has, which its owner counts too).
+func (q *Quota) sendGrant(now time.Time, ls *localSub, rec []byte) {
+	if rec == nil || bytes.Equal(rec, ls.delivered) {
+		return
+	}
+	ls.delivered = rec
+	g, err := quota.ReadIssued(rec)
+	if err != nil {
+		q.share.badRecords.Inc()
+		return
+	}
+	if now.Sub(g.At) > q.cfg.Pool.Settle-quota.DefaultSettle {
+		q.share.late.Inc()
+	}
+	ttl := q.cfg.Pool.TTL
+	if !g.Grant.Abandon {
+		ttl = min(ttl, g.Expires.Sub(now).Truncate(time.Second))
+		if ttl < time.Second {
+			return
+		}
+	}
+	ls.grant = g.Grant
+	if ls.sb.pool == nil {
+		return // its bucket left the pool (the rules changed)
+	}
+	q.queue(ls.st, ls.sb.key, assignment(ls.sb.id, g.Grant, durationpb.New(ttl)))
+}
+
+// subscribers are this replica's subscribers of a pool another owns, for
+// the live view: their grants, and no demand.
+func (sh *sharedPool) subscribers() []quota.Subscriber {
+	out := make([]quota.Subscriber, 0, len(sh.local))
+	for _, id := range slices.Sorted(maps.Keys(sh.local)) {
+		g := sh.local[id].grant
+		out = append(out, quota.Subscriber{ID: id, Rate: g.Rate(), Burst: g.MaxTokens, Committed: g.Rate(), Gone: sh.local[id].left})
+	}
+	return out
+}
+
+func comparePoolKeys(a, b poolKey) int {
+	return cmp.Or(cmp.Compare(a.domain, b.domain), cmp.Compare(a.bucket, b.bucket))
+}
