@@ -31,11 +31,13 @@ func getHost(t *testing.T, url, host string) (int, string) {
 // whose Host names another site (a page that rebound its name to
 // 127.0.0.1) is refused, on every endpoint; localhost, an address and a
 // name of DEBUG_ALLOWED_HOSTS are answered (issue 24, case 9). Before, the
-// rules, the top keys and pprof's command line answered any Host.
+// rules, the top keys and pprof's command line answered any Host. A
+// capture, which holds client values, is under the same rules (issue 29).
 func TestDebugListenerAnswersItsOwnHostsOnly(t *testing.T) {
 	p := start(t, map[string]string{"web.yaml": webRules}, "DEBUG_ALLOWED_HOSTS=ratelimit.ops.internal")
 	port := p.debug[strings.LastIndex(p.debug, ":"):]
-	for _, path := range []string{"/", "/rlconfig", "/stats", "/metrics", "/debug/pprof/cmdline", "/ui/", "/api/v1/rules", "/api/v1/topkeys"} {
+	for _, path := range []string{"/", "/rlconfig", "/stats", "/metrics", "/debug/pprof/cmdline", "/ui/", "/api/v1/rules", "/api/v1/topkeys",
+		"/api/v1/capture?seconds=1"} {
 		url := "http://" + p.debug + path
 		for _, host := range []string{"attacker.example" + port, "attacker.example", "127.0.0.1.attacker.example" + port} {
 			if code, body := getHost(t, url, host); code != http.StatusForbidden || strings.Contains(body, "web.user") {

@@ -204,6 +204,24 @@ func testLiveView(t *testing.T, browser context.Context, backend, shot string, e
 	}
 }
 
+// browserTab starts Chromium with a tab open, for at most within, and
+// returns the tab's context and its cancel (the caller may end it early:
+// watchConsole's results wait for that); both end with the test.
+func browserTab(t *testing.T, within time.Duration) (context.Context, context.CancelFunc) {
+	t.Helper()
+	alloc, cancelAlloc := chromedp.NewExecAllocator(t.Context(), append(chromedp.DefaultExecAllocatorOptions[:],
+		chromedp.ExecPath(chromium(t)), chromedp.NoSandbox, chromedp.WindowSize(1400, 1000))...)
+	t.Cleanup(cancelAlloc)
+	tab, cancelTab := chromedp.NewContext(alloc)
+	t.Cleanup(cancelTab)
+	ctx, cancel := context.WithTimeout(tab, within)
+	t.Cleanup(cancel)
+	if err := chromedp.Do(ctx); err != nil { // starts Chromium, opens the tab
+		t.Fatalf("starting Chromium: %v", err)
+	}
+	return ctx, cancel
+}
+
 // watchConsole collects the errors and exceptions a tab writes to its
 // console until ctx ends; the function it returns waits for that end
 // (the caller cancels ctx first) and returns them.

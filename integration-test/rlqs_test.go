@@ -2,7 +2,6 @@ package integration
 
 import (
 	"cmp"
-	"context"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -624,16 +623,7 @@ func TestRLQSInLiveView(t *testing.T) {
 	}()
 	defer func() { close(stopReporting); <-reporting }()
 
-	alloc, cancel := chromedp.NewExecAllocator(t.Context(), append(chromedp.DefaultExecAllocatorOptions[:],
-		chromedp.ExecPath(chromium(t)), chromedp.NoSandbox, chromedp.WindowSize(1400, 1000))...)
-	defer cancel()
-	tab, cancel := chromedp.NewContext(alloc)
-	defer cancel()
-	ctx, cancelRun := context.WithTimeout(tab, 30*time.Second)
-	defer cancelRun()
-	if err := chromedp.Do(ctx); err != nil {
-		t.Fatalf("starting Chromium: %v", err)
-	}
+	ctx, cancelRun := browserTab(t, 30*time.Second)
 	problems := watchConsole(ctx)
 	if err := chromedp.Do(ctx, chromedp.Navigate("http://"+p.debug+"/ui/"), chromedp.WaitVisible(chromedp.CSS(`#quota-body tr.sub`))); err != nil {
 		_, body := p.get(t, "http://"+p.debug+"/api/v1/quota")

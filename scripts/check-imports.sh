@@ -34,6 +34,12 @@ check src/service src/server src/settings src/store src/provider
 # and is wired by server, so it must not know server, provider or a store.
 check src/live src/service src/server src/provider src/settings src/store src/stats
 check src/live/web src/service src/server src/provider src/settings src/store src/stats src/limiter
+# The capture's recorder and reader know requests as plain data: the service
+# fills them, server wires the endpoint, ratelimit-check reads captures.
+check src/capture src/service src/server src/provider src/settings src/store src/stats src/limiter src/live
+# The replay composes the service on the memory store, as server does for
+# a running instance; it reads no settings, files or other stores.
+check src/replay src/server src/provider src/settings src/store/redis src/store/memcached src/live
 check src/provider src/limiter src/service src/server src/store
 if grep -rl --include='*.go' 'go-control-plane/envoy/service/ratelimit' src/limiter src/rules src/store 2>/dev/null; then
   echo "imports: RLS protos must stop at service"; fail=1

@@ -9,6 +9,11 @@
 //	ratelimit-check -config_dir DIR -dump   print the rules as /rlconfig does; same exit codes
 //	ratelimit-check -diff OLD_DIR NEW_DIR   print what changes; exit 0 no difference,
 //	                                        1 differences, 2 invalid rules or usage
+//	ratelimit-check -replay CAPTURE -config_dir NEW [-against OLD]
+//	                                        run a capture (GET /api/v1/capture) against NEW
+//	                                        (and OLD) and report per rule; exit 0 the same
+//	                                        answers as OLD (or the capture), 1 differences,
+//	                                        2 invalid rules, a bad capture or usage
 package main
 
 import (
@@ -29,7 +34,8 @@ func main() {
 
 const usage = `usage:
   ratelimit-check -config_dir DIR [-dump] [-merge_domain_configs] [-ignore_dot_files]
-  ratelimit-check -diff [-merge_domain_configs] [-ignore_dot_files] OLD_DIR NEW_DIR`
+  ratelimit-check -diff [-merge_domain_configs] [-ignore_dot_files] OLD_DIR NEW_DIR
+  ratelimit-check -replay CAPTURE|- -config_dir NEW [-against OLD] [-json] [-top N] [...]`
 
 // The exit codes of -diff, as diff(1)'s: CI pipelines tell "changed" from
 // "broken" by them.
@@ -51,6 +57,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	}
 	var dir string
 	var merge, ignoreDotFiles, dump, diff bool
+	var rp replayFlags
 	// config_dir and merge_domain_configs are envoyproxy/ratelimit's names.
 	fs.StringVar(&dir, "config_dir", "", "directory of rule files (*.yaml, *.yml) to check")
 	fs.StringVar(&dir, "config-dir", "", "same as -config_dir")
@@ -59,6 +66,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	fs.BoolVar(&ignoreDotFiles, "ignore_dot_files", false, "skip files whose names start with a dot (RUNTIME_IGNOREDOTFILES)")
 	fs.BoolVar(&dump, "dump", false, "print every rule, one line each, as the debug endpoint /rlconfig does")
 	fs.BoolVar(&diff, "diff", false, "compare the rules of OLD_DIR and NEW_DIR: rules added (+), removed (-) and changed (~)")
+	rp.register(fs)
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
@@ -73,6 +81,17 @@ func run(args []string, stdout, stderr io.Writer) int {
 		return len(files), c, err
 	}
 
+	if rp.capture != "" {
+		if dump || diff || dir == "" || fs.NArg() > 0 {
+			fmt.Fprintln(stderr, usage)
+			return replayTrouble
+		}
+		return runReplay(rp, dir, load, stdout, stderr)
+	}
+	if rp.against != "" {
+		fmt.Fprintln(stderr, usage)
+		return 2
+	}
 	if diff {
 		if dump || dir != "" || fs.NArg() != 2 {
 			fmt.Fprintln(stderr, usage)

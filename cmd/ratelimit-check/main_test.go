@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -300,5 +301,84 @@ func TestDumpIsWhatTheServiceLoads(t *testing.T) {
 	}
 	if got, want := stdout.String(), cfg.Dump(); got != want || !strings.Contains(got, "api.k:") || !strings.Contains(got, "web.ip:") {
 		t.Errorf("-dump =\n%s\nwant the service's\n%s", got, want)
+	}
+}
+
+// writeCapture writes a capture of user's requests, one a second, each
+// answered as want says (true: OVER_LIMIT).
+func writeCapture(t *testing.T, dir, user string, want []bool) string {
+	t.Helper()
+	var b strings.Builder
+	b.WriteString(`{"capture":1,"ns":1764246000000000000,"values":"plain","seconds":60,"requests":100}` + "\n")
+	for i, over := range want {
+		code := "OK"
+		if over {
+			code = "OVER_LIMIT"
+		}
+		fmt.Fprintf(&b, `{"ns":%d,"domain":"web","descriptors":[{"entries":[["user",%q]]}],"code":%q,"codes":[%q]}`+"\n",
+			1764246000000000000+int64(i+1)*1e9, user, code, code)
+	}
+	fmt.Fprintf(&b, `{"summary":{"ns":1764246060000000000,"requests":%d,"dropped":0,"too_large":0,"bytes":1,"reason":"seconds"}}`+"\n", len(want))
+	path := filepath.Join(dir, "web.ndjson")
+	if err := os.WriteFile(path, []byte(b.String()), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
+func TestReplay(t *testing.T) {
+	t.Parallel()
+	// webV1 limits a user to 10 a minute, webV2 to 20.
+	v1, v2, tmp := t.TempDir(), t.TempDir(), t.TempDir()
+	write(t, v1, "web.yaml", webV1)
+	write(t, v2, "web.yaml", strings.Replace(webV2, "requests_per_unit: 20", "requests_per_unit: 8", 1))
+	bad := t.TempDir()
+	write(t, bad, "web.yaml", "domain: web\ndescriptors:\n  - key: user\n    rate_limit: {unit: fortnight}\n")
+	twelve := make([]bool, 12)
+	twelve[10], twelve[11] = true, true // as webV1 answered them
+	capturePath := writeCapture(t, tmp, "alice", twelve)
+	broken := filepath.Join(tmp, "broken.ndjson")
+	if err := os.WriteFile(broken, []byte(`{"capture":1,"ns":1}`+"\n"+`{"ns":1,"domain":"web"`+"\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	tests := []struct {
+		name   string
+		args   []string
+		code   int
+		stdout []string
+		stderr string
+	}{
+		{"same_as_the_capture", []string{"-replay", capturePath, "-config_dir", v1}, 0,
+			[]string{"replayed 12 requests", "the same answer to every request and descriptor", "web.user", `user="alice"`}, ""},
+		{"stricter_than_the_capture", []string{"-replay", capturePath, "-config_dir", v2}, 1,
+			[]string{"2 descriptors answered differently; 2 requests refused by " + v2 + " only"}, ""},
+		{"against_rules", []string{"-replay", capturePath, "-config_dir", v2, "-against", v1}, 1,
+			[]string{"compared with " + v1, "admitted, refused by " + v2}, ""},
+		{"json", []string{"-replay", capturePath, "-config_dir", v1, "-json"}, 0,
+			[]string{`"requests": 12`, `"descriptors_differ": 0`, `"id": "web.user"`}, ""},
+		{"bad_capture_line", []string{"-replay", broken, "-config_dir", v1}, 2, nil, "capture: line 2: not a request"},
+		{"no_capture", []string{"-replay", filepath.Join(tmp, "none"), "-config_dir", v1}, 2, nil, "no such file"},
+		{"invalid_rules", []string{"-replay", capturePath, "-config_dir", bad}, 2, nil, "problem(s) in " + bad},
+		{"no_rules_dir", []string{"-replay", capturePath}, 2, nil, "usage:"},
+		{"with_dump", []string{"-replay", capturePath, "-config_dir", v1, "-dump"}, 2, nil, "usage:"},
+		{"against_alone", []string{"-config_dir", v1, "-against", v2}, 2, nil, "usage:"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			var stdout, stderr bytes.Buffer
+			code := run(tt.args, &stdout, &stderr)
+			if code != tt.code {
+				t.Errorf("exit %d, want %d\nstdout:\n%s\nstderr:\n%s", code, tt.code, stdout.String(), stderr.String())
+			}
+			for _, s := range tt.stdout {
+				if !strings.Contains(stdout.String(), s) {
+					t.Errorf("stdout lacks %q:\n%s", s, stdout.String())
+				}
+			}
+			if !strings.Contains(stderr.String(), tt.stderr) {
+				t.Errorf("stderr lacks %q:\n%s", tt.stderr, stderr.String())
+			}
+		})
 	}
 }

@@ -54,6 +54,12 @@ import (
 // sooner, within the part the keys share), so that Redis applies them in
 // one script.
 //
+// A shadow limit of a list (rules.Limit.Shadow) counts in a key of its
+// own: its list key followed by "_shadow"
+// ("rl_{api_user_alice}_1699920000_1_minute_shadow"), so that it may have
+// the algorithm and window of a limit in force beside it, whose counts it
+// must never change. No unit or algorithm name ends with "shadow".
+//
 // A limit with an unknown unit is keyed as a one-second window; the rules
 // package never builds one.
 func CacheKey(dst []byte, prefix, domain string, entries []rules.Entry, l *rules.Limit, now time.Time) []byte {
@@ -152,11 +158,14 @@ func appendSuffix(dst []byte, l *rules.Limit, now time.Time) []byte {
 		dst = strconv.AppendUint(dst, uint64(max(l.UnitMultiplier, 1)), 10)
 		dst = append(dst, '_')
 		dst = append(dst, unitNames[unitIndex(l.Unit)]...)
-		if l.Algorithm == rules.FixedWindow {
-			return dst
+		if l.Algorithm != rules.FixedWindow {
+			dst = append(dst, '_')
+			dst = append(dst, l.Algorithm.String()...)
 		}
-		dst = append(dst, '_')
-		return append(dst, l.Algorithm.String()...)
+		if l.Shadow {
+			dst = append(dst, shadowSuffix...)
+		}
+		return dst
 	}
 	if l.Algorithm == rules.FixedWindow {
 		return strconv.AppendInt(dst, WindowStart(now, w), 10)
@@ -198,7 +207,10 @@ func SplitListKey(key string, a rules.Algorithm) (shared, limit string, ok bool)
 		rest = rest[n+1:]
 	}
 	// The multiplier, '_' and the unit; then '_' and the algorithm for
-	// the continuous ones.
+	// the continuous ones; then shadowSuffix for a shadow limit, which is
+	// part of the limit's part.
+	limit = rest
+	rest = strings.TrimSuffix(rest, shadowSuffix)
 	n := digits(rest)
 	if n == 0 || !strings.HasPrefix(rest[n:], "_") {
 		return "", "", false
@@ -216,8 +228,11 @@ func SplitListKey(key string, a rules.Algorithm) (shared, limit string, ok bool)
 	if !slices.Contains(unitNames[:], unit) {
 		return "", "", false
 	}
-	return shared, rest, true
+	return shared, limit, true
 }
+
+// shadowSuffix ends the key of a shadow limit of a list (see CacheKey).
+const shadowSuffix = "_shadow"
 
 // digits is the length of the run of ASCII digits s starts with.
 func digits(s string) int {

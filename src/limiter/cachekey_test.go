@@ -309,13 +309,22 @@ func TestSplitListKey(t *testing.T) {
 			if s2, l2, _ := SplitListKey(next, alg); s2 != shared || l2 != limit {
 				t.Errorf("SplitListKey(%q) = %q, %q; want the parts of %q", next, s2, l2, key)
 			}
+			// A shadow limit of the same window: its own key, whose
+			// limit part ends with "_shadow".
+			shadow := *one
+			shadow.Shadow = true
+			sk := string(build(nil, "rl_", "api", entries, &shadow, now))
+			if s, l, ok := SplitListKey(sk, alg); !ok || s != shared || l != limit+"_shadow" || sk == key {
+				t.Errorf("SplitListKey(%q, %v) = %q, %q, %t; want %q, %q", sk, alg, s, l, ok, shared, limit+"_shadow")
+			}
 			single := &rules.Limit{RequestsPerUnit: 5, Unit: rules.Minute, UnitMultiplier: 3, Algorithm: alg}
 			if k := string(build(nil, "rl_", "api", entries, single, now)); isList(k, alg) {
 				t.Errorf("SplitListKey(%q, %v): a single limit's key split as a list's", k, alg)
 			}
 		}
 	}
-	for _, k := range []string{"", "}", "rl_{a}", "rl_{a}_", "rl_{a}_x_second", "rl_{a}_1_fortnight", "rl_{a}_1_second_", "rl_{a}_-_1_second"} {
+	for _, k := range []string{"", "}", "rl_{a}", "rl_{a}_", "rl_{a}_x_second", "rl_{a}_1_fortnight", "rl_{a}_1_second_", "rl_{a}_-_1_second",
+		"rl_{a}_shadow", "rl_{a}_1_shadow", "rl_{a}_1_second_shadow_shadow"} {
 		if isList(k, rules.FixedWindow) || isList(k, rules.TokenBucket) {
 			t.Errorf("SplitListKey(%q) split a key that is not a list's", k)
 		}

@@ -77,15 +77,21 @@ type Counts struct {
 	WithinLimit             uint64
 	ShadowMode              uint64
 	OverLimitWithLocalCache uint64
+	// ShadowOverLimit counts, for a shadow limit (rules.Limit.Shadow),
+	// the hits it would have refused; its OverLimit stays 0. Our
+	// extension: shadow_over_limit in the statistics.
+	ShadowOverLimit uint64
 }
 
 // Status is the decision for one descriptor.
 type Status struct {
 	// Limit is the limit the status describes: the descriptor's, or for a
 	// list the one that decided (see Limiter.Check). Nil when the
-	// descriptor was not limited.
+	// descriptor was not limited, or limited by shadow limits only.
 	Limit *rules.Limit
-	Code  Code
+	// Code is the decision. For a shadow limit's own status (in
+	// Descriptor.Each) OverLimit means it would have refused.
+	Code Code
 	// Remaining is the algorithm's remaining allowance (0 when over limit).
 	Remaining uint32
 	// ResetAfter is the algorithm's time until reset.
@@ -159,6 +165,16 @@ func New(store Store, cfg Config) *Limiter {
 // resets last, then the first).
 // Its Counts are that limit's, so the descriptor's statistics count each
 // hit once.
+//
+// A shadow limit of a list (rules.Limit.Shadow) is applied as if it were
+// the descriptor's only limit (Op.Shadow): its status in Descriptor.Each
+// is what it would have answered, OverLimit included, with the hits it
+// would refuse counted in ShadowOverLimit instead of OverLimit; it never
+// decides the descriptor's status, is never answered from nor put in the
+// near cache, and, with StopIncrementWhenOverLimit, records its own hits
+// when it admits them whatever the other limits say, and none when it
+// would refuse them. A descriptor whose limits are all shadow limits (or
+// unlimited) gets Status{}: OK, no Limit.
 func (l *Limiter) Check(ctx context.Context, domain string, now time.Time, ds []Descriptor, out []Status) error {
 	if len(out) < len(ds) {
 		return fmt.Errorf("limiter: %d statuses for %d descriptors", len(out), len(ds))
@@ -202,9 +218,12 @@ func (l *Limiter) Check(ctx context.Context, domain string, now time.Time, ds []
 		}
 	}
 	if cachedOver && b.AllOrNothing {
-		// The request is over a limit already: record none of its hits.
+		// The request is over a limit already: record none of its hits,
+		// but for shadow limits, which count alone.
 		for j := range b.Ops {
-			b.Ops[j].Hits = 0
+			if !b.Ops[j].Shadow {
+				b.Ops[j].Hits = 0
+			}
 		}
 	}
 	if len(b.Ops) > 0 {
@@ -224,7 +243,7 @@ func (l *Limiter) Check(ctx context.Context, domain string, now time.Time, ds []
 		for j, i := range r.idx {
 			lim, d := r.lims[j], &ds[i]
 			st := l.status(lim, &b.Ops[j], &b.Results[j])
-			if cachedOver && b.AllOrNothing {
+			if cachedOver && b.AllOrNothing && !lim.Shadow {
 				st.Counts.TotalHits = d.Hits
 			}
 			l.remember(lim, &b.Ops[j], &b.Results[j], now)
@@ -235,7 +254,9 @@ func (l *Limiter) Check(ctx context.Context, domain string, now time.Time, ds []
 			if d.Each != nil {
 				d.Each[lim.Index] = st
 			}
-			decide(&out[i], &st)
+			if !lim.Shadow {
+				decide(&out[i], &st)
+			}
 		}
 	}
 	clear(b.Ops) // drop the keys
@@ -263,8 +284,9 @@ func (l *Limiter) addOp(r *request, domain string, now time.Time, d *Descriptor,
 		Hits:      d.Hits,
 		PerSecond: lim.Unit == rules.Second,
 		Group:     group,
+		Shadow:    lim.Shadow,
 	}
-	if l.cfg.NearCache != nil {
+	if l.cfg.NearCache != nil && !lim.Shadow {
 		// The key is looked up from the buffer: no string is made
 		// for a descriptor answered from the cache.
 		if until, over := l.cfg.NearCache.Over(unsafeString(r.key[start:]), op.Capacity(), now); over {
@@ -327,7 +349,12 @@ func (l *Limiter) status(lim *rules.Limit, op *Op, res *Result) Status {
 			c.NearLimit = sub0(over, max(near, before))
 		}
 		c.OverLimit = overHits
-		if lim.ShadowMode {
+		switch {
+		case lim.Shadow:
+			// What it would have refused; the descriptor's code is
+			// the other limits' (see Check).
+			c.OverLimit, c.ShadowOverLimit = 0, overHits
+		case lim.ShadowMode:
 			st.Code = OK
 			c.ShadowMode = overHits
 		}
@@ -367,12 +394,12 @@ func cachedOverLimit(hits uint64, resetAfter time.Duration) Status {
 // remember puts a key in the near cache when the store said that not even
 // one more hit fits until ResetAfter: then every request for it until that
 // time is over the limit whatever the store would say. Shadow-mode rules
-// are never cached (they must keep answering OK), nor token buckets, whose
+// and shadow limits are never cached (they must keep answering OK), nor token buckets, whose
 // ResetAfter is the time until the bucket is full rather than until one
 // token is back.
 func (l *Limiter) remember(lim *rules.Limit, op *Op, res *Result, now time.Time) {
 	if l.cfg.NearCache == nil || res.Allowed || res.Remaining > 0 || res.ResetAfter <= 0 ||
-		lim.ShadowMode || op.Algorithm == rules.TokenBucket {
+		lim.ShadowMode || lim.Shadow || op.Algorithm == rules.TokenBucket {
 		return
 	}
 	l.cfg.NearCache.Remember(op.Key, op.Capacity(), now, now.Add(res.ResetAfter))

@@ -48,6 +48,12 @@ func TestListKeys(t *testing.T) {
 	if !slices.Equal(got, want) {
 		t.Errorf("list keys = %q, want %q", got, want)
 	}
+	// A shadow limit of the same window as a limit in force: a key of
+	// its own.
+	twin := list(t, "      - {unit: second, requests_per_unit: 2}\n      - {unit: second, requests_per_unit: 1, shadow_mode: true}\n")
+	if k := string(CacheKey(nil, "rl_", "d", entries, twin.Limits[1], now)); k != "rl_{d_k_v}_1700000029_1_second_shadow" {
+		t.Errorf("shadow twin's key = %q", k)
+	}
 	esc := string(EscapedCacheKey(nil, "rl_", "d_x", []rules.Entry{{Key: "k", Value: "a_b"}}, lim.Limits[2], now))
 	if want := `rl_{d\_x_k_a\_b}_1_hour_token_bucket`; esc != want {
 		t.Errorf("escaped list key = %q, want %q", esc, want)

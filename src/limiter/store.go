@@ -86,6 +86,16 @@ type Op struct {
 	// the main and the per-second Redis) it applies them one by one, each
 	// atomically, as ops of different descriptors.
 	Group uint32
+	// Shadow marks the op of a shadow limit (rules.Limit.Shadow): it is
+	// decided and recorded as if it were alone in a batch of its own. Its
+	// refusal makes no other op refused, and no other op's refusal takes
+	// it back; in an AllOrNothing batch it is recorded only when it is
+	// itself allowed (Results as for a refused AllOrNothing batch of that
+	// one op otherwise). It is still part of its group's atomic step. The
+	// limiter never gives a shadow op the key of another op of the batch
+	// that is not a shadow op (their algorithms or windows differ), and a
+	// store may rely on it.
+	Shadow bool
 }
 
 // Capacity is the most units the op's key can hold at once, the threshold

@@ -111,6 +111,11 @@ type Rule struct {
 	Limit *rules.Limit
 	// Tracked reports whether the rule has traffic series.
 	Tracked bool
+	// Twins are the IDs of the limits of the same rate_limits list in the
+	// other role: for an enforced limit the shadow limits beside it
+	// (rules.Limit.Shadow), for a shadow limit the enforced ones; nil
+	// when there are none.
+	Twins []string
 }
 
 // ruleSet is one published rule set, read on the hot path.
@@ -140,6 +145,11 @@ type ruleInfo struct {
 type series struct {
 	other  atomic.Uint64
 	events atomic.Uint64
+	// shadow marks a shadow limit's series (rules.Limit.Shadow): its
+	// over-limit decisions are those it would have refused, and it is
+	// left out of the totals, which count each decision once, under the
+	// limit that decided. Guarded by Recorder.mu, set at each SetRules.
+	shadow bool
 
 	// The rings, one slot per second (Unix second mod Window), guarded by
 	// Recorder.mu.
@@ -203,7 +213,8 @@ func (r *Recorder) SetRules(c *rules.Config) {
 		version: r.version,
 	}
 	kept := make(map[string]*series, min(len(limits), r.cfg.MaxRules))
-	for i, id := range ruleIDs(limits) {
+	ids := ruleIDs(limits)
+	for i, id := range ids {
 		l := limits[i]
 		info := &ruleInfo{id: id, hash: maphash.String(r.seed, id), limit: l, version: set.version}
 		if len(kept) < r.cfg.MaxRules {
@@ -211,17 +222,45 @@ func (r *Recorder) SetRules(c *rules.Config) {
 			if s == nil {
 				s = &series{}
 			}
+			s.shadow = l.Shadow
 			kept[id] = s
 			info.series = s
 		}
 		set.byLimit[l] = info
 		set.rules = append(set.rules, Rule{ID: id, Limit: l, Tracked: info.series != nil})
 	}
+	linkTwins(set.rules)
 	r.series = kept
 	r.rules.Store(set)
 	// The cache's infos are of the replaced set: let it go.
 	for i := range r.recent {
 		r.recent[i].Store(nil)
+	}
+}
+
+// linkTwins sets the Twins of the limits of each rate_limits list that
+// has shadow limits among enforced ones. A list's limits are next to each
+// other in rs (rules.Config.Limits' order).
+func linkTwins(rs []Rule) {
+	for i := 0; i < len(rs); {
+		l := rs[i].Limit
+		if !l.InList() {
+			i++
+			continue
+		}
+		end := i + 1
+		for end < len(rs) && rs[end].Limit.InList() && rs[end].Limit.Limits[0] == l.Limits[0] {
+			end++
+		}
+		for j := i; j < end; j++ {
+			for k := i; k < end; k++ {
+				a, b := rs[j].Limit, rs[k].Limit
+				if a.Shadow != b.Shadow && !a.Unlimited && !b.Unlimited {
+					rs[j].Twins = append(rs[j].Twins, rs[k].ID)
+				}
+			}
+		}
+		i = end
 	}
 }
 
@@ -260,7 +299,10 @@ func (r *Recorder) Rules() ([]Rule, uint64) {
 
 // Observe records one descriptor's decision: domain and entries as the
 // limit counted them, the limit applied (a rule, or a per-request
-// override), and the status the limiter gave at now. It is the hot path:
+// override), and the status the limiter gave at now; for a shadow limit
+// (rules.Limit.Shadow), its own status, OverLimit when it would have
+// refused, recorded as over the limit in its series and among the top
+// keys under its own ID. It is the hot path:
 // no allocation, and for a decision that is not near its limit a cached
 // lookup of the rule and one atomic add.
 func (r *Recorder) Observe(domain string, entries []rules.Entry, lim *rules.Limit, st *limiter.Status, now time.Time) {
@@ -394,7 +436,9 @@ func (r *Recorder) Tick(now time.Time) {
 		v := [3]uint64{se.other.Swap(0) + over + near, over, near}
 		for k := range v {
 			se.ring[k][i] = add32(se.ring[k][i], v[k])
-			sum[k] += v[k]
+			if !se.shadow {
+				sum[k] += v[k]
+			}
 		}
 	}
 	for k := range sum {
@@ -446,7 +490,9 @@ type Series struct {
 }
 
 // Totals is the figures of the whole service, one per second, oldest
-// first. Decisions, OverLimit and NearLimit add up the tracked rules.
+// first. Decisions, OverLimit and NearLimit add up the tracked rules but
+// shadow limits, whose decisions are counted under the limits that
+// decided too.
 type Totals struct {
 	Series
 	// NearCacheHits counts the decisions answered from the near cache.

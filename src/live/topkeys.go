@@ -417,7 +417,8 @@ type Key struct {
 	// decision: the hits counted and the most it admits (a token
 	// bucket's burst). Over the limit, Used is Capacity.
 	Used, Capacity uint64
-	// Over reports that the last decision was over the limit.
+	// Over reports that the last decision was over the limit; for a
+	// shadow limit (Limit.Shadow) that it would have been refused.
 	Over bool
 	// ResetIn is the time until the limit resets (a token bucket: until
 	// it is full), counted from the read.

@@ -299,7 +299,7 @@ func linkList(list []*Limit) []listProblem {
 		for j, prev := range list[:i] {
 			switch {
 			case !l.Unlimited && !prev.Unlimited && l.Algorithm == prev.Algorithm &&
-				l.Unit == prev.Unit && l.UnitMultiplier == prev.UnitMultiplier:
+				l.Unit == prev.Unit && l.UnitMultiplier == prev.UnitMultiplier && l.Shadow == prev.Shadow:
 				probs = append(probs, listProblem{i, fmt.Sprintf(
 					"same algorithm and window as rate_limits[%d] (%s, %s); they would count in one key, keep the stricter",
 					j+1, l.Algorithm, windowName(l))})
@@ -312,7 +312,9 @@ func linkList(list []*Limit) []listProblem {
 	return probs
 }
 
-// statLevel is a limit's Limit.StatLevel within a list.
+// statLevel is a limit's Limit.StatLevel within a list: an unnamed shadow
+// limit's ends with "_shadow", as its key does, so that it may shadow a
+// limit of its window without a name of its own.
 func statLevel(l *Limit) string {
 	switch {
 	case l.Name != "":
@@ -323,6 +325,9 @@ func statLevel(l *Limit) string {
 	s := windowName(l)
 	if l.Algorithm != FixedWindow {
 		s += "_" + l.Algorithm.String()
+	}
+	if l.Shadow {
+		s += "_shadow"
 	}
 	return s
 }
@@ -383,6 +388,8 @@ type limitSpec struct {
 	unlimited bool
 	name      string
 	replaces  []string
+	// shadow is an item of rate_limits's shadow_mode (Limit.Shadow).
+	shadow bool
 
 	// hasAlgorithm, hasBurst and hasMultiplier are the field given (in
 	// YAML, its key present, whatever its value).
@@ -403,6 +410,7 @@ const (
 	fieldAlgorithm  = "algorithm"
 	fieldBurst      = "burst"
 	fieldMultiplier = "unit_multiplier"
+	fieldShadow     = "shadow_mode"
 )
 
 // limitProblem is one problem of a rate_limit: its text and what it is
@@ -429,6 +437,7 @@ func newLimit(s limitSpec, fullKey, source string, flags descriptorFlags, opts O
 		UnitMultiplier:  1,
 		Name:            s.name,
 		Unlimited:       s.unlimited,
+		Shadow:          s.shadow,
 		ShadowMode:      flags.shadow,
 		QuotaMode:       flags.quota,
 		DetailedMetric:  flags.detailed,
@@ -467,7 +476,17 @@ func newLimit(s limitSpec, fullKey, source string, flags descriptorFlags, opts O
 		}
 	}
 
+	if s.shadow && len(s.replaces) > 0 {
+		// Dropping another rule's limit would change what is enforced,
+		// which a shadow limit never does.
+		report(fieldShadow, false, "a shadow limit cannot replace other limits: that would change what is enforced")
+		ok = false
+	}
 	if s.unlimited {
+		if s.shadow {
+			report(fieldShadow, false, "shadow_mode has no effect with unlimited: true")
+			ok = false
+		}
 		for _, f := range []struct {
 			name    string
 			present bool

@@ -336,7 +336,8 @@ func (c *Config) matchDetailed(domain string, entries []Entry, limit *Limit) Mat
 // Dump returns every rule as text, one line per rule in a stable order
 // (domains sorted, then depth first with keys sorted), and one line per
 // limit of a descriptor's rate_limits, in file order, marked "rate_limits:
-// 2/3 minute" (the limit's place and Limit.StatLevel). Each line starts as
+// 2/3 minute" (the limit's place and Limit.StatLevel), and a shadow limit
+// (Limit.Shadow) "shadow: true". Each line starts as
 // envoyproxy/ratelimit's /rlconfig line and appends the settings that
 // differ from their defaults. The quota rules follow, one line each as
 // QuotaRule.String writes it, domains sorted, each in file order.
@@ -374,6 +375,9 @@ func writeLimit(b *strings.Builder, l *Limit) {
 	if l.InList() {
 		// One line per limit of the list, all with the descriptor's key.
 		fmt.Fprintf(b, ", rate_limits: %d/%d %s", l.Index+1, len(l.Limits), l.StatLevel)
+	}
+	if l.Shadow {
+		b.WriteString(", shadow: true")
 	}
 	if l.Unlimited {
 		b.WriteString(", unlimited: true")

@@ -342,6 +342,7 @@ func limitFields(a, b *Limit) []FieldChange {
 	fs = appendField(fs, "requests_per_unit", strconv.FormatUint(uint64(a.RequestsPerUnit), 10), strconv.FormatUint(uint64(b.RequestsPerUnit), 10))
 	fs = appendField(fs, "shadow_mode", strconv.FormatBool(a.ShadowMode), strconv.FormatBool(b.ShadowMode))
 	fs = appendField(fs, "quota_mode", strconv.FormatBool(a.QuotaMode), strconv.FormatBool(b.QuotaMode))
+	fs = appendField(fs, "shadow", strconv.FormatBool(a.Shadow), strconv.FormatBool(b.Shadow))
 	fs = appendField(fs, "unlimited", strconv.FormatBool(a.Unlimited), strconv.FormatBool(b.Unlimited))
 	fs = appendField(fs, "algorithm", a.Algorithm.String(), b.Algorithm.String())
 	fs = appendField(fs, "burst", burst(a), burst(b))
@@ -386,9 +387,11 @@ func listFields(a, b *Limit) []FieldChange {
 
 // listRestarts reports whether counters of a rule with rate_limits (on
 // either side) restart: the cache keys of a list's limits are their
-// algorithms and windows, in a form of their own, so a change between
-// rate_limit and rate_limits restarts them, and so does a limit whose
-// algorithm and window the old list had not.
+// algorithms and windows (and, for a shadow limit, a mark of its own), in
+// a form of their own, so a change between rate_limit and rate_limits
+// restarts them, and so does a limit whose algorithm, window and role the
+// old list had not. A shadow limit enforced in place of the limit of its
+// window takes that limit's key, which goes on counting.
 func listRestarts(a, b *Limit) bool {
 	if !a.InList() || !b.InList() {
 		return true
@@ -398,7 +401,7 @@ func listRestarts(a, b *Limit) bool {
 			continue
 		}
 		if !slices.ContainsFunc(a.Limits, func(ol *Limit) bool {
-			return !ol.Unlimited && ol.Algorithm == nl.Algorithm && ol.Unit == nl.Unit && ol.UnitMultiplier == nl.UnitMultiplier
+			return !ol.Unlimited && ol.Algorithm == nl.Algorithm && ol.Unit == nl.Unit && ol.UnitMultiplier == nl.UnitMultiplier && ol.Shadow == nl.Shadow
 		}) {
 			return true
 		}

@@ -193,6 +193,31 @@ func TestParseRateLimitsAndRegexErrors(t *testing.T) {
   - key: a
     value_regex: "b.*"
     rate_limit: {unit: second, requests_per_unit: 2}`, 6, `descriptor "d.a_~b.*": duplicate composite key (first defined at x.yaml:3)`},
+		{"shadow_in_rate_limit", `
+  - key: a
+    rate_limit: {unit: second, requests_per_unit: 1, shadow_mode: true}`, 4, `descriptor "d.a": rate_limit: unknown key "shadow_mode"`},
+		{"shadow_not_bool", `
+  - key: a
+    rate_limits:
+      - {unit: second, requests_per_unit: 1, shadow_mode: maybe}`, 5, `descriptor "d.a": rate_limits[1]: shadow_mode: want true or false, got "maybe"`},
+		{"shadow_unlimited", `
+  - key: a
+    rate_limits:
+      - {unit: second, requests_per_unit: 1}
+      - {unlimited: true, shadow_mode: true}`, 6, `descriptor "d.a": rate_limits[2]: shadow_mode has no effect with unlimited: true`},
+		{"shadow_replaces", `
+  - key: a
+    rate_limits:
+      - unit: second
+        requests_per_unit: 1
+        shadow_mode: true
+        replaces: [{name: b}]`, 7, `descriptor "d.a": rate_limits[1]: a shadow limit cannot replace other limits: that would change what is enforced`},
+		{"two_shadows_same_window", `
+  - key: a
+    rate_limits:
+      - {unit: minute, requests_per_unit: 10}
+      - {unit: minute, requests_per_unit: 5, shadow_mode: true}
+      - {unit: minute, requests_per_unit: 3, shadow_mode: true, name: other}`, 7, `descriptor "d.a": rate_limits[3]: same algorithm and window as rate_limits[2] (fixed_window, minute); they would count in one key, keep the stricter`},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -227,6 +252,11 @@ descriptors:
 `
 	twoMore := strings.Replace(two, "requests_per_unit: 5", "requests_per_unit: 6", 1)
 	three := two + "      - {unit: hour, requests_per_unit: 50}\n"
+	// The step from shadow to enforced keeps the limit's key: its counts
+	// go on.
+	twoShadow := strings.Replace(two, "requests_per_unit: 5", "requests_per_unit: 5, shadow_mode: true", 1)
+	twin := strings.Replace(two, "{unit: minute, requests_per_unit: 5}", "{unit: second, requests_per_unit: 1, shadow_mode: true}", 1)
+	twinEnforced := "domain: d\ndescriptors:\n  - key: user\n    rate_limits:\n      - {unit: second, requests_per_unit: 1}\n"
 	tests := []struct {
 		name, from, to string
 		want           []string
@@ -236,6 +266,12 @@ descriptors:
 		{"limit_changed", two, twoMore, []string{"~ d.user: rate_limits[2].requests_per_unit 5 -> 6"}},
 		{"limit_added", two, three, []string{"~ d.user: rate_limits 2 -> 3, rate_limits[3] none -> hour (counters restart)"}},
 		{"limit_removed", three, two, []string{"~ d.user: rate_limits 3 -> 2, rate_limits[3] hour -> none"}},
+		// A shadow limit counts in a key of its own.
+		{"shadowed", two, twoShadow, []string{"~ d.user: rate_limits[2].shadow false -> true (counters restart)"}},
+		{"enforced", twoShadow, two, []string{"~ d.user: rate_limits[2].shadow true -> false (counters restart)"}},
+		// Enforced in place of the limit of its window, it takes that
+		// limit's key, which goes on counting.
+		{"twin_enforced", twin, twinEnforced, []string{"~ d.user: rate_limits 2 -> 1, rate_limits[1].requests_per_unit 2 -> 1, rate_limits[2] second_shadow -> none"}},
 		{"list_added", "domain: d\n", two, []string{
 			"+ d.user: unit=SECOND requests_per_unit=2, shadow_mode: false, quota_mode: false, rate_limits: 1/2 second; " +
 				"d.user: unit=MINUTE requests_per_unit=5, shadow_mode: false, quota_mode: false, rate_limits: 2/2 minute",

@@ -82,6 +82,9 @@ var (
 		"unit", "requests_per_unit", "unlimited", "name", "replaces",
 		"algorithm", "burst", "unit_multiplier",
 	}
+	// listItemKeys are those of an item of rate_limits: a rate_limit's,
+	// and shadow_mode, which makes it a shadow limit (Limit.Shadow).
+	listItemKeys = append(slices.Clip(rateLimitKeys), "shadow_mode")
 	replacesKeys = []string{"name"}
 )
 
@@ -535,7 +538,7 @@ func (p *fileParser) descriptor(item *yaml.Node, index int, parent *node, parent
 	case hasOne && hasList:
 		p.errorf(rls.key.Line, "%s: %s", where, msgOneAndList)
 	case hasOne:
-		n.limit = p.rateLimit(rl.val, "rate_limit", where, fullKey, n.source, flags)
+		n.limit = p.rateLimit(rl.val, "rate_limit", where, fullKey, n.source, flags, false)
 	case hasList:
 		list = p.rateLimits(rls, where, fullKey, flags)
 		if len(list) > 0 {
@@ -616,8 +619,9 @@ type descriptorFlags struct {
 }
 
 // rateLimit reads one rate_limit (what names it: "rate_limit", or
-// "rate_limits[2]" for an item of a list).
-func (p *fileParser) rateLimit(val *yaml.Node, what, where, fullKey, source string, flags descriptorFlags) *Limit {
+// "rate_limits[2]" for an item of a list, which item says, and which may
+// carry shadow_mode).
+func (p *fileParser) rateLimit(val *yaml.Node, what, where, fullKey, source string, flags descriptorFlags, item bool) *Limit {
 	m := p.deref(val)
 	if m == nil || isNull(m) {
 		// As in envoyproxy/ratelimit, an empty rate_limit sets no limit.
@@ -628,8 +632,13 @@ func (p *fileParser) rateLimit(val *yaml.Node, what, where, fullKey, source stri
 		return nil
 	}
 	where += ": " + what
-	fs := p.fields(p.pairs(m), rateLimitKeys, where)
+	keys := rateLimitKeys
+	if item {
+		keys = listItemKeys
+	}
+	fs := p.fields(p.pairs(m), keys, where)
 	var s limitSpec
+	s.shadow = p.boolean(fs["shadow_mode"], where+": shadow_mode")
 	s.unlimited = p.boolean(fs["unlimited"], where+": unlimited")
 	s.requests, _ = p.uint32Field(fs["requests_per_unit"], where+": requests_per_unit")
 	s.name, _ = p.str(fs["name"], where+": name")
@@ -704,7 +713,7 @@ func (p *fileParser) rateLimits(f field, where, fullKey string, flags descriptor
 			ok = false
 			continue
 		}
-		l := p.rateLimit(item, what, where, fullKey, p.source(item), flags)
+		l := p.rateLimit(item, what, where, fullKey, p.source(item), flags, true)
 		if l == nil {
 			ok = false
 			continue

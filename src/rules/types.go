@@ -154,6 +154,15 @@ type Limit struct {
 	QuotaMode      bool
 	DetailedMetric bool
 
+	// Shadow marks a limit of a rate_limits list that carries
+	// shadow_mode: true itself (our extension): it counts every hit as it
+	// would alone, as the descriptor's only limit, and reports the hits it
+	// would refuse, but never makes the descriptor OVER_LIMIT, never
+	// decides its status, and never changes what the other limits count.
+	// ShadowMode, the descriptor's flag, is another thing: the descriptor
+	// is answered OK whatever its limits say. Always false outside a list.
+	Shadow bool
+
 	// ValueToMetric and ShareThreshold echo the flags of the descriptor that
 	// holds this rule, for Dump. Match applies the flags of every level of
 	// the matched chain, not only these.
@@ -191,6 +200,10 @@ const MaxLimits = 8
 
 // InList reports whether the limit is one of a descriptor's rate_limits.
 func (l *Limit) InList() bool { return len(l.Limits) > 0 }
+
+// Enforced reports whether the limit can refuse a hit: it is limited and
+// not a shadow limit (see Shadow).
+func (l *Limit) Enforced() bool { return !l.Unlimited && !l.Shadow }
 
 // Window is the length of the limit's window: Unit × UnitMultiplier.
 func (l *Limit) Window() time.Duration {

@@ -90,26 +90,41 @@ func TestLiveViewOff(t *testing.T) {
 // shutdown ends it instead of waiting the whole drain time for it.
 func TestShutdownEndsLiveStreams(t *testing.T) {
 	srv, _, stop := startStoppable(t, serverRules, map[string]string{"USE_STATSD": "false"})
-	ctx, cancel := context.WithTimeout(t.Context(), 20*time.Second)
-	defer cancel()
-	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+srv.Addrs().Debug.String()+"/api/v1/stream", nil)
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	r := bufio.NewReader(resp.Body)
-	if line, err := r.ReadString('\n'); err != nil || !strings.HasPrefix(line, "retry:") {
-		t.Fatalf("stream: %q %v", line, err)
-	}
-	begin := time.Now()
-	stop()
-	if d := time.Since(begin); d > shutdownDrain/2 {
-		t.Fatalf("shutdown took %v with a stream open", d)
-	}
+	r := openDebug(t, srv, "/api/v1/stream", "retry:")
+	stopSoon(t, stop, "a stream open")
 	for {
 		if _, err := r.ReadString('\n'); err != nil {
 			break // the stream ended
 		}
+	}
+}
+
+// openDebug GETs path on srv's debug listener, for at most 20 s, and
+// returns the body once its first line starts with prefix.
+func openDebug(t *testing.T, srv *Server, path, prefix string) *bufio.Reader {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(t.Context(), 20*time.Second)
+	t.Cleanup(cancel)
+	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+srv.Addrs().Debug.String()+path, nil)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { resp.Body.Close() })
+	r := bufio.NewReader(resp.Body)
+	if line, err := r.ReadString('\n'); err != nil || !strings.HasPrefix(line, prefix) {
+		t.Fatalf("%s: %q %v", path, line, err)
+	}
+	return r
+}
+
+// stopSoon stops the server and fails when that took half the drain time:
+// a graceful shutdown must end what never ends by itself (with).
+func stopSoon(t *testing.T, stop func(), with string) {
+	t.Helper()
+	begin := time.Now()
+	stop()
+	if d := time.Since(begin); d > shutdownDrain/2 {
+		t.Fatalf("shutdown took %v with %s", d, with)
 	}
 }

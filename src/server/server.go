@@ -31,6 +31,7 @@ import (
 	"google.golang.org/grpc/reflection"
 	"google.golang.org/grpc/status"
 
+	"github.com/ratelimitd/ratelimit/src/capture"
 	"github.com/ratelimitd/ratelimit/src/limiter"
 	"github.com/ratelimitd/ratelimit/src/live"
 	"github.com/ratelimitd/ratelimit/src/live/web"
@@ -101,6 +102,7 @@ type Server struct {
 	// the debug listener; both nil with LIVE_VIEW_ENABLED=false.
 	live      *live.Recorder
 	web       *web.Handler
+	capture   *capture.Recorder // nil with CAPTURE_ENABLED=false
 	nearCache *limiter.NearCache
 	// quota serves the Rate Limit Quota Service; nil with
 	// RLQS_ENABLED=false.
@@ -163,6 +165,9 @@ func New(ctx context.Context, set *settings.Settings, log *slog.Logger) (*Server
 	lim, fallback := s.newLimiters(b)
 	if set.LiveViewEnabled {
 		s.live = live.New(live.Config{MaxKeys: set.LiveViewMaxKeys})
+	}
+	if set.CaptureEnabled {
+		s.capture = newCapture(set)
 	}
 	s.svc = s.newService(lim, fallback, b, tr)
 	s.quota = s.newQuota()
@@ -262,6 +267,7 @@ func (s *Server) newService(lim, fallback *limiter.Limiter, b *storeHandle, tr *
 		Tracer:             tr.Tracer(),
 		Propagator:         service.Propagator(),
 		Live:               s.live,
+		Capture:            s.capture,
 		Log:                log,
 	})
 }
@@ -618,6 +624,7 @@ func (s *Server) newDebugServer() {
 	} else {
 		off("/ui/", "the live view is off (LIVE_VIEW_ENABLED=false)")
 	}
+	index += s.mountCapture(dmux)
 	dmux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		if r.URL.Path != "/" {
 			http.NotFound(w, r)
@@ -629,6 +636,10 @@ func (s *Server) newDebugServer() {
 	if s.web != nil {
 		// Streams never end by themselves: a graceful shutdown ends them.
 		s.debugSrv.RegisterOnShutdown(s.web.Close)
+	}
+	if s.capture != nil {
+		// Nor does a capture before its time.
+		s.debugSrv.RegisterOnShutdown(s.capture.Close)
 	}
 }
 

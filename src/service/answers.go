@@ -127,7 +127,8 @@ func ietfHeaders(statuses []*rlsv3.RateLimitResponse_DescriptorStatus, sc *scrat
 		}
 		if each := sc.descs[i].Each; each != nil {
 			for k := range each {
-				if each[k].Limit != nil {
+				// A shadow limit is no policy of the client's.
+				if each[k].Limit != nil && !each[k].Limit.Shadow {
 					seen = writePolicy(&policy, &current, seen, each[k].Limit, sc.descs[i].Entries, each[k].Remaining, each[k].ResetAfter)
 				}
 			}

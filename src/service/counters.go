@@ -14,6 +14,12 @@ import (
 // envoyproxy/ratelimit names them: ratelimit.service.rate_limit.<key>.<counter>.
 type ruleCounters struct {
 	totalHits, overLimit, nearLimit, withinLimit, shadowMode, overLimitWithLocalCache *stats.Counter
+	// shadowOverLimit counts the hits a shadow limit would have refused
+	// (rules.Limit.Shadow; our extension, shadow_over_limit). Only the
+	// keys of the limits of rate_limits lists have it: a limit may become
+	// a shadow one at a reload, while its key and counters go on; the
+	// anchor's keys keep the anchor's six statistics. Nil for the others.
+	shadowOverLimit *stats.Counter
 
 	// domain and levels name the counters in the registry; dynamic says
 	// that the key holds request data and takes one of
@@ -24,8 +30,22 @@ type ruleCounters struct {
 }
 
 // ruleStatNames are the per-rule statistics of a key, in ruleCounters'
-// order.
+// order; the key of a list's limit has shadowOverLimitStat too.
 var ruleStatNames = [...]string{"total_hits", "over_limit", "near_limit", "within_limit", "shadow_mode", "over_limit_with_local_cache"}
+
+// shadowOverLimitStat names ruleCounters.shadowOverLimit.
+const shadowOverLimitStat = "shadow_over_limit"
+
+// keyKind says what a statistics key is, for newCounters.
+type keyKind uint8
+
+const (
+	// dynamicKey: the key is made from request data and takes one of
+	// Config.MaxDynamicStatKeys (see expire.go).
+	dynamicKey keyKind = 1 << iota
+	// listKey: the key of a limit of a rate_limits list.
+	listKey
+)
 
 // hits is what the key has counted: it moves at every decision.
 func (c *ruleCounters) hits() uint64 { return c.totalHits.Value() + c.shadowMode.Value() }
@@ -37,6 +57,9 @@ func (c *ruleCounters) add(n *limiter.Counts) {
 	c.withinLimit.Add(n.WithinLimit)
 	c.shadowMode.Add(n.ShadowMode)
 	c.overLimitWithLocalCache.Add(n.OverLimitWithLocalCache)
+	if n.ShadowOverLimit > 0 && c.shadowOverLimit != nil {
+		c.shadowOverLimit.Add(n.ShadowOverLimit)
+	}
 }
 
 // defaultMaxDynamicStatKeys is Config.MaxDynamicStatKeys's default.
@@ -55,10 +78,10 @@ func (s *Service) matchCounters(m *rules.Match) *ruleCounters {
 		return c.(*ruleCounters)
 	}
 	if m.StatLevels == nil {
-		c, _ := s.newCounters(m.StatKey, m.Limit.Domain, m.Limit.Levels, false)
+		c, _ := s.newCounters(m.StatKey, m.Limit.Domain, m.Limit.Levels, 0)
 		return c
 	}
-	return s.dynamicCounters(m.StatKey, m.Limit.Domain, m.StatLevels)
+	return s.dynamicCounters(m.StatKey, m.Limit.Domain, m.StatLevels, 0)
 }
 
 // limitCounters returns the counters of one limit l of a matched list:
@@ -72,7 +95,7 @@ func (s *Service) limitCounters(m *rules.Match, l *rules.Limit) *ruleCounters {
 			return c.(*ruleCounters)
 		}
 		levels := append(slices.Clip(l.Levels), l.StatLevel)
-		c, _ := s.newCounters(l.FullKey+"."+l.StatLevel, l.Domain, levels, false)
+		c, _ := s.newCounters(l.FullKey+"."+l.StatLevel, l.Domain, levels, listKey)
 		s.limitStats.Store(l, c)
 		return c
 	}
@@ -80,7 +103,7 @@ func (s *Service) limitCounters(m *rules.Match, l *rules.Limit) *ruleCounters {
 	if c, ok := s.ruleStats.Load(key); ok {
 		return c.(*ruleCounters)
 	}
-	return s.dynamicCounters(key, l.Domain, append(slices.Clip(m.StatLevels), l.StatLevel))
+	return s.dynamicCounters(key, l.Domain, append(slices.Clip(m.StatLevels), l.StatLevel), listKey)
 }
 
 // overrideCounters returns the counters of a descriptor that carries its
@@ -108,13 +131,13 @@ func (s *Service) overrideCounters(domain string, entries []rules.Entry) *ruleCo
 	for i, e := range entries {
 		levels[i] = e.Key
 	}
-	return s.dynamicCounters(key, domain, levels)
+	return s.dynamicCounters(key, domain, levels, 0)
 }
 
 // dynamicCounters returns the counters of a key made from request data,
 // creating them while fewer than Config.MaxDynamicStatKeys such keys exist,
-// and the domain's overflow counters afterwards.
-func (s *Service) dynamicCounters(key, domain string, levels []string) *ruleCounters {
+// and the domain's overflow counters afterwards; kind may add listKey.
+func (s *Service) dynamicCounters(key, domain string, levels []string, kind keyKind) *ruleCounters {
 	if s.dynamicKeys.Add(1) > int64(s.cfg.MaxDynamicStatKeys) {
 		s.dynamicKeys.Add(-1)
 		s.statKeysOverflow.Inc()
@@ -122,10 +145,10 @@ func (s *Service) dynamicCounters(key, domain string, levels []string) *ruleCoun
 		if c, ok := s.ruleStats.Load(okey); ok {
 			return c.(*ruleCounters)
 		}
-		c, _ := s.newCounters(okey, domain, []string{overflowLevel}, false)
+		c, _ := s.newCounters(okey, domain, []string{overflowLevel}, 0)
 		return c
 	}
-	c, created := s.newCounters(key, domain, levels, true)
+	c, created := s.newCounters(key, domain, levels, kind|dynamicKey)
 	if !created {
 		s.dynamicKeys.Add(-1) // another request made it first
 	}
@@ -153,19 +176,22 @@ func (s *Service) domainNotFound(domain string) *stats.Counter {
 	return c.(*stats.Counter)
 }
 
-// newCounters returns the counters of key, registering them on first use;
-// dynamic marks a key made from request data.
-func (s *Service) newCounters(key, domain string, levels []string, dynamic bool) (c *ruleCounters, created bool) {
+// newCounters returns the counters of key, of the kind given, registering
+// them on first use.
+func (s *Service) newCounters(key, domain string, levels []string, kind keyKind) (c *ruleCounters, created bool) {
 	c = &ruleCounters{
 		domain:                  domain,
 		levels:                  slices.Clone(levels),
-		dynamic:                 dynamic,
+		dynamic:                 kind&dynamicKey != 0,
 		totalHits:               s.stats.RuleCounter(domain, levels, "total_hits"),
 		overLimit:               s.stats.RuleCounter(domain, levels, "over_limit"),
 		nearLimit:               s.stats.RuleCounter(domain, levels, "near_limit"),
 		withinLimit:             s.stats.RuleCounter(domain, levels, "within_limit"),
 		shadowMode:              s.stats.RuleCounter(domain, levels, "shadow_mode"),
 		overLimitWithLocalCache: s.stats.RuleCounter(domain, levels, "over_limit_with_local_cache"),
+	}
+	if kind&listKey != 0 {
+		c.shadowOverLimit = s.stats.RuleCounter(domain, levels, shadowOverLimitStat)
 	}
 	actual, loaded := s.ruleStats.LoadOrStore(key, c)
 	return actual.(*ruleCounters), !loaded

@@ -90,6 +90,9 @@ func (s *Service) expireStats(now time.Time) {
 		for _, stat := range ruleStatNames {
 			s.stats.Forget(stats.RuleName(c.domain, c.levels, stat))
 		}
+		if c.shadowOverLimit != nil {
+			s.stats.Forget(stats.RuleName(c.domain, c.levels, shadowOverLimitStat))
+		}
 		if c.dynamic {
 			s.dynamicKeys.Add(-1)
 		}

@@ -13,9 +13,10 @@ import (
 // "metadata" the rule metadata of every descriptor within its limit, merged
 // (the first value wins; nested maps merge); and "degraded": true when the
 // decision came from this instance's local counts (STORE_FAILURE_MODE=
-// local), a key the anchor does not have. Envoy stores it under the
-// filter's namespace, where routing can read it.
-func dynamicMetadata(req *rlsv3.RateLimitRequest, quotaEnabled bool, violations []int, passed []map[string]any, degraded bool) (*structpb.Struct, error) {
+// local), and "shadowOverLimit": the names of the shadow limits that would
+// have refused the request, keys the anchor does not have. Envoy stores it
+// under the filter's namespace, where routing and access logs read it.
+func dynamicMetadata(req *rlsv3.RateLimitRequest, quotaEnabled bool, violations []int, passed []map[string]any, m marks) (*structpb.Struct, error) {
 	descs := make([]any, 0, len(req.GetDescriptors()))
 	for _, d := range req.GetDescriptors() {
 		entries := make([]any, 0, len(d.GetEntries()))
@@ -43,8 +44,11 @@ func dynamicMetadata(req *rlsv3.RateLimitRequest, quotaEnabled bool, violations 
 		}
 		fields["quotaModeViolations"] = v
 	}
-	if degraded {
+	if m.degraded {
 		fields["degraded"] = true
+	}
+	if m.shadowOver != nil {
+		fields["shadowOverLimit"] = m.shadowOver
 	}
 	if len(passed) > 0 {
 		merged := map[string]any{}
@@ -56,10 +60,31 @@ func dynamicMetadata(req *rlsv3.RateLimitRequest, quotaEnabled bool, violations 
 	return structpb.NewStruct(fields)
 }
 
-// degradedMetadata is the dynamic metadata of a decision made from local
-// counts while RESPONSE_DYNAMIC_METADATA is off: {"degraded": true}.
-func degradedMetadata() *structpb.Struct {
-	return &structpb.Struct{Fields: map[string]*structpb.Value{"degraded": structpb.NewBoolValue(true)}}
+// marks are what a response's dynamic metadata says even without
+// RESPONSE_DYNAMIC_METADATA: the decision came from local counts
+// (STORE_FAILURE_MODE=local), and the names of the shadow limits that
+// would have refused the request (strings, as structpb takes them).
+type marks struct {
+	degraded   bool
+	shadowOver []any
+}
+
+// markMetadata is the dynamic metadata of a decision while
+// RESPONSE_DYNAMIC_METADATA is off: {"degraded": true} and
+// {"shadowOverLimit": [names]}, whichever apply.
+func markMetadata(m marks) *structpb.Struct {
+	md := &structpb.Struct{Fields: make(map[string]*structpb.Value, 2)}
+	if m.degraded {
+		md.Fields["degraded"] = structpb.NewBoolValue(true)
+	}
+	if m.shadowOver != nil {
+		names := make([]*structpb.Value, len(m.shadowOver))
+		for i, n := range m.shadowOver {
+			names[i] = structpb.NewStringValue(n.(string))
+		}
+		md.Fields["shadowOverLimit"] = structpb.NewListValue(&structpb.ListValue{Values: names})
+	}
+	return md
 }
 
 // mergeInto copies src into dst; a key already in dst keeps its value,

@@ -25,6 +25,7 @@ func (s *Service) respond(req *rlsv3.RateLimitRequest, sc *scratch, now time.Tim
 		quotaOver       int
 		quotaViolations []int
 		passedMetadata  []map[string]any
+		shadowOver      []any // names of the shadow limits that would refuse
 	)
 	for i := range sc.descs {
 		st := &backing[i].status
@@ -41,19 +42,43 @@ func (s *Service) respond(req *rlsv3.RateLimitRequest, sc *scratch, now time.Tim
 		if each := sc.descs[i].Each; each != nil {
 			off := sc.eachOff[i]
 			for k := range each {
-				if each[k].Limit != nil {
-					sc.eachCounters[off+k].add(&each[k].Counts)
+				if each[k].Limit == nil {
+					continue
+				}
+				sc.eachCounters[off+k].add(&each[k].Counts)
+				m := each[k].Limit
+				if s.cfg.Observe != nil {
+					s.cfg.Observe(i, sc.descs[i].Entries, m, &each[k])
+				}
+				if m.Shadow {
+					// Never the decision: said apart, in the live
+					// view and in the dynamic metadata.
+					s.cfg.Live.Observe(req.GetDomain(), sc.descs[i].Entries, m, &each[k], now)
+					if each[k].Code == limiter.OverLimit {
+						shadowOver = append(shadowOver, shadowName(m))
+					}
 				}
 			}
 		}
 		// The limit that decided: the descriptor's, or one of its list.
 		decided := ds.Limit
 		if decided == nil {
+			if l.InList() {
+				// No limit of the list but shadow (or unlimited) ones
+				// applied: answered as without them.
+				if unlimitedLeft(&sc.descs[i]) {
+					st.LimitRemaining = math.MaxUint32
+				}
+				continue
+			}
 			decided = l
 		}
 		if s.cfg.Live != nil {
 			// A list's decision counts under the limit that decided.
 			s.cfg.Live.Observe(req.GetDomain(), sc.descs[i].Entries, decided, ds, now)
+		}
+		if s.cfg.Observe != nil && !l.InList() {
+			s.cfg.Observe(i, sc.descs[i].Entries, decided, ds)
 		}
 		st.CurrentLimit = s.protoLimit(decided)
 		st.LimitRemaining = ds.Remaining
@@ -84,18 +109,37 @@ func (s *Service) respond(req *rlsv3.RateLimitRequest, sc *scratch, now time.Tim
 	s.answer(resp, req, sc)
 	switch {
 	case s.cfg.DynamicMetadata:
-		md, err := dynamicMetadata(req, quotaRules > 0, quotaViolations, passedMetadata, degraded)
+		md, err := dynamicMetadata(req, quotaRules > 0, quotaViolations, passedMetadata, marks{degraded, shadowOver})
 		if err != nil {
 			return nil, err
 		}
 		resp.DynamicMetadata = md
-	case degraded:
+	case degraded || shadowOver != nil:
 		// Marked even without RESPONSE_DYNAMIC_METADATA: only
-		// STORE_FAILURE_MODE=local makes such answers, and Envoy's
-		// access logs and routes can only tell them by this mark.
-		resp.DynamicMetadata = degradedMetadata()
+		// STORE_FAILURE_MODE=local and shadow limits make such marks,
+		// and Envoy's access logs and routes can only tell them so.
+		resp.DynamicMetadata = markMetadata(marks{degraded, shadowOver})
 	}
 	return resp, nil
+}
+
+// shadowName names a shadow limit in the dynamic metadata: its rule's key
+// and the limit's name or window, as its statistics and the live view name
+// it ("web.user.strict"); from the rules, never from a request's values.
+func shadowName(l *rules.Limit) string {
+	return l.FullKey + "." + l.StatLevel
+}
+
+// unlimitedLeft reports whether a descriptor with a list has an
+// unlimited limit that another rule did not replace: answered as an
+// unlimited rule is when no other limit but shadow ones applied.
+func unlimitedLeft(d *limiter.Descriptor) bool {
+	for k, m := range d.Limit.Limits {
+		if m.Unlimited && d.Skip&(1<<k) == 0 {
+			return true
+		}
+	}
+	return false
 }
 
 // statusSlot holds one descriptor's status and its duration, so that a

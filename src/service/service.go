@@ -23,6 +23,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/ratelimitd/ratelimit/src/capture"
 	"github.com/ratelimitd/ratelimit/src/limiter"
 	"github.com/ratelimitd/ratelimit/src/live"
 	"github.com/ratelimitd/ratelimit/src/rules"
@@ -133,11 +134,27 @@ type Config struct {
 	// The round trips are timed from Now's readings: with a Now other
 	// than the system clock their latencies mean nothing.
 	Live *live.Recorder
+	// Observe, when not nil, is told each descriptor's decision as it is
+	// made (see Observer); ratelimit-check -replay reads decisions so.
+	Observe Observer
+	// Capture, when not nil, is given every request decided while a
+	// capture runs (the debug listener's /api/v1/capture); while none
+	// runs it costs a decision one atomic load.
+	Capture *capture.Recorder
 	// Now is the clock; nil means time.Now.
 	Now func() time.Time
 	// Log receives errors worth an operator's attention; nil discards them.
 	Log *slog.Logger
 }
+
+// Observer is told what each limit that applied to a descriptor of a
+// request said: the descriptor's place i in the request, its entries as
+// the limit counted them, the limit (a descriptor's only limit, or each
+// limit of its rate_limits list in turn, shadow limits included), and the
+// limiter's status of that limit. Descriptors without a limit (no rule,
+// unlimited, replaced) are not told. It runs on the request's goroutine,
+// before the answer is returned, and must not keep entries or st.
+type Observer func(i int, entries []rules.Entry, lim *rules.Limit, st *limiter.Status)
 
 // Service answers ShouldRateLimit. It is safe for concurrent use; rules are
 // swapped whole with SetRules while requests are served.
@@ -505,7 +522,11 @@ func (s *Service) decide(ctx context.Context, req *rlsv3.RateLimitRequest) (*rls
 	if err != nil {
 		return nil, err
 	}
-	return s.respond(req, sc, now, degraded)
+	resp, err := s.respond(req, sc, now, degraded)
+	if err == nil && s.cfg.Capture.Active() {
+		s.captureRequest(req, now, resp, degraded)
+	}
+	return resp, err
 }
 
 // outage reports whether a limiter error means that the store could not

@@ -263,6 +263,14 @@ type Settings struct {
 	// or truncated (the first half, at most 4 characters). Validate lowers it.
 	LiveViewValues string `envconfig:"LIVE_VIEW_VALUES" default:"plain"`
 
+	// Capture (extensions): /api/v1/capture on the debug listener records
+	// the requests decided for a bounded time or count, as NDJSON, when an
+	// operator asks (docs/CHANGING_LIMITS.md). CAPTURE_ENABLED=
+	// false removes the endpoint. CAPTURE_MAX_BYTES: the most one capture
+	// may hold, in bytes (256 MiB; 1 MiB..64 GiB).
+	CaptureEnabled  bool  `envconfig:"CAPTURE_ENABLED" default:"true"`
+	CaptureMaxBytes int64 `envconfig:"CAPTURE_MAX_BYTES" default:"268435456"`
+
 	// The Rate Limit Quota Service (extensions; docs/RLQS.md), on the gRPC
 	// listener. RLQS_ENABLED: true, false, or empty (the default): served
 	// while the rules have quota_buckets, answered Unimplemented while
@@ -806,6 +814,9 @@ func (s *Settings) validateDecisions(bad func(name, format string, args ...any))
 	}
 	if s.LiveViewMaxKeys < 16 || s.LiveViewMaxKeys > 65536 {
 		bad("LIVE_VIEW_MAX_KEYS", "%d is outside 16..65536", s.LiveViewMaxKeys)
+	}
+	if s.CaptureMaxBytes < 1<<20 || s.CaptureMaxBytes > 64<<30 {
+		bad("CAPTURE_MAX_BYTES", "%d is outside 1048576..68719476736 (1 MiB..64 GiB)", s.CaptureMaxBytes)
 	}
 }
 

@@ -57,6 +57,12 @@ type ruleDoc struct {
 	QuotaMode      bool     `json:"quota_mode"`
 	DetailedMetric bool     `json:"detailed_metric"`
 	Replaces       []string `json:"replaces,omitempty"`
+	// Shadow marks a shadow limit of a rate_limits list: counted, never
+	// refusing; its over-limit figures are what it would have refused.
+	Shadow bool `json:"shadow"`
+	// Twins are the IDs of the limits of the same list in the other role
+	// (live.Rule.Twins).
+	Twins []string `json:"twins,omitempty"`
 	// Tracked reports whether the rule has traffic series.
 	Tracked bool `json:"tracked"`
 }
@@ -94,7 +100,7 @@ func (h *Handler) rules() rulesDoc {
 		d.Rules = append(d.Rules, ruleDoc{
 			ID: r.ID, Chain: slices.Clone(l.Levels), Source: l.Source, Name: l.Name, limitDoc: limitOf(l),
 			Unlimited: l.Unlimited, ShadowMode: l.ShadowMode, QuotaMode: l.QuotaMode, DetailedMetric: l.DetailedMetric,
-			Replaces: l.Replaces, Tracked: r.Tracked,
+			Replaces: l.Replaces, Shadow: l.Shadow, Twins: r.Twins, Tracked: r.Tracked,
 		})
 	}
 	return doc
@@ -151,6 +157,9 @@ type keyDoc struct {
 	Used     uint64   `json:"used"`
 	Capacity uint64   `json:"capacity"`
 	Over     bool     `json:"over"`
+	// Shadow says the rule is a shadow limit: Over means it would have
+	// refused the key's last request, which was not refused for it.
+	Shadow bool `json:"shadow"`
 	// ResetInSeconds is the time until the limit resets (a token bucket:
 	// until it is full).
 	ResetInSeconds float64 `json:"reset_in_seconds"`
@@ -189,7 +198,7 @@ func (h *Handler) topKeys(n int, domain string) topKeysDoc {
 		for _, k := range keys {
 			kd := keyDoc{
 				Truncated: k.Truncated, Rule: k.RuleID, Override: k.Limit.Source == "", Limit: limitOf(k.Limit),
-				Used: k.Used, Capacity: k.Capacity, Over: k.Over, ResetInSeconds: k.ResetIn.Seconds(),
+				Used: k.Used, Capacity: k.Capacity, Over: k.Over, Shadow: k.Limit.Shadow, ResetInSeconds: k.ResetIn.Seconds(),
 				Count: k.Count, CountError: k.CountError, LastSeenSecondsAgo: max(now.Sub(k.Seen).Seconds(), 0),
 				Entries: make([]entryDoc, len(k.Entries)),
 			}

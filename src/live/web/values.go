@@ -92,3 +92,14 @@ func (m masker) show(value string) string {
 	}
 	return value
 }
+
+// Shower returns what shows a value as v says, for the debug listener's
+// other views of request values (a capture), or nil for PlainValues. A
+// hashed value is keyed apart from the live view's, with a key of its own
+// for the process's life: one value shows the same in every capture.
+func (v Values) Shower() func(string) string {
+	if v == PlainValues {
+		return nil
+	}
+	return newMasker(v).show
+}

@@ -136,12 +136,29 @@ func runList(ops []limiter.Op, now time.Time, data []byte, found bool, mode list
 			return nil, 0, err
 		}
 	}
-	// The new states, one after the other: most lists' fit at once.
+	// The new states, one after the other: most lists' fit at once. Each
+	// op has a slot of its own (listKey), so an op's step does not depend
+	// on another's: the steps are taken first, and written once it is
+	// known which are recorded.
 	scratch := make([]byte, 0, 128)
-	changed, refused := false, false
+	type pending struct {
+		id    string
+		j     int // the slot, or -1
+		state []byte
+		idle  int64
+		u     undo
+	}
+	var buf2 [rules.MaxLimits]pending
+	steps := buf2[:0]
+	refused := false
 	for i := range ops {
 		op := ops[i]
 		if mode == listRead {
+			if op.Shadow {
+				// The second pass of a refused AllOrNothing batch: a
+				// shadow op is by itself, its results set (see below).
+				continue
+			}
 			op.Hits = 0
 		}
 		_, id, ok := limiter.SplitListKey(op.Key, op.Algorithm)
@@ -170,34 +187,81 @@ func runList(ops []limiter.Op, now time.Time, data []byte, found bool, mode list
 			continue
 		}
 		res[i] = r
-		refused = refused || !r.Allowed
-		if grown == nil { // nothing recorded
+		refused = refused || !r.Allowed && !op.Shadow
+		p := pending{id: id, j: j, idle: stIdle, u: u}
+		if grown != nil {
+			p.state = grown[len(scratch):]
+			scratch = grown
+		}
+		steps = append(steps, p)
+	}
+	if mode == listRead {
+		return nil, 0, nil
+	}
+	changed := false
+	var unchanged [rules.MaxLimits]int
+	reread := unchanged[:0]
+	for i := range ops {
+		p := &steps[i]
+		keep := p.state != nil
+		if mode == listAll {
+			// A shadow op is all-or-nothing by itself
+			// (limiter.Op.Shadow); the others all together.
+			if ops[i].Shadow {
+				keep = keep && res[i].Allowed
+			} else {
+				keep = keep && !refused
+			}
+			if !keep && (!ops[i].Shadow && refused || ops[i].Shadow && !res[i].Allowed) {
+				reread = append(reread, i)
+			}
+		}
+		if !keep {
 			continue
 		}
-		st := grown[len(scratch):]
-		scratch = grown
+		j := p.j
 		if j < 0 {
-			slots = append(slots, listSlot{id: []byte(id)})
+			slots = append(slots, listSlot{id: []byte(p.id)})
 			j = len(slots) - 1
 		}
-		slots[j].state, slots[j].idle, slots[j].fresh = st, stIdle, true
+		slots[j].state, slots[j].idle, slots[j].fresh = p.state, p.idle, true
 		changed = true
-		if marks != nil {
-			u.op = &ops[i]
-			marks[i] = u
+		if marks != nil && !ops[i].Shadow {
+			// A shadow op is never taken back with the batch.
+			p.u.op = &ops[i]
+			marks[i] = p.u
 		}
 	}
-	if mode == listAll && refused {
-		// Nothing is recorded; Remaining and ResetAfter are those of
-		// the state as it is.
-		clear(marks)
-		_, _, err := runList(ops, now, data, found, listRead, res, nil)
-		return nil, 0, err
+	if len(reread) > 0 {
+		// Recorded nothing: Remaining and ResetAfter are those of the
+		// state as it is.
+		if err := readList(ops, reread, now, data, found, res); err != nil {
+			return nil, 0, err
+		}
 	}
 	if !changed {
 		return nil, 0, nil
 	}
 	return encodeList(slots, now, len(data)+len(scratch))
+}
+
+// readList sets Remaining and ResetAfter of res[i] for each i of which to
+// those of the list state encoded in data (none when !found), as a read
+// of ops[i] with Hits 0 gives them.
+func readList(ops []limiter.Op, which []int, now time.Time, data []byte, found bool, res []limiter.Result) error {
+	var read [rules.MaxLimits]limiter.Op
+	var out [rules.MaxLimits]limiter.Result
+	for k, i := range which {
+		read[k] = ops[i]
+		read[k].Shadow = false // to be read (see runList)
+	}
+	if _, _, err := runList(read[:len(which)], now, data, found, listRead, out[:len(which)], nil); err != nil {
+		return err
+	}
+	for k, i := range which {
+		res[i].Remaining, res[i].ResetAfter = out[k].Remaining, out[k].ResetAfter
+	}
+	return nil
 }
 
 // takeBackList removes the hits of u.list from the list state encoded in

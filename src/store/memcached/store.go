@@ -562,17 +562,42 @@ func (s *Store) applyUnit(ctx context.Context, b *limiter.Batch, u *unit, mode l
 	if u.list {
 		return s.applyList(ctx, u.key, b.Ops[u.from:u.to], b.Now, b.Results[u.from:u.to], mode)
 	}
+	op := b.Ops[u.from]
+	if op.Shadow && mode != listEach {
+		// All-or-nothing by itself (limiter.Op.Shadow): taken back at
+		// once when refused, never with the batch.
+		if mode == listRead {
+			return undo{}, nil
+		}
+		res := &b.Results[u.from]
+		un, err := s.apply(ctx, &b.Ops[u.from], b.Now, res)
+		if err != nil || res.Allowed {
+			return undo{}, err
+		}
+		if un.op != nil {
+			if err := s.undo(ctx, &un); err != nil {
+				return undo{}, err
+			}
+		}
+		return undo{}, s.readUnit(ctx, b, u)
+	}
 	if mode != listRead {
 		return s.apply(ctx, &b.Ops[u.from], b.Now, &b.Results[u.from])
 	}
+	return undo{}, s.readUnit(ctx, b, u)
+}
+
+// readUnit sets Remaining and ResetAfter of the op of unit u, one op
+// alone, to those of its key as it is: a read with Hits 0.
+func (s *Store) readUnit(ctx context.Context, b *limiter.Batch, u *unit) error {
 	op := b.Ops[u.from]
 	op.Hits = 0
 	var r limiter.Result
 	if _, err := s.apply(ctx, &op, b.Now, &r); err != nil {
-		return undo{}, err
+		return err
 	}
 	b.Results[u.from].Remaining, b.Results[u.from].ResetAfter = r.Remaining, r.ResetAfter
-	return undo{}, nil
+	return nil
 }
 
 // doAll applies an AllOrNothing batch: every unit (an op on its own key,
@@ -601,7 +626,7 @@ func (s *Store) doAll(ctx context.Context, b *limiter.Batch, us []unit, apart bo
 	}
 	refused := false
 	for i := range b.Results {
-		refused = refused || !b.Results[i].Allowed
+		refused = refused || !b.Results[i].Allowed && !b.Ops[i].Shadow
 	}
 	if !refused || len(us) == 1 && us[0].list {
 		// A list alone read its unchanged state itself (runList).

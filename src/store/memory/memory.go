@@ -575,10 +575,15 @@ type undo struct {
 	old     state // the state before the op (for a sliding log: its idle time)
 	created bool
 	pushed  int // hits the op logged, for a sliding log
+	// shadow marks a shadow op's undo, never taken back with the
+	// batch's; undone says it was taken back alone, being refused.
+	shadow, undone bool
 }
 
 // doAll applies an AllOrNothing batch under the locks of all its shards.
-// A new key refused for lack of room takes back the ops before it.
+// A new key refused for lack of room takes back the ops before it. A
+// shadow op (limiter.Op.Shadow) is all-or-nothing by itself: taken back at
+// once when it is refused, kept whatever the others are.
 func (s *Store) doAll(now time.Time, b *limiter.Batch) error {
 	var buf [8]uint64
 	defer s.unlock(s.lock(b.Ops, buf[:0]))
@@ -591,7 +596,13 @@ func (s *Store) doAll(now time.Time, b *limiter.Batch) error {
 		sh := s.shard(op.Key)
 		e, created, err := s.lookup(sh, op, t, op.Hits > 0)
 		if err != nil {
-			s.rollback(undos)
+			// The batch fails: nothing stays, shadow ops' hits
+			// neither.
+			for i := len(undos) - 1; i >= 0; i-- {
+				if u := &undos[i]; !u.undone {
+					s.takeBack(u)
+				}
+			}
 			for i := range undos {
 				undos[i].e.pinned = false
 			}
@@ -605,15 +616,22 @@ func (s *Store) doAll(now time.Time, b *limiter.Batch) error {
 		// Pinned until the batch is over: a later op making room for its
 		// key must not evict a key this batch counts on (or will undo).
 		e.pinned = true
-		u := undo{sh: sh, e: e, op: i, old: e.state, created: created}
+		u := undo{sh: sh, e: e, op: i, old: e.state, created: created, shadow: op.Shadow}
 		var grown int64
 		b.Results[i], u.pushed, grown = apply(e, now, op)
 		s.grow(sh, grown, t)
+		if op.Shadow && !b.Results[i].Allowed {
+			// Its own all-or-nothing: the newest op on its key, so
+			// restoring its state takes back exactly its hits.
+			s.takeBack(&u)
+			s.readUnchanged(sh, op, now, t, &b.Results[i])
+			u.undone = true
+		}
 		undos = append(undos, u)
 	}
 	refused := false
 	for i := range b.Results[:len(b.Ops)] {
-		refused = refused || !b.Results[i].Allowed
+		refused = refused || !b.Results[i].Allowed && !b.Ops[i].Shadow
 	}
 	if refused {
 		s.rollback(undos)
@@ -621,44 +639,62 @@ func (s *Store) doAll(now time.Time, b *limiter.Batch) error {
 		// order; Remaining and ResetAfter become those of the unchanged
 		// state.
 		for i := range b.Ops {
-			op := b.Ops[i]
-			op.Hits = 0
-			sh := s.shard(op.Key)
-			e, _, _ := s.lookup(sh, &op, t, false)
-			if e == nil {
-				e = &entry{state: s.peek(sh, &op, t)}
+			if op := &b.Ops[i]; !op.Shadow {
+				s.readUnchanged(s.shard(op.Key), op, now, t, &b.Results[i])
 			}
-			read, _, _ := apply(e, now, &op)
-			b.Results[i].Remaining, b.Results[i].ResetAfter = read.Remaining, read.ResetAfter
 		}
 	}
 	for i := range undos {
 		u := &undos[i]
 		u.e.pinned = false
-		if !(refused && u.created) { // a key undone is gone
+		// A key this batch created and took back is gone, for every op
+		// of the batch on it: a read of it (Hits 0) after the op that
+		// created it did not create it.
+		if u.sh.m[u.e.key] == u.e {
 			u.sh.used(u.e, t, &b.Results[u.op])
 		}
 	}
 	return nil
 }
 
-// rollback undoes the ops in reverse order. The caller holds the locks, so
+// readUnchanged sets res's Remaining and ResetAfter to those of op's key
+// as it is now (a read with Hits 0), for an op of an AllOrNothing batch
+// that recorded nothing. The caller holds sh.mu.
+func (s *Store) readUnchanged(sh *shard, op *limiter.Op, now time.Time, t int64, res *limiter.Result) {
+	read := *op
+	read.Hits = 0
+	e, _, _ := s.lookup(sh, &read, t, false)
+	if e == nil {
+		e = &entry{state: s.peek(sh, &read, t)}
+	}
+	r, _, _ := apply(e, now, &read)
+	res.Remaining, res.ResetAfter = r.Remaining, r.ResetAfter
+}
+
+// rollback undoes the ops in reverse order, but for shadow ops', which are
+// never taken back with the batch. The caller holds the locks, so
 // no op came between: restoring the saved state is what taking the hits
 // back gives then (see the take-back rules in src/limiter/takeback.go,
 // which the stores that cannot lock follow), and Forget is
 // SlidingLogState.TakeBack of the op's own entries, the newest.
 func (s *Store) rollback(undos []undo) {
 	for i := len(undos) - 1; i >= 0; i-- {
-		u := &undos[i]
-		switch {
-		case u.created:
-			s.drop(u.sh, u.e)
-		case u.e.log != nil:
-			u.e.log.Forget(u.pushed)
-			u.e.idle = u.old.idle
-		default:
-			u.e.state = u.old
+		if u := &undos[i]; !u.shadow {
+			s.takeBack(u)
 		}
+	}
+}
+
+// takeBack undoes one op (see rollback).
+func (s *Store) takeBack(u *undo) {
+	switch {
+	case u.created:
+		s.drop(u.sh, u.e)
+	case u.e.log != nil:
+		u.e.log.Forget(u.pushed)
+		u.e.idle = u.old.idle
+	default:
+		u.e.state = u.old
 	}
 }
 

@@ -122,6 +122,36 @@ func TestIdleKeyNotYetSweptStartsAfresh(t *testing.T) {
 	}
 }
 
+// TestAllOrNothingTakesBackANewKeyReadTwice: a refused all-or-nothing
+// batch that created a key and read it again (a descriptor's own
+// hits_addend 0, for the same key) takes the key back whole, and the read
+// does not touch what is gone (it indexed the shard's order out of range:
+// a request could make the store panic).
+func TestAllOrNothingTakesBackANewKeyReadTwice(t *testing.T) {
+	t.Parallel()
+	for _, a := range rules.Algorithms {
+		s := newStore(t, Config{Shards: 1, SweepInterval: -1})
+		if _, err := do(t, s, base, op(a, "other", 5, time.Minute, 1)); err != nil {
+			t.Fatal(err)
+		}
+		hit, read := op(a, "fresh", 2, time.Minute, 5), op(a, "fresh", 2, time.Minute, 0)
+		b := &limiter.Batch{Now: base, Ops: []limiter.Op{hit, read}, AllOrNothing: true}
+		if err := s.Do(t.Context(), b); err != nil {
+			t.Fatalf("%s: %v", a, err)
+		}
+		if b.Results[0].Allowed || b.Results[1].Remaining != 2 {
+			t.Errorf("%s: results %+v, want the hit refused and the read of an unchanged key", a, b.Results)
+		}
+		if s.Len() != 1 {
+			t.Errorf("%s: %d keys held, want only the other", a, s.Len())
+		}
+		rs, err := do(t, s, base, op(a, "fresh", 2, time.Minute, 1), op(a, "other", 5, time.Minute, 1))
+		if err != nil || !rs[0].Allowed || rs[0].Before != 0 || rs[1].Before != 1 {
+			t.Errorf("%s: after the batch: %+v, %v; want fresh new and other at 1", a, rs, err)
+		}
+	}
+}
+
 func TestSweeperRunsAndStops(t *testing.T) {
 	t.Parallel()
 	synctest.Test(t, func(t *testing.T) {

@@ -203,6 +203,17 @@ func allHave(m map[*storetest.RedisServer][]string, n int) bool {
 
 // TestSentinel follows a failover: the master dies, Sentinel promotes the
 // replica, and the same Store keeps working without a restart.
+// TestSentinelLists runs the cases of lists of limits, shadow limits
+// among them, through a Sentinel-discovered master: every limit of a
+// descriptor in one script there too.
+func TestSentinelLists(t *testing.T) {
+	t.Parallel()
+	g := storetest.StartRedisSentinel(t, storetest.RedisSentinelOptions{})
+	storetest.RunLists(t, func(t *testing.T) limiter.Store {
+		return newStore(t, Config{Type: "sentinel", URL: g.URL, scriptClock: true})
+	}, storetest.Options{})
+}
+
 func TestSentinel(t *testing.T) {
 	t.Parallel()
 	g := storetest.StartRedisSentinel(t, storetest.RedisSentinelOptions{

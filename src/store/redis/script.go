@@ -27,7 +27,10 @@ import (
 // TIME (production: one clock for the whole fleet); ARGV[2] is "1" when no
 // op may be recorded unless every op is allowed (used for single ops too: an
 // op is recorded only if it is allowed, except fixed windows without "1",
-// which count every hit as the anchor does). Then six ARGV per op:
+// which count every hit as the anchor does). After that "1", ARGV[2] may
+// hold one character per op, 's' for a shadow op (limiter.Op.Shadow): it
+// is all-or-nothing alone, recorded when it is itself allowed, whatever
+// the others are, and its refusal refuses nothing else. Then six ARGV per op:
 // algorithm (0 fixed_window, 1 sliding_window, 2 sliding_log,
 // 3 token_bucket), limit, capacity (op.Capacity()), window in µs, hits, and
 // the TTL in seconds of a fixed-window key (window + jitter).
@@ -258,7 +261,9 @@ end
 `
 
 const decideMain = `
-local aon = ARGV[2] == '1'
+local aon = string.sub(ARGV[2], 1, 1) == '1'
+-- alone(i): op i is a shadow op of an all-or-nothing call (see decideLua).
+local function alone(i) return aon and string.byte(ARGV[2], i + 1) == 115 end
 -- commit writes the final state of a continuous algorithm's key.
 local function commit(alg, key, s, w)
   if alg == 1 then
@@ -293,38 +298,31 @@ for i = 1, n do
   local s = states[key]
   if not s then s = load(alg, key); states[key] = s end
   local allowed, before, after, remaining, reset, u1, u2 = decide(alg, s, arg(i, 2), arg(i, 3), arg(i, 4), arg(i, 5))
-  if not allowed then refused = true end
+  if not allowed then
+    if alone(i) then
+      -- Not recorded, and seen so by a later op on its key; remaining
+      -- is that of the unchanged state (continuous algorithms leave a
+      -- refused op's state as it was).
+      if alg == 0 then
+        s.count = before
+        remaining = 0
+        if before < arg(i, 2) then remaining = arg(i, 2) - before end
+      end
+    else
+      refused = true
+    end
+  end
   out[i] = {allowed, before, after, remaining, reset, u1, u2}
 end
 
 local reply = {}
-if refused and aon then
-  -- Record nothing. allowed, before and after stay those of the evaluation
-  -- in order; remaining and reset become those of the unchanged state.
-  states = {}
-  reply[1] = 0
-  for i = 1, n do
-    local alg, key = arg(i, 1), KEYS[i]
-    local s = states[key]
-    if not s then s = load(alg, key); states[key] = s end
-    local _, _, _, remaining, reset = decide(alg, s, arg(i, 2), arg(i, 3), arg(i, 4), 0)
-    local o, allowed = out[i], 0
-    if o[1] then allowed = 1 end
-    local p = 2 + (i - 1) * 7
-    reply[p], reply[p + 1], reply[p + 2], reply[p + 3], reply[p + 4] = allowed, o[2], o[3], remaining, reset
-    reply[p + 5], reply[p + 6] = 0, 0
-  end
-  return reply
-end
-
--- Record: fixed windows count every op's hits; continuous keys get their final state.
+-- record writes op i's hits, and puts its reply.
 local done = {}
-reply[1] = 1
-for i = 1, n do
+local function record(i)
   local alg, key, hits = arg(i, 1), KEYS[i], arg(i, 5)
   local o = out[i]
   if alg == 0 then
-    if hits > 0 then
+    if hits > 0 and (o[1] or not alone(i)) then
       -- Past 2^63-1 INCRBY fails and the count stays where it is, within
       -- hits of the top of its range and over any limit: the count
       -- saturates, which is not an error. (AllOrNothing records only
@@ -342,6 +340,44 @@ for i = 1, n do
   local p = 2 + (i - 1) * 7
   reply[p], reply[p + 1], reply[p + 2], reply[p + 3], reply[p + 4] = allowed, o[2], o[3], o[4], o[5]
   reply[p + 5], reply[p + 6] = o[6], o[7]
+end
+
+if refused and aon then
+  -- Record nothing but the shadow ops' own. allowed, before and after
+  -- stay those of the evaluation in order; remaining and reset become
+  -- those of the unchanged state. (A shadow op's key is never another
+  -- op's: see limiter.Op.Shadow.)
+  local evaluated = states
+  states = {}
+  reply[1] = 0
+  for i = 1, n do
+    if not alone(i) then
+      local alg, key = arg(i, 1), KEYS[i]
+      local s = states[key]
+      if not s then s = load(alg, key); states[key] = s end
+      local _, _, _, remaining, reset = decide(alg, s, arg(i, 2), arg(i, 3), arg(i, 4), 0)
+      local o, allowed = out[i], 0
+      if o[1] then allowed = 1 end
+      local p = 2 + (i - 1) * 7
+      reply[p], reply[p + 1], reply[p + 2], reply[p + 3], reply[p + 4] = allowed, o[2], o[3], remaining, reset
+      reply[p + 5], reply[p + 6] = 0, 0
+    end
+  end
+  states = evaluated
+  for i = 1, n do
+    if alone(i) then
+      local err = record(i)
+      if err then return err end
+    end
+  end
+  return reply
+end
+
+-- Record: fixed windows count every op's hits; continuous keys get their final state.
+reply[1] = 1
+for i = 1, n do
+  local err = record(i)
+  if err then return err end
 end
 return reply
 `

@@ -10,6 +10,7 @@
 package redis
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -569,7 +570,9 @@ func (s *Store) undo(ctx context.Context, be *backend, r *request, b *limiter.Ba
 		var keys, args []any
 		for j, i := range r.idx {
 			p := r.plan[j]
-			if int(p.cmd) != ci {
+			if int(p.cmd) != ci || b.Ops[i].Shadow {
+				// A shadow op is never taken back with the batch
+				// (limiter.Op.Shadow).
 				continue
 			}
 			op := &b.Ops[i]
@@ -580,6 +583,9 @@ func (s *Store) undo(ctx context.Context, be *backend, r *request, b *limiter.Ba
 			args = append(args[:len(args)-1], // replace the TTL with the undo values
 				strconv.FormatInt(vals[o+5], 10), strconv.FormatInt(vals[o+6], 10))
 		}
+		if len(ops) == 0 {
+			continue
+		}
 		all := make([]any, 0, 4+len(keys)+len(args))
 		all = append(all, "evalsha", undoSHA, strconv.Itoa(len(keys)))
 		all = append(all, keys...)
@@ -589,6 +595,10 @@ func (s *Store) undo(ctx context.Context, be *backend, r *request, b *limiter.Ba
 		u.ncmds++
 		u.work += scriptWork * len(ops)
 		undone = append(undone, ops)
+	}
+	if len(undone) == 0 { // shadow ops only
+		putRequest(u)
+		return nil
 	}
 	span := s.startSpan(ctx, be, u)
 	recycle, err := be.submit(ctx, s.ctx.Done(), u)
@@ -693,7 +703,8 @@ func (s *Store) build(r *request, b *limiter.Batch, be *backend) {
 }
 
 // scripts places the ops of r.idx[from:to] in decideLua calls, with aon
-// ("1" or "0") as the all-or-nothing argument: as few calls as the
+// ("1" or "0") as the all-or-nothing argument (followed by the marks of
+// the call's shadow ops, see decideLua): as few calls as the
 // deployment lets one script span, that is one on a single server, one per
 // hash slot on a Cluster, and one per key when the server may be a
 // sharding proxy (compensate then makes an AllOrNothing batch's calls
@@ -730,11 +741,25 @@ func (s *Store) scripts(r *request, b *limiter.Batch, be *backend, from, to int,
 		a[0], a[1], a[2] = "evalsha", decideSHAArg, countArg(n)
 		keys, args := a[3:3+n], a[5+n:]
 		a[3+n], a[4+n] = now, aon
+		var shadows []byte // the ops' marks after aon, when one is a shadow op
 		for j := from; j < to; j++ {
 			if p := r.plan[j]; p.kind == kindScript && p.cmd == cmd {
 				keys[p.pos] = &r.vals[j].key
-				r.vals[j].putArgs(args[int(p.pos)*argsPerOp:], b.Ops[r.idx[j]].Algorithm)
+				op := &b.Ops[r.idx[j]]
+				r.vals[j].putArgs(args[int(p.pos)*argsPerOp:], op.Algorithm)
+				if op.Shadow && aon == "1" {
+					if shadows == nil {
+						shadows = bytes.Repeat([]byte{'.'}, 1+n)
+						shadows[0] = '1'
+					}
+					shadows[1+p.pos] = 's'
+				}
 			}
+		}
+		if shadows != nil {
+			// Rare (shadow limits with STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT):
+			// a string of its own, see decideLua.
+			a[4+n] = string(shadows)
 		}
 		r.cmds = append(r.cmds, scriptCmd{command(r, be, a, goredis.NewIntSliceCmd, resetScript)})
 		r.ncmds++

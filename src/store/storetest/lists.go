@@ -229,3 +229,211 @@ func testListConcurrency(t *testing.T, store limiter.Store, second rules.Algorit
 		t.Errorf("the stricter limit used %d after %d admitted, want %d", used, got, got)
 	}
 }
+
+// testShadowLists: limits of a list in shadow mode (rules.Limit.Shadow)
+// beside an enforced one. A shadow limit counts every hit as it would
+// alone and reports what it would refuse, and never changes what the
+// enforced limit decides or records: in one batch, across a request of
+// two descriptors that AllOrNothing refuses, and under concurrency.
+func testShadowLists(t *testing.T, newStore func(t *testing.T) limiter.Store, opts *Options) {
+	for _, stop := range []bool{false, true} {
+		t.Run(fmt.Sprintf("counts/stop_increment=%t", stop), func(t *testing.T) {
+			t.Parallel()
+			testShadowCounts(t, newStore(t), stop)
+		})
+	}
+	alg := rules.FixedWindow
+	if supports(opts, rules.TokenBucket) {
+		alg = rules.TokenBucket
+	}
+	for _, stop := range []bool{false, true} {
+		t.Run(fmt.Sprintf("exact_under_concurrency/stop_increment=%t", stop), func(t *testing.T) {
+			t.Parallel()
+			testShadowConcurrency(t, newStore(t), alg, stop, opts.GroupsOneByOne)
+		})
+	}
+}
+
+// shadowDomain parses a domain whose descriptor "user" has rate_limits
+// items, whose descriptor "block" refuses every hit, and whose "free"
+// admits 1000 a day, and returns the limit of each of them by key.
+func shadowDomain(t *testing.T, items string) (domain string, limits map[string]*rules.Limit) {
+	t.Helper()
+	domain = fmt.Sprintf("storetest%016x", rand.Uint64())
+	yaml := "domain: " + domain + "\ndescriptors:\n  - key: user\n    rate_limits:\n" + items +
+		"  - key: block\n    rate_limit: {unit: day, requests_per_unit: 0}\n" +
+		"  - key: free\n    rate_limit: {unit: day, requests_per_unit: 1000}\n"
+	cfg, err := rules.Parse([]rules.File{{Name: "shadow.yaml", Data: []byte(yaml)}}, rules.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	limits = map[string]*rules.Limit{}
+	for _, key := range []string{"user", "block", "free"} {
+		if limits[key] = cfg.Match(domain, []rules.Entry{{Key: key, Value: "x"}}).Limit; limits[key] == nil {
+			t.Fatalf("%s matches nothing in %s", key, yaml)
+		}
+	}
+	return domain, limits
+}
+
+// testShadowCounts: an enforced 3 a minute (A) beside a looser shadow
+// limit of the same window, 10 a minute (B, its twin: a key of its own),
+// and a stricter one, 2 a day (C), all fixed windows so that every store
+// runs them on the batch's time.
+func testShadowCounts(t *testing.T, store limiter.Store, stop bool) {
+	domain, limits := shadowDomain(t, `      - {unit: minute, requests_per_unit: 3}
+      - {unit: minute, requests_per_unit: 10, shadow_mode: true}
+      - {unit: day, requests_per_unit: 2, shadow_mode: true, name: strict}
+`)
+	lim := limits["user"]
+	l := limiter.New(store, limiter.Config{StopIncrementWhenOverLimit: stop})
+	now := base.Add(10 * time.Second)
+	check := func(user string, hits uint64, other string) (limiter.Status, []limiter.Status) {
+		t.Helper()
+		each := make([]limiter.Status, 3)
+		ds := []limiter.Descriptor{{Entries: []rules.Entry{{Key: "user", Value: user}}, Limit: lim, Hits: hits, Each: each}}
+		if other != "" {
+			o := []rules.Entry{{Key: other, Value: user}}
+			ds = append(ds, limiter.Descriptor{Entries: o, Limit: limits[other], Hits: hits})
+		}
+		out := make([]limiter.Status, len(ds))
+		if err := l.Check(t.Context(), domain, now, ds, out); err != nil {
+			t.Fatal(err)
+		}
+		return out[0], each
+	}
+	// read says what each limit holds: OK with Remaining while within
+	// it, OverLimit past it (a read of a count at its limit is OK with 0
+	// left).
+	type held struct {
+		code      limiter.Code
+		remaining uint32
+	}
+	read := func(user string) [3]held {
+		t.Helper()
+		_, each := check(user, 0, "")
+		var h [3]held
+		for k := range each {
+			h[k] = held{each[k].Code, each[k].Remaining}
+		}
+		return h
+	}
+
+	// Five hits at once, one descriptor. The descriptor's decisions are
+	// A's alone; C would refuse from the third hit.
+	for i := range 5 {
+		st, each := check("x", 1, "")
+		wantCode := limiter.OK
+		if i >= 3 {
+			wantCode = limiter.OverLimit
+		}
+		if st.Code != wantCode || st.Limit != lim.Limits[0] {
+			t.Errorf("hit %d: %+v, want %v decided by the enforced limit", i+1, st, wantCode)
+		}
+		if each[1].Code != limiter.OK || each[1].Counts.ShadowOverLimit != 0 {
+			t.Errorf("hit %d: shadow limit B %+v, want OK", i+1, each[1])
+		}
+		wouldRefuse := i >= 2
+		if (each[2].Code == limiter.OverLimit) != wouldRefuse || (each[2].Counts.ShadowOverLimit == 1) != wouldRefuse ||
+			each[2].Counts.OverLimit != 0 || each[2].Counts.TotalHits != 1 {
+			t.Errorf("hit %d: shadow limit C %+v, want would refuse %t, counted in ShadowOverLimit only", i+1, each[2], wouldRefuse)
+		}
+	}
+	// A holds every hit, or with stop_increment the 3 it admitted, not
+	// the 2 C would have let it record; B all 5, whatever A refused; C
+	// every hit, or with stop_increment only the 2 it admitted itself.
+	want := [3]held{{limiter.OverLimit, 0}, {limiter.OK, 5}, {limiter.OverLimit, 0}}
+	if stop {
+		want = [3]held{{limiter.OK, 0}, {limiter.OK, 5}, {limiter.OK, 0}}
+	}
+	if got := read("x"); got != want {
+		t.Errorf("after 5 hits the limits hold %+v, want %+v", got, want)
+	}
+
+	// Three requests that a second descriptor, always over its limit,
+	// makes over the limit: with stop_increment A records none of them,
+	// while B and C record what they admit themselves.
+	for range 3 {
+		check("y", 1, "block")
+	}
+	want = [3]held{{limiter.OK, 0}, {limiter.OK, 7}, {limiter.OverLimit, 0}}
+	if stop {
+		want = [3]held{{limiter.OK, 3}, {limiter.OK, 7}, {limiter.OK, 0}}
+	}
+	if got := read("y"); got != want {
+		t.Errorf("after 3 requests refused by another descriptor the limits hold %+v, want %+v", got, want)
+	}
+
+	// Three requests beside a second descriptor within its limit: C
+	// would refuse the third, which A and the other descriptor admit and
+	// record all the same.
+	for i := range 3 {
+		if st, _ := check("z", 1, "free"); st.Code != limiter.OK {
+			t.Errorf("request %d beside a descriptor within its limit: %+v, want OK", i+1, st)
+		}
+	}
+	want = [3]held{{limiter.OK, 0}, {limiter.OK, 7}, {limiter.OverLimit, 0}}
+	if stop {
+		want = [3]held{{limiter.OK, 0}, {limiter.OK, 7}, {limiter.OK, 0}}
+	}
+	if got := read("z"); got != want {
+		t.Errorf("after 3 requests a shadow limit would refuse once, the limits hold %+v, want %+v", got, want)
+	}
+}
+
+// testShadowConcurrency: 32 goroutines, single-hit requests, day and week
+// windows: an enforced limit of 40 a day (a token bucket where the store
+// runs one) beside a stricter shadow limit of 10 of the same algorithm
+// and window (its twin) and a looser one of 60 a week, a fixed window. Adding them admits exactly what the
+// enforced limit alone would (never more where groups are applied one by
+// one); each shadow limit would admit exactly its own limit, and would
+// refuse the rest.
+func testShadowConcurrency(t *testing.T, store limiter.Store, alg rules.Algorithm, stop, oneByOne bool) {
+	const goroutines, requests = 32, 100
+	domain, limits := shadowDomain(t, fmt.Sprintf(`      - {unit: day, requests_per_unit: 40, algorithm: %[1]s}
+      - {unit: day, requests_per_unit: 10, algorithm: %[1]s, shadow_mode: true}
+      - {unit: week, requests_per_unit: 60, shadow_mode: true, name: loose}
+`, alg))
+	lim := limits["user"]
+	l := limiter.New(store, limiter.Config{StopIncrementWhenOverLimit: stop})
+	entries := []rules.Entry{{Key: "user", Value: "hot"}}
+	now := base.Add(10 * time.Second)
+	var admitted, strictRefused, looseRefused atomic.Int64
+	var failed atomic.Value
+	var wg sync.WaitGroup
+	for range goroutines {
+		wg.Go(func() {
+			out := make([]limiter.Status, 1)
+			each := make([]limiter.Status, 3)
+			ds := []limiter.Descriptor{{Entries: entries, Limit: lim, Hits: 1, Each: each}}
+			for range requests {
+				if err := l.Check(context.Background(), domain, now, ds, out); err != nil {
+					failed.Store(err)
+					return
+				}
+				if out[0].Code == limiter.OK {
+					admitted.Add(1)
+				}
+				strictRefused.Add(int64(each[1].Counts.ShadowOverLimit))
+				looseRefused.Add(int64(each[2].Counts.ShadowOverLimit))
+			}
+		})
+	}
+	wg.Wait()
+	if err, _ := failed.Load().(error); err != nil {
+		t.Fatalf("Check: %v", err)
+	}
+	const total = goroutines * requests
+	switch got := admitted.Load(); {
+	case got > 40:
+		t.Errorf("admitted %d of %d requests, more than the enforced limit's 40", got, total)
+	case !oneByOne && got != 40:
+		t.Errorf("admitted %d of %d requests, want exactly the enforced limit's 40", got, total)
+	}
+	if got := strictRefused.Load(); got != total-10 {
+		t.Errorf("the shadow limit of 10 would have refused %d of %d requests, want %d", got, total, total-10)
+	}
+	if got := looseRefused.Load(); got != total-60 {
+		t.Errorf("the shadow limit of 60 would have refused %d of %d requests, want %d", got, total, total-60)
+	}
+}

@@ -14,6 +14,7 @@
     series: new Map(), // rule ID -> {d, o, n}: arrays of WINDOW figures
     totals: null,    // {d, o, n}
     rows: new Map(), // rule ID -> the row's live cells
+    trs: new Map(),  // rule ID -> its row, for the links between twins
     last: null,      // the last event
     lastAt: 0,       // when it came (ms)
     paused: false,
@@ -123,6 +124,7 @@
     const body = $("rules-body");
     body.replaceChildren();
     state.rows.clear();
+    state.trs.clear();
     if (doc.domains.length === 0) body.append(el("p", { class: "empty" }, "No rules."));
     for (const d of doc.domains) {
       const tbody = el("tbody");
@@ -151,6 +153,25 @@
     const chip = (cls, text) => flags.append(el("span", { class: "chip " + cls }, text));
     if (r.unlimited) chip("", "unlimited");
     if (r.shadow_mode) chip("shadow", "shadow");
+    if (r.shadow) {
+      flags.append(el("span", { class: "chip shadow", title: "a shadow limit: counted, never refuses; Over/s is what it would refuse" }, "shadow limit"));
+    }
+    // A rule and its shadow twins (the limits of the same list in the
+    // other role) link to each other.
+    for (const id of r.twins || []) {
+      const a = el("a", { class: "chip twin", href: "#rules", title: (r.shadow ? "the enforced limit beside it: " : "its shadow twin: ") + id },
+        (r.shadow ? "shadow of " : "twin ") + id.slice(id.lastIndexOf(".") + 1));
+      a.addEventListener("click", (e) => {
+        e.preventDefault();
+        const tr = state.trs.get(id);
+        if (!tr) return;
+        tr.hidden = false;
+        tr.scrollIntoView({ block: "center" });
+        tr.classList.add("flash");
+        setTimeout(() => tr.classList.remove("flash"), 1500);
+      });
+      flags.append(a);
+    }
     if (r.quota_mode) chip("quota", "quota");
     if (r.detailed_metric) chip("", "detailed");
     if (r.name) chip("", "name: " + r.name);
@@ -165,7 +186,10 @@
       el("td", { class: "src" }, r.source), cells.d, cells.o, cells.n,
       el("td", {}, r.tracked ? cells.spark : el("span", { class: "dim", title: "only the first rules have series" }, "not tracked")));
     cells.tr = tr;
-    cells.text = (r.id + " " + r.chain.join(" ") + " " + r.source + " " + (r.name || "")).toLowerCase();
+    cells.shadow = r.shadow;
+    if (r.shadow) cells.o.title = "requests a second it would have refused";
+    state.trs.set(r.id, tr);
+    cells.text = (r.id + " " + r.chain.join(" ") + " " + r.source + " " + (r.name || "") + (r.shadow ? " shadow" : "")).toLowerCase();
     if (r.tracked) state.rows.set(r.id, cells);
     else tr.dataset.text = cells.text;
     return tr;
@@ -176,7 +200,7 @@
       const s = state.series.get(id);
       if (!s) continue;
       c.d.textContent = fmtNum(s.d[WINDOW - 1]);
-      c.o.textContent = fmtNum(s.o[WINDOW - 1]);
+      c.o.textContent = fmtNum(s.o[WINDOW - 1]) + (c.shadow ? " would" : "");
       c.n.textContent = fmtNum(s.n[WINDOW - 1]);
       if (!c.tr.hidden) draw(c.spark, s);
     }
@@ -212,14 +236,16 @@
         });
         if (k.truncated) key.append(el("span", { class: "dim", title: "cut to 256 bytes" }, "…"));
         // over: its last decision was refused; full: the next one will be.
+        // A shadow limit's key was never refused: it would have been.
         const st = k.over ? "over" : k.used >= k.capacity ? "full" : "near";
+        const label = k.shadow && st === "over" ? "WOULD REFUSE" : st === "near" ? "near" : st.toUpperCase();
         const fill = el("span", { class: "fill" });
         fill.style.width = Math.min(100, (100 * k.used) / Math.max(k.capacity, 1)) + "%";
         const used = el("td", { class: "num" }, fmtNum(k.used) + " / " + fmtNum(k.capacity),
           el("span", { class: "bar", role: "img", "aria-label": "used " + k.used + " of " + k.capacity }, fill));
         const tr = el("tr", { class: "is-" + st },
-          key, el("td", { class: "rule" }, k.override ? "override " + fmtLimit(k.limit) : k.rule),
-          used, el("td", { class: "state", title: STATES[st] }, st === "near" ? "near" : st.toUpperCase()),
+          key, el("td", { class: "rule" }, k.override ? "override " + fmtLimit(k.limit) : k.rule + (k.shadow ? " (shadow)" : "")),
+          used, el("td", { class: "state", title: (k.shadow ? "shadow limit, never refuses: " : "") + STATES[st] }, label),
           el("td", { class: "num" }, fmtSeconds(k.reset_in_seconds)),
           el("td", { class: "num", title: "decisions near or over the limit, recent (± " + k.count_error + ")" }, fmtNum(k.count)));
         tr.dataset.text = (k.entries.map((e) => e.key + "=" + e.value).join(", ") + " " + k.rule).toLowerCase();
