@@ -190,7 +190,35 @@ func (l *Limiter) Check(ctx context.Context, domain string, now time.Time, ds []
 	b.Now = now
 	b.AllOrNothing = l.cfg.StopIncrementWhenOverLimit
 	r.key = r.key[:0]
-	cachedOver := false
+	cachedOver := l.addOps(r, domain, now, ds, out)
+	if cachedOver && b.AllOrNothing {
+		// The request is over a limit already: record none of its hits,
+		// but for shadow limits, which count alone.
+		for j := range b.Ops {
+			if !b.Ops[j].Shadow {
+				b.Ops[j].Hits = 0
+			}
+		}
+	}
+	if len(b.Ops) > 0 {
+		if err := l.run(ctx, r); err != nil {
+			// r is not recycled: a store that gave up on ctx may still
+			// hold it.
+			return err
+		}
+		l.statuses(r, now, ds, out, cachedOver)
+	}
+	clear(b.Ops) // drop the keys
+	clear(r.lims)
+	b.Ops, b.Results, r.idx, r.lims, r.ends = b.Ops[:0], b.Results[:0], r.idx[:0], r.lims[:0], r.ends[:0]
+	l.pool.Put(r)
+	return nil
+}
+
+// addOps adds to r's batch the op of each limit of ds, or writes the
+// status of those the near cache answers; it reports whether one was
+// answered so (over its limit).
+func (l *Limiter) addOps(r *request, domain string, now time.Time, ds []Descriptor, out []Status) (cachedOver bool) {
 	for i := range ds {
 		out[i] = Status{}
 		lim := ds[i].Limit
@@ -217,53 +245,49 @@ func (l *Limiter) Check(ctx context.Context, domain string, now time.Time, ds []
 			}
 		}
 	}
-	if cachedOver && b.AllOrNothing {
-		// The request is over a limit already: record none of its hits,
-		// but for shadow limits, which count alone.
-		for j := range b.Ops {
-			if !b.Ops[j].Shadow {
-				b.Ops[j].Hits = 0
-			}
-		}
+	return cachedOver
+}
+
+// run gives r's batch its keys and the store.
+func (l *Limiter) run(ctx context.Context, r *request) error {
+	b := &r.batch
+	// One string for every key (see request.key): a store that keeps a
+	// key keeps a copy, or the others' few bytes with it.
+	keys, start := string(r.key), 0
+	for j, end := range r.ends {
+		b.Ops[j].Key = keys[start:end]
+		start = end
 	}
-	if len(b.Ops) > 0 {
-		// One string for every key (see request.key): a store that keeps
-		// a key keeps a copy, or the others' few bytes with it.
-		keys, start := string(r.key), 0
-		for j, end := range r.ends {
-			b.Ops[j].Key = keys[start:end]
-			start = end
-		}
-		b.Results = append(b.Results[:0], make([]Result, len(b.Ops))...)
-		if err := l.store.Do(ctx, b); err != nil {
-			// r is not recycled: a store that gave up on ctx may still
-			// hold it.
-			return fmt.Errorf("limiter: %w", err)
-		}
-		for j, i := range r.idx {
-			lim, d := r.lims[j], &ds[i]
-			st := l.status(lim, &b.Ops[j], &b.Results[j])
-			if cachedOver && b.AllOrNothing && !lim.Shadow {
-				st.Counts.TotalHits = d.Hits
-			}
-			l.remember(lim, &b.Ops[j], &b.Results[j], now)
-			if !lim.InList() {
-				out[i] = st
-				continue
-			}
-			if d.Each != nil {
-				d.Each[lim.Index] = st
-			}
-			if !lim.Shadow {
-				decide(&out[i], &st)
-			}
-		}
+	b.Results = append(b.Results[:0], make([]Result, len(b.Ops))...)
+	if err := l.store.Do(ctx, b); err != nil {
+		return fmt.Errorf("limiter: %w", err)
 	}
-	clear(b.Ops) // drop the keys
-	clear(r.lims)
-	b.Ops, b.Results, r.idx, r.lims, r.ends = b.Ops[:0], b.Results[:0], r.idx[:0], r.lims[:0], r.ends[:0]
-	l.pool.Put(r)
 	return nil
+}
+
+// statuses turns the results of r's batch into the descriptors' statuses
+// (and their limits' in Each), remembering in the near cache the keys
+// over their limit.
+func (l *Limiter) statuses(r *request, now time.Time, ds []Descriptor, out []Status, cachedOver bool) {
+	b := &r.batch
+	for j, i := range r.idx {
+		lim, d := r.lims[j], &ds[i]
+		st := l.status(lim, &b.Ops[j], &b.Results[j])
+		if cachedOver && b.AllOrNothing && !lim.Shadow {
+			st.Counts.TotalHits = d.Hits
+		}
+		l.remember(lim, &b.Ops[j], &b.Results[j], now)
+		if !lim.InList() {
+			out[i] = st
+			continue
+		}
+		if d.Each != nil {
+			d.Each[lim.Index] = st
+		}
+		if !lim.Shadow {
+			decide(&out[i], &st)
+		}
+	}
 }
 
 // addOp adds the op of one limit of descriptor d (the i-th) to r's batch,

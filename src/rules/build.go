@@ -423,13 +423,23 @@ type limitProblem struct {
 	msg     string
 }
 
+// limitCheck gathers the problems of one rate_limit as newLimit checks it.
+type limitCheck struct {
+	probs []limitProblem
+	// ok is false once a problem makes the Limit unusable.
+	ok bool
+}
+
+// report adds a problem that makes the Limit unusable.
+func (c *limitCheck) report(field string, atValue bool, format string, args ...any) {
+	c.probs = append(c.probs, limitProblem{field: field, atValue: atValue, msg: fmt.Sprintf(format, args...)})
+	c.ok = false
+}
+
 // newLimit checks a rate_limit and builds its Limit. It returns the Limit
 // (nil when a problem makes it unusable) and every problem found.
 func newLimit(s limitSpec, fullKey, source string, flags descriptorFlags, opts Options) (*Limit, []limitProblem) {
-	var probs []limitProblem
-	report := func(field string, atValue bool, format string, args ...any) {
-		probs = append(probs, limitProblem{field: field, atValue: atValue, msg: fmt.Sprintf(format, args...)})
-	}
+	c := &limitCheck{ok: !s.badUnit && !s.badBurst && !s.badMultiplier}
 	l := &Limit{
 		FullKey:         fullKey,
 		Source:          source,
@@ -444,112 +454,111 @@ func newLimit(s limitSpec, fullKey, source string, flags descriptorFlags, opts O
 		ValueToMetric:   flags.valueToMetric,
 		ShareThreshold:  flags.shareThreshold,
 	}
-	ok := !s.badUnit && !s.badBurst && !s.badMultiplier
+	c.unit(s, l)
+	c.replaces(s, l)
+	if s.unlimited {
+		c.unlimited(s)
+	} else {
+		c.algorithm(s, l, opts)
+	}
+	if !c.ok {
+		return nil, c.probs
+	}
+	return l, c.probs
+}
 
+// unit checks the unit and sets l's.
+func (c *limitCheck) unit(s limitSpec, l *Limit) {
 	switch {
 	case s.badUnit:
 	case s.unlimited && s.unit != "":
-		report(fieldUnit, false, "unit %q given with unlimited: true; an unlimited rule has no unit", s.unit)
-		ok = false
+		c.report(fieldUnit, false, "unit %q given with unlimited: true; an unlimited rule has no unit", s.unit)
 	case s.unlimited:
 	case !s.hasUnit || s.unit == "":
-		report(fieldUnit, false, "missing unit (second, minute, hour, day, week, month or year)")
-		ok = false
+		c.report(fieldUnit, false, "missing unit (second, minute, hour, day, week, month or year)")
 	default:
 		u, valid := ParseUnit(s.unit)
 		if !valid {
-			report(fieldUnit, true, "invalid unit %q (want second, minute, hour, day, week, month or year)", s.unit)
-			ok = false
+			c.report(fieldUnit, true, "invalid unit %q (want second, minute, hour, day, week, month or year)", s.unit)
 		}
 		l.Unit = u
 	}
+}
 
+// replaces checks the names the limit replaces and sets l's.
+func (c *limitCheck) replaces(s limitSpec, l *Limit) {
 	for i, name := range s.replaces {
 		switch {
 		case name == "":
-			probs = append(probs, limitProblem{field: fieldReplaces, index: i, msg: "replaces: empty name"})
+			c.probs = append(c.probs, limitProblem{field: fieldReplaces, index: i, msg: "replaces: empty name"})
 		case name == s.name:
-			probs = append(probs, limitProblem{field: fieldReplaces, index: i,
+			c.probs = append(c.probs, limitProblem{field: fieldReplaces, index: i,
 				msg: fmt.Sprintf("replaces: a rule cannot replace its own name %q", name)})
 		default:
 			l.Replaces = append(l.Replaces, name)
 		}
 	}
-
 	if s.shadow && len(s.replaces) > 0 {
 		// Dropping another rule's limit would change what is enforced,
 		// which a shadow limit never does.
-		report(fieldShadow, false, "a shadow limit cannot replace other limits: that would change what is enforced")
-		ok = false
+		c.report(fieldShadow, false, "a shadow limit cannot replace other limits: that would change what is enforced")
 	}
-	if s.unlimited {
-		if s.shadow {
-			report(fieldShadow, false, "shadow_mode has no effect with unlimited: true")
-			ok = false
-		}
-		for _, f := range []struct {
-			name    string
-			present bool
-		}{{fieldAlgorithm, s.hasAlgorithm}, {fieldBurst, s.hasBurst}, {fieldMultiplier, s.hasMultiplier}} {
-			if f.present {
-				report(f.name, false, "%s has no effect with unlimited: true", f.name)
-				ok = false
-			}
-		}
-		if !ok {
-			return nil, probs
-		}
-		return l, probs
-	}
+}
 
+// unlimited checks that an unlimited rule sets nothing that would have no
+// effect.
+func (c *limitCheck) unlimited(s limitSpec) {
+	if s.shadow {
+		c.report(fieldShadow, false, "shadow_mode has no effect with unlimited: true")
+	}
+	for _, f := range []struct {
+		name    string
+		present bool
+	}{{fieldAlgorithm, s.hasAlgorithm}, {fieldBurst, s.hasBurst}, {fieldMultiplier, s.hasMultiplier}} {
+		if f.present {
+			c.report(f.name, false, "%s has no effect with unlimited: true", f.name)
+		}
+	}
+}
+
+// algorithm checks the algorithm and what depends on it (burst,
+// unit_multiplier, the sliding log's size, the store's support), and sets
+// l's.
+func (c *limitCheck) algorithm(s limitSpec, l *Limit, opts Options) {
 	alg, valid := ParseAlgorithm(s.algorithm)
 	if !valid {
-		report(fieldAlgorithm, true, "unknown algorithm %q (want fixed_window, sliding_window, sliding_log or token_bucket)", s.algorithm)
-		ok = false
+		c.report(fieldAlgorithm, true, "unknown algorithm %q (want fixed_window, sliding_window, sliding_log or token_bucket)", s.algorithm)
 	}
 	l.Algorithm = alg
-
 	if s.hasBurst && !s.badBurst {
 		switch {
 		case valid && alg != TokenBucket:
-			report(fieldBurst, false, "burst is only for algorithm token_bucket")
-			ok = false
+			c.report(fieldBurst, false, "burst is only for algorithm token_bucket")
 		case s.burst == 0:
-			report(fieldBurst, true, "burst must be at least 1 (leave it out to use requests_per_unit)")
-			ok = false
+			c.report(fieldBurst, true, "burst must be at least 1 (leave it out to use requests_per_unit)")
 		}
 		l.Burst = s.burst
 	}
-
 	if s.hasMultiplier && !s.badMultiplier {
 		switch {
 		case s.multiplier == 0:
-			report(fieldMultiplier, true, "unit_multiplier must be at least 1")
-			ok = false
+			c.report(fieldMultiplier, true, "unit_multiplier must be at least 1")
 		case l.Unit.Seconds()*int64(s.multiplier) > maxWindowSeconds:
-			report(fieldMultiplier, true, "unit_multiplier %d makes a window longer than %d seconds", s.multiplier, maxWindowSeconds)
-			ok = false
+			c.report(fieldMultiplier, true, "unit_multiplier %d makes a window longer than %d seconds", s.multiplier, maxWindowSeconds)
 		default:
 			l.UnitMultiplier = s.multiplier
 		}
 	}
-
 	if valid && alg == SlidingLog && s.requests > MaxSlidingLog {
-		report(fieldRequests, true,
+		c.report(fieldRequests, true,
 			"sliding_log keeps one timestamp per request; requests_per_unit %d is above its maximum of %d (use sliding_window)",
 			s.requests, MaxSlidingLog)
-		ok = false
 	}
 	if valid && opts.Supports != nil && !opts.Supports(alg) {
 		store := opts.StoreName
 		if store == "" {
 			store = "configured"
 		}
-		report(fieldAlgorithm, true, "algorithm %s is not supported by the %s store (it cannot run it atomically)", alg, store)
-		ok = false
+		c.report(fieldAlgorithm, true, "algorithm %s is not supported by the %s store (it cannot run it atomically)", alg, store)
 	}
-	if !ok {
-		return nil, probs
-	}
-	return l, probs
 }

@@ -531,6 +531,23 @@ func (p *fileParser) descriptor(item *yaml.Node, index int, parent *node, parent
 	if msg := checkShareThreshold(flags, composite, n.regex != nil); msg != "" {
 		p.errorf(fs["share_threshold"].key.Line, "%s: %s", where, msg)
 	}
+	list := p.limits(fs, n, where, fullKey, flags, levels)
+	if key != "" {
+		if msg := addChild(parent, n); msg != "" {
+			p.errorf(item.Line, "%s: %s", where, msg)
+		}
+	}
+	if f, ok := fs["descriptors"]; ok {
+		p.descriptors(f.val, n, fullKey, levels)
+	}
+	for _, msg := range checkStatLevels(list, n) {
+		p.errorf(fs["rate_limits"].key.Line, "%s: rate_limits: %s", where, msg)
+	}
+}
+
+// limits reads a descriptor's rate_limit or rate_limits, and metadata,
+// into n; it returns the list of rate_limits, if any.
+func (p *fileParser) limits(fs map[string]field, n *node, where, fullKey string, flags descriptorFlags, levels []string) []*Limit {
 	var list []*Limit
 	rl, hasOne := fs["rate_limit"]
 	rls, hasList := fs["rate_limits"]
@@ -558,18 +575,7 @@ func (p *fileParser) descriptor(item *yaml.Node, index int, parent *node, parent
 			}
 		}
 	}
-
-	if key != "" {
-		if msg := addChild(parent, n); msg != "" {
-			p.errorf(item.Line, "%s: %s", where, msg)
-		}
-	}
-	if f, ok := fs["descriptors"]; ok {
-		p.descriptors(f.val, n, fullKey, levels)
-	}
-	for _, msg := range checkStatLevels(list, n) {
-		p.errorf(rls.key.Line, "%s: rate_limits: %s", where, msg)
-	}
+	return list
 }
 
 // valueRegex compiles a descriptor's value_regex into n.

@@ -19,87 +19,11 @@ import (
 // statuses come from Config.Fallback.
 func (s *Service) respond(req *rlsv3.RateLimitRequest, sc *scratch, now time.Time, degraded bool) (*rlsv3.RateLimitResponse, error) {
 	resp, backing := newResponse(len(sc.descs))
-	var (
-		limitedOver     bool
-		quotaRules      int
-		quotaOver       int
-		quotaViolations []int
-		passedMetadata  []map[string]any
-		shadowOver      []any // names of the shadow limits that would refuse
-	)
+	var t tally
 	for i := range sc.descs {
-		st := &backing[i].status
-		st.Code = rlsv3.RateLimitResponse_OK
-		l := sc.descs[i].Limit
-		if l == nil {
-			if sc.unlim[i] {
-				st.LimitRemaining = math.MaxUint32
-			}
-			continue
-		}
-		ds := &sc.statuses[i]
-		sc.counters[i].add(&ds.Counts)
-		if each := sc.descs[i].Each; each != nil {
-			off := sc.eachOff[i]
-			for k := range each {
-				if each[k].Limit == nil {
-					continue
-				}
-				sc.eachCounters[off+k].add(&each[k].Counts)
-				m := each[k].Limit
-				if s.cfg.Observe != nil {
-					s.cfg.Observe(i, sc.descs[i].Entries, m, &each[k])
-				}
-				if m.Shadow {
-					// Never the decision: said apart, in the live
-					// view and in the dynamic metadata.
-					s.cfg.Live.Observe(req.GetDomain(), sc.descs[i].Entries, m, &each[k], now)
-					if each[k].Code == limiter.OverLimit {
-						shadowOver = append(shadowOver, shadowName(m))
-					}
-				}
-			}
-		}
-		// The limit that decided: the descriptor's, or one of its list.
-		decided := ds.Limit
-		if decided == nil {
-			if l.InList() {
-				// No limit of the list but shadow (or unlimited) ones
-				// applied: answered as without them.
-				if unlimitedLeft(&sc.descs[i]) {
-					st.LimitRemaining = math.MaxUint32
-				}
-				continue
-			}
-			decided = l
-		}
-		if s.cfg.Live != nil {
-			// A list's decision counts under the limit that decided.
-			s.cfg.Live.Observe(req.GetDomain(), sc.descs[i].Entries, decided, ds, now)
-		}
-		if s.cfg.Observe != nil && !l.InList() {
-			s.cfg.Observe(i, sc.descs[i].Entries, decided, ds)
-		}
-		st.CurrentLimit = s.protoLimit(decided)
-		st.LimitRemaining = ds.Remaining
-		st.DurationUntilReset = setDuration(&backing[i].reset, resetDuration(decided, ds.ResetAfter))
-		quota := l.QuotaMode || s.cfg.GlobalQuotaMode
-		if quota {
-			quotaRules++
-		}
-		if ds.Code == limiter.OverLimit {
-			st.Code = rlsv3.RateLimitResponse_OVER_LIMIT
-			if quota {
-				quotaOver++
-				quotaViolations = append(quotaViolations, i)
-			} else {
-				limitedOver = true
-			}
-		} else if len(l.Metadata) > 0 && s.cfg.DynamicMetadata {
-			passedMetadata = append(passedMetadata, l.Metadata)
-		}
+		s.respondOne(req, sc, &backing[i], i, now, &t)
 	}
-	if limitedOver || (quotaRules > 0 && quotaOver == quotaRules) {
+	if t.limitedOver || (t.quotaRules > 0 && t.quotaOver == t.quotaRules) {
 		resp.OverallCode = rlsv3.RateLimitResponse_OVER_LIMIT
 		if s.cfg.GlobalShadowMode {
 			resp.OverallCode = rlsv3.RateLimitResponse_OK
@@ -109,18 +33,109 @@ func (s *Service) respond(req *rlsv3.RateLimitRequest, sc *scratch, now time.Tim
 	s.answer(resp, req, sc)
 	switch {
 	case s.cfg.DynamicMetadata:
-		md, err := dynamicMetadata(req, quotaRules > 0, quotaViolations, passedMetadata, marks{degraded, shadowOver})
+		md, err := dynamicMetadata(req, t.quotaRules > 0, t.quotaViolations, t.passedMetadata, marks{degraded, t.shadowOver})
 		if err != nil {
 			return nil, err
 		}
 		resp.DynamicMetadata = md
-	case degraded || shadowOver != nil:
+	case degraded || t.shadowOver != nil:
 		// Marked even without RESPONSE_DYNAMIC_METADATA: only
 		// STORE_FAILURE_MODE=local and shadow limits make such marks,
 		// and Envoy's access logs and routes can only tell them so.
-		resp.DynamicMetadata = markMetadata(marks{degraded, shadowOver})
+		resp.DynamicMetadata = markMetadata(marks{degraded, t.shadowOver})
 	}
 	return resp, nil
+}
+
+// tally is what respond gathers over a request's descriptors for the
+// overall code and the dynamic metadata.
+type tally struct {
+	limitedOver     bool
+	quotaRules      int
+	quotaOver       int
+	quotaViolations []int
+	passedMetadata  []map[string]any
+	shadowOver      []any // names of the shadow limits that would refuse
+}
+
+// respondOne fills the status of the i-th descriptor into slot, counts
+// its hits in its statistics and the live view, and adds to t.
+func (s *Service) respondOne(req *rlsv3.RateLimitRequest, sc *scratch, slot *statusSlot, i int, now time.Time, t *tally) {
+	st := &slot.status
+	st.Code = rlsv3.RateLimitResponse_OK
+	l := sc.descs[i].Limit
+	if l == nil {
+		if sc.unlim[i] {
+			st.LimitRemaining = math.MaxUint32
+		}
+		return
+	}
+	ds := &sc.statuses[i]
+	sc.counters[i].add(&ds.Counts)
+	if sc.descs[i].Each != nil {
+		s.countEach(req, sc, i, now, t)
+	}
+	// The limit that decided: the descriptor's, or one of its list.
+	decided := ds.Limit
+	if decided == nil {
+		if l.InList() {
+			// No limit of the list but shadow (or unlimited) ones
+			// applied: answered as without them.
+			if unlimitedLeft(&sc.descs[i]) {
+				st.LimitRemaining = math.MaxUint32
+			}
+			return
+		}
+		decided = l
+	}
+	if s.cfg.Live != nil {
+		// A list's decision counts under the limit that decided.
+		s.cfg.Live.Observe(req.GetDomain(), sc.descs[i].Entries, decided, ds, now)
+	}
+	if s.cfg.Observe != nil && !l.InList() {
+		s.cfg.Observe(i, sc.descs[i].Entries, decided, ds)
+	}
+	st.CurrentLimit = s.protoLimit(decided)
+	st.LimitRemaining = ds.Remaining
+	st.DurationUntilReset = setDuration(&slot.reset, resetDuration(decided, ds.ResetAfter))
+	quota := l.QuotaMode || s.cfg.GlobalQuotaMode
+	if quota {
+		t.quotaRules++
+	}
+	if ds.Code == limiter.OverLimit {
+		st.Code = rlsv3.RateLimitResponse_OVER_LIMIT
+		if quota {
+			t.quotaOver++
+			t.quotaViolations = append(t.quotaViolations, i)
+		} else {
+			t.limitedOver = true
+		}
+	} else if len(l.Metadata) > 0 && s.cfg.DynamicMetadata {
+		t.passedMetadata = append(t.passedMetadata, l.Metadata)
+	}
+}
+
+// countEach counts the hits of each limit of the i-th descriptor's list;
+// a shadow limit, never the decision, is said apart, in the live view and
+// in the dynamic metadata.
+func (s *Service) countEach(req *rlsv3.RateLimitRequest, sc *scratch, i int, now time.Time, t *tally) {
+	each, off := sc.descs[i].Each, sc.eachOff[i]
+	for k := range each {
+		if each[k].Limit == nil {
+			continue
+		}
+		sc.eachCounters[off+k].add(&each[k].Counts)
+		m := each[k].Limit
+		if s.cfg.Observe != nil {
+			s.cfg.Observe(i, sc.descs[i].Entries, m, &each[k])
+		}
+		if m.Shadow {
+			s.cfg.Live.Observe(req.GetDomain(), sc.descs[i].Entries, m, &each[k], now)
+			if each[k].Code == limiter.OverLimit {
+				t.shadowOver = append(t.shadowOver, shadowName(m))
+			}
+		}
+	}
 }
 
 // shadowName names a shadow limit in the dynamic metadata: its rule's key

@@ -141,29 +141,53 @@ func runList(ops []limiter.Op, now time.Time, data []byte, found bool, mode list
 	// on another's: the steps are taken first, and written once it is
 	// known which are recorded.
 	scratch := make([]byte, 0, 128)
-	type pending struct {
-		id    string
-		j     int // the slot, or -1
-		state []byte
-		idle  int64
-		u     undo
+	var buf2 [rules.MaxLimits]listStep
+	steps, scratch, refused, err := stepList(ops, now, slots, mode, res, buf2[:0], scratch)
+	if err != nil || mode == listRead {
+		return nil, 0, err
 	}
-	var buf2 [rules.MaxLimits]pending
-	steps := buf2[:0]
-	refused := false
+	var unchanged [rules.MaxLimits]int
+	slots, reread, changed := keepSteps(ops, steps, slots, mode, refused, res, marks, unchanged[:0])
+	if len(reread) > 0 {
+		// Recorded nothing: Remaining and ResetAfter are those of the
+		// state as it is.
+		if err := readList(ops, reread, now, data, found, res); err != nil {
+			return nil, 0, err
+		}
+	}
+	if !changed {
+		return nil, 0, nil
+	}
+	return encodeList(slots, now, len(data)+len(scratch))
+}
+
+// listStep is the step of one op of a list, taken and not yet written.
+type listStep struct {
+	id    string
+	j     int // the slot, or -1
+	state []byte
+	idle  int64
+	u     undo
+}
+
+// stepList takes the step of each op on its slot's state, appending the
+// new states to scratch, and sets res; with listRead it sets only
+// Remaining and ResetAfter and returns no steps. refused says an op that
+// is not a shadow one was refused.
+func stepList(ops []limiter.Op, now time.Time, slots []listSlot, mode listMode, res []limiter.Result, steps []listStep, scratch []byte) (_ []listStep, _ []byte, refused bool, err error) {
 	for i := range ops {
 		op := ops[i]
 		if mode == listRead {
 			if op.Shadow {
 				// The second pass of a refused AllOrNothing batch: a
-				// shadow op is by itself, its results set (see below).
+				// shadow op is by itself, its results set (see keepSteps).
 				continue
 			}
 			op.Hits = 0
 		}
 		_, id, ok := limiter.SplitListKey(op.Key, op.Algorithm)
 		if !ok { // units checked every key
-			return nil, 0, fmt.Errorf("key %q is not a list's", op.Key)
+			return nil, nil, false, fmt.Errorf("key %q is not a list's", op.Key)
 		}
 		j := findSlot(slots, id)
 		var state []byte
@@ -180,7 +204,7 @@ func runList(ops []limiter.Op, now time.Time, data []byte, found bool, mode list
 			grown, stIdle, u, err = fixedStep(scratch, &op, now, state, j >= 0, &r)
 		}
 		if err != nil {
-			return nil, 0, fmt.Errorf("limit %s: %w", id, err)
+			return nil, nil, false, fmt.Errorf("limit %s: %w", id, err)
 		}
 		if mode == listRead {
 			res[i].Remaining, res[i].ResetAfter = r.Remaining, r.ResetAfter
@@ -188,19 +212,22 @@ func runList(ops []limiter.Op, now time.Time, data []byte, found bool, mode list
 		}
 		res[i] = r
 		refused = refused || !r.Allowed && !op.Shadow
-		p := pending{id: id, j: j, idle: stIdle, u: u}
+		p := listStep{id: id, j: j, idle: stIdle, u: u}
 		if grown != nil {
 			p.state = grown[len(scratch):]
 			scratch = grown
 		}
 		steps = append(steps, p)
 	}
-	if mode == listRead {
-		return nil, 0, nil
-	}
-	changed := false
-	var unchanged [rules.MaxLimits]int
-	reread := unchanged[:0]
+	return steps, scratch, refused, nil
+}
+
+// keepSteps writes into slots the steps that are recorded: each, or with
+// listAll none but a shadow op's own unless none was refused; marks gets
+// the undo of each recorded op that is not a shadow one. It returns the
+// slots, the ops whose results must be read again (recorded nothing) in
+// reread, and whether a slot changed.
+func keepSteps(ops []limiter.Op, steps []listStep, slots []listSlot, mode listMode, refused bool, res []limiter.Result, marks []undo, reread []int) (_ []listSlot, _ []int, changed bool) {
 	for i := range ops {
 		p := &steps[i]
 		keep := p.state != nil
@@ -232,17 +259,7 @@ func runList(ops []limiter.Op, now time.Time, data []byte, found bool, mode list
 			marks[i] = p.u
 		}
 	}
-	if len(reread) > 0 {
-		// Recorded nothing: Remaining and ResetAfter are those of the
-		// state as it is.
-		if err := readList(ops, reread, now, data, found, res); err != nil {
-			return nil, 0, err
-		}
-	}
-	if !changed {
-		return nil, 0, nil
-	}
-	return encodeList(slots, now, len(data)+len(scratch))
+	return slots, reread, changed
 }
 
 // readList sets Remaining and ResetAfter of res[i] for each i of which to
