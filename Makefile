@@ -12,7 +12,7 @@ VERSION  ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev
 # in cmd/ratelimit checks that they agree).
 BUILDFLAGS = -trimpath -ldflags "-s -w -X main.version=$(VERSION)"
 
-.PHONY: help build run test test-busy race unit allocs lint imports check ci bench bench-envoy bench-tuning bench-overload bench-go soak fuzz fuzz-all docker servers clean
+.PHONY: help build run test test-busy race unit allocs lint imports check ci bench bench-envoy bench-h2load bench-tuning bench-overload bench-go soak fuzz fuzz-all docker servers clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN{FS=":.*## "}{printf "  %-10s %s\n", $$1, $$2}'
@@ -75,12 +75,15 @@ bench-envoy: ## the end-to-end cost through real Envoy (h2load; no filter, each 
 	@./scripts/ensure-servers.sh bench
 	$(GO) run ./tools/benchrun -envoy -stores memory,redis,memcache -d 5s -out docs/BENCHMARKS.md
 
+bench-h2load: servers ## this service side by side with h2load as the gRPC load generator (one key; a no-op server, each store; ANCHOR_BIN=... adds envoyproxy/ratelimit), written to docs/BENCHMARKS.md
+	$(GO) run ./tools/benchrun -h2load -stores memory,redis,memcache -d 5s -out docs/BENCHMARKS.md $(if $(ANCHOR_BIN),-anchor $(ANCHOR_BIN))
+
 bench-tuning: servers ## the gRPC and GC defaults against their alternatives, written to docs/BENCHMARKS.md
 	$(GO) run ./tools/benchrun -out docs/BENCHMARKS.md -stores memory,redis -runs 5 -variants \
 	  'default; no-workers: GRPC_NUM_STREAM_WORKERS=0; no-gc-headroom: GC_HEADROOM_BYTES=0; grpc-go-defaults: GRPC_NUM_STREAM_WORKERS=0 GC_HEADROOM_BYTES=0; shared-write-buffer: GRPC_SHARED_WRITE_BUFFER=true'
 
-bench-overload: servers ## 64 to 4096 calls in flight on Redis and Memcached, with 2s and 20ms deadlines: errors by code, breaker trips, throughput, p50/p99/p99.9 (printed; nothing written)
-	$(GO) run ./tools/benchrun -overload
+bench-overload: servers ## 64 to 4096 calls in flight on Redis and Memcached, with 2s and 20ms deadlines: errors by code, breaker trips, throughput, p50/p99/p99.9 (printed; nothing written; ANCHOR_BIN=... adds envoyproxy/ratelimit)
+	$(GO) run ./tools/benchrun -overload $(if $(ANCHOR_BIN),-anchor $(ANCHOR_BIN))
 
 SOAK_DURATION ?= 2m
 soak: servers ## run the service on Redis under mixed traffic and a store fault every 20 s, for SOAK_DURATION (2m)

@@ -554,7 +554,7 @@ func writeEnvoyReport(o envoyOptions, targets []*envoyTarget, results map[string
 				cpu = append(cpu, theirs[i].cpu["rls"]/ours[i].cpu["rls"])
 				p99 = append(p99, theirs[i].p99-ours[i].p99)
 			}
-			fmt.Fprintf(&b, "| %s | %d | %s | %s | %.0f |\n", tg.store, tg.descs, medianRange(tput), medianRange(cpu), median(p99))
+			fmt.Fprintf(&b, "| %s | %d | %s | %s | %.0f |\n", tg.store, tg.descs, ratioRange(tput), ratioRange(cpu), median(p99))
 		}
 	}
 	b.WriteString("\n")
@@ -563,14 +563,6 @@ func writeEnvoyReport(o envoyOptions, targets []*envoyTarget, results map[string
 		return fmt.Errorf("benchrun: %w", err)
 	}
 	return os.WriteFile(o.out, []byte(replaceBetween(string(doc), envoyStartMarker, envoyEndMarker, b.String())), 0o644)
-}
-
-// medianRange formats the median of xs and its range.
-func medianRange(xs []float64) string {
-	if len(xs) == 0 {
-		return "–"
-	}
-	return fmt.Sprintf("%.2f× (%.2f–%.2f)", median(xs), slices.Min(xs), slices.Max(xs))
 }
 
 // thousands formats a rate with a thousands separator.

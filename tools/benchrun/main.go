@@ -140,6 +140,7 @@ func run(args []string, logw io.Writer) error {
 		envoy     = fs.Bool("envoy", false, "measure the end-to-end cost through real Envoy instead (h2load, no filter against each store, 1 and 3 descriptors); writes its own section of -out")
 		anchor    = fs.String("anchor", os.Getenv("ANCHOR_BIN"), "an envoyproxy/ratelimit `binary` (built by you from its source) to measure beside this service on Redis and Memcached, in the same rounds: the standard scenarios it can run, or through Envoy with -envoy (default $ANCHOR_BIN)")
 		rate      = fs.Int("envoy-rate", 1000, "with -envoy: the fixed request rate of the latency runs")
+		h2grpc    = fs.Bool("h2load", false, "measure the service side by side with h2load as the gRPC load generator instead (one key; a no-op server, each store, and the anchor with -anchor); writes its own section of -out")
 		overload  = fs.Bool("overload", false, "measure the overload steps instead (issue 25): calls in flight per -steps, each with each of -deadlines, on redis and memcache unless -stores says otherwise; prints the table, writes no file")
 		steps     = fs.String("steps", "64,256,1024,4096", "with -overload: comma-separated counts of calls in flight")
 		deadlines = fs.String("deadlines", "2s,20ms", "with -overload: comma-separated caller's deadlines of the calls")
@@ -234,6 +235,25 @@ func run(args []string, logw io.Writer) error {
 		}
 		return runScrapeBench(ctx, *bin, tmp, t.runs, t.duration, logf)
 	}
+	if *h2grpc {
+		start := time.Now()
+		logf := func(format string, args ...any) {
+			fmt.Fprintf(logw, "[%5s] %s\n", time.Since(start).Round(time.Second), fmt.Sprintf(format, args...))
+		}
+		if *bin == "" {
+			*bin = filepath.Join(tmp, "ratelimit")
+			if err := buildService(ctx, *bin); err != nil {
+				return err
+			}
+		}
+		h2stores := slices.DeleteFunc(slices.Clone(storeList), func(s string) bool { return s == "redis-cluster" })
+		err := runH2grpcBench(ctx, h2grpcOptions{anchor: *anchor, bin: *bin, stores: h2stores, runs: t.runs, duration: t.duration,
+			conns: 16, stream: 4, out: *out, command: commandLine(args)}, tmp, logf)
+		if err == nil {
+			logf("benchrun: wrote the h2load tables into %s", *out)
+		}
+		return err
+	}
 	if *envoy {
 		start := time.Now()
 		logf := func(format string, args ...any) {
@@ -278,7 +298,7 @@ func run(args []string, logw io.Writer) error {
 		timing:  t,
 	}
 	if *overload {
-		return runOverloadSteps(ctx, r, overloadFlags{stores: storeList, steps: *steps, deadlines: *deadlines, bin: *bin, dir: tmp})
+		return runOverloadSteps(ctx, r, overloadFlags{stores: storeList, steps: *steps, deadlines: *deadlines, bin: *bin, dir: tmp, anchor: *anchor})
 	}
 	r.logf("benchrun: %s; %d run(s) of %v after %v warm-up per scenario, each paired with a no-op run", rep.machine, t.runs, t.duration, t.warmup)
 
@@ -826,6 +846,11 @@ func serviceEnv(rulesRoot string, ports []int, extra ...string) []string {
 		"RUNTIME_ROOT="+rulesRoot,
 		"RUNTIME_SUBDIRECTORY=",
 		"RUNTIME_APPDIRECTORY=config",
+		// envoyproxy/ratelimit loads no rules at all from a plain
+		// directory with its default RUNTIME_WATCH_ROOT=true and an empty
+		// RUNTIME_SUBDIRECTORY (it then answers OK to every call, without
+		// a store operation); this service loads them either way.
+		"RUNTIME_WATCH_ROOT=false",
 		"LOG_LEVEL=warn",
 		"USE_STATSD=false",
 		"LOCAL_CACHE_SIZE_IN_BYTES=0",
@@ -1135,6 +1160,9 @@ func (r *runner) runStore(ctx context.Context, store, bin, dir string) ([]*row, 
 			return nil, nil, err
 		}
 		defer asvc.stop()
+		if err := checkCall(ctx, asvc.grpcAddr); err != nil {
+			return nil, nil, fmt.Errorf("benchrun: envoyproxy/ratelimit on %s: %w", store, err)
+		}
 		for _, j := range slices.Clone(jobs) {
 			if scenarioAlgorithm(j.sc) != "" || j.sc.nearCache {
 				continue

@@ -32,6 +32,10 @@ import (
 // counted as load_shed) beside those it answers, whose latency stays
 // within the deadline, and still no trip.
 //
+// With -anchor (ANCHOR_BIN), envoyproxy/ratelimit runs on the same store,
+// its rules the same, and each step is measured on it right after this
+// service's, so that the two are compared under the same conditions.
+//
 // The figures depend on the machine and on what else runs on it: the
 // steps are printed, never written into the docs.
 
@@ -48,11 +52,15 @@ type overloadConfig struct {
 	deadlines []time.Duration
 	timing    timing
 	bin, dir  string
+	// anchor is an envoyproxy/ratelimit binary measured beside, or "".
+	anchor string
 }
 
 // overloadRow is one step's result.
 type overloadRow struct {
-	store    string
+	store string
+	// impl is the service measured: this one, or anchorVariant.
+	impl     string
 	c        int
 	deadline time.Duration
 	res      *loadgen.Result
@@ -108,6 +116,7 @@ type overloadFlags struct {
 	stores           []string
 	steps, deadlines string
 	bin, dir         string
+	anchor           string
 }
 
 // runOverloadSteps is benchrun -overload: it builds the service unless
@@ -128,8 +137,15 @@ func runOverloadSteps(ctx context.Context, r *runner, f overloadFlags) error {
 			return err
 		}
 	}
-	cfg := overloadConfig{stores: f.stores, steps: steps, deadlines: deadlines, timing: r.timing, bin: f.bin, dir: f.dir}
+	cfg := overloadConfig{stores: f.stores, steps: steps, deadlines: deadlines, timing: r.timing, bin: f.bin, dir: f.dir, anchor: f.anchor}
 	r.step, r.steps = 0, len(f.stores)*len(steps)*len(deadlines)
+	if f.anchor != "" {
+		for _, st := range f.stores {
+			if anchorStore(st) {
+				r.steps += len(steps) * len(deadlines)
+			}
+		}
+	}
 	r.logf("benchrun: overload steps %v with deadlines %v on %s; %v per step after a %v warm-up",
 		steps, deadlines, strings.Join(f.stores, ", "), r.timing.duration, r.timing.warmup)
 	return r.runOverload(ctx, cfg, os.Stdout)
@@ -168,26 +184,58 @@ func (r *runner) overloadStore(ctx context.Context, store string, cfg overloadCo
 	}
 	defer svc.stop()
 	trips := storeStatPrefix(store) + overloadTripStat
+	impls := []struct {
+		name string
+		svc  *service
+	}{{"", svc}}
+	if cfg.anchor != "" && anchorStore(store) {
+		r.logf("benchrun: starting envoyproxy/ratelimit (%s) on %s", cfg.anchor, store)
+		aroot := filepath.Join(dir, "anchor-rules")
+		if err := writeRules(aroot, rulesHead); err != nil {
+			return nil, err
+		}
+		// Its /healthcheck never says 200 on Memcached.
+		asvc, err := startServiceUntil(ctx, cfg.anchor, "envoyproxy/ratelimit ("+store+")", aroot, store != "memcache", be.env...)
+		if err != nil {
+			return nil, err
+		}
+		defer asvc.stop()
+		if err := checkCall(ctx, asvc.grpcAddr); err != nil {
+			return nil, fmt.Errorf("benchrun: envoyproxy/ratelimit on %s: %w", store, err)
+		}
+		impls = append(impls, struct {
+			name string
+			svc  *service
+		}{anchorVariant, asvc})
+	}
 
 	var rows []overloadRow
 	for _, d := range cfg.deadlines {
 		for _, c := range cfg.steps {
-			r.step++
-			label := fmt.Sprintf("%s: %d in flight, deadline %v", store, c, d)
-			row, err := r.overloadStep(ctx, svc, trips, c, d, cfg.timing)
-			if err != nil {
-				return nil, fmt.Errorf("benchrun: %s: %w", label, err)
-			}
-			row.store = store
-			r.logf("%s: %s", label, overloadSummary(row))
-			rows = append(rows, row)
-			if !svc.running() {
-				return nil, svc.exitError()
+			for _, im := range impls {
+				r.step++
+				label := fmt.Sprintf("%s: %d in flight, deadline %v", store, c, d)
+				if im.name != "" {
+					label = im.name + " on " + label
+				}
+				row, err := r.overloadStep(ctx, im.svc, trips, c, d, cfg.timing)
+				if err != nil {
+					return nil, fmt.Errorf("benchrun: %s: %w", label, err)
+				}
+				row.store, row.impl = store, im.name
+				r.logf("%s: %s", label, overloadSummary(row))
+				rows = append(rows, row)
+				if !im.svc.running() {
+					return nil, im.svc.exitError()
+				}
 			}
 		}
 	}
 	return rows, nil
 }
+
+// anchorStore reports whether envoyproxy/ratelimit runs on store here.
+func anchorStore(store string) bool { return store == "redis" || store == "memcache" }
 
 // storeStatPrefix is the prefix of store's statistics.
 func storeStatPrefix(store string) string {
@@ -299,12 +347,16 @@ func overloadMarkdown(rows []overloadRow, cfg overloadConfig) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "\nOverload steps: %s; %v per step after a %v warm-up; each call with its deadline.\n\n",
 		machineInfo(), cfg.timing.duration, cfg.timing.warmup)
-	b.WriteString("| store | calls in flight | deadline | calls/s | p50 | p99 | p99.9 | answered | errors by code | breaker trips | shed |\n")
-	b.WriteString("|---|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|\n")
+	b.WriteString("| store | service | calls in flight | deadline | calls/s | p50 | p99 | p99.9 | answered | errors by code | breaker trips | shed |\n")
+	b.WriteString("|---|---|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|\n")
 	for _, row := range rows {
 		res := row.res
-		fmt.Fprintf(&b, "| %s | %d | %v | %.0f | %s | %s | %s | %d | %s | %s | %s |\n",
-			row.store, row.c, row.deadline, res.RPS(), loadgen.FormatDuration(res.Latency.P50),
+		impl := row.impl
+		if impl == "" {
+			impl = "this service"
+		}
+		fmt.Fprintf(&b, "| %s | %s | %d | %v | %.0f | %s | %s | %s | %d | %s | %s | %s |\n",
+			row.store, impl, row.c, row.deadline, res.RPS(), loadgen.FormatDuration(res.Latency.P50),
 			loadgen.FormatDuration(res.Latency.P99), loadgen.FormatDuration(res.Latency.P999),
 			res.OK+res.OverLimit, errorsByCode(res.Errors), count(row.trips), count(row.shed))
 	}

@@ -43,9 +43,11 @@ func TestOverloadMarkdown(t *testing.T) {
 	md := overloadMarkdown([]overloadRow{
 		{store: "redis", c: 64, deadline: 2 * time.Second, res: res, trips: 0, shed: 0},
 		{store: "memory", c: 64, deadline: 2 * time.Second, res: res, trips: nan(), shed: 1},
+		{store: "redis", impl: anchorVariant, c: 64, deadline: 2 * time.Second, res: res, trips: nan(), shed: nan()},
 	}, overloadConfig{timing: timing{duration: time.Second}})
 	for _, want := range []string{
-		"| redis | 64 | 2s | 10 |", "| none | 0 | 0 |", "| none | — | 1 |",
+		"| redis | this service | 64 | 2s | 10 |", "| none | 0 | 0 |", "| none | — | 1 |",
+		"| redis | envoyproxy/ratelimit | 64 | 2s | 10 |", "| none | — | — |",
 	} {
 		if !strings.Contains(md, want) {
 			t.Errorf("table lacks %q:\n%s", want, md)
