@@ -34,7 +34,7 @@ NORACE_PKGS = ./examples/kubernetes ./examples/observability
 
 test: servers ## the whole suite with the race detector (installs missing servers)
 	$(GO) vet $(PKGS)
-	$(GO) test -race -count=1 -timeout 12m $$($(GO) list $(PKGS) | grep -v -x -F "$$($(GO) list $(NORACE_PKGS))")
+	$(GO) test -race -count=1 -timeout 20m $$($(GO) list $(PKGS) | grep -v -x -F "$$($(GO) list $(NORACE_PKGS))")
 	$(GO) test -count=1 $(NORACE_PKGS)
 
 test-busy: servers ## the whole suite with two CPU-bound processes beside it (scripts/busy.sh), as on a busy machine
