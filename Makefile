@@ -12,7 +12,7 @@ VERSION  ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev
 # in cmd/ratelimit checks that they agree).
 BUILDFLAGS = -trimpath -ldflags "-s -w -X main.version=$(VERSION)"
 
-.PHONY: help build run test test-busy race unit allocs lint imports check ci bench bench-envoy bench-h2load bench-tuning bench-overload bench-go soak fuzz fuzz-all docker servers clean
+.PHONY: help build run test test-busy test-timing-busy race unit allocs lint imports check ci bench bench-envoy bench-h2load bench-tuning bench-overload bench-go soak fuzz fuzz-all docker servers clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN{FS=":.*## "}{printf "  %-10s %s\n", $$1, $$2}'
@@ -39,6 +39,14 @@ test: servers ## the whole suite with the race detector (installs missing server
 
 test-busy: servers ## the whole suite with two CPU-bound processes beside it (scripts/busy.sh), as on a busy machine
 	./scripts/busy.sh $(MAKE) test
+
+# The packages whose tests lean most on timing (deadlines, breakers,
+# outages, load, shutdown), which CI runs once more on a busy machine.
+TIMING_PKGS = ./src/store/... ./src/server/... ./src/service/...
+TIMING_TESTS = TestFaultsUnderLoad|TestShutdown|TestBreaker
+test-timing-busy: servers ## the timing-sensitive tests beside two CPU-bound processes (what CI adds to make test)
+	./scripts/busy.sh $(GO) test -race -count=1 -timeout 20m $(TIMING_PKGS)
+	./scripts/busy.sh $(GO) test -race -count=1 -timeout 20m -run '$(TIMING_TESTS)' ./integration-test/
 
 race: test ## same as test: the suite always runs with -race
 
