@@ -138,7 +138,7 @@ func (c watchCreds) Clone() credentials.TransportCredentials {
 func (w *stallWatch) watch(c net.Conn) *watchedConn {
 	wc := &watchedConn{
 		Conn: c, w: w,
-		in:      frameParser{skip: len(clientPreface)},
+		in:      frameParser{skip: len(clientPreface), heads: true},
 		initWin: h2DefaultWindow, connWin: h2DefaultWindow,
 		streams: map[uint32]h2Stream{},
 	}
@@ -556,6 +556,9 @@ type frameParser struct {
 	cur  frame
 	left int  // payload bytes of cur still to come
 	keep bool // cur's payload is kept
+	// heads keeps the start of DATA frames (frame.head): the client's
+	// side only, where requests are followed until whole.
+	heads bool
 	// broken is set on a frame the watch cannot follow; it then reads no
 	// more (grpc-go closes such a connection itself).
 	broken bool
@@ -589,7 +592,7 @@ func (fp *frameParser) feed(p []byte, apply func(frame)) {
 		n := min(fp.left, len(p))
 		if fp.keep {
 			fp.cur.payload = append(fp.cur.payload, p[:n]...)
-		} else if fp.cur.typ == frameData && fp.cur.nhead < len(fp.cur.head) {
+		} else if fp.heads && fp.cur.typ == frameData && fp.cur.nhead < len(fp.cur.head) {
 			fp.cur.nhead += copy(fp.cur.head[fp.cur.nhead:], p[:n])
 		}
 		fp.left -= n

@@ -1150,19 +1150,11 @@ func (r *runner) runStore(ctx context.Context, store, bin, dir string) ([]*row, 
 		// same scenarios but the algorithms' and the near cache's, in the
 		// same rounds as the service's.
 		r.logf("benchrun: starting envoyproxy/ratelimit (%s) on %s", r.anchor, store)
-		aroot := filepath.Join(dir, "anchor-rules")
-		if err := writeRules(aroot, rulesHead); err != nil {
-			return nil, nil, err
-		}
-		// Its /healthcheck never says 200 on Memcached.
-		asvc, err := startServiceUntil(ctx, r.anchor, "envoyproxy/ratelimit ("+store+")", aroot, store != "memcache", be.env...)
+		asvc, err := startAnchor(ctx, r.anchor, store, dir, be)
 		if err != nil {
 			return nil, nil, err
 		}
 		defer asvc.stop()
-		if err := checkCall(ctx, asvc.grpcAddr); err != nil {
-			return nil, nil, fmt.Errorf("benchrun: envoyproxy/ratelimit on %s: %w", store, err)
-		}
 		for _, j := range slices.Clone(jobs) {
 			if scenarioAlgorithm(j.sc) != "" || j.sc.nearCache {
 				continue

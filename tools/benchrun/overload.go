@@ -184,29 +184,19 @@ func (r *runner) overloadStore(ctx context.Context, store string, cfg overloadCo
 	}
 	defer svc.stop()
 	trips := storeStatPrefix(store) + overloadTripStat
-	impls := []struct {
-		name string
+	type impl struct {
+		name string // "" for this service
 		svc  *service
-	}{{"", svc}}
+	}
+	impls := []impl{{"", svc}}
 	if cfg.anchor != "" && anchorStore(store) {
 		r.logf("benchrun: starting envoyproxy/ratelimit (%s) on %s", cfg.anchor, store)
-		aroot := filepath.Join(dir, "anchor-rules")
-		if err := writeRules(aroot, rulesHead); err != nil {
-			return nil, err
-		}
-		// Its /healthcheck never says 200 on Memcached.
-		asvc, err := startServiceUntil(ctx, cfg.anchor, "envoyproxy/ratelimit ("+store+")", aroot, store != "memcache", be.env...)
+		asvc, err := startAnchor(ctx, cfg.anchor, store, dir, be)
 		if err != nil {
 			return nil, err
 		}
 		defer asvc.stop()
-		if err := checkCall(ctx, asvc.grpcAddr); err != nil {
-			return nil, fmt.Errorf("benchrun: envoyproxy/ratelimit on %s: %w", store, err)
-		}
-		impls = append(impls, struct {
-			name string
-			svc  *service
-		}{anchorVariant, asvc})
+		impls = append(impls, impl{anchorVariant, asvc})
 	}
 
 	var rows []overloadRow
@@ -232,6 +222,26 @@ func (r *runner) overloadStore(ctx context.Context, store string, cfg overloadCo
 		}
 	}
 	return rows, nil
+}
+
+// startAnchor starts envoyproxy/ratelimit's binary bin on store's servers
+// be, with the standard scenarios' rules (it knows no algorithm but the
+// fixed window) in dir/anchor-rules, and checks that it applies them.
+func startAnchor(ctx context.Context, bin, store, dir string, be *backend) (*service, error) {
+	aroot := filepath.Join(dir, "anchor-rules")
+	if err := writeRules(aroot, rulesHead); err != nil {
+		return nil, err
+	}
+	// Its /healthcheck never says 200 on Memcached.
+	svc, err := startServiceUntil(ctx, bin, anchorVariant+" ("+store+")", aroot, store != "memcache", be.env...)
+	if err != nil {
+		return nil, err
+	}
+	if err := checkCall(ctx, svc.grpcAddr); err != nil {
+		svc.stop()
+		return nil, fmt.Errorf("benchrun: %s on %s: %w", anchorVariant, store, err)
+	}
+	return svc, nil
 }
 
 // anchorStore reports whether envoyproxy/ratelimit runs on store here.
