@@ -200,56 +200,15 @@ func (r *Recorder) Run(ctx context.Context, opts Options, w io.Writer, flush fun
 		buf: make([]byte, 0, 64<<10),
 	}
 	h := Header{Start: r.cfg.Now(), Values: r.cfg.ValuesMode, Seconds: opts.Seconds, Requests: opts.Requests, Domain: opts.Domain}
-	write := func(b []byte) error {
-		if len(b) == 0 {
-			return nil
-		}
-		if _, err := w.Write(b); err != nil {
-			return err
-		}
-		if flush != nil {
-			return flush()
-		}
-		return nil
-	}
+	out := sink{w, flush}
 	// Recording starts before the header goes: a client that has read it
 	// knows that what it sends from then on is recorded.
 	r.cur.Store(s)
-	if err := write(appendHeader(nil, &h)); err != nil {
+	if err := out.write(appendHeader(nil, &h)); err != nil {
 		r.cur.Store(nil)
 		return Summary{}, err
 	}
-	timer := time.NewTimer(time.Duration(opts.Seconds) * time.Second)
-	defer timer.Stop()
-	tick := time.NewTicker(flushEvery)
-	defer tick.Stop()
-	spare := make([]byte, 0, 64<<10)
-	var werr error
-	reason := ""
-loop:
-	for {
-		select {
-		case <-tick.C:
-		case <-s.wake:
-		case <-s.done:
-			break loop
-		case <-timer.C:
-			reason = "seconds"
-			break loop
-		case <-ctx.Done():
-			reason = "client"
-			break loop
-		case <-r.closed:
-			reason = "shutdown"
-			break loop
-		}
-		b := s.take(spare, false)
-		if werr = write(b); werr != nil {
-			reason = "client"
-			break loop
-		}
-		spare = b
-	}
+	reason, spare, werr := r.record(ctx, s, out, time.Duration(opts.Seconds)*time.Second)
 	r.cur.Store(nil)
 	b := s.take(spare, true)
 	s.mu.Lock()
@@ -259,11 +218,62 @@ loop:
 	sum := Summary{End: r.cfg.Now(), Requests: s.requests, Dropped: s.dropped, TooLarge: s.tooLarge, Bytes: s.bytes, Reason: s.reason}
 	s.mu.Unlock()
 	if werr == nil {
-		if werr = write(b); werr == nil {
-			werr = write(appendSummary(nil, &sum))
+		if werr = out.write(b); werr == nil {
+			werr = out.write(appendSummary(nil, &sum))
 		}
 	}
 	return sum, werr
+}
+
+// sink is where a capture goes: w, flushed after each write when flush is
+// not nil.
+type sink struct {
+	w     io.Writer
+	flush func() error
+}
+
+func (k sink) write(b []byte) error {
+	if len(b) == 0 {
+		return nil
+	}
+	if _, err := k.w.Write(b); err != nil {
+		return err
+	}
+	if k.flush != nil {
+		return k.flush()
+	}
+	return nil
+}
+
+// record writes what s records to out as it comes, until s is full (its
+// own reason), seconds pass, ctx or the Recorder ends, or a write fails
+// ("client"). It returns why, the buffer to take the rest into, and the
+// write's error.
+func (r *Recorder) record(ctx context.Context, s *session, out sink, seconds time.Duration) (reason string, spare []byte, werr error) {
+	timer := time.NewTimer(seconds)
+	defer timer.Stop()
+	tick := time.NewTicker(flushEvery)
+	defer tick.Stop()
+	spare = make([]byte, 0, 64<<10)
+	for {
+		select {
+		case <-tick.C:
+		case <-s.wake:
+		case <-s.done:
+			return "", spare, nil
+		case <-timer.C:
+			return "seconds", spare, nil
+		case <-ctx.Done():
+			return "client", spare, nil
+		case <-r.closed:
+			return "shutdown", spare, nil
+		}
+		b := s.take(spare, false)
+		if werr = out.write(b); werr != nil {
+			return "client", spare, werr
+		}
+		spare = b
+	}
 }
 
 // errClosed refuses a capture once the Recorder is closed.

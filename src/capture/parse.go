@@ -345,18 +345,7 @@ func parseRequestLine(line string, req *Request) (isSummary bool, err error) {
 			code = v
 			return err
 		case "codes":
-			return p.array(func(i int) error {
-				v, err := p.str()
-				if err != nil {
-					return err
-				}
-				over, ok := parseCode(v)
-				if !ok {
-					return fmt.Errorf("descriptor %d: code %q (want %s or %s)", i, v, codeOK, codeOverLimit)
-				}
-				codes = append(codes, over)
-				return nil
-			})
+			return p.codes(&codes)
 		case "degraded":
 			v, err := p.boolean()
 			req.Degraded = v
@@ -380,21 +369,43 @@ func parseRequestLine(line string, req *Request) (isSummary bool, err error) {
 	if err != nil {
 		return false, err
 	}
+	return false, req.complete(ns, code)
+}
+
+// codes parses a request's "codes", appending them to codes.
+func (p *parser) codes(codes *[]bool) error {
+	return p.array(func(i int) error {
+		v, err := p.str()
+		if err != nil {
+			return err
+		}
+		over, ok := parseCode(v)
+		if !ok {
+			return fmt.Errorf("descriptor %d: code %q (want %s or %s)", i, v, codeOK, codeOverLimit)
+		}
+		*codes = append(*codes, over)
+		return nil
+	})
+}
+
+// complete checks a request parsed and sets its time, ns, and its answer,
+// code.
+func (req *Request) complete(ns *int64, code string) error {
 	switch {
 	case ns == nil:
-		return false, errors.New(`no "ns": not a request`)
+		return errors.New(`no "ns": not a request`)
 	case *ns <= 0:
-		return false, fmt.Errorf("time %d ns is not after 1970", *ns)
-	case len(codes) != len(descs):
-		return false, fmt.Errorf("%d codes for %d descriptors", len(codes), len(descs))
+		return fmt.Errorf("time %d ns is not after 1970", *ns)
+	case len(req.Codes) != len(req.Descriptors):
+		return fmt.Errorf("%d codes for %d descriptors", len(req.Codes), len(req.Descriptors))
 	}
 	req.Time = time.Unix(0, *ns)
 	over, ok := parseCode(code)
 	if !ok {
-		return false, fmt.Errorf("code %q (want %s or %s)", code, codeOK, codeOverLimit)
+		return fmt.Errorf("code %q (want %s or %s)", code, codeOK, codeOverLimit)
 	}
 	req.OverLimit = over
-	return false, nil
+	return nil
 }
 
 // errSummary stops the parse of a summary line.

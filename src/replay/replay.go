@@ -227,67 +227,11 @@ func (r *run) all(ctx context.Context, rd *capture.Reader) error {
 // read reads the capture, puts it in time order and sends it on in
 // chunks, until its end, an error (sent on the last chunk), or ctx's end.
 func (r *run) read(ctx context.Context, rd *capture.Reader, free <-chan *chunk, ordered chan<- *chunk, toSide []chan *chunk) {
+	f := &feeder{ctx: ctx, reorder: r.cfg.Reorder, free: free, ordered: ordered, toSide: toSide}
 	var pending window
-	var last item // the request sent last
-	var c *chunk
-	send := func(final error) bool {
-		if c == nil {
-			if final == nil {
-				return true
-			}
-			select {
-			case c = <-free:
-				c.items, c.protos = c.items[:0], c.protos[:0]
-			case <-ctx.Done():
-				return false
-			}
-		}
-		c.final = final
-		c.err = [2]error{}
-		c.done.Add(len(toSide))
-		select {
-		case ordered <- c:
-		case <-ctx.Done():
-			return false
-		}
-		for _, ch := range toSide {
-			ch <- c
-		}
-		c = nil
-		return true
-	}
-	next := func(it item) bool {
-		if it.req.Time.Before(last.req.Time) {
-			send(&capture.LineError{Line: it.line, Err: fmt.Errorf("%w: decided at %s, before the request of line %d (%s), replayed already: more than %d requests out of order; sort the capture by \"ns\" first",
-				ErrOrder, it.req.Time.UTC().Format(time.RFC3339Nano), last.line, last.req.Time.UTC().Format(time.RFC3339Nano), r.cfg.Reorder)})
-			return false
-		}
-		last = it
-		if c == nil {
-			select {
-			case c = <-free:
-				c.items, c.protos = c.items[:0], c.protos[:0]
-			case <-ctx.Done():
-				return false
-			}
-		}
-		c.items = append(c.items, it)
-		n := len(c.items) - 1
-		c.protos = c.protos[:n]
-		if n < cap(c.protos) && c.protos[:n+1][n] != nil {
-			c.protos = c.protos[:n+1]
-		} else {
-			c.protos = append(c.protos, &rlsv3.RateLimitRequest{})
-		}
-		fill(c.protos[n], &c.items[n].req)
-		if len(c.items) == chunkSize {
-			return send(nil)
-		}
-		return true
-	}
 	for {
 		if err := ctx.Err(); err != nil {
-			send(err)
+			f.send(err)
 			return
 		}
 		var req capture.Request
@@ -296,20 +240,100 @@ func (r *run) read(ctx context.Context, rd *capture.Reader, free <-chan *chunk, 
 			break
 		}
 		if err != nil {
-			send(err)
+			f.send(err)
 			return
 		}
 		pending.push(item{req: req, line: rd.Line()})
-		if pending.len() > r.cfg.Reorder && !next(pending.pop()) {
+		if pending.len() > r.cfg.Reorder && !f.next(pending.pop()) {
 			return
 		}
 	}
 	for pending.len() > 0 {
-		if !next(pending.pop()) {
+		if !f.next(pending.pop()) {
 			return
 		}
 	}
-	send(nil)
+	f.send(nil)
+}
+
+// feeder fills chunks with requests in time order and sends them on: to
+// Run's goroutine, in order, and to each side.
+type feeder struct {
+	ctx     context.Context
+	reorder int
+	free    <-chan *chunk
+	ordered chan<- *chunk
+	toSide  []chan *chunk
+	last    item   // the request sent last
+	c       *chunk // the chunk being filled, if any
+}
+
+// take makes f.c a free chunk, emptied; false when ctx ends first.
+func (f *feeder) take() bool {
+	select {
+	case f.c = <-f.free:
+		f.c.items, f.c.protos = f.c.items[:0], f.c.protos[:0]
+		return true
+	case <-f.ctx.Done():
+		return false
+	}
+}
+
+// send sends the chunk being filled, with final as the reason the reading
+// stopped (nil: it goes on, or the capture ended); an empty chunk goes
+// only with a reason. It returns false when ctx ended first.
+func (f *feeder) send(final error) bool {
+	if f.c == nil {
+		if final == nil {
+			return true
+		}
+		if !f.take() {
+			return false
+		}
+	}
+	c := f.c
+	c.final = final
+	c.err = [2]error{}
+	c.done.Add(len(f.toSide))
+	select {
+	case f.ordered <- c:
+	case <-f.ctx.Done():
+		return false
+	}
+	for _, ch := range f.toSide {
+		ch <- c
+	}
+	f.c = nil
+	return true
+}
+
+// next adds it, the next request in time order, to the chunk, and sends
+// the chunk once full. A request before the one sent last (further out
+// of order than the window) stops the reading with ErrOrder.
+func (f *feeder) next(it item) bool {
+	if it.req.Time.Before(f.last.req.Time) {
+		f.send(&capture.LineError{Line: it.line, Err: fmt.Errorf("%w: decided at %s, before the request of line %d (%s), replayed already: more than %d requests out of order; sort the capture by \"ns\" first",
+			ErrOrder, it.req.Time.UTC().Format(time.RFC3339Nano), f.last.line, f.last.req.Time.UTC().Format(time.RFC3339Nano), f.reorder)})
+		return false
+	}
+	f.last = it
+	if f.c == nil && !f.take() {
+		return false
+	}
+	c := f.c
+	c.items = append(c.items, it)
+	n := len(c.items) - 1
+	c.protos = c.protos[:n]
+	if n < cap(c.protos) && c.protos[:n+1][n] != nil {
+		c.protos = c.protos[:n+1]
+	} else {
+		c.protos = append(c.protos, &rlsv3.RateLimitRequest{})
+	}
+	fill(c.protos[n], &c.items[n].req)
+	if len(c.items) == chunkSize {
+		return f.send(nil)
+	}
+	return true
 }
 
 // decideChunk has the side decide every request of c, as side k.

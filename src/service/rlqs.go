@@ -169,6 +169,71 @@ type streamBucket struct {
 
 // NewQuota returns a Quota service counting into reg.
 func NewQuota(reg *stats.Registry, cfg QuotaConfig) *Quota {
+	cfg.setDefaults()
+	q := &Quota{
+		cfg:            cfg,
+		closing:        make(chan struct{}),
+		pools:          map[poolKey]*quotaPool{},
+		streams:        map[uint64]*quotaStream{},
+		reports:        reg.Counter("ratelimit.rlqs.reports"),
+		noRule:         reg.Counter("ratelimit.rlqs.no_rule"),
+		refused:        reg.Counter("ratelimit.rlqs.buckets_refused"),
+		refusedStreams: reg.Counter("ratelimit.rlqs.streams_refused"),
+		invalid:        reg.Counter("ratelimit.rlqs.invalid_reports"),
+		reg:            reg,
+		ruleStats:      map[string]*ruleTotals{},
+	}
+	if cfg.Share != nil {
+		q.shareThroughStore(reg)
+	}
+	reg.GaugeFunc("ratelimit.rlqs.streams", func() int64 {
+		q.mu.Lock()
+		defer q.mu.Unlock()
+		return int64(len(q.streams))
+	})
+	reg.GaugeFunc("ratelimit.rlqs.subscriptions", func() int64 {
+		q.mu.Lock()
+		defer q.mu.Unlock()
+		return int64(q.subs)
+	})
+	return q
+}
+
+// shareThroughStore sets q up to share its pools with the other replicas
+// through cfg.Share.
+func (q *Quota) shareThroughStore(reg *stats.Registry) {
+	if q.cfg.Replica == 0 || q.cfg.Replica >= 1<<31 {
+		q.cfg.Replica = newReplica()
+	}
+	q.idBase = uint64(q.cfg.Replica) << 32
+	q.nextID = q.idBase
+	q.share = &shareState{
+		replica: strconv.FormatUint(uint64(q.cfg.Replica), 10),
+		// Longer than any grant lives, and than a lease: a pool
+		// nobody writes to is gone after that.
+		keep:       4 * (q.cfg.Pool.TTL + q.cfg.Pool.Settle),
+		lastOK:     q.cfg.Now(),
+		errors:     reg.Counter("ratelimit.rlqs.shared.errors"),
+		takeovers:  reg.Counter("ratelimit.rlqs.shared.takeovers"),
+		late:       reg.Counter("ratelimit.rlqs.shared.late_assignments"),
+		badRecords: reg.Counter("ratelimit.rlqs.shared.bad_records"),
+	}
+	q.cfg.Log.Info("quota service: the pools are shared with the other replicas through the store", "replica", q.cfg.Replica)
+	reg.GaugeFunc("ratelimit.rlqs.shared.owned", func() int64 {
+		q.mu.Lock()
+		defer q.mu.Unlock()
+		n := 0
+		for _, qp := range q.pools {
+			if qp.sh != nil && qp.sh.owned {
+				n++
+			}
+		}
+		return int64(n)
+	})
+}
+
+// setDefaults fills the settings left zero.
+func (cfg *QuotaConfig) setDefaults() {
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}
@@ -193,61 +258,6 @@ func NewQuota(reg *stats.Registry, cfg QuotaConfig) *Quota {
 	if cfg.Share != nil && cfg.Pool.Settle <= 0 {
 		cfg.Pool.Settle = sharedSettle
 	}
-	q := &Quota{
-		cfg:            cfg,
-		closing:        make(chan struct{}),
-		pools:          map[poolKey]*quotaPool{},
-		streams:        map[uint64]*quotaStream{},
-		reports:        reg.Counter("ratelimit.rlqs.reports"),
-		noRule:         reg.Counter("ratelimit.rlqs.no_rule"),
-		refused:        reg.Counter("ratelimit.rlqs.buckets_refused"),
-		refusedStreams: reg.Counter("ratelimit.rlqs.streams_refused"),
-		invalid:        reg.Counter("ratelimit.rlqs.invalid_reports"),
-		reg:            reg,
-		ruleStats:      map[string]*ruleTotals{},
-	}
-	if cfg.Share != nil {
-		if cfg.Replica == 0 || cfg.Replica >= 1<<31 {
-			cfg.Replica = newReplica()
-			q.cfg.Replica = cfg.Replica
-		}
-		q.idBase = uint64(cfg.Replica) << 32
-		q.nextID = q.idBase
-		q.share = &shareState{
-			replica: strconv.FormatUint(uint64(cfg.Replica), 10),
-			// Longer than any grant lives, and than a lease: a pool
-			// nobody writes to is gone after that.
-			keep:       4 * (cfg.Pool.TTL + cfg.Pool.Settle),
-			lastOK:     cfg.Now(),
-			errors:     reg.Counter("ratelimit.rlqs.shared.errors"),
-			takeovers:  reg.Counter("ratelimit.rlqs.shared.takeovers"),
-			late:       reg.Counter("ratelimit.rlqs.shared.late_assignments"),
-			badRecords: reg.Counter("ratelimit.rlqs.shared.bad_records"),
-		}
-		cfg.Log.Info("quota service: the pools are shared with the other replicas through the store", "replica", cfg.Replica)
-		reg.GaugeFunc("ratelimit.rlqs.shared.owned", func() int64 {
-			q.mu.Lock()
-			defer q.mu.Unlock()
-			n := 0
-			for _, qp := range q.pools {
-				if qp.sh != nil && qp.sh.owned {
-					n++
-				}
-			}
-			return int64(n)
-		})
-	}
-	reg.GaugeFunc("ratelimit.rlqs.streams", func() int64 {
-		q.mu.Lock()
-		defer q.mu.Unlock()
-		return int64(len(q.streams))
-	})
-	reg.GaugeFunc("ratelimit.rlqs.subscriptions", func() int64 {
-		q.mu.Lock()
-		defer q.mu.Unlock()
-		return int64(q.subs)
-	})
-	return q
 }
 
 // SetRules publishes new rules. Pools whose rule changed take the new

@@ -285,49 +285,71 @@ func testShadowCounts(t *testing.T, store limiter.Store, stop bool) {
       - {unit: minute, requests_per_unit: 10, shadow_mode: true}
       - {unit: day, requests_per_unit: 2, shadow_mode: true, name: strict}
 `)
-	lim := limits["user"]
-	l := limiter.New(store, limiter.Config{StopIncrementWhenOverLimit: stop})
-	now := base.Add(10 * time.Second)
-	check := func(user string, hits uint64, other string) (limiter.Status, []limiter.Status) {
-		t.Helper()
-		each := make([]limiter.Status, 3)
-		ds := []limiter.Descriptor{{Entries: []rules.Entry{{Key: "user", Value: user}}, Limit: lim, Hits: hits, Each: each}}
-		if other != "" {
-			o := []rules.Entry{{Key: other, Value: user}}
-			ds = append(ds, limiter.Descriptor{Entries: o, Limit: limits[other], Hits: hits})
-		}
-		out := make([]limiter.Status, len(ds))
-		if err := l.Check(t.Context(), domain, now, ds, out); err != nil {
-			t.Fatal(err)
-		}
-		return out[0], each
-	}
-	// read says what each limit holds: OK with Remaining while within
-	// it, OverLimit past it (a read of a count at its limit is OK with 0
-	// left).
-	type held struct {
-		code      limiter.Code
-		remaining uint32
-	}
-	read := func(user string) [3]held {
-		t.Helper()
-		_, each := check(user, 0, "")
-		var h [3]held
-		for k := range each {
-			h[k] = held{each[k].Code, each[k].Remaining}
-		}
-		return h
-	}
+	f := &shadowFixture{t: t, domain: domain, limits: limits, lim: limits["user"],
+		l: limiter.New(store, limiter.Config{StopIncrementWhenOverLimit: stop}), now: base.Add(10 * time.Second)}
+	f.fiveHits(stop)
+	f.besideRefused(stop)
+	f.besideAdmitted(stop)
+}
 
-	// Five hits at once, one descriptor. The descriptor's decisions are
-	// A's alone; C would refuse from the third hit.
+// shadowFixture checks testShadowCounts's limits: A (enforced, 3 a
+// minute), B (shadow, 10 a minute) and C (shadow, 2 a day) on "user", and
+// "block" and "free" beside them.
+type shadowFixture struct {
+	t      *testing.T
+	domain string
+	limits map[string]*rules.Limit
+	lim    *rules.Limit
+	l      *limiter.Limiter
+	now    time.Time
+}
+
+// held is what a limit holds: OK with Remaining while within it,
+// OverLimit past it (a read of a count at its limit is OK with 0 left).
+type held struct {
+	code      limiter.Code
+	remaining uint32
+}
+
+// check sends hits for user, with a descriptor of key other beside it
+// when other is not empty; it returns the user's status and each limit's.
+func (f *shadowFixture) check(user string, hits uint64, other string) (limiter.Status, []limiter.Status) {
+	f.t.Helper()
+	each := make([]limiter.Status, 3)
+	ds := []limiter.Descriptor{{Entries: []rules.Entry{{Key: "user", Value: user}}, Limit: f.lim, Hits: hits, Each: each}}
+	if other != "" {
+		o := []rules.Entry{{Key: other, Value: user}}
+		ds = append(ds, limiter.Descriptor{Entries: o, Limit: f.limits[other], Hits: hits})
+	}
+	out := make([]limiter.Status, len(ds))
+	if err := f.l.Check(f.t.Context(), f.domain, f.now, ds, out); err != nil {
+		f.t.Fatal(err)
+	}
+	return out[0], each
+}
+
+// read says what each limit holds for user.
+func (f *shadowFixture) read(user string) [3]held {
+	f.t.Helper()
+	_, each := f.check(user, 0, "")
+	var h [3]held
+	for k := range each {
+		h[k] = held{each[k].Code, each[k].Remaining}
+	}
+	return h
+}
+
+// fiveHits: five hits at once, one descriptor. The descriptor's decisions
+// are A's alone; C would refuse from the third hit.
+func (f *shadowFixture) fiveHits(stop bool) {
+	t := f.t
 	for i := range 5 {
-		st, each := check("x", 1, "")
+		st, each := f.check("x", 1, "")
 		wantCode := limiter.OK
 		if i >= 3 {
 			wantCode = limiter.OverLimit
 		}
-		if st.Code != wantCode || st.Limit != lim.Limits[0] {
+		if st.Code != wantCode || st.Limit != f.lim.Limits[0] {
 			t.Errorf("hit %d: %+v, want %v decided by the enforced limit", i+1, st, wantCode)
 		}
 		if each[1].Code != limiter.OK || each[1].Counts.ShadowOverLimit != 0 {
@@ -346,38 +368,42 @@ func testShadowCounts(t *testing.T, store limiter.Store, stop bool) {
 	if stop {
 		want = [3]held{{limiter.OK, 0}, {limiter.OK, 5}, {limiter.OK, 0}}
 	}
-	if got := read("x"); got != want {
+	if got := f.read("x"); got != want {
 		t.Errorf("after 5 hits the limits hold %+v, want %+v", got, want)
 	}
+}
 
-	// Three requests that a second descriptor, always over its limit,
-	// makes over the limit: with stop_increment A records none of them,
-	// while B and C record what they admit themselves.
+// besideRefused: three requests that a second descriptor, always over its
+// limit, makes over the limit: with stop_increment A records none of
+// them, while B and C record what they admit themselves.
+func (f *shadowFixture) besideRefused(stop bool) {
 	for range 3 {
-		check("y", 1, "block")
+		f.check("y", 1, "block")
 	}
-	want = [3]held{{limiter.OK, 0}, {limiter.OK, 7}, {limiter.OverLimit, 0}}
+	want := [3]held{{limiter.OK, 0}, {limiter.OK, 7}, {limiter.OverLimit, 0}}
 	if stop {
 		want = [3]held{{limiter.OK, 3}, {limiter.OK, 7}, {limiter.OK, 0}}
 	}
-	if got := read("y"); got != want {
-		t.Errorf("after 3 requests refused by another descriptor the limits hold %+v, want %+v", got, want)
+	if got := f.read("y"); got != want {
+		f.t.Errorf("after 3 requests refused by another descriptor the limits hold %+v, want %+v", got, want)
 	}
+}
 
-	// Three requests beside a second descriptor within its limit: C
-	// would refuse the third, which A and the other descriptor admit and
-	// record all the same.
+// besideAdmitted: three requests beside a second descriptor within its
+// limit: C would refuse the third, which A and the other descriptor admit
+// and record all the same.
+func (f *shadowFixture) besideAdmitted(stop bool) {
 	for i := range 3 {
-		if st, _ := check("z", 1, "free"); st.Code != limiter.OK {
-			t.Errorf("request %d beside a descriptor within its limit: %+v, want OK", i+1, st)
+		if st, _ := f.check("z", 1, "free"); st.Code != limiter.OK {
+			f.t.Errorf("request %d beside a descriptor within its limit: %+v, want OK", i+1, st)
 		}
 	}
-	want = [3]held{{limiter.OK, 0}, {limiter.OK, 7}, {limiter.OverLimit, 0}}
+	want := [3]held{{limiter.OK, 0}, {limiter.OK, 7}, {limiter.OverLimit, 0}}
 	if stop {
 		want = [3]held{{limiter.OK, 0}, {limiter.OK, 7}, {limiter.OK, 0}}
 	}
-	if got := read("z"); got != want {
-		t.Errorf("after 3 requests a shadow limit would refuse once, the limits hold %+v, want %+v", got, want)
+	if got := f.read("z"); got != want {
+		f.t.Errorf("after 3 requests a shadow limit would refuse once, the limits hold %+v, want %+v", got, want)
 	}
 }
 

@@ -180,53 +180,10 @@ func over(before, after, remaining uint64, reset time.Duration) limiter.Result {
 // scenarios returns algorithm a's cases. The steps start at base + 10 s
 // unless a says otherwise, so fixed windows reset 50 s later.
 func scenarios(a rules.Algorithm) []scenario {
-	const s, ms = time.Second, time.Millisecond
-	perMinute := func(n uint32) rules.Limit {
-		return rules.Limit{RequestsPerUnit: n, Unit: rules.Minute, UnitMultiplier: 1, Algorithm: a}
-	}
-	perSecond := func(n uint32) rules.Limit {
-		return rules.Limit{RequestsPerUnit: n, Unit: rules.Second, UnitMultiplier: 1, Algorithm: a}
-	}
-	// reset is each algorithm's ResetAfter after n of limit hits at once,
-	// 10 s into a minute window.
-	reset := func(n, limit uint64) time.Duration {
-		switch a {
-		case rules.FixedWindow:
-			return 50 * s
-		case rules.SlidingWindow:
-			if n < limit {
-				return 0
-			}
-			// Curr = limit: one more fits once the previous window weighs
-			// (limit-1)/limit, in the next window.
-			w := uint64(60_000_000)
-			rmax := (limit - 1) * 1_000_000 / limit * w / 1_000_000
-			return time.Duration(50_000_000+w-rmax) * time.Microsecond
-		case rules.SlidingLog:
-			if n == 0 {
-				return 0
-			}
-			return 60 * s
-		default: // token bucket: n tokens at one per 60/limit s
-			return time.Duration(n) * time.Minute / time.Duration(limit)
-		}
-	}
-	// overRemaining is Remaining after a refused op when count hits were
-	// admitted of limit: fixed windows record the refused hits.
-	overRemaining := func(count, limit uint64) uint64 {
-		if a == rules.FixedWindow {
-			return 0
-		}
-		return limit - count
-	}
-	// afterOver is the count after a refused op of hits.
-	afterOver := func(count, hits uint64) uint64 {
-		if a == rules.FixedWindow {
-			return count + hits
-		}
-		return count
-	}
-
+	const s = time.Second
+	f := figures{a}
+	perMinute, perSecond := f.perMinute, f.perSecond
+	reset, overRemaining, afterOver := f.reset, f.overRemaining, f.afterOver
 	scs := []scenario{
 		{name: "admits_to_limit", limit: perMinute(3), steps: []step{
 			{hits: 1, want: ok(0, 1, 2, reset(1, 3))},
@@ -264,21 +221,79 @@ func scenarios(a rules.Algorithm) []scenario {
 			{at: 2 * s, hits: 3, want: ok(0, 3, 0, rollReset(a, 3))},
 		}},
 	}
-	// Exact Remaining and ResetAfter as time passes: the table of
-	// algorithm.go, one case per algorithm.
-	var exact scenario
-	exact.batchOnly = true
-	exact.name = "remaining_and_reset"
-	switch a {
+	return append(scs, f.exact()...)
+}
+
+// figures are an algorithm's expected figures, for the tables.
+type figures struct{ a rules.Algorithm }
+
+func (f figures) perMinute(n uint32) rules.Limit {
+	return rules.Limit{RequestsPerUnit: n, Unit: rules.Minute, UnitMultiplier: 1, Algorithm: f.a}
+}
+
+func (f figures) perSecond(n uint32) rules.Limit {
+	return rules.Limit{RequestsPerUnit: n, Unit: rules.Second, UnitMultiplier: 1, Algorithm: f.a}
+}
+
+// reset is the algorithm's ResetAfter after n of limit hits at once, 10 s
+// into a minute window.
+func (f figures) reset(n, limit uint64) time.Duration {
+	switch f.a {
 	case rules.FixedWindow:
-		exact.limit = perMinute(10)
+		return 50 * time.Second
+	case rules.SlidingWindow:
+		if n < limit {
+			return 0
+		}
+		// Curr = limit: one more fits once the previous window weighs
+		// (limit-1)/limit, in the next window.
+		w := uint64(60_000_000)
+		rmax := (limit - 1) * 1_000_000 / limit * w / 1_000_000
+		return time.Duration(50_000_000+w-rmax) * time.Microsecond
+	case rules.SlidingLog:
+		if n == 0 {
+			return 0
+		}
+		return time.Minute
+	default: // token bucket: n tokens at one per 60/limit s
+		return time.Duration(n) * time.Minute / time.Duration(limit)
+	}
+}
+
+// overRemaining is Remaining after a refused op when count hits were
+// admitted of limit: fixed windows record the refused hits.
+func (f figures) overRemaining(count, limit uint64) uint64 {
+	if f.a == rules.FixedWindow {
+		return 0
+	}
+	return limit - count
+}
+
+// afterOver is the count after a refused op of hits.
+func (f figures) afterOver(count, hits uint64) uint64 {
+	if f.a == rules.FixedWindow {
+		return count + hits
+	}
+	return count
+}
+
+// exact are the scenarios of exact Remaining and ResetAfter as time
+// passes: the table of algorithm.go, one case per algorithm (and the
+// token bucket's burst).
+func (f figures) exact() []scenario {
+	const s, ms = time.Second, time.Millisecond
+	exact := scenario{name: "remaining_and_reset", batchOnly: true}
+	var more []scenario
+	switch f.a {
+	case rules.FixedWindow:
+		exact.limit = f.perMinute(10)
 		exact.steps = []step{
 			{at: 5 * s, hits: 9, want: ok(0, 9, 1, 55*s)},
 			{at: 59*s + 900*ms, hits: 2, want: over(9, 11, 0, 1*s)},
 			{at: 60 * s, hits: 1, want: ok(0, 1, 9, 60*s)},
 		}
 	case rules.SlidingWindow:
-		exact.limit = perMinute(10)
+		exact.limit = f.perMinute(10)
 		exact.steps = []step{
 			{at: 0, hits: 10, want: ok(0, 10, 0, 66*s)},
 			{at: 30 * s, hits: 1, want: over(10, 11, 0, 36*s)},
@@ -288,7 +303,7 @@ func scenarios(a rules.Algorithm) []scenario {
 			{at: 300 * s, hits: 0, want: ok(0, 0, 10, 0)},
 		}
 	case rules.SlidingLog:
-		exact.limit = perMinute(3)
+		exact.limit = f.perMinute(3)
 		exact.steps = []step{
 			{at: 0, hits: 1, want: ok(0, 1, 2, 60*s)},
 			{at: 10 * s, hits: 1, want: ok(1, 2, 1, 50*s)},
@@ -298,7 +313,7 @@ func scenarios(a rules.Algorithm) []scenario {
 			{at: 200 * s, hits: 0, want: ok(0, 0, 3, 0)},
 		}
 	case rules.TokenBucket:
-		exact.limit = perMinute(60)
+		exact.limit = f.perMinute(60)
 		exact.steps = []step{
 			{at: 0, hits: 10, want: ok(0, 10, 50, 10*s)},
 			{at: 5 * s, hits: 55, want: ok(5, 60, 0, 60*s)},
@@ -306,15 +321,15 @@ func scenarios(a rules.Algorithm) []scenario {
 			{at: 6 * s, hits: 1, want: ok(59, 60, 0, 60*s)},
 			{at: 100 * s, hits: 0, want: ok(0, 0, 60, 0)},
 		}
-		burst := perSecond(10)
+		burst := f.perSecond(10)
 		burst.Burst = 1
-		scs = append(scs, scenario{name: "burst_1_spaces_hits", limit: burst, batchOnly: true, steps: []step{
+		more = append(more, scenario{name: "burst_1_spaces_hits", limit: burst, batchOnly: true, steps: []step{
 			{at: 0, hits: 1, want: ok(0, 1, 0, 100*ms)},
 			{at: 50 * ms, hits: 1, want: over(1, 2, 0, 50*ms)},
 			{at: 100 * ms, hits: 1, want: ok(0, 1, 0, 100*ms)},
 		}})
 	}
-	return append(scs, exact)
+	return append(more, exact)
 }
 
 func limitZeroReset(a rules.Algorithm) time.Duration {
