@@ -6,6 +6,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"flag"
 	"fmt"
 	"io"
 	"net"
@@ -30,7 +31,25 @@ import (
 // buildDir.
 var binary, buildDir string
 
+// parallelTests is how many tests marked parallel run at once, unless
+// -parallel says otherwise. They run after the others, alone, and are
+// long tests that spend most of their time waiting (real Envoys' quota
+// rounds, store floods against a cap, stalled clients, a browser):
+// more at once than the 2 of a 2-core machine's default takes minutes off
+// the suite. The tests whose bounds depend on the machine's pace
+// (deadlines, breakers, load, shutdown) are not among them.
+const parallelTests = 6
+
 func TestMain(m *testing.M) {
+	flag.Parse()
+	set := false
+	flag.Visit(func(f *flag.Flag) { set = set || f.Name == "test.parallel" })
+	if !set {
+		if err := flag.Set("test.parallel", strconv.Itoa(parallelTests)); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			os.Exit(1)
+		}
+	}
 	dir, err := os.MkdirTemp("", "ratelimit-it")
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
