@@ -25,6 +25,8 @@ import (
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
+
+	"github.com/ratelimitd/ratelimit/src/store/storetest"
 )
 
 // binary is the service built once for the whole package, with -race, in
@@ -339,9 +341,18 @@ func (p *proc) wait(t *testing.T, within time.Duration) int {
 	return p.cmd.ProcessState.ExitCode()
 }
 
+// signal sends sig to the service; with SIGSTOP it returns once the
+// service has stopped (storetest.Freeze), so that it answers nothing sent
+// afterwards.
 func (p *proc) signal(t *testing.T, sig syscall.Signal) {
 	t.Helper()
-	if err := p.cmd.Process.Signal(sig); err != nil {
+	var err error
+	if sig == syscall.SIGSTOP {
+		err = storetest.Freeze(p.cmd.Process)
+	} else {
+		err = p.cmd.Process.Signal(sig)
+	}
+	if err != nil {
 		t.Fatal(err)
 	}
 }

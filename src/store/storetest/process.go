@@ -118,24 +118,33 @@ func (p *proc) killLocked() {
 }
 
 // signal sends sig to the process; it fails when none is running. With
-// SIGSTOP it returns once every thread of the process has stopped (as far
-// as /proc tells), so that the process answers nothing sent afterwards.
+// SIGSTOP it returns once every thread of the process has stopped (see
+// Freeze).
 func (p *proc) signal(sig syscall.Signal) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.cmd == nil {
 		return errors.New("storetest: no process to signal")
 	}
-	if err := p.cmd.Process.Signal(sig); err != nil {
+	if sig == syscall.SIGSTOP {
+		return Freeze(p.cmd.Process)
+	}
+	return p.cmd.Process.Signal(sig)
+}
+
+// Freeze sends SIGSTOP to process and returns once every thread of it has
+// stopped, as far as /proc tells. The kernel stops a process's threads
+// only once one of them has taken the signal, which on a busy machine can
+// be milliseconds after the signal was sent; meanwhile the others still
+// answer what they are sent.
+func Freeze(process *os.Process) error {
+	if err := process.Signal(syscall.SIGSTOP); err != nil {
 		return err
 	}
-	if sig != syscall.SIGSTOP {
-		return nil
-	}
 	deadline := time.Now().Add(readyTimeout)
-	for !stopped(p.cmd.Process.Pid) {
+	for !stopped(process.Pid) {
 		if time.Now().After(deadline) {
-			return fmt.Errorf("storetest: process %d not stopped after %v", p.cmd.Process.Pid, readyTimeout)
+			return fmt.Errorf("storetest: process %d not stopped after %v", process.Pid, readyTimeout)
 		}
 		time.Sleep(time.Millisecond)
 	}
