@@ -39,7 +39,9 @@ var binary, buildDir string
 // rounds, store floods against a cap, stalled clients, a browser):
 // more at once than the 2 of a 2-core machine's default takes minutes off
 // the suite. The tests whose bounds depend on the machine's pace
-// (deadlines, breakers, load, shutdown) are not among them.
+// (deadlines, breakers, load, shutdown) are not among them, and the
+// real-Envoy quota runs take two places at most among themselves
+// (quotaRuns).
 const parallelTests = 6
 
 func TestMain(m *testing.M) {

@@ -358,6 +358,23 @@ func (b quotaBound) check(t *testing.T, loads []*quotaLoad, end time.Duration) {
 	t.Logf("worst window: %s (%.2f of the bound); longest answer %v", worstAt, worst, lat)
 }
 
+// quotaRuns holds a place for each of the real-Envoy quota runs under
+// way: two at most. They measure admitted rates in 10 s windows against
+// their fair shares, and with more of them at once (each two or three
+// Envoys, the service, a load generator) beside the other parallel tests
+// on a busy two-core machine, Envoy answered a request after up to 3 s
+// and used half its share.
+var quotaRuns = make(chan struct{}, 2)
+
+// oneOfTwoQuotaRuns waits for a place among the quota runs and holds it
+// until t ends. A test waiting here holds its parallel slot, which is no
+// deadlock: the places are held by tests that run.
+func oneOfTwoQuotaRuns(t *testing.T) {
+	t.Helper()
+	quotaRuns <- struct{}{}
+	t.Cleanup(func() { <-quotaRuns })
+}
+
 // TestRLQSRealEnvoysShareFairly: two Envoys with different loads of one
 // tenant split its 20/s max-min fairly; a third joins and the split
 // follows; one leaves and its share goes to the others once its lease has
@@ -365,6 +382,7 @@ func (b quotaBound) check(t *testing.T, loads []*quotaLoad, end time.Duration) {
 // together, stay within the bound.
 func TestRLQSRealEnvoysShareFairly(t *testing.T) {
 	t.Parallel()
+	oneOfTwoQuotaRuns(t)
 	p := startQuotaService(t, exampleQuotaRules(t))
 	up := startUpstream(t)
 	envA, addrA := startQuotaEnvoy(t, p, up)
@@ -448,6 +466,7 @@ func TestRLQSRealEnvoysShareFairly(t *testing.T) {
 // included, and the split is fair again after it.
 func TestRLQSRestartKeepsLeases(t *testing.T) {
 	t.Parallel()
+	oneOfTwoQuotaRuns(t)
 	const rules = `domain: web
 quota_buckets:
   - bucket: {name: api, tenant: "*"}

@@ -142,6 +142,7 @@ func TestRLQSReplicasShareAndSurviveAKill(t *testing.T) {
 }
 
 func testRLQSReplicas(t *testing.T, n int, killOwner bool) {
+	oneOfTwoQuotaRuns(t)
 	r := storetest.StartRedis(t, storetest.RedisOptions{})
 	rules := exampleQuotaRules(t)
 	reps := make([]*proc, n)
