@@ -34,15 +34,67 @@ import (
 var binary, buildDir string
 
 // parallelTests is how many tests marked parallel run at once, unless
-// -parallel says otherwise. They run after the others, alone, and are
-// long tests that spend most of their time waiting (real Envoys' quota
-// rounds, store floods against a cap, stalled clients, a browser):
-// more at once than the 2 of a 2-core machine's default takes minutes off
-// the suite. The tests whose bounds depend on the machine's pace
-// (deadlines, breakers, load, shutdown) are not among them, and the
-// real-Envoy quota runs take two places at most among themselves
-// (quotaRuns).
-const parallelTests = 6
+// -parallel says otherwise. They run after the others, and are long
+// tests that spend much of their time waiting (real Envoys' quota rounds,
+// store floods against a cap, stalled clients, a browser): more at once
+// than the 2 of a 2-core machine's default takes minutes off the suite.
+// The tests whose bounds depend on the machine's pace (deadlines,
+// breakers, load, shutdown) are not among them; the quota runs and the
+// tests that keep the cores busy take turns (apart), and the quota runs
+// are two at most (quotaRuns). The places are many because tests waiting
+// for their turn hold theirs.
+const parallelTests = 10
+
+// apart keeps two groups of parallel tests from running at the same time:
+// the real-Envoy quota runs, whose fair shares need Envoy to keep up, and
+// the tests that keep the cores busy for seconds (floods, large messages,
+// the browser). Within a group, tests run together.
+var apart groups
+
+// The groups of apart.
+const (
+	quotaGroup = iota + 1
+	busyGroup
+)
+
+// groups lets the tests of one group at a time run.
+type groups struct {
+	mu      sync.Mutex
+	changed *sync.Cond
+	group   int // the group running, 0 for none
+	running int
+}
+
+// enter waits until no test of another group runs, and holds the place of
+// t in group until t ends.
+func (g *groups) enter(t *testing.T, group int) {
+	g.mu.Lock()
+	if g.changed == nil {
+		g.changed = sync.NewCond(&g.mu)
+	}
+	for g.running > 0 && g.group != group {
+		g.changed.Wait()
+	}
+	g.group = group
+	g.running++
+	g.mu.Unlock()
+	t.Cleanup(func() {
+		g.mu.Lock()
+		defer g.mu.Unlock()
+		if g.running--; g.running == 0 {
+			g.group = 0
+			g.changed.Broadcast()
+		}
+	})
+}
+
+// busyParallel marks t as a parallel test that keeps the cores busy: it
+// runs after the others and apart from the quota runs.
+func busyParallel(t *testing.T) {
+	t.Helper()
+	t.Parallel()
+	apart.enter(t, busyGroup)
+}
 
 func TestMain(m *testing.M) {
 	flag.Parse()

@@ -361,16 +361,17 @@ func (b quotaBound) check(t *testing.T, loads []*quotaLoad, end time.Duration) {
 // quotaRuns holds a place for each of the real-Envoy quota runs under
 // way: two at most. They measure admitted rates in 10 s windows against
 // their fair shares, and with more of them at once (each two or three
-// Envoys, the service, a load generator) beside the other parallel tests
-// on a busy two-core machine, Envoy answered a request after up to 3 s
-// and used half its share.
+// Envoys, the service, a load generator) on a busy two-core machine,
+// Envoy answered a request after up to 3 s and used half its share.
 var quotaRuns = make(chan struct{}, 2)
 
-// oneOfTwoQuotaRuns waits for a place among the quota runs and holds it
-// until t ends. A test waiting here holds its parallel slot, which is no
-// deadlock: the places are held by tests that run.
+// oneOfTwoQuotaRuns waits until no test that keeps the cores busy runs
+// (apart) and a place among the quota runs is free, and holds both until
+// t ends. A test waiting here holds its parallel slot, which is no
+// deadlock: what it waits for is held by tests that run.
 func oneOfTwoQuotaRuns(t *testing.T) {
 	t.Helper()
+	apart.enter(t, quotaGroup)
 	quotaRuns <- struct{}{}
 	t.Cleanup(func() { <-quotaRuns })
 }

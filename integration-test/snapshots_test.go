@@ -34,7 +34,7 @@ func (p *proc) heapAfterGC(t *testing.T) int64 {
 // was after the first fifty. The live view used to keep every replaced
 // snapshot alive (49 -> 306 MB).
 func TestSnapshotsAreNotKept(t *testing.T) {
-	t.Parallel() // one of the long tests that mostly wait: see TestMain
+	busyParallel(t)
 	xds := xdstest.Start(t, xdstest.Options{})
 	snapshot := func(i int) *rlsconfv3.RateLimitConfig {
 		cfg := &rlsconfv3.RateLimitConfig{Name: "web", Domain: "web"}

@@ -36,7 +36,7 @@ func (p *proc) liveHeap(t *testing.T) int64 {
 // (4096), connections being closed from the one holding the most, and a
 // connection that lets no answer out for 10 s is closed.
 func TestUnreadableAnswersAreBounded(t *testing.T) {
-	t.Parallel() // one of the long tests that mostly wait: see TestMain
+	busyParallel(t)
 	const conns, calls = 32, 1024
 	p := launchWith(t, launchOpts{binary: plainBinary(t)}, map[string]string{"web.yaml": webRules})
 	p.waitHealth(t, http.StatusOK)

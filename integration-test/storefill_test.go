@@ -107,7 +107,7 @@ func fills(t *testing.T, p *proc, prefix string, capBytes, evicting int64) fill 
 // need memory are refused, ResourceExhausted for those requests, never
 // OK, never an outage. Before, the service said nothing of the policy.
 func TestRedisFills(t *testing.T) {
-	t.Parallel() // one of the long tests that mostly wait: see TestMain
+	busyParallel(t)
 	const capBytes = 2 << 20
 	redis := func(t *testing.T, policy string) (*storetest.RedisServer, *proc) {
 		r := storetest.StartRedis(t, storetest.RedisOptions{Config: []string{fmt.Sprintf("maxmemory %d", capBytes), "maxmemory-policy " + policy}})
@@ -167,7 +167,7 @@ func TestRedisFills(t *testing.T) {
 // and the service warns at start; with -M it refuses new items, which the
 // service answers ResourceExhausted, and the spent counter stays.
 func TestMemcachedFills(t *testing.T) {
-	t.Parallel() // one of the long tests that mostly wait: see TestMain
+	busyParallel(t)
 	t.Run("evictions", func(t *testing.T) {
 		m := storetest.StartMemcached(t, "-m", "2")
 		p := start(t, map[string]string{"fill.yaml": fillRules}, memcacheEnv(m)...)
