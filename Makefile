@@ -32,9 +32,13 @@ servers: ## install redis-server, memcached, nutcracker (twemproxy), chromium an
 # cache and check nothing.
 NORACE_PKGS = ./examples/kubernetes ./examples/observability
 
+# The integration tests go first: they take most of the suite's time, and
+# the other packages run beside them rather than before them.
+TEST_PKGS = ./integration-test/... $(filter-out ./integration-test/...,$(PKGS))
+
 test: servers ## the whole suite with the race detector (installs missing servers)
 	$(GO) vet $(PKGS)
-	$(GO) test -race -count=1 -timeout 20m $$($(GO) list $(PKGS) | grep -v -x -F "$$($(GO) list $(NORACE_PKGS))")
+	$(GO) test -race -count=1 -timeout 20m $$($(GO) list $(TEST_PKGS) | grep -v -x -F "$$($(GO) list $(NORACE_PKGS))")
 	$(GO) test -count=1 $(NORACE_PKGS)
 
 test-busy: servers ## the whole suite with two CPU-bound processes beside it (scripts/busy.sh), as on a busy machine
