@@ -21,7 +21,9 @@ descriptors:
 // TestListBurstAndSustained: the third hit in a second is refused by the
 // per-second limit, the sixth in a minute by the per-minute one, across
 // second boundaries; with STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT a
-// refused hit is recorded in neither.
+// refused hit is recorded in neither. The store has one shard, so that a
+// new key's expiry samples (memory.Store) see the keys of the seconds
+// before: a read back in time would find them gone.
 func TestListBurstAndSustained(t *testing.T) {
 	t.Parallel()
 	cfg, err := rules.Parse([]rules.File{{Name: "d.yaml", Data: []byte(burstAndSustained)}}, rules.Options{})
@@ -35,6 +37,10 @@ func TestListBurstAndSustained(t *testing.T) {
 		at      time.Duration
 		code    limiter.Code
 		decider string // StatLevel of the deciding limit
+		// read makes it a read (no hits) that checks what each limit
+		// has left, instead of the code.
+		read bool
+		left [2]uint32
 	}
 	tests := []struct {
 		name string
@@ -42,55 +48,53 @@ func TestListBurstAndSustained(t *testing.T) {
 		hits []hit
 	}{
 		{"every_hit_counts", false, []hit{
-			{0, limiter.OK, "second"},
-			{100 * time.Millisecond, limiter.OK, "second"},
-			{200 * time.Millisecond, limiter.OverLimit, "second"}, // 3 in the second
-			{time.Second, limiter.OK, "sustained"},                // minute: 4; 1 left in both: the later reset
-			{1100 * time.Millisecond, limiter.OK, "sustained"},    // both 0 left: the later reset
-			{2 * time.Second, limiter.OverLimit, "sustained"},     // minute: 6
-			{50 * time.Second, limiter.OK, "second"},              // the next minute
+			{at: 0, code: limiter.OK, decider: "second"},
+			{at: 100 * time.Millisecond, code: limiter.OK, decider: "second"},
+			{at: 200 * time.Millisecond, code: limiter.OverLimit, decider: "second"}, // 3 in the second
+			{at: time.Second, code: limiter.OK, decider: "sustained"},                // minute: 4; 1 left in both: the later reset
+			{at: 1100 * time.Millisecond, code: limiter.OK, decider: "sustained"},    // both 0 left: the later reset
+			{at: 2 * time.Second, code: limiter.OverLimit, decider: "sustained"},     // minute: 6
+			{at: 50 * time.Second, code: limiter.OK, decider: "second"},              // the next minute
 		}},
 		{"stop_increment", true, []hit{
-			{0, limiter.OK, "second"},
-			{100 * time.Millisecond, limiter.OK, "second"},
-			{200 * time.Millisecond, limiter.OverLimit, "second"}, // recorded nowhere
-			{time.Second, limiter.OK, "second"},                   // minute: 3
-			{1100 * time.Millisecond, limiter.OK, "second"},       // minute: 4, second: 2
-			{2 * time.Second, limiter.OK, "sustained"},            // minute: 5
-			{2100 * time.Millisecond, limiter.OverLimit, "sustained"},
-			{3 * time.Second, limiter.OverLimit, "sustained"},
+			{at: 0, code: limiter.OK, decider: "second"},
+			{at: 100 * time.Millisecond, code: limiter.OK, decider: "second"},
+			{at: 200 * time.Millisecond, code: limiter.OverLimit, decider: "second"}, // recorded nowhere
+			{at: time.Second, code: limiter.OK, decider: "second"},                   // minute: 3
+			{at: 1100 * time.Millisecond, code: limiter.OK, decider: "second"},       // minute: 4, second: 2
+			{at: 2 * time.Second, code: limiter.OK, decider: "sustained"},            // minute: 5
+			{at: 2100 * time.Millisecond, code: limiter.OverLimit, decider: "sustained"},
+			// Recorded in neither: the second holds the hit at +2 s only.
+			{at: 2200 * time.Millisecond, read: true, left: [2]uint32{1, 0}},
+			{at: 3 * time.Second, code: limiter.OverLimit, decider: "sustained"},
 		}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
-			mem := memory.New(memory.Config{})
+			mem := memory.New(memory.Config{Shards: 1})
 			t.Cleanup(mem.Close)
 			l := limiter.New(mem, limiter.Config{StopIncrementWhenOverLimit: tt.stop})
 			for i, h := range tt.hits {
 				each := make([]limiter.Status, 2)
 				out := make([]limiter.Status, 1)
 				ds := []limiter.Descriptor{{Entries: entries, Limit: lim, Hits: 1, Each: each}}
+				if h.read {
+					ds[0].Hits = 0
+				}
 				if err := l.Check(t.Context(), "d", start.Add(h.at), ds, out); err != nil {
 					t.Fatal(err)
+				}
+				if h.read {
+					if left := [2]uint32{each[0].Remaining, each[1].Remaining}; left != h.left {
+						t.Errorf("read at +%v: %v left, want %v", h.at, left, h.left)
+					}
+					continue
 				}
 				if out[0].Code != h.code || out[0].Limit.StatLevel != h.decider {
 					t.Errorf("hit %d at +%v: %v decided by %q, want %v by %q (each: %+v)",
 						i+1, h.at, out[0].Code, out[0].Limit.StatLevel, h.code, h.decider, each)
 				}
-			}
-			if !tt.stop {
-				return
-			}
-			// The refused hits at +2.1 s and +3 s are recorded in
-			// neither limit: the second holds the hit at +2 s only.
-			each := make([]limiter.Status, 2)
-			ds := []limiter.Descriptor{{Entries: entries, Limit: lim, Hits: 0, Each: each}}
-			if err := l.Check(t.Context(), "d", start.Add(2200*time.Millisecond), ds, make([]limiter.Status, 1)); err != nil {
-				t.Fatal(err)
-			}
-			if each[0].Remaining != 1 || each[1].Remaining != 0 {
-				t.Errorf("remaining after the refused hits: %d and %d, want 1 and 0", each[0].Remaining, each[1].Remaining)
 			}
 		})
 	}
