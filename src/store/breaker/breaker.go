@@ -76,6 +76,7 @@ type Group struct {
 
 	open              atomic.Int64
 	trips, rejections atomic.Uint64
+	closes            atomic.Uint64 // breakers Reset closed
 	opened            chan struct{} // capacity 1: wakes Run
 }
 
@@ -165,6 +166,16 @@ func (g *Group) Stats() Stats {
 		return Stats{}
 	}
 	return Stats{Open: g.open.Load(), Trips: g.trips.Load(), Rejections: g.rejections.Load()}
+}
+
+// Closes returns how many times a breaker of g closed (Reset); zero for a
+// nil Group. A store that reports its health compares it with the count it
+// last reported at: a breaker that closed may have made the store healthy.
+func (g *Group) Closes() uint64 {
+	if g == nil {
+		return 0
+	}
+	return g.closes.Load()
 }
 
 // AnyOpen reports whether a breaker of g is open.
@@ -296,5 +307,6 @@ func (b *Breaker) Reset() {
 	b.run.Store(0)
 	if b.open.CompareAndSwap(true, false) {
 		b.g.open.Add(-1)
+		b.g.closes.Add(1)
 	}
 }

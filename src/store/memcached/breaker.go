@@ -60,6 +60,7 @@ func (s *Store) probeBreakers(ctx context.Context) {
 			b.Reset()
 		}
 	}
+	s.breakerClosed()
 }
 
 // pingServer asks one server for its version, bounded by Timeout.

@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -143,6 +145,52 @@ func TestBreakerOneOfTwoServers(t *testing.T) {
 				t.Errorf("Breakers() = %+v after recovery, want none open, 1 trip", st)
 			}
 		})
+	}
+}
+
+// TestBreakerClosedIsTold: Healthy counts open breakers, so a breaker that
+// closes is told through Config.Answered before a request admitted after
+// it is answered; the first answer may have come while it was open (a
+// service started with its memcached down), and health would otherwise lag
+// the requests served until its next poll.
+func TestBreakerClosedIsTold(t *testing.T) {
+	t.Parallel()
+	srv := storetest.StartMemcached(t)
+	var (
+		store atomic.Pointer[Store]
+		mu    sync.Mutex
+		told  []bool // Healthy at each call of Answered
+	)
+	s := newStore(t, Config{
+		Addrs:   []string{srv.Addr},
+		Breaker: breaker.Config{Failures: 1, ProbeInterval: time.Hour},
+		Answered: func() {
+			if st := store.Load(); st != nil {
+				mu.Lock()
+				told = append(told, st.Healthy())
+				mu.Unlock()
+			}
+		},
+	})
+	store.Store(s)
+	storetest.WaitFor(t, 5*time.Second, "healthy at start", s.Healthy)
+	b := s.breakers.Server(s.client.Addrs()[0])
+	b.Failure()
+	if s.Healthy() {
+		t.Fatal("Healthy() = true with the breaker open")
+	}
+	mu.Lock()
+	before := len(told)
+	mu.Unlock()
+	b.Reset() // as the probe does when the server answers
+	if _, err := timedHit(s, "told", rules.FixedWindow); err != nil {
+		t.Fatal(err)
+	}
+	mu.Lock()
+	after := told[before:]
+	mu.Unlock()
+	if !slices.Contains(after, true) {
+		t.Errorf("Answered told Healthy %v since the breaker closed, want true before the request's answer", after)
 	}
 }
 

@@ -92,11 +92,13 @@ type Config struct {
 	// to the read that brought its answer. It runs on the connection's
 	// reader goroutine: it must be quick and must not block.
 	RoundTrip func(time.Duration)
-	// Answered, when not nil, is called once, when memcached first
-	// answers, a probe or a request, before a request that got that
-	// answer is answered: Healthy may have turned true, and a caller can
-	// report health in step with the store. It runs on the goroutine that
-	// saw the answer and must not block.
+	// Answered, when not nil, is called when memcached first answers, a
+	// probe or a request, before a request that got that answer is
+	// answered; and again once a circuit breaker has closed, by the probe
+	// that closed it or, at the latest, before the first request answered
+	// after that is: Healthy may have turned true, and a caller can report
+	// health in step with the store. It runs on the goroutine that saw the
+	// answer and must not block.
 	Answered func()
 }
 

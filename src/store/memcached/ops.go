@@ -600,13 +600,33 @@ func (s *Store) expiration(seconds int64) int32 {
 }
 
 // gotAnswer counts a round trip that memcached answered for key and, the
-// first time, marks it up; the run of failures of key's server ends.
+// first time, marks it up; the run of failures of key's server ends; a
+// breaker closed since the last answer is told (breakerClosed).
 func (s *Store) gotAnswer(key string) {
 	s.roundTrips.Add(1)
+	s.breakerFor(key).Success()
 	if !s.started.Load() {
 		s.markUp()
+		return
 	}
-	s.breakerFor(key).Success()
+	s.breakerClosed()
+}
+
+// breakerClosed calls Config.Answered when a breaker closed since it was
+// last called for one: Healthy counts open breakers, and the first answer
+// (markUp) may have come while one was open. A request admitted since then
+// had its breaker closed; telling the caller before that request's answer
+// keeps health in step with what the store serves. It costs a request one
+// load of a word that changes only when a breaker closes.
+func (s *Store) breakerClosed() {
+	c := s.breakers.Closes()
+	if c == s.toldCloses.Load() {
+		return
+	}
+	s.toldCloses.Store(c)
+	if s.cfg.Answered != nil && s.started.Load() {
+		s.cfg.Answered()
+	}
 }
 
 // fail classifies an error of the memcached client. Memcached refusing

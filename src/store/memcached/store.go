@@ -160,6 +160,9 @@ type Store struct {
 	answeredOnce sync.Once
 	started      atomic.Bool
 	up           atomic.Bool
+	// toldCloses is the breakers' Closes when Answered was last called
+	// for them (see breakerClosed).
+	toldCloses atomic.Uint64
 
 	// closed is set by Close; a Do checks it before every round trip.
 	closed atomic.Bool
