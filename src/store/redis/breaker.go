@@ -138,6 +138,7 @@ func (be *backend) admit(ctx context.Context, r *request, b *limiter.Batch) erro
 // frozen server's ping is answered as soon as it thaws.
 func (s *Store) probeBreakers(ctx context.Context, be *backend) {
 	defer recovered(nil)
+	defer be.breakerClosed()
 	c, ok := be.client.(*goredis.ClusterClient)
 	if !ok {
 		pctx, cancel := context.WithTimeout(ctx, be.timeout)
@@ -195,4 +196,22 @@ func (s *Store) Breakers() breaker.Stats {
 		st.Rejections += b.Rejections
 	}
 	return st
+}
+
+// breakerClosed calls Config.Answered when a breaker of be closed since it
+// was last called for one, once Redis has answered: with
+// HealthCheckActiveConnection Healthy counts open breakers, and the first
+// answer (markUp) may have come while one was open. The probe that closed
+// it tells once its round is over, and a round trip answered after it
+// (markUp) at the latest, before its requests are answered. It costs a
+// round trip one load of a word that changes only when a breaker closes.
+func (be *backend) breakerClosed() {
+	c := be.breakers.Closes()
+	if c == be.toldCloses.Load() {
+		return
+	}
+	be.toldCloses.Store(c)
+	if be.onAnswered != nil && be.hasAnswered() {
+		be.onAnswered()
+	}
 }

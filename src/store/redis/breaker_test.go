@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -146,6 +147,55 @@ func TestBreakerSingle(t *testing.T) {
 			}
 			storetest.WaitFor(t, breakerRecover, "healthy again", s.Healthy)
 		})
+	}
+}
+
+// TestBreakerClosedIsTold: with HealthCheckActiveConnection Healthy
+// counts open breakers, so a breaker that closes is told through
+// Config.Answered before a request answered after it is; the first answer
+// may have come while it was open (a service started with its Redis
+// down), and health would otherwise lag the requests served until its
+// next poll.
+func TestBreakerClosedIsTold(t *testing.T) {
+	t.Parallel()
+	srv := storetest.StartRedis(t, storetest.RedisOptions{})
+	var (
+		store atomic.Pointer[Store]
+		mu    sync.Mutex
+		told  []bool // Healthy at each call of Answered
+	)
+	s := newStore(t, Config{
+		URL: srv.Addr, HealthCheckActiveConnection: true, HealthCheckInterval: time.Hour,
+		Breaker: breaker.Config{Failures: 1, ProbeInterval: time.Hour},
+		Answered: func() {
+			if st := store.Load(); st != nil {
+				mu.Lock()
+				told = append(told, st.Healthy())
+				mu.Unlock()
+			}
+		},
+	})
+	store.Store(s)
+	if _, err := timedHit(s, "warm"); err != nil {
+		t.Fatal(err)
+	}
+	b := s.backends()[0].server
+	b.Failure()
+	if s.Healthy() {
+		t.Fatal("Healthy() = true with the breaker open")
+	}
+	mu.Lock()
+	before := len(told)
+	mu.Unlock()
+	b.Reset() // as the probe does when the server answers
+	if _, err := timedHit(s, "told"); err != nil {
+		t.Fatal(err)
+	}
+	mu.Lock()
+	after := told[before:]
+	mu.Unlock()
+	if !slices.Contains(after, true) {
+		t.Errorf("Answered told Healthy %v since the breaker closed, want true before the request's answer", after)
 	}
 }
 

@@ -114,11 +114,14 @@ type Config struct {
 	// number of commands. It runs on the worker that sent the pipeline:
 	// it must be quick and must not block.
 	RoundTrip func(d time.Duration, commands int)
-	// Answered, when not nil, is called once for each Redis (the main one
-	// and the per-second one) when it first answers, a probe or a request,
-	// before a request that got that answer is answered: Healthy may have
-	// turned true, and a caller can report health in step with the store.
-	// It runs on the goroutine that saw the answer and must not block.
+	// Answered, when not nil, is called for each Redis (the main one and
+	// the per-second one) when it first answers, a probe or a request,
+	// before a request that got that answer is answered; and again once
+	// one of its circuit breakers has closed, by the probe that closed it
+	// or, at the latest, before the first request answered after that is:
+	// Healthy may have turned true, and a caller can report health in step
+	// with the store. It runs on the goroutine that saw the answer and must
+	// not block.
 	Answered func()
 
 	// scriptClock is set by tests only (there is no way to set it from

@@ -296,8 +296,11 @@ type backend struct {
 	answered     chan struct{}
 	answeredOnce sync.Once
 	up           atomic.Bool
-	// onAnswered is Config.Answered, called once answered is closed.
+	// onAnswered is Config.Answered, called once answered is closed, and
+	// after a breaker closed (breakerClosed); toldCloses is the breakers'
+	// Closes when it was last called for one.
 	onAnswered func()
+	toldCloses atomic.Uint64
 }
 
 // deepQueue is the work queued (request.load) that justifies one more
@@ -349,6 +352,7 @@ func (be *backend) markUp() {
 			be.onAnswered()
 		}
 	})
+	be.breakerClosed()
 }
 
 func (be *backend) hasAnswered() bool {
