@@ -5,8 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"slices"
-	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -156,40 +154,25 @@ func TestBreakerOneOfTwoServers(t *testing.T) {
 func TestBreakerClosedIsTold(t *testing.T) {
 	t.Parallel()
 	srv := storetest.StartMemcached(t)
-	var (
-		store atomic.Pointer[Store]
-		mu    sync.Mutex
-		told  []bool // Healthy at each call of Answered
-	)
+	var told storetest.HealthTold
 	s := newStore(t, Config{
-		Addrs:   []string{srv.Addr},
-		Breaker: breaker.Config{Failures: 1, ProbeInterval: time.Hour},
-		Answered: func() {
-			if st := store.Load(); st != nil {
-				mu.Lock()
-				told = append(told, st.Healthy())
-				mu.Unlock()
-			}
-		},
+		Addrs:    []string{srv.Addr},
+		Breaker:  breaker.Config{Failures: 1, ProbeInterval: time.Hour},
+		Answered: told.Answered,
 	})
-	store.Store(s)
+	told.Watch(s.Healthy)
 	storetest.WaitFor(t, 5*time.Second, "healthy at start", s.Healthy)
 	b := s.breakers.Server(s.client.Addrs()[0])
 	b.Failure()
 	if s.Healthy() {
 		t.Fatal("Healthy() = true with the breaker open")
 	}
-	mu.Lock()
-	before := len(told)
-	mu.Unlock()
+	mark := told.Mark()
 	b.Reset() // as the probe does when the server answers
 	if _, err := timedHit(s, "told", rules.FixedWindow); err != nil {
 		t.Fatal(err)
 	}
-	mu.Lock()
-	after := told[before:]
-	mu.Unlock()
-	if !slices.Contains(after, true) {
+	if after := told.Since(mark); !slices.Contains(after, true) {
 		t.Errorf("Answered told Healthy %v since the breaker closed, want true before the request's answer", after)
 	}
 }

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"slices"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -159,23 +158,13 @@ func TestBreakerSingle(t *testing.T) {
 func TestBreakerClosedIsTold(t *testing.T) {
 	t.Parallel()
 	srv := storetest.StartRedis(t, storetest.RedisOptions{})
-	var (
-		store atomic.Pointer[Store]
-		mu    sync.Mutex
-		told  []bool // Healthy at each call of Answered
-	)
+	var told storetest.HealthTold
 	s := newStore(t, Config{
 		URL: srv.Addr, HealthCheckActiveConnection: true, HealthCheckInterval: time.Hour,
-		Breaker: breaker.Config{Failures: 1, ProbeInterval: time.Hour},
-		Answered: func() {
-			if st := store.Load(); st != nil {
-				mu.Lock()
-				told = append(told, st.Healthy())
-				mu.Unlock()
-			}
-		},
+		Breaker:  breaker.Config{Failures: 1, ProbeInterval: time.Hour},
+		Answered: told.Answered,
 	})
-	store.Store(s)
+	told.Watch(s.Healthy)
 	if _, err := timedHit(s, "warm"); err != nil {
 		t.Fatal(err)
 	}
@@ -184,17 +173,12 @@ func TestBreakerClosedIsTold(t *testing.T) {
 	if s.Healthy() {
 		t.Fatal("Healthy() = true with the breaker open")
 	}
-	mu.Lock()
-	before := len(told)
-	mu.Unlock()
+	mark := told.Mark()
 	b.Reset() // as the probe does when the server answers
 	if _, err := timedHit(s, "told"); err != nil {
 		t.Fatal(err)
 	}
-	mu.Lock()
-	after := told[before:]
-	mu.Unlock()
-	if !slices.Contains(after, true) {
+	if after := told.Since(mark); !slices.Contains(after, true) {
 		t.Errorf("Answered told Healthy %v since the breaker closed, want true before the request's answer", after)
 	}
 }
