@@ -168,14 +168,21 @@ func (g *Group) Stats() Stats {
 	return Stats{Open: g.open.Load(), Trips: g.trips.Load(), Rejections: g.rejections.Load()}
 }
 
-// Closes returns how many times a breaker of g closed (Reset); zero for a
-// nil Group. A store that reports its health compares it with the count it
-// last reported at: a breaker that closed may have made the store healthy.
-func (g *Group) Closes() uint64 {
+// ClosedSince reports whether a breaker of g closed (Reset) since the
+// last call with seen, the caller's count of closings (zero at first),
+// which it updates; false for a nil Group. A store that reports its health
+// asks it: a breaker that closed may have made the store healthy. It costs
+// a load of a word that changes only when a breaker closes, and of seen.
+func (g *Group) ClosedSince(seen *atomic.Uint64) bool {
 	if g == nil {
-		return 0
+		return false
 	}
-	return g.closes.Load()
+	c := g.closes.Load()
+	if c == seen.Load() {
+		return false
+	}
+	seen.Store(c)
+	return true
 }
 
 // AnyOpen reports whether a breaker of g is open.

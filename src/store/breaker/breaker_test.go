@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -240,4 +241,31 @@ func BenchmarkServerLookup(b *testing.B) {
 			i++
 		}
 	})
+}
+
+// TestClosedSince: a caller hears of each breaker closing once, of none
+// before the first, and a Reset of a closed breaker is no closing.
+func TestClosedSince(t *testing.T) {
+	g := NewGroup("memcached", Config{Failures: 1})
+	b := g.Server("10.0.0.1:11211")
+	var seen atomic.Uint64
+	if g.ClosedSince(&seen) {
+		t.Error("ClosedSince = true before any breaker closed")
+	}
+	b.Reset() // closed already
+	if g.ClosedSince(&seen) {
+		t.Error("ClosedSince = true after a Reset of a closed breaker")
+	}
+	b.Failure()
+	b.Reset()
+	if !g.ClosedSince(&seen) {
+		t.Error("ClosedSince = false after a breaker closed")
+	}
+	if g.ClosedSince(&seen) {
+		t.Error("ClosedSince = true twice for one closing")
+	}
+	var nilGroup *Group
+	if nilGroup.ClosedSince(&seen) {
+		t.Error("ClosedSince = true on a nil Group")
+	}
 }

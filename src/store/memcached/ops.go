@@ -616,15 +616,9 @@ func (s *Store) gotAnswer(key string) {
 // last called for one: Healthy counts open breakers, and the first answer
 // (markUp) may have come while one was open. A request admitted since then
 // had its breaker closed; telling the caller before that request's answer
-// keeps health in step with what the store serves. It costs a request one
-// load of a word that changes only when a breaker closes.
+// keeps health in step with what the store serves.
 func (s *Store) breakerClosed() {
-	c := s.breakers.Closes()
-	if c == s.toldCloses.Load() {
-		return
-	}
-	s.toldCloses.Store(c)
-	if s.cfg.Answered != nil && s.started.Load() {
+	if s.breakers.ClosedSince(&s.toldCloses) && s.cfg.Answered != nil && s.started.Load() {
 		s.cfg.Answered()
 	}
 }

@@ -160,8 +160,7 @@ type Store struct {
 	answeredOnce sync.Once
 	started      atomic.Bool
 	up           atomic.Bool
-	// toldCloses is the breakers' Closes when Answered was last called
-	// for them (see breakerClosed).
+	// toldCloses counts the breakers' closings told (see breakerClosed).
 	toldCloses atomic.Uint64
 
 	// closed is set by Close; a Do checks it before every round trip.

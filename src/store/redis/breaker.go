@@ -203,15 +203,9 @@ func (s *Store) Breakers() breaker.Stats {
 // HealthCheckActiveConnection Healthy counts open breakers, and the first
 // answer (markUp) may have come while one was open. The probe that closed
 // it tells once its round is over, and a round trip answered after it
-// (markUp) at the latest, before its requests are answered. It costs a
-// round trip one load of a word that changes only when a breaker closes.
+// (markUp) at the latest, before its requests are answered.
 func (be *backend) breakerClosed() {
-	c := be.breakers.Closes()
-	if c == be.toldCloses.Load() {
-		return
-	}
-	be.toldCloses.Store(c)
-	if be.onAnswered != nil && be.hasAnswered() {
+	if be.breakers.ClosedSince(&be.toldCloses) && be.onAnswered != nil && be.hasAnswered() {
 		be.onAnswered()
 	}
 }

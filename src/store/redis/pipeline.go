@@ -297,8 +297,8 @@ type backend struct {
 	answeredOnce sync.Once
 	up           atomic.Bool
 	// onAnswered is Config.Answered, called once answered is closed, and
-	// after a breaker closed (breakerClosed); toldCloses is the breakers'
-	// Closes when it was last called for one.
+	// after a breaker closed (breakerClosed); toldCloses counts the
+	// breakers' closings told.
 	onAnswered func()
 	toldCloses atomic.Uint64
 }
