@@ -21,7 +21,7 @@ import (
 // on a replica of its own; the pool's owner is killed (SIGKILL) mid-run,
 // and its Envoy opens its stream to another replica.
 
-// rlqsSharedSettle is the replicas' Settle (service.SharedSettle): a
+// rlqsSharedSettle is the replicas' Settle (rlqs.SharedSettle): a
 // grant takes a tick and two round trips to Redis more to reach its Envoy.
 const rlqsSharedSettle = 2500 * time.Millisecond
 

@@ -28,7 +28,11 @@ check src/store/tlsclient src/
 for s in memory redis memcached breaker; do
   [ -d "src/store/$s" ] && check "src/store/$s" src/service src/server src/provider src/settings
 done
-check src/service src/server src/settings src/store src/provider
+check src/service src/server src/settings src/store src/provider src/rlqs
+# The two gRPC fronts share only src/wire (the codec's "malformed" mark and
+# the request bounds), a leaf; neither imports the other.
+check src/wire src/
+check src/rlqs src/service src/server src/settings src/store src/provider src/limiter src/live src/capture
 # The live view's recorder sits between service (which feeds it) and
 # limiter (whose decisions it reads); its HTTP side reads it and the rules
 # and is wired by server, so it must not know server, provider or a store.
@@ -55,6 +59,9 @@ fi
 # The load generator is for cmd/ratelimit-bench, the tools and the tests.
 if bad=$(grep -rl --include='*.go' --exclude='*_test.go' '"github.com/ratelimitd/ratelimit/src/loadgen"' src cmd | grep -v -e '^src/loadgen/' -e '^cmd/ratelimit-bench/'); then
   echo "imports: src/loadgen is for cmd/ratelimit-bench, the tools and the tests: $bad"; fail=1
+fi
+if grep -rl --include='*.go' --exclude='*_test.go' 'src/wire/wiretest' src cmd | grep -v '^src/wire/wiretest/'; then
+  echo "imports: wire/wiretest is for tests only"; fail=1
 fi
 if grep -rl --include='*.go' --exclude='*_test.go' 'src/server/otlptest' src cmd | grep -v '^src/server/otlptest/'; then
   echo "imports: server/otlptest is for tests only"; fail=1

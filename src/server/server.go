@@ -37,10 +37,12 @@ import (
 	"github.com/ratelimitd/ratelimit/src/live/web"
 	"github.com/ratelimitd/ratelimit/src/provider"
 	"github.com/ratelimitd/ratelimit/src/quota"
+	"github.com/ratelimitd/ratelimit/src/rlqs"
 	"github.com/ratelimitd/ratelimit/src/rules"
 	"github.com/ratelimitd/ratelimit/src/service"
 	"github.com/ratelimitd/ratelimit/src/settings"
 	"github.com/ratelimitd/ratelimit/src/stats"
+	"github.com/ratelimitd/ratelimit/src/wire"
 )
 
 // shutdownDrain bounds the whole shutdown after SIGTERM: in-flight requests
@@ -106,7 +108,7 @@ type Server struct {
 	nearCache *limiter.NearCache
 	// quota serves the Rate Limit Quota Service; nil with
 	// RLQS_ENABLED=false.
-	quota *service.Quota
+	quota *rlqs.Service
 	// oneReplica logs, once, that the quota service's shares live in
 	// this process (see setRules).
 	oneReplica sync.Once
@@ -274,7 +276,7 @@ func (s *Server) newService(lim, fallback *limiter.Limiter, b *storeHandle, tr *
 
 // newQuota builds the Rate Limit Quota Service, unless RLQS_ENABLED=false.
 // With Redis, its pools are shared with the other replicas on that Redis.
-func (s *Server) newQuota() *service.Quota {
+func (s *Server) newQuota() *rlqs.Service {
 	set := s.set
 	if set.RLQSEnabled == settings.RLQSOff {
 		return nil
@@ -283,7 +285,7 @@ func (s *Server) newQuota() *service.Quota {
 	if idle == 0 {
 		idle = -1 // never
 	}
-	return service.NewQuota(s.stats, service.QuotaConfig{
+	return rlqs.New(s.stats, rlqs.Config{
 		Auto:                set.RLQSEnabled == settings.RLQSAuto,
 		Pool:                quota.Config{TTL: set.RLQSAssignmentTTL, Idle: idle},
 		MaxStreams:          set.RLQSMaxStreams,
@@ -554,7 +556,7 @@ func (s *Server) openListeners(grpcCap, httpCap limits) error {
 func (s *Server) newGRPCServer() {
 	opts := append(grpcOptions(s.set, s.recoverUnary, s.recoverStream),
 		grpc.InTapHandle(s.svc.Tap),
-		grpc.ForceServerCodecV2(service.Codec()))
+		grpc.ForceServerCodecV2(wire.Codec()))
 	// Every connection is watched for answers its client does not let out.
 	var creds credentials.TransportCredentials
 	if s.tls != nil {

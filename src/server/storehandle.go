@@ -13,8 +13,8 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/ratelimitd/ratelimit/src/limiter"
+	"github.com/ratelimitd/ratelimit/src/rlqs"
 	"github.com/ratelimitd/ratelimit/src/rules"
-	"github.com/ratelimitd/ratelimit/src/service"
 	"github.com/ratelimitd/ratelimit/src/settings"
 	"github.com/ratelimitd/ratelimit/src/stats"
 	"github.com/ratelimitd/ratelimit/src/store/breaker"
@@ -51,7 +51,7 @@ type storeHandle struct {
 	// share, for Redis, shares the quota service's pools with the other
 	// replicas; nil for the memory store and Memcached, which keep them
 	// in one replica.
-	share service.QuotaShare
+	share rlqs.Share
 	// memory, for Redis and Memcached, asks every server for its memory
 	// cap and eviction policy; mem holds what it last said, for the
 	// statistics. Nil for the memory store.

@@ -13,7 +13,7 @@ import (
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/durationpb"
 
-	"github.com/ratelimitd/ratelimit/src/service"
+	"github.com/ratelimitd/ratelimit/src/wire"
 )
 
 // codecMessages returns a request with n descriptors as Envoy sends them
@@ -53,7 +53,7 @@ func BenchmarkCodec(b *testing.B) {
 		codec encoding.CodecV2
 	}{
 		{"grpc-proto", encoding.GetCodecV2("proto")},
-		{"service", service.Codec()},
+		{"service", wire.Codec()},
 	}
 	for _, n := range []int{1, 3} {
 		data, resp := codecMessages(n)
@@ -96,7 +96,7 @@ func TestCodecEncodesAsGRPC(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		got, err := service.Codec().Marshal(resp)
+		got, err := wire.Codec().Marshal(resp)
 		if err != nil {
 			t.Fatal(err)
 		}

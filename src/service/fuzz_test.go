@@ -13,6 +13,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/ratelimitd/ratelimit/src/service"
+	"github.com/ratelimitd/ratelimit/src/wire"
 )
 
 // FuzzRequest feeds arbitrary bytes through the server's codec to the
@@ -36,7 +37,7 @@ func FuzzRequest(f *testing.F) {
 	f.Add(rawRequest("user", "a\xffb"))
 	f.Add([]byte{0xff, 0x01})
 	fx := newFixture(f, service.Config{})
-	codec := service.Codec()
+	codec := wire.Codec()
 	f.Fuzz(func(t *testing.T, b []byte) {
 		var r rlsv3.RateLimitRequest
 		if err := codec.Unmarshal(mem.BufferSlice{mem.SliceBuffer(b)}, &r); err != nil {

@@ -29,6 +29,8 @@ import (
 	"github.com/ratelimitd/ratelimit/src/rules"
 	"github.com/ratelimitd/ratelimit/src/service"
 	"github.com/ratelimitd/ratelimit/src/stats"
+	"github.com/ratelimitd/ratelimit/src/wire"
+	"github.com/ratelimitd/ratelimit/src/wire/wiretest"
 )
 
 func withHits(d *ratelimitv3.RateLimitDescriptor, hits uint64) *ratelimitv3.RateLimitDescriptor {
@@ -348,7 +350,7 @@ func serve(t *testing.T, svc *service.Service) *grpc.ClientConn {
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv := grpc.NewServer(grpc.InTapHandle(svc.Tap), grpc.ForceServerCodecV2(service.Codec()))
+	srv := grpc.NewServer(grpc.InTapHandle(svc.Tap), grpc.ForceServerCodecV2(wire.Codec()))
 	rlsv3.RegisterRateLimitServiceServer(srv, svc)
 	go func() { _ = srv.Serve(ln) }()
 	t.Cleanup(srv.Stop)
@@ -360,17 +362,9 @@ func serve(t *testing.T, svc *service.Service) *grpc.ClientConn {
 	return cc
 }
 
-// rawCodec sends bytes as they are, so a test can send what a hostile
-// client would.
-type rawCodec struct{}
-
-func (rawCodec) Marshal(v any) ([]byte, error)      { return *v.(*[]byte), nil }
-func (rawCodec) Unmarshal(data []byte, v any) error { *v.(*[]byte) = data; return nil }
-func (rawCodec) Name() string                       { return "proto" }
-
 func invokeRaw(ctx context.Context, cc *grpc.ClientConn, msg []byte) error {
 	var out []byte
-	return cc.Invoke(ctx, rlsv3.RateLimitService_ShouldRateLimit_FullMethodName, &msg, &out, grpc.ForceCodec(rawCodec{}))
+	return cc.Invoke(ctx, rlsv3.RateLimitService_ShouldRateLimit_FullMethodName, &msg, &out, grpc.ForceCodec(wiretest.Raw{}))
 }
 
 // rawRequest encodes a request with domain "test" and one entry, without

@@ -25,6 +25,7 @@ import (
 	"github.com/ratelimitd/ratelimit/src/service"
 	"github.com/ratelimitd/ratelimit/src/stats"
 	"github.com/ratelimitd/ratelimit/src/store/memory"
+	"github.com/ratelimitd/ratelimit/src/wire"
 )
 
 // epoch is a fixed instant 15 seconds into a minute.
@@ -224,8 +225,8 @@ func TestInvalidRequests(t *testing.T) {
 		{"no_descriptors", &rlsv3.RateLimitRequest{Domain: "test"}, "descriptor"},
 		{"empty_key", req(desc("", "a")), "empty key"},
 		{"too_many_descriptors", &rlsv3.RateLimitRequest{Domain: "test", Descriptors: many}, "limit is"},
-		{"key_too_long", req(desc(strings.Repeat("k", service.MaxKeyLen+1), "a")), "key is"},
-		{"value_too_long", req(desc("user", strings.Repeat("v", service.MaxValueLen+1))), "value is"},
+		{"key_too_long", req(desc(strings.Repeat("k", wire.MaxKeyLen+1), "a")), "key is"},
+		{"value_too_long", req(desc("user", strings.Repeat("v", wire.MaxValueLen+1))), "value is"},
 		{"override_unit_unknown", req(&ratelimitv3.RateLimitDescriptor{
 			Entries: desc("user", "a").Entries,
 			Limit:   &ratelimitv3.RateLimitDescriptor_RateLimitOverride{RequestsPerUnit: 5, Unit: typev3.RateLimitUnit_UNKNOWN},

@@ -12,6 +12,8 @@ import (
 	"go.opentelemetry.io/otel/trace"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
+
+	"github.com/ratelimitd/ratelimit/src/wire"
 )
 
 // The spans of one request: a server span per decision, named as the
@@ -136,7 +138,7 @@ func endSpan(span trace.Span, req *rlsv3.RateLimitRequest, resp *rlsv3.RateLimit
 	}
 	// The domain comes from the client: only a valid one is recorded,
 	// so that a hostile request cannot make spans large.
-	if d := req.GetDomain(); len(d) <= MaxDomainLen && utf8.ValidString(d) {
+	if d := req.GetDomain(); len(d) <= wire.MaxDomainLen && utf8.ValidString(d) {
 		span.SetAttributes(attrDomain.String(d))
 	}
 	span.SetAttributes(attrDescriptors.Int(len(req.GetDescriptors())))

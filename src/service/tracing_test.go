@@ -3,7 +3,6 @@ package service_test
 import (
 	"bytes"
 	"context"
-	"net"
 	"net/http"
 	"net/http/httptest"
 	"strconv"
@@ -18,12 +17,12 @@ import (
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	tracepb "go.opentelemetry.io/proto/otlp/trace/v1"
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/metadata"
-	"google.golang.org/grpc/test/bufconn"
 
 	"github.com/ratelimitd/ratelimit/src/server/otlptest"
 	"github.com/ratelimitd/ratelimit/src/service"
+	"github.com/ratelimitd/ratelimit/src/wire"
+	"github.com/ratelimitd/ratelimit/src/wire/wiretest"
 )
 
 // The caller's span, as Envoy sends it.
@@ -58,24 +57,7 @@ func grpcClient(t *testing.T, f *fixture) rlsv3.RateLimitServiceClient {
 	t.Helper()
 	srv := grpc.NewServer()
 	rlsv3.RegisterRateLimitServiceServer(srv, f.svc)
-	return rlsv3.NewRateLimitServiceClient(bufconnClient(t, srv))
-}
-
-// bufconnClient serves srv on an in-memory listener until the test ends
-// and returns a connection to it.
-func bufconnClient(t *testing.T, srv *grpc.Server) *grpc.ClientConn {
-	t.Helper()
-	ln := bufconn.Listen(1 << 20)
-	go func() { _ = srv.Serve(ln) }()
-	t.Cleanup(srv.Stop)
-	conn, err := grpc.NewClient("passthrough:///bufconn",
-		grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) { return ln.DialContext(ctx) }),
-		grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { conn.Close() })
-	return conn
+	return rlsv3.NewRateLimitServiceClient(wiretest.Client(t, srv))
 }
 
 // TestTracingSpanPerRequest: each ShouldRateLimit call is one server span,
@@ -193,7 +175,7 @@ func countOver(resp *rlsv3.RateLimitResponse) int {
 func TestTracingRefusedRequest(t *testing.T) {
 	tp, rcv := tracer(t, 1)
 	f := newFixture(t, service.Config{Tracer: tp.Tracer("test"), Propagator: service.Propagator()})
-	long := strings.Repeat("d", service.MaxDomainLen+1)
+	long := strings.Repeat("d", wire.MaxDomainLen+1)
 	if _, err := f.svc.ShouldRateLimit(t.Context(), &rlsv3.RateLimitRequest{Domain: long, Descriptors: []*ratelimitv3.RateLimitDescriptor{desc("user", "x")}}); err == nil {
 		t.Fatal("a domain over the bound was accepted")
 	}

@@ -8,6 +8,7 @@ import (
 
 	"github.com/ratelimitd/ratelimit/src/limiter"
 	"github.com/ratelimitd/ratelimit/src/rules"
+	"github.com/ratelimitd/ratelimit/src/wire"
 )
 
 // Request bounds. Envoy sends a handful of descriptors of a few entries;
@@ -15,11 +16,10 @@ import (
 // reach a store. A request past one is refused with InvalidArgument and the
 // reason (docs/SECURITY.md, "Limits and hostile input", lists them).
 const (
-	MaxDomainLen          = 256
+	// The lengths of the domain, keys and values are wire.MaxDomainLen,
+	// wire.MaxKeyLen and wire.MaxValueLen, shared with the quota service.
 	MaxDescriptors        = 256
 	MaxEntriesPerDescribe = rules.MaxDepth // deeper rules are refused: no request could reach them
-	MaxKeyLen             = 256
-	MaxValueLen           = 4096
 	// MaxHitsAddend is the largest hits_addend of a descriptor (the
 	// request's own is a uint32 in the proto): every store counts that
 	// exactly, and a larger value could wrap a store's counter.
@@ -41,15 +41,15 @@ func badRequest(format string, args ...any) error {
 }
 
 func validate(req *rlsv3.RateLimitRequest) error {
-	if msg, bad := malformed(req); bad {
+	if msg, bad := wire.Malformed(req); bad {
 		return badRequest("invalid RateLimitRequest: %s", msg)
 	}
 	domain := req.GetDomain()
 	if domain == "" {
 		return badRequest("rate limit domain must not be empty")
 	}
-	if len(domain) > MaxDomainLen {
-		return badRequest("rate limit domain is %d bytes long, the limit is %d", len(domain), MaxDomainLen)
+	if len(domain) > wire.MaxDomainLen {
+		return badRequest("rate limit domain is %d bytes long, the limit is %d", len(domain), wire.MaxDomainLen)
 	}
 	descs := req.GetDescriptors()
 	if len(descs) == 0 {
@@ -69,11 +69,11 @@ func validate(req *rlsv3.RateLimitRequest) error {
 			if e.GetKey() == "" {
 				return badRequest("descriptor %d entry %d has an empty key", i, j)
 			}
-			if len(e.GetKey()) > MaxKeyLen {
-				return badRequest("descriptor %d entry %d: key is %d bytes long, the limit is %d", i, j, len(e.GetKey()), MaxKeyLen)
+			if len(e.GetKey()) > wire.MaxKeyLen {
+				return badRequest("descriptor %d entry %d: key is %d bytes long, the limit is %d", i, j, len(e.GetKey()), wire.MaxKeyLen)
 			}
-			if len(e.GetValue()) > MaxValueLen {
-				return badRequest("descriptor %d entry %d: value is %d bytes long, the limit is %d", i, j, len(e.GetValue()), MaxValueLen)
+			if len(e.GetValue()) > wire.MaxValueLen {
+				return badRequest("descriptor %d entry %d: value is %d bytes long, the limit is %d", i, j, len(e.GetValue()), wire.MaxValueLen)
 			}
 		}
 		if h := d.GetHitsAddend(); h != nil && h.GetValue() > MaxHitsAddend {

@@ -10,7 +10,7 @@ import (
 	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
 	"google.golang.org/protobuf/types/known/durationpb"
 
-	"github.com/ratelimitd/ratelimit/src/service"
+	"github.com/ratelimitd/ratelimit/src/rlqs"
 )
 
 // envoy mimics the rate_limit_quota filter of one Envoy 1.40 process and
@@ -40,9 +40,9 @@ type envoy struct {
 	interval time.Duration
 	// q is the replica its stream goes to, rep its number; the fleet
 	// moves it to another when that one dies.
-	q       *service.Quota
+	q       *rlqs.Service
 	rep     int
-	sess    *service.QuotaSession
+	sess    *rlqs.Session
 	buckets map[string]*bucket
 	// nextTick is the next report, zero until the first bucket.
 	nextTick time.Time
@@ -74,7 +74,7 @@ type bucket struct {
 	stepAllowed, stepJoin, stepFallback int
 }
 
-func newEnvoy(id int, interval time.Duration, q *service.Quota) *envoy {
+func newEnvoy(id int, interval time.Duration, q *rlqs.Service) *envoy {
 	return &envoy{id: id, interval: interval, q: q, buckets: map[string]*bucket{}}
 }
 
@@ -221,7 +221,7 @@ func (e *envoy) count(d time.Duration) {
 
 // lose drops the stream without a word, as when its replica is killed:
 // the next report opens a new one, to q.
-func (e *envoy) lose(q *service.Quota, rep int) {
+func (e *envoy) lose(q *rlqs.Service, rep int) {
 	e.sess, e.q, e.rep = nil, q, rep
 }
 

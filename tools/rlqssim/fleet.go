@@ -17,8 +17,8 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/ratelimitd/ratelimit/src/quota"
+	"github.com/ratelimitd/ratelimit/src/rlqs"
 	"github.com/ratelimitd/ratelimit/src/rules"
-	"github.com/ratelimitd/ratelimit/src/service"
 	"github.com/ratelimitd/ratelimit/src/stats"
 	"github.com/ratelimitd/ratelimit/src/store/redis"
 	"github.com/ratelimitd/ratelimit/src/store/storetest"
@@ -130,20 +130,20 @@ func (sc scenario) rules() string {
 // take a tick and two round trips more to reach their Envoys.
 func (sc scenario) settle() time.Duration {
 	if sc.replicas > 0 {
-		return service.SharedSettle
+		return rlqs.SharedSettle
 	}
 	return quota.DefaultSettle
 }
 
 // replica is one replica of the service in a run.
 type replica struct {
-	q    *service.Quota
+	q    *rlqs.Service
 	reg  *stats.Registry
 	dead bool
 	// offset is when in each second it ticks.
 	offset time.Duration
 	// probe is the session callBeside calls.
-	probe *service.QuotaSession
+	probe *rlqs.Session
 }
 
 // redisCPU returns the CPU time srv has used, user and system (INFO cpu).
@@ -168,7 +168,7 @@ func redisCPU(srv *storetest.RedisServer) time.Duration {
 // sharing a redis-server started in dir; close stops what they use, and
 // cpu reads the CPU the redis-server has used (zero without one).
 func (sc scenario) startReplicas(dir string, now func() time.Time, cfg *rules.Config) (reps []*replica, closeAll func(), cpu func() time.Duration, err error) {
-	qc := service.QuotaConfig{
+	qc := rlqs.Config{
 		Pool:                quota.Config{TTL: sc.ttl, ReportInterval: sc.interval, Start: epoch},
 		MaxStreams:          sc.envoys + 1,
 		MaxBuckets:          10_000_000,
@@ -203,14 +203,14 @@ func (sc scenario) startReplicas(dir string, now func() time.Time, cfg *rules.Co
 			// step's grid.
 			offset := (time.Duration(i) * time.Second / time.Duration(n)).Truncate(sc.dt)
 			r := &replica{reg: stats.NewRegistry(), offset: offset}
-			r.q = service.NewQuota(r.reg, c)
+			r.q = rlqs.New(r.reg, c)
 			r.q.SetRules(cfg)
 			reps = append(reps, r)
 		}
 		return reps, closeAll, cpu, nil
 	}
 	r := &replica{reg: stats.NewRegistry()}
-	r.q = service.NewQuota(r.reg, qc)
+	r.q = rlqs.New(r.reg, qc)
 	r.q.SetRules(cfg)
 	return []*replica{r}, closeAll, cpu, nil
 }
@@ -465,7 +465,7 @@ const probeEvery = 200 * time.Microsecond
 func callBeside(ticked []*replica, ticking *sync.WaitGroup) (longest time.Duration) {
 	done := make(chan struct{})
 	go func() { ticking.Wait(); close(done) }()
-	var sessions []*service.QuotaSession
+	var sessions []*rlqs.Session
 	for _, r := range ticked {
 		if r.probe == nil {
 			s, err := r.q.Open()
@@ -627,7 +627,7 @@ func heapPerSubscription(sc scenario, cfg *rules.Config) float64 {
 	var before, after runtime.MemStats
 	runtime.GC()
 	runtime.ReadMemStats(&before)
-	q := service.NewQuota(reg, service.QuotaConfig{
+	q := rlqs.New(reg, rlqs.Config{
 		Pool:                quota.Config{TTL: sc.ttl, Start: epoch.Add(-time.Hour)},
 		MaxStreams:          sc.envoys + 1,
 		MaxBuckets:          10_000_000,
@@ -635,7 +635,7 @@ func heapPerSubscription(sc scenario, cfg *rules.Config) float64 {
 		Now:                 func() time.Time { return now },
 	})
 	q.SetRules(cfg)
-	var sessions []*service.QuotaSession
+	var sessions []*rlqs.Session
 	for e := range sc.envoys {
 		s, err := q.Open()
 		if err != nil {

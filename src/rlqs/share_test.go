@@ -1,4 +1,4 @@
-package service_test
+package rlqs_test
 
 import (
 	"fmt"
@@ -16,8 +16,8 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/ratelimitd/ratelimit/src/quota"
+	"github.com/ratelimitd/ratelimit/src/rlqs"
 	"github.com/ratelimitd/ratelimit/src/rules"
-	"github.com/ratelimitd/ratelimit/src/service"
 	"github.com/ratelimitd/ratelimit/src/stats"
 	"github.com/ratelimitd/ratelimit/src/store/redis"
 	"github.com/ratelimitd/ratelimit/src/store/storetest"
@@ -52,7 +52,7 @@ type fleet struct {
 }
 
 type replica struct {
-	q    *service.Quota
+	q    *rlqs.Service
 	reg  *stats.Registry
 	dead bool
 }
@@ -61,7 +61,7 @@ type replica struct {
 type mimic struct {
 	name   string
 	rep    int
-	sess   *service.QuotaSession
+	sess   *rlqs.Session
 	demand float64
 	// tb is the token bucket in force and expires its end; assigned is
 	// set once one arrived.
@@ -93,7 +93,7 @@ func newFleet(t *testing.T, n int) *fleet {
 		}
 		t.Cleanup(func() { _ = st.Close() })
 		r := &replica{reg: stats.NewRegistry()}
-		r.q = service.NewQuota(r.reg, service.QuotaConfig{
+		r.q = rlqs.New(r.reg, rlqs.Config{
 			Share:   st,
 			Replica: uint32(i + 1),
 			Now:     func() time.Time { return *f.clock.Load() },
@@ -399,7 +399,7 @@ func TestSharedQuotaWithoutSharing(t *testing.T) {
 	}
 	var sum float64
 	for range 2 {
-		q := service.NewQuota(stats.NewRegistry(), service.QuotaConfig{Pool: quota.Config{Start: epoch.Add(-time.Hour)}, Now: func() time.Time { return epoch }})
+		q := rlqs.New(stats.NewRegistry(), rlqs.Config{Pool: quota.Config{Start: epoch.Add(-time.Hour)}, Now: func() time.Time { return epoch }})
 		q.SetRules(cfg)
 		s, err := q.Open()
 		if err != nil {
@@ -505,7 +505,7 @@ func TestSharedQuotaLateGrantKeepsItsLease(t *testing.T) {
 	t.Parallel()
 	f := newFleet(t, 2)
 	owner, follower := f.reps[0], f.reps[1]
-	report := func(s *service.QuotaSession) {
+	report := func(s *rlqs.Session) {
 		t.Helper()
 		if err := s.Report(&rlqsv3.RateLimitQuotaUsageReports{Domain: "web", BucketQuotaUsages: []*rlqsv3.RateLimitQuotaUsageReports_BucketQuotaUsage{{BucketId: bucketID("tenant", "a"), NumRequestsAllowed: 1}}}); err != nil {
 			t.Fatal(err)

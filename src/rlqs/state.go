@@ -1,4 +1,4 @@
-package service
+package rlqs
 
 import (
 	"cmp"
@@ -8,19 +8,19 @@ import (
 	"github.com/ratelimitd/ratelimit/src/rules"
 )
 
-// QuotaState is what the quota service holds now, for the live view's
+// State is what the quota service holds now, for the live view's
 // /api/v1/quota (docs/LIVE.md describes every field).
-type QuotaState struct {
+type State struct {
 	// Enabled is false while the service answers Unimplemented
 	// (RLQS_ENABLED empty and no quota_buckets).
-	Enabled       bool             `json:"enabled"`
-	Streams       int              `json:"streams"`
-	Subscriptions int              `json:"subscriptions"`
-	Rules         []QuotaRuleState `json:"rules"`
+	Enabled       bool        `json:"enabled"`
+	Streams       int         `json:"streams"`
+	Subscriptions int         `json:"subscriptions"`
+	Rules         []RuleState `json:"rules"`
 }
 
-// QuotaRuleState is one quota rule: its limit and what its buckets hold.
-type QuotaRuleState struct {
+// RuleState is one quota rule: its limit and what its buckets hold.
+type RuleState struct {
 	Domain string `json:"domain"`
 	// Rule is the rule's name, or quota_buckets[i]; Match its bucket
 	// match as /rlconfig writes it.
@@ -46,21 +46,21 @@ type QuotaRuleState struct {
 	Denied  uint64 `json:"denied"`
 	Beyond  uint64 `json:"beyond_share"`
 	// Top are the buckets with the most demand, at most MaxStateBuckets.
-	Top []QuotaBucketState `json:"top"`
+	Top []BucketState `json:"top"`
 }
 
-// QuotaBucketState is one bucket id of a rule and its subscribers.
-type QuotaBucketState struct {
+// BucketState is one bucket id of a rule and its subscribers.
+type BucketState struct {
 	ID map[string]string `json:"id"`
 	// Demand is the sum of its subscribers' demands (requests a second),
 	// Share the sum of the shares counted, both over the rate.
-	Demand      float64                `json:"demand"`
-	Share       float64                `json:"share"`
-	Subscribers []QuotaSubscriberState `json:"subscribers"`
+	Demand      float64           `json:"demand"`
+	Share       float64           `json:"share"`
+	Subscribers []SubscriberState `json:"subscribers"`
 }
 
-// QuotaSubscriberState is one Envoy's stream reporting a bucket.
-type QuotaSubscriberState struct {
+// SubscriberState is one Envoy's stream reporting a bucket.
+type SubscriberState struct {
 	Stream uint64 `json:"stream"`
 	// Peer is the stream's client address; empty once the stream closed.
 	Peer string `json:"peer"`
@@ -75,7 +75,7 @@ type QuotaSubscriberState struct {
 	LeaseLeft float64 `json:"lease_left_seconds"`
 }
 
-// Bounds of a QuotaState: the buckets shown per rule and the subscribers
+// Bounds of a State: the buckets shown per rule and the subscribers
 // per bucket (the most demanding), so that the document stays small
 // whatever the fleet.
 const (
@@ -84,19 +84,19 @@ const (
 )
 
 // State returns what the service holds now.
-func (q *Quota) State() QuotaState {
+func (q *Service) State() State {
 	now := q.cfg.Now()
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	cfg := q.rules.Load()
-	st := QuotaState{
+	st := State{
 		Enabled:       !q.cfg.Auto || cfg.HasQuota(),
 		Streams:       len(q.streams),
 		Subscriptions: q.subs,
 	}
-	byRule := map[*rules.QuotaRule]*QuotaRuleState{}
+	byRule := map[*rules.QuotaRule]*RuleState{}
 	for _, r := range cfg.QuotaRules() {
-		rs := &QuotaRuleState{
+		rs := &RuleState{
 			Domain: r.Domain, Rule: ruleLabel(r), Source: r.Source, Policy: r.Policy.String(),
 			Match: r.String(), Rate: r.Rate(),
 		}
@@ -112,7 +112,7 @@ func (q *Quota) State() QuotaState {
 	for id, s := range q.streams {
 		peers[id] = s.peer
 	}
-	tops := map[*rules.QuotaRule][]QuotaBucketState{}
+	tops := map[*rules.QuotaRule][]BucketState{}
 	for _, qp := range q.pools {
 		rs := byRule[qp.rule]
 		if rs == nil {
@@ -129,7 +129,7 @@ func (q *Quota) State() QuotaState {
 		}
 		rs.Buckets++
 		rs.Subscribers += len(subs)
-		b := QuotaBucketState{ID: qp.id}
+		b := BucketState{ID: qp.id}
 		var demand, share float64
 		for _, s := range subs {
 			d := -1.0
@@ -138,7 +138,7 @@ func (q *Quota) State() QuotaState {
 				demand += s.Demand
 			}
 			share += s.Committed
-			b.Subscribers = append(b.Subscribers, QuotaSubscriberState{
+			b.Subscribers = append(b.Subscribers, SubscriberState{
 				Stream: s.ID, Peer: peers[s.ID], Demand: d, Rate: s.Rate, Burst: s.Burst, Counted: s.Committed,
 				Gone: s.Gone, LeaseLeft: max(0, s.Lease.Sub(now).Seconds()),
 			})
@@ -147,16 +147,16 @@ func (q *Quota) State() QuotaState {
 			b.Demand, b.Share = demand/rs.Rate, share/rs.Rate
 		}
 		rs.MaxShare = max(rs.MaxShare, b.Share)
-		slices.SortFunc(b.Subscribers, func(x, y QuotaSubscriberState) int { return cmp.Compare(y.Demand, x.Demand) })
+		slices.SortFunc(b.Subscribers, func(x, y SubscriberState) int { return cmp.Compare(y.Demand, x.Demand) })
 		b.Subscribers = b.Subscribers[:min(len(b.Subscribers), MaxStateSubscribers)]
 		tops[qp.rule] = topBuckets(append(tops[qp.rule], b))
 	}
-	st.Rules = []QuotaRuleState{}
+	st.Rules = []RuleState{}
 	for _, r := range cfg.QuotaRules() {
 		rs := byRule[r]
 		rs.Top = tops[r]
 		if rs.Top == nil {
-			rs.Top = []QuotaBucketState{}
+			rs.Top = []BucketState{}
 		}
 		st.Rules = append(st.Rules, *rs)
 	}
@@ -164,7 +164,7 @@ func (q *Quota) State() QuotaState {
 }
 
 // topBuckets keeps the MaxStateBuckets buckets with the most demand.
-func topBuckets(bs []QuotaBucketState) []QuotaBucketState {
-	slices.SortStableFunc(bs, func(x, y QuotaBucketState) int { return cmp.Compare(y.Demand, x.Demand) })
+func topBuckets(bs []BucketState) []BucketState {
+	slices.SortStableFunc(bs, func(x, y BucketState) int { return cmp.Compare(y.Demand, x.Demand) })
 	return bs[:min(len(bs), MaxStateBuckets)]
 }

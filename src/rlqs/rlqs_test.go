@@ -1,4 +1,4 @@
-package service_test
+package rlqs_test
 
 import (
 	"context"
@@ -20,10 +20,16 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/ratelimitd/ratelimit/src/quota"
+	"github.com/ratelimitd/ratelimit/src/rlqs"
 	"github.com/ratelimitd/ratelimit/src/rules"
-	"github.com/ratelimitd/ratelimit/src/service"
 	"github.com/ratelimitd/ratelimit/src/stats"
+	"github.com/ratelimitd/ratelimit/src/store/storetest"
+	"github.com/ratelimitd/ratelimit/src/wire"
+	"github.com/ratelimitd/ratelimit/src/wire/wiretest"
 )
+
+// epoch is the start of the tests' clocks.
+var epoch = time.Unix(1_699_999_995, 0)
 
 const quotaRules = `domain: web
 quota_buckets:
@@ -41,7 +47,7 @@ quota_buckets:
 // quotaFixture serves a Quota service on an in-memory gRPC connection,
 // with a fake clock and the ticks in the test's hands.
 type quotaFixture struct {
-	q     *service.Quota
+	q     *rlqs.Service
 	reg   *stats.Registry
 	clock atomic.Pointer[time.Time]
 	cc    *grpc.ClientConn
@@ -49,7 +55,7 @@ type quotaFixture struct {
 	sent atomic.Uint64
 }
 
-func newQuotaFixture(t *testing.T, cfg service.QuotaConfig, text string) *quotaFixture {
+func newQuotaFixture(t *testing.T, cfg rlqs.Config, text string) *quotaFixture {
 	t.Helper()
 	f := &quotaFixture{reg: stats.NewRegistry()}
 	now := epoch
@@ -59,13 +65,13 @@ func newQuotaFixture(t *testing.T, cfg service.QuotaConfig, text string) *quotaF
 		// After the learning period, unless a test asks for it.
 		cfg.Pool.Start = epoch.Add(-time.Hour)
 	}
-	f.q = service.NewQuota(f.reg, cfg)
+	f.q = rlqs.New(f.reg, cfg)
 	if text != "" {
 		f.setRules(t, text)
 	}
-	srv := grpc.NewServer(grpc.ForceServerCodecV2(service.Codec()))
+	srv := grpc.NewServer(grpc.ForceServerCodecV2(wire.Codec()))
 	rlqsv3.RegisterRateLimitQuotaServiceServer(srv, f.q)
-	f.cc = bufconnClient(t, srv)
+	f.cc = wiretest.Client(t, srv)
 	return f
 }
 
@@ -82,7 +88,7 @@ func (f *quotaFixture) setRules(t *testing.T, text string) {
 // so that the clock moves only between reports.
 func (f *quotaFixture) handled(t *testing.T) {
 	t.Helper()
-	waitFor(t, func() bool { return f.reg.Snapshot()["ratelimit.rlqs.reports"] >= f.sent.Load() }, "the reports to be handled")
+	storetest.WaitFor(t, 10*time.Second, "the reports to be handled", func() bool { return f.reg.Snapshot()["ratelimit.rlqs.reports"] >= f.sent.Load() })
 }
 
 func (f *quotaFixture) advance(d time.Duration) {
@@ -233,7 +239,7 @@ func rateOf(tb *typev3.TokenBucket) float64 {
 }
 
 func TestQuotaFirstReportIsAssigned(t *testing.T) {
-	f := newQuotaFixture(t, service.QuotaConfig{}, quotaRules)
+	f := newQuotaFixture(t, rlqs.Config{}, quotaRules)
 	e := f.open(t)
 	// Envoy's report of a new bucket: time_elapsed 0, which the proto's
 	// own validation refuses; it must be answered.
@@ -255,7 +261,7 @@ func TestQuotaFirstReportIsAssigned(t *testing.T) {
 }
 
 func TestQuotaFairSplitAcrossStreams(t *testing.T) {
-	f := newQuotaFixture(t, service.QuotaConfig{}, quotaRules)
+	f := newQuotaFixture(t, rlqs.Config{}, quotaRules)
 	a, b := f.open(t), f.open(t)
 	a.send("web", usage{id: []string{"tenant", "acme"}, allowed: 1})
 	a.recv()
@@ -290,14 +296,14 @@ func TestQuotaFairSplitAcrossStreams(t *testing.T) {
 	}
 	// 19/s to share: b's 2/s is met, a gets the rest (within the 2 %
 	// by which a share is not worth changing).
-	waitFor(t, func() bool {
+	storetest.WaitFor(t, 10*time.Second, "shares of about 17 and 2/s", func() bool {
 		ra, rb := share(a), share(b)
 		return ra >= 16.6 && ra <= 17.4 && rb >= 1.6 && rb <= 2.4 && ra+rb <= 19
-	}, "shares of about 17 and 2/s")
+	})
 }
 
 func TestQuotaBlanketAndUnmatched(t *testing.T) {
-	f := newQuotaFixture(t, service.QuotaConfig{}, quotaRules)
+	f := newQuotaFixture(t, rlqs.Config{}, quotaRules)
 	e := f.open(t)
 	e.send("web",
 		usage{id: []string{"name", "blocked"}, allowed: 1},
@@ -322,7 +328,7 @@ func TestQuotaBlanketAndUnmatched(t *testing.T) {
 }
 
 func TestQuotaStaticPolicy(t *testing.T) {
-	f := newQuotaFixture(t, service.QuotaConfig{}, quotaRules)
+	f := newQuotaFixture(t, rlqs.Config{}, quotaRules)
 	a, b := f.open(t), f.open(t)
 	a.send("web", usage{id: []string{"name", "static"}, allowed: 1})
 	a.recv()
@@ -340,9 +346,9 @@ func TestQuotaStaticPolicy(t *testing.T) {
 }
 
 func TestQuotaBadReports(t *testing.T) {
-	long := strings.Repeat("k", service.MaxKeyLen+1)
-	many := make([]string, 0, 2*(service.MaxBucketEntries+1))
-	for i := range service.MaxBucketEntries + 1 {
+	long := strings.Repeat("k", wire.MaxKeyLen+1)
+	many := make([]string, 0, 2*(rlqs.MaxBucketEntries+1))
+	for i := range rlqs.MaxBucketEntries + 1 {
 		many = append(many, "k"+string(rune('a'+i%26))+strings.Repeat("x", i), "v")
 	}
 	tests := []struct {
@@ -357,7 +363,7 @@ func TestQuotaBadReports(t *testing.T) {
 		{"long_key", "web", []usage{{id: []string{long, "v"}}}, "key is 257 bytes long, the limit is 256"},
 		{"empty_key", "web", []usage{{id: []string{"", "v"}}}, "id has an empty key"},
 	}
-	f := newQuotaFixture(t, service.QuotaConfig{}, quotaRules)
+	f := newQuotaFixture(t, rlqs.Config{}, quotaRules)
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			e := f.open(t)
@@ -397,7 +403,7 @@ func TestQuotaBadReports(t *testing.T) {
 		m = protowire.AppendTag(m, 2, protowire.BytesType)
 		m = protowire.AppendBytes(m, u)
 		s, err := f.cc.NewStream(t.Context(), &rlqsv3.RateLimitQuotaService_ServiceDesc.Streams[0],
-			rlqsv3.RateLimitQuotaService_StreamRateLimitQuotas_FullMethodName, grpc.ForceCodec(rawCodec{}))
+			rlqsv3.RateLimitQuotaService_StreamRateLimitQuotas_FullMethodName, grpc.ForceCodec(wiretest.Raw{}))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -416,7 +422,7 @@ func TestQuotaBadReports(t *testing.T) {
 
 func TestQuotaBounds(t *testing.T) {
 	t.Run("streams", func(t *testing.T) {
-		f := newQuotaFixture(t, service.QuotaConfig{MaxStreams: 2}, quotaRules)
+		f := newQuotaFixture(t, rlqs.Config{MaxStreams: 2}, quotaRules)
 		a, b := f.open(t), f.open(t)
 		a.send("web", usage{id: []string{"tenant", "a"}, allowed: 1})
 		a.recv()
@@ -428,13 +434,13 @@ func TestQuotaBounds(t *testing.T) {
 		}
 		// Once one closes, a new one is served.
 		a.cf()
-		waitFor(t, func() bool { return f.q.Streams() == 1 }, "the closed stream to end")
+		storetest.WaitFor(t, 10*time.Second, "the closed stream to end", func() bool { return f.q.Streams() == 1 })
 		d := f.open(t)
 		d.send("web", usage{id: []string{"tenant", "d"}, allowed: 1})
 		d.recv()
 	})
 	t.Run("buckets_per_stream", func(t *testing.T) {
-		f := newQuotaFixture(t, service.QuotaConfig{MaxBucketsPerStream: 2, MaxBuckets: 10}, quotaRules)
+		f := newQuotaFixture(t, rlqs.Config{MaxBucketsPerStream: 2, MaxBuckets: 10}, quotaRules)
 		e := f.open(t)
 		e.send("web",
 			usage{id: []string{"tenant", "a"}, allowed: 1},
@@ -450,7 +456,7 @@ func TestQuotaBounds(t *testing.T) {
 		}
 	})
 	t.Run("buckets", func(t *testing.T) {
-		f := newQuotaFixture(t, service.QuotaConfig{MaxBucketsPerStream: 2, MaxBuckets: 3}, quotaRules)
+		f := newQuotaFixture(t, rlqs.Config{MaxBucketsPerStream: 2, MaxBuckets: 3}, quotaRules)
 		a, b := f.open(t), f.open(t)
 		a.send("web", usage{id: []string{"tenant", "a"}, allowed: 1}, usage{id: []string{"tenant", "b"}, allowed: 1})
 		a.recv()
@@ -465,7 +471,7 @@ func TestQuotaBounds(t *testing.T) {
 }
 
 func TestQuotaAuto(t *testing.T) {
-	f := newQuotaFixture(t, service.QuotaConfig{Auto: true}, "domain: web\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 1}\n")
+	f := newQuotaFixture(t, rlqs.Config{Auto: true}, "domain: web\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 1}\n")
 	e := f.open(t)
 	if err := e.recvErr(); status.Code(err) != codes.Unimplemented || !strings.Contains(err.Error(), "RLQS_ENABLED") {
 		t.Errorf("stream with no quota rules: %v, want Unimplemented naming RLQS_ENABLED", err)
@@ -479,7 +485,7 @@ func TestQuotaAuto(t *testing.T) {
 }
 
 func TestQuotaCloseEndsStreams(t *testing.T) {
-	f := newQuotaFixture(t, service.QuotaConfig{}, quotaRules)
+	f := newQuotaFixture(t, rlqs.Config{}, quotaRules)
 	e := f.open(t)
 	e.send("web", usage{id: []string{"tenant", "a"}, allowed: 1})
 	e.recv()
@@ -493,7 +499,7 @@ func TestQuotaCloseEndsStreams(t *testing.T) {
 }
 
 func TestQuotaRulesChange(t *testing.T) {
-	f := newQuotaFixture(t, service.QuotaConfig{}, quotaRules)
+	f := newQuotaFixture(t, rlqs.Config{}, quotaRules)
 	e := f.open(t)
 	e.send("web", usage{id: []string{"tenant", "a"}, allowed: 1})
 	e.recv()
@@ -512,7 +518,7 @@ func TestQuotaRulesChange(t *testing.T) {
 }
 
 func TestQuotaIdleAbandoned(t *testing.T) {
-	f := newQuotaFixture(t, service.QuotaConfig{Pool: quota.Config{Idle: 30 * time.Second}}, quotaRules)
+	f := newQuotaFixture(t, rlqs.Config{Pool: quota.Config{Idle: 30 * time.Second}}, quotaRules)
 	e := f.open(t)
 	e.send("web", usage{id: []string{"tenant", "a"}, allowed: 1})
 	e.recv()
@@ -530,7 +536,7 @@ func TestQuotaIdleAbandoned(t *testing.T) {
 // TestQuotaAbandonedBucketComesBack: once its pool has ended, a bucket
 // that subscribes again counts against RLQS_MAX_BUCKETS like any new one.
 func TestQuotaAbandonedBucketComesBack(t *testing.T) {
-	f := newQuotaFixture(t, service.QuotaConfig{Pool: quota.Config{Idle: 10 * time.Second}, MaxBuckets: 1, MaxBucketsPerStream: 1}, quotaRules)
+	f := newQuotaFixture(t, rlqs.Config{Pool: quota.Config{Idle: 10 * time.Second}, MaxBuckets: 1, MaxBucketsPerStream: 1}, quotaRules)
 	a, b := f.open(t), f.open(t)
 	a.send("web", usage{id: []string{"tenant", "a"}, allowed: 1})
 	a.recv()
@@ -586,13 +592,13 @@ func FuzzQuotaReport(f *testing.F) {
 		f.Add(b)
 	}
 	f.Add([]byte{0xff, 0x01})
-	q := service.NewQuota(stats.NewRegistry(), service.QuotaConfig{})
+	q := rlqs.New(stats.NewRegistry(), rlqs.Config{})
 	c, err := rules.Parse([]rules.File{{Name: "quota.yaml", Data: []byte(quotaRules)}}, rules.Options{})
 	if err != nil {
 		f.Fatal(err)
 	}
 	q.SetRules(c)
-	codec := service.Codec()
+	codec := wire.Codec()
 	f.Fuzz(func(t *testing.T, b []byte) {
 		var m rlqsv3.RateLimitQuotaUsageReports
 		if err := codec.Unmarshal(mem.BufferSlice{mem.SliceBuffer(b)}, &m); err != nil {
@@ -614,8 +620,8 @@ func FuzzQuotaReport(f *testing.F) {
 // a report's answer and the changes it causes on other sessions are
 // there to Take as soon as Report returns.
 func TestQuotaSession(t *testing.T) {
-	f := newQuotaFixture(t, service.QuotaConfig{}, quotaRules)
-	report := func(s *service.QuotaSession) {
+	f := newQuotaFixture(t, rlqs.Config{}, quotaRules)
+	report := func(s *rlqs.Session) {
 		t.Helper()
 		err := s.Report(&rlqsv3.RateLimitQuotaUsageReports{Domain: "web", BucketQuotaUsages: []*rlqsv3.RateLimitQuotaUsageReports_BucketQuotaUsage{
 			{BucketId: bucketID("tenant", "a"), NumRequestsAllowed: 1},
@@ -659,7 +665,7 @@ func TestQuotaSession(t *testing.T) {
 // rule, its buckets and subscribers, the sum of the shares against the
 // limit, the requests reported and those beyond the shares.
 func TestQuotaState(t *testing.T) {
-	f := newQuotaFixture(t, service.QuotaConfig{}, quotaRules)
+	f := newQuotaFixture(t, rlqs.Config{}, quotaRules)
 	a, b := f.open(t), f.open(t)
 	a.send("web", usage{id: []string{"tenant", "acme"}, allowed: 1})
 	a.recv()

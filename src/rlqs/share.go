@@ -1,4 +1,4 @@
-package service
+package rlqs
 
 import (
 	"bytes"
@@ -40,10 +40,10 @@ import (
 // on one replica, so the pools count a decrease as settled only after
 // sharedSettle, and a grant's lease accordingly.
 
-// QuotaShare is what the service needs of a store to share its pools
+// Share is what the service needs of a store to share its pools
 // with the other replicas: see quota.SyncRequest and quota.CommitRequest.
 // The Redis store has it.
-type QuotaShare interface {
+type Share interface {
 	// SyncQuota makes each request's exchange; each reply has its error.
 	SyncQuota(ctx context.Context, reqs []quota.SyncRequest) []quota.SyncReply
 	// CommitQuota makes each owner's write; each has its error,
@@ -77,8 +77,8 @@ const (
 )
 
 // sharedPool is what a replica holds of a shared pool, guarded by
-// Quota.mu. Its maps are bounded: local by RLQS_MAX_BUCKETS (they count
-// in Quota.subs), grants and stored by the pool's subscribers, which are
+// Service.mu. Its maps are bounded: local by RLQS_MAX_BUCKETS (they count
+// in Service.subs), grants and stored by the pool's subscribers, which are
 // those of every replica's streams, each within its RLQS_MAX_BUCKETS.
 type sharedPool struct {
 	// name is the pool's name in the store: the scope (CACHE_KEY_PREFIX),
@@ -120,7 +120,7 @@ type localSub struct {
 	grant     quota.Grant
 }
 
-// shareState is the replica's side of sharing, guarded by Quota.mu.
+// shareState is the replica's side of sharing, guarded by Service.mu.
 type shareState struct {
 	// replica names this replica in the store (its ids' top half).
 	replica string
@@ -144,7 +144,7 @@ func newReplica() uint32 { return 1 + rand.Uint32N(1<<31-1) }
 func subField(id uint64) string { return strconv.FormatUint(id, 10) }
 
 // sharedReport records a report of a stream's bucket in a shared pool.
-func (q *Quota) sharedReport(now time.Time, qp *quotaPool, st *quotaStream, sb *streamBucket, allowed, denied uint64, elapsed time.Duration) {
+func (q *Service) sharedReport(now time.Time, qp *quotaPool, st *quotaStream, sb *streamBucket, allowed, denied uint64, elapsed time.Duration) {
 	ls := qp.sh.local[st.id]
 	if ls != nil && ls.left {
 		// Its bucket left the pool and came back (the rules changed
@@ -162,7 +162,7 @@ func (q *Quota) sharedReport(now time.Time, qp *quotaPool, st *quotaStream, sb *
 
 // sharedLeave records that a stream's bucket left a shared pool: the
 // owner is told at the next tick.
-func (q *Quota) sharedLeave(qp *quotaPool, stream uint64) {
+func (q *Service) sharedLeave(qp *quotaPool, stream uint64) {
 	if ls := qp.sh.local[stream]; ls != nil {
 		ls.left = true
 		ls.pending.Left = true
@@ -184,7 +184,7 @@ type syncing struct {
 // tickShared is Tick with a shared store: one exchange with the store for
 // every pool with a subscriber here or owned here, then the owners run
 // their pools and write them, then grants are sent.
-func (q *Quota) tickShared(ctx context.Context) {
+func (q *Service) tickShared(ctx context.Context) {
 	q.tickMu.Lock()
 	defer q.tickMu.Unlock()
 	now := q.cfg.Now()
@@ -218,7 +218,7 @@ func (q *Quota) tickShared(ctx context.Context) {
 // syncRequests returns what to hand over and to ask for, pool by pool.
 // The lock is taken pool by pool, so that a report waits for one pool at
 // most, and the store is called without it.
-func (q *Quota) syncRequests(now time.Time) (work []*syncing, reqs []quota.SyncRequest) {
+func (q *Service) syncRequests(now time.Time) (work []*syncing, reqs []quota.SyncRequest) {
 	for _, k := range q.poolKeys() {
 		q.mu.Lock()
 		if w, req, ok := q.syncRequest(now, k); ok {
@@ -234,7 +234,7 @@ func (q *Quota) syncRequests(now time.Time) (work []*syncing, reqs []quota.SyncR
 // holds no state of starts now, or learns while the shared pools are new
 // (the store lost its data). It returns the error of that read: the new
 // pools then learn.
-func (q *Quota) readStarted(ctx context.Context, now time.Time, reqs []quota.SyncRequest, replies []quota.SyncReply) error {
+func (q *Service) readStarted(ctx context.Context, now time.Time, reqs []quota.SyncRequest, replies []quota.SyncReply) error {
 	for i, rep := range replies {
 		if rep.Err != nil || !rep.Owner || rep.State != nil || (!rep.Fresh && !reqs[i].State) {
 			continue
@@ -255,7 +255,7 @@ func (q *Quota) readStarted(ctx context.Context, now time.Time, reqs []quota.Syn
 // runReplies applies the store's replies pool by pool, the owner running
 // its pools; it returns what the owned pools write back, and how many
 // replies came.
-func (q *Quota) runReplies(work []*syncing, replies []quota.SyncReply, startErr error) (commits []quota.CommitRequest, ok int) {
+func (q *Service) runReplies(work []*syncing, replies []quota.SyncReply, startErr error) (commits []quota.CommitRequest, ok int) {
 	for i, w := range work {
 		rep := replies[i]
 		if rep.Err == nil {
@@ -279,7 +279,7 @@ func (q *Quota) runReplies(work []*syncing, replies []quota.SyncReply, startErr 
 // noteShareReached records whether the store answered this tick; past
 // shareDownAfter without an answer, it ends every stream, so that Envoys
 // open theirs to a replica that reaches it.
-func (q *Quota) noteShareReached(ok int, replies []quota.SyncReply) {
+func (q *Service) noteShareReached(ok int, replies []quota.SyncReply) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	sh, now := q.share, q.cfg.Now()
@@ -299,7 +299,7 @@ func (q *Quota) noteShareReached(ok int, replies []quota.SyncReply) {
 // syncRequest returns what to hand over and ask for of pool k at this
 // tick, if anything; it forgets a pool that has nothing here any more.
 // q.mu is held.
-func (q *Quota) syncRequest(now time.Time, k poolKey) (*syncing, quota.SyncRequest, bool) {
+func (q *Service) syncRequest(now time.Time, k poolKey) (*syncing, quota.SyncRequest, bool) {
 	qp, sh := q.pools[k], q.share
 	if qp == nil || qp.sh == nil {
 		return nil, quota.SyncRequest{}, false
@@ -335,7 +335,7 @@ var errShareDown = status.Error(codes.Unavailable, "service: this replica cannot
 // syncReply takes in the store's answer for one pool: the reports handed
 // over, and the grants of a pool another replica owns. It reports whether
 // this replica owns the pool, which then runs.
-func (q *Quota) syncReply(now time.Time, w *syncing, rep quota.SyncReply) bool {
+func (q *Service) syncReply(now time.Time, w *syncing, rep quota.SyncReply) bool {
 	sh := w.qp.sh
 	for i, ls := range w.pushed {
 		switch {
@@ -375,7 +375,7 @@ func (q *Quota) syncReply(now time.Time, w *syncing, rep quota.SyncReply) bool {
 }
 
 // disown forgets a pool this replica owned: its lease is another's.
-func (q *Quota) disown(qp *quotaPool) {
+func (q *Service) disown(qp *quotaPool) {
 	sh := qp.sh
 	sh.owned, sh.reload = false, false
 	sh.grants, sh.stored, sh.state = nil, nil, nil
@@ -384,7 +384,7 @@ func (q *Quota) disown(qp *quotaPool) {
 
 // runOwned runs a pool this replica holds the lease of on the reports
 // taken, and returns what to write.
-func (q *Quota) runOwned(now time.Time, w *syncing, rep quota.SyncReply) (quota.CommitRequest, bool) {
+func (q *Service) runOwned(now time.Time, w *syncing, rep quota.SyncReply) (quota.CommitRequest, bool) {
 	qp, sh := w.qp, w.qp.sh
 	limit := limitOf(qp.rule)
 	if !sh.owned || rep.Fresh || sh.reload || qp.p == nil {
@@ -435,7 +435,7 @@ func (q *Quota) runOwned(now time.Time, w *syncing, rep quota.SyncReply) (quota.
 // takeOwnership starts running a pool whose lease this replica has just
 // taken (or whose state it must read again): from the state the store
 // holds, or new, learning from when the shared pools started.
-func (q *Quota) takeOwnership(now time.Time, w *syncing, rep quota.SyncReply, limit quota.Limit) {
+func (q *Service) takeOwnership(now time.Time, w *syncing, rep quota.SyncReply, limit quota.Limit) {
 	qp, sh := w.qp, w.qp.sh
 	cfg := q.cfg.Pool
 	cfg.Start = q.share.started
@@ -472,7 +472,7 @@ func (q *Quota) takeOwnership(now time.Time, w *syncing, rep quota.SyncReply, li
 
 // commitOf returns what an owner writes of pool p: its state, the grants
 // that changed and those to drop; false when nothing changed.
-func (q *Quota) commitOf(sh *sharedPool, p *quota.Pool) (quota.CommitRequest, bool) {
+func (q *Service) commitOf(sh *sharedPool, p *quota.Pool) (quota.CommitRequest, bool) {
 	c := quota.CommitRequest{Pool: sh.name, Replica: q.share.replica, Epoch: sh.epoch, Keep: q.share.keep, State: p.AppendState(nil)}
 	for _, id := range slices.Sorted(maps.Keys(sh.grants)) {
 		if g := sh.grants[id]; !bytes.Equal(g, sh.stored[id]) {
@@ -494,7 +494,7 @@ func (q *Quota) commitOf(sh *sharedPool, p *quota.Pool) (quota.CommitRequest, bo
 // are sent to this replica's streams; a pool whose lease changed hands is
 // forgotten; a pool whose write failed is read again from the store at
 // the next tick, since what it holds is not known.
-func (q *Quota) committed(now time.Time, w *syncing, c quota.CommitRequest, err error) {
+func (q *Service) committed(now time.Time, w *syncing, c quota.CommitRequest, err error) {
 	qp, sh := w.qp, w.qp.sh
 	switch {
 	case errors.Is(err, quota.ErrNotOwner):
@@ -528,7 +528,7 @@ func (q *Quota) committed(now time.Time, w *syncing, c quota.CommitRequest, err 
 // lease, so that a grant sent late is not in force longer than its owner
 // counts it; one with less than a second left is not sent (the Envoy
 // keeps the grant it has, which its owner counts too).
-func (q *Quota) sendGrant(now time.Time, ls *localSub, rec []byte) {
+func (q *Service) sendGrant(now time.Time, ls *localSub, rec []byte) {
 	if rec == nil || bytes.Equal(rec, ls.delivered) {
 		return
 	}

@@ -1,8 +1,16 @@
-package service
+// Package rlqs serves Envoy's Rate Limit Quota Service
+// (envoy.service.rate_limit_quota.v3): each Envoy's stream of usage reports
+// in, token-bucket assignments out. The fair shares are computed by the
+// pure src/quota; this package owns the streams, their bounds, the leases
+// and, with several replicas, the exchange through a store (share.go). It
+// shares the request bounds and the codec with the rate-limit service
+// through src/wire, and imports nothing of src/service.
+package rlqs
 
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"maps"
@@ -24,10 +32,11 @@ import (
 	"github.com/ratelimitd/ratelimit/src/quota"
 	"github.com/ratelimitd/ratelimit/src/rules"
 	"github.com/ratelimitd/ratelimit/src/stats"
+	"github.com/ratelimitd/ratelimit/src/wire"
 )
 
-// QuotaConfig tunes a Quota service. Zero bounds take their defaults.
-type QuotaConfig struct {
+// Config tunes a Service. Zero bounds take their defaults.
+type Config struct {
 	// Auto answers Unimplemented while the rules have no quota_buckets
 	// (RLQS_ENABLED empty); otherwise streams are served whatever the
 	// rules.
@@ -50,7 +59,7 @@ type QuotaConfig struct {
 	// service through a store (Redis): see docs/RLQS.md, "Several
 	// replicas". Nil: this process is the only replica, and its pools
 	// live in its memory.
-	Share QuotaShare
+	Share Share
 	// Replica names this replica to the others (with Share): a number
 	// below 2^31, unique among the replicas; zero picks one at random.
 	Replica uint32
@@ -67,8 +76,8 @@ type QuotaConfig struct {
 // A report past one ends its stream with InvalidArgument and the reason.
 const (
 	// MaxBucketEntries bounds the entries of one bucket id; key and
-	// value lengths are those of descriptor entries (MaxKeyLen,
-	// MaxValueLen).
+	// value lengths are those of descriptor entries (wire.MaxKeyLen,
+	// wire.MaxValueLen).
 	MaxBucketEntries = 64
 	// maxReportedRequests caps the requests one bucket's report may
 	// claim, so that sums cannot overflow; no Envoy serves 2^40 requests
@@ -78,15 +87,15 @@ const (
 	maxElapsed = time.Hour
 )
 
-// Quota serves Envoy's Rate Limit Quota Service: it answers each Envoy's
+// Service serves Envoy's Rate Limit Quota Service: it answers each Envoy's
 // stream of usage reports with quota assignments, one per bucket, from the
 // quota_buckets of the rules. It is safe for concurrent use; rules are
 // swapped whole with SetRules. Run must run for assignments to follow
 // settling decreases, leases and idle buckets.
-type Quota struct {
+type Service struct {
 	rlqsv3.UnimplementedRateLimitQuotaServiceServer
 
-	cfg     QuotaConfig
+	cfg     Config
 	rules   atomic.Pointer[rules.Config]
 	closing chan struct{}
 	close   sync.Once
@@ -146,7 +155,7 @@ type quotaStream struct {
 	pending map[string]*rlqsv3.RateLimitQuotaResponse_BucketAction
 	wake    chan struct{}
 	// done is closed when the service ends the stream, with endErr (see
-	// end); guarded by Quota.mu.
+	// end); guarded by Service.mu.
 	done   chan struct{}
 	endErr error
 }
@@ -167,10 +176,10 @@ type streamBucket struct {
 	pool *quotaPool
 }
 
-// NewQuota returns a Quota service counting into reg.
-func NewQuota(reg *stats.Registry, cfg QuotaConfig) *Quota {
+// New returns a Service counting into reg.
+func New(reg *stats.Registry, cfg Config) *Service {
 	cfg.setDefaults()
-	q := &Quota{
+	q := &Service{
 		cfg:            cfg,
 		closing:        make(chan struct{}),
 		pools:          map[poolKey]*quotaPool{},
@@ -201,7 +210,7 @@ func NewQuota(reg *stats.Registry, cfg QuotaConfig) *Quota {
 
 // shareThroughStore sets q up to share its pools with the other replicas
 // through cfg.Share.
-func (q *Quota) shareThroughStore(reg *stats.Registry) {
+func (q *Service) shareThroughStore(reg *stats.Registry) {
 	if q.cfg.Replica == 0 || q.cfg.Replica >= 1<<31 {
 		q.cfg.Replica = newReplica()
 	}
@@ -233,7 +242,7 @@ func (q *Quota) shareThroughStore(reg *stats.Registry) {
 }
 
 // setDefaults fills the settings left zero.
-func (cfg *QuotaConfig) setDefaults() {
+func (cfg *Config) setDefaults() {
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}
@@ -265,7 +274,7 @@ func (cfg *QuotaConfig) setDefaults() {
 // the next tick of the pool's owner); pools whose bucket
 // no longer has a limited rule are dropped, and their buckets are
 // answered by the new rule at their next report.
-func (q *Quota) SetRules(c *rules.Config) {
+func (q *Service) SetRules(c *rules.Config) {
 	now := q.cfg.Now()
 	// Under the lock, so that a report sees the new rules and the pools
 	// that follow them together.
@@ -291,7 +300,7 @@ func (q *Quota) SetRules(c *rules.Config) {
 // dropPool forgets a pool and unsubscribes its streams' buckets. A shared
 // pool this replica owned is left to its lease's end: no replica runs it
 // any more.
-func (q *Quota) dropPool(k poolKey, qp *quotaPool) {
+func (q *Service) dropPool(k poolKey, qp *quotaPool) {
 	for _, st := range q.streams {
 		if sb := st.buckets[k.bucket]; sb != nil && sb.pool == qp && st.domain == k.domain {
 			sb.pool = nil
@@ -311,7 +320,7 @@ func limitOf(r *rules.QuotaRule) quota.Limit {
 
 // Run advances the allocation once a second (increases after decreases
 // settled, ended leases, idle buckets) until ctx is done.
-func (q *Quota) Run(ctx context.Context) {
+func (q *Service) Run(ctx context.Context) {
 	t := time.NewTicker(time.Second)
 	defer t.Stop()
 	for {
@@ -327,9 +336,9 @@ func (q *Quota) Run(ctx context.Context) {
 // Tick advances every pool to now and sends what changed; Run calls it
 // once a second. With replicas, it exchanges the reports and grants of
 // the tick with the store (see tickShared).
-func (q *Quota) Tick() { q.tick(context.Background()) }
+func (q *Service) Tick() { q.tick(context.Background()) }
 
-func (q *Quota) tick(ctx context.Context) {
+func (q *Service) tick(ctx context.Context) {
 	if q.share != nil {
 		q.tickShared(ctx)
 		return
@@ -357,7 +366,7 @@ func (q *Quota) tick(ctx context.Context) {
 }
 
 // poolKeys returns the keys of the pools, sorted (without the lock).
-func (q *Quota) poolKeys() []poolKey {
+func (q *Service) poolKeys() []poolKey {
 	q.mu.Lock()
 	keys := slices.AppendSeq(make([]poolKey, 0, len(q.pools)), maps.Keys(q.pools))
 	q.mu.Unlock()
@@ -369,12 +378,12 @@ func (q *Quota) poolKeys() []poolKey {
 // keeps its assignments until their TTL and opens a stream again, to
 // this process or another. The server calls it at shutdown, before its
 // graceful stop, which would otherwise wait for streams that never end.
-func (q *Quota) Close() {
+func (q *Service) Close() {
 	q.close.Do(func() { close(q.closing) })
 }
 
 // Streams returns the number of streams open.
-func (q *Quota) Streams() int {
+func (q *Service) Streams() int {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	return len(q.streams)
@@ -382,8 +391,8 @@ func (q *Quota) Streams() int {
 
 var errClosing = status.Error(codes.Unavailable, "service: shutting down; assignments stay in force until their TTL")
 
-// StreamRateLimitQuotas serves one Envoy's stream through a QuotaSession.
-func (q *Quota) StreamRateLimitQuotas(ss rlqsv3.RateLimitQuotaService_StreamRateLimitQuotasServer) error {
+// StreamRateLimitQuotas serves one Envoy's stream through a Session.
+func (q *Service) StreamRateLimitQuotas(ss rlqsv3.RateLimitQuotaService_StreamRateLimitQuotasServer) error {
 	if q.cfg.Auto && !q.rules.Load().HasQuota() {
 		return status.Error(codes.Unimplemented, "service: no quota_buckets in the rules, so the Rate Limit Quota Service is off (RLQS_ENABLED)")
 	}
@@ -396,7 +405,7 @@ func (q *Quota) StreamRateLimitQuotas(ss rlqsv3.RateLimitQuotaService_StreamRate
 	if err != nil {
 		return err
 	}
-	s := &QuotaSession{q: q, st: st}
+	s := &Session{q: q, st: st}
 	defer s.Close()
 	// Recv blocks; a goroutine of its own leaves this one free to send
 	// and to stop. It ends when the stream does: gRPC cancels the stream
@@ -449,30 +458,30 @@ func (q *Quota) StreamRateLimitQuotas(ss rlqsv3.RateLimitQuotaService_StreamRate
 	}
 }
 
-// QuotaSession is one client's stream of reports, in process: the gRPC
+// Session is one client's stream of reports, in process: the gRPC
 // handler serves each stream through one, and a simulator can drive the
 // service through many with no network and a fake clock. Report, Take and
 // Close may be called from different goroutines, each of them from one at
 // a time.
-type QuotaSession struct {
-	q  *Quota
+type Session struct {
+	q  *Service
 	st *quotaStream
 }
 
 // Open starts a session, within MaxStreams: ResourceExhausted past it,
 // Unavailable once Close was called.
-func (q *Quota) Open() (*QuotaSession, error) {
+func (q *Service) Open() (*Session, error) {
 	st, err := q.open("")
 	if err != nil {
 		return nil, err
 	}
-	return &QuotaSession{q: q, st: st}, nil
+	return &Session{q: q, st: st}, nil
 }
 
 // Report handles one message of the session's client. A message past a
 // bound is refused with InvalidArgument and the reason; the stream should
 // then end.
-func (s *QuotaSession) Report(m *rlqsv3.RateLimitQuotaUsageReports) error {
+func (s *Session) Report(m *rlqsv3.RateLimitQuotaUsageReports) error {
 	if err := s.q.report(s.st, m); err != nil {
 		s.q.invalid.Inc()
 		s.q.cfg.Log.Warn("quota report refused; closing the stream", "err", err)
@@ -482,19 +491,19 @@ func (s *QuotaSession) Report(m *rlqsv3.RateLimitQuotaUsageReports) error {
 }
 
 // Ready is signalled when the session has actions to send (see Take).
-func (s *QuotaSession) Ready() <-chan struct{} { return s.st.wake }
+func (s *Session) Ready() <-chan struct{} { return s.st.wake }
 
 // Done is closed when the service ends the session (a replica that cannot
 // reach the store it shares quotas through); Err then says why.
-func (s *QuotaSession) Done() <-chan struct{} { return s.st.done }
+func (s *Session) Done() <-chan struct{} { return s.st.done }
 
 // Err is why the service ended the session, nil while it has not.
-func (s *QuotaSession) Err() error { return s.q.endErr(s.st) }
+func (s *Session) Err() error { return s.q.endErr(s.st) }
 
 // Take returns the session's pending actions in one response, sorted by
 // bucket, and clears them; nil when there are none. An action replaces an
 // older one for the same bucket that was not taken yet.
-func (s *QuotaSession) Take() *rlqsv3.RateLimitQuotaResponse {
+func (s *Session) Take() *rlqsv3.RateLimitQuotaResponse {
 	q, st := s.q, s.st
 	q.mu.Lock()
 	defer q.mu.Unlock()
@@ -512,10 +521,10 @@ func (s *QuotaSession) Take() *rlqsv3.RateLimitQuotaResponse {
 
 // Close ends the session: its buckets' shares stay counted until their
 // leases end, since Envoy keeps its assignments until then.
-func (s *QuotaSession) Close() { s.q.end(s.st) }
+func (s *Session) Close() { s.q.end(s.st) }
 
 // open registers a new stream, within MaxStreams.
-func (q *Quota) open(peer string) (*quotaStream, error) {
+func (q *Service) open(peer string) (*quotaStream, error) {
 	select {
 	case <-q.closing:
 		return nil, errClosing
@@ -550,7 +559,7 @@ func (q *Quota) open(peer string) (*quotaStream, error) {
 
 // end unsubscribes a stream's buckets: their shares stay counted until
 // their leases end, since Envoy keeps its assignments until then.
-func (q *Quota) end(st *quotaStream) {
+func (q *Service) end(st *quotaStream) {
 	now := q.cfg.Now()
 	q.mu.Lock()
 	defer q.mu.Unlock()
@@ -563,14 +572,14 @@ func (q *Quota) end(st *quotaStream) {
 }
 
 // endErr is why the service ended st.
-func (q *Quota) endErr(st *quotaStream) error {
+func (q *Service) endErr(st *quotaStream) error {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	return st.endErr
 }
 
 // leave unsubscribes the stream of sb from its pool.
-func (q *Quota) leave(now time.Time, k poolKey, sb *streamBucket) {
+func (q *Service) leave(now time.Time, k poolKey, sb *streamBucket) {
 	qp := sb.pool
 	sb.pool = nil
 	if q.pools[k] != qp {
@@ -590,7 +599,7 @@ func (q *Quota) leave(now time.Time, k poolKey, sb *streamBucket) {
 }
 
 // report handles one message of a stream.
-func (q *Quota) report(st *quotaStream, m *rlqsv3.RateLimitQuotaUsageReports) error {
+func (q *Service) report(st *quotaStream, m *rlqsv3.RateLimitQuotaUsageReports) error {
 	if err := validateReport(st, m); err != nil {
 		return status.Error(codes.InvalidArgument, err.Error())
 	}
@@ -610,7 +619,7 @@ func (q *Quota) report(st *quotaStream, m *rlqsv3.RateLimitQuotaUsageReports) er
 
 // reportBucket handles the report of one bucket of stream st: its
 // subscription, within the bounds, and its usage. q.mu is held.
-func (q *Quota) reportBucket(now time.Time, cfg *rules.Config, st *quotaStream, u *rlqsv3.RateLimitQuotaUsageReports_BucketQuotaUsage) {
+func (q *Service) reportBucket(now time.Time, cfg *rules.Config, st *quotaStream, u *rlqsv3.RateLimitQuotaUsageReports_BucketQuotaUsage) {
 	id := u.GetBucketId().GetBucket()
 	key := bucketKey(id)
 	pk := poolKey{st.domain, key}
@@ -692,7 +701,7 @@ func ruleLabel(r *rules.QuotaRule) string {
 
 // totals returns the counters of rule r, made on first use: one set per
 // rule of the rules, so they are bounded as the rules are.
-func (q *Quota) totals(r *rules.QuotaRule) *ruleTotals {
+func (q *Service) totals(r *rules.QuotaRule) *ruleTotals {
 	k := r.Domain + "\x00" + ruleLabel(r)
 	t := q.ruleStats[k]
 	if t == nil {
@@ -722,34 +731,34 @@ func elapsedOf(u *rlqsv3.RateLimitQuotaUsageReports_BucketQuotaUsage) time.Durat
 // 0 Envoy sends for a new bucket, which the proto's own rules refuse, is
 // accepted.
 func validateReport(st *quotaStream, m *rlqsv3.RateLimitQuotaUsageReports) error {
-	if msg, bad := malformed(m); bad {
-		return badRequest("invalid RateLimitQuotaUsageReports: %s", msg)
+	if msg, bad := wire.Malformed(m); bad {
+		return fmt.Errorf("invalid RateLimitQuotaUsageReports: %s", msg)
 	}
 	d := m.GetDomain()
 	switch {
 	case d == "":
-		return badRequest("quota report: domain must not be empty")
-	case len(d) > MaxDomainLen:
-		return badRequest("quota report: domain is %d bytes long, the limit is %d", len(d), MaxDomainLen)
+		return fmt.Errorf("quota report: domain must not be empty")
+	case len(d) > wire.MaxDomainLen:
+		return fmt.Errorf("quota report: domain is %d bytes long, the limit is %d", len(d), wire.MaxDomainLen)
 	case st.domain != "" && d != st.domain:
-		return badRequest("quota report: domain %q on a stream of domain %q; open a stream per domain", d, st.domain)
+		return fmt.Errorf("quota report: domain %q on a stream of domain %q; open a stream per domain", d, st.domain)
 	}
 	for i, u := range m.GetBucketQuotaUsages() {
 		id := u.GetBucketId().GetBucket()
 		if len(id) == 0 {
-			return badRequest("quota report: bucket %d has an empty bucket id", i)
+			return fmt.Errorf("quota report: bucket %d has an empty bucket id", i)
 		}
 		if len(id) > MaxBucketEntries {
-			return badRequest("quota report: bucket %d: id has %d entries, the limit is %d", i, len(id), MaxBucketEntries)
+			return fmt.Errorf("quota report: bucket %d: id has %d entries, the limit is %d", i, len(id), MaxBucketEntries)
 		}
 		for k, v := range id {
 			switch {
 			case k == "":
-				return badRequest("quota report: bucket %d: id has an empty key", i)
-			case len(k) > MaxKeyLen:
-				return badRequest("quota report: bucket %d: key is %d bytes long, the limit is %d", i, len(k), MaxKeyLen)
-			case len(v) > MaxValueLen:
-				return badRequest("quota report: bucket %d: value of %q is %d bytes long, the limit is %d", i, k, len(v), MaxValueLen)
+				return fmt.Errorf("quota report: bucket %d: id has an empty key", i)
+			case len(k) > wire.MaxKeyLen:
+				return fmt.Errorf("quota report: bucket %d: key is %d bytes long, the limit is %d", i, len(k), wire.MaxKeyLen)
+			case len(v) > wire.MaxValueLen:
+				return fmt.Errorf("quota report: bucket %d: value of %q is %d bytes long, the limit is %d", i, k, len(v), wire.MaxValueLen)
 			}
 		}
 	}
@@ -758,7 +767,7 @@ func validateReport(st *quotaStream, m *rlqsv3.RateLimitQuotaUsageReports) error
 
 // deliver queues the grants of changes to their streams; a change for a
 // stream that ended is dropped (the pool was told).
-func (q *Quota) deliver(k poolKey, qp *quotaPool, changes []quota.Change) {
+func (q *Service) deliver(k poolKey, qp *quotaPool, changes []quota.Change) {
 	ttl := q.ttl()
 	for _, c := range changes {
 		st := q.streams[c.Sub]
@@ -775,7 +784,7 @@ func (q *Quota) deliver(k poolKey, qp *quotaPool, changes []quota.Change) {
 
 // queue puts an action in a stream's outbox, replacing any older one for
 // the same bucket, and wakes its handler.
-func (q *Quota) queue(st *quotaStream, key string, a *rlqsv3.RateLimitQuotaResponse_BucketAction) {
+func (q *Service) queue(st *quotaStream, key string, a *rlqsv3.RateLimitQuotaResponse_BucketAction) {
 	st.pending[key] = a
 	select {
 	case st.wake <- struct{}{}:
@@ -783,10 +792,10 @@ func (q *Quota) queue(st *quotaStream, key string, a *rlqsv3.RateLimitQuotaRespo
 	}
 }
 
-func (q *Quota) ttl() *durationpb.Duration { return durationpb.New(q.cfg.Pool.TTL) }
+func (q *Service) ttl() *durationpb.Duration { return durationpb.New(q.cfg.Pool.TTL) }
 
 // blanket is the action of a deny_all or allow_all rule.
-func (q *Quota) blanket(id *rlqsv3.BucketId, p rules.Policy) *rlqsv3.RateLimitQuotaResponse_BucketAction {
+func (q *Service) blanket(id *rlqsv3.BucketId, p rules.Policy) *rlqsv3.RateLimitQuotaResponse_BucketAction {
 	rule := typev3.RateLimitStrategy_ALLOW_ALL
 	if p == rules.DenyAll {
 		rule = typev3.RateLimitStrategy_DENY_ALL
