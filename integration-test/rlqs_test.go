@@ -669,3 +669,49 @@ func TestRLQSInLiveView(t *testing.T) {
 		t.Fatalf("the page wrote to the console:\n%s", strings.Join(p, "\n"))
 	}
 }
+
+// TestRLQSLongHeaderKeepsEnforcement: one request whose bucket id breaks
+// a bound (a 4,100-byte x-tenant header, which any end user can send)
+// costs that bucket alone an abandon. Envoy's stream lives on, its other
+// buckets stay enforced, and its later reports are answered (issue 35:
+// the whole report was refused and the stream ended, on every new stream
+// too, until Envoy fell back for every tenant).
+func TestRLQSLongHeaderKeepsEnforcement(t *testing.T) {
+	t.Parallel()
+	p := startQuotaService(t, exampleQuotaRules(t))
+	up := startUpstream(t)
+	_, addr := startQuotaEnvoy(t, p, up)
+	probe(t, addr, "acme")
+	if r := httpGet(t, addr, "/", map[string]string{"x-tenant": strings.Repeat("x", 4100)}); r.code != http.StatusOK {
+		t.Fatalf("long tenant's request: %d, want 200 (no_assignment_behavior ALLOW_ALL)", r.code)
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for p.stats(t)["ratelimit.rlqs.invalid_buckets"] == 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("the long bucket id was not reported within 30 s")
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	// Two of Envoy's periodic reports after it, on the same stream.
+	reports := p.stats(t)["ratelimit.rlqs.reports"]
+	for p.stats(t)["ratelimit.rlqs.reports"] < reports+2 {
+		if time.Now().After(deadline.Add(30 * time.Second)) {
+			t.Fatal("no further reports within 30 s")
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	st := p.stats(t)
+	if st["ratelimit.rlqs.invalid_reports"] != 0 || st["ratelimit.rlqs.streams"] != 1 {
+		t.Errorf("invalid_reports = %d, streams = %d; want 0 and 1: the stream goes on",
+			st["ratelimit.rlqs.invalid_reports"], st["ratelimit.rlqs.streams"])
+	}
+	denied := 0
+	for range 10 {
+		if r := httpGet(t, addr, "/", map[string]string{"x-tenant": "acme"}); r.code == http.StatusTooManyRequests {
+			denied++
+		}
+	}
+	if denied == 0 {
+		t.Error("acme: 10 requests at once over its share, none denied: enforcement is off")
+	}
+}

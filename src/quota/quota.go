@@ -202,6 +202,13 @@ func NewPool(l Limit, cfg Config) *Pool {
 // Limit returns the pool's limit.
 func (p *Pool) Limit() Limit { return p.limit }
 
+// Subscribed reports whether id is a live subscriber of the pool: one
+// that joined and was neither abandoned nor taken as gone since.
+func (p *Pool) Subscribed(id uint64) bool {
+	s := p.subs[id]
+	return s != nil && !s.gone && !s.abandoned
+}
+
 // Len returns the number of subscribers counted: reporting, or gone with
 // a grant that may still be in force.
 func (p *Pool) Len() int { return len(p.subs) }

@@ -113,8 +113,10 @@ type Service struct {
 	// tickMu lets one Tick run at a time.
 	tickMu sync.Mutex
 
-	reports, noRule, refused, refusedStreams, invalid *stats.Counter
-	reg                                               *stats.Registry
+	reports, noRule, refused, refusedStreams, invalid, badBuckets *stats.Counter
+	// badLog holds back log lines of refused buckets: one a second.
+	badLog wire.LogEvery
+	reg    *stats.Registry
 	// ruleStats are the counters of each quota rule, by ruleLabel;
 	// guarded by mu.
 	ruleStats map[string]*ruleTotals
@@ -146,9 +148,11 @@ type quotaStream struct {
 	// peer is the client's address, for the live view; empty in process.
 	peer   string
 	domain string
-	// buckets are the bucket ids the stream reported, by bucketKey, with
-	// the pool each is subscribed to (nil: answered without a pool, or
-	// not answered).
+	// buckets are the stream's subscriptions, by bucketKey: the buckets
+	// it reported that are subscribed to a pool. A bucket answered
+	// without a pool (a blanket rule, no rule, a bound) has none, and one
+	// leaves when it is abandoned, its pool is dropped or its rule
+	// changes, so RLQS_MAX_BUCKETS_PER_STREAM counts live state only.
 	buckets map[string]*streamBucket
 	// pending are the assignments to send, by bucketKey; wake tells the
 	// stream's handler there are some.
@@ -189,6 +193,7 @@ func New(reg *stats.Registry, cfg Config) *Service {
 		refused:        reg.Counter("ratelimit.rlqs.buckets_refused"),
 		refusedStreams: reg.Counter("ratelimit.rlqs.streams_refused"),
 		invalid:        reg.Counter("ratelimit.rlqs.invalid_reports"),
+		badBuckets:     reg.Counter("ratelimit.rlqs.invalid_buckets"),
 		reg:            reg,
 		ruleStats:      map[string]*ruleTotals{},
 	}
@@ -304,6 +309,7 @@ func (q *Service) dropPool(k poolKey, qp *quotaPool) {
 	for _, st := range q.streams {
 		if sb := st.buckets[k.bucket]; sb != nil && sb.pool == qp && st.domain == k.domain {
 			sb.pool = nil
+			delete(st.buckets, k.bucket)
 		}
 	}
 	if qp.sh != nil {
@@ -565,9 +571,7 @@ func (q *Service) end(st *quotaStream) {
 	defer q.mu.Unlock()
 	delete(q.streams, st.id)
 	for key, sb := range st.buckets {
-		if sb.pool != nil {
-			q.leave(now, poolKey{st.domain, key}, sb)
-		}
+		q.leave(now, st, poolKey{st.domain, key}, sb)
 	}
 }
 
@@ -578,10 +582,11 @@ func (q *Service) endErr(st *quotaStream) error {
 	return st.endErr
 }
 
-// leave unsubscribes the stream of sb from its pool.
-func (q *Service) leave(now time.Time, k poolKey, sb *streamBucket) {
+// leave unsubscribes sb, a bucket of stream st, from its pool.
+func (q *Service) leave(now time.Time, st *quotaStream, k poolKey, sb *streamBucket) {
 	qp := sb.pool
 	sb.pool = nil
+	delete(st.buckets, k.bucket)
 	if q.pools[k] != qp {
 		return
 	}
@@ -610,11 +615,33 @@ func (q *Service) report(st *quotaStream, m *rlqsv3.RateLimitQuotaUsageReports) 
 	if st.domain == "" {
 		st.domain = m.GetDomain()
 	}
-	for _, u := range m.GetBucketQuotaUsages() {
+	for i, u := range m.GetBucketQuotaUsages() {
 		q.reports.Inc()
+		if why := checkBucket(u.GetBucketId().GetBucket()); why != "" {
+			q.refuseBucket(now, st, u.GetBucketId(), fmt.Sprintf("bucket %d: %s", i, why))
+			continue
+		}
 		q.reportBucket(now, cfg, st, u)
 	}
 	return nil
+}
+
+// refuseBucket answers a bucket whose id breaks a bound with an abandon,
+// alone: Envoy drops the bucket, so that its id leaves Envoy's reports,
+// and its requests follow Envoy's no_assignment_behavior until the next
+// one creates it again. The stream and its other buckets go on: a
+// request header that an end user chose must not end enforcement for
+// everyone behind the same Envoy. q.mu is held.
+func (q *Service) refuseBucket(now time.Time, st *quotaStream, id *rlqsv3.BucketId, why string) {
+	q.badBuckets.Inc()
+	if ok, held := q.badLog.Allow(now); ok {
+		q.cfg.Log.Warn("quota report: bucket abandoned for breaking a bound; the stream goes on",
+			"reason", why, "domain", st.domain, "peer", st.peer, "held_back", held)
+	}
+	if len(id.GetBucket()) == 0 {
+		return // nothing Envoy could match an answer with
+	}
+	q.queue(st, bucketKey(id.GetBucket()), assignment(id, quota.Grant{Abandon: true}, nil))
 }
 
 // reportBucket handles the report of one bucket of stream st: its
@@ -624,22 +651,18 @@ func (q *Service) reportBucket(now time.Time, cfg *rules.Config, st *quotaStream
 	key := bucketKey(id)
 	pk := poolKey{st.domain, key}
 	sb := st.buckets[key]
-	if sb == nil {
-		if len(st.buckets) >= q.cfg.MaxBucketsPerStream {
-			q.refused.Inc()
-			return
-		}
-		sb = &streamBucket{stream: st.id, key: key, id: u.GetBucketId()}
-		st.buckets[key] = sb
-	}
 	r := cfg.MatchQuota(st.domain, id)
 	switch {
-	case sb.pool != nil && q.pools[pk] != sb.pool:
+	case sb == nil:
+	case q.pools[pk] != sb.pool:
 		// Its pool ended (abandoned, then dropped): subscribing again
 		// is a new subscription, within the bounds.
 		sb.pool = nil
-	case sb.pool != nil && (r == nil || sb.pool.rule != r):
-		q.leave(now, pk, sb)
+		delete(st.buckets, key)
+		sb = nil
+	case r == nil || sb.pool.rule != r:
+		q.leave(now, st, pk, sb)
+		sb = nil
 	}
 	allowed := min(u.GetNumRequestsAllowed(), maxReportedRequests)
 	denied := min(u.GetNumRequestsDenied(), maxReportedRequests)
@@ -656,7 +679,11 @@ func (q *Service) reportBucket(now time.Time, cfg *rules.Config, st *quotaStream
 		q.noRule.Inc()
 		return
 	case !r.Policy.Limited():
-		q.queue(st, key, q.blanket(sb.id, r.Policy))
+		q.queue(st, key, q.blanket(u.GetBucketId(), r.Policy))
+		return
+	}
+	if sb == nil && len(st.buckets) >= q.cfg.MaxBucketsPerStream {
+		q.refused.Inc()
 		return
 	}
 	qp := q.pools[pk]
@@ -673,9 +700,13 @@ func (q *Service) reportBucket(now time.Time, cfg *rules.Config, st *quotaStream
 		}
 		q.pools[pk] = qp
 	}
-	if sb.pool == nil && q.subs >= q.cfg.MaxBuckets {
-		q.refused.Inc()
-		return
+	if sb == nil {
+		if q.subs >= q.cfg.MaxBuckets {
+			q.refused.Inc()
+			return
+		}
+		sb = &streamBucket{stream: st.id, key: key, id: u.GetBucketId()}
+		st.buckets[key] = sb
 	}
 	sb.pool = qp
 	if qp.sh != nil {
@@ -688,6 +719,12 @@ func (q *Service) reportBucket(now time.Time, cfg *rules.Config, st *quotaStream
 	q.subs += qp.p.Len() - before
 	totals.beyond.Add(qp.p.Beyond() - beyond)
 	q.deliver(pk, qp, changes)
+	if !qp.p.Subscribed(st.id) {
+		// A report Envoy sent before it had its abandon: the bucket
+		// is gone from Envoy, and from the stream.
+		sb.pool = nil
+		delete(st.buckets, key)
+	}
 }
 
 // ruleLabel names a quota rule in statistics and the live view: its name,
@@ -727,9 +764,10 @@ func elapsedOf(u *rlqsv3.RateLimitQuotaUsageReports_BucketQuotaUsage) time.Durat
 	return e.AsDuration()
 }
 
-// validateReport checks a message against the bounds; the time_elapsed of
-// 0 Envoy sends for a new bucket, which the proto's own rules refuse, is
-// accepted.
+// validateReport checks a message's own bounds: its decoding and its
+// domain, which Envoy's configuration sets, not its requests. A message
+// past one ends its stream. Each bucket's id is checked alone
+// (checkBucket).
 func validateReport(st *quotaStream, m *rlqsv3.RateLimitQuotaUsageReports) error {
 	if msg, bad := wire.Malformed(m); bad {
 		return fmt.Errorf("invalid RateLimitQuotaUsageReports: %s", msg)
@@ -743,26 +781,31 @@ func validateReport(st *quotaStream, m *rlqsv3.RateLimitQuotaUsageReports) error
 	case st.domain != "" && d != st.domain:
 		return fmt.Errorf("quota report: domain %q on a stream of domain %q; open a stream per domain", d, st.domain)
 	}
-	for i, u := range m.GetBucketQuotaUsages() {
-		id := u.GetBucketId().GetBucket()
-		if len(id) == 0 {
-			return fmt.Errorf("quota report: bucket %d has an empty bucket id", i)
-		}
-		if len(id) > MaxBucketEntries {
-			return fmt.Errorf("quota report: bucket %d: id has %d entries, the limit is %d", i, len(id), MaxBucketEntries)
-		}
-		for k, v := range id {
-			switch {
-			case k == "":
-				return fmt.Errorf("quota report: bucket %d: id has an empty key", i)
-			case len(k) > wire.MaxKeyLen:
-				return fmt.Errorf("quota report: bucket %d: key is %d bytes long, the limit is %d", i, len(k), wire.MaxKeyLen)
-			case len(v) > wire.MaxValueLen:
-				return fmt.Errorf("quota report: bucket %d: value of %q is %d bytes long, the limit is %d", i, k, len(v), wire.MaxValueLen)
-			}
+	return nil
+}
+
+// checkBucket says which bound a bucket id breaks, if any: its entries
+// come from request headers, which end users choose. The time_elapsed of
+// 0 Envoy sends for a new bucket, which the proto's own rules refuse, is
+// accepted.
+func checkBucket(id map[string]string) string {
+	if len(id) == 0 {
+		return "empty bucket id"
+	}
+	if len(id) > MaxBucketEntries {
+		return fmt.Sprintf("id has %d entries, the limit is %d", len(id), MaxBucketEntries)
+	}
+	for k, v := range id {
+		switch {
+		case k == "":
+			return "id has an empty key"
+		case len(k) > wire.MaxKeyLen:
+			return fmt.Sprintf("key is %d bytes long, the limit is %d", len(k), wire.MaxKeyLen)
+		case len(v) > wire.MaxValueLen:
+			return fmt.Sprintf("value of %q is %d bytes long, the limit is %d", k, len(v), wire.MaxValueLen)
 		}
 	}
-	return nil
+	return ""
 }
 
 // deliver queues the grants of changes to their streams; a change for a
@@ -779,6 +822,10 @@ func (q *Service) deliver(k poolKey, qp *quotaPool, changes []quota.Change) {
 			continue
 		}
 		q.queue(st, k.bucket, assignment(sb.id, c.Grant, ttl))
+		if c.Grant.Abandon {
+			// Envoy drops the bucket: the stream holds it no more.
+			delete(st.buckets, k.bucket)
+		}
 	}
 }
 

@@ -2,6 +2,7 @@ package rlqs_test
 
 import (
 	"context"
+	"fmt"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -194,6 +195,24 @@ func (e *envoyStream) recv() *rlqsv3.RateLimitQuotaResponse {
 	return nil
 }
 
+// drain returns the actions of the responses received so far, waiting
+// for the service to send what its last tick queued.
+func (e *envoyStream) drain() []*rlqsv3.RateLimitQuotaResponse_BucketAction {
+	e.t.Helper()
+	var out []*rlqsv3.RateLimitQuotaResponse_BucketAction
+	for {
+		select {
+		case m, ok := <-e.msgs:
+			if !ok {
+				e.t.Fatalf("Recv: %v", e.err)
+			}
+			out = append(out, m.GetBucketAction()...)
+		case <-time.After(100 * time.Millisecond):
+			return out
+		}
+	}
+}
+
 // recvErr returns the error that ends the stream.
 func (e *envoyStream) recvErr() error {
 	for range e.msgs {
@@ -345,35 +364,66 @@ func TestQuotaStaticPolicy(t *testing.T) {
 	}
 }
 
-func TestQuotaBadReports(t *testing.T) {
+// A bucket whose id breaks a bound (its entries come from request
+// headers, which end users choose) is abandoned alone: the stream and the
+// other buckets of the same report go on. Only the message's own faults
+// (its domain, its decoding) end the stream.
+func TestQuotaBadBuckets(t *testing.T) {
 	long := strings.Repeat("k", wire.MaxKeyLen+1)
 	many := make([]string, 0, 2*(rlqs.MaxBucketEntries+1))
 	for i := range rlqs.MaxBucketEntries + 1 {
 		many = append(many, "k"+string(rune('a'+i%26))+strings.Repeat("x", i), "v")
 	}
 	tests := []struct {
-		name   string
-		domain string
-		us     []usage
-		want   string
+		name string
+		id   []string
 	}{
-		{"empty_domain", "", []usage{{id: []string{"tenant", "a"}}}, "domain must not be empty"},
-		{"empty_bucket_id", "web", []usage{{id: nil}}, "bucket 0 has an empty bucket id"},
-		{"too_many_entries", "web", []usage{{id: many}}, "id has 65 entries, the limit is 64"},
-		{"long_key", "web", []usage{{id: []string{long, "v"}}}, "key is 257 bytes long, the limit is 256"},
-		{"empty_key", "web", []usage{{id: []string{"", "v"}}}, "id has an empty key"},
+		{"too_many_entries", many},
+		{"long_key", []string{long, "v"}},
+		{"long_value", []string{"tenant", strings.Repeat("v", wire.MaxValueLen+1)}},
+		{"empty_key", []string{"", "v"}},
 	}
 	f := newQuotaFixture(t, rlqs.Config{}, quotaRules)
-	for _, tt := range tests {
+	e := f.open(t)
+	for i, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			e := f.open(t)
-			e.send(tt.domain, tt.us...)
-			err := e.recvErr()
-			if status.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), tt.want) {
-				t.Errorf("stream ended with %v, want InvalidArgument with %q", err, tt.want)
+			good := fmt.Sprintf("good%d", i)
+			e.send("web", usage{id: tt.id, allowed: 1}, usage{id: []string{"tenant", good}, allowed: 1})
+			r := e.recv()
+			if a := action(r, tt.id...); a.GetAbandonAction() == nil {
+				t.Errorf("bad bucket answered %v, want an abandon", a)
+			}
+			if tokenBucket(r, "tenant", good) == nil {
+				t.Errorf("good bucket beside it not assigned: %v", r)
 			}
 		})
 	}
+	// An empty id cannot be answered; the stream goes on all the same.
+	e.send("web", usage{id: nil}, usage{id: []string{"tenant", "after"}, allowed: 1})
+	if tokenBucket(e.recv(), "tenant", "after") == nil {
+		t.Error("the bucket beside an empty id was not assigned")
+	}
+	snap := f.reg.Snapshot()
+	if n := snap["ratelimit.rlqs.invalid_buckets"]; n != uint64(len(tests)+1) {
+		t.Errorf("invalid_buckets = %d, want %d", n, len(tests)+1)
+	}
+	if n := snap["ratelimit.rlqs.invalid_reports"]; n != 0 {
+		t.Errorf("invalid_reports = %d, want 0: no report was refused", n)
+	}
+	if n := f.q.State().Subscriptions; n != len(tests)+1 {
+		t.Errorf("subscriptions = %d, want %d: the bad buckets hold none", n, len(tests)+1)
+	}
+}
+
+func TestQuotaBadReports(t *testing.T) {
+	f := newQuotaFixture(t, rlqs.Config{}, quotaRules)
+	t.Run("empty_domain", func(t *testing.T) {
+		e := f.open(t)
+		e.send("", usage{id: []string{"tenant", "a"}})
+		if err := e.recvErr(); status.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), "domain must not be empty") {
+			t.Errorf("stream ended with %v, want InvalidArgument naming the empty domain", err)
+		}
+	})
 	t.Run("domain_changes", func(t *testing.T) {
 		e := f.open(t)
 		e.send("web", usage{id: []string{"tenant", "a"}, allowed: 1})
@@ -415,8 +465,8 @@ func TestQuotaBadReports(t *testing.T) {
 			t.Errorf("malformed report: %v, want InvalidArgument", err)
 		}
 	})
-	if n := f.reg.Snapshot()["ratelimit.rlqs.invalid_reports"]; n != uint64(len(tests)+2) {
-		t.Errorf("invalid_reports = %d, want %d", n, len(tests)+2)
+	if n := f.reg.Snapshot()["ratelimit.rlqs.invalid_reports"]; n != 3 {
+		t.Errorf("invalid_reports = %d, want 3", n)
 	}
 }
 
@@ -569,6 +619,52 @@ func TestQuotaAbandonedBucketComesBack(t *testing.T) {
 	f.handled(t)
 	if n := f.reg.Gauges()["ratelimit.rlqs.subscriptions"]; n != 1 {
 		t.Errorf("subscriptions = %d with RLQS_MAX_BUCKETS=1, want 1", n)
+	}
+}
+
+// TestQuotaStreamCapCountsLiveBuckets: RLQS_MAX_BUCKETS_PER_STREAM counts
+// the stream's subscriptions now, not every id it ever reported: buckets
+// abandoned, answered by a blanket rule or matching no rule leave room for
+// new ones (issue 35: with 16 new tenants a second, a stream's cap was
+// full of long-gone buckets after ten minutes and every new tenant went
+// unanswered).
+func TestQuotaStreamCapCountsLiveBuckets(t *testing.T) {
+	f := newQuotaFixture(t, rlqs.Config{Pool: quota.Config{Idle: 10 * time.Second}, MaxBucketsPerStream: 2}, quotaRules)
+	e := f.open(t)
+	// Buckets that hold no subscription: a blanket rule, and no rule.
+	e.send("web", usage{id: []string{"name", "blocked"}, allowed: 1}, usage{id: []string{"other", "x"}, allowed: 1})
+	e.recv()
+	for round := range 3 {
+		ids := [][]string{{"tenant", fmt.Sprintf("r%da", round)}, {"tenant", fmt.Sprintf("r%db", round)}}
+		e.send("web", usage{id: ids[0], allowed: 1}, usage{id: ids[1], allowed: 1})
+		r := e.recv()
+		for _, id := range ids {
+			if tokenBucket(r, id...) == nil {
+				t.Fatalf("round %d: %v not assigned (%v): the cap counted buckets no longer held", round, id, r)
+			}
+		}
+		// Both go idle and are abandoned; Envoy drops them.
+		for i, abandoned := 0, 0; abandoned < 2; i++ {
+			if i == 10 {
+				t.Fatalf("round %d: idle buckets not abandoned within 50 s", round)
+			}
+			f.advance(5 * time.Second)
+			f.q.Tick()
+			for _, a := range e.drain() {
+				if a.GetAbandonAction() != nil {
+					abandoned++
+				}
+			}
+		}
+	}
+	if n := f.reg.Snapshot()["ratelimit.rlqs.buckets_refused"]; n != 0 {
+		t.Errorf("buckets_refused = %d, want 0", n)
+	}
+	// The cap still holds for live ones.
+	e.send("web", usage{id: []string{"tenant", "x"}, allowed: 1}, usage{id: []string{"tenant", "y"}, allowed: 1}, usage{id: []string{"tenant", "z"}, allowed: 1})
+	f.handled(t)
+	if n := f.reg.Snapshot()["ratelimit.rlqs.buckets_refused"]; n != 1 {
+		t.Errorf("buckets_refused = %d with three live buckets and a cap of 2, want 1", n)
 	}
 }
 

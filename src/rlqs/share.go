@@ -553,6 +553,10 @@ func (q *Service) sendGrant(now time.Time, ls *localSub, rec []byte) {
 		return // its bucket left the pool (the rules changed)
 	}
 	q.queue(ls.st, ls.sb.key, assignment(ls.sb.id, g.Grant, durationpb.New(ttl)))
+	if g.Grant.Abandon && ls.st.buckets[ls.sb.key] == ls.sb {
+		// Envoy drops the bucket: the stream holds it no more.
+		delete(ls.st.buckets, ls.sb.key)
+	}
 }
 
 // subscribers are this replica's subscribers of a pool another owns, for

@@ -28,6 +28,7 @@ import (
 	"github.com/ratelimitd/ratelimit/src/live"
 	"github.com/ratelimitd/ratelimit/src/rules"
 	"github.com/ratelimitd/ratelimit/src/stats"
+	"github.com/ratelimitd/ratelimit/src/wire"
 )
 
 // ErrNoRules is returned while no valid rules have been loaded
@@ -186,7 +187,7 @@ type Service struct {
 
 	// unavailableLog, errorLog and degradedLog hold back log lines past
 	// one a second.
-	unavailableLog, errorLog, degradedLog logEvery
+	unavailableLog, errorLog, degradedLog wire.LogEvery
 	globalShadow                          *stats.Counter
 	totalRequests                         *stats.Counter
 	// responseTime is the anchor's response-time timer, which it records
@@ -442,13 +443,13 @@ func (s *Service) toStatus(err error) error {
 		return status.Error(codes.ResourceExhausted, withReason(limiter.ErrOverloaded, err))
 	case errors.Is(err, limiter.ErrUnavailable):
 		s.storeErrors.Inc()
-		if ok, held := s.unavailableLog.allow(time.Now()); ok {
+		if ok, held := s.unavailableLog.Allow(time.Now()); ok {
 			s.cfg.Log.Warn("store unavailable", "err", err, "suppressed", held)
 		}
 		return status.Error(codes.Unavailable, withReason(limiter.ErrUnavailable, err))
 	default:
 		s.serviceErrors.Inc()
-		if ok, held := s.errorLog.allow(time.Now()); ok {
+		if ok, held := s.errorLog.Allow(time.Now()); ok {
 			s.cfg.Log.Error("rate limit decision failed", "err", err, "suppressed", held)
 		}
 		if errors.Is(err, limiter.ErrData) {
@@ -513,7 +514,7 @@ func (s *Service) decide(ctx context.Context, req *rlsv3.RateLimitRequest) (*rls
 			if s.cfg.Tracer != nil {
 				markDegraded(ctx)
 			}
-			if ok, held := s.degradedLog.allow(time.Now()); ok {
+			if ok, held := s.degradedLog.Allow(time.Now()); ok {
 				s.cfg.Log.Warn("store unavailable; deciding from this instance's local counts", "err", err, "suppressed", held)
 			}
 			err = nil

@@ -1,16 +1,16 @@
-package service
+package wire
 
 import (
 	"sync/atomic"
 	"time"
 )
 
-// logEvery lets one log line of a kind through per interval and counts
+// LogEvery lets one log line of a kind through per interval and counts
 // the ones it holds back, so that an outage, or a client whose requests
 // fail one by one, cannot flood the logs with a line per request: the
-// counters (redis_error, service_error) still count every one. It is safe
+// counters (redis_error, service_error, the quota service's refusals) still count every one. It is safe
 // for concurrent use; the zero value lets the first line through.
-type logEvery struct {
+type LogEvery struct {
 	next       atomic.Int64 // Unix ns before which lines are held back
 	suppressed atomic.Uint64
 }
@@ -18,9 +18,9 @@ type logEvery struct {
 // logInterval is how often a line of each kind may be logged.
 const logInterval = time.Second
 
-// allow reports whether a line may be logged now, and how many were held
+// Allow reports whether a line may be logged now, and how many were held
 // back since the last one.
-func (l *logEvery) allow(now time.Time) (ok bool, suppressed uint64) {
+func (l *LogEvery) Allow(now time.Time) (ok bool, suppressed uint64) {
 	t := now.UnixNano()
 	n := l.next.Load()
 	if t < n || !l.next.CompareAndSwap(n, t+int64(logInterval)) {
