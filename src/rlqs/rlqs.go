@@ -615,6 +615,18 @@ func (q *Service) report(st *quotaStream, m *rlqsv3.RateLimitQuotaUsageReports) 
 	if st.domain == "" {
 		st.domain = m.GetDomain()
 	}
+	if why, some := wire.Dropped(m); some {
+		// Buckets whose ids are not valid UTF-8 (header bytes an end
+		// user chose) cannot be answered: no proto library encodes
+		// such an id, and Envoy would refuse the whole response. They
+		// are dropped alone; Envoy's no_assignment_behavior decides
+		// their requests.
+		q.badBuckets.Inc()
+		if ok, held := q.badLog.Allow(now); ok {
+			q.cfg.Log.Warn("quota report: buckets dropped; the stream goes on",
+				"reason", why, "domain", m.GetDomain(), "peer", st.peer, "held_back", held)
+		}
+	}
 	for i, u := range m.GetBucketQuotaUsages() {
 		q.reports.Inc()
 		if why := checkBucket(u.GetBucketId().GetBucket()); why != "" {
@@ -624,6 +636,16 @@ func (q *Service) report(st *quotaStream, m *rlqsv3.RateLimitQuotaUsageReports) 
 		q.reportBucket(now, cfg, st, u)
 	}
 	return nil
+}
+
+// refuse answers a bucket past RLQS_MAX_BUCKETS or
+// RLQS_MAX_BUCKETS_PER_STREAM with an abandon: its requests follow Envoy's
+// no_assignment_behavior, and Envoy drops it rather than resending it in
+// every report, which would grow Envoy's reports past
+// GRPC_MAX_RECV_MSG_SIZE with buckets never answered. q.mu is held.
+func (q *Service) refuse(st *quotaStream, key string, id *rlqsv3.BucketId) {
+	q.refused.Inc()
+	q.queue(st, key, assignment(id, quota.Grant{Abandon: true}, nil))
 }
 
 // refuseBucket answers a bucket whose id breaks a bound with an abandon,
@@ -683,13 +705,13 @@ func (q *Service) reportBucket(now time.Time, cfg *rules.Config, st *quotaStream
 		return
 	}
 	if sb == nil && len(st.buckets) >= q.cfg.MaxBucketsPerStream {
-		q.refused.Inc()
+		q.refuse(st, key, u.GetBucketId())
 		return
 	}
 	qp := q.pools[pk]
 	if qp == nil {
 		if q.subs >= q.cfg.MaxBuckets {
-			q.refused.Inc()
+			q.refuse(st, key, u.GetBucketId())
 			return
 		}
 		qp = &quotaPool{id: id, rule: r}
@@ -702,7 +724,7 @@ func (q *Service) reportBucket(now time.Time, cfg *rules.Config, st *quotaStream
 	}
 	if sb == nil {
 		if q.subs >= q.cfg.MaxBuckets {
-			q.refused.Inc()
+			q.refuse(st, key, u.GetBucketId())
 			return
 		}
 		sb = &streamBucket{stream: st.id, key: key, id: u.GetBucketId()}

@@ -364,6 +364,47 @@ func TestQuotaStaticPolicy(t *testing.T) {
 	}
 }
 
+// rawStream opens a quota stream that sends bytes as they are.
+func rawStream(t *testing.T, f *quotaFixture) grpc.ClientStream {
+	t.Helper()
+	s, err := f.cc.NewStream(t.Context(), &rlqsv3.RateLimitQuotaService_ServiceDesc.Streams[0],
+		rlqsv3.RateLimitQuotaService_StreamRateLimitQuotas_FullMethodName, grpc.ForceCodec(wiretest.Raw{}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+// rawBucket encodes a bucket's usage with a one-entry id, without the
+// UTF-8 check a proto library would do.
+func rawBucket(key, value string) []byte {
+	var entry []byte
+	entry = protowire.AppendTag(entry, 1, protowire.BytesType)
+	entry = protowire.AppendString(entry, key)
+	entry = protowire.AppendTag(entry, 2, protowire.BytesType)
+	entry = protowire.AppendString(entry, value)
+	var id []byte
+	id = protowire.AppendTag(id, 1, protowire.BytesType)
+	id = protowire.AppendBytes(id, entry)
+	var u []byte
+	u = protowire.AppendTag(u, 1, protowire.BytesType)
+	u = protowire.AppendBytes(u, id)
+	u = protowire.AppendTag(u, 3, protowire.VarintType)
+	return protowire.AppendVarint(u, 1)
+}
+
+// rawReport encodes a report of the buckets, as rawBucket does.
+func rawReport(domain string, buckets ...[]byte) []byte {
+	var m []byte
+	m = protowire.AppendTag(m, 1, protowire.BytesType)
+	m = protowire.AppendString(m, domain)
+	for _, b := range buckets {
+		m = protowire.AppendTag(m, 2, protowire.BytesType)
+		m = protowire.AppendBytes(m, b)
+	}
+	return m
+}
+
 // A bucket whose id breaks a bound (its entries come from request
 // headers, which end users choose) is abandoned alone: the stream and the
 // other buckets of the same report go on. Only the message's own faults
@@ -434,35 +475,40 @@ func TestQuotaBadReports(t *testing.T) {
 		}
 	})
 	t.Run("malformed", func(t *testing.T) {
-		// A bucket id value of invalid UTF-8, which a proto library
-		// would not encode.
-		var entry []byte
-		entry = protowire.AppendTag(entry, 1, protowire.BytesType)
-		entry = protowire.AppendString(entry, "tenant")
-		entry = protowire.AppendTag(entry, 2, protowire.BytesType)
-		entry = protowire.AppendString(entry, "a\xff")
-		var id []byte
-		id = protowire.AppendTag(id, 1, protowire.BytesType)
-		id = protowire.AppendBytes(id, entry)
-		var u []byte
-		u = protowire.AppendTag(u, 1, protowire.BytesType)
-		u = protowire.AppendBytes(u, id)
-		var m []byte
-		m = protowire.AppendTag(m, 1, protowire.BytesType)
-		m = protowire.AppendString(m, "web")
-		m = protowire.AppendTag(m, 2, protowire.BytesType)
-		m = protowire.AppendBytes(m, u)
-		s, err := f.cc.NewStream(t.Context(), &rlqsv3.RateLimitQuotaService_ServiceDesc.Streams[0],
-			rlqsv3.RateLimitQuotaService_StreamRateLimitQuotas_FullMethodName, grpc.ForceCodec(wiretest.Raw{}))
-		if err != nil {
-			t.Fatal(err)
-		}
+		// A domain of invalid UTF-8, which a proto library would not
+		// encode: the message's own field.
+		s := rawStream(t, f)
+		m := rawReport("web\xff", rawBucket("tenant", "a"))
 		if err := s.SendMsg(&m); err != nil {
 			t.Fatal(err)
 		}
 		var out []byte
 		if err := s.RecvMsg(&out); status.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), "invalid RateLimitQuotaUsageReports") {
 			t.Errorf("malformed report: %v, want InvalidArgument", err)
+		}
+	})
+	t.Run("bucket_not_utf8", func(t *testing.T) {
+		// A bucket id value of invalid UTF-8 (bytes an end user put in
+		// a header) beside a good bucket: dropped alone.
+		before := f.reg.Snapshot()["ratelimit.rlqs.invalid_buckets"]
+		s := rawStream(t, f)
+		m := rawReport("web", rawBucket("tenant", "a\xff"), rawBucket("tenant", "utf8"))
+		if err := s.SendMsg(&m); err != nil {
+			t.Fatal(err)
+		}
+		var out []byte
+		if err := s.RecvMsg(&out); err != nil {
+			t.Fatalf("report with one bucket of invalid UTF-8: %v, want an answer", err)
+		}
+		r := &rlqsv3.RateLimitQuotaResponse{}
+		if err := proto.Unmarshal(out, r); err != nil {
+			t.Fatal(err)
+		}
+		if len(r.GetBucketAction()) != 1 || tokenBucket(r, "tenant", "utf8") == nil {
+			t.Errorf("answer %v, want an assignment of the good bucket alone", r)
+		}
+		if n := f.reg.Snapshot()["ratelimit.rlqs.invalid_buckets"]; n != before+1 {
+			t.Errorf("invalid_buckets = %d, want %d", n, before+1)
 		}
 	})
 	if n := f.reg.Snapshot()["ratelimit.rlqs.invalid_reports"]; n != 3 {
@@ -498,8 +544,9 @@ func TestQuotaBounds(t *testing.T) {
 			usage{id: []string{"tenant", "c"}, allowed: 1},
 		)
 		r := e.recv()
-		if len(r.GetBucketAction()) != 2 || action(r, "tenant", "c") != nil {
-			t.Errorf("response %v, want the first two buckets answered and the third not", r)
+		if len(r.GetBucketAction()) != 3 || tokenBucket(r, "tenant", "a") == nil || tokenBucket(r, "tenant", "b") == nil ||
+			action(r, "tenant", "c").GetAbandonAction() == nil {
+			t.Errorf("response %v, want the first two buckets assigned and the third abandoned", r)
 		}
 		if n := f.reg.Snapshot()["ratelimit.rlqs.buckets_refused"]; n != 1 {
 			t.Errorf("buckets_refused = %d, want 1", n)
@@ -511,8 +558,8 @@ func TestQuotaBounds(t *testing.T) {
 		a.send("web", usage{id: []string{"tenant", "a"}, allowed: 1}, usage{id: []string{"tenant", "b"}, allowed: 1})
 		a.recv()
 		b.send("web", usage{id: []string{"tenant", "c"}, allowed: 1}, usage{id: []string{"tenant", "d"}, allowed: 1})
-		if r := b.recv(); len(r.GetBucketAction()) != 1 || action(r, "tenant", "c") == nil {
-			t.Errorf("response %v, want only the third subscription of all answered", r)
+		if r := b.recv(); tokenBucket(r, "tenant", "c") == nil || action(r, "tenant", "d").GetAbandonAction() == nil {
+			t.Errorf("response %v, want the third subscription of all assigned and the fourth abandoned", r)
 		}
 		if n := f.reg.Gauges()["ratelimit.rlqs.subscriptions"]; n != 3 {
 			t.Errorf("subscriptions = %d, want 3", n)

@@ -8,7 +8,9 @@ package wire
 import (
 	"bytes"
 	"crypto/rand"
+	"fmt"
 	"slices"
+	"unicode/utf8"
 
 	rlqsv3 "github.com/envoyproxy/go-control-plane/envoy/service/rate_limit_quota/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
@@ -39,14 +41,60 @@ func (c codec) Unmarshal(data mem.BufferSlice, v any) error {
 	switch m := v.(type) {
 	case *rlsv3.RateLimitRequest:
 		proto.Reset(m)
-		markMalformed(m, err)
+		mark(m, kindMalformed, err.Error())
 		return nil
 	case *rlqsv3.RateLimitQuotaUsageReports:
 		proto.Reset(m)
-		markMalformed(m, err)
+		if n, ok := salvageReport(data.Materialize(), m); ok {
+			mark(m, kindDropped, fmt.Sprintf("%d bucket(s) that do not decode: %v", n, err))
+		} else {
+			mark(m, kindMalformed, err.Error())
+		}
 		return nil
 	}
 	return err
+}
+
+// salvageReport decodes a quota report that did not decode whole, bucket
+// by bucket: a bucket id's values come from request headers, so one
+// bucket of invalid UTF-8 (bytes that an end user put in a header) must
+// not cost the report's other buckets. It returns how many buckets it
+// dropped, and false if the message's own fields do not decode.
+func salvageReport(b []byte, m *rlqsv3.RateLimitQuotaUsageReports) (dropped int, ok bool) {
+	for len(b) > 0 {
+		num, typ, n := protowire.ConsumeTag(b)
+		if n < 0 {
+			return 0, false
+		}
+		b = b[n:]
+		if typ != protowire.BytesType || (num != 1 && num != 2) {
+			n = protowire.ConsumeFieldValue(num, typ, b)
+			if n < 0 {
+				return 0, false
+			}
+			b = b[n:]
+			continue
+		}
+		v, n := protowire.ConsumeBytes(b)
+		if n < 0 {
+			return 0, false
+		}
+		b = b[n:]
+		if num == 1 {
+			if !utf8.Valid(v) {
+				return 0, false
+			}
+			m.Domain = string(v)
+			continue
+		}
+		u := &rlqsv3.RateLimitQuotaUsageReports_BucketQuotaUsage{}
+		if proto.Unmarshal(v, u) != nil {
+			dropped++
+			continue
+		}
+		m.BucketQuotaUsages = append(m.BucketQuotaUsages, u)
+	}
+	return dropped, true
 }
 
 // malformedField is the field number of the mark: the largest valid one,
@@ -61,16 +109,23 @@ var malformedNonce = func() []byte {
 	return b
 }()
 
-// markMalformed records err in r's unknown fields, behind the nonce.
-func markMalformed(r proto.Message, err error) {
+// The kinds of mark: the message did not decode, or only some of its
+// parts did (Dropped).
+const (
+	kindMalformed = 'M'
+	kindDropped   = 'D'
+)
+
+// mark records a kind and a reason in r's unknown fields, behind the nonce.
+func mark(r proto.Message, kind byte, reason string) {
 	var b []byte
 	b = protowire.AppendTag(b, malformedField, protowire.BytesType)
-	b = protowire.AppendBytes(b, append(slices.Clip(malformedNonce), err.Error()...))
+	b = protowire.AppendBytes(b, append(append(slices.Clip(malformedNonce), kind), reason...))
 	r.ProtoReflect().SetUnknown(b)
 }
 
-// Malformed returns the decoding error Codec recorded in r, if any.
-func Malformed(r proto.Message) (string, bool) {
+// marked returns the reason of a mark of the kind, if r has one.
+func marked(r proto.Message, kind byte) (string, bool) {
 	u := r.ProtoReflect().GetUnknown()
 	if len(u) == 0 {
 		return "", false
@@ -80,11 +135,18 @@ func Malformed(r proto.Message) (string, bool) {
 		return "", false
 	}
 	v, m := protowire.ConsumeBytes(u[n:])
-	if m < 0 || !bytes.HasPrefix(v, malformedNonce) {
+	if m < 0 || !bytes.HasPrefix(v, malformedNonce) || len(v) == len(malformedNonce) || v[len(malformedNonce)] != kind {
 		return "", false
 	}
-	return string(v[len(malformedNonce):]), true
+	return string(v[len(malformedNonce)+1:]), true
 }
+
+// Malformed returns the decoding error Codec recorded in r, if any.
+func Malformed(r proto.Message) (string, bool) { return marked(r, kindMalformed) }
+
+// Dropped says why Codec dropped some buckets of a quota report that did
+// not decode whole, if it did; the report holds the others.
+func Dropped(r *rlqsv3.RateLimitQuotaUsageReports) (string, bool) { return marked(r, kindDropped) }
 
 // Bounds on the strings of a request, shared by descriptor entries and
 // quota bucket ids. Envoy sends a few short ones; a request past one is
