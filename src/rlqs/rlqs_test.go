@@ -3,6 +3,7 @@ package rlqs_test
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -378,29 +379,16 @@ func rawStream(t *testing.T, f *quotaFixture) grpc.ClientStream {
 // rawBucket encodes a bucket's usage with a one-entry id, without the
 // UTF-8 check a proto library would do.
 func rawBucket(key, value string) []byte {
-	var entry []byte
-	entry = protowire.AppendTag(entry, 1, protowire.BytesType)
-	entry = protowire.AppendString(entry, key)
-	entry = protowire.AppendTag(entry, 2, protowire.BytesType)
-	entry = protowire.AppendString(entry, value)
-	var id []byte
-	id = protowire.AppendTag(id, 1, protowire.BytesType)
-	id = protowire.AppendBytes(id, entry)
-	var u []byte
-	u = protowire.AppendTag(u, 1, protowire.BytesType)
-	u = protowire.AppendBytes(u, id)
-	u = protowire.AppendTag(u, 3, protowire.VarintType)
-	return protowire.AppendVarint(u, 1)
+	id := wiretest.Field(1, wiretest.Field(1, []byte(key)), wiretest.Field(2, []byte(value)))
+	allowed := protowire.AppendVarint(protowire.AppendTag(nil, 3, protowire.VarintType), 1)
+	return slices.Concat(wiretest.Field(1, id), allowed)
 }
 
 // rawReport encodes a report of the buckets, as rawBucket does.
 func rawReport(domain string, buckets ...[]byte) []byte {
-	var m []byte
-	m = protowire.AppendTag(m, 1, protowire.BytesType)
-	m = protowire.AppendString(m, domain)
+	m := wiretest.Field(1, []byte(domain))
 	for _, b := range buckets {
-		m = protowire.AppendTag(m, 2, protowire.BytesType)
-		m = protowire.AppendBytes(m, b)
+		m = append(m, wiretest.Field(2, b)...)
 	}
 	return m
 }

@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -370,20 +371,8 @@ func invokeRaw(ctx context.Context, cc *grpc.ClientConn, msg []byte) error {
 // rawRequest encodes a request with domain "test" and one entry, without
 // the UTF-8 check a proto library would do.
 func rawRequest(key, value string) []byte {
-	var entry []byte
-	entry = protowire.AppendTag(entry, 1, protowire.BytesType)
-	entry = protowire.AppendString(entry, key)
-	entry = protowire.AppendTag(entry, 2, protowire.BytesType)
-	entry = protowire.AppendString(entry, value)
-	var d []byte
-	d = protowire.AppendTag(d, 1, protowire.BytesType)
-	d = protowire.AppendBytes(d, entry)
-	var r []byte
-	r = protowire.AppendTag(r, 1, protowire.BytesType)
-	r = protowire.AppendString(r, "test")
-	r = protowire.AppendTag(r, 2, protowire.BytesType)
-	r = protowire.AppendBytes(r, d)
-	return r
+	entry := wiretest.Field(1, wiretest.Field(1, []byte(key)), wiretest.Field(2, []byte(value)))
+	return slices.Concat(wiretest.Field(1, []byte("test")), wiretest.Field(2, entry))
 }
 
 // Invalid UTF-8 and malformed messages are the client's fault:

@@ -3,6 +3,7 @@
 package wiretest
 
 import (
+	"bytes"
 	"context"
 	"net"
 	"testing"
@@ -10,6 +11,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/test/bufconn"
+	"google.golang.org/protobuf/encoding/protowire"
 )
 
 // Client serves srv on an in-memory listener for the length of the test
@@ -37,3 +39,11 @@ type Raw struct{}
 func (Raw) Marshal(v any) ([]byte, error)      { return *v.(*[]byte), nil }
 func (Raw) Unmarshal(data []byte, v any) error { *v.(*[]byte) = data; return nil }
 func (Raw) Name() string                       { return "proto" }
+
+// Field encodes a length-delimited field numbered num holding the parts
+// one after the other, with no check of their content (such as the UTF-8
+// check a proto library does): a test builds hostile messages of these.
+func Field(num protowire.Number, parts ...[]byte) []byte {
+	b := protowire.AppendTag(nil, num, protowire.BytesType)
+	return protowire.AppendBytes(b, bytes.Join(parts, nil))
+}
