@@ -120,6 +120,9 @@ type Service struct {
 	// ruleStats are the counters of each quota rule, by ruleLabel;
 	// guarded by mu.
 	ruleStats map[string]*ruleTotals
+	// stateHook, for tests, runs between the chunks of State's walk,
+	// without the lock.
+	stateHook func()
 }
 
 // ruleTotals are a quota rule's counters: the requests Envoys reported

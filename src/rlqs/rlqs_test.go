@@ -827,3 +827,38 @@ func TestQuotaState(t *testing.T) {
 		t.Errorf("rule counter allowed = %d, want 3", n)
 	}
 }
+
+// TestQuotaStateDoesNotBlockReports: the live view's State walks the
+// pools a chunk at a time, and a report is handled between two chunks
+// (issue 35: every open live view held the lock for a whole walk, up to
+// half a second at 99,000 buckets, and new buckets waited that long).
+func TestQuotaStateDoesNotBlockReports(t *testing.T) {
+	f := newQuotaFixture(t, rlqs.Config{}, quotaRules)
+	a, b := f.open(t), f.open(t)
+	n := 3 * rlqs.StateChunk
+	us := make([]usage, n)
+	for i := range us {
+		us[i] = usage{id: []string{"tenant", fmt.Sprintf("t%d", i)}, allowed: 1}
+	}
+	a.send("web", us...)
+	a.recv()
+	f.handled(t)
+	chunks := 0
+	f.q.SetStateHook(func() {
+		chunks++
+		if chunks == 1 {
+			// Mid-walk: a report on another stream is served.
+			b.send("web", usage{id: []string{"tenant", "mid-walk"}, allowed: 1})
+			if tokenBucket(b.recv(), "tenant", "mid-walk") == nil {
+				t.Error("the report sent during State's walk was not answered")
+			}
+		}
+	})
+	st := f.q.State()
+	if chunks < 3 {
+		t.Errorf("State read %d pools in %d chunks, want at least 3", n, chunks)
+	}
+	if got := st.Rules[0].Buckets; got < n {
+		t.Errorf("rule's buckets = %d, want at least %d", got, n)
+	}
+}
