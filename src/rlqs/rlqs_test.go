@@ -862,3 +862,32 @@ func TestQuotaStateDoesNotBlockReports(t *testing.T) {
 		t.Errorf("rule's buckets = %d, want at least %d", got, n)
 	}
 }
+
+// TestQuotaRuleRestoredKeepsBound: a quota rule removed and restored
+// within a lease finds the grants still in force at the Envoys counted,
+// and shares only what they leave (issue 35: a new pool shared the whole
+// limit again, and for 2.5 s the shares in force came to 28.5/s of 20/s).
+func TestQuotaRuleRestoredKeepsBound(t *testing.T) {
+	f := newQuotaFixture(t, rlqs.Config{}, quotaRules)
+	a, b := f.open(t), f.open(t)
+	for range 3 {
+		a.send("web", usage{id: []string{"tenant", "acme"}, allowed: 50, elapsed: 5})
+		b.send("web", usage{id: []string{"tenant", "acme"}, allowed: 50, elapsed: 5})
+		f.handled(t)
+		f.advance(5 * time.Second)
+		f.q.Tick()
+	}
+	inForce := rateOf(a.last("tenant", "acme").GetQuotaAssignmentAction().GetRateLimitStrategy().GetTokenBucket()) +
+		rateOf(b.last("tenant", "acme").GetQuotaAssignmentAction().GetRateLimitStrategy().GetTokenBucket())
+	if inForce < 15 {
+		t.Fatalf("a and b hold %.2f/s of 20/s, want most of it before the change", inForce)
+	}
+	f.setRules(t, "domain: web\nquota_buckets:\n  - bucket: {name: blocked}\n    policy: deny_all\n")
+	f.setRules(t, quotaRules)
+	c := f.open(t)
+	c.send("web", usage{id: []string{"tenant", "acme"}, allowed: 1})
+	tb := tokenBucket(c.recv(), "tenant", "acme")
+	if got := rateOf(tb); got+inForce > 20 {
+		t.Errorf("a new Envoy got %.2f/s beside the %.2f/s still in force: %.2f/s of 20/s", got, inForce, got+inForce)
+	}
+}
