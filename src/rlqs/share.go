@@ -74,6 +74,12 @@ const (
 	// new ones until the store answers again, so that Envoys open theirs
 	// to a replica that can, before their assignments expire.
 	shareDownAfter = 3 * time.Second
+	// shareCallBudget bounds each of a tick's calls to the store, the
+	// exchange and the owners' writes: a store that stops answering (a
+	// frozen process, a blackholed network) costs a tick that long, not
+	// the store's own timeout (REDIS_TIMEOUT, 10 s by default), so that
+	// shareDownAfter holds (issue 35: streams ended after 10 s, not 3).
+	shareCallBudget = time.Second
 )
 
 // sharedPool is what a replica holds of a shared pool, guarded by
@@ -195,14 +201,18 @@ func (q *Service) tickShared(ctx context.Context) {
 		q.mu.Unlock()
 		return
 	}
-	replies := q.cfg.Share.SyncQuota(ctx, reqs)
-	startErr := q.readStarted(ctx, now, reqs, replies)
+	syncCtx, cancel := context.WithTimeout(ctx, shareCallBudget)
+	replies := q.cfg.Share.SyncQuota(syncCtx, reqs)
+	startErr := q.readStarted(syncCtx, now, reqs, replies)
+	cancel()
 	commits, ok := q.runReplies(work, replies, startErr)
 	q.noteShareReached(ok, replies)
 	if len(commits) == 0 {
 		return
 	}
-	errs := q.cfg.Share.CommitQuota(ctx, commits)
+	commitCtx, cancel := context.WithTimeout(ctx, shareCallBudget)
+	defer cancel()
+	errs := q.cfg.Share.CommitQuota(commitCtx, commits)
 	for _, w := range work {
 		if w.commit < 0 {
 			continue

@@ -79,6 +79,12 @@ type mimic struct {
 
 func newFleet(t *testing.T, n int) *fleet {
 	t.Helper()
+	return newFleetTimeout(t, n, time.Second)
+}
+
+// newFleetTimeout is newFleet with the stores' timeout (REDIS_TIMEOUT).
+func newFleetTimeout(t *testing.T, n int, timeout time.Duration) *fleet {
+	t.Helper()
 	f := &fleet{t: t, srv: storetest.StartRedis(t, storetest.RedisOptions{})}
 	now := epoch
 	f.clock.Store(&now)
@@ -87,7 +93,7 @@ func newFleet(t *testing.T, n int) *fleet {
 		t.Fatal(err)
 	}
 	for i := range n {
-		st, err := redis.New(t.Context(), redis.Config{URL: f.srv.Addr, Timeout: time.Second})
+		st, err := redis.New(t.Context(), redis.Config{URL: f.srv.Addr, Timeout: timeout})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -546,5 +552,44 @@ func TestSharedQuotaLateGrantKeepsItsLease(t *testing.T) {
 	}
 	if n := follower.reg.Counter("ratelimit.rlqs.shared.late_assignments").Value(); n != 1 {
 		t.Errorf("late_assignments = %d, want 1", n)
+	}
+}
+
+// TestSharedQuotaFrozenStoreHandsOver: a replica whose Redis stops
+// answering (SIGSTOP: a frozen process, or a blackholed network) ends its
+// streams after shareDownAfter of ticks, each of which waits a second for
+// the store at most, not the store's own timeout (issue 35: REDIS_TIMEOUT,
+// 10 s, passed before the streams ended, and Envoys could reach their
+// fallback first). The bound is relative to that timeout, set to 30 s.
+func TestSharedQuotaFrozenStoreHandsOver(t *testing.T) {
+	t.Parallel()
+	const storeTimeout = 30 * time.Second
+	f := newFleetTimeout(t, 1, storeTimeout)
+	e := f.add("e", 0, 100)
+	f.run(25*time.Second, epoch.Add(time.Hour))
+	if e.sess == nil {
+		t.Fatal("no stream before the outage")
+	}
+	sess := e.sess
+	if err := f.srv.Freeze(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = f.srv.Thaw() })
+	start := time.Now()
+	for {
+		select {
+		case <-sess.Done():
+			if c := status.Code(sess.Err()); c != codes.Unavailable {
+				t.Errorf("stream ended with %v, want Unavailable", sess.Err())
+			}
+			return
+		default:
+		}
+		if time.Since(start) > storeTimeout/2 {
+			t.Fatalf("the stream is still open %v into a frozen store", time.Since(start).Round(time.Second))
+		}
+		now := f.now().Add(time.Second)
+		f.clock.Store(&now)
+		f.reps[0].q.Tick()
 	}
 }
