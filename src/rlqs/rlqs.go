@@ -8,6 +8,7 @@
 package rlqs
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -26,6 +27,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
@@ -55,6 +57,13 @@ type Config struct {
 	// either gets no assignment, so that Envoy's no_assignment_behavior
 	// decides its requests, and is counted as refused.
 	MaxBuckets, MaxBucketsPerStream int
+	// MaxReportBytes is the largest report the gRPC server accepts
+	// (GRPC_MAX_RECV_MSG_SIZE); 0: no bound. Envoy sends every bucket it
+	// holds in each report, and past this size the server refuses the
+	// report and the stream ends, every time: so a report past three
+	// quarters of it sheds buckets (see shed) until Envoy's next one
+	// would take half.
+	MaxReportBytes int
 	// Share, when set, shares the pools with the other replicas of the
 	// service through a store (Redis): see docs/RLQS.md, "Several
 	// replicas". Nil: this process is the only replica, and its pools
@@ -113,7 +122,9 @@ type Service struct {
 	// tickMu lets one Tick run at a time.
 	tickMu sync.Mutex
 
-	reports, noRule, refused, refusedStreams, invalid, badBuckets *stats.Counter
+	reports, noRule, refused, refusedStreams, invalid, badBuckets, shedBuckets *stats.Counter
+	// shedLog holds back the warnings of shed buckets: one a second.
+	shedLog wire.LogEvery
 	// badLog holds back log lines of refused buckets: one a second.
 	badLog wire.LogEvery
 	reg    *stats.Registry
@@ -200,6 +211,7 @@ func New(reg *stats.Registry, cfg Config) *Service {
 		refusedStreams: reg.Counter("ratelimit.rlqs.streams_refused"),
 		invalid:        reg.Counter("ratelimit.rlqs.invalid_reports"),
 		badBuckets:     reg.Counter("ratelimit.rlqs.invalid_buckets"),
+		shedBuckets:    reg.Counter("ratelimit.rlqs.buckets_shed"),
 		reg:            reg,
 		ruleStats:      map[string]*ruleTotals{},
 	}
@@ -651,15 +663,71 @@ func (q *Service) report(st *quotaStream, m *rlqsv3.RateLimitQuotaUsageReports) 
 				"reason", why, "domain", m.GetDomain(), "peer", st.peer, "held_back", held)
 		}
 	}
+	shed := q.toShed(m)
 	for i, u := range m.GetBucketQuotaUsages() {
 		q.reports.Inc()
 		if why := checkBucket(u.GetBucketId().GetBucket()); why != "" {
 			q.refuseBucket(now, st, u.GetBucketId(), fmt.Sprintf("bucket %d: %s", i, why))
 			continue
 		}
+		if shed[i] {
+			q.shedBucket(now, st, u)
+			continue
+		}
 		q.reportBucket(now, cfg, st, u)
 	}
+	if len(shed) > 0 {
+		q.shedBuckets.Add(uint64(len(shed)))
+		if ok, held := q.shedLog.Allow(now); ok {
+			q.cfg.Log.Warn("quota report near GRPC_MAX_RECV_MSG_SIZE: the least busy buckets are abandoned so that the stream goes on; raise GRPC_MAX_RECV_MSG_SIZE for Envoys with this many buckets",
+				"report_bytes", proto.Size(m), "limit", q.cfg.MaxReportBytes, "buckets", len(m.GetBucketQuotaUsages()),
+				"abandoned", len(shed), "domain", st.domain, "peer", st.peer, "held_back", held)
+		}
+	}
 	return nil
+}
+
+// toShed returns the buckets of a report to abandon, by index, when the
+// report takes more than three quarters of MaxReportBytes: the least
+// busy first (the fewest requests in this report), until what is left
+// takes half. Envoy sends every bucket it holds in every report, the new
+// ones included, so without this its reports grow with its buckets until
+// the server refuses them, and the stream with them, at every report;
+// abandoned buckets leave Envoy's reports, and come back at their next
+// request.
+func (q *Service) toShed(m *rlqsv3.RateLimitQuotaUsageReports) map[int]bool {
+	limit := q.cfg.MaxReportBytes
+	size := proto.Size(m)
+	if limit <= 0 || size <= limit/4*3 {
+		return nil
+	}
+	us := m.GetBucketQuotaUsages()
+	order := make([]int, len(us))
+	for i := range order {
+		order[i] = i
+	}
+	busy := func(i int) uint64 { return us[i].GetNumRequestsAllowed() + us[i].GetNumRequestsDenied() }
+	slices.SortStableFunc(order, func(a, b int) int { return cmp.Compare(busy(a), busy(b)) })
+	shed := map[int]bool{}
+	for _, i := range order {
+		if size <= limit/2 {
+			break
+		}
+		shed[i] = true
+		// The field's tag and length prefix, at most 4 bytes here.
+		size -= proto.Size(us[i]) + 4
+	}
+	return shed
+}
+
+// shedBucket abandons a bucket of an oversized report (see toShed): it
+// leaves its pool, if it had one. q.mu is held.
+func (q *Service) shedBucket(now time.Time, st *quotaStream, u *rlqsv3.RateLimitQuotaUsageReports_BucketQuotaUsage) {
+	key := bucketKey(u.GetBucketId().GetBucket())
+	if sb := st.buckets[key]; sb != nil {
+		q.leave(now, st, poolKey{st.domain, key}, sb)
+	}
+	q.queue(st, key, assignment(u.GetBucketId(), quota.Grant{Abandon: true}, nil))
 }
 
 // refuse answers a bucket past RLQS_MAX_BUCKETS or

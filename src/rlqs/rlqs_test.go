@@ -891,3 +891,52 @@ func TestQuotaRuleRestoredKeepsBound(t *testing.T) {
 		t.Errorf("a new Envoy got %.2f/s beside the %.2f/s still in force: %.2f/s of 20/s", got, inForce, got+inForce)
 	}
 }
+
+// TestQuotaOversizedReportSheds: a report past three quarters of
+// GRPC_MAX_RECV_MSG_SIZE abandons its least busy buckets until Envoy's
+// next report would take half, so that the server never has to refuse
+// one and end the stream (issue 35: 3,000 tenants in 6 s pushed Envoy's
+// report past 64 KiB, and every stream after ended at its first report).
+func TestQuotaOversizedReportSheds(t *testing.T) {
+	const limit = 3200
+	f := newQuotaFixture(t, rlqs.Config{MaxReportBytes: limit}, quotaRules)
+	e := f.open(t)
+	m := &rlqsv3.RateLimitQuotaUsageReports{Domain: "web"}
+	var us []usage
+	for i := range 100 {
+		us = append(us, usage{id: []string{"tenant", fmt.Sprintf("tenant-%03d", i)}, allowed: uint64(i)})
+		m.BucketQuotaUsages = append(m.BucketQuotaUsages, &rlqsv3.RateLimitQuotaUsageReports_BucketQuotaUsage{
+			BucketId: &rlqsv3.BucketId{Bucket: map[string]string{"tenant": fmt.Sprintf("tenant-%03d", i)}}, NumRequestsAllowed: uint64(i)})
+	}
+	if size := proto.Size(m); size <= limit/4*3 || size > limit {
+		t.Fatalf("report of %d bytes, want one between 3/4 of %d and %d", size, limit, limit)
+	}
+	e.send("web", us...)
+	r := e.recv()
+	kept := &rlqsv3.RateLimitQuotaUsageReports{Domain: "web"}
+	busiestShed, quietestKept := -1, 1000
+	for i := range 100 {
+		a := action(r, "tenant", fmt.Sprintf("tenant-%03d", i))
+		switch {
+		case a.GetAbandonAction() != nil:
+			busiestShed = max(busiestShed, i)
+		case a.GetQuotaAssignmentAction() != nil:
+			quietestKept = min(quietestKept, i)
+			kept.BucketQuotaUsages = append(kept.BucketQuotaUsages, m.BucketQuotaUsages[i])
+		default:
+			t.Fatalf("bucket %d not answered", i)
+		}
+	}
+	if busiestShed < 0 || busiestShed > quietestKept {
+		t.Errorf("shed up to bucket %d, kept from %d: want the least busy shed", busiestShed, quietestKept)
+	}
+	if size := proto.Size(kept); size > limit/2 {
+		t.Errorf("the kept buckets take %d bytes, want at most half of %d", size, limit)
+	}
+	if n := f.reg.Snapshot()["ratelimit.rlqs.buckets_shed"]; n != uint64(100-len(kept.BucketQuotaUsages)) {
+		t.Errorf("buckets_shed = %d, want %d", n, 100-len(kept.BucketQuotaUsages))
+	}
+	if n := f.q.State().Subscriptions; n != len(kept.BucketQuotaUsages) {
+		t.Errorf("subscriptions = %d, want %d: the shed buckets hold none", n, len(kept.BucketQuotaUsages))
+	}
+}

@@ -291,6 +291,7 @@ func (s *Server) newQuota() *rlqs.Service {
 		MaxStreams:          set.RLQSMaxStreams,
 		MaxBuckets:          set.RLQSMaxBuckets,
 		MaxBucketsPerStream: set.RLQSMaxBucketsPerStream,
+		MaxReportBytes:      set.GRPCMaxRecvMsgSize,
 		Share:               s.store.share,
 		Scope:               set.CacheKeyPrefix,
 		Log:                 s.log,
