@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -592,10 +593,12 @@ func (w *XDSWatcher) build(res []*anypb.Any) (*rules.Config, error) {
 	return cfg, nil
 }
 
-// sourceOf converts a RateLimitConfig to the rules' data form. The proto
-// has no field for this service's extensions (algorithm, burst,
-// unit_multiplier) nor for quota_mode, value_to_metric, share_threshold
-// and metadata: rules from xDS have the anchor's fields only.
+// sourceOf converts a RateLimitConfig to the rules' data form, field for
+// field, so that rules.Build checks it as Parse checks a rule file and
+// each field means what it means there. The proto has every field of a
+// rule file but value_to_metric, share_threshold and this service's
+// extensions (quota_buckets, rate_limits, value_regex, algorithm, burst,
+// unit_multiplier): rules from xDS cannot set those.
 func sourceOf(pb *rlsconfv3.RateLimitConfig) rules.Source {
 	name := fmt.Sprintf("config %q", pb.GetName())
 	if pb.GetDomain() != "" {
@@ -614,20 +617,21 @@ func descriptorsOf(pbs []*rlsconfv3.RateLimitDescriptor) []rules.Descriptor {
 			Key:            d.GetKey(),
 			Value:          d.GetValue(),
 			ShadowMode:     d.GetShadowMode(),
+			QuotaMode:      d.GetQuotaMode(),
 			DetailedMetric: d.GetDetailedMetric(),
 			Descriptors:    descriptorsOf(d.GetDescriptors()),
 		}
+		if md := d.GetMetadata(); md != nil {
+			// The value types of a rule file's metadata (numbers are
+			// float64, as structpb sends them anyway).
+			out[i].Metadata = md.AsMap()
+		}
 		if p := d.GetRateLimit(); p != nil {
 			rl := &rules.RateLimit{
+				Unit:            unitOf(p.GetUnit()),
 				RequestsPerUnit: p.GetRequestsPerUnit(),
 				Unlimited:       p.GetUnlimited(),
 				Name:            p.GetName(),
-			}
-			// By name, not number: the proto's units stop at DAY, and a
-			// number it does not name is an invalid unit, not the unit of
-			// ours that happens to share it.
-			if u := p.GetUnit(); u != rlsconfv3.RateLimitUnit_UNKNOWN {
-				rl.Unit = u.String()
 			}
 			for _, r := range p.GetReplaces() {
 				rl.Replaces = append(rl.Replaces, r.GetName())
@@ -636,6 +640,21 @@ func descriptorsOf(pbs []*rlsconfv3.RateLimitDescriptor) []rules.Descriptor {
 		}
 	}
 	return out
+}
+
+// unitOf names an xDS unit by its number, which is rules.Unit's (WEEK is
+// 7, MONTH 5, YEAR 6, as in Envoy's RateLimitResponse), so that a unit
+// this build's proto may not name yet still reads as what it is. UNKNOWN
+// is no unit; a number no unit has is named by the number, which
+// rules.Build refuses as an invalid unit.
+func unitOf(u rlsconfv3.RateLimitUnit) string {
+	switch ru := rules.Unit(u); {
+	case u == rlsconfv3.RateLimitUnit_UNKNOWN:
+		return ""
+	case ru.Seconds() > 0:
+		return ru.String()
+	}
+	return strconv.Itoa(int(u))
 }
 
 // xdsProblem is a problem of a rules.Source built from xDS, named the way

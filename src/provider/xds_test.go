@@ -11,6 +11,7 @@ import (
 	resourcev3 "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
 	rlsconfv3 "github.com/envoyproxy/go-control-plane/ratelimit/config/ratelimit/v3"
 	"google.golang.org/protobuf/types/known/anypb"
+	"google.golang.org/protobuf/types/known/structpb"
 
 	"github.com/ratelimitd/ratelimit/src/provider/xdstest"
 	"github.com/ratelimitd/ratelimit/src/rules"
@@ -355,36 +356,164 @@ func TestXDSMaxMessageSize(t *testing.T) {
 	c.wait(t, 10*time.Second, "snapshot under gRPC's default bound", func() bool { return userLimit(c.last()) == 5 })
 }
 
+// TestXDSUnitsAndFields serves, from a real xDS server, a limit in each
+// unit Envoy Gateway sends (WEEK, MONTH and YEAR among them) and each
+// descriptor field a rule file also has, then a later push that changes
+// them: both are in force as sent. (go-control-plane's ratelimit proto
+// at v0.1.0 stopped at DAY, and a MONTH refused the whole update.)
+func TestXDSUnitsAndFields(t *testing.T) {
+	srv := xdstest.Start(t, xdstest.Options{})
+	md := func(tier string) *structpb.Struct {
+		s, err := structpb.NewStruct(map[string]any{"tier": tier, "cost": 2})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return s
+	}
+	policy := func(u rlsconfv3.RateLimitUnit, n uint32) *rlsconfv3.RateLimitPolicy {
+		return &rlsconfv3.RateLimitPolicy{Unit: u, RequestsPerUnit: n}
+	}
+	cfg := func(quota bool, tier string, month rlsconfv3.RateLimitUnit) *rlsconfv3.RateLimitConfig {
+		return &rlsconfv3.RateLimitConfig{Name: "eg", Domain: "eg", Descriptors: []*rlsconfv3.RateLimitDescriptor{
+			{Key: "second", RateLimit: policy(rlsconfv3.RateLimitUnit_SECOND, 1)},
+			{Key: "minute", RateLimit: policy(rlsconfv3.RateLimitUnit_MINUTE, 2)},
+			{Key: "hour", RateLimit: policy(rlsconfv3.RateLimitUnit_HOUR, 3)},
+			{Key: "day", RateLimit: policy(rlsconfv3.RateLimitUnit_DAY, 4)},
+			{Key: "week", RateLimit: policy(rlsconfv3.RateLimitUnit_WEEK, 5)},
+			{Key: "month", QuotaMode: quota, Metadata: md(tier), ShadowMode: !quota, DetailedMetric: quota, RateLimit: policy(month, 6)},
+			{Key: "year", RateLimit: &rlsconfv3.RateLimitPolicy{Unit: rlsconfv3.RateLimitUnit_YEAR, RequestsPerUnit: 7,
+				Name: "yearly", Replaces: []*rlsconfv3.RateLimitReplace{{Name: "other"}}}},
+			{Key: "free", RateLimit: &rlsconfv3.RateLimitPolicy{Unlimited: true}},
+		}}
+	}
+	limit := func(c *rules.Config, key string) *rules.Limit {
+		return c.Match("eg", []rules.Entry{{Key: key, Value: "v"}}).Limit
+	}
+	srv.SetConfigs(t, testNode, cfg(true, "gold", rlsconfv3.RateLimitUnit_MONTH))
+	_, c := watchXDS(t, XDSConfig{ServerURL: srv.Addr})
+	c.wait(t, 10*time.Second, "the first snapshot", func() bool { return c.last() != nil })
+	got := c.last()
+	for key, want := range map[string]time.Duration{
+		"second": time.Second, "minute": time.Minute, "hour": time.Hour, "day": 24 * time.Hour,
+		"week": 7 * 24 * time.Hour, "month": 30 * 24 * time.Hour, "year": 365 * 24 * time.Hour,
+	} {
+		if l := limit(got, key); l == nil || l.Window() != want {
+			t.Errorf("%s: limit %+v, want a window of %v", key, l, want)
+		}
+	}
+	m := limit(got, "month")
+	if !m.QuotaMode || m.ShadowMode || !m.DetailedMetric || m.Metadata["tier"] != "gold" || m.Metadata["cost"] != 2.0 {
+		t.Errorf("month: quota_mode %t shadow_mode %t detailed_metric %t metadata %v, want true, false, true and tier gold, cost 2",
+			m.QuotaMode, m.ShadowMode, m.DetailedMetric, m.Metadata)
+	}
+	if y := limit(got, "year"); y.Name != "yearly" || len(y.Replaces) != 1 || y.Replaces[0] != "other" {
+		t.Errorf("year: name %q replaces %v, want yearly replacing other", y.Name, y.Replaces)
+	}
+	if f := limit(got, "free"); f == nil || !f.Unlimited {
+		t.Errorf("free: %+v, want unlimited", f)
+	}
+
+	// A later push changes the unit and the flags: in force as sent.
+	srv.SetConfigs(t, testNode, cfg(false, "silver", rlsconfv3.RateLimitUnit_YEAR))
+	c.wait(t, 10*time.Second, "the later push", func() bool { return limit(c.last(), "month").Unit == rules.Year })
+	m = limit(c.last(), "month")
+	if m.QuotaMode || !m.ShadowMode || m.DetailedMetric || m.Metadata["tier"] != "silver" {
+		t.Errorf("month after the push: quota_mode %t shadow_mode %t detailed_metric %t metadata %v, want false, true, false and tier silver",
+			m.QuotaMode, m.ShadowMode, m.DetailedMetric, m.Metadata)
+	}
+	if errs := c.ruleErrors(); len(errs) != 0 {
+		t.Errorf("refusals: %v", errs)
+	}
+}
+
+// TestSourceOf converts every field the proto shares with a rule file,
+// each unit by its number, and builds the same rules as the same file.
 func TestSourceOf(t *testing.T) {
 	t.Parallel()
+	md, err := structpb.NewStruct(map[string]any{"tier": "gold", "cost": 3, "tags": []any{"a", true}, "nested": map[string]any{"x": nil}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	policy := func(u rlsconfv3.RateLimitUnit, n uint32) *rlsconfv3.RateLimitPolicy {
+		return &rlsconfv3.RateLimitPolicy{Unit: u, RequestsPerUnit: n}
+	}
 	pb := &rlsconfv3.RateLimitConfig{Name: "cfg", Domain: "d", Descriptors: []*rlsconfv3.RateLimitDescriptor{
 		{Key: "a", Value: "1", ShadowMode: true, DetailedMetric: true, RateLimit: &rlsconfv3.RateLimitPolicy{
 			Unit: rlsconfv3.RateLimitUnit_DAY, RequestsPerUnit: 3, Name: "n", Replaces: []*rlsconfv3.RateLimitReplace{{Name: "m"}},
 		}},
 		{Key: "b", RateLimit: &rlsconfv3.RateLimitPolicy{Unlimited: true}, Descriptors: []*rlsconfv3.RateLimitDescriptor{
-			{Key: "c", RateLimit: &rlsconfv3.RateLimitPolicy{Unit: rlsconfv3.RateLimitUnit_SECOND, RequestsPerUnit: 1}},
+			{Key: "c", RateLimit: policy(rlsconfv3.RateLimitUnit_SECOND, 1)},
 		}},
+		{Key: "minute", RateLimit: policy(rlsconfv3.RateLimitUnit_MINUTE, 2)},
+		{Key: "hour", RateLimit: policy(rlsconfv3.RateLimitUnit_HOUR, 4)},
+		{Key: "week", RateLimit: policy(rlsconfv3.RateLimitUnit_WEEK, 10)},
+		{Key: "month", QuotaMode: true, Metadata: md, RateLimit: policy(rlsconfv3.RateLimitUnit_MONTH, 100)},
+		{Key: "year", RateLimit: policy(rlsconfv3.RateLimitUnit_YEAR, 1000)},
 	}}
-	cfg, err := rules.Build([]rules.Source{sourceOf(pb)}, rules.Options{})
+	fromXDS, err := rules.Build([]rules.Source{sourceOf(pb)}, rules.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	want := `d.a_1: unit=DAY requests_per_unit=3, shadow_mode: true, quota_mode: false, name: n, replaces: m, detailed_metric: true
 d.b: unit=UNKNOWN requests_per_unit=0, shadow_mode: false, quota_mode: false, unlimited: true
 d.b.c: unit=SECOND requests_per_unit=1, shadow_mode: false, quota_mode: false
+d.hour: unit=HOUR requests_per_unit=4, shadow_mode: false, quota_mode: false
+d.minute: unit=MINUTE requests_per_unit=2, shadow_mode: false, quota_mode: false
+d.month: unit=MONTH requests_per_unit=100, shadow_mode: false, quota_mode: true, metadata: {"cost":3,"nested":{"x":null},"tags":["a",true],"tier":"gold"}
+d.week: unit=WEEK requests_per_unit=10, shadow_mode: false, quota_mode: false
+d.year: unit=YEAR requests_per_unit=1000, shadow_mode: false, quota_mode: false
 `
-	if got := cfg.Dump(); got != want {
+	if got := fromXDS.Dump(); got != want {
 		t.Errorf("Dump() =\n%s\nwant\n%s", got, want)
 	}
 
-	// A unit number the proto does not name is invalid, not our unit of
-	// that number (5 is MONTH here).
-	pb.Descriptors[0].RateLimit.Unit = rlsconfv3.RateLimitUnit(5)
+	// The same rules written as a file: the same limits, field for field.
+	fromFile, err := rules.Parse([]rules.File{{Name: "d.yaml", Data: []byte(`domain: d
+descriptors:
+  - {key: a, value: "1", shadow_mode: true, detailed_metric: true,
+     rate_limit: {unit: day, requests_per_unit: 3, name: n, replaces: [{name: m}]}}
+  - key: b
+    rate_limit: {unlimited: true}
+    descriptors: [{key: c, rate_limit: {unit: second, requests_per_unit: 1}}]
+  - {key: minute, rate_limit: {unit: minute, requests_per_unit: 2}}
+  - {key: hour, rate_limit: {unit: hour, requests_per_unit: 4}}
+  - {key: week, rate_limit: {unit: week, requests_per_unit: 10}}
+  - key: month
+    quota_mode: true
+    metadata: {tier: gold, cost: 3, tags: [a, true], nested: {x: null}}
+    rate_limit: {unit: month, requests_per_unit: 100}
+  - {key: year, rate_limit: {unit: year, requests_per_unit: 1000}}
+`)}}, rules.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, file := fromXDS.Dump(), fromFile.Dump(); got != file {
+		t.Errorf("rules from xDS:\n%s\nfrom the same file:\n%s", got, file)
+	}
+	for _, key := range []string{"a", "b", "week", "month", "year"} {
+		x := fromXDS.Match("d", []rules.Entry{{Key: key, Value: "1"}}).Limit
+		f := fromFile.Match("d", []rules.Entry{{Key: key, Value: "1"}}).Limit
+		if x.Window() != f.Window() || x.QuotaMode != f.QuotaMode || x.Unlimited != f.Unlimited {
+			t.Errorf("%s: from xDS window %v quota_mode %t unlimited %t, from a file %v %t %t",
+				key, x.Window(), x.QuotaMode, x.Unlimited, f.Window(), f.QuotaMode, f.Unlimited)
+		}
+	}
+
+	// Every unit the proto names has that number in rules.Unit, the
+	// number sourceOf reads.
+	for n, name := range rlsconfv3.RateLimitUnit_name {
+		if got := rules.Unit(n).String(); got != name {
+			t.Errorf("rules.Unit(%d) is %s, the proto's %d is %s", n, got, n, name)
+		}
+	}
+
+	// A unit number no unit has is invalid, named by its number.
+	pb.Descriptors[0].RateLimit.Unit = rlsconfv3.RateLimitUnit(8)
 	w := &XDSWatcher{}
 	_, err = w.build(anyOf(t, pb))
-	wantErr := `xds: config "cfg" (domain d): descriptor "d.a_1": rate_limit: invalid unit "5" (want second, minute, hour, day, week, month or year)`
+	wantErr := `xds: config "cfg" (domain d): descriptor "d.a_1": rate_limit: invalid unit "8" (want second, minute, hour, day, week, month or year)`
 	if err == nil || err.Error() != wantErr {
-		t.Errorf("build(unit 5) = %v, want %q", err, wantErr)
+		t.Errorf("build(unit 8) = %v, want %q", err, wantErr)
 	}
 }
 
