@@ -510,7 +510,7 @@ descriptors:
 	// A unit number no unit has is invalid, named by its number.
 	pb.Descriptors[0].RateLimit.Unit = rlsconfv3.RateLimitUnit(8)
 	w := &XDSWatcher{}
-	_, err = w.build(anyOf(t, pb))
+	_, _, _, err = w.build(anyOf(t, pb))
 	wantErr := `xds: config "cfg" (domain d): descriptor "d.a_1": rate_limit: invalid unit "8" (want second, minute, hour, day, week, month or year)`
 	if err == nil || err.Error() != wantErr {
 		t.Errorf("build(unit 8) = %v, want %q", err, wantErr)
@@ -651,5 +651,162 @@ func TestXDSProblemsCapped(t *testing.T) {
 	}
 	if !strings.HasSuffix(msg, "… and 80 more problems (100 in all; ratelimit-check lists every one)") {
 		t.Errorf("the refusal does not end with the count of the rest:\n%s", msg)
+	}
+}
+
+// TestXDSRefusedDomain: an update with a domain the service cannot serve
+// beside valid ones applies the valid ones, keeps the refused domain's
+// rules in force (none for a domain never served), and NACKs naming the
+// domain and why; the NACK's version_info stays the last version applied
+// whole. The resent update is not applied again; a fixed one is applied
+// whole and ACKed.
+func TestXDSRefusedDomain(t *testing.T) {
+	srv := xdstest.Start(t, xdstest.Options{})
+	api := func(limit uint32) *rlsconfv3.RateLimitConfig {
+		cfg := webConfig(limit)
+		cfg.Name, cfg.Domain = "api", "api"
+		return cfg
+	}
+	badWeb := webConfig(9)
+	badWeb.Descriptors[0].RateLimit.Unit = rlsconfv3.RateLimitUnit(9)
+	apiLimit := func(cfg *rules.Config) uint32 {
+		if l := cfg.Match("api", []rules.Entry{{Key: "user", Value: "bob"}}).Limit; l != nil {
+			return l.RequestsPerUnit
+		}
+		return 0
+	}
+	whyWeb := `xds: config "web" (domain web): descriptor "web.user": rate_limit: invalid unit "9" (want second, minute, hour, day, week, month or year)`
+
+	v1 := srv.SetConfigs(t, testNode, webConfig(5), api(10))
+	w, c := watchXDS(t, XDSConfig{ServerURL: srv.Addr})
+	c.wait(t, 10*time.Second, "first snapshot", func() bool { return userLimit(c.last()) == 5 && apiLimit(c.last()) == 10 })
+
+	from := len(srv.Requests())
+	v2 := srv.SetConfigs(t, testNode, badWeb, api(20))
+	nack := srv.WaitRequest(t, from, 5*time.Second, "NACK of "+v2, xdstest.Request.NACK)
+	want := `xds: domain "web" refused and kept as in force; the update's other domains are applied` + "\n" + whyWeb
+	if got := nack.GetErrorDetail().GetMessage(); got != want {
+		t.Errorf("NACK error_detail =\n%s\nwant\n%s", got, want)
+	}
+	if nack.GetVersionInfo() != v1 {
+		t.Errorf("NACK version_info = %q, want %q, the last version applied whole", nack.GetVersionInfo(), v1)
+	}
+	if got := c.last(); userLimit(got) != 5 || apiLimit(got) != 20 {
+		t.Errorf("after %s: web's limit %d, api's %d; want 5 (kept) and 20 (applied)", v2, userLimit(got), apiLimit(got))
+	}
+	if errs := c.ruleErrors(); len(errs) != 1 || errs[0].Error() != want {
+		t.Errorf("errors reported = %v, want [%s]", errs, want)
+	}
+	if s := w.Stats(); s.Loads != 2 || s.Failures != 1 || s.Version != v1 {
+		t.Errorf("Stats() = %+v, want 2 loads, 1 failure, version %s", s, v1)
+	}
+
+	// The cache sends the update again after each NACK: NACKed again,
+	// on the back-off, neither applied nor reported again.
+	srv.WaitRequest(t, from, 5*time.Second, "a second NACK of "+v2, func(r xdstest.Request) bool {
+		return r.NACK() && r.GetResponseNonce() != nack.GetResponseNonce()
+	})
+	if s := w.Stats(); s.Loads != 2 || s.Failures != 1 {
+		t.Errorf("after the update was sent again: Stats() = %+v, want 2 loads and 1 failure", s)
+	}
+
+	// A domain dropped from the update goes even while another is
+	// refused; a refused domain the service never served has no rules.
+	fresh := webConfig(3)
+	fresh.Name, fresh.Domain = "fresh", "fresh"
+	fresh.Descriptors[1].RateLimit.Unit = rlsconfv3.RateLimitUnit_UNKNOWN
+	from = len(srv.Requests())
+	v3 := srv.SetConfigs(t, testNode, badWeb, fresh)
+	srv.WaitRequest(t, from, 5*time.Second, "NACK of "+v3+" naming both domains", func(r xdstest.Request) bool {
+		return r.NACK() && strings.HasPrefix(r.GetErrorDetail().GetMessage(), `xds: domains "fresh", "web" refused`)
+	})
+	c.wait(t, 5*time.Second, "api dropped", func() bool { return apiLimit(c.last()) == 0 })
+	if got := c.last(); userLimit(got) != 5 || len(got.Domains()) != 1 {
+		t.Errorf("after %s: domains %v, web's limit %d; want web alone, at 5", v3, got.Domains(), userLimit(got))
+	}
+
+	// Fixed: applied whole, ACKed.
+	v4 := srv.SetConfigs(t, testNode, webConfig(7), api(30))
+	srv.WaitRequest(t, 0, 5*time.Second, "ACK of "+v4, func(r xdstest.Request) bool { return xdstest.ACKed(r, testNode, v4) })
+	if got := c.last(); userLimit(got) != 7 || apiLimit(got) != 30 {
+		t.Errorf("after %s: web's limit %d, api's %d; want 7 and 30", v4, userLimit(got), apiLimit(got))
+	}
+
+	// A first update with a refused domain serves the valid ones.
+	srv2 := xdstest.Start(t, xdstest.Options{})
+	srv2.SetConfigs(t, testNode, badWeb, api(40))
+	_, c2 := watchXDS(t, XDSConfig{ServerURL: srv2.Addr})
+	c2.wait(t, 10*time.Second, "the valid domain", func() bool { return c2.last() != nil })
+	if got := c2.last(); apiLimit(got) != 40 || userLimit(got) != 0 {
+		t.Errorf("first update: api's limit %d, web's %d; want 40 and none", apiLimit(got), userLimit(got))
+	}
+}
+
+// TestXDSBuildWhole: what cannot be laid on one domain refuses the update
+// whole: a resource that does not decode, or rules of several domains
+// that together pass a bound. With MERGE_DOMAIN_CONFIG a domain is all
+// its resources: one refused keeps the others of its domain too.
+func TestXDSBuildWhole(t *testing.T) {
+	t.Parallel()
+	api := webConfig(10)
+	api.Name, api.Domain = "api", "api"
+	bad := webConfig(9)
+	bad.Descriptors[0].RateLimit.Unit = rlsconfv3.RateLimitUnit_UNKNOWN
+	w := &XDSWatcher{}
+
+	res := append(anyOf(t, api), &anypb.Any{TypeUrl: RateLimitConfigType, Value: []byte{0xff}})
+	if cfg, _, _, err := w.build(res); cfg != nil || err == nil || !strings.Contains(err.Error(), "xds: resource 2:") {
+		t.Errorf("build with a resource that does not decode = %v, %v; want no rules and resource 2 named", cfg, err)
+	}
+
+	// Each domain alone is within MaxDescriptors, both together not.
+	big := func(domain string) *rlsconfv3.RateLimitConfig {
+		cfg := &rlsconfv3.RateLimitConfig{Name: domain, Domain: domain}
+		for i := range rules.MaxDescriptors/2 + 1 {
+			cfg.Descriptors = append(cfg.Descriptors, &rlsconfv3.RateLimitDescriptor{Key: fmt.Sprintf("k%d", i)})
+		}
+		return cfg
+	}
+	if cfg, _, _, err := w.build(anyOf(t, big("a"), big("b"))); cfg != nil || err == nil || !strings.Contains(err.Error(), "descriptors in all") {
+		t.Errorf("build over MaxDescriptors = %v, %v; want no rules and the bound named", cfg, err)
+	}
+
+	// Merged domains: web's two resources, one refused: web keeps what is
+	// in force, its valid resource included.
+	path := &rlsconfv3.RateLimitConfig{Name: "web-path", Domain: "web", Descriptors: []*rlsconfv3.RateLimitDescriptor{
+		{Key: "path", RateLimit: &rlsconfv3.RateLimitPolicy{Unit: rlsconfv3.RateLimitUnit_SECOND, RequestsPerUnit: 7}},
+	}}
+	user := &rlsconfv3.RateLimitConfig{Name: "web-user", Domain: "web", Descriptors: webConfig(5).Descriptors[:1]}
+	w = &XDSWatcher{cfg: XDSConfig{Options: rules.Options{MergeDomains: true}}}
+	_, domains, _, err := w.build(anyOf(t, user, path, api))
+	if err != nil {
+		t.Fatal(err)
+	}
+	w.inForce = domains
+	path.Descriptors[0].RateLimit.RequestsPerUnit = 8
+	cfg, _, refused, err := w.build(anyOf(t, bad, path, api))
+	if err == nil || len(refused) != 1 || refused[0] != "web" {
+		t.Fatalf("build with one of web's resources refused: refused %v, %v", refused, err)
+	}
+	if l := cfg.Match("web", []rules.Entry{{Key: "path", Value: "/"}}).Limit; l == nil || l.RequestsPerUnit != 7 || userLimit(cfg) != 5 {
+		t.Errorf("web's path limit %+v and user limit %d, want 7 and 5, the rules in force", l, userLimit(cfg))
+	}
+}
+
+// TestHashResources: an update sent again in another order (as
+// go-control-plane's cache does) is the same update; other contents are
+// not.
+func TestHashResources(t *testing.T) {
+	t.Parallel()
+	api := webConfig(10)
+	api.Name, api.Domain = "api", "api"
+	ab, ba := anyOf(t, webConfig(5), api), anyOf(t, api, webConfig(5))
+	if hashResources(ab) != hashResources(ba) {
+		t.Errorf("one update in two orders hashes differently")
+	}
+	for _, other := range [][]*anypb.Any{anyOf(t, webConfig(5)), anyOf(t, webConfig(6), api), anyOf(t, webConfig(5), api, api), nil} {
+		if hashResources(other) == hashResources(ab) {
+			t.Errorf("%d resources hash as the update", len(other))
+		}
 	}
 }
