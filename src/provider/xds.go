@@ -1,6 +1,7 @@
 package provider
 
 import (
+	"bytes"
 	"context"
 	"crypto/sha256"
 	"crypto/tls"
@@ -9,6 +10,8 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -172,9 +175,10 @@ type XDSStats struct {
 	Connected bool
 	// Loads counts the updates applied; Failures the updates refused
 	// (NACKed). An update the server sends again after it was refused is
-	// counted once.
+	// counted once; one that refuses some domains and not others counts
+	// in both.
 	Loads, Failures uint64
-	// Version is the version_info of the last update applied.
+	// Version is the version_info of the last update applied whole.
 	Version string
 	// LastLoad is when the last update was applied.
 	LastLoad time.Time
@@ -187,7 +191,10 @@ type XDSStats struct {
 // reports each update as a whole validated rules.Config, or the reason it
 // was refused, through the callbacks given to WatchXDS. An applied update
 // is ACKed; a refused one is NACKed with the reason in error_detail and
-// the rules in use stay. A broken connection is reported as
+// the rules in use stay. An update that refuses some domains and not
+// others is both: the others are applied beside the rules in force of the
+// refused ones (onLoad), then the refusal is reported (onError) and
+// NACKed, naming the domains refused. A broken connection is reported as
 // ErrXDSConnection and made again after the back-off; the rules in use
 // stay meanwhile.
 //
@@ -204,11 +211,14 @@ type XDSWatcher struct {
 
 	// The fields below are the protocol's state: only the run goroutine
 	// touches them. version is the version_info of the last update
-	// applied; applied and refused are the hashes of the resources of
-	// the last update applied and of the last one refused (with why).
+	// applied whole; applied is the hash of its resources, while its rules
+	// are the ones in force (hasApplied).
 	version    string
 	applied    [sha256.Size]byte
 	hasApplied bool
+	// inForce is the rules in force, by domain: what an update that
+	// refuses a domain keeps of it.
+	inForce map[string]domainRules
 	// refused are the last updates refused since one was applied (at
 	// most maxRefused, oldest first), with why: a server that alternates
 	// between invalid updates is answered as one that repeats one.
@@ -448,41 +458,64 @@ func (w *XDSWatcher) handle(ctx context.Context, resp *discoveryv3.DiscoveryResp
 		return w.ack(resp)
 	}
 	why, known := w.refusedBefore(sum)
-	var cfg *rules.Config
 	if !known {
-		var err error
-		if cfg, err = w.build(resp.GetResources()); err != nil {
-			// Reported and counted once; refused again without a word.
-			why = err.Error()
-			w.refused = append(w.refused, refusal{sum: sum, why: why})
-			if len(w.refused) > maxRefused {
-				w.refused = w.refused[1:]
-			}
-			w.mu.Lock()
-			w.stats.Failures++
-			w.stats.LastError = err
-			w.mu.Unlock()
-			w.onError(err)
-			known = true
+		cfg, domains, refused, err := w.build(resp.GetResources())
+		switch {
+		case err == nil:
+			w.apply(resp, sum, cfg, domains, nil)
+			repeat.reset()
+			return w.ack(resp)
+		case cfg != nil && changes(w.inForce, domains):
+			// Some domains refused, the others change the rules in
+			// force: those are applied, and the NACK says which were
+			// refused and why.
+			p := &partialError{refused: refused, err: err}
+			w.apply(resp, sum, cfg, domains, p)
+			err = p
 		}
-	}
-	if known {
-		// A server may answer a NACK with the very update it refers to:
-		// go-control-plane's snapshot cache does, until its snapshot
-		// changes (envoyproxy/go-control-plane#962); one with two bad
-		// snapshots may alternate, and a generator may make a new bad one
-		// each time. Answering at once would spin both ends, so a refusal
-		// after a refusal waits first (repeatBackoff); the rules and the
-		// counts stay as they are. A valid update is taken at once.
-		if w.refusing && !sleep(ctx, repeat.wait()) {
-			return nil
+		// Reported and counted once; refused again without a word.
+		why = err.Error()
+		w.refused = append(w.refused, refusal{sum: sum, why: why})
+		if len(w.refused) > maxRefused {
+			w.refused = w.refused[1:]
 		}
-		w.refusing = true
-		return w.nack(resp, why)
+		w.mu.Lock()
+		w.stats.Failures++
+		w.stats.LastError = err
+		w.mu.Unlock()
+		w.onError(err)
 	}
-	repeat.reset()
-	w.applied, w.hasApplied, w.refused, w.refusing, w.tooLarge = sum, true, nil, false, false
-	w.version = resp.GetVersionInfo()
+	// A server may answer a NACK with the very update it refers to:
+	// go-control-plane's snapshot cache does, until its snapshot changes
+	// (envoyproxy/go-control-plane#962); one with two bad snapshots may
+	// alternate, and a generator may make a new bad one each time.
+	// Answering at once would spin both ends, so a refusal after a refusal
+	// waits first (repeatBackoff); the rules and the counts stay as they
+	// are. A valid update is taken at once, and so are the valid domains of
+	// an update that refuses some.
+	if w.refusing && !sleep(ctx, repeat.wait()) {
+		return nil
+	}
+	w.refusing = true
+	return w.nack(resp, why)
+}
+
+// apply puts the rules of an update in force: all of them when refused is
+// nil, else those of its valid domains beside the rules in force of the
+// domains it refused. The remembered refusals are forgotten either way:
+// what they would keep has changed.
+func (w *XDSWatcher) apply(resp *discoveryv3.DiscoveryResponse, sum [sha256.Size]byte, cfg *rules.Config, domains map[string]domainRules, refused *partialError) {
+	w.inForce, w.refused, w.tooLarge = domains, nil, false
+	version := resp.GetVersionInfo()
+	if refused == nil {
+		w.applied, w.hasApplied, w.refusing = sum, true, false
+		w.version = version
+	} else {
+		// The server is told the last version applied whole (the NACK's
+		// version_info); operators see what is in force.
+		w.hasApplied = false
+		version += " (" + refused.names() + " refused)"
+	}
 	now := w.cfg.Now()
 	w.mu.Lock()
 	w.stats.Loads++
@@ -490,8 +523,7 @@ func (w *XDSWatcher) handle(ctx context.Context, resp *discoveryv3.DiscoveryResp
 	w.stats.LastLoad = now
 	w.stats.LastError = nil
 	w.mu.Unlock()
-	w.onLoad(Snapshot{Rules: cfg, Source: Source{Kind: SourceXDS, Location: w.cfg.ServerURL, Version: w.version, LoadedAt: now}})
-	return w.ack(resp)
+	w.onLoad(Snapshot{Rules: cfg, Source: Source{Kind: SourceXDS, Location: w.cfg.ServerURL, Version: version, LoadedAt: now}})
 }
 
 func (w *XDSWatcher) ack(resp *discoveryv3.DiscoveryResponse) *discoveryv3.DiscoveryRequest {
@@ -544,32 +576,70 @@ func (w *XDSWatcher) refusedBefore(sum [sha256.Size]byte) (string, bool) {
 }
 
 // hashResources identifies the content of an update, whatever its version
-// and nonce.
+// and nonce, and whatever the order of its resources: go-control-plane's
+// snapshot cache sends them in a new order each time (it walks a map), and
+// an update sent again must be known as the one it is.
 func hashResources(res []*anypb.Any) [sha256.Size]byte {
-	h := sha256.New()
+	sums := make([][sha256.Size]byte, len(res))
 	var n [8]byte
-	write := func(s []byte) {
-		// Lengths first, so that no two lists hash the same by moving
-		// bytes from one resource to the next.
-		binary.BigEndian.PutUint64(n[:], uint64(len(s)))
-		h.Write(n[:])
-		h.Write(s)
+	for i, r := range res {
+		h := sha256.New()
+		for _, s := range [][]byte{[]byte(r.GetTypeUrl()), r.GetValue()} {
+			// Lengths first, so that no two resources hash the same by
+			// moving bytes from the type to the value.
+			binary.BigEndian.PutUint64(n[:], uint64(len(s)))
+			h.Write(n[:])
+			h.Write(s)
+		}
+		h.Sum(sums[i][:0])
 	}
-	for _, r := range res {
-		write([]byte(r.GetTypeUrl()))
-		write(r.GetValue())
+	slices.SortFunc(sums, func(a, b [sha256.Size]byte) int { return bytes.Compare(a[:], b[:]) })
+	h := sha256.New()
+	for _, s := range sums {
+		h.Write(s[:])
 	}
 	var sum [sha256.Size]byte
 	h.Sum(sum[:0])
 	return sum
 }
 
-// build decodes the resources of an update and builds their rules. Every
-// problem is one line of the error, naming the config and the descriptor:
-// `xds: config "web" (domain web): descriptor "web.user": ...`.
-func (w *XDSWatcher) build(res []*anypb.Any) (*rules.Config, error) {
+// domainRules are the resources of one domain in an update, as rules'
+// sources, and the hash of their bytes.
+type domainRules struct {
+	sum  [sha256.Size]byte
+	srcs []rules.Source
+}
+
+// changes reports whether the rules of next differ from those of in.
+func changes(in, next map[string]domainRules) bool {
+	if len(in) != len(next) {
+		return true
+	}
+	for d, r := range next {
+		if old, ok := in[d]; !ok || old.sum != r.sum {
+			return true
+		}
+	}
+	return false
+}
+
+// build decodes the resources of an update and builds their rules, with
+// their domains. Every problem is one line of the error, naming the config
+// and the descriptor: `xds: config "web" (domain web): descriptor
+// "web.user": ...`.
+//
+// When some domains have problems of their own and the others none, build
+// returns those problems, the domains refused, and the rules of the
+// update with the rules in force of each refused domain in its place (none
+// for a domain not in force): one policy the service cannot serve does not
+// hold back every other domain's changes. A problem it cannot lay on one
+// domain (a resource it cannot decode, the bound on all descriptors)
+// refuses the update whole: the Config is nil.
+func (w *XDSWatcher) build(res []*anypb.Any) (*rules.Config, map[string]domainRules, []string, error) {
 	var errs []error
 	srcs := make([]rules.Source, 0, len(res))
+	var order []string
+	anys := map[string][]*anypb.Any{}
 	for i, r := range res {
 		if r.GetTypeUrl() != RateLimitConfigType {
 			errs = append(errs, fmt.Errorf("xds: resource %d: type %s, want %s", i+1, r.GetTypeUrl(), RateLimitConfigType))
@@ -580,22 +650,92 @@ func (w *XDSWatcher) build(res []*anypb.Any) (*rules.Config, error) {
 			errs = append(errs, fmt.Errorf("xds: resource %d: %w", i+1, err))
 			continue
 		}
+		d := pb.GetDomain()
+		if _, seen := anys[d]; !seen {
+			order = append(order, d)
+		}
+		anys[d] = append(anys[d], r)
 		srcs = append(srcs, sourceOf(&pb))
 	}
 	if len(errs) > 0 {
-		return nil, errors.Join(errs...)
+		return nil, nil, nil, errors.Join(errs...)
+	}
+	// In one order whatever the order of the resources, so that the
+	// domains refused are named alike each time.
+	slices.Sort(order)
+	domains := make(map[string]domainRules, len(order))
+	for _, src := range srcs {
+		d := domains[src.Domain]
+		d.srcs = append(d.srcs, src)
+		domains[src.Domain] = d
+	}
+	for d, r := range domains {
+		r.sum = hashResources(anys[d])
+		domains[d] = r
 	}
 	cfg, err := rules.Build(srcs, w.cfg.Options)
-	if err != nil {
-		return nil, xdsProblems(err)
+	if err == nil {
+		return cfg, domains, nil, nil
 	}
-	return cfg, nil
+	// Which domains have problems of their own?
+	var refused []string
+	var problems []error
+	kept := make(map[string]domainRules, len(domains))
+	var keptSrcs []rules.Source
+	for _, d := range order {
+		r := domains[d]
+		if _, derr := rules.Build(r.srcs, w.cfg.Options); derr != nil {
+			refused = append(refused, d)
+			problems = append(problems, parts(derr)...)
+			var ok bool
+			if r, ok = w.inForce[d]; !ok {
+				continue
+			}
+		}
+		kept[d] = r
+		keptSrcs = append(keptSrcs, r.srcs...)
+	}
+	if len(refused) == 0 {
+		return nil, nil, nil, xdsProblems(err)
+	}
+	cfg, kerr := rules.Build(keptSrcs, w.cfg.Options)
+	if kerr != nil {
+		return nil, nil, nil, xdsProblems(err)
+	}
+	return cfg, kept, refused, xdsProblems(errors.Join(problems...))
 }
 
-// sourceOf converts a RateLimitConfig to the rules' data form. The proto
-// has no field for this service's extensions (algorithm, burst,
-// unit_multiplier) nor for quota_mode, value_to_metric, share_threshold
-// and metadata: rules from xDS have the anchor's fields only.
+// partialError is the refusal of some domains of an update whose other
+// domains were applied.
+type partialError struct {
+	refused []string
+	err     error
+}
+
+// names lists the domains refused: `domain "web"`, `domains "a", "b"`.
+func (p *partialError) names() string {
+	q := make([]string, len(p.refused))
+	for i, d := range p.refused {
+		q[i] = strconv.Quote(d)
+	}
+	if len(q) == 1 {
+		return "domain " + q[0]
+	}
+	return "domains " + strings.Join(q, ", ")
+}
+
+func (p *partialError) Error() string {
+	return "xds: " + p.names() + " refused and kept as in force; the update's other domains are applied\n" + p.err.Error()
+}
+
+func (p *partialError) Unwrap() error { return p.err }
+
+// sourceOf converts a RateLimitConfig to the rules' data form, field for
+// field, so that rules.Build checks it as Parse checks a rule file and
+// each field means what it means there. The proto has every field of a
+// rule file but value_to_metric, share_threshold and this service's
+// extensions (quota_buckets, rate_limits, value_regex, algorithm, burst,
+// unit_multiplier): rules from xDS cannot set those.
 func sourceOf(pb *rlsconfv3.RateLimitConfig) rules.Source {
 	name := fmt.Sprintf("config %q", pb.GetName())
 	if pb.GetDomain() != "" {
@@ -614,20 +754,21 @@ func descriptorsOf(pbs []*rlsconfv3.RateLimitDescriptor) []rules.Descriptor {
 			Key:            d.GetKey(),
 			Value:          d.GetValue(),
 			ShadowMode:     d.GetShadowMode(),
+			QuotaMode:      d.GetQuotaMode(),
 			DetailedMetric: d.GetDetailedMetric(),
 			Descriptors:    descriptorsOf(d.GetDescriptors()),
 		}
+		if md := d.GetMetadata(); md != nil {
+			// The value types of a rule file's metadata (numbers are
+			// float64, as structpb sends them anyway).
+			out[i].Metadata = md.AsMap()
+		}
 		if p := d.GetRateLimit(); p != nil {
 			rl := &rules.RateLimit{
+				Unit:            unitOf(p.GetUnit()),
 				RequestsPerUnit: p.GetRequestsPerUnit(),
 				Unlimited:       p.GetUnlimited(),
 				Name:            p.GetName(),
-			}
-			// By name, not number: the proto's units stop at DAY, and a
-			// number it does not name is an invalid unit, not the unit of
-			// ours that happens to share it.
-			if u := p.GetUnit(); u != rlsconfv3.RateLimitUnit_UNKNOWN {
-				rl.Unit = u.String()
 			}
 			for _, r := range p.GetReplaces() {
 				rl.Replaces = append(rl.Replaces, r.GetName())
@@ -636,6 +777,21 @@ func descriptorsOf(pbs []*rlsconfv3.RateLimitDescriptor) []rules.Descriptor {
 		}
 	}
 	return out
+}
+
+// unitOf names an xDS unit by its number, which is rules.Unit's (WEEK is
+// 7, MONTH 5, YEAR 6, as in Envoy's RateLimitResponse), so that a unit
+// this build's proto may not name yet still reads as what it is. UNKNOWN
+// is no unit; a number no unit has is named by the number, which
+// rules.Build refuses as an invalid unit.
+func unitOf(u rlsconfv3.RateLimitUnit) string {
+	switch ru := rules.Unit(u); {
+	case u == rlsconfv3.RateLimitUnit_UNKNOWN:
+		return ""
+	case ru.Seconds() > 0:
+		return ru.String()
+	}
+	return strconv.Itoa(int(u))
 }
 
 // xdsProblem is a problem of a rules.Source built from xDS, named the way
@@ -647,14 +803,9 @@ func (p xdsProblem) Unwrap() error { return p.err }
 
 // xdsProblems rewrites the *rules.Error parts of a Build error.
 func xdsProblems(err error) error {
-	var parts []error
-	if j, ok := err.(interface{ Unwrap() []error }); ok {
-		parts = j.Unwrap()
-	} else {
-		parts = []error{err}
-	}
-	out := make([]error, 0, len(parts))
-	for _, e := range parts {
+	in := parts(err)
+	out := make([]error, 0, len(in))
+	for _, e := range in {
 		var re *rules.Error
 		if errors.As(e, &re) {
 			out = append(out, xdsProblem{re})
@@ -663,6 +814,14 @@ func xdsProblems(err error) error {
 		}
 	}
 	return capProblems(errors.Join(out...))
+}
+
+// parts returns the errors joined in err, or err alone.
+func parts(err error) []error {
+	if j, ok := err.(interface{ Unwrap() []error }); ok {
+		return j.Unwrap()
+	}
+	return []error{err}
 }
 
 // config builds the TLS configuration from the files.

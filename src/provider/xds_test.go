@@ -11,6 +11,7 @@ import (
 	resourcev3 "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
 	rlsconfv3 "github.com/envoyproxy/go-control-plane/ratelimit/config/ratelimit/v3"
 	"google.golang.org/protobuf/types/known/anypb"
+	"google.golang.org/protobuf/types/known/structpb"
 
 	"github.com/ratelimitd/ratelimit/src/provider/xdstest"
 	"github.com/ratelimitd/ratelimit/src/rules"
@@ -355,36 +356,164 @@ func TestXDSMaxMessageSize(t *testing.T) {
 	c.wait(t, 10*time.Second, "snapshot under gRPC's default bound", func() bool { return userLimit(c.last()) == 5 })
 }
 
+// TestXDSUnitsAndFields serves, from a real xDS server, a limit in each
+// unit Envoy Gateway sends (WEEK, MONTH and YEAR among them) and each
+// descriptor field a rule file also has, then a later push that changes
+// them: both are in force as sent. (go-control-plane's ratelimit proto
+// at v0.1.0 stopped at DAY, and a MONTH refused the whole update.)
+func TestXDSUnitsAndFields(t *testing.T) {
+	srv := xdstest.Start(t, xdstest.Options{})
+	md := func(tier string) *structpb.Struct {
+		s, err := structpb.NewStruct(map[string]any{"tier": tier, "cost": 2})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return s
+	}
+	policy := func(u rlsconfv3.RateLimitUnit, n uint32) *rlsconfv3.RateLimitPolicy {
+		return &rlsconfv3.RateLimitPolicy{Unit: u, RequestsPerUnit: n}
+	}
+	cfg := func(quota bool, tier string, month rlsconfv3.RateLimitUnit) *rlsconfv3.RateLimitConfig {
+		return &rlsconfv3.RateLimitConfig{Name: "eg", Domain: "eg", Descriptors: []*rlsconfv3.RateLimitDescriptor{
+			{Key: "second", RateLimit: policy(rlsconfv3.RateLimitUnit_SECOND, 1)},
+			{Key: "minute", RateLimit: policy(rlsconfv3.RateLimitUnit_MINUTE, 2)},
+			{Key: "hour", RateLimit: policy(rlsconfv3.RateLimitUnit_HOUR, 3)},
+			{Key: "day", RateLimit: policy(rlsconfv3.RateLimitUnit_DAY, 4)},
+			{Key: "week", RateLimit: policy(rlsconfv3.RateLimitUnit_WEEK, 5)},
+			{Key: "month", QuotaMode: quota, Metadata: md(tier), ShadowMode: !quota, DetailedMetric: quota, RateLimit: policy(month, 6)},
+			{Key: "year", RateLimit: &rlsconfv3.RateLimitPolicy{Unit: rlsconfv3.RateLimitUnit_YEAR, RequestsPerUnit: 7,
+				Name: "yearly", Replaces: []*rlsconfv3.RateLimitReplace{{Name: "other"}}}},
+			{Key: "free", RateLimit: &rlsconfv3.RateLimitPolicy{Unlimited: true}},
+		}}
+	}
+	limit := func(c *rules.Config, key string) *rules.Limit {
+		return c.Match("eg", []rules.Entry{{Key: key, Value: "v"}}).Limit
+	}
+	srv.SetConfigs(t, testNode, cfg(true, "gold", rlsconfv3.RateLimitUnit_MONTH))
+	_, c := watchXDS(t, XDSConfig{ServerURL: srv.Addr})
+	c.wait(t, 10*time.Second, "the first snapshot", func() bool { return c.last() != nil })
+	got := c.last()
+	for key, want := range map[string]time.Duration{
+		"second": time.Second, "minute": time.Minute, "hour": time.Hour, "day": 24 * time.Hour,
+		"week": 7 * 24 * time.Hour, "month": 30 * 24 * time.Hour, "year": 365 * 24 * time.Hour,
+	} {
+		if l := limit(got, key); l == nil || l.Window() != want {
+			t.Errorf("%s: limit %+v, want a window of %v", key, l, want)
+		}
+	}
+	m := limit(got, "month")
+	if !m.QuotaMode || m.ShadowMode || !m.DetailedMetric || m.Metadata["tier"] != "gold" || m.Metadata["cost"] != 2.0 {
+		t.Errorf("month: quota_mode %t shadow_mode %t detailed_metric %t metadata %v, want true, false, true and tier gold, cost 2",
+			m.QuotaMode, m.ShadowMode, m.DetailedMetric, m.Metadata)
+	}
+	if y := limit(got, "year"); y.Name != "yearly" || len(y.Replaces) != 1 || y.Replaces[0] != "other" {
+		t.Errorf("year: name %q replaces %v, want yearly replacing other", y.Name, y.Replaces)
+	}
+	if f := limit(got, "free"); f == nil || !f.Unlimited {
+		t.Errorf("free: %+v, want unlimited", f)
+	}
+
+	// A later push changes the unit and the flags: in force as sent.
+	srv.SetConfigs(t, testNode, cfg(false, "silver", rlsconfv3.RateLimitUnit_YEAR))
+	c.wait(t, 10*time.Second, "the later push", func() bool { return limit(c.last(), "month").Unit == rules.Year })
+	m = limit(c.last(), "month")
+	if m.QuotaMode || !m.ShadowMode || m.DetailedMetric || m.Metadata["tier"] != "silver" {
+		t.Errorf("month after the push: quota_mode %t shadow_mode %t detailed_metric %t metadata %v, want false, true, false and tier silver",
+			m.QuotaMode, m.ShadowMode, m.DetailedMetric, m.Metadata)
+	}
+	if errs := c.ruleErrors(); len(errs) != 0 {
+		t.Errorf("refusals: %v", errs)
+	}
+}
+
+// TestSourceOf converts every field the proto shares with a rule file,
+// each unit by its number, and builds the same rules as the same file.
 func TestSourceOf(t *testing.T) {
 	t.Parallel()
+	md, err := structpb.NewStruct(map[string]any{"tier": "gold", "cost": 3, "tags": []any{"a", true}, "nested": map[string]any{"x": nil}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	policy := func(u rlsconfv3.RateLimitUnit, n uint32) *rlsconfv3.RateLimitPolicy {
+		return &rlsconfv3.RateLimitPolicy{Unit: u, RequestsPerUnit: n}
+	}
 	pb := &rlsconfv3.RateLimitConfig{Name: "cfg", Domain: "d", Descriptors: []*rlsconfv3.RateLimitDescriptor{
 		{Key: "a", Value: "1", ShadowMode: true, DetailedMetric: true, RateLimit: &rlsconfv3.RateLimitPolicy{
 			Unit: rlsconfv3.RateLimitUnit_DAY, RequestsPerUnit: 3, Name: "n", Replaces: []*rlsconfv3.RateLimitReplace{{Name: "m"}},
 		}},
 		{Key: "b", RateLimit: &rlsconfv3.RateLimitPolicy{Unlimited: true}, Descriptors: []*rlsconfv3.RateLimitDescriptor{
-			{Key: "c", RateLimit: &rlsconfv3.RateLimitPolicy{Unit: rlsconfv3.RateLimitUnit_SECOND, RequestsPerUnit: 1}},
+			{Key: "c", RateLimit: policy(rlsconfv3.RateLimitUnit_SECOND, 1)},
 		}},
+		{Key: "minute", RateLimit: policy(rlsconfv3.RateLimitUnit_MINUTE, 2)},
+		{Key: "hour", RateLimit: policy(rlsconfv3.RateLimitUnit_HOUR, 4)},
+		{Key: "week", RateLimit: policy(rlsconfv3.RateLimitUnit_WEEK, 10)},
+		{Key: "month", QuotaMode: true, Metadata: md, RateLimit: policy(rlsconfv3.RateLimitUnit_MONTH, 100)},
+		{Key: "year", RateLimit: policy(rlsconfv3.RateLimitUnit_YEAR, 1000)},
 	}}
-	cfg, err := rules.Build([]rules.Source{sourceOf(pb)}, rules.Options{})
+	fromXDS, err := rules.Build([]rules.Source{sourceOf(pb)}, rules.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	want := `d.a_1: unit=DAY requests_per_unit=3, shadow_mode: true, quota_mode: false, name: n, replaces: m, detailed_metric: true
 d.b: unit=UNKNOWN requests_per_unit=0, shadow_mode: false, quota_mode: false, unlimited: true
 d.b.c: unit=SECOND requests_per_unit=1, shadow_mode: false, quota_mode: false
+d.hour: unit=HOUR requests_per_unit=4, shadow_mode: false, quota_mode: false
+d.minute: unit=MINUTE requests_per_unit=2, shadow_mode: false, quota_mode: false
+d.month: unit=MONTH requests_per_unit=100, shadow_mode: false, quota_mode: true, metadata: {"cost":3,"nested":{"x":null},"tags":["a",true],"tier":"gold"}
+d.week: unit=WEEK requests_per_unit=10, shadow_mode: false, quota_mode: false
+d.year: unit=YEAR requests_per_unit=1000, shadow_mode: false, quota_mode: false
 `
-	if got := cfg.Dump(); got != want {
+	if got := fromXDS.Dump(); got != want {
 		t.Errorf("Dump() =\n%s\nwant\n%s", got, want)
 	}
 
-	// A unit number the proto does not name is invalid, not our unit of
-	// that number (5 is MONTH here).
-	pb.Descriptors[0].RateLimit.Unit = rlsconfv3.RateLimitUnit(5)
+	// The same rules written as a file: the same limits, field for field.
+	fromFile, err := rules.Parse([]rules.File{{Name: "d.yaml", Data: []byte(`domain: d
+descriptors:
+  - {key: a, value: "1", shadow_mode: true, detailed_metric: true,
+     rate_limit: {unit: day, requests_per_unit: 3, name: n, replaces: [{name: m}]}}
+  - key: b
+    rate_limit: {unlimited: true}
+    descriptors: [{key: c, rate_limit: {unit: second, requests_per_unit: 1}}]
+  - {key: minute, rate_limit: {unit: minute, requests_per_unit: 2}}
+  - {key: hour, rate_limit: {unit: hour, requests_per_unit: 4}}
+  - {key: week, rate_limit: {unit: week, requests_per_unit: 10}}
+  - key: month
+    quota_mode: true
+    metadata: {tier: gold, cost: 3, tags: [a, true], nested: {x: null}}
+    rate_limit: {unit: month, requests_per_unit: 100}
+  - {key: year, rate_limit: {unit: year, requests_per_unit: 1000}}
+`)}}, rules.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, file := fromXDS.Dump(), fromFile.Dump(); got != file {
+		t.Errorf("rules from xDS:\n%s\nfrom the same file:\n%s", got, file)
+	}
+	for _, key := range []string{"a", "b", "week", "month", "year"} {
+		x := fromXDS.Match("d", []rules.Entry{{Key: key, Value: "1"}}).Limit
+		f := fromFile.Match("d", []rules.Entry{{Key: key, Value: "1"}}).Limit
+		if x.Window() != f.Window() || x.QuotaMode != f.QuotaMode || x.Unlimited != f.Unlimited {
+			t.Errorf("%s: from xDS window %v quota_mode %t unlimited %t, from a file %v %t %t",
+				key, x.Window(), x.QuotaMode, x.Unlimited, f.Window(), f.QuotaMode, f.Unlimited)
+		}
+	}
+
+	// Every unit the proto names has that number in rules.Unit, the
+	// number sourceOf reads.
+	for n, name := range rlsconfv3.RateLimitUnit_name {
+		if got := rules.Unit(n).String(); got != name {
+			t.Errorf("rules.Unit(%d) is %s, the proto's %d is %s", n, got, n, name)
+		}
+	}
+
+	// A unit number no unit has is invalid, named by its number.
+	pb.Descriptors[0].RateLimit.Unit = rlsconfv3.RateLimitUnit(8)
 	w := &XDSWatcher{}
-	_, err = w.build(anyOf(t, pb))
-	wantErr := `xds: config "cfg" (domain d): descriptor "d.a_1": rate_limit: invalid unit "5" (want second, minute, hour, day, week, month or year)`
+	_, _, _, err = w.build(anyOf(t, pb))
+	wantErr := `xds: config "cfg" (domain d): descriptor "d.a_1": rate_limit: invalid unit "8" (want second, minute, hour, day, week, month or year)`
 	if err == nil || err.Error() != wantErr {
-		t.Errorf("build(unit 5) = %v, want %q", err, wantErr)
+		t.Errorf("build(unit 8) = %v, want %q", err, wantErr)
 	}
 }
 
@@ -522,5 +651,162 @@ func TestXDSProblemsCapped(t *testing.T) {
 	}
 	if !strings.HasSuffix(msg, "… and 80 more problems (100 in all; ratelimit-check lists every one)") {
 		t.Errorf("the refusal does not end with the count of the rest:\n%s", msg)
+	}
+}
+
+// TestXDSRefusedDomain: an update with a domain the service cannot serve
+// beside valid ones applies the valid ones, keeps the refused domain's
+// rules in force (none for a domain never served), and NACKs naming the
+// domain and why; the NACK's version_info stays the last version applied
+// whole. The resent update is not applied again; a fixed one is applied
+// whole and ACKed.
+func TestXDSRefusedDomain(t *testing.T) {
+	srv := xdstest.Start(t, xdstest.Options{})
+	api := func(limit uint32) *rlsconfv3.RateLimitConfig {
+		cfg := webConfig(limit)
+		cfg.Name, cfg.Domain = "api", "api"
+		return cfg
+	}
+	badWeb := webConfig(9)
+	badWeb.Descriptors[0].RateLimit.Unit = rlsconfv3.RateLimitUnit(9)
+	apiLimit := func(cfg *rules.Config) uint32 {
+		if l := cfg.Match("api", []rules.Entry{{Key: "user", Value: "bob"}}).Limit; l != nil {
+			return l.RequestsPerUnit
+		}
+		return 0
+	}
+	whyWeb := `xds: config "web" (domain web): descriptor "web.user": rate_limit: invalid unit "9" (want second, minute, hour, day, week, month or year)`
+
+	v1 := srv.SetConfigs(t, testNode, webConfig(5), api(10))
+	w, c := watchXDS(t, XDSConfig{ServerURL: srv.Addr})
+	c.wait(t, 10*time.Second, "first snapshot", func() bool { return userLimit(c.last()) == 5 && apiLimit(c.last()) == 10 })
+
+	from := len(srv.Requests())
+	v2 := srv.SetConfigs(t, testNode, badWeb, api(20))
+	nack := srv.WaitRequest(t, from, 5*time.Second, "NACK of "+v2, xdstest.Request.NACK)
+	want := `xds: domain "web" refused and kept as in force; the update's other domains are applied` + "\n" + whyWeb
+	if got := nack.GetErrorDetail().GetMessage(); got != want {
+		t.Errorf("NACK error_detail =\n%s\nwant\n%s", got, want)
+	}
+	if nack.GetVersionInfo() != v1 {
+		t.Errorf("NACK version_info = %q, want %q, the last version applied whole", nack.GetVersionInfo(), v1)
+	}
+	if got := c.last(); userLimit(got) != 5 || apiLimit(got) != 20 {
+		t.Errorf("after %s: web's limit %d, api's %d; want 5 (kept) and 20 (applied)", v2, userLimit(got), apiLimit(got))
+	}
+	if errs := c.ruleErrors(); len(errs) != 1 || errs[0].Error() != want {
+		t.Errorf("errors reported = %v, want [%s]", errs, want)
+	}
+	if s := w.Stats(); s.Loads != 2 || s.Failures != 1 || s.Version != v1 {
+		t.Errorf("Stats() = %+v, want 2 loads, 1 failure, version %s", s, v1)
+	}
+
+	// The cache sends the update again after each NACK: NACKed again,
+	// on the back-off, neither applied nor reported again.
+	srv.WaitRequest(t, from, 5*time.Second, "a second NACK of "+v2, func(r xdstest.Request) bool {
+		return r.NACK() && r.GetResponseNonce() != nack.GetResponseNonce()
+	})
+	if s := w.Stats(); s.Loads != 2 || s.Failures != 1 {
+		t.Errorf("after the update was sent again: Stats() = %+v, want 2 loads and 1 failure", s)
+	}
+
+	// A domain dropped from the update goes even while another is
+	// refused; a refused domain the service never served has no rules.
+	fresh := webConfig(3)
+	fresh.Name, fresh.Domain = "fresh", "fresh"
+	fresh.Descriptors[1].RateLimit.Unit = rlsconfv3.RateLimitUnit_UNKNOWN
+	from = len(srv.Requests())
+	v3 := srv.SetConfigs(t, testNode, badWeb, fresh)
+	srv.WaitRequest(t, from, 5*time.Second, "NACK of "+v3+" naming both domains", func(r xdstest.Request) bool {
+		return r.NACK() && strings.HasPrefix(r.GetErrorDetail().GetMessage(), `xds: domains "fresh", "web" refused`)
+	})
+	c.wait(t, 5*time.Second, "api dropped", func() bool { return apiLimit(c.last()) == 0 })
+	if got := c.last(); userLimit(got) != 5 || len(got.Domains()) != 1 {
+		t.Errorf("after %s: domains %v, web's limit %d; want web alone, at 5", v3, got.Domains(), userLimit(got))
+	}
+
+	// Fixed: applied whole, ACKed.
+	v4 := srv.SetConfigs(t, testNode, webConfig(7), api(30))
+	srv.WaitRequest(t, 0, 5*time.Second, "ACK of "+v4, func(r xdstest.Request) bool { return xdstest.ACKed(r, testNode, v4) })
+	if got := c.last(); userLimit(got) != 7 || apiLimit(got) != 30 {
+		t.Errorf("after %s: web's limit %d, api's %d; want 7 and 30", v4, userLimit(got), apiLimit(got))
+	}
+
+	// A first update with a refused domain serves the valid ones.
+	srv2 := xdstest.Start(t, xdstest.Options{})
+	srv2.SetConfigs(t, testNode, badWeb, api(40))
+	_, c2 := watchXDS(t, XDSConfig{ServerURL: srv2.Addr})
+	c2.wait(t, 10*time.Second, "the valid domain", func() bool { return c2.last() != nil })
+	if got := c2.last(); apiLimit(got) != 40 || userLimit(got) != 0 {
+		t.Errorf("first update: api's limit %d, web's %d; want 40 and none", apiLimit(got), userLimit(got))
+	}
+}
+
+// TestXDSBuildWhole: what cannot be laid on one domain refuses the update
+// whole: a resource that does not decode, or rules of several domains
+// that together pass a bound. With MERGE_DOMAIN_CONFIG a domain is all
+// its resources: one refused keeps the others of its domain too.
+func TestXDSBuildWhole(t *testing.T) {
+	t.Parallel()
+	api := webConfig(10)
+	api.Name, api.Domain = "api", "api"
+	bad := webConfig(9)
+	bad.Descriptors[0].RateLimit.Unit = rlsconfv3.RateLimitUnit_UNKNOWN
+	w := &XDSWatcher{}
+
+	res := append(anyOf(t, api), &anypb.Any{TypeUrl: RateLimitConfigType, Value: []byte{0xff}})
+	if cfg, _, _, err := w.build(res); cfg != nil || err == nil || !strings.Contains(err.Error(), "xds: resource 2:") {
+		t.Errorf("build with a resource that does not decode = %v, %v; want no rules and resource 2 named", cfg, err)
+	}
+
+	// Each domain alone is within MaxDescriptors, both together not.
+	big := func(domain string) *rlsconfv3.RateLimitConfig {
+		cfg := &rlsconfv3.RateLimitConfig{Name: domain, Domain: domain}
+		for i := range rules.MaxDescriptors/2 + 1 {
+			cfg.Descriptors = append(cfg.Descriptors, &rlsconfv3.RateLimitDescriptor{Key: fmt.Sprintf("k%d", i)})
+		}
+		return cfg
+	}
+	if cfg, _, _, err := w.build(anyOf(t, big("a"), big("b"))); cfg != nil || err == nil || !strings.Contains(err.Error(), "descriptors in all") {
+		t.Errorf("build over MaxDescriptors = %v, %v; want no rules and the bound named", cfg, err)
+	}
+
+	// Merged domains: web's two resources, one refused: web keeps what is
+	// in force, its valid resource included.
+	path := &rlsconfv3.RateLimitConfig{Name: "web-path", Domain: "web", Descriptors: []*rlsconfv3.RateLimitDescriptor{
+		{Key: "path", RateLimit: &rlsconfv3.RateLimitPolicy{Unit: rlsconfv3.RateLimitUnit_SECOND, RequestsPerUnit: 7}},
+	}}
+	user := &rlsconfv3.RateLimitConfig{Name: "web-user", Domain: "web", Descriptors: webConfig(5).Descriptors[:1]}
+	w = &XDSWatcher{cfg: XDSConfig{Options: rules.Options{MergeDomains: true}}}
+	_, domains, _, err := w.build(anyOf(t, user, path, api))
+	if err != nil {
+		t.Fatal(err)
+	}
+	w.inForce = domains
+	path.Descriptors[0].RateLimit.RequestsPerUnit = 8
+	cfg, _, refused, err := w.build(anyOf(t, bad, path, api))
+	if err == nil || len(refused) != 1 || refused[0] != "web" {
+		t.Fatalf("build with one of web's resources refused: refused %v, %v", refused, err)
+	}
+	if l := cfg.Match("web", []rules.Entry{{Key: "path", Value: "/"}}).Limit; l == nil || l.RequestsPerUnit != 7 || userLimit(cfg) != 5 {
+		t.Errorf("web's path limit %+v and user limit %d, want 7 and 5, the rules in force", l, userLimit(cfg))
+	}
+}
+
+// TestHashResources: an update sent again in another order (as
+// go-control-plane's cache does) is the same update; other contents are
+// not.
+func TestHashResources(t *testing.T) {
+	t.Parallel()
+	api := webConfig(10)
+	api.Name, api.Domain = "api", "api"
+	ab, ba := anyOf(t, webConfig(5), api), anyOf(t, api, webConfig(5))
+	if hashResources(ab) != hashResources(ba) {
+		t.Errorf("one update in two orders hashes differently")
+	}
+	for _, other := range [][]*anypb.Any{anyOf(t, webConfig(5)), anyOf(t, webConfig(6), api), anyOf(t, webConfig(5), api, api), nil} {
+		if hashResources(other) == hashResources(ab) {
+			t.Errorf("%d resources hash as the update", len(other))
+		}
 	}
 }

@@ -8,15 +8,14 @@ import (
 // dynamicMetadata builds the response's dynamic_metadata
 // (RESPONSE_DYNAMIC_METADATA), as envoyproxy/ratelimit does: the domain,
 // each descriptor's "key=value" entries (and its own hitsAddend when set),
-// the request's hitsAddend when set, quotaModeEnabled, the indices of
-// quota-mode descriptors over their limit (quotaModeViolations), and under
-// "metadata" the rule metadata of every descriptor within its limit, merged
+// the request's hitsAddend when set, and under "metadata" the rule
+// metadata of every descriptor within its limit, merged
 // (the first value wins; nested maps merge); and "degraded": true when the
 // decision came from this instance's local counts (STORE_FAILURE_MODE=
 // local), and "shadowOverLimit": the names of the shadow limits that would
 // have refused the request, keys the anchor does not have. Envoy stores it
 // under the filter's namespace, where routing and access logs read it.
-func dynamicMetadata(req *rlsv3.RateLimitRequest, quotaEnabled bool, violations []int, passed []map[string]any, m marks) (*structpb.Struct, error) {
+func dynamicMetadata(req *rlsv3.RateLimitRequest, passed []map[string]any, m marks) (*structpb.Struct, error) {
 	descs := make([]any, 0, len(req.GetDescriptors()))
 	for _, d := range req.GetDescriptors() {
 		entries := make([]any, 0, len(d.GetEntries()))
@@ -30,19 +29,11 @@ func dynamicMetadata(req *rlsv3.RateLimitRequest, quotaEnabled bool, violations 
 		descs = append(descs, desc)
 	}
 	fields := map[string]any{
-		"domain":           req.GetDomain(),
-		"descriptors":      descs,
-		"quotaModeEnabled": quotaEnabled,
+		"domain":      req.GetDomain(),
+		"descriptors": descs,
 	}
 	if h := req.GetHitsAddend(); h > 0 {
 		fields["hitsAddend"] = float64(h)
-	}
-	if len(violations) > 0 {
-		v := make([]any, len(violations))
-		for i, x := range violations {
-			v[i] = float64(x)
-		}
-		fields["quotaModeViolations"] = v
 	}
 	if m.degraded {
 		fields["degraded"] = true

@@ -33,7 +33,7 @@ func (s *Service) respond(req *rlsv3.RateLimitRequest, sc *scratch, now time.Tim
 	s.answer(resp, req, sc)
 	switch {
 	case s.cfg.DynamicMetadata:
-		md, err := dynamicMetadata(req, t.quotaRules > 0, t.quotaViolations, t.passedMetadata, marks{degraded, t.shadowOver})
+		md, err := dynamicMetadata(req, t.passedMetadata, marks{degraded, t.shadowOver})
 		if err != nil {
 			return nil, err
 		}
@@ -50,12 +50,11 @@ func (s *Service) respond(req *rlsv3.RateLimitRequest, sc *scratch, now time.Tim
 // tally is what respond gathers over a request's descriptors for the
 // overall code and the dynamic metadata.
 type tally struct {
-	limitedOver     bool
-	quotaRules      int
-	quotaOver       int
-	quotaViolations []int
-	passedMetadata  []map[string]any
-	shadowOver      []any // names of the shadow limits that would refuse
+	limitedOver    bool
+	quotaRules     int
+	quotaOver      int
+	passedMetadata []map[string]any
+	shadowOver     []any // names of the shadow limits that would refuse
 }
 
 // respondOne fills the status of the i-th descriptor into slot, counts
@@ -65,8 +64,16 @@ func (s *Service) respondOne(req *rlsv3.RateLimitRequest, sc *scratch, slot *sta
 	st.Code = rlsv3.RateLimitResponse_OK
 	l := sc.descs[i].Limit
 	if l == nil {
-		if sc.unlim[i] {
+		switch {
+		case sc.unlim[i]:
 			st.LimitRemaining = math.MaxUint32
+		case s.cfg.GlobalQuotaMode:
+			// A descriptor without a rule (or whose rule another
+			// replaced) is a quota descriptor within its limit in
+			// global quota mode, as in envoyproxy/ratelimit: the
+			// request is denied only if a non-quota descriptor is over,
+			// or every quota descriptor is.
+			t.quotaRules++
 		}
 		return
 	}
@@ -106,7 +113,6 @@ func (s *Service) respondOne(req *rlsv3.RateLimitRequest, sc *scratch, slot *sta
 		st.Code = rlsv3.RateLimitResponse_OVER_LIMIT
 		if quota {
 			t.quotaOver++
-			t.quotaViolations = append(t.quotaViolations, i)
 		} else {
 			t.limitedOver = true
 		}

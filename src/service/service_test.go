@@ -285,27 +285,58 @@ func TestGlobalShadowModeChangesOnlyTheOverallCode(t *testing.T) {
 	}
 }
 
+// TestQuotaMode is envoyproxy/ratelimit's quota mode as its current code
+// has it (#1059, #1112): a quota descriptor over its limit says OVER_LIMIT
+// in its own status, and the request is denied only when a non-quota
+// descriptor is over or every quota descriptor is; the dynamic metadata
+// has no quota keys (quotaModeEnabled and quotaModeViolations went with
+// #1112) and carries the rule metadata of the descriptors within their
+// limit.
 func TestQuotaMode(t *testing.T) {
 	f := newFixture(t, service.Config{DynamicMetadata: true})
-	both := req(desc("quota_a", "x"), desc("quota_b", "x"))
+	both := req(desc("quota_a", "x"), desc("quota_b", "x"), desc("backend", "b"))
 	f.call(t, req(desc("quota_a", "x"))) // uses quota_a's only unit
+	if got := f.call(t, req(desc("quota_a", "x"))).GetOverallCode(); got != rlsv3.RateLimitResponse_OVER_LIMIT {
+		t.Errorf("the only quota rule over: overall %v, want OVER_LIMIT", got)
+	}
 	resp := f.call(t, both)
 	if resp.GetOverallCode() != rlsv3.RateLimitResponse_OK {
 		t.Errorf("one of two quota rules over: overall %v, want OK", resp.GetOverallCode())
 	}
-	if resp.GetStatuses()[0].GetCode() != rlsv3.RateLimitResponse_OVER_LIMIT {
-		t.Errorf("quota_a status = %v, want OVER_LIMIT", resp.GetStatuses()[0].GetCode())
+	if got := resp.GetStatuses()[0].GetCode(); got != rlsv3.RateLimitResponse_OVER_LIMIT {
+		t.Errorf("quota_a status = %v, want OVER_LIMIT", got)
 	}
 	md := resp.GetDynamicMetadata().AsMap()
-	if v, _ := md["quotaModeViolations"].([]any); len(v) != 1 || v[0] != float64(0) {
-		t.Errorf("quotaModeViolations = %v, want [0]", md["quotaModeViolations"])
+	for _, k := range []string{"quotaModeEnabled", "quotaModeViolations"} {
+		if v, ok := md[k]; ok {
+			t.Errorf("dynamic metadata %s = %v; envoyproxy/ratelimit no longer sends it", k, v)
+		}
 	}
-	if md["quotaModeEnabled"] != true || md["domain"] != "test" {
-		t.Errorf("metadata = %v", md)
+	if rule, _ := md["metadata"].(map[string]any); md["domain"] != "test" || rule["service"] != "svc-b" {
+		t.Errorf("dynamic metadata = %v, want domain test and backend b's metadata", md)
 	}
 	// Now both are over: the request is denied.
 	if got := f.call(t, both).GetOverallCode(); got != rlsv3.RateLimitResponse_OVER_LIMIT {
 		t.Errorf("all quota rules over: overall %v, want OVER_LIMIT", got)
+	}
+}
+
+// TestGlobalQuotaMode: with QUOTA_MODE every descriptor is a quota
+// descriptor, those without a rule too, within their limit, as in
+// envoyproxy/ratelimit: one over its limit beside one without a rule is
+// let through.
+func TestGlobalQuotaMode(t *testing.T) {
+	f := newFixture(t, service.Config{GlobalQuotaMode: true})
+	for range 3 {
+		f.call(t, req(desc("user", "a")))
+	}
+	if got := f.call(t, req(desc("user", "a"))).GetOverallCode(); got != rlsv3.RateLimitResponse_OVER_LIMIT {
+		t.Errorf("the only descriptor over: overall %v, want OVER_LIMIT", got)
+	}
+	resp := f.call(t, req(desc("user", "a"), desc("no_rule", "x")))
+	if resp.GetOverallCode() != rlsv3.RateLimitResponse_OK || resp.GetStatuses()[0].GetCode() != rlsv3.RateLimitResponse_OVER_LIMIT {
+		t.Errorf("over beside a descriptor without a rule: overall %v, status %v; want OK and OVER_LIMIT",
+			resp.GetOverallCode(), resp.GetStatuses()[0].GetCode())
 	}
 }
 

@@ -207,6 +207,7 @@ var anchorSettings = []AnchorSetting{
 	{Name: "CACHE_KEY_PREFIX", Status: Same},
 	{Name: "STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT", Status: Same, Default: "false"},
 	{Name: "SHADOW_MODE", Status: Same, Default: "false"},
+	{Name: "QUOTA_MODE", Status: Same, Default: "false"},
 	{Name: "RESPONSE_DYNAMIC_METADATA", Status: Same, Default: "false"},
 	{Name: "LIMIT_RESPONSE_HEADERS_ENABLED", Status: Same, Default: "false"},
 	{Name: "LIMIT_LIMIT_HEADER", Status: Same, Default: "RateLimit-Limit"},
