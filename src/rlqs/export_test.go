@@ -5,3 +5,12 @@ func (q *Service) SetStateHook(f func()) { q.stateHook = f }
 
 // StateChunk is how many pools State reads per hold of the lock.
 const StateChunk = stateChunk
+
+// OpenFrom starts a session as a client at addr would.
+func (q *Service) OpenFrom(addr string) (*Session, error) {
+	st, err := q.open(addr)
+	if err != nil {
+		return nil, err
+	}
+	return &Session{q: q, st: st}, nil
+}

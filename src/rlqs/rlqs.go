@@ -15,6 +15,7 @@ import (
 	"io"
 	"log/slog"
 	"maps"
+	"net"
 	"slices"
 	"strconv"
 	"strings"
@@ -57,6 +58,13 @@ type Config struct {
 	// either gets no assignment, so that Envoy's no_assignment_behavior
 	// decides its requests, and is counted as refused.
 	MaxBuckets, MaxBucketsPerStream int
+	// MaxStreamsPerPeer and MaxBucketsPerPeer are one client address's
+	// share of MaxStreams and MaxBuckets (RLQS_MAX_STREAMS_PER_PEER, 16;
+	// RLQS_MAX_BUCKETS_PER_PEER, 20,000), so that one client cannot take
+	// what the others need; past them as past the global bounds. Streams
+	// without an IP address (a unix socket, in process) or from a loopback
+	// one (a sidecar's) have no share (see hostOf).
+	MaxStreamsPerPeer, MaxBucketsPerPeer int
 	// MaxReportBytes is the largest report the gRPC server accepts
 	// (GRPC_MAX_RECV_MSG_SIZE); 0: no bound. Envoy sends every bucket it
 	// holds in each report, and past this size the server refuses the
@@ -109,12 +117,15 @@ type Service struct {
 	closing chan struct{}
 	close   sync.Once
 
-	// mu guards pools, streams, subs, nextID and share.
+	// mu guards pools, streams, peers, subs, nextID and share.
 	mu      sync.Mutex
 	pools   map[poolKey]*quotaPool
 	streams map[uint64]*quotaStream
-	subs    int
-	nextID  uint64
+	// peers are the open streams of each client address (the host of
+	// quotaStream.peer), for the per-peer shares.
+	peers  map[string][]*quotaStream
+	subs   int
+	nextID uint64
 	// idBase is the top half of the ids of this replica's streams.
 	idBase uint64
 	// share is the side of sharing the pools; nil with one replica.
@@ -163,8 +174,10 @@ type quotaPool struct {
 type quotaStream struct {
 	id uint64
 	// peer is the client's address, for the live view; empty in process.
-	peer   string
-	domain string
+	// host is its IP address, which the per-peer shares count by; empty
+	// when it has none.
+	peer, host string
+	domain     string
 	// buckets are the stream's subscriptions, by bucketKey: the buckets
 	// it reported that are subscribed to a pool. A bucket answered
 	// without a pool (a blanket rule, no rule, a bound) has none, and one
@@ -205,6 +218,7 @@ func New(reg *stats.Registry, cfg Config) *Service {
 		closing:        make(chan struct{}),
 		pools:          map[poolKey]*quotaPool{},
 		streams:        map[uint64]*quotaStream{},
+		peers:          map[string][]*quotaStream{},
 		reports:        reg.Counter("ratelimit.rlqs.reports"),
 		noRule:         reg.Counter("ratelimit.rlqs.no_rule"),
 		refused:        reg.Counter("ratelimit.rlqs.buckets_refused"),
@@ -286,6 +300,12 @@ func (cfg *Config) setDefaults() {
 	}
 	if cfg.MaxBucketsPerStream <= 0 {
 		cfg.MaxBucketsPerStream = min(10_000, cfg.MaxBuckets)
+	}
+	if cfg.MaxStreamsPerPeer <= 0 {
+		cfg.MaxStreamsPerPeer = min(16, cfg.MaxStreams)
+	}
+	if cfg.MaxBucketsPerPeer <= 0 {
+		cfg.MaxBucketsPerPeer = min(2*cfg.MaxBucketsPerStream, cfg.MaxBuckets)
 	}
 	if cfg.Share != nil && cfg.Pool.Settle <= 0 {
 		cfg.Pool.Settle = sharedSettle
@@ -581,6 +601,11 @@ func (q *Service) open(peer string) (*quotaStream, error) {
 		q.refusedStreams.Inc()
 		return nil, status.Errorf(codes.ResourceExhausted, "service: %d quota streams open already (RLQS_MAX_STREAMS)", q.cfg.MaxStreams)
 	}
+	host := hostOf(peer)
+	if host != "" && len(q.peers[host]) >= q.cfg.MaxStreamsPerPeer {
+		q.refusedStreams.Inc()
+		return nil, status.Errorf(codes.ResourceExhausted, "service: %d quota streams open already from this address (RLQS_MAX_STREAMS_PER_PEER)", q.cfg.MaxStreamsPerPeer)
+	}
 	// Ids count up in the bottom half; a process that opened 2^32
 	// streams starts again from 1.
 	q.nextID = q.idBase | uint64(uint32(q.nextID)+1)
@@ -590,13 +615,41 @@ func (q *Service) open(peer string) (*quotaStream, error) {
 	st := &quotaStream{
 		id:      q.nextID,
 		peer:    peer,
+		host:    host,
 		buckets: map[string]*streamBucket{},
 		pending: map[string]*rlqsv3.RateLimitQuotaResponse_BucketAction{},
 		wake:    make(chan struct{}, 1),
 		done:    make(chan struct{}),
 	}
 	q.streams[st.id] = st
+	if host != "" {
+		q.peers[host] = append(q.peers[host], st)
+	}
 	return st, nil
+}
+
+// hostOf is the IP address of a client address that the per-peer shares
+// count by, or "" when it has none. A loopback address has none either:
+// it is a proxy on the same host (a service mesh's sidecar, which connects
+// from 127.0.0.6 for every Envoy it forwards), whose clients cannot be
+// told apart.
+func hostOf(addr string) string {
+	host, _, err := net.SplitHostPort(addr)
+	ip := net.ParseIP(host)
+	if err != nil || ip == nil || ip.IsLoopback() {
+		return ""
+	}
+	return host
+}
+
+// peerSubs counts the subscriptions of the streams of st's client
+// address; q.mu is held.
+func (q *Service) peerSubs(st *quotaStream) int {
+	n := 0
+	for _, o := range q.peers[st.host] {
+		n += len(o.buckets)
+	}
+	return n
 }
 
 // end unsubscribes a stream's buckets: their shares stay counted until
@@ -606,6 +659,14 @@ func (q *Service) end(st *quotaStream) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	delete(q.streams, st.id)
+	if st.host != "" {
+		rest := slices.DeleteFunc(q.peers[st.host], func(o *quotaStream) bool { return o == st })
+		if len(rest) == 0 {
+			delete(q.peers, st.host)
+		} else {
+			q.peers[st.host] = rest
+		}
+	}
 	for key, sb := range st.buckets {
 		q.leave(now, st, poolKey{st.domain, key}, sb)
 	}
@@ -796,7 +857,7 @@ func (q *Service) reportBucket(now time.Time, cfg *rules.Config, st *quotaStream
 		q.queue(st, key, q.blanket(u.GetBucketId(), r.Policy))
 		return
 	}
-	if sb == nil && len(st.buckets) >= q.cfg.MaxBucketsPerStream {
+	if sb == nil && (len(st.buckets) >= q.cfg.MaxBucketsPerStream || (st.host != "" && q.peerSubs(st) >= q.cfg.MaxBucketsPerPeer)) {
 		q.refuse(st, key, u.GetBucketId())
 		return
 	}

@@ -940,3 +940,54 @@ func TestQuotaOversizedReportSheds(t *testing.T) {
 		t.Errorf("subscriptions = %d, want %d: the shed buckets hold none", n, len(kept.BucketQuotaUsages))
 	}
 }
+
+// TestQuotaPeerShares: one client address holds at most its share of
+// the streams and of the subscriptions, so that it cannot take what other
+// Envoys need (issue 35: one connection took all 1,024 streams with empty
+// reports; one client held all 100,000 bucket places).
+func TestQuotaPeerShares(t *testing.T) {
+	f := newQuotaFixture(t, rlqs.Config{MaxStreamsPerPeer: 2, MaxBucketsPerStream: 2, MaxBucketsPerPeer: 3}, quotaRules)
+	open := func(addr string) *rlqs.Session {
+		t.Helper()
+		s, err := f.q.OpenFrom(addr)
+		if err != nil {
+			t.Fatalf("open from %s: %v", addr, err)
+		}
+		t.Cleanup(s.Close)
+		return s
+	}
+	report := func(s *rlqs.Session, tenants ...string) *rlqsv3.RateLimitQuotaResponse {
+		t.Helper()
+		m := &rlqsv3.RateLimitQuotaUsageReports{Domain: "web"}
+		for _, tn := range tenants {
+			m.BucketQuotaUsages = append(m.BucketQuotaUsages, &rlqsv3.RateLimitQuotaUsageReports_BucketQuotaUsage{
+				BucketId: &rlqsv3.BucketId{Bucket: map[string]string{"tenant": tn}}, NumRequestsAllowed: 1})
+		}
+		if err := s.Report(m); err != nil {
+			t.Fatal(err)
+		}
+		return s.Take()
+	}
+	a1, a2 := open("192.0.2.1:1000"), open("192.0.2.1:1001")
+	if _, err := f.q.OpenFrom("192.0.2.1:1002"); status.Code(err) != codes.ResourceExhausted || !strings.Contains(err.Error(), "RLQS_MAX_STREAMS_PER_PEER") {
+		t.Errorf("third stream from one address: %v, want ResourceExhausted naming RLQS_MAX_STREAMS_PER_PEER", err)
+	}
+	b := open("[2001:db8::1]:1000")
+	report(a1, "a", "b")
+	r := report(a2, "c", "d")
+	if tokenBucket(r, "tenant", "c") == nil || action(r, "tenant", "d").GetAbandonAction() == nil {
+		t.Errorf("the address's fourth bucket: %v, want the third assigned and the fourth abandoned", r)
+	}
+	r = report(b, "e", "f")
+	if tokenBucket(r, "tenant", "e") == nil || tokenBucket(r, "tenant", "f") == nil {
+		t.Errorf("another address's buckets: %v, want both assigned", r)
+	}
+	// A stream that ends gives its address's places back.
+	a1.Close()
+	open("192.0.2.1:1003")
+	// A sidecar on the same host forwards every Envoy's stream from one
+	// loopback address: it has no share.
+	for i := range 3 {
+		open(fmt.Sprintf("127.0.0.6:%d", 2000+i))
+	}
+}

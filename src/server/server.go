@@ -291,6 +291,8 @@ func (s *Server) newQuota() *rlqs.Service {
 		MaxStreams:          set.RLQSMaxStreams,
 		MaxBuckets:          set.RLQSMaxBuckets,
 		MaxBucketsPerStream: set.RLQSMaxBucketsPerStream,
+		MaxStreamsPerPeer:   set.RLQSMaxStreamsPerPeer,
+		MaxBucketsPerPeer:   set.RLQSMaxBucketsPerPeer,
 		MaxReportBytes:      set.GRPCMaxRecvMsgSize,
 		Share:               s.store.share,
 		Scope:               set.CacheKeyPrefix,

@@ -288,6 +288,10 @@ type Settings struct {
 	RLQSMaxStreams          int           `envconfig:"RLQS_MAX_STREAMS" default:"1024"`
 	RLQSMaxBuckets          int           `envconfig:"RLQS_MAX_BUCKETS" default:"100000"`
 	RLQSMaxBucketsPerStream int           `envconfig:"RLQS_MAX_BUCKETS_PER_STREAM" default:"10000"`
+	// RLQS_MAX_STREAMS_PER_PEER and RLQS_MAX_BUCKETS_PER_PEER: one client
+	// address's share of RLQS_MAX_STREAMS and RLQS_MAX_BUCKETS.
+	RLQSMaxStreamsPerPeer int `envconfig:"RLQS_MAX_STREAMS_PER_PEER" default:"16"`
+	RLQSMaxBucketsPerPeer int `envconfig:"RLQS_MAX_BUCKETS_PER_PEER" default:"20000"`
 
 	// Memory store (our extension). MEMORY_MAX_BYTES: the most bytes its
 	// keys take (64 MiB; at least 1 MiB); MEMORY_MAX_KEYS: the most keys
@@ -958,6 +962,19 @@ func (s *Settings) validateRLQS(bad func(name, format string, args ...any)) {
 	}
 	if n := s.RLQSMaxBucketsPerStream; n < 1 || n > s.RLQSMaxBuckets {
 		bad("RLQS_MAX_BUCKETS_PER_STREAM", "%d is outside 1..RLQS_MAX_BUCKETS (%d)", n, s.RLQSMaxBuckets)
+	}
+	// Left unset, the per-peer shares follow the bounds they share.
+	if _, set := os.LookupEnv("RLQS_MAX_STREAMS_PER_PEER"); !set {
+		s.RLQSMaxStreamsPerPeer = min(s.RLQSMaxStreamsPerPeer, s.RLQSMaxStreams)
+	}
+	if _, set := os.LookupEnv("RLQS_MAX_BUCKETS_PER_PEER"); !set {
+		s.RLQSMaxBucketsPerPeer = max(s.RLQSMaxBucketsPerStream, min(s.RLQSMaxBucketsPerPeer, s.RLQSMaxBuckets))
+	}
+	if n := s.RLQSMaxStreamsPerPeer; n < 1 || n > s.RLQSMaxStreams {
+		bad("RLQS_MAX_STREAMS_PER_PEER", "%d is outside 1..RLQS_MAX_STREAMS (%d)", n, s.RLQSMaxStreams)
+	}
+	if n := s.RLQSMaxBucketsPerPeer; n < s.RLQSMaxBucketsPerStream || n > s.RLQSMaxBuckets {
+		bad("RLQS_MAX_BUCKETS_PER_PEER", "%d is outside RLQS_MAX_BUCKETS_PER_STREAM..RLQS_MAX_BUCKETS (%d..%d)", n, s.RLQSMaxBucketsPerStream, s.RLQSMaxBuckets)
 	}
 }
 

@@ -69,6 +69,8 @@ func TestDefaults(t *testing.T) {
 		{"RLQS_MAX_STREAMS", s.RLQSMaxStreams, 1024},
 		{"RLQS_MAX_BUCKETS", s.RLQSMaxBuckets, 100000},
 		{"RLQS_MAX_BUCKETS_PER_STREAM", s.RLQSMaxBucketsPerStream, 10000},
+		{"RLQS_MAX_STREAMS_PER_PEER", s.RLQSMaxStreamsPerPeer, 16},
+		{"RLQS_MAX_BUCKETS_PER_PEER", s.RLQSMaxBucketsPerPeer, 20000},
 	}
 	for _, c := range checks {
 		if c.got != c.want {
@@ -584,6 +586,10 @@ func TestRLQSSettings(t *testing.T) {
 		{name: "idle_too_short", env: map[string]string{"RLQS_IDLE_TIMEOUT": "1s"}, wantErr: "RLQS_IDLE_TIMEOUT: 1s"},
 		{name: "no_streams", env: map[string]string{"RLQS_MAX_STREAMS": "0"}, wantErr: "RLQS_MAX_STREAMS: 0 is outside"},
 		{name: "per_stream_above_total", env: map[string]string{"RLQS_MAX_BUCKETS": "10", "RLQS_MAX_BUCKETS_PER_STREAM": "11"}, wantErr: "RLQS_MAX_BUCKETS_PER_STREAM: 11 is outside 1..RLQS_MAX_BUCKETS (10)"},
+		{name: "peer_shares_follow_small_totals", env: map[string]string{"RLQS_MAX_STREAMS": "8", "RLQS_MAX_BUCKETS": "10", "RLQS_MAX_BUCKETS_PER_STREAM": "5"},
+			check: func(s *Settings) bool { return s.RLQSMaxStreamsPerPeer == 8 && s.RLQSMaxBucketsPerPeer == 10 }},
+		{name: "peer_streams_above_total", env: map[string]string{"RLQS_MAX_STREAMS": "8", "RLQS_MAX_STREAMS_PER_PEER": "9"}, wantErr: "RLQS_MAX_STREAMS_PER_PEER: 9 is outside 1..RLQS_MAX_STREAMS (8)"},
+		{name: "peer_buckets_below_stream", env: map[string]string{"RLQS_MAX_BUCKETS_PER_PEER": "9999"}, wantErr: "RLQS_MAX_BUCKETS_PER_PEER: 9999 is outside"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
