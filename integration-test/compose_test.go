@@ -14,6 +14,7 @@ import (
 	"gopkg.in/yaml.v3"
 
 	"github.com/ratelimitd/ratelimit/src/rules"
+	"github.com/ratelimitd/ratelimit/tools/envoyproc"
 )
 
 // No Docker engine runs here, so docker-compose.yml is checked for the
@@ -104,6 +105,11 @@ func TestComposeMatchesEnvoyExample(t *testing.T) {
 	envoy, ok := c.Services["envoy"]
 	if !ok {
 		t.Fatal("docker-compose.yml has no envoy service")
+	}
+
+	// The Envoy of the demo is the one the tests prove the example with.
+	if want := "envoyproxy/envoy:v" + envoyproc.Version; envoy.Image != want {
+		t.Errorf("the envoy service runs %s; the tests run Envoy %s: want image %s", envoy.Image, envoyproc.Version, want)
 	}
 
 	// Envoy's bootstrap is the example, and every cluster it calls is a

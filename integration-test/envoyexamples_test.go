@@ -14,11 +14,11 @@ import (
 	"time"
 
 	goredis "github.com/redis/go-redis/v9"
-	"gopkg.in/yaml.v3"
 
 	"github.com/ratelimitd/ratelimit/src/rules"
 	"github.com/ratelimitd/ratelimit/src/stats"
 	"github.com/ratelimitd/ratelimit/src/store/storetest"
+	"github.com/ratelimitd/ratelimit/tools/envoyproc"
 )
 
 // The shipped Envoy configs run in real Envoy, with the built service
@@ -28,50 +28,20 @@ import (
 
 // rewriteBootstrap returns the bootstrap at path with the admin and every
 // listener on 127.0.0.1 port 0, and the endpoints of each cluster named in
-// clusters at that address. A cluster not in clusters fails the test: an
-// example must not call anything the test does not stand up.
+// clusters at that address (envoyproc.Rewrite). A cluster not in clusters
+// fails the test: an example must not call anything the test does not
+// stand up.
 func rewriteBootstrap(t *testing.T, path string, clusters map[string]string) string {
 	t.Helper()
 	data, err := os.ReadFile(path)
 	if err != nil {
 		t.Fatal(err)
 	}
-	var root map[string]any
-	if err := yaml.Unmarshal(data, &root); err != nil {
+	out, err := envoyproc.Rewrite(data, clusters)
+	if err != nil {
 		t.Fatalf("%s: %v", path, err)
 	}
-	loopback := func(sa map[string]any) {
-		sa["address"] = "127.0.0.1"
-		sa["port_value"] = 0
-	}
-	loopback(dig(t, root, "admin", "address", "socket_address"))
-	static := dig(t, root, "static_resources")
-	for _, l := range list(t, static["listeners"]) {
-		loopback(dig(t, l, "address", "socket_address"))
-	}
-	for _, c := range list(t, static["clusters"]) {
-		name, _ := c["name"].(string)
-		addr, ok := clusters[name]
-		if !ok {
-			t.Fatalf("%s: cluster %q has no stand-in in the test", path, name)
-		}
-		host, port, err := net.SplitHostPort(addr)
-		if err != nil {
-			t.Fatal(err)
-		}
-		for _, e := range list(t, dig(t, c, "load_assignment")["endpoints"]) {
-			for _, lb := range list(t, e["lb_endpoints"]) {
-				sa := dig(t, lb, "endpoint", "address", "socket_address")
-				sa["address"] = host
-				sa["port_value"], _ = strconv.Atoi(port)
-			}
-		}
-	}
-	out, err := yaml.Marshal(root)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return string(out)
+	return out
 }
 
 // dig walks nested YAML maps.

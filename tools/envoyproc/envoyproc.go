@@ -85,7 +85,10 @@ type Process struct {
 // admin and listeners should bind 127.0.0.1 port 0. Envoy runs one worker
 // thread (the machines are small and shared with what Envoy talks to),
 // without hot restart (which needs shared memory and a base id unique on
-// the machine), and flushes access logs every 0.1 s.
+// the machine), and flushes access logs every 0.1 s. It runs in a process
+// group of its own, so that a Ctrl-C at a terminal reaches its owner, which
+// stops it (Stop), and not Envoy behind the owner's back; the kernel kills
+// it if its owner dies first.
 func Start(ctx context.Context, bin, dir, config string, timeout time.Duration) (*Process, error) {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return nil, err
@@ -101,7 +104,7 @@ func Start(ctx context.Context, bin, dir, config string, timeout time.Duration) 
 		"--file-flush-interval-msec", "100")
 	p.Cmd.Stdout = (*logWriter)(p)
 	p.Cmd.Stderr = (*logWriter)(p)
-	p.Cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	p.Cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL, Setpgid: true}
 	if err := p.Cmd.Start(); err != nil {
 		return nil, err
 	}
@@ -158,6 +161,9 @@ func (p *Process) Log() string {
 	defer p.mu.Unlock()
 	return p.log.String()
 }
+
+// Done is closed when Envoy has exited.
+func (p *Process) Done() <-chan struct{} { return p.done }
 
 // Exited reports whether Envoy has exited.
 func (p *Process) Exited() bool {
