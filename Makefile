@@ -70,7 +70,7 @@ lint: ## gofmt -s, go vet and staticcheck (pinned in tools/go.mod as a tool)
 	$(GO) vet $(PKGS)
 	$(GO) tool staticcheck $(PKGS)
 
-imports: ## check that packages import only downwards (DESIGN.md)
+imports: ## check that packages import only downwards (docs/ARCHITECTURE.md)
 	@./scripts/check-imports.sh
 
 check: lint imports test allocs fuzz-all ## everything CI checks
@@ -109,13 +109,10 @@ soak: servers ## run the service on Redis under mixed traffic and a store fault 
 fuzz: ## run one fuzz target: make fuzz FUZZ=FuzzParse PKG=./src/rules
 	$(GO) test -run '^$$' -fuzz '$(FUZZ)' -fuzztime $(FUZZTIME) $(PKG)
 
-# Every fuzz target, FUZZ_CI_TIME each (CI runs them all): the rules parser,
-# cache keys, the stores' state decoders, Redis's and Memcached's replies, gRPC requests,
-# /json bodies and quota reports.
+# Every fuzz target, FUZZ_CI_TIME each (CI runs them all), found in the
+# source (`func Fuzz...` in a _test.go file) so that a new one runs too.
 FUZZ_CI_TIME ?= 15s
-FUZZ_TARGETS = FuzzParse:./src/rules FuzzCacheKey:./src/limiter FuzzParseStates:./src/store/memcached \
-	FuzzParseList:./src/store/memcached FuzzParseAnswer:./src/store/memcached/mcclient FuzzReplies:./src/store/redis FuzzRequest:./src/service FuzzJSON:./src/service \
-	FuzzQuotaReport:./src/service
+FUZZ_TARGETS = $(shell grep -rHo --include='*_test.go' '^func Fuzz[A-Za-z0-9_]*' src cmd | sed -E 's|^(.*)/[^/]*:func (Fuzz.*)$$|\2:./\1|' | sort)
 fuzz-all: ## run every fuzz target for FUZZ_CI_TIME (15s) each
 	@set -e; for t in $(FUZZ_TARGETS); do \
 	  echo "fuzz $${t%%:*} $${t#*:} ($(FUZZ_CI_TIME))"; \
