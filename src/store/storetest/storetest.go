@@ -59,6 +59,9 @@ type Options struct {
 	// over-admits and that AllOrNothing leaves nothing of a refused one,
 	// not that concurrent admission is exact.
 	GroupsOneByOne bool
+	// NoRefunds leaves out the refund cases (limiter.Op.Refund), for a
+	// store that does not give hits back yet.
+	NoRefunds bool
 }
 
 func (o *Options) algorithms() []rules.Algorithm {
@@ -92,7 +95,11 @@ func Run(t *testing.T, newStore func(t *testing.T) limiter.Store, opts Options) 
 	for _, a := range opts.algorithms() {
 		t.Run(a.String(), func(t *testing.T) {
 			t.Parallel()
-			for _, sc := range scenarios(a) {
+			scs := scenarios(a)
+			if !opts.NoRefunds {
+				scs = append(scs, refundScenarios(a)...)
+			}
+			for _, sc := range scs {
 				t.Run(sc.name, func(t *testing.T) {
 					clock := opts.clock(a)
 					if sc.batchOnly && clock == ServerClock {
@@ -108,8 +115,11 @@ func Run(t *testing.T, newStore func(t *testing.T) limiter.Store, opts Options) 
 			})
 			if opts.clock(a) == BatchClock {
 				t.Run("matches_pure_function", func(t *testing.T) {
-					testProperty(t, newStore(t), a)
+					testProperty(t, newStore(t), a, !opts.NoRefunds)
 				})
+			}
+			if !opts.NoRefunds {
+				testRefundConcurrency(t, newStore, a, opts.clock(a))
 			}
 		})
 	}
@@ -128,6 +138,11 @@ func Run(t *testing.T, newStore func(t *testing.T) limiter.Store, opts Options) 
 	t.Run("shadow_lists", func(t *testing.T) {
 		testShadowLists(t, newStore, &opts)
 	})
+	if !opts.NoRefunds {
+		t.Run("refund_lists", func(t *testing.T) {
+			testRefundLists(t, newStore, &opts)
+		})
+	}
 	t.Run("canceled_context", func(t *testing.T) {
 		testCanceled(t, newStore(t))
 	})
@@ -166,7 +181,9 @@ type step struct {
 	at    time.Duration // since the case's start
 	entry string        // descriptor value; "" means "a"
 	hits  uint64
-	want  limiter.Result
+	// refund gives the hits back (limiter.Op.Refund).
+	refund bool
+	want   limiter.Result
 }
 
 func ok(before, after, remaining uint64, reset time.Duration) limiter.Result {
@@ -445,9 +462,10 @@ func (h *harness) run(sc scenario, a rules.Algorithm) {
 			entry = "a"
 		}
 		op := h.op(&l, entry, st.hits)
+		op.Refund = st.refund
 		got := h.do(false, op)[0]
 		want := h.expect(op)
-		name := fmt.Sprintf("step %d (+%v, %s, hits %d)", i, st.at, entry, st.hits)
+		name := fmt.Sprintf("step %d (+%v, %s, hits %d, refund %t)", i, st.at, entry, st.hits, st.refund)
 		if h.clock == BatchClock {
 			if got != st.want {
 				h.t.Errorf("%s: %s = %+v, want %+v", name, a, got, st.want)
@@ -555,8 +573,9 @@ func testConcurrency(t *testing.T, store limiter.Store, a rules.Algorithm, clock
 }
 
 // testProperty drives random traffic on a few keys and requires the store to
-// answer exactly as the pure functions.
-func testProperty(t *testing.T, store limiter.Store, a rules.Algorithm) {
+// answer exactly as the pure functions; with refunds, a fifth of the ops
+// give hits back.
+func testProperty(t *testing.T, store limiter.Store, a rules.Algorithm, refunds bool) {
 	h := newHarness(t, store, BatchClock, 0)
 	rng := rand.New(rand.NewPCG(7, uint64(a)))
 	units := []rules.Unit{rules.Second, rules.Minute}
@@ -582,6 +601,7 @@ func testProperty(t *testing.T, store limiter.Store, a rules.Algorithm) {
 			}
 			h.now = h.now.Truncate(time.Microsecond)
 			op := h.op(&l, fmt.Sprintf("seq%d_%d", seq, rng.IntN(2)), uint64(rng.IntN(4)))
+			op.Refund = refunds && rng.IntN(5) == 0
 			got := h.do(false, op)[0]
 			if want := h.expect(op); got != want {
 				t.Fatalf("seq %d step %d (%+v at %v): got %+v, the pure function gives %+v",
