@@ -22,7 +22,7 @@ func TestCluster(t *testing.T) {
 
 	t.Run("suite", func(t *testing.T) {
 		t.Parallel()
-		storetest.Run(t, func(t *testing.T) limiter.Store { return newStore(t, cfg) }, storetest.Options{NoRefunds: true})
+		storetest.Run(t, func(t *testing.T) limiter.Store { return newStore(t, cfg) }, storetest.Options{})
 	})
 
 	t.Run("key_slots_match_the_cluster", func(t *testing.T) {

@@ -45,12 +45,12 @@ func TestStore(t *testing.T) {
 		t.Parallel()
 		storetest.Run(t, func(t *testing.T) limiter.Store {
 			return newStore(t, Config{URL: srv.Addr, scriptClock: true})
-		}, storetest.Options{NoRefunds: true})
+		}, storetest.Options{})
 	})
 	t.Run("redis_time", func(t *testing.T) {
 		t.Parallel()
 		storetest.Run(t, func(t *testing.T) limiter.Store {
 			return newStore(t, Config{URL: srv.Addr})
-		}, storetest.Options{Clock: serverClock, NoRefunds: true})
+		}, storetest.Options{Clock: serverClock})
 	})
 }

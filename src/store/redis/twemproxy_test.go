@@ -23,7 +23,7 @@ func TestTwemproxy(t *testing.T) {
 		proxy := storetest.StartTwemproxy(t, storetest.StartRedis(t, storetest.RedisOptions{}))
 		storetest.Run(t, func(t *testing.T) limiter.Store {
 			return newStore(t, Config{URL: proxy.Addr})
-		}, storetest.Options{Clock: serverClock, GroupsOneByOne: true, NoRefunds: true})
+		}, storetest.Options{Clock: serverClock, GroupsOneByOne: true})
 	})
 
 	// Two Redis servers behind the proxy: keys are spread over both, and
