@@ -53,7 +53,7 @@ func TestStore(t *testing.T) {
 	// Batch.Now is the clock of every algorithm (see the package doc).
 	storetest.Run(t, func(t *testing.T) limiter.Store {
 		return newStore(t, Config{Addrs: []string{srv.Addr}})
-	}, storetest.Options{NoRefunds: true})
+	}, storetest.Options{})
 }
 
 // TestShards spreads keys over two servers: each holds some, together they

@@ -102,6 +102,35 @@ func (f figures) exactRefunds() scenario {
 	return sc
 }
 
+// testRefundBatch: refunds of several keys in one batch, beside a hit,
+// each given back on its own key as the pure function says (a store that
+// sends a batch of hits in one go must not take refunds for hits).
+func testRefundBatch(t *testing.T, store limiter.Store, a rules.Algorithm, clock Clock) {
+	h := newHarness(t, store, clock, time.Second)
+	h.now = base.Add(10 * time.Second)
+	l := rules.Limit{RequestsPerUnit: 10, Unit: rules.Day, UnitMultiplier: 1, Algorithm: a}
+	hit := func(entry string, hits uint64, refund bool) limiter.Op {
+		op := h.op(&l, entry, hits)
+		op.Refund = refund
+		return op
+	}
+	for _, ops := range [][]limiter.Op{
+		{hit("a", 3, false), hit("b", 4, false)},
+		{hit("a", 2, true), hit("b", 1, true), hit("c", 1, false), hit("d", 5, true)},
+		{hit("a", 0, false), hit("b", 0, false), hit("c", 0, false), hit("d", 0, false)}, // what the store kept
+	} {
+		got := h.do(false, ops...)
+		for i, op := range ops {
+			want := h.expect(op)
+			got[i].ResetAfter, want.ResetAfter = 0, 0 // the clock may move under ServerClock
+			if got[i] != want {
+				t.Errorf("%s: op %d (%s, hits %d, refund %t) = %+v, the pure function gives %+v",
+					a, i, op.Key, op.Hits, op.Refund, got[i], want)
+			}
+		}
+	}
+}
+
 // testRefundConcurrency runs algorithm a's refunds under concurrency, on
 // one key of 100 a day (nothing refills during the test):
 //

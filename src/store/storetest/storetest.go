@@ -59,9 +59,6 @@ type Options struct {
 	// over-admits and that AllOrNothing leaves nothing of a refused one,
 	// not that concurrent admission is exact.
 	GroupsOneByOne bool
-	// NoRefunds leaves out the refund cases (limiter.Op.Refund), for a
-	// store that does not give hits back yet.
-	NoRefunds bool
 }
 
 func (o *Options) algorithms() []rules.Algorithm {
@@ -95,11 +92,7 @@ func Run(t *testing.T, newStore func(t *testing.T) limiter.Store, opts Options) 
 	for _, a := range opts.algorithms() {
 		t.Run(a.String(), func(t *testing.T) {
 			t.Parallel()
-			scs := scenarios(a)
-			if !opts.NoRefunds {
-				scs = append(scs, refundScenarios(a)...)
-			}
-			for _, sc := range scs {
+			for _, sc := range append(scenarios(a), refundScenarios(a)...) {
 				t.Run(sc.name, func(t *testing.T) {
 					clock := opts.clock(a)
 					if sc.batchOnly && clock == ServerClock {
@@ -115,12 +108,13 @@ func Run(t *testing.T, newStore func(t *testing.T) limiter.Store, opts Options) 
 			})
 			if opts.clock(a) == BatchClock {
 				t.Run("matches_pure_function", func(t *testing.T) {
-					testProperty(t, newStore(t), a, !opts.NoRefunds)
+					testProperty(t, newStore(t), a)
 				})
 			}
-			if !opts.NoRefunds {
-				testRefundConcurrency(t, newStore, a, opts.clock(a))
-			}
+			t.Run("refunds_in_one_batch", func(t *testing.T) {
+				testRefundBatch(t, newStore(t), a, opts.clock(a))
+			})
+			testRefundConcurrency(t, newStore, a, opts.clock(a))
 		})
 	}
 	algs := opts.algorithms()
@@ -138,18 +132,16 @@ func Run(t *testing.T, newStore func(t *testing.T) limiter.Store, opts Options) 
 	t.Run("shadow_lists", func(t *testing.T) {
 		testShadowLists(t, newStore, &opts)
 	})
-	if !opts.NoRefunds {
-		t.Run("refund_lists", func(t *testing.T) {
-			testRefundLists(t, newStore, &opts)
-		})
-	}
+	t.Run("refund_lists", func(t *testing.T) {
+		testRefundLists(t, newStore, &opts)
+	})
 	t.Run("canceled_context", func(t *testing.T) {
 		testCanceled(t, newStore(t))
 	})
 }
 
 // RunLists runs the suite's cases of descriptors with several limits
-// (rules.Limit.Limits), shadow limits among them, alone: for deployments
+// (rules.Limit.Limits), shadow limits and refunds among them, alone: for deployments
 // whose scripts are those of a store that Run covers (a Redis behind
 // Sentinel), where the whole suite would add little but time.
 func RunLists(t *testing.T, newStore func(t *testing.T) limiter.Store, opts Options) {
@@ -159,6 +151,9 @@ func RunLists(t *testing.T, newStore func(t *testing.T) limiter.Store, opts Opti
 	})
 	t.Run("shadow_lists", func(t *testing.T) {
 		testShadowLists(t, newStore, &opts)
+	})
+	t.Run("refund_lists", func(t *testing.T) {
+		testRefundLists(t, newStore, &opts)
 	})
 }
 
@@ -573,9 +568,8 @@ func testConcurrency(t *testing.T, store limiter.Store, a rules.Algorithm, clock
 }
 
 // testProperty drives random traffic on a few keys and requires the store to
-// answer exactly as the pure functions; with refunds, a fifth of the ops
-// give hits back.
-func testProperty(t *testing.T, store limiter.Store, a rules.Algorithm, refunds bool) {
+// answer exactly as the pure functions; a fifth of the ops are refunds.
+func testProperty(t *testing.T, store limiter.Store, a rules.Algorithm) {
 	h := newHarness(t, store, BatchClock, 0)
 	rng := rand.New(rand.NewPCG(7, uint64(a)))
 	units := []rules.Unit{rules.Second, rules.Minute}
@@ -601,7 +595,7 @@ func testProperty(t *testing.T, store limiter.Store, a rules.Algorithm, refunds 
 			}
 			h.now = h.now.Truncate(time.Microsecond)
 			op := h.op(&l, fmt.Sprintf("seq%d_%d", seq, rng.IntN(2)), uint64(rng.IntN(4)))
-			op.Refund = refunds && rng.IntN(5) == 0
+			op.Refund = rng.IntN(5) == 0
 			got := h.do(false, op)[0]
 			if want := h.expect(op); got != want {
 				t.Fatalf("seq %d step %d (%+v at %v): got %+v, the pure function gives %+v",
