@@ -34,7 +34,7 @@ func refundScenarios(a rules.Algorithm) []scenario {
 			{hits: 1, refund: true, want: read(spent - 1)},
 			// More than was spent: nothing goes below zero, so no more
 			// than the limit is admitted after it.
-			{hits: 1000, refund: true, want: read(0)},
+			{hits: limiter.MaxHits, refund: true, want: read(0)},
 			{hits: 10, want: ok(0, 10, 0, f.reset(10, 10))},
 			{hits: 1, want: over(10, 11, 0, f.reset(10, 10))},
 			{hits: 0, refund: true, want: read(spent)}, // a refund of 0 is a read
