@@ -333,7 +333,8 @@ func (l *Limiter) statuses(r *request, now time.Time, ds []Descriptor, out []Sta
 		var st Status
 		if op := &b.Ops[j]; op.Refund {
 			st = refundStatus(lim, op, &b.Results[j])
-			if l.cfg.NearCache != nil && cacheable(lim, op) {
+			if l.cfg.NearCache != nil && op.Hits > 0 && cacheable(lim, op) {
+				// A refund of 0 hits is a read: it frees nothing.
 				l.cfg.NearCache.Forget(op.Key)
 			}
 		} else {

@@ -104,6 +104,13 @@ func TestRefundReachesPastNearCache(t *testing.T) {
 	if st := check(1, false); st.Counts.OverLimitWithLocalCache != 1 {
 		t.Fatalf("7th hit = %+v, want answered from the near cache", st)
 	}
+	// A refund of 0 is a read: it frees nothing, and the key stays known.
+	if st := check(0, true); st.Code != limiter.OK || st.Remaining != 0 {
+		t.Errorf("refund of 0 = %+v, want OK with nothing left", st)
+	}
+	if st := check(1, false); st.Counts.OverLimitWithLocalCache != 1 {
+		t.Errorf("hit after a refund of 0 = %+v, want answered from the near cache", st)
+	}
 	ops := store.ops.Load()
 	// The store counted the hit it refused (6 in use), not the one the
 	// near cache answered.
