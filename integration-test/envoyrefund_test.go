@@ -1,8 +1,10 @@
 package integration
 
 import (
+	"fmt"
 	"net/http"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -66,43 +68,47 @@ func TestRealEnvoyRefund(t *testing.T) {
 	awaitWindowRoom(t, time.Hour, time.Minute)
 
 	const key = "ai_generic_key_tokens_"
-	spent := func(want int64, why string) {
-		t.Helper()
-		// Envoy gives back after the client has its answer: wait for it.
-		eventually(t, why, 10*time.Second, func() bool { return counts.fixedWindowSum(t, key) == want })
+	// calls is the number of calls the service answered; a step waits for
+	// its calls, so that a refund Envoy sends after the client has its
+	// answer is done before the next request is decided.
+	calls := 0
+	answered := func(t *testing.T) (n int) {
+		for name, v := range p.stats(t) {
+			if strings.HasPrefix(name, "ratelimit.service.decisions.") && strings.Contains(name, "__domain=ai") {
+				n += int(v)
+			}
+		}
+		return n
 	}
-	chat := func(maxTokens, used, want int) {
+	step := func(path string, h map[string]string, want, sends int, spent int64) {
 		t.Helper()
-		h := map[string]string{"x-max-tokens": strconv.Itoa(maxTokens), "x-used-tokens": strconv.Itoa(used)}
-		if got := httpGet(t, addr, "/chat", h); got.code != want {
-			t.Fatalf("/chat reserving %d, using %d: HTTP %d, want %d", maxTokens, used, got.code, want)
+		if got := httpGet(t, addr, path, h); got.code != want {
+			t.Fatalf("%s %v: HTTP %d, want %d", path, h, got.code, want)
+		}
+		calls += sends
+		eventually(t, fmt.Sprintf("%d calls answered", calls), 10*time.Second, func() bool { return answered(t) == calls })
+		if got := counts.fixedWindowSum(t, key); got != spent {
+			t.Fatalf("after %s %v Redis holds %d tokens spent, want %d", path, h, got, spent)
 		}
 	}
-
-	chat(40, 10, 200)
-	spent(10, "40 reserved, 30 given back")
-	// Without the refund 40 + 80 would pass the 100.
-	chat(80, 80, 200)
-	spent(90, "80 more reserved, nothing to give back")
-	chat(20, 0, 429)
-	// A fixed window counts the refused reservation, as the anchor does;
-	// Envoy gives nothing back for its local reply (no x-unused-tokens).
-	spent(110, "the refused reservation counted")
-	chat(5, 0, 429) // from the near cache: Redis is not asked
-	time.Sleep(200 * time.Millisecond)
-	if got := counts.fixedWindowSum(t, key); got != 110 {
-		t.Errorf("after a request answered from the near cache Redis holds %d, want 110", got)
+	chat := func(maxTokens, used int) map[string]string {
+		return map[string]string{"x-max-tokens": strconv.Itoa(maxTokens), "x-used-tokens": strconv.Itoa(used)}
 	}
 
+	// Each answered /chat makes two calls: the reservation, and the
+	// refund when the response is done.
+	step("/chat", chat(40, 10), 200, 2, 10) // 40 reserved, 30 given back
+	// Without the refund 40 + 80 would pass the 100.
+	step("/chat", chat(80, 80), 200, 2, 90) // nothing to give back: a refund of 0
+	// A fixed window counts the refused reservation, as the anchor does;
+	// Envoy gives nothing back for its own 429, which has no x-unused-tokens.
+	step("/chat", chat(20, 0), 429, 1, 110)
+	step("/chat", chat(5, 0), 429, 1, 110) // from the near cache: Redis is not asked
 	// A refund on the request path: Envoy acts on this answer, and it is
 	// OK though the key is over its limit and in the near cache.
-	if got := httpGet(t, addr, "/giveback", map[string]string{"x-refund": "30"}); got.code != 200 {
-		t.Fatalf("/giveback of 30 while over the limit: HTTP %d, want 200", got.code)
-	}
-	spent(80, "30 given back on the request path")
-	chat(20, 20, 200) // the refund dropped the key from the near cache
-	spent(100, "20 more reserved")
-	chat(1, 0, 429)
+	step("/giveback", map[string]string{"x-refund": "30"}, 200, 1, 80)
+	step("/chat", chat(20, 20), 200, 2, 100) // the refund dropped the key from the near cache
+	step("/chat", chat(1, 0), 429, 1, 101)
 
 	if n := e.counter(t, "cluster.upstream.ratelimit.error"); n != 0 {
 		t.Errorf("Envoy's ratelimit.error = %d, want 0: every refund was answered", n)
