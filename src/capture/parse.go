@@ -446,6 +446,10 @@ func (p *parser) descriptor(d *Descriptor, i int) error {
 			v, err := p.uint(math.MaxUint64)
 			d.HasHits, d.Hits = true, v
 			return err
+		case "is_negative_hits":
+			v, err := p.boolean()
+			d.Refund = v
+			return err
 		case "limit":
 			if p.null() {
 				return nil

@@ -18,6 +18,7 @@ func jsonRequest(line string) (Request, bool) {
 		Descriptors []struct {
 			Entries [][]string `json:"entries"`
 			Hits    *uint64    `json:"hits"`
+			Refund  bool       `json:"is_negative_hits"`
 			Limit   *struct {
 				RequestsPerUnit uint32 `json:"requests_per_unit"`
 				Unit            string `json:"unit"`
@@ -47,6 +48,7 @@ func jsonRequest(line string) (Request, bool) {
 		if wd.Hits != nil {
 			d.HasHits, d.Hits = true, *wd.Hits
 		}
+		d.Refund = wd.Refund
 		if l := wd.Limit; l != nil {
 			u, ok := rules.ParseUnit(l.Unit)
 			if !ok {

@@ -52,6 +52,8 @@ type Descriptor struct {
 	// without counting); otherwise the request's applies.
 	HasHits bool
 	Hits    uint64
+	// Refund says the descriptor gives its hits back (is_negative_hits).
+	Refund bool
 	// Limit is the descriptor's own limit override, nil when none.
 	Limit *Override
 }
@@ -73,8 +75,9 @@ type Override struct {
 //
 // A request line's "ns" is Request.Time in Unix nanoseconds; "hits" the
 // request's hits_addend, when set; each descriptor's "entries" are [key,
-// value] pairs, then its own "hits" when set (0 included) and its "limit"
-// override ({"requests_per_unit","unit","unit_multiplier"}) when set;
+// value] pairs, then its own "hits" when set (0 included),
+// "is_negative_hits": true for a refund, and its "limit" override
+// ({"requests_per_unit","unit","unit_multiplier"}) when set;
 // "code" and "codes" the answer, OK or OVER_LIMIT; "degraded": true for a
 // decision from local counts.
 
@@ -155,6 +158,9 @@ func AppendRequest(dst []byte, r *Request, show func(string) string) []byte {
 		if d.HasHits {
 			dst = append(dst, `,"hits":`...)
 			dst = strconv.AppendUint(dst, d.Hits, 10)
+		}
+		if d.Refund {
+			dst = append(dst, `,"is_negative_hits":true`...)
 		}
 		if o := d.Limit; o != nil {
 			dst = append(dst, `,"limit":{"requests_per_unit":`...)

@@ -25,9 +25,10 @@ func sample() Request {
 			{Entries: []rules.Entry{{Key: "k", Value: "v"}}, HasHits: true, Hits: 7,
 				Limit: &Override{RequestsPerUnit: 5, Unit: rules.Minute, UnitMultiplier: 2}},
 			{Entries: []rules.Entry{{Key: "k", Value: "w"}}, Limit: &Override{RequestsPerUnit: 1, Unit: rules.Hour}},
+			{Entries: []rules.Entry{{Key: "k", Value: "r"}}, HasHits: true, Hits: 2, Refund: true},
 		},
 		OverLimit: true,
-		Codes:     []bool{false, false, true, false},
+		Codes:     []bool{false, false, true, false, false},
 		Degraded:  true,
 	}
 }
@@ -82,8 +83,9 @@ func TestAppendRequestLine(t *testing.T) {
 		`{"entries":[["user","al\"ice\\\n\u0001é"],["path","/x"]]},` +
 		`{"entries":[["ip",""]],"hits":0},` +
 		`{"entries":[["k","v"]],"hits":7,"limit":{"requests_per_unit":5,"unit":"MINUTE","unit_multiplier":2}},` +
-		`{"entries":[["k","w"]],"limit":{"requests_per_unit":1,"unit":"HOUR"}}],` +
-		`"code":"OVER_LIMIT","codes":["OK","OK","OVER_LIMIT","OK"],"degraded":true}` + "\n"
+		`{"entries":[["k","w"]],"limit":{"requests_per_unit":1,"unit":"HOUR"}},` +
+		`{"entries":[["k","r"]],"hits":2,"is_negative_hits":true}],` +
+		`"code":"OVER_LIMIT","codes":["OK","OK","OVER_LIMIT","OK","OK"],"degraded":true}` + "\n"
 	if got != want {
 		t.Errorf("AppendRequest =\n%s\nwant\n%s", got, want)
 	}

@@ -24,10 +24,29 @@ import (
 //	| token_bucket   | TAT, one timestamp (GCRA)            | used + hits <= capacity  | used = ceil(max(0, TAT - now) / T)     | capacity - used (whole tokens) | until the bucket is full: TAT - now                |
 //
 // For the three continuous algorithms a refused op changes nothing. Hits 0
-// reads the state without recording. A limit of 0 refuses every hit; then
+// reads the state without recording. A refund (Op.Refund) gives hits back
+// instead (see Refunds below). A limit of 0 refuses every hit; then
 // ResetAfter is one window for sliding_window and sliding_log (nothing will
 // ever fit: a hint for clients, not a promise) and 0 for token_bucket (a
 // bucket of capacity 0 is always full).
+
+// Refunds. An op with Refund set gives back up to Hits of the hits the key
+// holds now (envoyproxy/ratelimit's is_negative_hits), newest first, and
+// never takes a key below the zero state, so that a refund of more than
+// was spent frees at most the whole limit:
+//
+//	| algorithm      | a refund of h                                                        |
+//	|----------------|----------------------------------------------------------------------|
+//	| fixed_window   | count - min(count, h), in the current window's key                   |
+//	| sliding_window | Curr first, then Prev (the previous window's count), each down to 0  |
+//	| sliding_log    | the min(logged, h) newest hits of the last window leave the log      |
+//	| token_bucket   | TAT - min(TAT - now, h × T): h tokens back, never past a full bucket |
+//
+// A refund is never refused: its Result is that of a read (Hits 0) of the
+// state after it, with Allowed set, so Before = After, the units in use
+// after the refund, and Remaining and ResetAfter are a read's. (A fixed
+// window still over its limit after a refund reports Remaining 0.) A
+// refund of 0 hits is a read.
 
 // weightScale is the resolution of the sliding window weight: millionths.
 // prev × weight stays below 2^53 for any uint32 limit, so Lua computes it
@@ -51,6 +70,10 @@ type FixedWindowState struct {
 // as the anchor's DurationUntilReset (so it is never 0: at 12:00:59.9 a
 // minute window resets after 1 s).
 func FixedWindow(s FixedWindowState, now time.Time, op Op) (FixedWindowState, Result) {
+	if op.Refund {
+		s.Count -= min(s.Count, op.Hits)
+		return refunded(FixedWindow(s, now, op.read()))
+	}
 	before := s.Count
 	s.Count = satAdd(before, op.Hits)
 	r := Result{
@@ -104,6 +127,12 @@ func SlidingWindow(s SlidingWindowState, now time.Time, op Op) (SlidingWindowSta
 	w := windowMicros(op.Window)
 	t := now.UnixMicro()
 	s = s.roll(t, w)
+	if op.Refund {
+		k := min(s.Curr, op.Hits)
+		s.Curr -= k
+		s.Prev -= min(s.Prev, op.Hits-k)
+		return refunded(SlidingWindow(s, now, op.read()))
+	}
 	if t < s.Start { // the clock went back: count as the window's start
 		t = s.Start
 	}
@@ -201,6 +230,11 @@ type SlidingLogState struct {
 // ResetAfter is the time until the oldest logged hit leaves the window (0
 // when the log is empty); when the log is full that is when one more hit fits.
 func SlidingLog(s SlidingLogState, now time.Time, op Op) (SlidingLogState, Result) {
+	if op.Refund {
+		s, _ = SlidingLog(s, now, op.read()) // drops the hits that left the window
+		s.Forget(int(min(op.Hits, uint64(s.n))))
+		return refunded(SlidingLog(s, now, op.read()))
+	}
 	w := windowMicros(op.Window)
 	t := now.UnixMicro()
 	if s.n > 0 {
@@ -316,6 +350,13 @@ type TokenBucketState struct {
 // Remaining is the whole tokens left after the op; ResetAfter is the time
 // until the bucket is full again, TAT - now.
 func TokenBucket(s TokenBucketState, now time.Time, op Op) (TokenBucketState, Result) {
+	if op.Refund {
+		if t := now.UnixMicro(); op.Capacity() > 0 && s.TAT > t {
+			T := ceilDiv(uint64(windowMicros(op.Window)), op.Limit)
+			s.TAT -= int64(min(uint64(s.TAT-t), satMul(op.Hits, T)))
+		}
+		return refunded(TokenBucket(s, now, op.read()))
+	}
 	capacity := op.Capacity()
 	if capacity == 0 {
 		return s, Result{After: op.Hits, Allowed: op.Hits == 0}
@@ -345,6 +386,19 @@ func TokenBucket(s TokenBucketState, now time.Time, op Op) (TokenBucketState, Re
 // IdleAt is when, in Unix microseconds, the bucket is full again; a store may
 // forget the key from then on.
 func (s TokenBucketState) IdleAt() int64 { return s.TAT }
+
+// read is op as a read: no hits, no refund.
+func (op Op) read() Op {
+	op.Hits, op.Refund = 0, false
+	return op
+}
+
+// refunded is the Result of a refund: the read r of the state after it
+// (see Refunds), never refused.
+func refunded[S any](s S, r Result) (S, Result) {
+	r.Allowed = true
+	return s, r
+}
 
 // windowMicros is w in whole microseconds, at least 1.
 func windowMicros(w time.Duration) int64 {

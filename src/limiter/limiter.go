@@ -48,6 +48,11 @@ type Descriptor struct {
 	Limit *rules.Limit
 	// Hits is the number of units to consume; 0 checks without counting.
 	Hits uint64
+	// Refund gives Hits back instead (is_negative_hits): to every limit
+	// that applies, each by its algorithm's rule (Op.Refund). A refund is
+	// never OverLimit, is never answered from the near cache, and drops
+	// its keys from it.
+	Refund bool
 	// Skip has bit i set for a limit of Limit.Limits that does not apply
 	// to this request (replaced by another descriptor's rule). Unlimited
 	// limits of a list are skipped anyway. Ignored for a single limit.
@@ -81,6 +86,11 @@ type Counts struct {
 	// the hits it would have refused; its OverLimit stays 0. Our
 	// extension: shadow_over_limit in the statistics.
 	ShadowOverLimit uint64
+	// TotalNegativeHits counts the hits a refund asked to give back
+	// (Descriptor.Refund), whether or not the key held that many; a
+	// refund counts in no other field. envoyproxy/ratelimit's
+	// total_negative_hits.
+	TotalNegativeHits uint64
 }
 
 // Status is the decision for one descriptor.
@@ -129,6 +139,11 @@ type request struct {
 	// descriptor.
 	key  []byte
 	ends []int
+	// epochs[j] is the epoch of op j's key in the near cache when it was
+	// looked up (see NearCache.rememberSince); refunds counts the refund
+	// ops.
+	epochs  []uint64
+	refunds int
 }
 
 // New returns a Limiter that keeps its counts in store.
@@ -175,6 +190,15 @@ func New(store Store, cfg Config) *Limiter {
 // when it admits them whatever the other limits say, and none when it
 // would refuse them. A descriptor whose limits are all shadow limits (or
 // unlimited) gets Status{}: OK, no Limit.
+//
+// A refund (Descriptor.Refund) gives its hits back to every limit that
+// applies, shadow limits included (Op.Refund), and is OK: Remaining and
+// ResetAfter are those of its limit after the refund (of a list, the one
+// with the least Remaining), and its Counts hold only TotalNegativeHits.
+// It always reaches the store, and then drops its keys from the near
+// cache. With StopIncrementWhenOverLimit a request's refunds go to the
+// store in a batch of their own, before its other ops: a refund is never
+// held back by another descriptor's refusal, and never takes part in one.
 func (l *Limiter) Check(ctx context.Context, domain string, now time.Time, ds []Descriptor, out []Status) error {
 	if len(out) < len(ds) {
 		return fmt.Errorf("limiter: %d statuses for %d descriptors", len(out), len(ds))
@@ -193,9 +217,9 @@ func (l *Limiter) Check(ctx context.Context, domain string, now time.Time, ds []
 	cachedOver := l.addOps(r, domain, now, ds, out)
 	if cachedOver && b.AllOrNothing {
 		// The request is over a limit already: record none of its hits,
-		// but for shadow limits, which count alone.
+		// but for shadow limits, which count alone, and refunds.
 		for j := range b.Ops {
-			if !b.Ops[j].Shadow {
+			if !b.Ops[j].Shadow && !b.Ops[j].Refund {
 				b.Ops[j].Hits = 0
 			}
 		}
@@ -210,7 +234,8 @@ func (l *Limiter) Check(ctx context.Context, domain string, now time.Time, ds []
 	}
 	clear(b.Ops) // drop the keys
 	clear(r.lims)
-	b.Ops, b.Results, r.idx, r.lims, r.ends = b.Ops[:0], b.Results[:0], r.idx[:0], r.lims[:0], r.ends[:0]
+	b.Ops, b.Results, r.idx, r.lims, r.ends, r.epochs = b.Ops[:0], b.Results[:0], r.idx[:0], r.lims[:0], r.ends[:0], r.epochs[:0]
+	r.refunds = 0
 	l.pool.Put(r)
 	return nil
 }
@@ -259,8 +284,41 @@ func (l *Limiter) run(ctx context.Context, r *request) error {
 		start = end
 	}
 	b.Results = append(b.Results[:0], make([]Result, len(b.Ops))...)
+	if b.AllOrNothing && r.refunds > 0 {
+		return l.runApart(ctx, b)
+	}
 	if err := l.store.Do(ctx, b); err != nil {
 		return fmt.Errorf("limiter: %w", err)
+	}
+	return nil
+}
+
+// runApart runs an AllOrNothing batch b that holds refunds as two: its
+// refunds first, not AllOrNothing (a store never sees a refund in an
+// AllOrNothing batch, see Op.Refund), then its other ops. A list's ops
+// are all refunds or none, so each group stays whole. It copies the ops;
+// such requests (refunds with STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT, in
+// a request that also hits) are rare.
+func (l *Limiter) runApart(ctx context.Context, b *Batch) error {
+	for _, refunds := range [...]bool{true, false} {
+		part := Batch{Now: b.Now, AllOrNothing: !refunds}
+		var idx []int
+		for j := range b.Ops {
+			if b.Ops[j].Refund == refunds {
+				part.Ops = append(part.Ops, b.Ops[j])
+				idx = append(idx, j)
+			}
+		}
+		if len(part.Ops) == 0 {
+			continue
+		}
+		part.Results = make([]Result, len(part.Ops))
+		if err := l.store.Do(ctx, &part); err != nil {
+			return fmt.Errorf("limiter: %w", err)
+		}
+		for k, j := range idx {
+			b.Results[j] = part.Results[k]
+		}
 	}
 	return nil
 }
@@ -272,11 +330,20 @@ func (l *Limiter) statuses(r *request, now time.Time, ds []Descriptor, out []Sta
 	b := &r.batch
 	for j, i := range r.idx {
 		lim, d := r.lims[j], &ds[i]
-		st := l.status(lim, &b.Ops[j], &b.Results[j])
-		if cachedOver && b.AllOrNothing && !lim.Shadow {
-			st.Counts.TotalHits = d.Hits
+		var st Status
+		if op := &b.Ops[j]; op.Refund {
+			st = refundStatus(lim, op, &b.Results[j])
+			if l.cfg.NearCache != nil && op.Hits > 0 && cacheable(lim, op) {
+				// A refund of 0 hits is a read: it frees nothing.
+				l.cfg.NearCache.Forget(op.Key)
+			}
+		} else {
+			st = l.status(lim, op, &b.Results[j])
+			if cachedOver && b.AllOrNothing && !lim.Shadow {
+				st.Counts.TotalHits = d.Hits
+			}
+			l.remember(lim, op, &b.Results[j], now, r.epochs[j])
 		}
-		l.remember(lim, &b.Ops[j], &b.Results[j], now)
 		if !lim.InList() {
 			out[i] = st
 			continue
@@ -306,21 +373,29 @@ func (l *Limiter) addOp(r *request, domain string, now time.Time, d *Descriptor,
 		Burst:     uint64(lim.Burst),
 		Window:    windowDuration(windowSeconds(lim)),
 		Hits:      d.Hits,
+		Refund:    d.Refund,
 		PerSecond: lim.Unit == rules.Second,
 		Group:     group,
 		Shadow:    lim.Shadow,
 	}
-	if l.cfg.NearCache != nil && !lim.Shadow {
+	var epoch uint64
+	if l.cfg.NearCache != nil && !lim.Shadow && !op.Refund {
 		// The key is looked up from the buffer: no string is made
 		// for a descriptor answered from the cache.
-		if until, over := l.cfg.NearCache.Over(unsafeString(r.key[start:]), op.Capacity(), now); over {
+		until, over, e := l.cfg.NearCache.lookup(unsafeString(r.key[start:]), op.Capacity(), now)
+		if over {
 			*st = cachedOverLimit(op.Hits, until.Sub(now))
 			st.Limit = lim
 			r.key = r.key[:start]
 			return true
 		}
+		epoch = e
+	}
+	if op.Refund {
+		r.refunds++
 	}
 	// op.Key is set by Check, once every key is in r.key.
+	r.epochs = append(r.epochs, epoch)
 	r.ends = append(r.ends, len(r.key))
 	r.batch.Ops = append(r.batch.Ops, op)
 	r.idx = append(r.idx, i)
@@ -396,6 +471,18 @@ func (l *Limiter) status(lim *rules.Limit, op *Op, res *Result) Status {
 	return st
 }
 
+// refundStatus is the status of a refund op (Descriptor.Refund) whose
+// store result is res: OK, whatever the limit says, with the limit's
+// Remaining and ResetAfter after it, and only TotalNegativeHits counted.
+func refundStatus(lim *rules.Limit, op *Op, res *Result) Status {
+	return Status{
+		Limit:      lim,
+		Remaining:  uint32(min(res.Remaining, math.MaxUint32)),
+		ResetAfter: res.ResetAfter,
+		Counts:     Counts{TotalNegativeHits: op.Hits},
+	}
+}
+
 // sub0 is a - b, or 0 when b > a.
 func sub0(a, b uint64) uint64 {
 	if b > a {
@@ -421,12 +508,22 @@ func cachedOverLimit(hits uint64, resetAfter time.Duration) Status {
 // and shadow limits are never cached (they must keep answering OK), nor token buckets, whose
 // ResetAfter is the time until the bucket is full rather than until one
 // token is back.
-func (l *Limiter) remember(lim *rules.Limit, op *Op, res *Result, now time.Time) {
-	if l.cfg.NearCache == nil || res.Allowed || res.Remaining > 0 || res.ResetAfter <= 0 ||
-		lim.ShadowMode || lim.Shadow || op.Algorithm == rules.TokenBucket {
+//
+// epoch is the near cache's epoch of the key when it was looked up,
+// before the store was asked: a refund of the key that dropped it from
+// the cache since (NearCache.Forget) may have freed room that the store's
+// answer predates, and then it is not remembered.
+func (l *Limiter) remember(lim *rules.Limit, op *Op, res *Result, now time.Time, epoch uint64) {
+	if l.cfg.NearCache == nil || res.Allowed || res.Remaining > 0 || res.ResetAfter <= 0 || !cacheable(lim, op) {
 		return
 	}
-	l.cfg.NearCache.Remember(op.Key, op.Capacity(), now, now.Add(res.ResetAfter))
+	l.cfg.NearCache.rememberSince(epoch, op.Key, op.Capacity(), now, now.Add(res.ResetAfter))
+}
+
+// cacheable reports whether the near cache may hold op's key (see
+// remember).
+func cacheable(lim *rules.Limit, op *Op) bool {
+	return !lim.ShadowMode && !lim.Shadow && op.Algorithm != rules.TokenBucket
 }
 
 // unsafeString views b as a string without copying, for a lookup that does

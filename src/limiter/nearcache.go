@@ -2,6 +2,7 @@ package limiter
 
 import (
 	"hash/maphash"
+	"math"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -49,6 +50,11 @@ type nearCacheShard struct {
 	bytes int
 	max   int
 
+	// epoch counts the Forget calls of the shard's keys (under mu); a
+	// Remember of a caller that looked its key up before one of them is
+	// dropped (see rememberSince).
+	epoch uint64
+
 	// The counters of Stats. accessSum is the sum of the entries'
 	// access, so that their mean costs no walk over them.
 	hits, misses, expired, evacuated, overwrites atomic.Uint64
@@ -92,8 +98,15 @@ func (c *NearCache) shard(key string) *nearCacheShard {
 // now, and returns that time. Each call is a lookup of Stats: a hit when it
 // reports true, a miss otherwise.
 func (c *NearCache) Over(key string, limit uint64, now time.Time) (until time.Time, over bool) {
+	until, over, _ = c.lookup(key, limit, now)
+	return until, over
+}
+
+// lookup is Over, and the epoch of key's shard at the lookup, for
+// rememberSince.
+func (c *NearCache) lookup(key string, limit uint64, now time.Time) (until time.Time, over bool, epoch uint64) {
 	if c == nil {
-		return time.Time{}, false
+		return time.Time{}, false, 0
 	}
 	s := c.shard(key)
 	s.mu.RLock()
@@ -101,18 +114,38 @@ func (c *NearCache) Over(key string, limit uint64, now time.Time) (until time.Ti
 	e := s.m[key]
 	if e == nil || e.limit != limit {
 		s.misses.Add(1)
-		return time.Time{}, false
+		return time.Time{}, false, s.epoch
 	}
 	if now.UnixNano() >= e.until {
 		s.misses.Add(1)
 		if e.expiredSeen.CompareAndSwap(false, true) {
 			s.expired.Add(1)
 		}
-		return time.Time{}, false
+		return time.Time{}, false, s.epoch
 	}
 	s.hits.Add(1)
 	s.touch(e, now.Unix())
-	return time.Unix(0, e.until), true
+	return time.Unix(0, e.until), true, s.epoch
+}
+
+// Forget drops what c knows of key: a refund gave some of its hits back
+// (is_negative_hits), so it may not be over its limit any more. A
+// Remember of key by a caller that looked it up before Forget, and so may
+// hold an answer of the store from before the refund, is dropped (see
+// rememberSince). The entry stays in the eviction queue, past its time,
+// and counts neither as expired nor as evacuated.
+func (c *NearCache) Forget(key string) {
+	if c == nil {
+		return
+	}
+	s := c.shard(key)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.epoch++
+	if e := s.m[key]; e != nil {
+		e.until = math.MinInt64
+		e.expiredSeen.Store(true)
+	}
 }
 
 // touch sets e's access to sec. Most hits fall in the second of the last
@@ -129,10 +162,33 @@ func (c *NearCache) Remember(key string, limit uint64, now, until time.Time) {
 	if c == nil {
 		return
 	}
-	size := len(key) + nearCacheEntryOverhead
 	s := c.shard(key)
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	s.remember(key, limit, now, until)
+}
+
+// rememberSince is Remember for a caller that looked key up (lookup) at
+// epoch, before it asked the store: it records nothing when a Forget of a
+// key of the shard came since, whose refund the store's answer may
+// predate. (A Forget of another key of the shard drops it too: rare, and
+// it only costs a store round trip.)
+func (c *NearCache) rememberSince(epoch uint64, key string, limit uint64, now, until time.Time) {
+	if c == nil {
+		return
+	}
+	s := c.shard(key)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.epoch != epoch {
+		return
+	}
+	s.remember(key, limit, now, until)
+}
+
+// remember is Remember; the caller holds s.mu.
+func (s *nearCacheShard) remember(key string, limit uint64, now, until time.Time) {
+	size := len(key) + nearCacheEntryOverhead
 	if e := s.m[key]; e != nil {
 		e.limit, e.until = limit, until.UnixNano()
 		e.expiredSeen.Store(false)

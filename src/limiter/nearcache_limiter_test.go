@@ -77,3 +77,53 @@ func TestNearCacheAnswersKnownOverLimitKeys(t *testing.T) {
 		}
 	}
 }
+
+// TestRefundReachesPastNearCache: a key the near cache knows over its
+// limit is refunded in the store all the same, and the next request is
+// decided by the store again, which has room.
+func TestRefundReachesPastNearCache(t *testing.T) {
+	mem := memory.New(memory.Config{})
+	t.Cleanup(mem.Close)
+	store := &countingStore{Store: mem}
+	l := limiter.New(store, limiter.Config{NearCache: limiter.NewNearCache(1 << 20)})
+	now := time.Unix(1_700_000_000, 0)
+	lim := &rules.Limit{FullKey: "d.user", RequestsPerUnit: 5, Unit: rules.Minute, UnitMultiplier: 1}
+	check := func(hits uint64, refund bool) limiter.Status {
+		t.Helper()
+		out := make([]limiter.Status, 1)
+		d := limiter.Descriptor{Entries: []rules.Entry{{Key: "user", Value: "a"}}, Limit: lim, Hits: hits, Refund: refund}
+		if err := l.Check(t.Context(), "d", now, []limiter.Descriptor{d}, out); err != nil {
+			t.Fatal(err)
+		}
+		return out[0]
+	}
+	check(5, false)                                          // reserve the whole limit
+	if st := check(1, false); st.Code != limiter.OverLimit { // now in the near cache
+		t.Fatalf("6th hit = %+v, want OverLimit", st)
+	}
+	if st := check(1, false); st.Counts.OverLimitWithLocalCache != 1 {
+		t.Fatalf("7th hit = %+v, want answered from the near cache", st)
+	}
+	// A refund of 0 is a read: it frees nothing, and the key stays known.
+	if st := check(0, true); st.Code != limiter.OK || st.Remaining != 0 {
+		t.Errorf("refund of 0 = %+v, want OK with nothing left", st)
+	}
+	if st := check(1, false); st.Counts.OverLimitWithLocalCache != 1 {
+		t.Errorf("hit after a refund of 0 = %+v, want answered from the near cache", st)
+	}
+	ops := store.ops.Load()
+	// The store counted the hit it refused (6 in use), not the one the
+	// near cache answered.
+	if st := check(4, true); st.Code != limiter.OK || st.Remaining != 3 {
+		t.Errorf("refund of 4 = %+v, want OK with 3 left", st)
+	}
+	if got := store.ops.Load(); got != ops+1 {
+		t.Errorf("the refund made %d store ops, want 1", got-ops)
+	}
+	if st := check(3, false); st.Code != limiter.OK || st.Counts.OverLimitWithLocalCache != 0 {
+		t.Errorf("hit of 3 after the refund = %+v, want OK from the store", st)
+	}
+	if got := store.ops.Load(); got != ops+2 {
+		t.Errorf("the hit after the refund made %d store ops, want 1", got-ops-1)
+	}
+}

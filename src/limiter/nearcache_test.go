@@ -244,3 +244,38 @@ func TestNearCacheStatsEvictions(t *testing.T) {
 		t.Errorf("Stats() = %+v, want Expired 2, Evacuated 1", st)
 	}
 }
+
+// TestNearCacheForget: a refund's Forget drops the key, and a Remember by
+// a request that looked the key up before it (whose store answer may
+// predate the refund) is dropped too; one that looked it up after is kept.
+func TestNearCacheForget(t *testing.T) {
+	t0 := time.Unix(1_700_000_000, 0)
+	key := "rl_api_user_alice_1700000000"
+	c := NewNearCache(1 << 20)
+	c.Remember(key, 10, t0, t0.Add(time.Minute))
+	c.Forget(key)
+	if _, over := c.Over(key, 10, t0); over {
+		t.Fatal("Over after Forget = true, want the key forgotten")
+	}
+	st := c.Stats()
+	if st.Expired != 0 || st.Evacuated != 0 {
+		t.Errorf("after Forget: %+v, want a forgotten entry counted neither expired nor evacuated", st)
+	}
+
+	// A check looked the key up, then a refund landed and forgot it, then
+	// the check's answer (over, from before the refund) arrives.
+	_, _, before := c.lookup(key, 10, t0)
+	c.Forget(key)
+	c.rememberSince(before, key, 10, t0, t0.Add(time.Minute))
+	if _, over := c.Over(key, 10, t0); over {
+		t.Error("a Remember from before a Forget was kept: the refund's room stays hidden until the entry ends")
+	}
+	// A check that looked it up after the refund is remembered.
+	_, _, after := c.lookup(key, 10, t0)
+	c.rememberSince(after, key, 10, t0, t0.Add(time.Minute))
+	if _, over := c.Over(key, 10, t0); !over {
+		t.Error("a Remember from after the Forget was dropped")
+	}
+	var nilCache *NearCache
+	nilCache.Forget(key) // a nil cache remembers nothing, and forgets as well
+}

@@ -74,6 +74,14 @@ type Op struct {
 	// Hits is the number of units this op consumes; 0 only reads the state.
 	// It is at most MaxHits.
 	Hits uint64
+	// Refund makes the op give Hits back instead of consuming them
+	// (is_negative_hits): each algorithm's pure function says how (see
+	// Refunds in algorithm.go). A refund never creates a key that does
+	// not exist, is never refused, and its Result is a read of the state
+	// after it. The limiter never puts a refund in an AllOrNothing batch
+	// (it sends a request's refunds in a batch of their own first), and
+	// a store may rely on it.
+	Refund bool
 	// PerSecond is true for rules whose unit is second (REDIS_PERSECOND routing).
 	PerSecond bool
 	// Group is not 0 for the ops of one descriptor with several limits
@@ -120,10 +128,11 @@ type Result struct {
 	// that was refused and therefore not recorded, After is Before + Hits:
 	// what it would have been. After > op.Capacity() exactly when the op
 	// is over its limit. The limiter derives near/over-limit statistics
-	// from them.
+	// from them. For a refund both are the units in use after it.
 	Before, After uint64
 	// Allowed reports whether the hits fit within the limit. For a fixed
-	// window it is After <= Limit: the hits are recorded either way.
+	// window it is After <= Limit: the hits are recorded either way. A
+	// refund is always allowed.
 	Allowed bool
 	// Remaining is how many more units would be admitted now, after the op.
 	Remaining uint64

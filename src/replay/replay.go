@@ -411,7 +411,7 @@ func fill(p *rlsv3.RateLimitRequest, req *capture.Request) {
 			pe.Key, pe.Value = e.Key, e.Value
 			entries = append(entries, pe)
 		}
-		*pd = ratelimitv3.RateLimitDescriptor{Entries: entries}
+		*pd = ratelimitv3.RateLimitDescriptor{Entries: entries, IsNegativeHits: d.Refund}
 		if d.HasHits {
 			pd.HitsAddend = wrapperspb.UInt64(d.Hits)
 		}

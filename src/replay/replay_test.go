@@ -60,8 +60,9 @@ func parse(t testing.TB, yaml string) *rules.Config {
 }
 
 // mix returns n requests of seeded random traffic over mixRules' keys,
-// with hits_addend, descriptors' own hits and limit overrides now and
-// then, and the time step before each (0 to 400 ms, often 0).
+// with hits_addend, descriptors' own hits, limit overrides and refunds
+// (is_negative_hits) now and then, and the time step before each (0 to
+// 400 ms, often 0).
 func mix(n int, seed uint64) ([]*rlsv3.RateLimitRequest, []time.Duration) {
 	rng := rand.New(rand.NewPCG(seed, 1))
 	d := func(kv ...string) *ratelimitv3.RateLimitDescriptor {
@@ -95,6 +96,7 @@ func mix(n int, seed uint64) ([]*rlsv3.RateLimitRequest, []time.Duration) {
 			if rng.IntN(10) == 0 {
 				desc.HitsAddend = wrapperspb.UInt64(uint64(rng.IntN(3)))
 			}
+			desc.IsNegativeHits = rng.IntN(12) == 0
 			r.Descriptors = append(r.Descriptors, desc)
 		}
 		if rng.IntN(8) == 0 {

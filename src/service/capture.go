@@ -39,6 +39,7 @@ func (s *Service) captureRequest(req *rlsv3.RateLimitRequest, now time.Time, res
 		if h := d.GetHitsAddend(); h != nil {
 			cd.HasHits, cd.Hits = true, h.GetValue()
 		}
+		cd.Refund = d.GetIsNegativeHits()
 		if o := d.GetLimit(); o != nil {
 			cd.Limit = &capture.Override{RequestsPerUnit: o.GetRequestsPerUnit(), Unit: rules.Unit(o.GetUnit())}
 			if m := o.GetUnitMultiplier(); m != nil {

@@ -14,6 +14,9 @@ import (
 // envoyproxy/ratelimit names them: ratelimit.service.rate_limit.<key>.<counter>.
 type ruleCounters struct {
 	totalHits, overLimit, nearLimit, withinLimit, shadowMode, overLimitWithLocalCache *stats.Counter
+	// totalNegativeHits counts the hits refunds asked to give back
+	// (is_negative_hits), as the anchor's total_negative_hits.
+	totalNegativeHits *stats.Counter
 	// shadowOverLimit counts the hits a shadow limit would have refused
 	// (rules.Limit.Shadow; our extension, shadow_over_limit). Only the
 	// keys of the limits of rate_limits lists have it: a limit may become
@@ -31,7 +34,7 @@ type ruleCounters struct {
 
 // ruleStatNames are the per-rule statistics of a key, in ruleCounters'
 // order; the key of a list's limit has shadowOverLimitStat too.
-var ruleStatNames = [...]string{"total_hits", "over_limit", "near_limit", "within_limit", "shadow_mode", "over_limit_with_local_cache"}
+var ruleStatNames = [...]string{"total_hits", "over_limit", "near_limit", "within_limit", "shadow_mode", "over_limit_with_local_cache", "total_negative_hits"}
 
 // shadowOverLimitStat names ruleCounters.shadowOverLimit.
 const shadowOverLimitStat = "shadow_over_limit"
@@ -47,8 +50,11 @@ const (
 	listKey
 )
 
-// hits is what the key has counted: it moves at every decision.
-func (c *ruleCounters) hits() uint64 { return c.totalHits.Value() + c.shadowMode.Value() }
+// hits is what the key has counted: it moves at every decision, and at
+// every refund.
+func (c *ruleCounters) hits() uint64 {
+	return c.totalHits.Value() + c.shadowMode.Value() + c.totalNegativeHits.Value()
+}
 
 func (c *ruleCounters) add(n *limiter.Counts) {
 	c.totalHits.Add(n.TotalHits)
@@ -57,6 +63,7 @@ func (c *ruleCounters) add(n *limiter.Counts) {
 	c.withinLimit.Add(n.WithinLimit)
 	c.shadowMode.Add(n.ShadowMode)
 	c.overLimitWithLocalCache.Add(n.OverLimitWithLocalCache)
+	c.totalNegativeHits.Add(n.TotalNegativeHits)
 	if n.ShadowOverLimit > 0 && c.shadowOverLimit != nil {
 		c.shadowOverLimit.Add(n.ShadowOverLimit)
 	}
@@ -189,6 +196,7 @@ func (s *Service) newCounters(key, domain string, levels []string, kind keyKind)
 		withinLimit:             s.stats.RuleCounter(domain, levels, "within_limit"),
 		shadowMode:              s.stats.RuleCounter(domain, levels, "shadow_mode"),
 		overLimitWithLocalCache: s.stats.RuleCounter(domain, levels, "over_limit_with_local_cache"),
+		totalNegativeHits:       s.stats.RuleCounter(domain, levels, "total_negative_hits"),
 	}
 	if kind&listKey != 0 {
 		c.shadowOverLimit = s.stats.RuleCounter(domain, levels, shadowOverLimitStat)

@@ -34,6 +34,12 @@ func TestLiveViewSeesDecisions(t *testing.T) {
 	if len(keys) != 1 || keys[0].RuleID != "test.user" || keys[0].Entries[0].Value != "alice" || keys[0].Used != 3 || keys[0].Capacity != 3 {
 		t.Fatalf("top keys: %+v", keys)
 	}
+	// A refund decides nothing: the live view does not count it.
+	f.call(t, req(refund(1, "user", "alice")))
+	rec.Tick(epoch.Add(1500 * time.Millisecond))
+	if got := rec.Traffic(1).Rules["test.user"]; fmt.Sprint(got.Decisions) != "[5]" {
+		t.Fatalf("test.user after a refund: %+v, want the 5 decisions only", got)
+	}
 
 	failing := newFixtureWithStore(t, service.Config{Live: rec}, failingStore{fmt.Errorf("redis: %w", limiter.ErrUnavailable)})
 	if _, err := failing.svc.ShouldRateLimit(t.Context(), req(desc("user", "bob"))); err == nil {

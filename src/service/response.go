@@ -95,8 +95,10 @@ func (s *Service) respondOne(req *rlsv3.RateLimitRequest, sc *scratch, slot *sta
 		}
 		decided = l
 	}
-	if s.cfg.Live != nil {
-		// A list's decision counts under the limit that decided.
+	refund := sc.descs[i].Refund
+	if s.cfg.Live != nil && !refund {
+		// A list's decision counts under the limit that decided. A
+		// refund decides nothing: the live view shows decisions.
 		s.cfg.Live.Observe(req.GetDomain(), sc.descs[i].Entries, decided, ds, now)
 	}
 	if s.cfg.Observe != nil && !l.InList() {
@@ -105,7 +107,9 @@ func (s *Service) respondOne(req *rlsv3.RateLimitRequest, sc *scratch, slot *sta
 	st.CurrentLimit = s.protoLimit(decided)
 	st.LimitRemaining = ds.Remaining
 	st.DurationUntilReset = setDuration(&slot.reset, resetDuration(decided, ds.ResetAfter))
-	quota := l.QuotaMode || s.cfg.GlobalQuotaMode
+	// A refund asks for no quota: it is never one of the quota rules
+	// whose refusal together makes the request OVER_LIMIT.
+	quota := (l.QuotaMode || s.cfg.GlobalQuotaMode) && !refund
 	if quota {
 		t.quotaRules++
 	}
@@ -135,7 +139,7 @@ func (s *Service) countEach(req *rlsv3.RateLimitRequest, sc *scratch, i int, now
 		if s.cfg.Observe != nil {
 			s.cfg.Observe(i, sc.descs[i].Entries, m, &each[k])
 		}
-		if m.Shadow {
+		if m.Shadow && !sc.descs[i].Refund {
 			s.cfg.Live.Observe(req.GetDomain(), sc.descs[i].Entries, m, &each[k], now)
 			if each[k].Code == limiter.OverLimit {
 				t.shadowOver = append(t.shadowOver, shadowName(m))

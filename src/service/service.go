@@ -569,6 +569,10 @@ func (s *Service) match(cfg *rules.Config, req *rlsv3.RateLimitRequest, sc *scra
 		if h := d.GetHitsAddend(); h != nil {
 			ld.Hits = h.GetValue()
 		}
+		// A refund gives those hits back (is_negative_hits), as the
+		// anchor reads them: the descriptor's hits_addend, else the
+		// request's, else 1.
+		ld.Refund = d.GetIsNegativeHits()
 		if o := d.GetLimit(); o != nil {
 			// As in envoyproxy/ratelimit, an override applies only in a
 			// configured domain: a migration must not start limiting

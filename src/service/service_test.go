@@ -231,7 +231,9 @@ func TestInvalidRequests(t *testing.T) {
 			Entries: desc("user", "a").Entries,
 			Limit:   &ratelimitv3.RateLimitDescriptor_RateLimitOverride{RequestsPerUnit: 5, Unit: typev3.RateLimitUnit_UNKNOWN},
 		}), "unit"},
-		{"negative_hits", req(&ratelimitv3.RateLimitDescriptor{Entries: desc("user", "a").Entries, IsNegativeHits: true}), "is_negative_hits"},
+		// A refund is bounded as a hit is.
+		{"refund_hits_over_bound", req(&ratelimitv3.RateLimitDescriptor{Entries: desc("user", "a").Entries, IsNegativeHits: true,
+			HitsAddend: wrapperspb.UInt64(service.MaxHitsAddend + 1)}), "hits_addend"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -95,9 +95,6 @@ func validate(req *rlsv3.RateLimitRequest) error {
 				return badRequest("descriptor %d: limit override window %s × %d is longer than the limit of one YEAR", i, o.GetUnit(), mult)
 			}
 		}
-		if d.GetIsNegativeHits() {
-			return badRequest("descriptor %d: is_negative_hits is not supported", i)
-		}
 	}
 	return nil
 }
@@ -106,7 +103,9 @@ func validate(req *rlsv3.RateLimitRequest) error {
 // all its descriptors together: each such hit is one timestamp a store
 // writes (on Redis, inside one script that holds the server). A key holds at
 // most its limit (rules.MaxSlidingLog, 10,000), but a request of 256
-// descriptors on 256 keys could otherwise write 2.5 million at once.
+// descriptors on 256 keys could otherwise write 2.5 million at once. A
+// refund (is_negative_hits) writes none: it only drops timestamps, and
+// costs a store what a hit on the key costs, so it is not counted.
 const MaxSlidingLogHits = rules.MaxSlidingLog
 
 // slidingLogBudget refuses a request whose matched sliding_log rules would
@@ -116,7 +115,7 @@ func slidingLogBudget(ds []limiter.Descriptor) error {
 	for i := range ds {
 		l := ds[i].Limit
 		switch {
-		case l == nil:
+		case l == nil, ds[i].Refund:
 		case l.InList():
 			for _, m := range l.Limits {
 				if m.Algorithm == rules.SlidingLog && !m.Unlimited {

@@ -546,6 +546,7 @@ func promSafe(s string) string { return unsafeChars.ReplaceAllString(s, "_") }
 var ruleStats = map[string]bool{
 	"total_hits": true, "over_limit": true, "near_limit": true, "within_limit": true,
 	"shadow_mode": true, "over_limit_with_local_cache": true, "shadow_over_limit": true,
+	"total_negative_hits": true,
 }
 
 // promName maps a statsd-style name chosen by the code to a Prometheus name

@@ -377,7 +377,9 @@ func fixedStep(dst []byte, op *limiter.Op, now time.Time, data []byte, found boo
 	}
 	st, res := limiter.FixedWindow(limiter.FixedWindowState{Count: count}, now, *op)
 	*r = res
-	if op.Hits == 0 || p == nil {
+	if op.Hits == 0 || p == nil || op.Refund && st.Count == count {
+		// A read, a window older than those kept, or a refund that
+		// gave nothing back (a list never hit stays absent).
 		return nil, 0, undo{}, nil
 	}
 	*p = st.Count

@@ -63,6 +63,9 @@ func (s *Store) apply(ctx context.Context, op *limiter.Op, now time.Time, r *lim
 // ctx is checked before every round trip, here and in every function a Do
 // calls, so that none starts after ctx's deadline (see Do).
 func (s *Store) applyCount(ctx context.Context, key string, op *limiter.Op, now time.Time, r *limiter.Result) (undo, error) {
+	if op.Refund && op.Hits > 0 {
+		return undo{}, s.refundCount(ctx, key, op, now, r)
+	}
 	if op.Hits == 0 {
 		count, err := s.readCount(ctx, key)
 		if err != nil {
@@ -72,6 +75,30 @@ func (s *Store) applyCount(ctx context.Context, key string, op *limiter.Op, now 
 		return undo{}, nil
 	}
 	return s.countFrom(ctx, key, op, now, r, s.written.has(key, now.Unix()))
+}
+
+// refundCount gives back a fixed window's hits (limiter.Op.Refund) with
+// decr, one atomic command that stops at 0, keeps the item's expiration
+// and never makes an item: a key never hit has nothing to give back. *r
+// is the read of the count decr leaves (saturated at satMark and above, as
+// readCount reads it); a saturated count stays far above any limit (2^31
+// refunds of the most hits would bring it down to 2^32).
+func (s *Store) refundCount(ctx context.Context, key string, op *limiter.Op, now time.Time, r *limiter.Result) error {
+	if err := s.check(ctx); err != nil {
+		return err
+	}
+	after, err := s.decrement(ctx, key, op.Hits)
+	if err != nil && !errors.Is(err, mcclient.ErrCacheMiss) {
+		return s.fail(key, err)
+	}
+	s.gotAnswer(key)
+	if after >= satMark {
+		after = math.MaxUint64
+	}
+	read := *op
+	read.Hits = 0 // a refund of nothing: the read of the count, allowed
+	_, *r = limiter.FixedWindow(limiter.FixedWindowState{Count: after}, now, read)
+	return nil
 }
 
 // countFrom is applyCount's loop, starting with incr when incrFirst, else
@@ -442,6 +469,10 @@ func conflict(err error) bool {
 // values its undo needs. value is nil when nothing is to be written: a
 // read, or a refused op (the continuous algorithms do not record those).
 func step(dst []byte, op *limiter.Op, now time.Time, data []byte, found bool, r *limiter.Result) (value []byte, idle int64, u undo, err error) {
+	if op.Refund {
+		value, idle, err = refundStep(dst, op, now, data, found, r)
+		return value, idle, undo{}, err
+	}
 	switch op.Algorithm {
 	case rules.SlidingWindow:
 		var st limiter.SlidingWindowState
@@ -484,6 +515,55 @@ func step(dst []byte, op *limiter.Op, now time.Time, data []byte, found bool, r 
 	}
 }
 
+// refundStep is step for a refund (limiter.Op.Refund): it returns a value
+// only when the refund gave hits back, so that a key never hit stays
+// absent and one with nothing left to give back is not written. was is
+// the state as a read leaves it (a sliding window rolled, a log's old
+// hits dropped); a refund only ever takes from it.
+func refundStep(dst []byte, op *limiter.Op, now time.Time, data []byte, found bool, r *limiter.Result) (value []byte, idle int64, err error) {
+	read := *op
+	read.Hits = 0 // still a refund: a read, allowed
+	switch op.Algorithm {
+	case rules.SlidingWindow:
+		var st limiter.SlidingWindowState
+		if found {
+			if st, err = parseSlidingWindowState(data); err != nil {
+				return nil, 0, err
+			}
+		}
+		was, _ := limiter.SlidingWindow(st, now, read)
+		if st, *r = limiter.SlidingWindow(st, now, *op); !found || st == was {
+			return nil, 0, nil
+		}
+		return appendSlidingWindowState(dst, st), st.IdleAt(op.Window), nil
+	case rules.SlidingLog:
+		var st limiter.SlidingLogState
+		if found {
+			if st, err = parseSlidingLogState(data); err != nil {
+				return nil, 0, err
+			}
+		}
+		// A read changes the ring's head and length, never its times.
+		was, _ := limiter.SlidingLog(st, now, read)
+		if st, *r = limiter.SlidingLog(st, now, *op); !found || st.Len() == was.Len() {
+			return nil, 0, nil
+		}
+		return appendSlidingLogState(dst, st), st.IdleAt(op.Window), nil
+	default: // token bucket
+		var st limiter.TokenBucketState
+		if found {
+			if st, err = parseTokenBucketState(data); err != nil {
+				return nil, 0, err
+			}
+		}
+		was := st
+		if st, *r = limiter.TokenBucket(st, now, *op); !found || st == was {
+			return nil, 0, nil
+		}
+		return appendTokenBucketState(dst, st), st.IdleAt(), nil
+	}
+}
+
 // records reports whether a continuous algorithm's op changed its state.
 func records(op *limiter.Op, r *limiter.Result) bool {
 	return op.Hits > 0 && r.Allowed
@@ -506,7 +586,7 @@ func (s *Store) undo(ctx context.Context, u *undo) error {
 		if err := s.checkDeadline(ctx); err != nil {
 			return err
 		}
-		err := s.decrement(ctx, u.key, op.Hits)
+		_, err := s.decrement(ctx, u.key, op.Hits)
 		if err == nil || errors.Is(err, mcclient.ErrCacheMiss) {
 			s.gotAnswer(u.key)
 			return nil

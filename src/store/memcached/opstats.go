@@ -127,10 +127,11 @@ func (s *Store) compareAndSwap(ctx context.Context, item *cacheItem) error {
 	return err
 }
 
-// decrement is the client's decr (not counted: the anchor sends no decr).
-func (s *Store) decrement(ctx context.Context, key string, delta uint64) error {
+// decrement is the client's decr, which stops at 0, and returns the count
+// after it (not counted: the anchor's statistics have no decr).
+func (s *Store) decrement(ctx context.Context, key string, delta uint64) (uint64, error) {
 	span := s.startSpan(ctx, cmdDecr)
-	_, err := s.client.Decr(ctx, key, delta)
+	n, err := s.client.Decr(ctx, key, delta)
 	endSpan(span, err)
-	return err
+	return n, err
 }

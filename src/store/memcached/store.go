@@ -72,6 +72,12 @@
 // turned into '_', then "#sha256:" and the hex SHA-256 of the whole key, a
 // stable name that every instance computes alike.
 //
+// Refunds (limiter.Op.Refund, is_negative_hits) give hits back with decr
+// for a fixed window (atomic, stops at 0, keeps the item's expiration),
+// and with the same gets-then-cas update for the other algorithms and for
+// lists, writing only a state the refund changed: a key never hit stays
+// absent.
+//
 // AllOrNothing batches (STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT): memcached
 // has no multi-key atomicity, so, as the Redis store on Cluster, each op
 // (each list: its item) is applied atomically on its own key, and when any

@@ -527,11 +527,11 @@ func (s *Store) Do(ctx context.Context, b *limiter.Batch) error {
 // applyLocked applies one op of a batch that is not AllOrNothing; the
 // caller holds sh.mu, sh being the op's shard.
 func (s *Store) applyLocked(sh *shard, op *limiter.Op, now time.Time, t int64, res *limiter.Result) error {
-	e, _, err := s.lookup(sh, op, t, op.Hits > 0)
+	e, _, err := s.lookup(sh, op, t)
 	if err != nil {
 		return err
 	}
-	if e == nil { // a read of a key without an entry: not stored
+	if e == nil { // a read, or a refund, of a key without an entry: not stored
 		tmp := entry{state: s.peek(sh, op, t)}
 		*res, _, _ = apply(&tmp, now, op)
 		return nil
@@ -594,7 +594,7 @@ func (s *Store) doAll(now time.Time, b *limiter.Batch) error {
 	for i := range b.Ops {
 		op := &b.Ops[i]
 		sh := s.shard(op.Key)
-		e, created, err := s.lookup(sh, op, t, op.Hits > 0)
+		e, created, err := s.lookup(sh, op, t)
 		if err != nil {
 			// The batch fails: nothing stays, shadow ops' hits
 			// neither.
@@ -663,7 +663,7 @@ func (s *Store) doAll(now time.Time, b *limiter.Batch) error {
 func (s *Store) readUnchanged(sh *shard, op *limiter.Op, now time.Time, t int64, res *limiter.Result) {
 	read := *op
 	read.Hits = 0
-	e, _, _ := s.lookup(sh, &read, t, false)
+	e, _, _ := s.lookup(sh, &read, t)
 	if e == nil {
 		e = &entry{state: s.peek(sh, &read, t)}
 	}
@@ -699,12 +699,15 @@ func (s *Store) takeBack(u *undo) {
 }
 
 // lookup returns the entry of op's key in sh. A key without one is created
-// when create is set, from its record if it has one, after making room for
-// it at a ceiling; a new key (no record) is refused with errFull when there
-// is none (see Store). Without create it returns nil for a key without an
-// entry (see peek). An entry or record idle at t (Unix µs) is reset: its
-// key may not have been swept yet. The caller holds sh.mu.
-func (s *Store) lookup(sh *shard, op *limiter.Op, t int64, create bool) (e *entry, created bool, err error) {
+// when op records hits, from its record if it has one, after making room
+// for it at a ceiling; a new key (no record) is refused with errFull when
+// there is none (see Store). A refund turns a record back into an entry,
+// but never creates a key: a key never hit has nothing to give back. For
+// a read, and a refund of a key without entry or record, it returns nil
+// (see peek). An entry or record idle at t (Unix µs) is reset: its key may
+// not have been swept yet. The caller holds sh.mu.
+func (s *Store) lookup(sh *shard, op *limiter.Op, t int64) (e *entry, created bool, err error) {
+	create := op.Hits > 0 && !op.Refund
 	key := op.Key
 	if e = sh.m[key]; e != nil {
 		if e.idle <= t {
@@ -725,7 +728,7 @@ func (s *Store) lookup(sh *shard, op *limiter.Op, t int64, create bool) (e *entr
 			kept = false
 		}
 	}
-	if !create {
+	if !create && !(kept && op.Refund && op.Hits > 0) {
 		return nil, false, nil
 	}
 	sh.expireSome(s, t)
@@ -1061,7 +1064,7 @@ func apply(e *entry, now time.Time, op *limiter.Op) (r limiter.Result, pushed in
 		}
 		c := e.log.Cap()
 		*e.log, r = limiter.SlidingLog(*e.log, now, *op)
-		if r.Allowed {
+		if r.Allowed && !op.Refund {
 			pushed = int(op.Hits)
 		}
 		grown += ringBytes(e.log.Cap()) - ringBytes(c)

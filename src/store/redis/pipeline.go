@@ -129,12 +129,19 @@ type opVals struct {
 	key                   string
 	hits, limit, capacity uint64
 	windowMicros, ttl     int64
+	// refund is -hits for a refund (limiter.Op.Refund), 0 otherwise:
+	// decideLua's hits argument then.
+	refund int64
 }
 
 // set records op's values for decideLua, with a fixed-window TTL in seconds.
 func (v *opVals) set(op *limiter.Op, ttlSeconds int64) {
 	v.hits, v.limit, v.capacity = op.Hits, op.Limit, op.Capacity()
 	v.windowMicros, v.ttl = windowMicros(op.Window), ttlSeconds
+	v.refund = 0
+	if op.Refund {
+		v.refund = -int64(op.Hits) // at most limiter.MaxHits
+	}
 }
 
 // setLean records op's values for its lean script: for a token bucket the
@@ -158,6 +165,9 @@ func (v *opVals) setLean(op *limiter.Op) {
 // putArgs fills the argsPerOp arguments of decideLua for v's op into a.
 func (v *opVals) putArgs(a []any, alg rules.Algorithm) {
 	a[0], a[1], a[2], a[3], a[4], a[5] = algorithmArgs[algorithmIndex(alg)], &v.limit, &v.capacity, &v.windowMicros, &v.hits, &v.ttl
+	if v.refund < 0 {
+		a[4] = &v.refund
+	}
 }
 
 // argv returns the next n slots of r.args. Its capacity is n, so that no

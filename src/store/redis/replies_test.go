@@ -154,6 +154,7 @@ const (
 	opGet
 	opLean
 	opDecide
+	opRefund
 )
 
 // The outcomes of a reply case.
@@ -238,6 +239,13 @@ var replyCases = []struct {
 	{"decide_short", opDecide, ints(1, 1, 0), wantBadReply, false},
 	{"decide_admitted_past_limit", opDecide, ints(1, 1, 0, 9, 0, 0, 0, 0), wantBadReply, false},
 	{"decide_huge_array", opDecide, "*9223372036854775807\r\n", wantClosed, false},
+	// A refund (decideLua with negative hits) is allowed, and reads the
+	// state after it: before and after are the same.
+	{"refund_ok", opRefund, ints(1, 1, 3, 3, 2, 0, 2, 0), wantOK, false},
+	{"refund_over_limit_ok", opRefund, ints(1, 1, 7, 7, 0, 0, 2, 0), wantOK, false},
+	{"refund_refused", opRefund, ints(1, 0, 3, 3, 2, 0, 2, 0), wantBadReply, false},
+	{"refund_after_not_before", opRefund, ints(1, 1, 5, 3, 2, 0, 2, 0), wantBadReply, false},
+	{"refund_remaining_past_limit", opRefund, ints(1, 1, 0, 0, 6, 0, 2, 0), wantBadReply, false},
 }
 
 // replyOp is the batch a reply case is sent for.
@@ -252,6 +260,8 @@ func replyOp(kind int) *limiter.Batch {
 	case opDecide:
 		b.Ops[0].Algorithm = rules.SlidingWindow
 		b.AllOrNothing = true
+	case opRefund:
+		b.Ops[0].Refund = true
 	}
 	return b
 }

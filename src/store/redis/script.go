@@ -33,12 +33,15 @@ import (
 // the others are, and its refusal refuses nothing else. Then six ARGV per op:
 // algorithm (0 fixed_window, 1 sliding_window, 2 sliding_log,
 // 3 token_bucket), limit, capacity (op.Capacity()), window in µs, hits, and
-// the TTL in seconds of a fixed-window key (window + jitter).
+// the TTL in seconds of a fixed-window key (window + jitter). Negative
+// hits are a refund of -hits (limiter.Op.Refund), which refund mirrors;
+// the store never sends one in an all-or-nothing call.
 //
 // The reply is {recorded, then per op: allowed, before, after, remaining,
 // reset_us, undo1, undo2}; undoLua takes the undo values to take a recorded
-// op back (see Store.compensate). When nothing was recorded because an op was refused, allowed,
-// before and after are those of the evaluation in order (a key given twice
+// op back (see Store.compensate); a refund's undo1 is what it gave back.
+// When nothing was recorded because an op was refused, allowed, before and
+// after are those of the evaluation in order (a key given twice
 // sees the first op) and remaining and reset those of the unchanged state,
 // as the memory store reports them. A fixed window's reset is left to the
 // caller: its window is in the key, on the instance's clock.
@@ -117,17 +120,18 @@ local function load(alg, key)
     -- count is enough.
     local v = redis.call('GET', key) or ''
     if #v % 8 ~= 0 then error('not a sliding_log state') end
-    return {v = v, len = #v / 8, popped = 0, npush = 0}
+    -- cut: entries a refund took off the end of v.
+    return {v = v, len = #v / 8, popped = 0, npush = 0, cut = 0}
   end
   local v = redis.call('GET', key)
   if v then return {tat = unpackState(v, 8)} end
   return {tat = 0}
 end
 
-local function logN(s) return s.len - s.popped + s.npush end
+local function logN(s) return s.len - s.cut - s.popped + s.npush end
 local function logAt(s, i)
   local j = s.popped + i
-  if j < s.len then return (struct.unpack('<i8', s.v, 8 * j + 1)) end
+  if j < s.len - s.cut then return (struct.unpack('<i8', s.v, 8 * j + 1)) end
   return s.tpush
 end
 
@@ -261,6 +265,38 @@ end
 `
 
 const decideMain = `
+-- refund gives back up to h hits of state s, newest first and never below
+-- the zero state, and returns what decide returns for a read of the state
+-- after it, allowed, with the hits it gave back as undo1. It mirrors the
+-- refund branches of the pure functions (limiter.Op.Refund). s.gave
+-- marks a state a refund changed, for commit.
+local function refund(alg, s, limit, cap, w, h)
+  local given = 0
+  if alg == 0 then
+    local c = math.min(s.count, MAXN)
+    given = math.min(c, h)
+    s.count = c - given
+  elseif alg == 1 then
+    decide(1, s, limit, cap, w, 0) -- rolls s to the current window
+    local k = math.min(s.curr, h)
+    local k2 = math.min(s.prev, h - k)
+    s.curr, s.prev = s.curr - k, s.prev - k2
+    given = k + k2
+  elseif alg == 2 then
+    decide(2, s, limit, cap, w, 0) -- drops the entries that left the window
+    given = math.min(logN(s), h)
+    -- The newest: those pushed in this call, then the end of v.
+    local k = math.min(s.npush, given)
+    s.npush, s.cut = s.npush - k, s.cut + given - k
+  elseif cap > 0 and s.tat > now then
+    given = math.min(s.tat - now, h * cdiv(w, limit))
+    s.tat = s.tat - given
+  end
+  if given > 0 then s.gave = true end
+  local _, before, after, remaining, reset = decide(alg, s, limit, cap, w, 0)
+  return true, before, after, remaining, reset, given, 0
+end
+
 local aon = string.sub(ARGV[2], 1, 1) == '1'
 -- alone(i): op i is a shadow op of an all-or-nothing call (see decideLua).
 local function alone(i) return aon and string.byte(ARGV[2], i + 1) == 115 end
@@ -269,12 +305,13 @@ local function commit(alg, key, s, w)
   if alg == 1 then
     redis.call('SET', key, struct.pack('<i8<i8<i8', s.start, s.prev, s.curr), 'PX', ttlms(s.start + 2 * w - now))
   elseif alg == 2 then
-    -- Keep the entries not popped, then the k pushed ones still in the log.
-    local keep, k = '', s.npush
-    if s.popped < s.len then
-      keep = string.sub(s.v, 8 * s.popped + 1)
+    -- Keep the entries not popped nor cut, then the k pushed ones still
+    -- in the log.
+    local keep, k, stored = '', s.npush, s.len - s.cut
+    if s.popped < stored then
+      keep = string.sub(s.v, 8 * s.popped + 1, 8 * stored)
     else
-      k = k - (s.popped - s.len)
+      k = k - (s.popped - stored)
     end
     if k > 0 then
       redis.call('SET', key, keep .. string.rep(struct.pack('<i8', s.tpush), k), 'PX', ttlms(s.newest + w - now))
@@ -297,7 +334,12 @@ for i = 1, n do
   local alg, key = arg(i, 1), KEYS[i]
   local s = states[key]
   if not s then s = load(alg, key); states[key] = s end
-  local allowed, before, after, remaining, reset, u1, u2 = decide(alg, s, arg(i, 2), arg(i, 3), arg(i, 4), arg(i, 5))
+  local allowed, before, after, remaining, reset, u1, u2
+  if arg(i, 5) < 0 then
+    allowed, before, after, remaining, reset, u1, u2 = refund(alg, s, arg(i, 2), arg(i, 3), arg(i, 4), -arg(i, 5))
+  else
+    allowed, before, after, remaining, reset, u1, u2 = decide(alg, s, arg(i, 2), arg(i, 3), arg(i, 4), arg(i, 5))
+  end
   if not allowed then
     if alone(i) then
       -- Not recorded, and seen so by a later op on its key; remaining
@@ -330,8 +372,12 @@ local function record(i)
       local r = redis.pcall('INCRBY', key, str(hits))
       if type(r) == 'table' and r.err and not string.find(r.err, 'overflow', 1, true) then return r end
       redis.call('EXPIRE', key, ARGV[2 + (i - 1) * 6 + 6])
+    elseif hits < 0 and o[6] > 0 then
+      -- A refund: DECRBY keeps the key's TTL, and a key never hit gave
+      -- nothing back, so none is made.
+      redis.call('DECRBY', key, str(o[6]))
     end
-  elseif o[1] and hits > 0 and not done[key] then
+  elseif (o[1] and hits > 0 or hits < 0 and states[key].gave) and not done[key] then
     done[key] = true
     commit(alg, key, states[key], arg(i, 4))
   end

@@ -669,6 +669,11 @@ func (s *Store) build(r *request, b *limiter.Batch, be *backend) {
 			continue
 		}
 		switch {
+		case op.Refund && op.Hits > 0:
+			// decideLua gives hits back (no lean script does), one op a
+			// call: refunds are as frequent as the hits they follow, at
+			// most, and cost one script either way.
+			s.scripts(r, b, be, j, j+1, "0", now)
 		case op.Algorithm == rules.FixedWindow && op.Hits == 0:
 			r.plan[j] = opPlan{cmd: int32(len(r.cmds)), kind: kindGet}
 			a := r.argv(2)
@@ -834,6 +839,9 @@ func (s *Store) decode(be *backend, r *request, b *limiter.Batch) error {
 			}
 			b.Results[i] = toResult(res, op, b.Now)
 		}
+		if op.Refund {
+			b.Results[i].Allowed = true // a refund of 0 hits is a read, never refused
+		}
 	}
 	return nil
 }
@@ -887,19 +895,29 @@ type scriptReply struct {
 
 // check returns an error wrapping errBadReply when res is no reply our
 // scripts give for op: a flag other than 0 or 1, a negative count or
-// time, units after the op fewer than before it or than its hits, more
-// room left than the op's capacity, or an admission past it.
+// time, more room left than the op's capacity; for a refund, a refusal or
+// units after it other than before; for the others, units after the op
+// fewer than before it or than its hits, or an admission past the
+// capacity.
 func (res scriptReply) check(op *limiter.Op) error {
 	c := op.Capacity()
 	switch {
 	case res.allowed != 0 && res.allowed != 1,
 		res.before < 0, res.after < 0, res.remaining < 0, res.resetMicros < 0,
-		res.after < res.before, uint64(res.after) < op.Hits,
-		uint64(res.remaining) > c,
+		uint64(res.remaining) > c:
+	case op.Refund && op.Hits > 0:
+		// A refund is allowed and reads the state after it (a fixed
+		// window may still be over its limit). One of 0 hits is a
+		// read, made allowed by decode.
+		if res.allowed == 1 && res.after == res.before {
+			return nil
+		}
+	case res.after < res.before, uint64(res.after) < op.Hits,
 		res.allowed == 1 && uint64(res.after) > c:
-		return fmt.Errorf("%w: script reply %+v for a capacity of %d", errBadReply, res, c)
+	default:
+		return nil
 	}
-	return nil
+	return fmt.Errorf("%w: script reply %+v for a capacity of %d", errBadReply, res, c)
 }
 
 // scriptResult reads op pos's values from decideLua's reply c, which

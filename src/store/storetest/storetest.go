@@ -92,7 +92,7 @@ func Run(t *testing.T, newStore func(t *testing.T) limiter.Store, opts Options) 
 	for _, a := range opts.algorithms() {
 		t.Run(a.String(), func(t *testing.T) {
 			t.Parallel()
-			for _, sc := range scenarios(a) {
+			for _, sc := range append(scenarios(a), refundScenarios(a)...) {
 				t.Run(sc.name, func(t *testing.T) {
 					clock := opts.clock(a)
 					if sc.batchOnly && clock == ServerClock {
@@ -111,6 +111,10 @@ func Run(t *testing.T, newStore func(t *testing.T) limiter.Store, opts Options) 
 					testProperty(t, newStore(t), a)
 				})
 			}
+			t.Run("refunds_in_one_batch", func(t *testing.T) {
+				testRefundBatch(t, newStore(t), a, opts.clock(a))
+			})
+			testRefundConcurrency(t, newStore, a, opts.clock(a))
 		})
 	}
 	algs := opts.algorithms()
@@ -128,13 +132,16 @@ func Run(t *testing.T, newStore func(t *testing.T) limiter.Store, opts Options) 
 	t.Run("shadow_lists", func(t *testing.T) {
 		testShadowLists(t, newStore, &opts)
 	})
+	t.Run("refund_lists", func(t *testing.T) {
+		testRefundLists(t, newStore, &opts)
+	})
 	t.Run("canceled_context", func(t *testing.T) {
 		testCanceled(t, newStore(t))
 	})
 }
 
 // RunLists runs the suite's cases of descriptors with several limits
-// (rules.Limit.Limits), shadow limits among them, alone: for deployments
+// (rules.Limit.Limits), shadow limits and refunds among them, alone: for deployments
 // whose scripts are those of a store that Run covers (a Redis behind
 // Sentinel), where the whole suite would add little but time.
 func RunLists(t *testing.T, newStore func(t *testing.T) limiter.Store, opts Options) {
@@ -144,6 +151,9 @@ func RunLists(t *testing.T, newStore func(t *testing.T) limiter.Store, opts Opti
 	})
 	t.Run("shadow_lists", func(t *testing.T) {
 		testShadowLists(t, newStore, &opts)
+	})
+	t.Run("refund_lists", func(t *testing.T) {
+		testRefundLists(t, newStore, &opts)
 	})
 }
 
@@ -166,7 +176,9 @@ type step struct {
 	at    time.Duration // since the case's start
 	entry string        // descriptor value; "" means "a"
 	hits  uint64
-	want  limiter.Result
+	// refund gives the hits back (limiter.Op.Refund).
+	refund bool
+	want   limiter.Result
 }
 
 func ok(before, after, remaining uint64, reset time.Duration) limiter.Result {
@@ -445,9 +457,10 @@ func (h *harness) run(sc scenario, a rules.Algorithm) {
 			entry = "a"
 		}
 		op := h.op(&l, entry, st.hits)
+		op.Refund = st.refund
 		got := h.do(false, op)[0]
 		want := h.expect(op)
-		name := fmt.Sprintf("step %d (+%v, %s, hits %d)", i, st.at, entry, st.hits)
+		name := fmt.Sprintf("step %d (+%v, %s, hits %d, refund %t)", i, st.at, entry, st.hits, st.refund)
 		if h.clock == BatchClock {
 			if got != st.want {
 				h.t.Errorf("%s: %s = %+v, want %+v", name, a, got, st.want)
@@ -555,7 +568,7 @@ func testConcurrency(t *testing.T, store limiter.Store, a rules.Algorithm, clock
 }
 
 // testProperty drives random traffic on a few keys and requires the store to
-// answer exactly as the pure functions.
+// answer exactly as the pure functions; a fifth of the ops are refunds.
 func testProperty(t *testing.T, store limiter.Store, a rules.Algorithm) {
 	h := newHarness(t, store, BatchClock, 0)
 	rng := rand.New(rand.NewPCG(7, uint64(a)))
@@ -582,6 +595,7 @@ func testProperty(t *testing.T, store limiter.Store, a rules.Algorithm) {
 			}
 			h.now = h.now.Truncate(time.Microsecond)
 			op := h.op(&l, fmt.Sprintf("seq%d_%d", seq, rng.IntN(2)), uint64(rng.IntN(4)))
+			op.Refund = rng.IntN(5) == 0
 			got := h.do(false, op)[0]
 			if want := h.expect(op); got != want {
 				t.Fatalf("seq %d step %d (%+v at %v): got %+v, the pure function gives %+v",
