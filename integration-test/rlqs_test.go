@@ -94,9 +94,9 @@ func exampleQuotaRules(t *testing.T) string {
 }
 
 // startQuotaService runs the built service with rules.
-func startQuotaService(t *testing.T, rules string) *proc {
+func startQuotaService(t *testing.T, rules string, env ...string) *proc {
 	t.Helper()
-	return start(t, map[string]string{"web.yaml": rules})
+	return start(t, map[string]string{"web.yaml": rules}, env...)
 }
 
 // startQuotaEnvoy runs the example's Envoy in front of up, with the
@@ -713,5 +713,35 @@ func TestRLQSLongHeaderKeepsEnforcement(t *testing.T) {
 	}
 	if denied == 0 {
 		t.Error("acme: 10 requests at once over its share, none denied: enforcement is off")
+	}
+}
+
+// TestRLQSChurnKeepsEnforcement: tenants come and go for longer than a
+// stream's bucket places last if every id it ever reported held one
+// (RLQS_MAX_BUCKETS_PER_STREAM=30, 2 new tenants a second for 40 s, idle
+// buckets abandoned after 10 s): a new tenant at the end is still
+// assigned, and enforced, through real Envoy (issue 35: with defaults and
+// 16 new tenants a second, after ten minutes every new tenant was
+// admitted without limit). The settings shorten the ten minutes.
+func TestRLQSChurnKeepsEnforcement(t *testing.T) {
+	t.Parallel()
+	p := startQuotaService(t, exampleQuotaRules(t), "RLQS_IDLE_TIMEOUT=10s", "RLQS_MAX_BUCKETS_PER_STREAM=30")
+	up := startUpstream(t)
+	_, addr := startQuotaEnvoy(t, p, up)
+	for i := range 80 {
+		httpGet(t, addr, "/", map[string]string{"x-tenant": fmt.Sprintf("churn-%d", i)})
+		time.Sleep(500 * time.Millisecond)
+	}
+	probe(t, addr, "last")
+	// Its burst is 10 tokens: 30 at once go past it.
+	denied := 0
+	for range 30 {
+		if r := httpGet(t, addr, "/", map[string]string{"x-tenant": "last"}); r.code == http.StatusTooManyRequests {
+			denied++
+		}
+	}
+	if denied == 0 {
+		t.Errorf("a new tenant after 80 others came and went: 30 requests at once over its share, none denied (buckets_refused %d)",
+			p.stats(t)["ratelimit.rlqs.buckets_refused"])
 	}
 }
