@@ -185,8 +185,9 @@ type Service struct {
 	statKeysOverflow *stats.Counter
 
 	// unavailableLog, errorLog and degradedLog hold back log lines past
-	// one a second.
+	// one a second; unknownDomainLog and noRuleLog too (unmatched.go).
 	unavailableLog, errorLog, degradedLog logEvery
+	unknownDomainLog, noRuleLog           logEvery
 	globalShadow                          *stats.Counter
 	totalRequests                         *stats.Counter
 	// responseTime is the anchor's response-time timer, which it records
@@ -547,9 +548,11 @@ func outage(err error) bool {
 // statistics each counts under.
 func (s *Service) match(cfg *rules.Config, req *rlsv3.RateLimitRequest, sc *scratch) {
 	domain := req.GetDomain()
-	if !cfg.HasDomain(domain) {
+	known := cfg.HasDomain(domain)
+	if !known {
 		// As the anchor, once per descriptor looked up in no domain.
 		s.domainNotFound(domain).Add(uint64(len(req.GetDescriptors())))
+		s.logUnknownDomain(cfg, domain)
 	}
 	requestHits := uint64(req.GetHitsAddend())
 	if requestHits == 0 {
@@ -573,7 +576,7 @@ func (s *Service) match(cfg *rules.Config, req *rlsv3.RateLimitRequest, sc *scra
 			// configured domain: a migration must not start limiting
 			// traffic that was never limited. Without entries there is
 			// nothing to key it on.
-			if len(entries) == 0 || !cfg.HasDomain(domain) {
+			if len(entries) == 0 || !known {
 				continue
 			}
 			ld.Limit = overrideLimit(domain, entries, o)
@@ -582,6 +585,9 @@ func (s *Service) match(cfg *rules.Config, req *rlsv3.RateLimitRequest, sc *scra
 		}
 		m := cfg.Match(domain, entries)
 		if m.Limit == nil {
+			if known {
+				s.logNoRule(domain, entries)
+			}
 			continue
 		}
 		if unlimited(m.Limit) {
