@@ -1,6 +1,7 @@
 package integration
 
 import (
+	"net/http"
 	"strings"
 	"testing"
 	"time"
@@ -62,4 +63,52 @@ func TestUnmatchedLoggedAtDebug(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestHTTP1OnGRPCPortWarned: at the default LOG_LEVEL, an HTTP/1.1 request
+// on the gRPC port leaves one warning that names Envoy's fix, however many
+// come at once; so does real Envoy whose cluster of the service was left
+// at HTTP/1.1 (a cluster's default).
+func TestHTTP1OnGRPCPortWarned(t *testing.T) {
+	const warning = "speaks HTTP/1.x"
+	fix := []string{"explicit_http_config: {http2_protocol_options: {}}", "typed_extension_protocol_options", "http2_protocol_options: {}"}
+	t.Run("http1_request", func(t *testing.T) {
+		p := start(t, map[string]string{"web.yaml": misconfRules}, "LOG_LEVEL=warn")
+		began := time.Now()
+		post := func() {
+			// Any answer but a gRPC one: the connection is closed.
+			resp, err := http.Post("http://"+p.grpc+"/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit", "application/grpc", strings.NewReader(""))
+			if err == nil {
+				resp.Body.Close()
+				t.Errorf("HTTP/1.1 on the gRPC port answered %d, want the connection closed", resp.StatusCode)
+			}
+		}
+		post()
+		eventually(t, "the warning", 10*time.Second, func() bool { return len(p.linesWith(warning)) > 0 })
+		line := p.linesWith(warning)[0]
+		for _, f := range append(fix, "level=WARN", "suppressed=0") {
+			if !strings.Contains(line, f) {
+				t.Errorf("warning %q lacks %q", line, f)
+			}
+		}
+		for range 50 {
+			post()
+		}
+		if got, most := len(p.linesWith(warning)), int(time.Since(began)/time.Second)+1; got > most {
+			t.Errorf("51 HTTP/1.1 requests logged %d warnings, want at most %d (one a second)", got, most)
+		}
+	})
+	t.Run("envoy_http1_cluster", func(t *testing.T) {
+		p := start(t, map[string]string{"web.yaml": misconfRules}, "LOG_LEVEL=warn")
+		up := startUpstream(t)
+		e, _ := startEnvoyHTTP(t, envoyHTTP{Routes: shadowRoute, Filters: rateLimitFilter("web", ""), RLS: httpCluster("ratelimit", p.grpc)}, up, p)
+		httpGet(t, e.listener(t, "http"), "/", map[string]string{"x-user": "alice"})
+		eventually(t, "the warning", 10*time.Second, func() bool { return len(p.linesWith(warning)) > 0 })
+		line := p.linesWith(warning)[0]
+		for _, f := range fix {
+			if !strings.Contains(line, f) {
+				t.Errorf("warning %q lacks %q", line, f)
+			}
+		}
+	})
 }

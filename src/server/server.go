@@ -560,7 +560,8 @@ func (s *Server) newGRPCServer() {
 	if s.tls != nil {
 		creds = s.tls.credentials()
 	}
-	opts = append(opts, grpc.Creds(newStallWatch(s.stats).credentials(creds)))
+	// A client that speaks another protocol is warned of (protocheck.go).
+	opts = append(opts, grpc.Creds(newStallWatch(s.stats).credentials(newProtocolCheck(creds, s.log))))
 	s.grpc = grpc.NewServer(opts...)
 	rlsv3.RegisterRateLimitServiceServer(s.grpc, s.svc)
 	if s.quota != nil {

@@ -29,3 +29,12 @@ func (l *logEvery) allow(now time.Time) (ok bool, suppressed uint64) {
 	}
 	return true, l.suppressed.Swap(0)
 }
+
+// LogEvery is logEvery for the server's own lines (the gRPC listener's
+// warnings), so that every rate-limited line keeps the same pace. Its zero
+// value lets the first line through; it is safe for concurrent use.
+type LogEvery struct{ l logEvery }
+
+// Allow reports whether a line may be logged at now, and how many were
+// held back since the last one.
+func (l *LogEvery) Allow(now time.Time) (ok bool, suppressed uint64) { return l.l.allow(now) }
