@@ -2,6 +2,7 @@ package integration
 
 import (
 	"net/http"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -111,4 +112,22 @@ func TestHTTP1OnGRPCPortWarned(t *testing.T) {
 			}
 		}
 	})
+}
+
+// TestNoRulesWarnedAtStart: at the default LOG_LEVEL, a rules directory
+// without rule files leaves one warning besides the startup line, naming
+// the directory, the settings that make it and the file there that does
+// not load.
+func TestNoRulesWarnedAtStart(t *testing.T) {
+	p := start(t, map[string]string{"ratelimit.json": "{}"}, "LOG_LEVEL=warn")
+	got := p.linesWith("no rules: the rules directory holds no rule file")
+	if len(got) != 1 {
+		t.Fatalf("%d warnings of no rules, want 1:\n%s", len(got), p.logs())
+	}
+	for _, want := range []string{"level=WARN", "dir=" + filepath.Join(p.root, "config"), "RUNTIME_ROOT=" + p.root,
+		"RUNTIME_SUBDIRECTORY=", "RUNTIME_APPDIRECTORY=config", "not_rule_files=[ratelimit.json]"} {
+		if !strings.Contains(got[0], want) {
+			t.Errorf("warning %q lacks %q", got[0], want)
+		}
+	}
 }

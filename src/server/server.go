@@ -322,6 +322,7 @@ func (s *Server) watchRules() error {
 		s.log.Error("rules reload failed; keeping the rules in use", "err", err)
 	})
 	started.Store(true)
+	err, initial = s.rulesDirError(err), s.rulesDirError(initial)
 	if err == nil && initial != nil && !s.set.ForceStartWithoutInitialConfig {
 		w.Close()
 		w.Wait()
@@ -335,6 +336,7 @@ func (s *Server) watchRules() error {
 		s.log.Error("invalid rules at startup; serving unhealthy until valid rules load", "err", initial)
 	}
 	s.watcher = w
+	s.warnNoRules()
 	return nil
 }
 
