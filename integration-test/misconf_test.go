@@ -131,3 +131,17 @@ func TestNoRulesWarnedAtStart(t *testing.T) {
 		}
 	}
 }
+
+// TestRedisAddressOnUnixSocketRefused: REDIS_URL=host:port with the
+// anchor's default REDIS_SOCKET_TYPE (unix) stops the start with an error
+// that names REDIS_SOCKET_TYPE=tcp, instead of failing every dial.
+func TestRedisAddressOnUnixSocketRefused(t *testing.T) {
+	p := launchWith(t, launchOpts{noWait: true}, map[string]string{"web.yaml": misconfRules},
+		"BACKEND_TYPE=redis", "REDIS_URL=127.0.0.1:6379")
+	if code := p.wait(t, 30*time.Second); code == 0 {
+		t.Fatalf("exit code 0, want a failed start:\n%s", p.logs())
+	}
+	if !strings.Contains(p.logs(), "REDIS_URL") || !strings.Contains(p.logs(), "set REDIS_SOCKET_TYPE=tcp") {
+		t.Errorf("log does not name REDIS_SOCKET_TYPE=tcp:\n%s", p.logs())
+	}
+}
