@@ -1,8 +1,10 @@
 package integration
 
 import (
+	"net"
 	"net/http"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -143,5 +145,30 @@ func TestRedisAddressOnUnixSocketRefused(t *testing.T) {
 	}
 	if !strings.Contains(p.logs(), "REDIS_URL") || !strings.Contains(p.logs(), "set REDIS_SOCKET_TYPE=tcp") {
 		t.Errorf("log does not name REDIS_SOCKET_TYPE=tcp:\n%s", p.logs())
+	}
+}
+
+// TestPortsInUseNamedAtStart: with two ports in use (PORT and
+// DEBUG_PORT), the service exits non-zero and its error names both
+// settings, each with the fix.
+func TestPortsInUseNamedAtStart(t *testing.T) {
+	var ports []string
+	for range 2 {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { l.Close() })
+		ports = append(ports, strconv.Itoa(l.Addr().(*net.TCPAddr).Port))
+	}
+	p := launchWith(t, launchOpts{noWait: true}, map[string]string{"web.yaml": misconfRules},
+		"PORT="+ports[0], "DEBUG_PORT="+ports[1])
+	if code := p.wait(t, 30*time.Second); code == 0 {
+		t.Fatalf("exit code 0, want a failed start:\n%s", p.logs())
+	}
+	for _, want := range []string{"PORT=" + ports[0], "set PORT to a free port", "DEBUG_PORT=" + ports[1], "set DEBUG_PORT to a free port"} {
+		if !strings.Contains(p.logs(), want) {
+			t.Errorf("log lacks %q:\n%s", want, p.logs())
+		}
 	}
 }
