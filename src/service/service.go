@@ -553,6 +553,7 @@ func (s *Service) match(cfg *rules.Config, req *rlsv3.RateLimitRequest, sc *scra
 		// As the anchor, once per descriptor looked up in no domain.
 		s.domainNotFound(domain).Add(uint64(len(req.GetDescriptors())))
 		s.logUnknownDomain(cfg, domain)
+		s.cfg.Live.UnknownDomain(domain)
 	}
 	requestHits := uint64(req.GetHitsAddend())
 	if requestHits == 0 {
@@ -587,6 +588,7 @@ func (s *Service) match(cfg *rules.Config, req *rlsv3.RateLimitRequest, sc *scra
 		if m.Limit == nil {
 			if known {
 				s.logNoRule(domain, entries)
+				s.cfg.Live.NoRule(domain, entries)
 			}
 			continue
 		}
