@@ -1,13 +1,21 @@
 package integration
 
 import (
+	"encoding/json"
+	"io"
 	"net"
 	"net/http"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
+
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+
+	"github.com/ratelimitd/ratelimit/src/service"
+	"github.com/ratelimitd/ratelimit/src/store/storetest"
 )
 
 // Common mistakes leave a line in the log that names their fix (issue
@@ -170,5 +178,105 @@ func TestPortsInUseNamedAtStart(t *testing.T) {
 		if !strings.Contains(p.logs(), want) {
 			t.Errorf("log lacks %q:\n%s", want, p.logs())
 		}
+	}
+}
+
+// explainRules have a fixed window and a sliding window, whose stores'
+// reads differ (a GET, a script).
+const explainRules = `domain: web
+descriptors:
+  - key: user
+    rate_limit: {unit: hour, requests_per_unit: 3}
+  - key: page
+    rate_limit: {unit: hour, requests_per_unit: 3, algorithm: sliding_window}
+`
+
+// TestExplainEndpoint: on every store, the debug listener's
+// /api/v1/explain, with the live view off too, says of a request which
+// rule each descriptor matched or why none did, with the counters now,
+// read without counting (the next decision is as if it had not been
+// asked), and the answer the request would get; ratelimit-check -explain
+// -debug_addr prints it and exits with that answer.
+func TestExplainEndpoint(t *testing.T) {
+	for _, s := range []struct {
+		name string
+		env  func(t *testing.T) []string
+	}{
+		{"memory", func(*testing.T) []string { return nil }},
+		{"redis", func(t *testing.T) []string { return redisEnv(storetest.StartRedis(t, storetest.RedisOptions{})) }},
+		{"memcached", func(t *testing.T) []string { return memcacheEnv(storetest.StartMemcached(t)) }},
+	} {
+		t.Run(s.name, func(t *testing.T) {
+			testExplainEndpoint(t, s.name == "memory", append(s.env(t), "LIVE_VIEW_ENABLED=false")...)
+		})
+	}
+}
+
+func testExplainEndpoint(t *testing.T, withChecker bool, env ...string) {
+	p := start(t, map[string]string{"web.yaml": explainRules}, env...)
+	c := p.client(t)
+	for range 2 {
+		for _, r := range []*rlsv3.RateLimitRequest{request("web", "user", "alice"), request("web", "page", "home")} {
+			if _, err := c.ShouldRateLimit(callCtx(t), r); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	body := `{"domain":"web","descriptors":[{"entries":[{"key":"user","value":"alice"}]},{"entries":[{"key":"page","value":"home"}]},{"entries":[{"key":"usr","value":"bob"}]}]}`
+	explain := func() service.Explanation {
+		t.Helper()
+		resp, err := http.Post("http://"+p.debug+"/api/v1/explain", "application/json", strings.NewReader(body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		var x service.Explanation
+		if err := json.NewDecoder(resp.Body).Decode(&x); err != nil || resp.StatusCode != http.StatusOK {
+			t.Fatalf("POST /api/v1/explain: %s, %v", resp.Status, err)
+		}
+		return x
+	}
+	for range 5 {
+		explain()
+	}
+	x := explain()
+	if len(x.Descriptors) != 3 || x.Counters != "read" || x.OverallCode != "OK" {
+		t.Fatalf("explanation: %+v", x)
+	}
+	for i, rule := range []string{"web.user", "web.page"} {
+		if d := x.Descriptors[i]; d.Rule != rule || len(d.Limits) != 1 || d.Limits[0].Remaining == nil || *d.Limits[0].Remaining != 1 || d.Code != "OK" {
+			t.Errorf("%s after 2 of 3: %+v", rule, d)
+		}
+	}
+	if d := x.Descriptors[2]; !strings.Contains(d.Why, `no rule has the key "usr"`) || d.Code != "OK" {
+		t.Errorf("usr=bob: %+v", d)
+	}
+	for _, r := range []*rlsv3.RateLimitRequest{request("web", "user", "alice"), request("web", "page", "home")} {
+		resp, err := c.ShouldRateLimit(callCtx(t), r)
+		if err != nil || resp.GetStatuses()[0].GetLimitRemaining() != 0 || resp.GetOverallCode() != rlsv3.RateLimitResponse_OK {
+			t.Fatalf("the third call after six explanations: %v %v, want OK with 0 left (explaining counts nothing)", resp, err)
+		}
+	}
+	if !withChecker {
+		return
+	}
+	var stdout, stderr strings.Builder
+	cmd := exec.Command(checkerBinary(t), "-explain", body, "-debug_addr", p.debug)
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	if code := exitCode(cmd.Run()); code != 1 {
+		t.Fatalf("ratelimit-check -explain: exit %d, want 1 (over the limit now)\n%s%s", code, stdout.String(), stderr.String())
+	}
+	for _, want := range []string{"user=alice matched user by key (web.yaml:3)", "now 0 left", "answer: OVER_LIMIT", `no rule has the key "usr"`, "overall: OVER_LIMIT"} {
+		if !strings.Contains(stdout.String(), want) {
+			t.Errorf("ratelimit-check output lacks %q:\n%s", want, stdout.String())
+		}
+	}
+	index, err := http.Get("http://" + p.debug + "/")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer index.Body.Close()
+	if b, _ := io.ReadAll(index.Body); !strings.Contains(string(b), "/api/v1/explain") {
+		t.Errorf("the debug listener's index does not list /api/v1/explain:\n%s", b)
 	}
 }

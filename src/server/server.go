@@ -648,6 +648,8 @@ func (s *Server) newDebugServer() {
 	} else {
 		off("/ui/", "the live view is off (LIVE_VIEW_ENABLED=false)")
 	}
+	dmux.Handle("/api/v1/explain", s.svc.ExplainHandler(int64(s.set.GRPCMaxRecvMsgSize)))
+	index += "/api/v1/explain: why a request is (not) limited: POST it as to /json\n"
 	index += s.mountCapture(dmux)
 	dmux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		if r.URL.Path != "/" {

@@ -299,6 +299,9 @@ type scratch struct {
 	each         []limiter.Status
 	eachCounters []*ruleCounters
 	eachOff      []int
+	// quiet matches without a side effect: no statistics, log line or
+	// live view (Explain).
+	quiet bool
 }
 
 func (s *Service) getScratch(n, entries int) *scratch {
@@ -313,6 +316,7 @@ func (s *Service) getScratch(n, entries int) *scratch {
 	sc.unlim = grow(sc.unlim, n)
 	sc.eachOff = grow(sc.eachOff, n)
 	sc.eachCounters = sc.eachCounters[:0]
+	sc.quiet = false
 	if cap(sc.entries) < entries {
 		sc.entries = make([]rules.Entry, 0, entries)
 	}
@@ -549,7 +553,7 @@ func outage(err error) bool {
 func (s *Service) match(cfg *rules.Config, req *rlsv3.RateLimitRequest, sc *scratch) {
 	domain := req.GetDomain()
 	known := cfg.HasDomain(domain)
-	if !known {
+	if !known && !sc.quiet {
 		// As the anchor, once per descriptor looked up in no domain.
 		s.domainNotFound(domain).Add(uint64(len(req.GetDescriptors())))
 		s.logUnknownDomain(cfg, domain)
@@ -581,12 +585,14 @@ func (s *Service) match(cfg *rules.Config, req *rlsv3.RateLimitRequest, sc *scra
 				continue
 			}
 			ld.Limit = overrideLimit(domain, entries, o)
-			sc.counters[i] = s.overrideCounters(domain, entries)
+			if !sc.quiet {
+				sc.counters[i] = s.overrideCounters(domain, entries)
+			}
 			continue
 		}
 		m := cfg.Match(domain, entries)
 		if m.Limit == nil {
-			if known {
+			if known && !sc.quiet {
 				s.logNoRule(domain, entries)
 				s.cfg.Live.NoRule(domain, entries)
 			}
@@ -597,14 +603,20 @@ func (s *Service) match(cfg *rules.Config, req *rlsv3.RateLimitRequest, sc *scra
 			continue
 		}
 		ld.Limit = m.Limit
-		sc.counters[i] = s.matchCounters(&m)
+		if !sc.quiet {
+			sc.counters[i] = s.matchCounters(&m)
+		}
 		if m.KeyEntries != nil {
 			ld.Entries = m.KeyEntries
 		}
 		if m.Limit.InList() {
 			sc.eachOff[i] = len(sc.eachCounters)
 			for _, l := range m.Limit.Limits {
-				sc.eachCounters = append(sc.eachCounters, s.limitCounters(&m, l))
+				var c *ruleCounters
+				if !sc.quiet {
+					c = s.limitCounters(&m, l)
+				}
+				sc.eachCounters = append(sc.eachCounters, c)
 			}
 		}
 		if m.Limit.InList() {

@@ -51,7 +51,7 @@ func (s *Service) logNoRule(domain string, entries []rules.Entry) {
 	if !ok {
 		return
 	}
-	s.cfg.Log.Debug("descriptor matches no rule: no limit applies; check its keys and values against the domain's rules",
+	s.cfg.Log.Debug("descriptor matches no rule: no limit applies; check its keys and values against the domain's rules, or explain it (POST /api/v1/explain on the debug port)",
 		"domain", domain, "descriptor", formatEntries(entries), "suppressed", held)
 }
 
