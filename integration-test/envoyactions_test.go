@@ -57,6 +57,8 @@ type envoyHTTP struct {
 	Filters string
 	// Clusters are more clusters, list items indented by 2.
 	Clusters string
+	// RLS, when set, replaces the service's cluster (rlsCluster).
+	RLS string
 }
 
 // startEnvoyHTTP starts Envoy with httpBootstrap: cfg's routes and filters,
@@ -65,13 +67,16 @@ type envoyHTTP struct {
 func startEnvoyHTTP(t *testing.T, cfg envoyHTTP, up *upstream, p *proc) (*envoyProc, string) {
 	t.Helper()
 	accessLog := t.TempDir() + "/access.log"
+	if cfg.RLS == "" {
+		cfg.RLS = rlsCluster("ratelimit", p.grpc)
+	}
 	e := startEnvoy(t, envoyConfig(t, httpBootstrap, map[string]string{
 		"AccessLog": accessLog,
 		"Routes":    cfg.Routes,
 		"Filters":   cfg.Filters,
 		"Clusters":  cfg.Clusters,
 		"Upstream":  httpCluster("upstream", up.addr),
-		"RLS":       rlsCluster("ratelimit", p.grpc),
+		"RLS":       cfg.RLS,
 	}))
 	return e, accessLog
 }

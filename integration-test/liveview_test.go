@@ -175,6 +175,23 @@ func testLiveView(t *testing.T, browser context.Context, backend, shot string, e
 		t.Fatalf("a descriptor value became markup: %+v", pwned)
 	}
 
+	// Requests that matched nothing show under "Matched nothing", as
+	// text: a domain no rule names (one holding markup) and a key no rule
+	// has.
+	for _, r := range []*rlsv3.RateLimitRequest{request(hostileUser, "user", "alice"), request("web", "usr", "bob")} {
+		if _, err := c.ShouldRateLimit(callCtx(t), r); err != nil {
+			t.Fatal(err)
+		}
+	}
+	poll("the unknown domain and the unmatched key", fmt.Sprintf(`(() => {
+		const cells = Array.from(document.querySelectorAll("#unmatched-body td.key"), e => e.textContent);
+		return cells.includes(%q) && cells.includes("usr") && cells.includes("usr=bob");
+	})()`, hostileUser), 3*time.Second)
+	eval(`({pwned: window.__pwned ?? null, elements: document.querySelectorAll("#unmatched-body img, #unmatched-body script").length})`, &pwned)
+	if pwned.Pwned != nil || pwned.Elements != 0 {
+		t.Fatalf("a domain became markup: %+v", pwned)
+	}
+
 	// Without a mouse: / focuses the filter, typing filters the rules, Esc
 	// clears it; p pauses.
 	run("filtering from the keyboard", chromedp.KeyEvent("/"))

@@ -124,28 +124,43 @@ func TestMain(m *testing.M) {
 	os.Exit(code)
 }
 
-var plain struct {
+// onceBuilt is a binary built once for the package's tests.
+type onceBuilt struct {
 	once sync.Once
 	path string
 	err  error
 }
+
+// build builds pkg as name in buildDir, once, and returns its path.
+func (b *onceBuilt) build(t *testing.T, name, pkg string) string {
+	t.Helper()
+	b.once.Do(func() {
+		b.path = filepath.Join(buildDir, name)
+		out, err := exec.Command("go", "build", "-o", b.path, pkg).CombinedOutput()
+		if err != nil {
+			b.err = fmt.Errorf("building %s: %w\n%s", pkg, err, out)
+		}
+	})
+	if b.err != nil {
+		t.Fatal(b.err)
+	}
+	return b.path
+}
+
+var plain, checker onceBuilt
 
 // plainBinary builds the service without -race, once, for the tests that
 // measure memory: the race detector's shadow memory multiplies RSS several
 // times over, and by how much depends on the machine's load.
 func plainBinary(t *testing.T) string {
 	t.Helper()
-	plain.once.Do(func() {
-		plain.path = filepath.Join(buildDir, "ratelimit-plain")
-		out, err := exec.Command("go", "build", "-o", plain.path, "github.com/ratelimitd/ratelimit/cmd/ratelimit").CombinedOutput()
-		if err != nil {
-			plain.err = fmt.Errorf("building the service without -race: %w\n%s", err, out)
-		}
-	})
-	if plain.err != nil {
-		t.Fatal(plain.err)
-	}
-	return plain.path
+	return plain.build(t, "ratelimit-plain", "github.com/ratelimitd/ratelimit/cmd/ratelimit")
+}
+
+// checkerBinary builds ratelimit-check, once.
+func checkerBinary(t *testing.T) string {
+	t.Helper()
+	return checker.build(t, "ratelimit-check", "github.com/ratelimitd/ratelimit/cmd/ratelimit-check")
 }
 
 // proc is one running service process.

@@ -162,10 +162,7 @@ func TestReplayOfTheRunningService(t *testing.T) {
 	// ratelimit-check -replay, as an operator runs it, on the capture
 	// saved to a file.
 	dir := t.TempDir()
-	checker := filepath.Join(dir, "ratelimit-check")
-	if out, err := exec.Command("go", "build", "-o", checker, "github.com/ratelimitd/ratelimit/cmd/ratelimit-check").CombinedOutput(); err != nil {
-		t.Fatalf("building ratelimit-check: %v\n%s", err, out)
-	}
+	checker := checkerBinary(t)
 	file := filepath.Join(dir, "rp.ndjson")
 	if err := os.WriteFile(file, data, 0o644); err != nil {
 		t.Fatal(err)

@@ -107,7 +107,7 @@ func TestShadowLimitsOverTheWire(t *testing.T) {
 	}
 }
 
-// shadowRoute limits requests by (user=x-user).
+// shadowRoute limits requests by (user=x-user); misconf_test.go's too.
 const shadowRoute = `
               - match: {prefix: /}
                 route:

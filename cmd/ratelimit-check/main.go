@@ -14,6 +14,13 @@
 //	                                        (and OLD) and report per rule; exit 0 the same
 //	                                        answers as OLD (or the capture), 1 differences,
 //	                                        2 invalid rules, a bad capture or usage
+//	ratelimit-check -explain REQUEST -config_dir DIR | -debug_addr HOST:PORT
+//	                                        say how a request (JSON, as POST /json takes
+//	                                        it) would be answered, and why: the rule each
+//	                                        descriptor matched or why none did, the limits
+//	                                        and their counters (of a running instance with
+//	                                        -debug_addr); exit 0 OK, 1 OVER_LIMIT, 2 invalid
+//	                                        rules, a bad request or usage
 package main
 
 import (
@@ -35,7 +42,8 @@ func main() {
 const usage = `usage:
   ratelimit-check -config_dir DIR [-dump] [-merge_domain_configs] [-ignore_dot_files]
   ratelimit-check -diff [-merge_domain_configs] [-ignore_dot_files] OLD_DIR NEW_DIR
-  ratelimit-check -replay CAPTURE|- -config_dir NEW [-against OLD] [-json] [-top N] [...]`
+  ratelimit-check -replay CAPTURE|- -config_dir NEW [-against OLD] [-json] [-top N] [...]
+  ratelimit-check -explain REQUEST|- (-config_dir DIR | -debug_addr HOST:PORT) [-json]`
 
 // The exit codes of -diff, as diff(1)'s: CI pipelines tell "changed" from
 // "broken" by them.
@@ -58,6 +66,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	var dir string
 	var merge, ignoreDotFiles, dump, diff bool
 	var rp replayFlags
+	var ex explainFlags
 	// config_dir and merge_domain_configs are envoyproxy/ratelimit's names.
 	fs.StringVar(&dir, "config_dir", "", "directory of rule files (*.yaml, *.yml) to check")
 	fs.StringVar(&dir, "config-dir", "", "same as -config_dir")
@@ -67,6 +76,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	fs.BoolVar(&dump, "dump", false, "print every rule, one line each, as the debug endpoint /rlconfig does")
 	fs.BoolVar(&diff, "diff", false, "compare the rules of OLD_DIR and NEW_DIR: rules added (+), removed (-) and changed (~)")
 	rp.register(fs)
+	ex.register(fs)
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
@@ -81,6 +91,18 @@ func run(args []string, stdout, stderr io.Writer) int {
 		return len(files), c, err
 	}
 
+	if ex.request != "" {
+		if dump || diff || rp.capture != "" || fs.NArg() > 0 || (dir == "") == (ex.debugAddr == "") {
+			fmt.Fprintln(stderr, usage)
+			return explainTrouble
+		}
+		ex.json = rp.json
+		return runExplain(ex, dir, load, explainStdin, stdout, stderr)
+	}
+	if ex.debugAddr != "" {
+		fmt.Fprintln(stderr, usage)
+		return 2
+	}
 	if rp.capture != "" {
 		if dump || diff || dir == "" || fs.NArg() > 0 {
 			fmt.Fprintln(stderr, usage)

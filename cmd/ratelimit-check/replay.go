@@ -35,7 +35,7 @@ type replayFlags struct {
 func (f *replayFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&f.capture, "replay", "", "replay this capture (the NDJSON of GET /api/v1/capture; - for stdin) against the rules of -config_dir")
 	fs.StringVar(&f.against, "against", "", "with -replay: compare with the rules of this directory (default: with the answers in the capture)")
-	fs.BoolVar(&f.json, "json", false, "with -replay: write the report as JSON")
+	fs.BoolVar(&f.json, "json", false, "with -replay or -explain: write the report as JSON")
 	fs.IntVar(&f.top, "top", replay.DefaultTop, "with -replay: keys listed per rule")
 	fs.IntVar(&f.maxKeys, "max_keys", replay.DefaultMaxKeys, "with -replay: keys whose refusals are counted, per rule set")
 	fs.Int64Var(&f.memoryMaxBytes, "memory_max_bytes", replay.DefaultMemoryMaxBytes, "with -replay: each rule set's memory store ceiling, as MEMORY_MAX_BYTES (-1: none)")
@@ -98,15 +98,7 @@ func runReplay(f replayFlags, newDir string, load func(string) (int, *rules.Conf
 }
 
 func writeReport(rep *replay.Report, asJSON bool, stdout, stderr io.Writer) int {
-	var err error
-	if asJSON {
-		enc := json.NewEncoder(stdout)
-		enc.SetIndent("", "  ")
-		err = enc.Encode(rep)
-	} else {
-		err = rep.WriteText(stdout)
-	}
-	if err != nil {
+	if err := writeOut(rep, asJSON, stdout); err != nil {
 		fmt.Fprintln(stderr, err)
 		return replayTrouble
 	}
@@ -114,4 +106,14 @@ func writeReport(rep *replay.Report, asJSON bool, stdout, stderr io.Writer) int 
 		return replayChanged
 	}
 	return replaySame
+}
+
+// writeOut writes v to w as indented JSON, or as its text.
+func writeOut(v interface{ WriteText(io.Writer) error }, asJSON bool, w io.Writer) error {
+	if !asJSON {
+		return v.WriteText(w)
+	}
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	return enc.Encode(v)
 }

@@ -1,13 +1,15 @@
 // Package live keeps what the live view shows of the traffic right now:
 // each rule's decisions, over-limit and near-limit decisions per second
 // over the last five minutes, the keys nearest to or over their limits
-// (a bounded heavy-hitters sketch), and the store's round-trip latency
-// and errors. The service feeds it on the hot path, which it costs a few
+// (a bounded heavy-hitters sketch), the requests that matched no rule
+// (unknown domains, descriptors' key chains), and the store's round-trip
+// latency and errors. The service feeds it on the hot path, which it costs a few
 // nanoseconds and no allocation; a ticker closes each second.
 //
 // Its memory is fixed whatever the traffic: Config.MaxKeys slots for the
 // keys, one series of Window seconds for each of at most Config.MaxRules
-// rules, and a fixed latency histogram. It knows nothing of gRPC, HTTP,
+// rules, MaxUnknownDomains and MaxUnmatchedKeys slots for what matched
+// nothing, and a fixed latency histogram. It knows nothing of gRPC, HTTP,
 // stores or where rules come from.
 package live
 
@@ -82,7 +84,10 @@ type Recorder struct {
 	// entries are the ruleInfos themselves, so a miss allocates nothing.
 	recent [64]atomic.Pointer[ruleInfo]
 	keys   *sketch
-	store  storeLatency
+	// unknownDomains and unmatchedKeys are the requests that matched
+	// nothing (unmatched.go).
+	unknownDomains, unmatchedKeys *tally
+	store                         storeLatency
 	// nearCache counts the decisions answered from the near cache in the
 	// second under way.
 	nearCache atomic.Uint64
@@ -182,11 +187,13 @@ func New(cfg Config) *Recorder {
 		cfg.Now = time.Now
 	}
 	return &Recorder{
-		cfg:    cfg,
-		seed:   maphash.MakeSeed(),
-		keys:   newSketch(cfg.MaxKeys),
-		series: map[string]*series{},
-		ticked: make(chan struct{}),
+		cfg:            cfg,
+		seed:           maphash.MakeSeed(),
+		keys:           newSketch(cfg.MaxKeys),
+		unknownDomains: newTally(MaxUnknownDomains, cfg.Now()),
+		unmatchedKeys:  newTally(MaxUnmatchedKeys, cfg.Now()),
+		series:         map[string]*series{},
+		ticked:         make(chan struct{}),
 	}
 }
 
@@ -412,6 +419,8 @@ func (r *Recorder) Tick(now time.Time) {
 		return
 	}
 	r.keys.tick(now)
+	r.unknownDomains.tick(now)
+	r.unmatchedKeys.tick(now)
 	sec := now.Unix()
 	r.mu.Lock()
 	defer r.mu.Unlock()

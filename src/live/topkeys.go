@@ -100,9 +100,16 @@ type slot struct {
 	resetAt int64 // Unix nanoseconds
 	seen    int64 // Unix nanoseconds
 
+	key keyBytes
+}
+
+// keyBytes holds a descriptor's entries in place, without a string of
+// their own: each entry as uvarint length + bytes, key then value, cut
+// at maxKeyBytes.
+type keyBytes struct {
 	truncated bool
-	keyLen    uint16
-	key       [maxKeyBytes]byte // the entries, each as uvarint length + bytes, key then value
+	n         uint16
+	b         [maxKeyBytes]byte
 }
 
 // newSketch returns a sketch of about capacity slots (at least 1).
@@ -199,7 +206,7 @@ func (k *sketch) observe(hash uint64, o *observation) {
 		sh.heap = append(sh.heap, heapEntry{count: o.weight, slot: i})
 		sh.up(len(sh.heap) - 1)
 		sh.insert(hash, i)
-		s.setKey(o.entries)
+		s.key.set(o.entries, true)
 	default:
 		// Space-Saving: the new key replaces the smallest count and
 		// inherits it, since it may have been seen that often unnoticed.
@@ -211,7 +218,7 @@ func (k *sketch) observe(hash uint64, o *observation) {
 		least.count += o.weight
 		sh.insert(hash, i)
 		sh.down(0)
-		s.setKey(o.entries)
+		s.key.set(o.entries, true)
 	}
 	s.domain, s.rule, s.limit = o.domain, o.rule, o.limit
 	s.used, s.cap, s.over = o.used, o.cap, o.over
@@ -219,27 +226,31 @@ func (k *sketch) observe(hash uint64, o *observation) {
 	sh.mu.Unlock()
 }
 
-// setKey copies entries into s.key, cut at maxKeyBytes on a character
-// boundary.
-func (s *slot) setKey(entries []rules.Entry) {
-	b := s.key[:0]
-	s.truncated = false
+// set copies entries into k, their values too or only their keys (as
+// empty values), cut at maxKeyBytes on a character boundary.
+func (k *keyBytes) set(entries []rules.Entry, values bool) {
+	b := k.b[:0]
+	k.truncated = false
 	for _, e := range entries {
-		for _, part := range [2]string{e.Key, e.Value} {
+		value := ""
+		if values {
+			value = e.Value
+		}
+		for _, part := range [2]string{e.Key, value} {
 			room := maxKeyBytes - len(b) - binary.MaxVarintLen16
 			if room < len(part) {
-				s.truncated = true
+				k.truncated = true
 				part = part[:max(cutRune(part, room), 0)]
 			}
 			b = binary.AppendUvarint(b, uint64(len(part)))
 			b = append(b, part...)
-			if s.truncated {
-				s.keyLen = uint16(len(b))
+			if k.truncated {
+				k.n = uint16(len(b))
 				return
 			}
 		}
 	}
-	s.keyLen = uint16(len(b))
+	k.n = uint16(len(b))
 }
 
 // cutRune returns the largest n <= max at which s can be cut without
@@ -254,9 +265,9 @@ func cutRune(s string, n int) int {
 	return n
 }
 
-// entries decodes s.key.
-func (s *slot) entries() []rules.Entry {
-	b := s.key[:s.keyLen]
+// entries decodes k.
+func (k *keyBytes) entries() []rules.Entry {
+	b := k.b[:k.n]
 	var out []rules.Entry
 	for len(b) > 0 {
 		var parts [2]string
@@ -447,7 +458,7 @@ func (k *sketch) top(n int, now time.Time) map[string][]Key {
 				continue
 			}
 			key := Key{
-				Domain: s.domain, Entries: s.entries(), Truncated: s.truncated, Limit: s.limit,
+				Domain: s.domain, Entries: s.key.entries(), Truncated: s.key.truncated, Limit: s.limit,
 				Used: s.used, Capacity: s.cap, Over: s.over, ResetIn: time.Duration(s.resetAt - t),
 				Count: sh.heap[sh.pos[j]].count / countScale, CountError: s.err / countScale, Seen: time.Unix(0, s.seen),
 			}

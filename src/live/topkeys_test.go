@@ -167,14 +167,14 @@ func TestSlotKeyTruncatesOnCharacterBoundary(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			var s slot
-			s.setKey(tt.give)
-			got := s.entries()
-			if fmt.Sprint(got) != fmt.Sprint(tt.want) || s.truncated != tt.wantTruncated {
-				t.Fatalf("entries = %q (truncated %v), want %q (%v)", got, s.truncated, tt.want, tt.wantTruncated)
+			var k keyBytes
+			k.set(tt.give, true)
+			got := k.entries()
+			if fmt.Sprint(got) != fmt.Sprint(tt.want) || k.truncated != tt.wantTruncated {
+				t.Fatalf("entries = %q (truncated %v), want %q (%v)", got, k.truncated, tt.want, tt.wantTruncated)
 			}
-			if int(s.keyLen) > maxKeyBytes {
-				t.Fatalf("keyLen %d", s.keyLen)
+			if int(k.n) > maxKeyBytes {
+				t.Fatalf("length %d", k.n)
 			}
 		})
 	}

@@ -123,6 +123,7 @@ func (b *builder) descriptors(s *Source, list []Descriptor, parent *node, parent
 		// which also tells two descriptors with one key apart.
 		source := fmt.Sprintf("%s, descriptor %d of %q", s.Name, i+1, parentKey)
 		nd := newNode(n.composite, source)
+		nd.descKey = d.Key
 		nd.valueToMetric = flags.valueToMetric
 		nd.shareThreshold = flags.shareThreshold
 		if msg := checkShareThreshold(flags, n.composite, false); msg != "" {

@@ -51,8 +51,10 @@ type Match struct {
 // node is one level of a descriptor tree.
 type node struct {
 	// key is the composite key, "key" or "key_value", as in FullKey.
-	key    string
-	source string // file:line
+	key string
+	// descKey is the descriptor's key alone (Explain names it).
+	descKey string
+	source  string // file:line
 	// children holds every child by composite key, wildcards included.
 	children map[string]*node
 	// wildcards are the children whose composite key contains '*', in

@@ -44,6 +44,9 @@ func checkMatches(t *testing.T, cfg *Config, domain string, tests []matchCase) {
 	t.Helper()
 	for _, tt := range tests {
 		m := cfg.Match(domain, tt.give)
+		if x := cfg.Explain(domain, tt.give); x.Limit != m.Limit || (x.Limit == nil) != (x.Why != "") {
+			t.Errorf("Explain(%s, %v) = %+v, disagrees with Match's %+v", domain, tt.give, x, m.Limit)
+		}
 		if tt.fullKey == "" {
 			if m.Limit != nil || m.StatKey != "" || m.KeyEntries != nil {
 				t.Errorf("Match(%s, %v) = %+v, want no match", domain, tt.give, m)

@@ -523,6 +523,7 @@ func (p *fileParser) descriptor(item *yaml.Node, index int, parent *node, parent
 		shareThreshold: p.boolean(fs["share_threshold"], where+": share_threshold"),
 	}
 	n := newNode(composite, p.source(item))
+	n.descKey = key
 	n.valueToMetric = flags.valueToMetric
 	n.shareThreshold = flags.shareThreshold
 	if f, ok := fs["value_regex"]; ok {

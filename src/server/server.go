@@ -19,6 +19,7 @@ import (
 	"runtime/debug"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	rlqsv3 "github.com/envoyproxy/go-control-plane/envoy/service/rate_limit_quota/v3"
@@ -327,6 +328,7 @@ func (s *Server) watchRules() error {
 		s.log.Error("rules reload failed; keeping the rules in use", "err", err)
 	})
 	started.Store(true)
+	err, initial = s.rulesDirError(err), s.rulesDirError(initial)
 	if err == nil && initial != nil && !s.set.ForceStartWithoutInitialConfig {
 		w.Close()
 		w.Wait()
@@ -340,6 +342,7 @@ func (s *Server) watchRules() error {
 		s.log.Error("invalid rules at startup; serving unhealthy until valid rules load", "err", initial)
 	}
 	s.watcher = w
+	s.warnNoRules()
 	return nil
 }
 
@@ -492,67 +495,87 @@ func (s *Server) connLimits() (grpcCap, httpCap limits) {
 	return grpcCap, httpCap
 }
 
-// openListeners opens the gRPC, HTTP, debug and Prometheus listeners; on
-// a failure it closes those it opened.
+// openListeners opens the gRPC, HTTP, debug and Prometheus listeners. It
+// tries each, so that its error names every listener that could not open,
+// each by the settings that place it (two ports in use need one restart,
+// not two); on a failure it closes those it opened.
 func (s *Server) openListeners(grpcCap, httpCap limits) error {
 	var opened []net.Listener
-	open := func(network, addr string, lim limits) (net.Listener, error) {
-		l, err := net.Listen(network, addr)
+	var errs []error
+	// open opens addr, placed by the settings where names (setting the
+	// one of its port).
+	open := func(lim limits, addr, where, setting string) net.Listener {
+		l, err := net.Listen("tcp", addr)
 		if err != nil {
-			for _, o := range opened {
-				o.Close()
-			}
-			s.udsOwn.remove()
-			return nil, err
+			errs = append(errs, listenError(where, setting, err))
+			return nil
 		}
 		ll := newLimitListener(l, lim, s.log)
 		opened = append(opened, ll)
-		return ll, nil
+		return ll
 	}
-	var err error
+	hostPort := func(lim limits, hostSetting, host, portSetting string, port int) net.Listener {
+		where := fmt.Sprintf("%s=%s %s=%d", hostSetting, host, portSetting, port)
+		return open(lim, net.JoinHostPort(host, fmt.Sprint(port)), where, portSetting)
+	}
 	if s.set.GRPCUDS != "" {
-		if err := clearSocketPath(s.set.GRPCUDS); err != nil {
-			return err
-		}
-		var ul net.Listener
-		if ul, err = net.Listen("unix", s.set.GRPCUDS); err == nil {
-			if s.udsOwn, err = claimSocket(ul, s.set.GRPCUDS); err != nil {
-				ul.Close()
-			} else {
-				s.grpcLn = newLimitListener(ul, grpcCap, s.log)
-				opened = append(opened, s.grpcLn)
-			}
+		if err := s.openUDS(grpcCap); err != nil {
+			errs = append(errs, err)
+		} else {
+			opened = append(opened, s.grpcLn)
 		}
 	} else {
-		s.grpcLn, err = open("tcp", net.JoinHostPort(s.set.GRPCHost, fmt.Sprint(s.set.GRPCPort)), grpcCap)
+		s.grpcLn = hostPort(grpcCap, "GRPC_HOST", s.set.GRPCHost, "GRPC_PORT", s.set.GRPCPort)
 	}
-	if err != nil {
-		return fmt.Errorf("server: grpc listener: %w", err)
+	s.httpLn = hostPort(httpCap, "HOST", s.set.Host, "PORT", s.set.Port)
+	s.debugLn = hostPort(httpCap, "DEBUG_HOST", s.set.DebugHost, "DEBUG_PORT", s.set.DebugPort)
+	if s.prometheus() {
+		s.promLn = open(httpCap, s.set.PrometheusAddr, "PROMETHEUS_ADDR="+s.set.PrometheusAddr, "PROMETHEUS_ADDR")
 	}
-	s.httpLn, err = open("tcp", net.JoinHostPort(s.set.Host, fmt.Sprint(s.set.Port)), httpCap)
-	if err != nil {
-		return fmt.Errorf("server: http listener: %w", err)
+	if len(errs) > 0 {
+		for _, o := range opened {
+			o.Close()
+		}
+		s.udsOwn.remove()
+		return errors.Join(errs...)
 	}
 	if s.tls != nil {
 		// Plaintext for the kubelet's probes, TLS for /json (issue 24).
 		s.httpLn = newSniffListener(s.httpLn, s.tls.httpConfig, s.tls.refused, httpReadHeaderTimeout)
 	}
-	s.debugLn, err = open("tcp", net.JoinHostPort(s.set.DebugHost, fmt.Sprint(s.set.DebugPort)), httpCap)
-	if err != nil {
-		return fmt.Errorf("server: debug listener: %w", err)
-	}
-
-	if s.prometheus() {
-		s.promLn, err = open("tcp", s.set.PrometheusAddr, httpCap)
-		if err != nil {
-			return fmt.Errorf("server: prometheus listener: %w", err)
-		}
+	if s.promLn != nil {
 		pmux := http.NewServeMux()
 		pmux.Handle(s.set.PrometheusPath, s.metrics)
 		s.promSrv = newHTTPServer(pmux, httpWriteTimeout, s.log)
 	}
-
 	return nil
+}
+
+// openUDS opens the gRPC listener on the socket GRPC_UDS.
+func (s *Server) openUDS(grpcCap limits) error {
+	path := s.set.GRPCUDS
+	if err := clearSocketPath(path); err != nil {
+		return err
+	}
+	ul, err := net.Listen("unix", path)
+	if err != nil {
+		return fmt.Errorf("server: grpc listener: GRPC_UDS %s: %w", path, err)
+	}
+	if s.udsOwn, err = claimSocket(ul, path); err != nil {
+		ul.Close()
+		return err
+	}
+	s.grpcLn = newLimitListener(ul, grpcCap, s.log)
+	return nil
+}
+
+// listenError is the error of a listener that did not open at where,
+// naming setting, the one that picks its port.
+func listenError(where, setting string, err error) error {
+	if errors.Is(err, syscall.EADDRINUSE) {
+		return fmt.Errorf("server: %s: address in use: set %s to a free port, or stop the process that holds it: %w", where, setting, err)
+	}
+	return fmt.Errorf("server: %s: %w", where, err)
 }
 
 // newGRPCServer builds the gRPC server and registers its services.
@@ -565,7 +588,8 @@ func (s *Server) newGRPCServer() {
 	if s.tls != nil {
 		creds = s.tls.credentials()
 	}
-	opts = append(opts, grpc.Creds(newStallWatch(s.stats).credentials(creds)))
+	// A client that speaks another protocol is warned of (protocheck.go).
+	opts = append(opts, grpc.Creds(newStallWatch(s.stats).credentials(newProtocolCheck(creds, s.log))))
 	s.grpc = grpc.NewServer(opts...)
 	rlsv3.RegisterRateLimitServiceServer(s.grpc, s.svc)
 	if s.quota != nil {
@@ -629,6 +653,8 @@ func (s *Server) newDebugServer() {
 	} else {
 		off("/ui/", "the live view is off (LIVE_VIEW_ENABLED=false)")
 	}
+	dmux.Handle("/api/v1/explain", s.svc.ExplainHandler(int64(s.set.GRPCMaxRecvMsgSize)))
+	index += "/api/v1/explain: why a request is (not) limited: POST it as to /json\n"
 	index += s.mountCapture(dmux)
 	dmux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		if r.URL.Path != "/" {

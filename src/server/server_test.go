@@ -62,6 +62,28 @@ func build(t *testing.T, ruleText string, env map[string]string, w io.Writer) (*
 			t.Fatal(err)
 		}
 	}
+	return buildIn(t, root, env, w), root
+}
+
+// buildIn is build with the rules root given.
+func buildIn(t *testing.T, root string, env map[string]string, w io.Writer) *Server {
+	t.Helper()
+	setTestEnv(t, root, env)
+	set, err := settings.Load()
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv, err := New(context.Background(), set, slog.New(slog.NewTextHandler(w, nil)))
+	if err != nil {
+		t.Fatalf("New: %v", err)
+	}
+	return srv
+}
+
+// setTestEnv sets the settings of a server on free loopback ports with
+// its rules under root, then env.
+func setTestEnv(t *testing.T, root string, env map[string]string) {
+	t.Helper()
 	t.Setenv("RUNTIME_ROOT", root)
 	for _, k := range []string{"PORT", "GRPC_PORT", "DEBUG_PORT"} {
 		t.Setenv(k, "0")
@@ -71,15 +93,6 @@ func build(t *testing.T, ruleText string, env map[string]string, w io.Writer) (*
 	for k, v := range env {
 		t.Setenv(k, v)
 	}
-	set, err := settings.Load()
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv, err := New(context.Background(), set, slog.New(slog.NewTextHandler(w, nil)))
-	if err != nil {
-		t.Fatalf("New: %v", err)
-	}
-	return srv, root
 }
 
 // run runs srv until the test ends or the function it returns is called,

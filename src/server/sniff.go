@@ -83,7 +83,7 @@ func (s *sniffListener) sniff(c net.Conn) {
 		return
 	}
 	_ = c.SetReadDeadline(time.Time{})
-	var out net.Conn = &peekedConn{Conn: c, first: b[0], unread: true}
+	var out net.Conn = &peekedConn{Conn: c, peeked: b[:]}
 	if b[0] == tlsRecordHandshake {
 		tc := tls.Server(out, s.config())
 		ctx, cancel := context.WithDeadline(context.Background(), deadline)
@@ -124,17 +124,18 @@ func (s *sniffListener) Close() error {
 	return s.Listener.Close()
 }
 
-// peekedConn gives back the byte sniffListener read before its first Read.
+// peekedConn gives back the bytes read before its first Reads (by
+// sniffListener, or by protocolCheck on the gRPC listener).
 type peekedConn struct {
 	net.Conn
-	first  byte
-	unread bool
+	peeked []byte
 }
 
 func (c *peekedConn) Read(p []byte) (int, error) {
-	if c.unread && len(p) > 0 {
-		p[0], c.unread = c.first, false
-		return 1, nil
+	if len(c.peeked) > 0 {
+		n := copy(p, c.peeked)
+		c.peeked = c.peeked[n:]
+		return n, nil
 	}
 	return c.Conn.Read(p)
 }

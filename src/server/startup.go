@@ -1,7 +1,11 @@
 package server
 
 import (
+	"errors"
+	"fmt"
+	"io/fs"
 	"net/url"
+	"os"
 	"strings"
 
 	"github.com/ratelimitd/ratelimit/src/settings"
@@ -71,4 +75,54 @@ func (s *Server) domains() []string {
 		return snap.Rules.Domains()
 	}
 	return nil
+}
+
+// rulesSettings are the settings that say where the rule files are, as
+// attributes of a log line.
+func (s *Server) rulesSettings() []any {
+	return []any{"RUNTIME_ROOT", s.set.RuntimeRoot, "RUNTIME_SUBDIRECTORY", s.set.RuntimeSubdirectory,
+		"RUNTIME_APPDIRECTORY", s.set.RuntimeAppDirectory}
+}
+
+// maxNamesShown bounds the names of files that did not load in the
+// warning of warnNoRules.
+const maxNamesShown = 5
+
+// warnNoRules warns when the rules directory read at start held no rule:
+// every request would be answered OK, which is also what a wrong
+// RUNTIME_ROOT, RUNTIME_SUBDIRECTORY or RUNTIME_APPDIRECTORY looks like.
+// It names the directory read, those settings and the first files there
+// that are not rule files (rules.json, say).
+func (s *Server) warnNoRules() {
+	snap := s.snapshot.Load()
+	if snap == nil || !snap.Rules.Empty() {
+		return
+	}
+	attrs := append([]any{"dir", snap.Source.Location}, s.rulesSettings()...)
+	var other []string
+	entries, _ := os.ReadDir(s.rulesFiles.Dir())
+	for _, e := range entries {
+		if len(other) == maxNamesShown {
+			other = append(other, "...")
+			break
+		}
+		if !e.IsDir() {
+			other = append(other, e.Name())
+		}
+	}
+	if other != nil {
+		attrs = append(attrs, "not_rule_files", other)
+	}
+	s.log.Warn("no rules: the rules directory holds no rule file (*.yaml, *.yml), so every request is answered OK with no limit; "+
+		"put the rule files there, or point RUNTIME_ROOT, RUNTIME_SUBDIRECTORY and RUNTIME_APPDIRECTORY at them", attrs...)
+}
+
+// rulesDirError names the settings that make the rules directory in err,
+// when it does not exist.
+func (s *Server) rulesDirError(err error) error {
+	if err == nil || !errors.Is(err, fs.ErrNotExist) {
+		return err
+	}
+	return fmt.Errorf("server: no rules directory %s (RUNTIME_ROOT=%q, RUNTIME_SUBDIRECTORY=%q, RUNTIME_APPDIRECTORY=%q): %w",
+		s.rulesFiles.Dir(), s.set.RuntimeRoot, s.set.RuntimeSubdirectory, s.set.RuntimeAppDirectory, err)
 }

@@ -1,6 +1,9 @@
 package server
 
 import (
+	"log/slog"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -34,4 +37,65 @@ func TestStoreSummaryNamesStoreWithoutCredentials(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestNoRulesWarned: a rules directory without a rule file at start warns
+// at the default level, naming the directory read, the settings that make
+// it and the files there that do not load; one with rules does not. A
+// rules directory that does not exist stops the start with an error
+// naming those settings.
+func TestNoRulesWarned(t *testing.T) {
+	const warning = "no rules: the rules directory holds no rule file"
+	t.Run("empty", func(t *testing.T) {
+		var logs syncBuffer
+		srv, root := build(t, "", map[string]string{"RUNTIME_SUBDIRECTORY": ""}, &logs)
+		run(t, srv)
+		got := logs.warnings(warning)
+		if len(got) != 1 {
+			t.Fatalf("warnings %q, want one %q", got, warning)
+		}
+		for _, want := range []string{"dir=" + filepath.Join(root, "config"), "RUNTIME_ROOT=" + root, `RUNTIME_SUBDIRECTORY=""`, "RUNTIME_APPDIRECTORY=config"} {
+			if !strings.Contains(got[0], want) {
+				t.Errorf("warning %q lacks %q", got[0], want)
+			}
+		}
+	})
+	t.Run("json_only", func(t *testing.T) {
+		var logs syncBuffer
+		root := t.TempDir()
+		if err := os.MkdirAll(filepath.Join(root, "config"), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(root, "config", "rules.json"), []byte("{}"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		run(t, buildIn(t, root, map[string]string{}, &logs))
+		if got := logs.warnings(warning); len(got) != 1 || !strings.Contains(got[0], "not_rule_files=[rules.json]") {
+			t.Errorf("warnings %q, want one naming rules.json", got)
+		}
+	})
+	t.Run("rules", func(t *testing.T) {
+		var logs syncBuffer
+		srv, _ := build(t, serverRules, nil, &logs)
+		run(t, srv)
+		if got := logs.warnings(warning); len(got) != 0 {
+			t.Errorf("warnings %q with rules, want none", got)
+		}
+	})
+	t.Run("missing", func(t *testing.T) {
+		setTestEnv(t, filepath.Join(t.TempDir(), "nowhere"), map[string]string{"RUNTIME_SUBDIRECTORY": "rl"})
+		set, err := settings.Load()
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, err = New(t.Context(), set, slog.New(slog.DiscardHandler))
+		if err == nil {
+			t.Fatal("New with no rules directory succeeded")
+		}
+		for _, want := range []string{"nowhere/rl/config", "RUNTIME_ROOT=", `RUNTIME_SUBDIRECTORY="rl"`, `RUNTIME_APPDIRECTORY="config"`} {
+			if !strings.Contains(err.Error(), want) {
+				t.Errorf("error %q lacks %q", err, want)
+			}
+		}
+	})
 }

@@ -19,7 +19,7 @@ import (
 // FuzzRequest feeds arbitrary bytes through the server's codec to the
 // service, as a hostile gRPC client would: it never panics, and answers
 // either a decision or InvalidArgument (never Internal, which fail-open
-// Envoy would admit).
+// Envoy would admit); Explain refuses the same requests.
 func FuzzRequest(f *testing.F) {
 	for _, r := range []*rlsv3.RateLimitRequest{
 		req(desc("user", "a")),
@@ -46,6 +46,10 @@ func FuzzRequest(f *testing.F) {
 		_, err := fx.svc.ShouldRateLimit(t.Context(), &r)
 		if c := status.Code(err); c != codes.OK && c != codes.InvalidArgument {
 			t.Fatalf("ShouldRateLimit = %v, want a decision or InvalidArgument", err)
+		}
+		// Explain refuses exactly what a decision refuses.
+		if x, xerr := fx.svc.Explain(t.Context(), &r); (xerr == nil) != (err == nil) || (xerr == nil && len(x.Descriptors) != len(r.GetDescriptors())) {
+			t.Fatalf("Explain = %v, %v; ShouldRateLimit = %v", x, xerr, err)
 		}
 	})
 }

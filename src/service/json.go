@@ -37,51 +37,20 @@ func (s *Service) JSONHandler(maxBody int64) http.Handler {
 }
 
 func (s *Service) serveJSON(w http.ResponseWriter, r *http.Request, maxBody int64) {
-	if r.Method != http.MethodPost {
-		w.Header().Set("Allow", http.MethodPost)
-		http.Error(w, "use POST", http.StatusMethodNotAllowed)
+	req, done := s.readRequest(w, r, maxBody)
+	if req == nil {
 		return
 	}
-	// A declared length over the bound is refused before reading a byte;
-	// MaxBytesReader stops a chunked body at the bound and makes the HTTP
-	// server close the connection instead of reading the rest of it.
-	if r.ContentLength > maxBody {
-		http.Error(w, fmt.Sprintf("body too large: over %d bytes", maxBody), http.StatusRequestEntityTooLarge)
-		return
-	}
-	// The body is read before a slot of MaxConcurrent is taken: a client
-	// that sends it slowly (for up to the HTTP server's read timeout) must
-	// not hold a slot that gRPC requests need meanwhile.
-	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxBody))
-	if err != nil {
-		if _, ok := errors.AsType[*http.MaxBytesError](err); ok {
-			http.Error(w, fmt.Sprintf("body too large: over %d bytes", maxBody), http.StatusRequestEntityTooLarge)
-			return
-		}
-		http.Error(w, "reading body: "+err.Error(), http.StatusBadRequest)
-		return
-	}
-	if s.cfg.MaxConcurrent > 0 {
-		if !s.acquire() {
-			http.Error(w, status.Convert(s.shed()).Message(), http.StatusServiceUnavailable)
-			return
-		}
-		defer s.release()
-	}
-	var req rlsv3.RateLimitRequest
-	if err := protojson.Unmarshal(body, &req); err != nil {
-		http.Error(w, "invalid request: "+err.Error(), http.StatusBadRequest)
-		return
-	}
+	defer done()
 	ctx := r.Context()
 	var span trace.Span
 	if s.cfg.Tracer != nil {
 		ctx, span = s.startSpan(ctx, propagation.HeaderCarrier(r.Header), jsonSpanName, jsonAttributes)
 		defer span.End()
 	}
-	resp, err := s.shouldRateLimitJSON(ctx, &req)
+	resp, err := s.shouldRateLimitJSON(ctx, req)
 	if span != nil {
-		endSpan(span, &req, resp, err)
+		endSpan(span, req, resp, err)
 	}
 	if err != nil {
 		st, _ := status.FromError(err)
@@ -113,4 +82,62 @@ func (s *Service) serveJSON(w http.ResponseWriter, r *http.Request, maxBody int6
 	}
 	w.WriteHeader(code)
 	_, _ = w.Write(out)
+}
+
+// readRequest reads a RateLimitRequest posted in protobuf's JSON mapping,
+// of at most maxBody bytes, and takes its place among
+// Config.MaxConcurrent; done gives the place back. When it cannot, it
+// answers the request itself (see readBody; 503 at MaxConcurrent, 400
+// for a body that is no request) and returns nil.
+func (s *Service) readRequest(w http.ResponseWriter, r *http.Request, maxBody int64) (req *rlsv3.RateLimitRequest, done func()) {
+	// The body is read before a slot of MaxConcurrent is taken: a client
+	// that sends it slowly (for up to the HTTP server's read timeout) must
+	// not hold a slot that gRPC requests need meanwhile.
+	body, ok := readBody(w, r, maxBody)
+	if !ok {
+		return nil, nil
+	}
+	done = func() {}
+	if s.cfg.MaxConcurrent > 0 {
+		if !s.acquire() {
+			http.Error(w, status.Convert(s.shed()).Message(), http.StatusServiceUnavailable)
+			return nil, nil
+		}
+		done = s.release
+	}
+	req = &rlsv3.RateLimitRequest{}
+	if err := protojson.Unmarshal(body, req); err != nil {
+		done()
+		http.Error(w, "invalid request: "+err.Error(), http.StatusBadRequest)
+		return nil, nil
+	}
+	return req, done
+}
+
+// readBody reads the body of a POST of at most maxBody bytes; when it
+// cannot, it answers the request itself (405, 413 or 400) and returns
+// false.
+func readBody(w http.ResponseWriter, r *http.Request, maxBody int64) ([]byte, bool) {
+	if r.Method != http.MethodPost {
+		w.Header().Set("Allow", http.MethodPost)
+		http.Error(w, "use POST", http.StatusMethodNotAllowed)
+		return nil, false
+	}
+	// A declared length over the bound is refused before reading a byte;
+	// MaxBytesReader stops a chunked body at the bound and makes the HTTP
+	// server close the connection instead of reading the rest of it.
+	if r.ContentLength > maxBody {
+		http.Error(w, fmt.Sprintf("body too large: over %d bytes", maxBody), http.StatusRequestEntityTooLarge)
+		return nil, false
+	}
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxBody))
+	if err != nil {
+		if _, ok := errors.AsType[*http.MaxBytesError](err); ok {
+			http.Error(w, fmt.Sprintf("body too large: over %d bytes", maxBody), http.StatusRequestEntityTooLarge)
+			return nil, false
+		}
+		http.Error(w, "reading body: "+err.Error(), http.StatusBadRequest)
+		return nil, false
+	}
+	return body, true
 }

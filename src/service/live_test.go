@@ -2,8 +2,11 @@ package service_test
 
 import (
 	"fmt"
+	"slices"
 	"testing"
 	"time"
+
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 
 	"github.com/ratelimitd/ratelimit/src/limiter"
 	"github.com/ratelimitd/ratelimit/src/live"
@@ -57,22 +60,60 @@ func TestLiveViewAllocs(t *testing.T) {
 	if raceEnabled {
 		t.Skip("allocation counts mean nothing under -race; make allocs runs this test")
 	}
-	measure := func(rec *live.Recorder) float64 {
-		f := newFixture(t, service.Config{Live: rec})
-		// 4,000 calls over 300 users with a limit of 10: within, near, then over.
-		reqs := userRequests(300)
-		i := 0
-		allocs := testing.AllocsPerRun(4000, func() {
-			if _, err := f.svc.ShouldRateLimit(t.Context(), reqs[i%len(reqs)]); err != nil {
-				t.Fatal(err)
-			}
-			i++
-		})
-		return allocs
+	// 4,000 calls over 300 users with a limit of 10: within, near, then
+	// over; and as many that match nothing (an unknown domain, a key no
+	// rule has).
+	unmatched := make([]*rlsv3.RateLimitRequest, 300)
+	for i := range unmatched {
+		unmatched[i] = req(desc("usr", fmt.Sprint("u", i)))
+		if i%2 == 0 {
+			unmatched[i].Domain = fmt.Sprint("domain-", i)
+		}
 	}
-	off, on := measure(nil), measure(live.New(live.Config{}))
-	if on > off {
-		t.Fatalf("a decision allocates %v times with the live view, %v without", on, off)
+	for _, reqs := range [][]*rlsv3.RateLimitRequest{userRequests(300), unmatched} {
+		off, on := measureLiveAllocs(t, nil, reqs), measureLiveAllocs(t, live.New(live.Config{}), reqs)
+		if on > off {
+			t.Fatalf("a decision allocates %v times with the live view, %v without", on, off)
+		}
+		t.Logf("allocations per decision: %v with the live view, %v without", on, off)
 	}
-	t.Logf("allocations per decision: %v with the live view, %v without", on, off)
+}
+
+// measureLiveAllocs returns the allocations of a decision of one of reqs
+// in turn, with rec.
+func measureLiveAllocs(t *testing.T, rec *live.Recorder, reqs []*rlsv3.RateLimitRequest) float64 {
+	t.Helper()
+	f := newFixture(t, service.Config{Live: rec})
+	i := 0
+	allocs := testing.AllocsPerRun(4000, func() {
+		if _, err := f.svc.ShouldRateLimit(t.Context(), reqs[i%len(reqs)]); err != nil {
+			t.Fatal(err)
+		}
+		i++
+	})
+	return allocs
+}
+
+// TestLiveViewSeesUnmatched: the service tells the recorder the requests
+// for an unknown domain and the descriptors that no rule matched, and
+// nothing of those that matched.
+func TestLiveViewSeesUnmatched(t *testing.T) {
+	rec := live.New(live.Config{Now: func() time.Time { return epoch }})
+	f := newFixture(t, service.Config{Live: rec})
+	other := req(desc("user", "alice"), desc("ip", "10.0.0.1"))
+	other.Domain = "tset"
+	f.call(t, other)
+	f.call(t, req(desc("usr", "alice"), desc("user", "alice"), desc("path", "/x", "verb", "GET")))
+	if got := rec.UnknownDomains(10); len(got) != 1 || got[0].Domain != "tset" || got[0].Count != 1 {
+		t.Errorf("unknown domains: %+v, want tset once (a request, not its descriptors)", got)
+	}
+	got := rec.UnmatchedKeys(10)
+	var chains []string
+	for _, u := range got {
+		chains = append(chains, u.Domain+":"+fmt.Sprint(u.Keys))
+	}
+	slices.Sort(chains)
+	if fmt.Sprint(chains) != "[test:[path verb] test:[usr]]" {
+		t.Errorf("unmatched key chains: %v, want test's [path verb] and [usr] (those of tset are in the domain's count)", chains)
+	}
 }

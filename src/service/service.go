@@ -186,8 +186,9 @@ type Service struct {
 	statKeysOverflow *stats.Counter
 
 	// unavailableLog, errorLog and degradedLog hold back log lines past
-	// one a second.
+	// one a second; unknownDomainLog and noRuleLog too (unmatched.go).
 	unavailableLog, errorLog, degradedLog wire.LogEvery
+	unknownDomainLog, noRuleLog           wire.LogEvery
 	globalShadow                          *stats.Counter
 	totalRequests                         *stats.Counter
 	// responseTime is the anchor's response-time timer, which it records
@@ -299,6 +300,9 @@ type scratch struct {
 	each         []limiter.Status
 	eachCounters []*ruleCounters
 	eachOff      []int
+	// quiet matches without a side effect: no statistics, log line or
+	// live view (Explain).
+	quiet bool
 }
 
 func (s *Service) getScratch(n, entries int) *scratch {
@@ -313,6 +317,7 @@ func (s *Service) getScratch(n, entries int) *scratch {
 	sc.unlim = grow(sc.unlim, n)
 	sc.eachOff = grow(sc.eachOff, n)
 	sc.eachCounters = sc.eachCounters[:0]
+	sc.quiet = false
 	if cap(sc.entries) < entries {
 		sc.entries = make([]rules.Entry, 0, entries)
 	}
@@ -548,9 +553,12 @@ func outage(err error) bool {
 // statistics each counts under.
 func (s *Service) match(cfg *rules.Config, req *rlsv3.RateLimitRequest, sc *scratch) {
 	domain := req.GetDomain()
-	if !cfg.HasDomain(domain) {
+	known := cfg.HasDomain(domain)
+	if !known && !sc.quiet {
 		// As the anchor, once per descriptor looked up in no domain.
 		s.domainNotFound(domain).Add(uint64(len(req.GetDescriptors())))
+		s.logUnknownDomain(cfg, domain)
+		s.cfg.Live.UnknownDomain(domain)
 	}
 	requestHits := uint64(req.GetHitsAddend())
 	if requestHits == 0 {
@@ -578,15 +586,21 @@ func (s *Service) match(cfg *rules.Config, req *rlsv3.RateLimitRequest, sc *scra
 			// configured domain: a migration must not start limiting
 			// traffic that was never limited. Without entries there is
 			// nothing to key it on.
-			if len(entries) == 0 || !cfg.HasDomain(domain) {
+			if len(entries) == 0 || !known {
 				continue
 			}
 			ld.Limit = overrideLimit(domain, entries, o)
-			sc.counters[i] = s.overrideCounters(domain, entries)
+			if !sc.quiet {
+				sc.counters[i] = s.overrideCounters(domain, entries)
+			}
 			continue
 		}
 		m := cfg.Match(domain, entries)
 		if m.Limit == nil {
+			if known && !sc.quiet {
+				s.logNoRule(domain, entries)
+				s.cfg.Live.NoRule(domain, entries)
+			}
 			continue
 		}
 		if unlimited(m.Limit) {
@@ -594,14 +608,20 @@ func (s *Service) match(cfg *rules.Config, req *rlsv3.RateLimitRequest, sc *scra
 			continue
 		}
 		ld.Limit = m.Limit
-		sc.counters[i] = s.matchCounters(&m)
+		if !sc.quiet {
+			sc.counters[i] = s.matchCounters(&m)
+		}
 		if m.KeyEntries != nil {
 			ld.Entries = m.KeyEntries
 		}
 		if m.Limit.InList() {
 			sc.eachOff[i] = len(sc.eachCounters)
 			for _, l := range m.Limit.Limits {
-				sc.eachCounters = append(sc.eachCounters, s.limitCounters(&m, l))
+				var c *ruleCounters
+				if !sc.quiet {
+					c = s.limitCounters(&m, l)
+				}
+				sc.eachCounters = append(sc.eachCounters, c)
 			}
 		}
 		if m.Limit.InList() {

@@ -6,11 +6,13 @@ package settings
 import (
 	"errors"
 	"fmt"
+	"net"
 	"net/url"
 	"os"
 	"regexp"
 	"slices"
 	"sort"
+	"strconv"
 	"strings"
 	"time"
 
@@ -905,17 +907,27 @@ func (s *Settings) validateRemoteStores(bad func(name, format string, args ...an
 		bad("MEMCACHE_MAX_IN_FLIGHT", "must be at least 1")
 	}
 	for _, r := range []struct {
-		name, socket, typ string
-		timeout           time.Duration
-		pool              int
+		name, socket, typ, url string
+		timeout                time.Duration
+		pool                   int
+		used                   bool
 	}{
-		{"REDIS", s.RedisSocketType, s.RedisType, s.RedisTimeout, s.RedisPoolSize},
-		{"REDIS_PERSECOND", s.RedisPerSecondSocketType, s.RedisPerSecondType, s.RedisPerSecondTimeout, s.RedisPerSecondPoolSize},
+		{"REDIS", s.RedisSocketType, s.RedisType, s.RedisURL, s.RedisTimeout, s.RedisPoolSize, s.BackendType == BackendRedis},
+		{"REDIS_PERSECOND", s.RedisPerSecondSocketType, s.RedisPerSecondType, s.RedisPerSecondURL, s.RedisPerSecondTimeout, s.RedisPerSecondPoolSize,
+			s.BackendType == BackendRedis && s.RedisPerSecond},
 	} {
 		switch r.socket {
 		case "tcp", "unix":
 		default:
 			bad(r.name+"_SOCKET_TYPE", "unknown socket type %q (want tcp or unix)", r.socket)
+		}
+		// The socket type is unix by default, as in the anchor, and
+		// only SINGLE dials with it: a TCP address there would fail
+		// at every dial with "dial unix host:port: no such file or
+		// directory".
+		if r.used && r.socket == "unix" && strings.EqualFold(r.typ, "SINGLE") && tcpAddress(r.url) {
+			bad(r.name+"_URL", "%q is a TCP address, but %s_SOCKET_TYPE is unix (its default, as in envoyproxy/ratelimit): set %s_SOCKET_TYPE=tcp",
+				r.url, r.name, r.name)
 		}
 		switch strings.ToUpper(r.typ) {
 		case "SINGLE", "SENTINEL", "CLUSTER":
@@ -929,6 +941,25 @@ func (s *Settings) validateRemoteStores(bad func(name, format string, args ...an
 			bad(r.name+"_POOL_SIZE", "must be positive")
 		}
 	}
+}
+
+// tcpAddress reports whether a REDIS_URL is a TCP address, host:port or a
+// redis:// or rediss:// URL, rather than a socket path: a path names no
+// port, or holds a '/'.
+func tcpAddress(addr string) bool {
+	lower := strings.ToLower(addr)
+	if strings.HasPrefix(lower, "redis://") || strings.HasPrefix(lower, "rediss://") {
+		return true
+	}
+	if strings.Contains(addr, "/") {
+		return false
+	}
+	_, port, err := net.SplitHostPort(addr)
+	if err != nil || port == "" {
+		return false
+	}
+	_, err = strconv.ParseUint(port, 10, 16)
+	return err == nil
 }
 
 // Values of RLQS_ENABLED.

@@ -126,6 +126,13 @@ func TestMalformedValuesNameTheVariable(t *testing.T) {
 		{"breaker_probe_too_rare", map[string]string{"STORE_BREAKER_PROBE_INTERVAL": "2m"}, []string{"STORE_BREAKER_PROBE_INTERVAL"}},
 		{"failure_mode", map[string]string{"STORE_FAILURE_MODE": "open"}, []string{"STORE_FAILURE_MODE", "open", "error or local"}},
 		{"several", map[string]string{"BACKEND_TYPE": "foo", "LOG_LEVEL": "loud"}, []string{"BACKEND_TYPE", "LOG_LEVEL"}},
+		{"redis_host_port_on_unix", map[string]string{"BACKEND_TYPE": "redis", "REDIS_URL": "redis:6379"},
+			[]string{"REDIS_URL", `"redis:6379"`, "REDIS_SOCKET_TYPE is unix", "set REDIS_SOCKET_TYPE=tcp"}},
+		{"redis_inferred_host_port_on_unix", map[string]string{"REDIS_URL": "10.0.0.7:6379"}, []string{"REDIS_URL", "set REDIS_SOCKET_TYPE=tcp"}},
+		{"redis_ipv6_on_unix", map[string]string{"BACKEND_TYPE": "redis", "REDIS_SOCKET_TYPE": "unix", "REDIS_URL": "[::1]:6379"}, []string{"REDIS_SOCKET_TYPE=tcp"}},
+		{"redis_url_scheme_on_unix", map[string]string{"BACKEND_TYPE": "redis", "REDIS_URL": "redis://redis:6379/0"}, []string{"REDIS_URL", "REDIS_SOCKET_TYPE=tcp"}},
+		{"redis_persecond_on_unix", map[string]string{"BACKEND_TYPE": "redis", "REDIS_SOCKET_TYPE": "tcp", "REDIS_URL": "r:6379",
+			"REDIS_PERSECOND": "true", "REDIS_PERSECOND_URL": "r2:6379"}, []string{"REDIS_PERSECOND_URL", "set REDIS_PERSECOND_SOCKET_TYPE=tcp"}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -376,19 +383,56 @@ func TestBackendInferredFromRedisSettings(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			clearEnv(t)
-			for k, v := range tt.env {
-				t.Setenv(k, v)
-			}
-			s, err := Load()
-			if err != nil {
-				t.Fatal(err)
-			}
+			s := loadOnly(t, tt.env)
 			if s.BackendType != tt.want || !strings.HasPrefix(s.BackendInferred(), tt.inferred) || (tt.inferred == "") != (s.BackendInferred() == "") {
 				t.Errorf("BackendType %q (inferred from %q), want %q", s.BackendType, s.BackendInferred(), tt.want)
 			}
 		})
 	}
+}
+
+// TestRedisSocketTypeKept: the anchor's default socket type (unix) and
+// every REDIS_URL that fits its socket type still load: socket paths on
+// unix, addresses on tcp, and the Sentinel and Cluster lists, which are
+// dialled over TCP whatever the socket type; an address on unix is refused
+// only for the store in use.
+func TestRedisSocketTypeKept(t *testing.T) {
+	tests := []struct {
+		name string
+		env  map[string]string
+	}{
+		{"default_path", map[string]string{"BACKEND_TYPE": "redis"}},
+		{"path_on_unix", map[string]string{"BACKEND_TYPE": "redis", "REDIS_URL": "/run/redis/redis.sock"}},
+		{"relative_path_on_unix", map[string]string{"BACKEND_TYPE": "redis", "REDIS_URL": "redis.sock"}},
+		{"address_on_tcp", map[string]string{"BACKEND_TYPE": "redis", "REDIS_SOCKET_TYPE": "tcp", "REDIS_URL": "redis:6379"}},
+		{"sentinel_on_unix", map[string]string{"BACKEND_TYPE": "redis", "REDIS_TYPE": "SENTINEL", "REDIS_URL": "mymaster,s1:26379,s2:26379"}},
+		{"cluster_on_unix", map[string]string{"BACKEND_TYPE": "redis", "REDIS_TYPE": "CLUSTER", "REDIS_URL": "n1:6379,n2:6379"}},
+		{"memory_store", map[string]string{"BACKEND_TYPE": "memory", "REDIS_URL": "redis:6379"}},
+		{"persecond_off", map[string]string{"BACKEND_TYPE": "redis", "REDIS_SOCKET_TYPE": "tcp", "REDIS_URL": "r:6379", "REDIS_PERSECOND_URL": "r2:6379"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			s := loadOnly(t, tt.env)
+			if tt.env["REDIS_SOCKET_TYPE"] == "" && s.RedisSocketType != "unix" {
+				t.Errorf("REDIS_SOCKET_TYPE = %q by default, want unix (the anchor's)", s.RedisSocketType)
+			}
+		})
+	}
+}
+
+// loadOnly loads the settings with env and none of the store's from the
+// process's environment.
+func loadOnly(t *testing.T, env map[string]string) *Settings {
+	t.Helper()
+	clearEnv(t)
+	for k, v := range env {
+		t.Setenv(k, v)
+	}
+	s, err := Load()
+	if err != nil {
+		t.Fatalf("Load() with %v: %v", env, err)
+	}
+	return s
 }
 
 // clearEnv unsets, for this test only, the variables that choose the store.

@@ -8,8 +8,10 @@ import (
 // LogEvery lets one log line of a kind through per interval and counts
 // the ones it holds back, so that an outage, or a client whose requests
 // fail one by one, cannot flood the logs with a line per request: the
-// counters (redis_error, service_error, the quota service's refusals) still count every one. It is safe
-// for concurrent use; the zero value lets the first line through.
+// counters (redis_error, service_error, the quota service's refusals)
+// still count every one. Both fronts and the server's listener warnings
+// use it, at one pace. It is safe for concurrent use; the zero value lets
+// the first line through.
 type LogEvery struct {
 	next       atomic.Int64 // Unix ns before which lines are held back
 	suppressed atomic.Uint64

@@ -5,6 +5,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/ratelimitd/ratelimit/src/live"
 	"github.com/ratelimitd/ratelimit/src/rules"
 )
 
@@ -258,6 +259,62 @@ func (h *Handler) store() storeDoc {
 	}
 	if c := s.NearCache; c != nil {
 		doc.NearCache = &nearCacheDoc{Entries: c.Entries}
+	}
+	return doc
+}
+
+type unknownDomainDoc struct {
+	Domain             string  `json:"domain"`
+	Count              uint64  `json:"count"`
+	CountError         uint64  `json:"count_error"`
+	LastSeenSecondsAgo float64 `json:"last_seen_seconds_ago"`
+}
+
+type unmatchedKeyDoc struct {
+	Domain string   `json:"domain"`
+	Keys   []string `json:"keys"`
+	// Example is the last descriptor of these keys, values shown as
+	// Config.Values says.
+	Example            []entryDoc `json:"example"`
+	Truncated          bool       `json:"truncated"`
+	Count              uint64     `json:"count"`
+	CountError         uint64     `json:"count_error"`
+	LastSeenSecondsAgo float64    `json:"last_seen_seconds_ago"`
+}
+
+type unmatchedCapacityDoc struct {
+	Domains int `json:"domains"`
+	Keys    int `json:"keys"`
+}
+
+type unmatchedDoc struct {
+	Capacity unmatchedCapacityDoc `json:"capacity"`
+	Values   string               `json:"values"`
+	Domains  []unknownDomainDoc   `json:"domains"`
+	Keys     []unmatchedKeyDoc    `json:"keys"`
+}
+
+// unmatched returns the n unknown domains and the n key chains of
+// descriptors that matched no rule, the most recent requests first.
+func (h *Handler) unmatched(n int) unmatchedDoc {
+	doc := unmatchedDoc{
+		Capacity: unmatchedCapacityDoc{Domains: live.MaxUnknownDomains, Keys: live.MaxUnmatchedKeys},
+		Values:   h.values.values.String(), Domains: []unknownDomainDoc{}, Keys: []unmatchedKeyDoc{},
+	}
+	now := time.Now()
+	ago := func(t time.Time) float64 { return max(now.Sub(t).Seconds(), 0) }
+	for _, u := range h.cfg.Live.UnknownDomains(n) {
+		doc.Domains = append(doc.Domains, unknownDomainDoc{u.Domain, u.Count, u.CountError, ago(u.Seen)})
+	}
+	for _, u := range h.cfg.Live.UnmatchedKeys(n) {
+		kd := unmatchedKeyDoc{
+			Domain: u.Domain, Keys: u.Keys, Example: make([]entryDoc, len(u.Example)), Truncated: u.Truncated,
+			Count: u.Count, CountError: u.CountError, LastSeenSecondsAgo: ago(u.Seen),
+		}
+		for i, e := range u.Example {
+			kd.Example[i] = entryDoc{e.Key, h.values.show(e.Value)}
+		}
+		doc.Keys = append(doc.Keys, kd)
 	}
 	return doc
 }

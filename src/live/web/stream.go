@@ -26,7 +26,9 @@ type streamDoc struct {
 	// store_errors] of that second.
 	Totals  [5]uint32  `json:"totals"`
 	TopKeys topKeysDoc `json:"topkeys"`
-	Store   storeDoc   `json:"store"`
+	// Unmatched is /api/v1/unmatched's document (10 of each).
+	Unmatched unmatchedDoc `json:"unmatched"`
+	Store     storeDoc     `json:"store"`
 }
 
 // event returns the current event, encoded once per second for every
@@ -39,7 +41,8 @@ func (h *Handler) event() (time.Time, []byte) {
 		return h.eventEnd, h.eventData
 	}
 	_, version := h.cfg.Live.Rules()
-	doc := streamDoc{RulesVersion: version, Rules: map[string][3]uint32{}, TopKeys: h.topKeys(defaultTopKeys, ""), Store: h.store()}
+	doc := streamDoc{RulesVersion: version, Rules: map[string][3]uint32{}, TopKeys: h.topKeys(defaultTopKeys, ""),
+		Unmatched: h.unmatched(defaultTopKeys), Store: h.store()}
 	if src := h.cfg.Source(); src.LastError != "" {
 		doc.LoadErrorAt = src.LastErrorAt.UTC().Format(time.RFC3339Nano)
 	}

@@ -1,7 +1,7 @@
 // Package web is the live view's HTTP side, served on the debug listener:
-// a JSON API (/api/v1/rules, /api/v1/traffic, /api/v1/topkeys), a stream
-// of server-sent events with the live figures (/api/v1/stream), and a
-// self-contained page (/ui/) that uses only that API. The page's files are
+// a JSON API (/api/v1/rules, /api/v1/traffic, /api/v1/topkeys,
+// /api/v1/unmatched), a stream of server-sent events with the live
+// figures (/api/v1/stream), and a self-contained page (/ui/) that uses only that API. The page's files are
 // embedded in the binary and load nothing from elsewhere, so it works in
 // air-gapped clusters.
 //
@@ -145,8 +145,9 @@ func New(cfg Config) *Handler {
 	h.mux.HandleFunc("GET /api/v1/topkeys", h.serveTopKeys)
 	h.mux.HandleFunc("GET /api/v1/stream", h.serveStream)
 	h.mux.HandleFunc("GET /api/v1/quota", h.serveQuota)
+	h.mux.HandleFunc("GET /api/v1/unmatched", h.serveUnmatched)
 	h.mux.HandleFunc("GET /api/", func(w http.ResponseWriter, _ *http.Request) {
-		writeError(w, http.StatusNotFound, "no such endpoint: see /api/v1/rules, /api/v1/traffic, /api/v1/topkeys, /api/v1/stream, /api/v1/quota")
+		writeError(w, http.StatusNotFound, "no such endpoint: see /api/v1/rules, /api/v1/traffic, /api/v1/topkeys, /api/v1/unmatched, /api/v1/stream, /api/v1/quota")
 	})
 	return h
 }
@@ -235,4 +236,13 @@ func (h *Handler) serveTopKeys(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	writeJSON(w, h.topKeys(n, r.URL.Query().Get("domain")))
+}
+
+func (h *Handler) serveUnmatched(w http.ResponseWriter, r *http.Request) {
+	n, ok := intParam(r, "n", defaultTopKeys, 1, maxTopKeys)
+	if !ok {
+		writeError(w, http.StatusBadRequest, "n: a whole number from 1 to "+strconv.Itoa(maxTopKeys))
+		return
+	}
+	writeJSON(w, h.unmatched(n))
 }

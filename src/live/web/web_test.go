@@ -178,6 +178,38 @@ func TestTrafficAndTopKeys(t *testing.T) {
 	}
 }
 
+// TestUnmatchedDocument: /api/v1/unmatched lists the unknown domains and
+// the key chains that matched no rule, with an example whose values are
+// shown as LIVE_VIEW_VALUES says, and the stream's events carry it.
+func TestUnmatchedDocument(t *testing.T) {
+	f := newFixture(t, Config{Values: HashedValues})
+	for range 3 {
+		f.rec.UnknownDomain("<b>wbe</b>")
+	}
+	f.rec.NoRule("api", []rules.Entry{{Key: "usr", Value: "alice"}})
+	resp, b := get(t, f.srv.URL+"/api/v1/unmatched?n=5")
+	if resp.StatusCode != http.StatusOK || strings.Contains(string(b), "<b>") || strings.Contains(string(b), "alice") {
+		t.Fatalf("unmatched: %s: %s (markup unescaped, or a value shown with LIVE_VIEW_VALUES=hashed)", resp.Status, b)
+	}
+	var doc unmatchedDoc
+	if err := json.Unmarshal(b, &doc); err != nil {
+		t.Fatal(err)
+	}
+	if doc.Capacity.Domains != live.MaxUnknownDomains || doc.Capacity.Keys != live.MaxUnmatchedKeys || doc.Values != "hashed" ||
+		len(doc.Domains) != 1 || doc.Domains[0].Domain != "<b>wbe</b>" || doc.Domains[0].Count != 3 {
+		t.Fatalf("unmatched document: %+v", doc)
+	}
+	if len(doc.Keys) != 1 || fmt.Sprint(doc.Keys[0].Keys) != "[usr]" || doc.Keys[0].Example[0].Key != "usr" ||
+		!strings.HasPrefix(doc.Keys[0].Example[0].Value, "#") {
+		t.Fatalf("unmatched keys: %+v", doc.Keys)
+	}
+	_, next := stream(t, t.Context(), f.srv.URL)
+	var ev streamDoc
+	if err := json.Unmarshal([]byte(next()), &ev); err != nil || len(ev.Unmatched.Domains) != 1 || len(ev.Unmatched.Keys) != 1 {
+		t.Fatalf("stream event's unmatched: %+v, %v", ev.Unmatched, err)
+	}
+}
+
 func TestBadRequests(t *testing.T) {
 	f := newFixture(t, Config{})
 	for _, tt := range []struct {
@@ -188,6 +220,8 @@ func TestBadRequests(t *testing.T) {
 		{"/api/v1/topkeys?n=101", http.StatusBadRequest},
 		{"/api/v1/topkeys?n=x", http.StatusBadRequest},
 		{"/api/v1/traffic?seconds=301", http.StatusBadRequest},
+		{"/api/v1/unmatched?n=0", http.StatusBadRequest},
+		{"/api/v1/unmatched?n=101", http.StatusBadRequest},
 		{"/api/v1/nope", http.StatusNotFound},
 		{"/api/v2/rules", http.StatusNotFound},
 		{"/ui/nope.js", http.StatusNotFound},

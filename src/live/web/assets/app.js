@@ -265,6 +265,52 @@
     applyFilter();
   }
 
+  // ---- requests that matched nothing ----
+
+  // unmatchedTable is a table of rows under a heading; rows are lists of
+  // cells, the last one the recent count.
+  function unmatchedTable(title, head, rows) {
+    const tbody = el("tbody");
+    for (const r of rows) {
+      const tr = el("tr", {}, ...r.cells);
+      tr.dataset.text = r.text.toLowerCase();
+      tbody.append(tr);
+    }
+    return el("section", { class: "domain", "aria-label": title },
+      el("h3", {}, title),
+      el("div", { class: "table-wrap" }, el("table", {},
+        el("thead", {}, el("tr", {}, ...head.map((h, i) =>
+          el("th", { scope: "col", class: i === head.length - 1 ? "num" : "" }, h)))),
+        tbody)));
+  }
+
+  function renderUnmatched(doc) {
+    const body = $("unmatched-body");
+    body.replaceChildren();
+    const recent = (u) => el("td", { class: "num", title: "recent (± " + u.count_error + ")" }, fmtNum(u.count));
+    if (doc.domains.length > 0) {
+      body.append(unmatchedTable("Unknown domains", ["Domain", "Requests, recent"], doc.domains.map((u) => ({
+        cells: [el("td", { class: "key" }, u.domain), recent(u)], text: u.domain,
+      }))));
+    }
+    if (doc.keys.length > 0) {
+      body.append(unmatchedTable("Keys no rule matched", ["Domain", "Keys", "Last descriptor", "Descriptors, recent"], doc.keys.map((u) => {
+        const ex = el("td", { class: "key" });
+        u.example.forEach((e, i) => {
+          if (i) ex.append(", ");
+          ex.append(el("span", { class: "k" }, e.key + "="), el("span", { class: "v" }, e.value));
+        });
+        if (u.truncated) ex.append(el("span", { class: "dim", title: "cut to 256 bytes" }, "…"));
+        return {
+          cells: [el("td", { class: "key" }, u.domain), el("td", { class: "key" }, u.keys.join(", ")), ex, recent(u)],
+          text: u.domain + " " + u.keys.join(" ") + " " + u.example.map((e) => e.key + "=" + e.value).join(", "),
+        };
+      })));
+    }
+    if (body.childElementCount === 0) body.append(el("p", { class: "empty" }, "Every request of the last minute matched a rule."));
+    applyFilter();
+  }
+
   // ---- store ----
 
   function renderStore(s, t) {
@@ -356,7 +402,7 @@
 
   function applyFilter() {
     const f = state.filter;
-    for (const tr of document.querySelectorAll("#rules-body tr[data-id], #keys-body tbody tr, #quota-body tbody tr")) {
+    for (const tr of document.querySelectorAll("#rules-body tr[data-id], #keys-body tbody tr, #unmatched-body tbody tr, #quota-body tbody tr")) {
       const text = tr.dataset.text || (state.rows.get(tr.dataset.id) || {}).text || "";
       tr.hidden = f !== "" && !text.includes(f);
     }
@@ -393,6 +439,7 @@
     if (e.key === "/") { e.preventDefault(); $("filter").focus(); }
     else if (e.key === "p") setPaused(!state.paused);
     else if (e.key === "k") $("keys").focus();
+    else if (e.key === "u") $("unmatched").focus();
     else if (e.key === "r") $("rules").focus();
     else if (e.key === "q") $("quota").focus();
   });
@@ -411,7 +458,7 @@
     if (state.loading) return;
     state.loading = true;
     try {
-      const [rules, traffic, keys] = await Promise.all([getJSON("rules"), getJSON("traffic"), getJSON("topkeys")]);
+      const [rules, traffic, keys, unmatched] = await Promise.all([getJSON("rules"), getJSON("traffic"), getJSON("topkeys"), getJSON("unmatched")]);
       state.rulesKey = rules.version + "|" + (rules.last_error ? rules.last_error.at : "");
       state.end = traffic.end;
       state.series.clear();
@@ -423,6 +470,7 @@
       renderRules(rules);
       renderFigures();
       renderKeys(keys);
+      renderUnmatched(unmatched);
       renderStore(traffic.store, state.totals);
       applyFilter();
     } finally {
@@ -461,6 +509,7 @@
   function render(ev) {
     renderFigures();
     renderKeys(ev.topkeys);
+    renderUnmatched(ev.unmatched);
     renderStore(ev.store, state.totals);
   }
 
