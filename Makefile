@@ -12,7 +12,7 @@ VERSION  ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev
 # in cmd/ratelimit checks that they agree).
 BUILDFLAGS = -trimpath -ldflags "-s -w -X main.version=$(VERSION)"
 
-.PHONY: help build run demo test test-busy test-timing-busy race unit allocs lint imports check ci bench bench-envoy bench-h2load bench-tuning bench-overload bench-go soak fuzz fuzz-all docker servers clean
+.PHONY: help build run demo test test-short test-busy test-timing-busy race unit allocs lint imports check ci bench bench-envoy bench-h2load bench-tuning bench-overload bench-go soak fuzz fuzz-all docker servers clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN{FS=":.*## "}{printf "  %-10s %s\n", $$1, $$2}'
@@ -59,8 +59,10 @@ test-timing-busy: servers ## the timing-sensitive tests beside two CPU-bound pro
 
 race: test ## same as test: the suite always runs with -race
 
-unit: ## fast tests only, without the race detector
+test-short: servers ## the quick loop (under 2 minutes here): every package's fast tests, without the race detector; -short skips the integration tests that start many processes or wait through wall-clock phases
 	$(GO) test -short -count=1 $(PKGS)
+
+unit: test-short ## same as test-short
 
 allocs: ## the allocation and heap tests, which -race skips (its pools drop items at random; its shadow memory swamps heap figures)
 	$(GO) test -count=1 -run 'Alloc|TestCacheKeyAppends|TestHeap' ./src/...

@@ -169,6 +169,7 @@ func TestConfigMapUpdateAppliesWithin2s(t *testing.T) {
 // whose limit changes at each reload keeps its key too (the window and
 // algorithm stay), so it counts every request as well.
 func TestConfigMapReloadsUnderTraffic(t *testing.T) {
+	slow(t)
 	t.Parallel() // one of the long tests that mostly wait: see TestMain
 	const (
 		reloads = 100

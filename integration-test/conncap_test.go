@@ -23,6 +23,7 @@ import (
 // waits while the two working ones keep being served; when the handshake
 // timeout drops the silent ones, the fifth is served.
 func TestGRPCConnectionCapMakesNewConnectionsWait(t *testing.T) {
+	slow(t)
 	t.Parallel() // one of the long tests that mostly wait: see TestMain
 	// Every client is 127.0.0.1 here: no share of its own per address
 	// (TestPeerShareOfConnections tries the share).

@@ -34,6 +34,7 @@ func getHost(t *testing.T, url, host string) (int, string) {
 // rules, the top keys and pprof's command line answered any Host. A
 // capture, which holds client values, is under the same rules (issue 29).
 func TestDebugListenerAnswersItsOwnHostsOnly(t *testing.T) {
+	slow(t)
 	p := start(t, map[string]string{"web.yaml": webRules}, "DEBUG_ALLOWED_HOSTS=ratelimit.ops.internal")
 	port := p.debug[strings.LastIndex(p.debug, ":"):]
 	for _, path := range []string{"/", "/rlconfig", "/stats", "/metrics", "/debug/pprof/cmdline", "/ui/", "/api/v1/rules", "/api/v1/topkeys",

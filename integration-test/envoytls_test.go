@@ -79,6 +79,7 @@ func writeFiles(t *testing.T, files map[string][]byte) string {
 }
 
 func TestRealEnvoyGatewayTLS(t *testing.T) {
+	slow(t)
 	ca := tlstest.NewCA(t, "envoy-gateway CA")
 	first := ca.Server(t)
 	sec := tlsSecret(t, first, ca)

@@ -508,6 +508,7 @@ func (l *load) stopAfter(d time.Duration) [][]answer {
 // Sentinel failover; one Cluster master down. See testFault for what is
 // checked; docs/RELIABILITY.md records the figures.
 func TestFaultsUnderLoad(t *testing.T) {
+	slow(t)
 	redisFault := func(t *testing.T, inject, fix func(r *storetest.RedisServer) error) fault {
 		r := storetest.StartRedis(t, storetest.RedisOptions{})
 		t.Cleanup(func() { _ = r.Thaw() })

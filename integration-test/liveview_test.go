@@ -62,6 +62,7 @@ func chromium(t *testing.T) string {
 // good one's new limit. With LIVE_VIEW_SCREENSHOT=FILE it saves a
 // screenshot of the memory run there (docs/ui.png is made so).
 func TestLiveViewInBrowser(t *testing.T) {
+	slow(t)
 	busyParallel(t)
 	alloc, cancel := chromedp.NewExecAllocator(t.Context(), append(chromedp.DefaultExecAllocatorOptions[:],
 		chromedp.ExecPath(chromium(t)), chromedp.NoSandbox, chromedp.WindowSize(1400, 1000))...)

@@ -40,6 +40,7 @@ const loadConcurrency = 1024
 // connection.) No bound is put on the calls' latency: the machine may be
 // busy.
 func TestHealthyStoreUnderLoad(t *testing.T) {
+	slow(t)
 	tests := []struct {
 		name   string
 		env    func(t *testing.T) []string

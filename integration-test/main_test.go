@@ -14,6 +14,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -96,6 +97,17 @@ func busyParallel(t *testing.T) {
 	apart.enter(t, busyGroup)
 }
 
+// slow marks a test that starts many processes, or waits through
+// wall-clock phases (seconds of load, leases, reports): make test-short
+// (go test -short) skips it, so that the quick loop stays quick; make test
+// and CI run every test.
+func slow(t *testing.T) {
+	t.Helper()
+	if testing.Short() {
+		t.Skip("slow: make test runs it; -short (make test-short) skips it")
+	}
+}
+
 func TestMain(m *testing.M) {
 	flag.Parse()
 	set := false
@@ -113,7 +125,13 @@ func TestMain(m *testing.M) {
 	}
 	buildDir = dir
 	binary = filepath.Join(dir, "ratelimit")
-	build := exec.Command("go", "build", "-race", "-o", binary, "github.com/ratelimitd/ratelimit/cmd/ratelimit")
+	// The service runs under the race detector, but for make test-short's
+	// quick loop: its link alone takes most of a minute here.
+	args := []string{"build", "-race", "-o", binary, "github.com/ratelimitd/ratelimit/cmd/ratelimit"}
+	if testing.Short() {
+		args = slices.Delete(args, 1, 2)
+	}
+	build := exec.Command("go", args...)
 	build.Stdout, build.Stderr = os.Stdout, os.Stderr
 	if err := build.Run(); err != nil {
 		fmt.Fprintln(os.Stderr, "integration: building the service:", err)

@@ -31,6 +31,7 @@ func TestInstancesShareCountsThroughMemcached(t *testing.T) {
 }
 
 func TestMemcachedOutageFailsFastAndRecovers(t *testing.T) {
+	slow(t)
 	m := storetest.StartMemcached(t)
 	testOutageFailsFastAndRecovers(t, m.Stop, m.Start, memcacheEnv(m))
 }

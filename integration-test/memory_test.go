@@ -21,6 +21,7 @@ import (
 // limit stays over (the flood cannot reset its counter), and /stats counts
 // the keys evicted under their limit.
 func TestMemoryFloodAtCeiling(t *testing.T) {
+	slow(t)
 	const rules = `domain: flood
 descriptors:
   - key: user

@@ -70,6 +70,7 @@ func padded(t *testing.T, size int) *rlsv3.RateLimitRequest {
 // ResourceExhausted before they are read whole, and the process's peak RSS
 // stays under maxPeakMB. It measures the service built without -race.
 func TestLargeGRPCMessagesKeepMemoryBounded(t *testing.T) {
+	slow(t)
 	busyParallel(t)
 	// Measured on 2 loaded cores: a peak of 83 to 124 MB (about 30 MB of
 	// live heap: 150 messages in flight, read and decoded, and each

@@ -162,6 +162,7 @@ func degraded(resp *rlsv3.RateLimitResponse) bool {
 // outageRecover, and the local counts are not merged into it. With
 // STORE_FAILURE_MODE=error the outage is an error, as before.
 func TestDegradedModeOverTheWire(t *testing.T) {
+	slow(t)
 	tests := []struct {
 		name  string
 		mode  string

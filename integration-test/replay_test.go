@@ -96,6 +96,7 @@ func replayTraffic(n int) []*rlsv3.RateLimitRequest {
 // descriptor as the service did; against stricter rules it reports what
 // they change.
 func TestReplayOfTheRunningService(t *testing.T) {
+	slow(t)
 	p := start(t, map[string]string{"rp.yaml": replayRules}, "USE_STATSD=false")
 	c := p.client(t)
 	reqs := replayTraffic(1500)

@@ -382,6 +382,7 @@ func oneOfTwoQuotaRuns(t *testing.T) {
 // ended. Through it all, the tenant's admitted requests, all Envoys
 // together, stay within the bound.
 func TestRLQSRealEnvoysShareFairly(t *testing.T) {
+	slow(t)
 	t.Parallel()
 	oneOfTwoQuotaRuns(t)
 	p := startQuotaService(t, exampleQuotaRules(t))
@@ -466,6 +467,7 @@ func TestRLQSRealEnvoysShareFairly(t *testing.T) {
 // The admitted requests stay within the bound through it, restart terms
 // included, and the split is fair again after it.
 func TestRLQSRestartKeepsLeases(t *testing.T) {
+	slow(t)
 	t.Parallel()
 	oneOfTwoQuotaRuns(t)
 	const rules = `domain: web
@@ -539,6 +541,7 @@ quota_buckets:
 // denies (deny_all), for a bucket over its share, and not for a bucket
 // the service allows (allow_all).
 func TestRLQSDenyResponses(t *testing.T) {
+	slow(t)
 	t.Parallel()
 	p := startQuotaService(t, exampleQuotaRules(t))
 	up := startUpstream(t)
@@ -677,6 +680,7 @@ func TestRLQSInLiveView(t *testing.T) {
 // the whole report was refused and the stream ended, on every new stream
 // too, until Envoy fell back for every tenant).
 func TestRLQSLongHeaderKeepsEnforcement(t *testing.T) {
+	slow(t)
 	t.Parallel()
 	p := startQuotaService(t, exampleQuotaRules(t))
 	up := startUpstream(t)
@@ -724,6 +728,7 @@ func TestRLQSLongHeaderKeepsEnforcement(t *testing.T) {
 // 16 new tenants a second, after ten minutes every new tenant was
 // admitted without limit). The settings shorten the ten minutes.
 func TestRLQSChurnKeepsEnforcement(t *testing.T) {
+	slow(t)
 	t.Parallel()
 	p := startQuotaService(t, exampleQuotaRules(t), "RLQS_IDLE_TIMEOUT=10s", "RLQS_MAX_BUCKETS_PER_STREAM=30")
 	up := startUpstream(t)

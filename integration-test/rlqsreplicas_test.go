@@ -130,6 +130,7 @@ func localGrants(t *testing.T, p *proc) int {
 // With three replicas the one killed owns the tenant's pool, which
 // another takes over from the state in Redis; with two, the other one.
 func TestRLQSReplicasShareAndSurviveAKill(t *testing.T) {
+	slow(t)
 	t.Parallel()
 	t.Run("three_owner_killed", func(t *testing.T) {
 		t.Parallel()

@@ -34,6 +34,7 @@ func aliasBomb() string {
 // a chain of 5,000 nested descriptors over xDS (48 KB; RSS went to 481 MB)
 // is NACKed naming the depth, and the service's memory stays where it was.
 func TestRulesBoundsOverTheWire(t *testing.T) {
+	slow(t)
 	t.Run("alias_expansion", func(t *testing.T) {
 		p := start(t, map[string]string{"web.yaml": webRules}, "RUNTIME_QUIET_PERIOD=50ms")
 		writeRules(t, p.root, "web.yaml", aliasBomb())

@@ -169,6 +169,7 @@ func TestSIGTERMDrainsAndExitsZero(t *testing.T) {
 }
 
 func TestReloadAppliesNewRulesAndKeepsOldOnError(t *testing.T) {
+	slow(t)
 	p := start(t, map[string]string{"web.yaml": webRules})
 	c := p.client(t)
 	remaining := func(user string) (uint32, error) {

@@ -44,6 +44,7 @@ func (p *proc) inFlight() int {
 // still ends the process within the drain and a second, and every request
 // in flight gets an answer (an error) instead of waiting for Redis.
 func TestShutdownWithinDrainWhileRedisIsFrozen(t *testing.T) {
+	slow(t)
 	r := storetest.StartRedis(t, storetest.RedisOptions{})
 	// REQUEST_TIMEOUT=0: requests wait for the store's own 60 s timeout.
 	// The race detector sleeps a second before exiting (atexit_sleep_ms),

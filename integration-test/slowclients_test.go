@@ -75,6 +75,7 @@ func slowClient(t *testing.T, addr, head string, trickle byte, lived chan<- time
 // body: the timeouts cut them, the open files stay bounded by them, and
 // /healthcheck, /json and gRPC answer promptly all along.
 func TestSlowClientsAreCutWhileOthersAreServed(t *testing.T) {
+	slow(t)
 	// The 500 slow clients and the others all come from 127.0.0.1: no
 	// share of its own per address.
 	p := start(t, map[string]string{"web.yaml": webRules}, "MAX_CONNECTIONS_PER_PEER_PERCENT=100")

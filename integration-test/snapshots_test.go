@@ -34,6 +34,7 @@ func (p *proc) heapAfterGC(t *testing.T) int64 {
 // was after the first fifty. The live view used to keep every replaced
 // snapshot alive (49 -> 306 MB).
 func TestSnapshotsAreNotKept(t *testing.T) {
+	slow(t)
 	busyParallel(t)
 	xds := xdstest.Start(t, xdstest.Options{})
 	snapshot := func(i int) *rlsconfv3.RateLimitConfig {

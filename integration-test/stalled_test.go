@@ -36,6 +36,7 @@ func (p *proc) liveHeap(t *testing.T) int64 {
 // (4096), connections being closed from the one holding the most, and a
 // connection that lets no answer out for 10 s is closed.
 func TestUnreadableAnswersAreBounded(t *testing.T) {
+	slow(t)
 	busyParallel(t)
 	const conns, calls = 32, 1024
 	p := launchWith(t, launchOpts{binary: plainBinary(t)}, map[string]string{"web.yaml": webRules})
@@ -104,6 +105,7 @@ func TestUnreadableAnswersAreBounded(t *testing.T) {
 // was refused with ResourceExhausted, which Envoy's default
 // failure_mode_deny: false admits: the limits were off for everyone.
 func TestHalfSentCallsHoldNoPlace(t *testing.T) {
+	slow(t)
 	t.Parallel() // one of the long tests that mostly wait: see TestMain
 	p := start(t, map[string]string{"web.yaml": webRules})
 	var wg sync.WaitGroup

@@ -51,6 +51,7 @@ func TestStartupLineAtDefaultLevel(t *testing.T) {
 // default HOST (every interface) probed on loopback; 1 while it runs
 // unhealthy, and 1 once it is gone.
 func TestHealthcheckFlag(t *testing.T) {
+	slow(t)
 	p := start(t, map[string]string{"web.yaml": "domain: web\ndescriptors:\n  - key: user\n    rate_limit: {unit: second, requests_per_unit: 1}\n"})
 	for _, host := range []string{"127.0.0.1", "0.0.0.0"} {
 		if code, out := healthcheck(t, p, host); code != 0 {

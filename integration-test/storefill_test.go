@@ -107,6 +107,7 @@ func fills(t *testing.T, p *proc, prefix string, capBytes, evicting int64) fill 
 // need memory are refused, ResourceExhausted for those requests, never
 // OK, never an outage. Before, the service said nothing of the policy.
 func TestRedisFills(t *testing.T) {
+	slow(t)
 	busyParallel(t)
 	const capBytes = 2 << 20
 	redis := func(t *testing.T, policy string) (*storetest.RedisServer, *proc) {
@@ -167,6 +168,7 @@ func TestRedisFills(t *testing.T) {
 // and the service warns at start; with -M it refuses new items, which the
 // service answers ResourceExhausted, and the spent counter stays.
 func TestMemcachedFills(t *testing.T) {
+	slow(t)
 	busyParallel(t)
 	t.Run("evictions", func(t *testing.T) {
 		m := storetest.StartMemcached(t, "-m", "2")

@@ -346,6 +346,7 @@ func closedPort(t *testing.T) string {
 // the failed exports are logged, and SIGTERM ends the process after at
 // most traceFlushMax spent on the spans, not the whole drain.
 func TestTracingCollectorDown(t *testing.T) {
+	slow(t)
 	for _, tt := range []struct {
 		name, protocol string
 		addr           func(*testing.T) string

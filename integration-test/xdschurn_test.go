@@ -19,6 +19,7 @@ import (
 // update with thousands of problems (a log line and /rlconfig of
 // megabytes).
 func TestXDSChurn(t *testing.T) {
+	slow(t)
 	xds := xdstest.Start(t, xdstest.Options{})
 	xds.SetConfigs(t, egNode, xdsWeb(3, 100))
 	// No jitter: the NACKs' pace is the back-off's, 200 ms, exactly.
@@ -110,6 +111,7 @@ func TestXDSChurn(t *testing.T) {
 // STATS_IDLE_EXPIRY, in /stats and in Prometheus alike (a 30 s xDS storm
 // used to leave 28,649 lines in /stats); the domain in use keeps its own.
 func TestRemovedDomainsStatisticsGo(t *testing.T) {
+	slow(t)
 	xds := xdstest.Start(t, xdstest.Options{})
 	domain := func(i int) *rlsconfv3.RateLimitConfig {
 		cfg := xdsWeb(3, 100)
