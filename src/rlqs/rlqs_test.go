@@ -3,6 +3,7 @@ package rlqs_test
 import (
 	"context"
 	"fmt"
+	"runtime"
 	"slices"
 	"strings"
 	"sync"
@@ -989,5 +990,67 @@ func TestQuotaPeerShares(t *testing.T) {
 	// loopback address: it has no share.
 	for i := range 3 {
 		open(fmt.Sprintf("127.0.0.6:%d", 2000+i))
+	}
+}
+
+// TestHeapPerBucket: what a stream's buckets make the service hold, as
+// docs/RLQS.md states it: about 1.2 KB a subscription, and nothing for a
+// bucket no rule matches (issue 35: such buckets were kept per stream and
+// counted nowhere, 8,000 of them holding a gigabyte). Heap figures need a
+// build without the race detector: make allocs runs it.
+func TestHeapPerBucket(t *testing.T) {
+	if raceEnabled {
+		t.Skip("the race detector's shadow memory makes heap figures meaningless: make allocs runs this test")
+	}
+	heap := func() uint64 {
+		runtime.GC()
+		runtime.GC()
+		var m runtime.MemStats
+		runtime.ReadMemStats(&m)
+		return m.HeapAlloc
+	}
+	const n = 8000
+	for _, tt := range []struct {
+		name, rules string
+		subs        int
+		most        uint64 // bytes a bucket
+	}{
+		{"matching", quotaRules, n, 2048},
+		{"no_rule", "domain: web\nquota_buckets:\n  - bucket: {other: \"*\"}\n    rate_limit: {unit: second, requests_per_unit: 20}\n", 0, 64},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			q := rlqs.New(stats.NewRegistry(), rlqs.Config{Pool: quota.Config{Start: epoch.Add(-time.Hour)}})
+			c, err := rules.Parse([]rules.File{{Name: "q.yaml", Data: []byte(tt.rules)}}, rules.Options{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			q.SetRules(c)
+			s, err := q.Open()
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer s.Close()
+			before := heap()
+			for start := 0; start < n; start += 500 {
+				m := &rlqsv3.RateLimitQuotaUsageReports{Domain: "web"}
+				for i := start; i < start+500; i++ {
+					m.BucketQuotaUsages = append(m.BucketQuotaUsages, &rlqsv3.RateLimitQuotaUsageReports_BucketQuotaUsage{
+						BucketId: &rlqsv3.BucketId{Bucket: map[string]string{"tenant": fmt.Sprintf("tenant-%05d", i)}}, NumRequestsAllowed: 1})
+				}
+				if err := s.Report(m); err != nil {
+					t.Fatal(err)
+				}
+				s.Take()
+			}
+			after := heap()
+			grown := after - min(before, after)
+			if got := q.State().Subscriptions; got != tt.subs {
+				t.Fatalf("subscriptions = %d, want %d", got, tt.subs)
+			}
+			if each := grown / n; each > tt.most {
+				t.Errorf("%d buckets hold %d bytes each, want at most %d", n, each, tt.most)
+			}
+			runtime.KeepAlive(s)
+		})
 	}
 }
