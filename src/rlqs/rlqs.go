@@ -15,7 +15,6 @@ import (
 	"io"
 	"log/slog"
 	"maps"
-	"net"
 	"slices"
 	"strconv"
 	"strings"
@@ -63,7 +62,7 @@ type Config struct {
 	// RLQS_MAX_BUCKETS_PER_PEER, 20,000), so that one client cannot take
 	// what the others need; past them as past the global bounds. Streams
 	// without an IP address (a unix socket, in process) or from a loopback
-	// one (a sidecar's) have no share (see hostOf).
+	// one (a sidecar's) have no share (see wire.PeerHost).
 	MaxStreamsPerPeer, MaxBucketsPerPeer int
 	// MaxReportBytes is the largest report the gRPC server accepts
 	// (GRPC_MAX_RECV_MSG_SIZE); 0: no bound. Envoy sends every bucket it
@@ -601,7 +600,7 @@ func (q *Service) open(peer string) (*quotaStream, error) {
 		q.refusedStreams.Inc()
 		return nil, status.Errorf(codes.ResourceExhausted, "service: %d quota streams open already (RLQS_MAX_STREAMS)", q.cfg.MaxStreams)
 	}
-	host := hostOf(peer)
+	host := wire.PeerHost(peer)
 	if host != "" && len(q.peers[host]) >= q.cfg.MaxStreamsPerPeer {
 		q.refusedStreams.Inc()
 		return nil, status.Errorf(codes.ResourceExhausted, "service: %d quota streams open already from this address (RLQS_MAX_STREAMS_PER_PEER)", q.cfg.MaxStreamsPerPeer)
@@ -626,20 +625,6 @@ func (q *Service) open(peer string) (*quotaStream, error) {
 		q.peers[host] = append(q.peers[host], st)
 	}
 	return st, nil
-}
-
-// hostOf is the IP address of a client address that the per-peer shares
-// count by, or "" when it has none. A loopback address has none either:
-// it is a proxy on the same host (a service mesh's sidecar, which connects
-// from 127.0.0.6 for every Envoy it forwards), whose clients cannot be
-// told apart.
-func hostOf(addr string) string {
-	host, _, err := net.SplitHostPort(addr)
-	ip := net.ParseIP(host)
-	if err != nil || ip == nil || ip.IsLoopback() {
-		return ""
-	}
-	return host
 }
 
 // peerSubs counts the subscriptions of the streams of st's client

@@ -107,6 +107,9 @@ type Server struct {
 	web       *web.Handler
 	capture   *capture.Recorder // nil with CAPTURE_ENABLED=false
 	nearCache *limiter.NearCache
+	// streams bounds the long-lived gRPC calls besides the quota
+	// service's (streams.go).
+	streams *streamBound
 	// quota serves the Rate Limit Quota Service; nil with
 	// RLQS_ENABLED=false.
 	quota *rlqs.Service
@@ -580,7 +583,9 @@ func listenError(where, setting string, err error) error {
 
 // newGRPCServer builds the gRPC server and registers its services.
 func (s *Server) newGRPCServer() {
+	s.streams = newStreamBound(s.stats)
 	opts := append(grpcOptions(s.set, s.recoverUnary, s.recoverStream),
+		grpc.ChainStreamInterceptor(s.streams.intercept),
 		grpc.InTapHandle(s.svc.Tap),
 		grpc.ForceServerCodecV2(wire.Codec()))
 	// Every connection is watched for answers its client does not let out.

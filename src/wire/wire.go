@@ -9,6 +9,7 @@ import (
 	"bytes"
 	"crypto/rand"
 	"fmt"
+	"net"
 	"slices"
 	"unicode/utf8"
 
@@ -157,3 +158,17 @@ const (
 	MaxKeyLen    = 256
 	MaxValueLen  = 4096
 )
+
+// PeerHost is the IP address of a client address that per-client shares
+// count by, or "" when it has none: a unix socket, an in-process caller,
+// or a loopback address, which is a proxy on the same host (a service
+// mesh's sidecar connects from 127.0.0.6 for every client it forwards),
+// whose clients cannot be told apart.
+func PeerHost(addr string) string {
+	host, _, err := net.SplitHostPort(addr)
+	ip := net.ParseIP(host)
+	if err != nil || ip == nil || ip.IsLoopback() {
+		return ""
+	}
+	return host
+}
