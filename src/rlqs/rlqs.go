@@ -697,13 +697,13 @@ func (q *Service) report(st *quotaStream, m *rlqsv3.RateLimitQuotaUsageReports) 
 	if st.domain == "" {
 		st.domain = m.GetDomain()
 	}
-	if why, some := wire.Dropped(m); some {
+	if n, why := wire.Dropped(m); n > 0 {
 		// Buckets whose ids are not valid UTF-8 (header bytes an end
 		// user chose) cannot be answered: no proto library encodes
 		// such an id, and Envoy would refuse the whole response. They
 		// are dropped alone; Envoy's no_assignment_behavior decides
 		// their requests.
-		q.badBuckets.Inc()
+		q.badBuckets.Add(uint64(n))
 		if ok, held := q.badLog.Allow(now); ok {
 			q.cfg.Log.Warn("quota report: buckets dropped; the stream goes on",
 				"reason", why, "domain", m.GetDomain(), "peer", st.peer, "held_back", held)

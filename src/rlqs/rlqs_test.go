@@ -481,7 +481,7 @@ func TestQuotaBadReports(t *testing.T) {
 		// a header) beside a good bucket: dropped alone.
 		before := f.reg.Snapshot()["ratelimit.rlqs.invalid_buckets"]
 		s := rawStream(t, f)
-		m := rawReport("web", rawBucket("tenant", "a\xff"), rawBucket("tenant", "utf8"))
+		m := rawReport("web", rawBucket("tenant", "a\xff"), rawBucket("tenant", "utf8"), rawBucket("tenant", "b\xfe"))
 		if err := s.SendMsg(&m); err != nil {
 			t.Fatal(err)
 		}
@@ -496,8 +496,8 @@ func TestQuotaBadReports(t *testing.T) {
 		if len(r.GetBucketAction()) != 1 || tokenBucket(r, "tenant", "utf8") == nil {
 			t.Errorf("answer %v, want an assignment of the good bucket alone", r)
 		}
-		if n := f.reg.Snapshot()["ratelimit.rlqs.invalid_buckets"]; n != before+1 {
-			t.Errorf("invalid_buckets = %d, want %d", n, before+1)
+		if n := f.reg.Snapshot()["ratelimit.rlqs.invalid_buckets"]; n != before+2 {
+			t.Errorf("invalid_buckets = %d, want %d: one a bucket dropped", n, before+2)
 		}
 	})
 	if n := f.reg.Snapshot()["ratelimit.rlqs.invalid_reports"]; n != 3 {

@@ -47,7 +47,7 @@ func (c codec) Unmarshal(data mem.BufferSlice, v any) error {
 	case *rlqsv3.RateLimitQuotaUsageReports:
 		proto.Reset(m)
 		if n, ok := salvageReport(data.Materialize(), m); ok {
-			mark(m, kindDropped, fmt.Sprintf("%d bucket(s) that do not decode: %v", n, err))
+			mark(m, kindDropped, string(protowire.AppendVarint(nil, uint64(n)))+fmt.Sprintf("%d bucket(s) that do not decode: %v", n, err))
 		} else {
 			mark(m, kindMalformed, err.Error())
 		}
@@ -145,9 +145,20 @@ func marked(r proto.Message, kind byte) (string, bool) {
 // Malformed returns the decoding error Codec recorded in r, if any.
 func Malformed(r proto.Message) (string, bool) { return marked(r, kindMalformed) }
 
-// Dropped says why Codec dropped some buckets of a quota report that did
-// not decode whole, if it did; the report holds the others.
-func Dropped(r *rlqsv3.RateLimitQuotaUsageReports) (string, bool) { return marked(r, kindDropped) }
+// Dropped says how many buckets of a quota report that did not decode
+// whole Codec dropped, and why; 0 when it dropped none. The report holds
+// the others.
+func Dropped(r *rlqsv3.RateLimitQuotaUsageReports) (n int, reason string) {
+	body, ok := marked(r, kindDropped)
+	if !ok {
+		return 0, ""
+	}
+	v, k := protowire.ConsumeVarint([]byte(body))
+	if k < 0 {
+		return 0, ""
+	}
+	return int(v), body[k:]
+}
 
 // Bounds on the strings of a request, shared by descriptor entries and
 // quota bucket ids. Envoy sends a few short ones; a request past one is
