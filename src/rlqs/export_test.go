@@ -1,5 +1,7 @@
 package rlqs
 
+import "time"
+
 // SetStateHook runs f between the chunks of State's walk of the pools.
 func (q *Service) SetStateHook(f func()) { q.stateHook = f }
 
@@ -14,3 +16,7 @@ func (q *Service) OpenFrom(addr string) (*Session, error) {
 	}
 	return &Session{q: q, st: st}, nil
 }
+
+// Hold is how long the session's next report waits for its client's
+// report budget.
+func (s *Session) Hold() time.Duration { return s.st.hold }

@@ -132,9 +132,10 @@ type Service struct {
 	// tickMu lets one Tick run at a time.
 	tickMu sync.Mutex
 
-	reports, noRule, refused, refusedStreams, invalid, badBuckets, shedBuckets *stats.Counter
-	// shedLog holds back the warnings of shed buckets: one a second.
-	shedLog wire.LogEvery
+	reports, noRule, refused, refusedStreams, invalid, badBuckets, shedBuckets, paced *stats.Counter
+	// shedLog and paceLog hold back the warnings of shed buckets and of
+	// paced streams: one a second.
+	shedLog, paceLog wire.LogEvery
 	// badLog holds back log lines of refused buckets: one a second.
 	badLog wire.LogEvery
 	reg    *stats.Registry
@@ -191,6 +192,37 @@ type quotaStream struct {
 	// end); guarded by Service.mu.
 	done   chan struct{}
 	endErr error
+	// pace is the report budget of the stream's client: shared by the
+	// streams of one address, the stream's own without one. hold is how
+	// long the stream's next report waits, set by each report (see
+	// pacer.spend).
+	pace *pacer
+	hold time.Duration
+}
+
+// pacer spaces the reports of one client: each report, and each bucket in
+// it, costs per of the client's time, and a client more than a second
+// ahead of its time waits, its next report unread (gRPC's flow control
+// holds the rest at the client). A client may so report each bucket place
+// of its share once a second, in a burst of one second's worth; Envoy
+// reports every bucket once per reporting_interval, and each new one once
+// more. Guarded by Service.mu.
+type pacer struct {
+	due time.Time
+	per time.Duration
+}
+
+// paceBurst is how far ahead of its time a client may report.
+const paceBurst = time.Second
+
+// spend charges cost to the client at now and returns how long its next
+// report waits.
+func (p *pacer) spend(now time.Time, cost int) time.Duration {
+	if p.due.Before(now) {
+		p.due = now
+	}
+	p.due = p.due.Add(time.Duration(cost) * p.per)
+	return max(0, p.due.Sub(now)-paceBurst)
 }
 
 // end ends the stream with err: its handler returns err.
@@ -225,6 +257,7 @@ func New(reg *stats.Registry, cfg Config) *Service {
 		invalid:        reg.Counter("ratelimit.rlqs.invalid_reports"),
 		badBuckets:     reg.Counter("ratelimit.rlqs.invalid_buckets"),
 		shedBuckets:    reg.Counter("ratelimit.rlqs.buckets_shed"),
+		paced:          reg.Counter("ratelimit.rlqs.reports_paced"),
 		reg:            reg,
 		ruleStats:      map[string]*ruleTotals{},
 	}
@@ -472,6 +505,10 @@ func (q *Service) StreamRateLimitQuotas(ss rlqsv3.RateLimitQuotaService_StreamRa
 	// and to stop. It ends when the stream does: gRPC cancels the stream
 	// when this handler returns, which ends a Recv in progress.
 	msgs := make(chan *rlqsv3.RateLimitQuotaUsageReports)
+	// in is msgs, nil while the stream's client waits for its report
+	// budget (see pacer): until resume.
+	in := msgs
+	var resume <-chan time.Time
 	recvErr := make(chan error, 1)
 	go func() {
 		for {
@@ -495,10 +532,15 @@ func (q *Service) StreamRateLimitQuotas(ss rlqsv3.RateLimitQuotaService_StreamRa
 	}
 	for {
 		select {
-		case m := <-msgs:
+		case m := <-in:
 			if err := s.Report(m); err != nil {
 				return err
 			}
+			if st.hold > 0 {
+				in, resume = nil, time.After(st.hold)
+			}
+		case <-resume:
+			in, resume = msgs, nil
 		case <-s.Ready():
 			if err := send(); err != nil {
 				return err
@@ -615,6 +657,7 @@ func (q *Service) open(peer string) (*quotaStream, error) {
 		id:      q.nextID,
 		peer:    peer,
 		host:    host,
+		pace:    q.pacerFor(host),
 		buckets: map[string]*streamBucket{},
 		pending: map[string]*rlqsv3.RateLimitQuotaResponse_BucketAction{},
 		wake:    make(chan struct{}, 1),
@@ -625,6 +668,20 @@ func (q *Service) open(peer string) (*quotaStream, error) {
 		q.peers[host] = append(q.peers[host], st)
 	}
 	return st, nil
+}
+
+// pacerFor returns the report budget of a new stream from host: its
+// address's, shared by its streams, at RLQS_MAX_BUCKETS_PER_PEER bucket
+// reports a second; a stream's own at RLQS_MAX_BUCKETS_PER_STREAM without
+// an address. q.mu is held.
+func (q *Service) pacerFor(host string) *pacer {
+	if host == "" {
+		return &pacer{per: time.Second / time.Duration(q.cfg.MaxBucketsPerStream)}
+	}
+	if others := q.peers[host]; len(others) > 0 {
+		return others[0].pace
+	}
+	return &pacer{per: time.Second / time.Duration(q.cfg.MaxBucketsPerPeer)}
 }
 
 // peerSubs counts the subscriptions of the streams of st's client
@@ -721,6 +778,14 @@ func (q *Service) report(st *quotaStream, m *rlqsv3.RateLimitQuotaUsageReports) 
 			continue
 		}
 		q.reportBucket(now, cfg, st, u)
+	}
+	st.hold = st.pace.spend(now, 1+len(m.GetBucketQuotaUsages()))
+	if st.hold > 0 {
+		q.paced.Inc()
+		if ok, held := q.paceLog.Allow(now); ok {
+			q.cfg.Log.Warn("quota client reports more buckets a second than its share: its next report waits",
+				"wait", st.hold, "domain", st.domain, "peer", st.peer, "held_back", held)
+		}
 	}
 	if len(shed) > 0 {
 		q.shedBuckets.Add(uint64(len(shed)))

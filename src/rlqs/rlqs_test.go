@@ -1036,3 +1036,86 @@ func TestHeapPerBucket(t *testing.T) {
 		})
 	}
 }
+
+// TestQuotaReportBudget: a client reports at most each bucket place of
+// its share once a second, in a burst of a second's worth; past that its
+// next report waits. The streams of one address share the budget, so
+// that a client cannot take the service's time from the others with many
+// streams (issue 35); other addresses keep theirs.
+func TestQuotaReportBudget(t *testing.T) {
+	f := newQuotaFixture(t, rlqs.Config{MaxBucketsPerStream: 50, MaxBucketsPerPeer: 100}, quotaRules)
+	report := func(s *rlqs.Session, n int) time.Duration {
+		t.Helper()
+		m := &rlqsv3.RateLimitQuotaUsageReports{Domain: "web"}
+		for i := range n {
+			m.BucketQuotaUsages = append(m.BucketQuotaUsages, &rlqsv3.RateLimitQuotaUsageReports_BucketQuotaUsage{
+				BucketId: &rlqsv3.BucketId{Bucket: map[string]string{"tenant": fmt.Sprint(i)}}, NumRequestsAllowed: 1})
+		}
+		if err := s.Report(m); err != nil {
+			t.Fatal(err)
+		}
+		s.Take()
+		return s.Hold()
+	}
+	open := func(addr string) *rlqs.Session {
+		s, err := f.q.OpenFrom(addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(s.Close)
+		return s
+	}
+	a1, a2, b := open("192.0.2.1:1000"), open("192.0.2.1:1001"), open("192.0.2.2:1000")
+	// 100 bucket reports a second: each report and each bucket in it
+	// costs 10 ms of the address's time.
+	if d := report(a1, 49); d != 0 {
+		t.Errorf("first report: waits %v, want 0", d)
+	}
+	if d := report(a1, 49); d != 0 {
+		t.Errorf("a second's worth: waits %v, want 0", d)
+	}
+	if d := report(a2, 9); d != 100*time.Millisecond {
+		t.Errorf("past a second's worth, on the address's other stream: waits %v, want 100ms", d)
+	}
+	if d := report(b, 49); d != 0 {
+		t.Errorf("another address: waits %v, want 0", d)
+	}
+	f.advance(2 * time.Second)
+	if d := report(a2, 49); d != 0 {
+		t.Errorf("after the address's time caught up: waits %v, want 0", d)
+	}
+	if n := f.reg.Snapshot()["ratelimit.rlqs.reports_paced"]; n != 1 {
+		t.Errorf("reports_paced = %d, want 1", n)
+	}
+}
+
+// TestQuotaReportBudgetOverTheWire: a stream past its budget has its next
+// report read only when the wait is over: its reports are answered that
+// much later (a lower bound on the time, which a busy machine only makes
+// longer), and the stream goes on.
+func TestQuotaReportBudgetOverTheWire(t *testing.T) {
+	f := newQuotaFixture(t, rlqs.Config{MaxBucketsPerStream: 10}, quotaRules)
+	e := f.open(t)
+	tenants := func(n int) []usage {
+		us := make([]usage, n)
+		for i := range us {
+			us[i] = usage{id: []string{"tenant", fmt.Sprint(i)}, allowed: 1}
+		}
+		return us
+	}
+	// Ten bucket reports a second without an address: a report of ten
+	// costs 1.1 s (a wait of 100 ms), one of two 0.3 s more.
+	e.send("web", tenants(10)...)
+	e.recv()
+	start := time.Now()
+	e.send("web", tenants(2)...)
+	e.send("web", tenants(2)...)
+	e.recv()
+	e.recv()
+	if waited := time.Since(start); waited < 350*time.Millisecond {
+		t.Errorf("two reports past the budget answered in %v, want after at least 400 ms of waits", waited)
+	}
+	if n := f.reg.Snapshot()["ratelimit.rlqs.reports_paced"]; n != 3 {
+		t.Errorf("reports_paced = %d, want 3", n)
+	}
+}
