@@ -20,3 +20,11 @@ func (q *Service) OpenFrom(addr string) (*Session, error) {
 // Hold is how long the session's next report waits for its client's
 // report budget.
 func (s *Session) Hold() time.Duration { return s.st.hold }
+
+// SetShareTick sets how many pools a tick exchanges with the store per
+// round trip, and for how long it starts new ones.
+func (q *Service) SetShareTick(chunk int, budget time.Duration) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	q.share.chunk, q.share.budget = chunk, budget
+}

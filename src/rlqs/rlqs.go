@@ -291,6 +291,8 @@ func (q *Service) shareThroughStore(reg *stats.Registry) {
 		// nobody writes to is gone after that.
 		keep:       4 * (q.cfg.Pool.TTL + q.cfg.Pool.Settle),
 		lastOK:     q.cfg.Now(),
+		chunk:      shareChunk,
+		budget:     shareTickBudget,
 		errors:     reg.Counter("ratelimit.rlqs.shared.errors"),
 		takeovers:  reg.Counter("ratelimit.rlqs.shared.takeovers"),
 		late:       reg.Counter("ratelimit.rlqs.shared.late_assignments"),

@@ -80,6 +80,17 @@ const (
 	// the store's own timeout (REDIS_TIMEOUT, 10 s by default), so that
 	// shareDownAfter holds (issue 35: streams ended after 10 s, not 3).
 	shareCallBudget = time.Second
+	// shareChunk is how many pools a tick exchanges with the store in
+	// one round trip, each within shareCallBudget: a store slowed by the
+	// work (many pools) answers each chunk in time, while one that stopped
+	// answering fails the first.
+	shareChunk = 512
+	// shareTickBudget is how long a tick starts new chunks for: the pools
+	// it did not reach are exchanged first at the next tick. It bounds
+	// the store's time the quota pools take, whatever the clients report,
+	// so that the store keeps its time for ShouldRateLimit (issue 35: 20,000
+	// buckets' exchanges took every second of Redis's time).
+	shareTickBudget = 400 * time.Millisecond
 )
 
 // sharedPool is what a replica holds of a shared pool, guarded by
@@ -137,6 +148,14 @@ type shareState struct {
 	// for shareDownAfter, and the replica has ended its streams.
 	lastOK time.Time
 	down   bool
+	// resume is the first pool the next tick exchanges, when the last
+	// one ran out of its budget (resuming: set).
+	resume   poolKey
+	resuming bool
+	// chunk and budget are shareChunk and shareTickBudget; tests lower
+	// them.
+	chunk  int
+	budget time.Duration
 
 	// Counters (docs/RLQS.md, "Observing it").
 	errors, takeovers, late, badRecords *stats.Counter
@@ -187,19 +206,60 @@ type syncing struct {
 	fresh  bool
 }
 
-// tickShared is Tick with a shared store: one exchange with the store for
+// tickShared is Tick with a shared store: an exchange with the store for
 // every pool with a subscriber here or owned here, then the owners run
-// their pools and write them, then grants are sent.
+// their pools and write them, then grants are sent; shareChunk pools at a
+// time, for shareTickBudget.
 func (q *Service) tickShared(ctx context.Context) {
 	q.tickMu.Lock()
 	defer q.tickMu.Unlock()
-	now := q.cfg.Now()
-	work, reqs := q.syncRequests(now)
-	if len(reqs) == 0 {
+	start := time.Now()
+	keys := q.rotatedPoolKeys()
+	if len(keys) == 0 {
 		q.mu.Lock()
-		q.share.lastOK, q.share.down = now, false
+		q.share.lastOK, q.share.down = q.cfg.Now(), false
 		q.mu.Unlock()
 		return
+	}
+	chunk, budget := q.share.chunk, q.share.budget
+	for i := 0; i < len(keys); i += chunk {
+		if i > 0 && time.Since(start) >= budget {
+			q.mu.Lock()
+			q.share.resume, q.share.resuming = keys[i], true
+			q.mu.Unlock()
+			return
+		}
+		if !q.syncChunk(ctx, keys[i:min(i+chunk, len(keys))]) {
+			return
+		}
+	}
+	q.mu.Lock()
+	q.share.resuming = false
+	q.mu.Unlock()
+}
+
+// rotatedPoolKeys returns the keys of the pools, sorted, from the one the
+// last tick stopped before (see shareTickBudget).
+func (q *Service) rotatedPoolKeys() []poolKey {
+	keys := q.poolKeys()
+	q.mu.Lock()
+	resume, resuming := q.share.resume, q.share.resuming
+	q.mu.Unlock()
+	if !resuming {
+		return keys
+	}
+	i, _ := slices.BinarySearchFunc(keys, resume, comparePoolKeys)
+	return append(keys[i:len(keys):len(keys)], keys[:i]...)
+}
+
+// syncChunk exchanges the pools of keys with the store: hands over their
+// reports, runs those this replica owns and writes them, then sends the
+// grants. It returns whether the store answered.
+func (q *Service) syncChunk(ctx context.Context, keys []poolKey) bool {
+	now := q.cfg.Now()
+	work, reqs := q.syncRequests(now, keys)
+	if len(reqs) == 0 {
+		return true
 	}
 	syncCtx, cancel := context.WithTimeout(ctx, shareCallBudget)
 	replies := q.cfg.Share.SyncQuota(syncCtx, reqs)
@@ -208,7 +268,7 @@ func (q *Service) tickShared(ctx context.Context) {
 	commits, ok := q.runReplies(work, replies, startErr)
 	q.noteShareReached(ok, replies)
 	if len(commits) == 0 {
-		return
+		return ok > 0
 	}
 	commitCtx, cancel := context.WithTimeout(ctx, shareCallBudget)
 	defer cancel()
@@ -223,13 +283,14 @@ func (q *Service) tickShared(ctx context.Context) {
 		}
 		q.mu.Unlock()
 	}
+	return true
 }
 
 // syncRequests returns what to hand over and to ask for, pool by pool.
 // The lock is taken pool by pool, so that a report waits for one pool at
 // most, and the store is called without it.
-func (q *Service) syncRequests(now time.Time) (work []*syncing, reqs []quota.SyncRequest) {
-	for _, k := range q.poolKeys() {
+func (q *Service) syncRequests(now time.Time, keys []poolKey) (work []*syncing, reqs []quota.SyncRequest) {
+	for _, k := range keys {
 		q.mu.Lock()
 		if w, req, ok := q.syncRequest(now, k); ok {
 			work = append(work, w)

@@ -593,3 +593,60 @@ func TestSharedQuotaFrozenStoreHandsOver(t *testing.T) {
 		f.reps[0].q.Tick()
 	}
 }
+
+// TestSharedQuotaTickBudget: a tick exchanges the pools with the store a
+// chunk at a time, and starts no new chunk past its budget; the next tick
+// begins with the pools it did not reach, so that every pool gets its turn
+// while the store keeps time for ShouldRateLimit (issue 35: 20,000
+// buckets' exchanges in one pipeline took all of Redis's time, and past
+// the call's budget made the replica end its streams as if Redis were
+// gone).
+func TestSharedQuotaTickBudget(t *testing.T) {
+	t.Parallel()
+	srv := storetest.StartRedis(t, storetest.RedisOptions{})
+	st, err := redis.New(t.Context(), redis.Config{URL: srv.Addr, Timeout: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = st.Close() })
+	cfg, err := rules.Parse([]rules.File{{Name: "q.yaml", Data: []byte(sharedRules)}}, rules.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	now := epoch
+	reg := stats.NewRegistry()
+	q := rlqs.New(reg, rlqs.Config{Share: st, Replica: 1, Now: func() time.Time { return now }})
+	q.SetRules(cfg)
+	// One chunk of five pools a tick: no budget beyond the first chunk.
+	q.SetShareTick(5, 0)
+	s, err := q.Open()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	m := &rlqsv3.RateLimitQuotaUsageReports{Domain: "web"}
+	for i := range 12 {
+		m.BucketQuotaUsages = append(m.BucketQuotaUsages, &rlqsv3.RateLimitQuotaUsageReports_BucketQuotaUsage{
+			BucketId:           &rlqsv3.BucketId{Bucket: map[string]string{"tenant": fmt.Sprintf("t%02d", i)}},
+			NumRequestsAllowed: 1, TimeElapsed: durationpb.New(time.Second)})
+	}
+	if err := s.Report(m); err != nil {
+		t.Fatal(err)
+	}
+	assigned := map[string]bool{}
+	for tick, want := range []int{5, 10, 12} {
+		now = now.Add(time.Second)
+		q.Tick()
+		for _, a := range s.Take().GetBucketAction() {
+			if a.GetQuotaAssignmentAction() != nil {
+				assigned[a.GetBucketId().GetBucket()["tenant"]] = true
+			}
+		}
+		if len(assigned) != want {
+			t.Errorf("after tick %d: %d buckets assigned, want %d", tick+1, len(assigned), want)
+		}
+	}
+	if n := reg.Gauges()["ratelimit.rlqs.shared.owned"]; n != 12 {
+		t.Errorf("owned pools = %d, want 12", n)
+	}
+}
