@@ -3,12 +3,15 @@ package main
 import (
 	"bytes"
 	"fmt"
+	"math"
 	"os"
 	"path/filepath"
+	"runtime/debug"
 	"strings"
 	"testing"
 
 	"github.com/ratelimitd/ratelimit/src/provider"
+	"github.com/ratelimitd/ratelimit/src/replay"
 )
 
 // write writes a rule file, creating its directory.
@@ -380,5 +383,34 @@ func TestReplay(t *testing.T) {
 				t.Errorf("stderr lacks %q:\n%s", tt.stderr, stderr.String())
 			}
 		})
+	}
+}
+
+// TestReplaySetsMemoryLimit: the replay sets the Go memory limit to what
+// it holds at most (replay.Config.MemoryBound, from its flags) and the
+// slack, so that the collector keeps the heap near it (GOGC is 400), and
+// leaves a GOMEMLIMIT alone. Not parallel: the limit is the process's.
+func TestReplaySetsMemoryLimit(t *testing.T) {
+	v1, tmp := t.TempDir(), t.TempDir()
+	write(t, v1, "web.yaml", webV1)
+	capturePath := writeCapture(t, tmp, "alice", make([]bool, 3))
+	// What the command sets, the test puts back.
+	defer debug.SetGCPercent(debug.SetGCPercent(100))
+	defer debug.SetMemoryLimit(debug.SetMemoryLimit(-1))
+	args := []string{"-replay", capturePath, "-config_dir", v1, "-memory_max_bytes", "8388608", "-max_key_bytes", "1048576"}
+	for _, env := range []string{"", "1GiB"} {
+		t.Setenv("GOMEMLIMIT", env)
+		debug.SetMemoryLimit(math.MaxInt64)
+		var stdout, stderr bytes.Buffer
+		if code := run(args, &stdout, &stderr); code != 0 {
+			t.Fatalf("exit %d: %s", code, stderr.String())
+		}
+		want := replay.Config{MemoryMaxBytes: 8 << 20, MaxKeyBytes: 1 << 20}.MemoryBound() + memoryLimitSlack
+		if env != "" {
+			want = math.MaxInt64
+		}
+		if got := debug.SetMemoryLimit(-1); got != want {
+			t.Errorf("GOMEMLIMIT=%q: memory limit %d, want %d", env, got, want)
+		}
 	}
 }

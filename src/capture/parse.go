@@ -24,6 +24,8 @@ import (
 type parser struct {
 	s   string
 	pos int
+	// escapes counts the bytes of the strings made for escapes.
+	escapes int
 }
 
 // errUnknownField marks a key the line's object must not have.
@@ -231,6 +233,7 @@ func (p *parser) escaped(start int) (string, error) {
 			if !utf8.ValidString(v) {
 				return "", p.fail("a string that is not UTF-8")
 			}
+			p.escapes += b.Cap()
 			return v, nil
 		case c < 0x20:
 			return "", p.fail("a control character in a string")
@@ -306,11 +309,16 @@ func (p *parser) lowSurrogate() (rune, bool) {
 	return r, true
 }
 
-// requestLine parses a request line into req, reusing its slices; what it
-// reports as isSummary is a line with a "summary" key, which the caller
-// reads apart.
+// parseRequestLine parses a request line into req, reusing its slices;
+// what it reports as isSummary is a line with a "summary" key, which the
+// caller reads apart.
 func parseRequestLine(line string, req *Request) (isSummary bool, err error) {
 	p := &parser{s: line}
+	return p.requestLine(req)
+}
+
+// requestLine is parseRequestLine of p's line.
+func (p *parser) requestLine(req *Request) (isSummary bool, err error) {
 	var ns *int64
 	var code string
 	codes := req.Codes[:0]

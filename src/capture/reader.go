@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"strings"
 	"time"
 )
 
@@ -20,24 +21,28 @@ func (e *LineError) Error() string { return fmt.Sprintf("capture: line %d: %v", 
 
 func (e *LineError) Unwrap() error { return e.Err }
 
+// ErrTooLong is wrapped by the *LineError of a line longer than MaxLine.
+// The Reader never holds such a line: it reads past it, and the next call
+// reads the line after it.
+var ErrTooLong = fmt.Errorf("longer than %d bytes", MaxLine)
+
 // Reader reads a capture, one line at a time, each at most MaxLine bytes;
-// memory stays within a few times that whatever the file holds. It checks
-// the form of every line (the fields this package writes, of the right
-// types, nothing else) and says which line is wrong; whether a request is
-// one the service accepts (its bounds, its units) is for the service to
-// say. A Reader is not safe for concurrent use.
+// it holds a buffer of MaxLine and the request last read, whatever the
+// file holds. It checks the form of every line (the fields this package
+// writes, of the right types, nothing else) and says which line is wrong;
+// whether a request is one the service accepts (its bounds, its units) is
+// for the service to say. A Reader is not safe for concurrent use.
 type Reader struct {
-	sc      *bufio.Scanner
+	br      *bufio.Reader
 	line    int
+	held    int // bytes of the strings of the request last read
 	header  Header
 	summary *Summary
 }
 
 // NewReader returns a Reader of the capture in r, having read its header.
 func NewReader(r io.Reader) (*Reader, error) {
-	sc := bufio.NewScanner(r)
-	sc.Buffer(make([]byte, 0, 64<<10), MaxLine)
-	rd := &Reader{sc: sc}
+	rd := &Reader{br: bufio.NewReaderSize(r, MaxLine)}
 	b, err := rd.next()
 	if err == io.EOF {
 		return nil, &LineError{Line: 1, Err: errors.New("empty: not a capture")}
@@ -73,6 +78,10 @@ func (r *Reader) Summary() *Summary { return r.summary }
 // Line returns the number of the line last read.
 func (r *Reader) Line() int { return r.line }
 
+// Held returns the bytes the strings of the request last read take: its
+// line, which they are slices of, and the strings that held escapes.
+func (r *Reader) Held() int { return r.held }
+
 // wireSummary is a summary line's object.
 type wireSummary struct {
 	NS       int64  `json:"ns"`
@@ -86,7 +95,8 @@ type wireSummary struct {
 // Next reads the next request into req, reusing its slices. It returns
 // io.EOF after the last request (Summary is then set, when the capture
 // has one), and a *LineError for a line that is not a request or the
-// summary as this package writes them.
+// summary as this package writes them; one wrapping ErrTooLong for a line
+// too long to read, after which Next reads on.
 func (r *Reader) Next(req *Request) error {
 	b, err := r.next()
 	if err != nil {
@@ -96,7 +106,12 @@ func (r *Reader) Next(req *Request) error {
 		return r.errorf("a line after the summary")
 	}
 	// One string for the line: the request's strings are slices of it.
-	isSummary, err := parseRequestLine(string(b), req)
+	p := &parser{s: string(b)}
+	isSummary, err := p.requestLine(req)
+	r.held = len(p.s) + p.escapes
+	if err == nil && !isSummary && len(p.s) > sliceMax {
+		req.detach()
+	}
 	switch {
 	case isSummary:
 		var w struct {
@@ -120,6 +135,23 @@ func (r *Reader) Next(req *Request) error {
 	return nil
 }
 
+// sliceMax is the longest line whose request's strings are slices of it.
+// Those of a longer line are copied out of it, so that whatever keeps one
+// (a statistic named after a domain) keeps that string and not the line:
+// its strings take no more than the line did, and Held still counts them.
+const sliceMax = 4 << 10
+
+// detach makes each of r's strings a copy of its own.
+func (r *Request) detach() {
+	r.Domain = strings.Clone(r.Domain)
+	for i := range r.Descriptors {
+		for j := range r.Descriptors[i].Entries {
+			e := &r.Descriptors[i].Entries[j]
+			e.Key, e.Value = strings.Clone(e.Key), strings.Clone(e.Value)
+		}
+	}
+}
+
 func parseCode(s string) (over, ok bool) {
 	switch s {
 	case codeOK:
@@ -130,20 +162,28 @@ func parseCode(s string) (over, ok bool) {
 	return false, false
 }
 
-// next returns the next line, without its newline.
+// next returns the next line, without its newline (nor a carriage return
+// before it), valid until the next call. A line longer than MaxLine, its
+// newline included, is read past, a buffer at a time.
 func (r *Reader) next() ([]byte, error) {
-	if !r.sc.Scan() {
-		r.line++
-		switch err := r.sc.Err(); {
-		case errors.Is(err, bufio.ErrTooLong):
-			return nil, r.errorf("longer than %d bytes", MaxLine)
-		case err != nil:
+	r.line++
+	b, err := r.br.ReadSlice('\n')
+	switch {
+	case err == bufio.ErrBufferFull:
+		for err == bufio.ErrBufferFull {
+			_, err = r.br.ReadSlice('\n')
+		}
+		if err != nil && err != io.EOF {
 			return nil, &LineError{Line: r.line, Err: err}
 		}
+		return nil, &LineError{Line: r.line, Err: ErrTooLong}
+	case err == io.EOF && len(b) == 0:
 		return nil, io.EOF
+	case err != nil && err != io.EOF:
+		return nil, &LineError{Line: r.line, Err: err}
 	}
-	r.line++
-	return r.sc.Bytes(), nil
+	b = bytes.TrimSuffix(b, []byte{'\n'})
+	return bytes.TrimSuffix(b, []byte{'\r'}), nil
 }
 
 func (r *Reader) errorf(format string, args ...any) error {

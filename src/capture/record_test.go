@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"reflect"
+	"runtime"
 	"strings"
 	"testing"
 	"time"
@@ -154,6 +155,90 @@ func TestReaderRefusesBadLines(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestReaderSkipsLongLines: a line longer than MaxLine is an error wrapping
+// ErrTooLong that names it, after which the Reader reads on; it reads past
+// such a line without holding it (16 MiB of one line, read through, cost
+// no more than the Reader's buffer), and Held counts what a request keeps.
+// Not parallel: it counts the bytes the process allocates.
+func TestReaderSkipsLongLines(t *testing.T) {
+	head := string(appendHeader(nil, &Header{Start: time.Unix(1, 0), Values: "plain", Seconds: 1, Requests: 1}))
+	ok := `{"ns":1,"domain":"d","descriptors":[{"entries":[["k","v"]]}],"code":"OK","codes":["OK"]}` + "\n"
+	escaped := `{"ns":2,"domain":"d","descriptors":[{"entries":[["k","\n\n"]]}],"code":"OK","codes":["OK"]}` + "\r\n"
+	long := io.MultiReader(strings.NewReader(`{"ns":1,"domain":"`), bytes.NewReader(bytes.Repeat([]byte{'a'}, 16<<20)), strings.NewReader("\"}\n"))
+	in := io.MultiReader(strings.NewReader(head+ok), long, strings.NewReader(escaped+strings.Repeat("x", MaxLine)))
+	rd, err := NewReader(in)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var req Request
+	if err := rd.Next(&req); err != nil || rd.Held() != len(ok)-1 {
+		t.Fatalf("line 2: %v, held %d, want %d", err, rd.Held(), len(ok)-1)
+	}
+	var before runtime.MemStats
+	runtime.ReadMemStats(&before)
+	err = rd.Next(&req)
+	var after runtime.MemStats
+	runtime.ReadMemStats(&after)
+	var le *LineError
+	if !errors.As(err, &le) || le.Line != 3 || !errors.Is(err, ErrTooLong) {
+		t.Fatalf("line 3 = %v, want line 3, too long", err)
+	}
+	if got := after.TotalAlloc - before.TotalAlloc; got > 1<<20 {
+		t.Errorf("reading past a line of 16 MiB allocated %d bytes", got)
+	}
+	if err := rd.Next(&req); err != nil || req.Descriptors[0].Entries[0].Value != "\n\n" || rd.Line() != 4 {
+		t.Fatalf("line 4 = %v, %+v", err, req)
+	}
+	if held := rd.Held(); held <= len(escaped)-2 {
+		t.Errorf("Held() = %d, want the line's %d bytes and its escapes'", held, len(escaped)-2)
+	}
+	// A last line of MaxLine bytes without its newline is too long as well.
+	if err := rd.Next(&req); !errors.Is(err, ErrTooLong) || rd.Line() != 5 {
+		t.Fatalf("line 5 = %v", err)
+	}
+	if err := rd.Next(&req); err != io.EOF {
+		t.Fatalf("after the last line: %v, want io.EOF", err)
+	}
+}
+
+// TestReaderCopiesLongLinesStrings: the strings of a line longer than
+// sliceMax are copies, so that keeping one (as the service keeps a domain
+// in a statistic's name) does not keep the line: the domains of 2,000
+// lines of 8 KB kept, the heap grows by far less than the lines. Not
+// parallel: it measures the heap.
+func TestReaderCopiesLongLinesStrings(t *testing.T) {
+	var b strings.Builder
+	b.WriteString(string(appendHeader(nil, &Header{Start: time.Unix(1, 0), Values: "plain", Seconds: 1, Requests: 1})))
+	for i := range 2000 {
+		fmt.Fprintf(&b, `{"ns":1,"domain":"d%d","descriptors":[{"entries":[["k","%s"]]}],"code":"OK","codes":["OK"]}`+"\n", i, strings.Repeat("v", 8<<10))
+	}
+	in := b.String()
+	rd, err := NewReader(strings.NewReader(in))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var before, after runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&before)
+	kept := make([]string, 0, 2000)
+	for {
+		var req Request
+		if err := rd.Next(&req); err == io.EOF {
+			break
+		} else if err != nil {
+			t.Fatal(err)
+		}
+		kept = append(kept, req.Domain)
+	}
+	runtime.GC()
+	runtime.ReadMemStats(&after)
+	if grown := int64(after.HeapAlloc) - int64(before.HeapAlloc); len(kept) != 2000 || grown > 1<<20 {
+		t.Errorf("keeping the domains of %d lines of 8 KB grew the heap by %d bytes", len(kept), grown)
+	}
+	runtime.KeepAlive(kept)
+	runtime.KeepAlive(in)
 }
 
 func FuzzReader(f *testing.F) {

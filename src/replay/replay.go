@@ -44,14 +44,23 @@ const (
 	DefaultMemoryMaxBytes = 1 << 30
 	// DefaultTop is the keys listed per rule.
 	DefaultTop = 10
-	// DefaultMaxKeys bounds the keys whose refusals are counted, per rule
-	// set: a capture of many clients over their limits costs at most
-	// that many entries.
-	DefaultMaxKeys = 1_000_000
-	// DefaultReorder is how many requests the replay holds to put the
-	// capture in time order: concurrent requests are written a few
-	// microseconds out of it, at most as many as there are in flight.
-	DefaultReorder = 4096
+	// DefaultMaxKeys and DefaultMaxKeyBytes bound the keys whose refusals
+	// are counted, per rule set: a capture of many clients over their
+	// limits costs at most that many keys, of at most that many bytes
+	// (each key's length and keyOverhead).
+	DefaultMaxKeys     = 1_000_000
+	DefaultMaxKeyBytes = 128 << 20
+	// DefaultReorder and DefaultReorderBytes bound the requests the replay
+	// holds to put the capture in time order: concurrent requests are
+	// written a few microseconds out of it, at most as many as there are
+	// in flight. The requests being decided take at most as many bytes
+	// again.
+	DefaultReorder      = 4096
+	DefaultReorderBytes = 16 << 20
+	// MaxDomainRows bounds the rows of figures per domain of each rule set
+	// ("DOMAIN (limit override)", "DOMAIN (no limit)"): past it the
+	// figures of further domains go to one row, "(other domains) (...)".
+	MaxDomainRows = 1024
 )
 
 // Config says what to replay against what. Its zero value is not usable:
@@ -74,13 +83,64 @@ type Config struct {
 	MemoryMaxBytes int64
 	// Top is how many keys the report lists per rule (default DefaultTop).
 	Top int
-	// MaxKeys bounds the keys tracked per rule set (default
-	// DefaultMaxKeys); the refusals of keys past it are counted, not
-	// listed.
-	MaxKeys int
-	// Reorder is how far, in requests, the capture may be out of time
-	// order (default DefaultReorder); a request further out is an error.
-	Reorder int
+	// MaxKeys and MaxKeyBytes bound the keys tracked per rule set
+	// (default DefaultMaxKeys, DefaultMaxKeyBytes); the refusals of keys
+	// past them are counted, not listed.
+	MaxKeys     int
+	MaxKeyBytes int64
+	// Reorder and ReorderBytes bound how far, in requests and in the
+	// bytes they take, the capture may be out of time order (default
+	// DefaultReorder, DefaultReorderBytes); a request further out is an
+	// error. The requests being decided take at most ReorderBytes more.
+	Reorder      int
+	ReorderBytes int64
+}
+
+// withDefaults returns c with the defaults of its zero fields.
+func (c Config) withDefaults() Config {
+	if c.MemoryMaxBytes == 0 {
+		c.MemoryMaxBytes = DefaultMemoryMaxBytes
+	}
+	if c.Top <= 0 {
+		c.Top = DefaultTop
+	}
+	if c.MaxKeys <= 0 {
+		c.MaxKeys = DefaultMaxKeys
+	}
+	if c.MaxKeyBytes <= 0 {
+		c.MaxKeyBytes = DefaultMaxKeyBytes
+	}
+	if c.Reorder <= 0 {
+		c.Reorder = DefaultReorder
+	}
+	if c.ReorderBytes <= 0 {
+		c.ReorderBytes = DefaultReorderBytes
+	}
+	return c
+}
+
+// MemoryBound is the most memory a replay of c holds, in bytes, whatever
+// the capture holds; -1 when a store has no ceiling (MemoryMaxBytes
+// negative). It is the sum of: the capture's reading (a line of
+// capture.MaxLine, in the reader's buffer and as the request last read);
+// the requests held, ReorderBytes in the reorder window and as much being
+// decided (or one request, when it alone is larger); the buffers reused
+// from request to request (reusedBytes and the window's ring); and per
+// rule set its store (MemoryMaxBytes), the keys it tracks (MaxKeyBytes),
+// its rows per domain (MaxDomainRows of domainRowBytes) and what its
+// service keeps (serviceBytes). The heap holds that and the garbage of
+// the decisions, which the collector frees.
+func (c Config) MemoryBound() int64 {
+	c = c.withDefaults()
+	if c.MemoryMaxBytes < 0 {
+		return -1
+	}
+	sides := int64(1)
+	if c.Old != nil {
+		sides = 2
+	}
+	perSide := c.MemoryMaxBytes + c.MaxKeyBytes + 2*(MaxDomainRows+1)*domainRowBytes + serviceBytes
+	return 2*capture.MaxLine + 2*c.ReorderBytes + reusedBytes + 2*int64(c.Reorder)*itemBytes + sides*perSide
 }
 
 // ErrOrder is wrapped by the error of a capture further out of time order
@@ -95,18 +155,7 @@ func Run(ctx context.Context, rd *capture.Reader, cfg Config) (*Report, error) {
 	if cfg.New == nil {
 		return nil, errors.New("replay: no rules to replay")
 	}
-	if cfg.MemoryMaxBytes == 0 {
-		cfg.MemoryMaxBytes = DefaultMemoryMaxBytes
-	}
-	if cfg.Top <= 0 {
-		cfg.Top = DefaultTop
-	}
-	if cfg.MaxKeys <= 0 {
-		cfg.MaxKeys = DefaultMaxKeys
-	}
-	if cfg.Reorder <= 0 {
-		cfg.Reorder = DefaultReorder
-	}
+	cfg = cfg.withDefaults()
 	start := time.Now()
 	r := &run{cfg: cfg, sides: []*side{newSide(cfg.NewName, cfg.New, &cfg)}}
 	if cfg.Old != nil {
@@ -144,18 +193,69 @@ type run struct {
 	cfg    Config
 	sides  []*side // New, then Old if any
 	report *Report
+	// held is the bytes of the requests sent to be decided and not yet
+	// accounted for (at most cfg.ReorderBytes, or one request); freed
+	// tells the reader that the accounting gave some back.
+	held  atomic.Int64
+	freed chan struct{}
 }
 
-// chunkSize is the requests of a chunk, and chunks the chunks in flight:
-// what the pipeline holds beside the reorder window.
+// chunkSize is the most requests of a chunk, and chunks the chunks in
+// flight: what the pipeline holds beside the reorder window (at most
+// Config.ReorderBytes of requests, whatever their number).
 const (
 	chunkSize = 512
 	chunks    = 8
 )
 
+// What a request read takes beside the strings of its line, as cost
+// counts it: per request (its place in a chunk and the window, its proto,
+// its answers), per descriptor (capture's and the proto's), per entry
+// (capture's, the proto's and its pointer), per override (both). Each is
+// rounded up to Go's size classes.
+const (
+	requestBytes    = 512
+	descriptorBytes = 192
+	entryBytes      = 128
+	overrideBytes   = 80
+)
+
+// reusedBytes bounds the buffers kept from one request to the next: each
+// of the chunks' chunkSize places keeps a proto of at most reuseMax
+// descriptors and entries, and each side's answers of at most reuseMax
+// decisions of a request; the rest goes when its chunk is accounted for.
+// Beside them the reorder window's ring keeps at most twice Config.Reorder
+// places of itemBytes.
+const (
+	reuseMax    = 8
+	reusedBytes = chunks * chunkSize * (requestBytes + reuseMax*(descriptorBytes+entryBytes+2*decisionBytes))
+	itemBytes   = 128
+)
+
+// serviceBytes bounds what each rule set's service keeps of the requests:
+// statistics of at most 1,000 keys made of their values
+// (service.Config.MaxDynamicStatKeys), each of which may keep the line its
+// strings are slices of, of at most 4 KiB (a longer line's are copies).
+const serviceBytes = 8 << 20
+
+// cost is the bytes req takes until it is accounted for: held, the bytes
+// of its strings (capture.Reader.Held), and what its structure takes.
+func cost(req *capture.Request, held int) int64 {
+	n := int64(requestBytes + held + cap(req.Codes) + cap(req.Descriptors)*descriptorBytes)
+	for i := range req.Descriptors {
+		d := &req.Descriptors[i]
+		n += int64(cap(d.Entries) * entryBytes)
+		if d.Limit != nil {
+			n += overrideBytes
+		}
+	}
+	return n
+}
+
 // chunk is a run of requests in time order and their decisions.
 type chunk struct {
 	items  []item
+	bytes  int64 // the cost of items
 	protos []*rlsv3.RateLimitRequest
 	// res[k][i] is side k's decision of items[i]; err[k] the error that
 	// stopped side k, at line errLine[k].
@@ -176,11 +276,58 @@ type result struct {
 	seen  []decision
 }
 
+// reset empties c once accounted for, keeping of its buffers only those
+// small enough to be worth reusing (reusedBytes bounds them all).
+func (c *chunk) reset() {
+	clear(c.items[:cap(c.items)])
+	c.items, c.bytes = c.items[:0], 0
+	for i, p := range c.protos[:cap(c.protos)] {
+		if p != nil && !reusable(p) {
+			c.protos[i] = nil
+		}
+	}
+	for k := range c.res {
+		all := c.res[k][:cap(c.res[k])]
+		for i := range all {
+			res := &all[i]
+			if cap(res.seen) > reuseMax || cap(res.codes) > reuseMax {
+				*res = result{}
+			}
+			clear(res.seen[:cap(res.seen)])
+		}
+	}
+}
+
+// reusable reports whether p, with what its slices keep past their
+// length, has at most reuseMax descriptors and entries, and so is worth
+// keeping for another request; it empties the strings of those it keeps,
+// which would keep their lines.
+func reusable(p *rlsv3.RateLimitRequest) bool {
+	n := cap(p.Descriptors)
+	p.Domain = ""
+	for _, d := range p.Descriptors[:cap(p.Descriptors)] {
+		if n > reuseMax {
+			return false
+		}
+		if d == nil {
+			continue
+		}
+		n += cap(d.Entries)
+		for _, e := range d.Entries[:min(cap(d.Entries), reuseMax)] {
+			if e != nil {
+				e.Key, e.Value = "", ""
+			}
+		}
+	}
+	return n <= reuseMax
+}
+
 // all reads and replays every request, in time order through a window of
 // at most cfg.Reorder requests.
 func (r *run) all(ctx context.Context, rd *capture.Reader) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
+	r.freed = make(chan struct{}, 1)
 	free := make(chan *chunk, chunks)
 	for range chunks {
 		free <- &chunk{}
@@ -219,6 +366,12 @@ func (r *run) all(ctx context.Context, rd *capture.Reader) error {
 			cancel()
 			return c.final
 		}
+		r.held.Add(-c.bytes)
+		select {
+		case r.freed <- struct{}{}:
+		default:
+		}
+		c.reset()
 		free <- c
 	}
 	return nil
@@ -226,8 +379,9 @@ func (r *run) all(ctx context.Context, rd *capture.Reader) error {
 
 // read reads the capture, puts it in time order and sends it on in
 // chunks, until its end, an error (sent on the last chunk), or ctx's end.
+// Lines too long to read are counted and skipped.
 func (r *run) read(ctx context.Context, rd *capture.Reader, free <-chan *chunk, ordered chan<- *chunk, toSide []chan *chunk) {
-	f := &feeder{ctx: ctx, reorder: r.cfg.Reorder, free: free, ordered: ordered, toSide: toSide}
+	f := &feeder{ctx: ctx, cfg: &r.cfg, free: free, ordered: ordered, toSide: toSide, held: &r.held, freed: r.freed}
 	var pending window
 	for {
 		if err := ctx.Err(); err != nil {
@@ -239,13 +393,19 @@ func (r *run) read(ctx context.Context, rd *capture.Reader, free <-chan *chunk, 
 		if err == io.EOF {
 			break
 		}
+		if errors.Is(err, capture.ErrTooLong) {
+			r.report.tooLong(rd.Line())
+			continue
+		}
 		if err != nil {
 			f.send(err)
 			return
 		}
-		pending.push(item{req: req, line: rd.Line()})
-		if pending.len() > r.cfg.Reorder && !f.next(pending.pop()) {
-			return
+		pending.push(item{req: req, line: rd.Line(), bytes: cost(&req, rd.Held())})
+		for pending.len() > r.cfg.Reorder || pending.bytes > r.cfg.ReorderBytes {
+			if !f.next(pending.pop()) {
+				return
+			}
 		}
 	}
 	for pending.len() > 0 {
@@ -260,7 +420,9 @@ func (r *run) read(ctx context.Context, rd *capture.Reader, free <-chan *chunk, 
 // Run's goroutine, in order, and to each side.
 type feeder struct {
 	ctx     context.Context
-	reorder int
+	cfg     *Config
+	held    *atomic.Int64 // run.held
+	freed   <-chan struct{}
 	free    <-chan *chunk
 	ordered chan<- *chunk
 	toSide  []chan *chunk
@@ -272,7 +434,7 @@ type feeder struct {
 func (f *feeder) take() bool {
 	select {
 	case f.c = <-f.free:
-		f.c.items, f.c.protos = f.c.items[:0], f.c.protos[:0]
+		f.c.protos = f.c.protos[:0]
 		return true
 	case <-f.ctx.Done():
 		return false
@@ -309,19 +471,24 @@ func (f *feeder) send(final error) bool {
 
 // next adds it, the next request in time order, to the chunk, and sends
 // the chunk once full. A request before the one sent last (further out
-// of order than the window) stops the reading with ErrOrder.
+// of order than the window) stops the reading with ErrOrder. It waits
+// while the requests being decided would take more than
+// Config.ReorderBytes with it, unless there are none.
 func (f *feeder) next(it item) bool {
 	if it.req.Time.Before(f.last.req.Time) {
-		f.send(&capture.LineError{Line: it.line, Err: fmt.Errorf("%w: decided at %s, before the request of line %d (%s), replayed already: more than %d requests out of order; sort the capture by \"ns\" first",
-			ErrOrder, it.req.Time.UTC().Format(time.RFC3339Nano), f.last.line, f.last.req.Time.UTC().Format(time.RFC3339Nano), f.reorder)})
+		f.send(&capture.LineError{Line: it.line, Err: fmt.Errorf("%w: decided at %s, before the request of line %d (%s), replayed already: further out of order than the replay's window of %d requests or %d bytes; sort the capture by \"ns\" first",
+			ErrOrder, it.req.Time.UTC().Format(time.RFC3339Nano), f.last.line, f.last.req.Time.UTC().Format(time.RFC3339Nano), f.cfg.Reorder, f.cfg.ReorderBytes)})
 		return false
 	}
-	f.last = it
-	if f.c == nil && !f.take() {
+	// Its time and line only: its strings would keep its line.
+	f.last = item{req: capture.Request{Time: it.req.Time}, line: it.line}
+	if !f.room(it.bytes) || f.c == nil && !f.take() {
 		return false
 	}
 	c := f.c
 	c.items = append(c.items, it)
+	c.bytes += it.bytes
+	f.held.Add(it.bytes)
 	n := len(c.items) - 1
 	c.protos = c.protos[:n]
 	if n < cap(c.protos) && c.protos[:n+1][n] != nil {
@@ -332,6 +499,23 @@ func (f *feeder) next(it item) bool {
 	fill(c.protos[n], &c.items[n].req)
 	if len(c.items) == chunkSize {
 		return f.send(nil)
+	}
+	return true
+}
+
+// room waits until the requests being decided leave room for n bytes
+// more, sending the chunk being filled first so that they can; false
+// when ctx ends first.
+func (f *feeder) room(n int64) bool {
+	for held := f.held.Load(); held > 0 && held+n > f.cfg.ReorderBytes; held = f.held.Load() {
+		if f.c != nil && len(f.c.items) > 0 && !f.send(nil) {
+			return false
+		}
+		select {
+		case <-f.freed:
+		case <-f.ctx.Done():
+			return false
+		}
 	}
 	return true
 }
@@ -428,10 +612,11 @@ func fill(p *rlsv3.RateLimitRequest, req *capture.Request) {
 	p.Descriptors = descs
 }
 
-// item is a request waiting for its turn, with its line.
+// item is a request waiting for its turn, with its line and its cost.
 type item struct {
-	req  capture.Request
-	line int
+	req   capture.Request
+	line  int
+	bytes int64
 }
 
 // window holds the requests read and not yet replayed, in time order (of
@@ -441,6 +626,7 @@ type item struct {
 type window struct {
 	ring       []item
 	head, size int
+	bytes      int64 // the cost of the requests held
 }
 
 func (w *window) len() int { return w.size }
@@ -459,6 +645,7 @@ func (w *window) push(it item) {
 	}
 	i := w.size
 	w.size++
+	w.bytes += it.bytes
 	for ; i > 0 && it.req.Time.Before(w.at(i-1).req.Time); i-- {
 		*w.at(i) = *w.at(i - 1)
 	}
@@ -471,6 +658,7 @@ func (w *window) pop() item {
 	*w.at(0) = item{}
 	w.head = (w.head + 1) % len(w.ring)
 	w.size--
+	w.bytes -= it.bytes
 	return it
 }
 
@@ -497,7 +685,10 @@ type side struct {
 	special  map[string]*ruleStats
 	noLimits map[string]*ruleStats
 	order    []*ruleStats
-	keys     int // keys tracked, against Config.MaxKeys
+	// keys and keyBytes are the keys tracked and their bytes, against
+	// Config.MaxKeys and Config.MaxKeyBytes.
+	keys     int
+	keyBytes int64
 }
 
 // decision is one decision the service told of a descriptor.
@@ -508,6 +699,18 @@ type decision struct {
 	key    string // set when over: the key as its limit counted it
 	shadow bool
 }
+
+// decisionBytes is the size of a decision.
+const decisionBytes = 48
+
+// keyOverhead is what tracking a key takes beside its bytes: its
+// KeyReport and its place in the rule's map.
+const keyOverhead = 112
+
+// domainRowBytes bounds what a row per domain takes: its figures, its
+// name and its place in the map (a domain is at most 256 bytes, or the
+// service refuses it).
+const domainRowBytes = 1024
 
 // sweepEvery is the service's memory store's sweep of idle keys.
 const sweepEvery = 10 * time.Second
@@ -582,26 +785,32 @@ func (s *side) rule(lim *rules.Limit) *ruleStats {
 	if st := s.stats[lim]; st != nil {
 		return st
 	}
-	return s.specialRule(lim.Domain + " (limit override)")
-}
-
-func (s *side) specialRule(id string) *ruleStats {
-	st := s.special[id]
-	if st == nil {
-		st = &ruleStats{report: RuleReport{ID: id}}
-		s.special[id] = st
-	}
-	return st
+	return domainRow(s.special, lim.Domain, "limit override")
 }
 
 // noLimit returns the figures of domain's descriptors admitted without a
 // limit (on Run's goroutine: apart from special, which the side's fills).
 func (s *side) noLimit(domain string) *ruleStats {
-	st := s.noLimits[domain]
-	if st == nil {
-		st = &ruleStats{report: RuleReport{ID: domain + " (no limit)"}}
-		s.noLimits[domain] = st
+	return domainRow(s.noLimits, domain, "no limit")
+}
+
+// domainRow returns the row of domain in rows, named "DOMAIN (what)":
+// of at most MaxDomainRows domains, and past them one row of the others.
+func domainRow(rows map[string]*ruleStats, domain, what string) *ruleStats {
+	if st := rows[domain]; st != nil {
+		return st
 	}
+	id := domain
+	if len(rows) >= MaxDomainRows {
+		// The key of the others' row: no request has an empty domain
+		// (the service refuses it).
+		domain, id = "", "(other domains)"
+		if st := rows[domain]; st != nil {
+			return st
+		}
+	}
+	st := &ruleStats{report: RuleReport{ID: id + " (" + what + ")"}}
+	rows[strings.Clone(domain)] = st
 	return st
 }
 
@@ -658,11 +867,13 @@ func (s *side) count(st *ruleStats, over, mine, otherOver bool, key string, at t
 	r.Refused++
 	k := st.keys[key]
 	if k == nil {
-		if s.keys >= s.cfg.MaxKeys {
+		size := int64(len(key) + keyOverhead)
+		if s.keys >= s.cfg.MaxKeys || s.keyBytes+size > s.cfg.MaxKeyBytes {
 			r.RefusedUntracked++
 			return
 		}
 		s.keys++
+		s.keyBytes += size
 		if st.keys == nil {
 			st.keys = map[string]*KeyReport{}
 		}

@@ -299,16 +299,19 @@ func TestReplayErrors(t *testing.T) {
 		return string(capture.AppendRequest(nil, &r, nil))
 	}
 	tests := []struct {
-		name    string
-		data    string
-		reorder int
-		line    int
-		is      error
-		msg     string
+		name         string
+		data         string
+		reorder      int
+		reorderBytes int64
+		line         int
+		is           error
+		msg          string
 	}{
-		{"out_of_order", head + line(3e9, "web") + line(2e9, "web") + line(1e9, "web"), 1, 4, replay.ErrOrder, "before the request of line 3"},
-		{"refused_by_the_service", head + line(1e9, "web") + line(2e9, "") + line(3e9, "web"), 0, 3, nil, "the service refuses the request"},
-		{"not_a_request", head + line(1e9, "web") + "{}\n", 0, 3, nil, `no "ns"`},
+		{"out_of_order", head + line(3e9, "web") + line(2e9, "web") + line(1e9, "web"), 1, 0, 4, replay.ErrOrder, "before the request of line 3"},
+		// A window of one byte holds no request: the second is out.
+		{"out_of_order_bytes", head + line(3e9, "web") + line(2e9, "web") + line(1e9, "web"), 0, 1, 3, replay.ErrOrder, "window of 4096 requests or 1 bytes"},
+		{"refused_by_the_service", head + line(1e9, "web") + line(2e9, "") + line(3e9, "web"), 0, 0, 3, nil, "the service refuses the request"},
+		{"not_a_request", head + line(1e9, "web") + "{}\n", 0, 0, 3, nil, `no "ns"`},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -316,11 +319,39 @@ func TestReplayErrors(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			_, err = replay.Run(t.Context(), rd, replay.Config{New: c, Reorder: tt.reorder})
+			_, err = replay.Run(t.Context(), rd, replay.Config{New: c, Reorder: tt.reorder, ReorderBytes: tt.reorderBytes})
 			var le *capture.LineError
 			if !errors.As(err, &le) || le.Line != tt.line || !strings.Contains(err.Error(), tt.msg) || tt.is != nil && !errors.Is(err, tt.is) {
 				t.Errorf("Run: %v, want line %d: %q", err, tt.line, tt.msg)
 			}
 		})
+	}
+}
+
+// TestReplaySkipsLinesTooLong: a line longer than capture.MaxLine is
+// skipped and counted, the report naming it, and the replay goes on.
+func TestReplaySkipsLinesTooLong(t *testing.T) {
+	t.Parallel()
+	c := parse(t, "domain: web\ndescriptors:\n  - key: user\n    rate_limit: {unit: minute, requests_per_unit: 3}\n")
+	var b []byte
+	b = append(b, `{"capture":1,"ns":1,"values":"plain","seconds":60,"requests":100}`+"\n"...)
+	for i := range 4 {
+		if i == 1 {
+			b = append(b, `{"ns":1,"domain":"`+strings.Repeat("a", capture.MaxLine)+`"}`+"\n"...)
+		}
+		r := capture.Request{Time: time.Unix(1_764_246_000+int64(i), 0), Domain: "web",
+			Descriptors: []capture.Descriptor{{Entries: []rules.Entry{{Key: "user", Value: "eve"}}}}, Codes: []bool{false}}
+		b = capture.AppendRequest(b, &r, nil)
+	}
+	rep := run(t, b, replay.Config{New: c, NewName: "new"})
+	if rep.Requests != 4 || rep.TooLong != 1 || fmt.Sprint(rep.TooLongAt) != "[3]" {
+		t.Fatalf("replayed %d requests, %d lines too long at %v; want 4, and line 3", rep.Requests, rep.TooLong, rep.TooLongAt)
+	}
+	var text strings.Builder
+	if err := rep.WriteText(&text); err != nil {
+		t.Fatal(err)
+	}
+	if want := fmt.Sprintf("warning: lines longer than %d bytes, skipped (their requests are not replayed): 1, at line 3\n", capture.MaxLine); !strings.Contains(text.String(), want) {
+		t.Errorf("the report lacks %q:\n%s", want, text.String())
 	}
 }

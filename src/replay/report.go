@@ -42,6 +42,10 @@ type Report struct {
 	// their limit (Config.MemoryMaxBytes): decisions of such keys may
 	// differ from a store that kept them.
 	Evicted uint64 `json:"evicted"`
+	// TooLong counts the lines longer than capture.MaxLine, skipped;
+	// TooLongAt are the numbers of the first maxTooLongAt of them.
+	TooLong   int64 `json:"lines_too_long"`
+	TooLongAt []int `json:"lines_too_long_at,omitempty"`
 	// Rules and OldRules are, for New and Old, the rules that decided a
 	// descriptor or counted a hit, most refusals first. Besides the
 	// rules, "DOMAIN (limit override)" stands for the descriptors that
@@ -86,6 +90,17 @@ type KeyReport struct {
 	First   time.Time `json:"first"`
 }
 
+// maxTooLongAt bounds Report.TooLongAt.
+const maxTooLongAt = 10
+
+// tooLong counts a line too long to read, line.
+func (r *Report) tooLong(line int) {
+	r.TooLong++
+	if len(r.TooLongAt) < maxTooLongAt {
+		r.TooLongAt = append(r.TooLongAt, line)
+	}
+}
+
 // ruleStats is a rule's figures while the replay runs.
 type ruleStats struct {
 	report RuleReport
@@ -98,16 +113,19 @@ func (s *side) rules(top int) []RuleReport {
 	out := make([]RuleReport, 0, len(s.order))
 	for _, st := range s.order {
 		r := st.report
-		keys := make([]KeyReport, 0, len(st.keys))
+		// Pointers: a copy of every key tracked would take a third of
+		// what they take.
+		keys := make([]*KeyReport, 0, len(st.keys))
 		for _, k := range st.keys {
-			keys = append(keys, *k)
+			keys = append(keys, k)
 		}
-		slices.SortFunc(keys, func(a, b KeyReport) int {
+		slices.SortFunc(keys, func(a, b *KeyReport) int {
 			return cmp.Or(cmp.Compare(b.Refused, a.Refused), a.First.Compare(b.First), strings.Compare(a.Key, b.Key))
 		})
-		r.Keys = keys[:min(top, len(keys))]
-		for i := range r.Keys {
-			r.Keys[i].Key = formatKey(r.Keys[i].Key)
+		r.Keys = make([]KeyReport, min(top, len(keys)))
+		for i, k := range keys[:len(r.Keys)] {
+			r.Keys[i] = *k
+			r.Keys[i].Key = formatKey(k.Key)
 		}
 		out = append(out, r)
 	}
@@ -174,6 +192,17 @@ func (r *Report) warnings() []string {
 	}
 	if r.Degraded > 0 && r.Against == "capture" {
 		out = append(out, fmt.Sprintf("%d answers in the capture came from an instance's local counts (STORE_FAILURE_MODE=local), not the shared store", r.Degraded))
+	}
+	if r.TooLong > 0 {
+		at := "line "
+		if r.TooLong > 1 {
+			at = "lines "
+		}
+		at += strings.Trim(strings.ReplaceAll(fmt.Sprint(r.TooLongAt), " ", ", "), "[]")
+		if more := r.TooLong - int64(len(r.TooLongAt)); more > 0 {
+			at += fmt.Sprintf(" and %d more", more)
+		}
+		out = append(out, fmt.Sprintf("lines longer than %d bytes, skipped (their requests are not replayed): %d, at %s", capture.MaxLine, r.TooLong, at))
 	}
 	if r.Evicted > 0 {
 		out = append(out, fmt.Sprintf("the replay's memory stores evicted %d keys under their limit: raise -memory_max_bytes", r.Evicted))
