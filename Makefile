@@ -53,7 +53,7 @@ test-busy: servers ## the whole suite with two CPU-bound processes beside it (sc
 # outages, load, shutdown), which CI runs once more on a busy machine.
 TIMING_PKGS = ./src/store/... ./src/server/... ./src/service/...
 TIMING_TESTS = TestFaultsUnderLoad|TestShutdown|TestBreaker
-test-timing-busy: servers ## the timing-sensitive tests beside two CPU-bound processes (what CI adds to make test)
+test-timing-busy: servers ## the timing-sensitive tests beside two CPU-bound processes (run it after changing one of them)
 	./scripts/busy.sh $(GO) test -race -count=1 -timeout 20m $(TIMING_PKGS)
 	./scripts/busy.sh $(GO) test -race -count=1 -timeout 20m -run '$(TIMING_TESTS)' ./integration-test/
 
@@ -113,9 +113,9 @@ fuzz: ## run one fuzz target: make fuzz FUZZ=FuzzParse PKG=./src/rules
 
 # Every fuzz target, FUZZ_CI_TIME each (CI runs them all), found in the
 # source (`func Fuzz...` in a _test.go file) so that a new one runs too.
-FUZZ_CI_TIME ?= 15s
+FUZZ_CI_TIME ?= 10s
 FUZZ_TARGETS = $(shell grep -rHo --include='*_test.go' '^func Fuzz[A-Za-z0-9_]*' src cmd | sed -E 's|^(.*)/[^/]*:func (Fuzz.*)$$|\2:./\1|' | sort)
-fuzz-all: ## run every fuzz target for FUZZ_CI_TIME (15s) each
+fuzz-all: ## run every fuzz target for FUZZ_CI_TIME (10s) each
 	@set -e; for t in $(FUZZ_TARGETS); do \
 	  echo "fuzz $${t%%:*} $${t#*:} ($(FUZZ_CI_TIME))"; \
 	  $(GO) test -run '^$$' -fuzz "^$${t%%:*}$$" -fuzztime $(FUZZ_CI_TIME) "$${t#*:}"; \
