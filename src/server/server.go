@@ -110,6 +110,9 @@ type Server struct {
 	// streams bounds the long-lived gRPC calls besides the quota
 	// service's (streams.go).
 	streams *streamBound
+	// stall watches the gRPC connections and calls for clients that hold
+	// them without using them (stall.go, callwait.go).
+	stall *stallWatch
 	// quota serves the Rate Limit Quota Service; nil with
 	// RLQS_ENABLED=false.
 	quota *rlqs.Service
@@ -584,9 +587,11 @@ func listenError(where, setting string, err error) error {
 // newGRPCServer builds the gRPC server and registers its services.
 func (s *Server) newGRPCServer() {
 	s.streams = newStreamBound(s.stats)
+	s.stall = newStallWatch(s.stats)
 	opts := append(grpcOptions(s.set, s.recoverUnary, s.recoverStream),
-		grpc.ChainStreamInterceptor(s.streams.intercept),
-		grpc.InTapHandle(s.svc.Tap),
+		grpc.ChainUnaryInterceptor(s.stall.unary),
+		grpc.ChainStreamInterceptor(s.stall.stream, s.streams.intercept),
+		grpc.InTapHandle(s.stall.tap(s.svc.Tap)),
 		grpc.ForceServerCodecV2(wire.Codec()))
 	// Every connection is watched for answers its client does not let out.
 	var creds credentials.TransportCredentials
@@ -594,7 +599,7 @@ func (s *Server) newGRPCServer() {
 		creds = s.tls.credentials()
 	}
 	// A client that speaks another protocol is warned of (protocheck.go).
-	opts = append(opts, grpc.Creds(newStallWatch(s.stats).credentials(newProtocolCheck(creds, s.log))))
+	opts = append(opts, grpc.Creds(s.stall.credentials(newProtocolCheck(creds, s.log))))
 	s.grpc = grpc.NewServer(opts...)
 	rlsv3.RegisterRateLimitServiceServer(s.grpc, s.svc)
 	if s.quota != nil {

@@ -36,7 +36,7 @@ const (
 	// holds a goroutine of grpc-go's waiting for the message, which
 	// nothing else bounded but connections × streams (10,000 × 1,024). A
 	// call whose request is not whole grpcWriteStall after its headers
-	// came has its connection closed too.
+	// came ends alone (awaitRequest).
 	grpcMaxHalfSent = 4096
 )
 
@@ -83,12 +83,16 @@ const clientPreface = "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
 // SETTINGS and WINDOW_UPDATE), never a message. It is safe for concurrent
 // use.
 type stallWatch struct {
-	stall       time.Duration
+	stall time.Duration
+	// maxWait is grpcMaxRequestWait (awaitRequest).
+	maxWait     time.Duration
 	maxWaiting  int64
 	maxHalfSent int64
 	waiting     atomic.Int64 // answers waiting, all connections
 	halfSent    atomic.Int64 // requests not whole, all connections
 	closed      *stats.Counter
+	// callsEnded counts the calls ended for a request late (awaitRequest).
+	callsEnded *stats.Counter
 
 	// mu guards conns.
 	mu    sync.Mutex
@@ -98,9 +102,11 @@ type stallWatch struct {
 func newStallWatch(reg *stats.Registry) *stallWatch {
 	w := &stallWatch{
 		stall:       grpcWriteStall,
+		maxWait:     grpcMaxRequestWait,
 		maxWaiting:  grpcMaxWaitingAnswers,
 		maxHalfSent: grpcMaxHalfSent,
 		closed:      reg.Counter("ratelimit.server.grpc_stalled_connections_closed"),
+		callsEnded:  reg.Counter("ratelimit.server.grpc_stalled_calls_ended"),
 		conns:       map[*watchedConn]struct{}{},
 	}
 	reg.GaugeFunc("ratelimit.server.grpc_answers_waiting", w.waiting.Load)
@@ -208,11 +214,9 @@ type watchedConn struct {
 	// does nothing.
 	stallGen uint64
 	timer    *time.Timer
-	// halfSent is the streams whose request has not come whole; halfTimer
-	// fires when the oldest of them may be grpcWriteStall old.
-	halfSent  int
-	halfTimer *time.Timer
-	closed    bool
+	// halfSent is the streams whose request has not come whole.
+	halfSent int
+	closed   bool
 }
 
 // h2Stream is a stream the client opened and the server has not ended.
@@ -221,10 +225,8 @@ type h2Stream struct {
 	answered bool  // the server's headers went out
 	// sending holds until the request's first message has come whole,
 	// or the client ends its side (END_STREAM): a unary call then runs,
-	// and a stream (RLQS) is a stream, bounded on its own. opened is when
-	// its headers came.
+	// and a stream (RLQS) is a stream, bounded on its own.
 	sending bool
-	opened  time.Time
 	// prefix holds the first message's gRPC prefix as it comes (nprefix
 	// bytes); got is the data bytes come so far.
 	prefix  [grpcPrefix]byte
@@ -270,9 +272,6 @@ func (c *watchedConn) Close() error {
 		if c.timer != nil {
 			c.timer.Stop()
 		}
-		if c.halfTimer != nil {
-			c.halfTimer.Stop()
-		}
 		n, h := c.waiting, int64(c.halfSent)
 		c.waiting, c.halfSent = 0, 0
 		c.waitingNow.Store(0)
@@ -307,7 +306,7 @@ func (c *watchedConn) fromClient(f frame) {
 			c.lastID = f.stream
 			s := h2Stream{win: c.initWin}
 			if f.flags&flagEndStream == 0 {
-				s.sending, s.opened = true, time.Now()
+				s.sending = true
 				c.addHalfSent(1)
 			}
 			c.streams[f.stream] = s
@@ -431,52 +430,18 @@ func (c *watchedConn) sent(f frame) {
 	}
 }
 
-// addHalfSent counts requests that started or stopped being incomplete,
-// arms the timer of the oldest, and, past the bound of all connections,
-// has the connection holding the most closed. c.mu is held.
+// addHalfSent counts requests that started or stopped being incomplete
+// and, past the bound of all connections, has the connection holding the
+// most closed. c.mu is held.
 func (c *watchedConn) addHalfSent(delta int) {
 	if c.closed {
 		return // Close took the connection's out of the count
 	}
-	was := c.halfSent
 	c.halfSent += delta
 	c.halfSentNow.Store(int64(c.halfSent))
-	if was == 0 && c.halfSent > 0 {
-		c.armHalfTimer(c.w.stall)
-	}
 	if c.w.halfSent.Add(int64(delta)) > c.w.maxHalfSent && delta > 0 {
 		go c.w.closeWorstHalfSent()
 	}
-}
-
-// armHalfTimer looks again in d at the requests not whole: the connection
-// is closed if the oldest is grpcWriteStall old, and looked at again when
-// it would be otherwise. c.mu is held.
-func (c *watchedConn) armHalfTimer(d time.Duration) {
-	if c.halfTimer != nil {
-		c.halfTimer.Stop()
-	}
-	c.halfTimer = time.AfterFunc(d, func() {
-		c.mu.Lock()
-		if c.closed || c.halfSent == 0 {
-			c.mu.Unlock()
-			return
-		}
-		oldest := time.Now()
-		for _, s := range c.streams {
-			if s.sending && s.opened.Before(oldest) {
-				oldest = s.opened
-			}
-		}
-		left := c.w.stall - time.Since(oldest)
-		if left > 0 {
-			c.armHalfTimer(left)
-			c.mu.Unlock()
-			return
-		}
-		c.mu.Unlock()
-		c.closeStalled()
-	})
 }
 
 // end forgets a stream.

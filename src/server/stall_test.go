@@ -301,39 +301,6 @@ func finish(t *testing.T, wc *watchedConn, id uint32) {
 	fromClient(t, wc, f.take(), 0)
 }
 
-// TestHalfSentConnectionIsClosed: a connection with a request not whole
-// grpcWriteStall after its headers is closed and counted; one whose
-// requests each end in time is not, however long it keeps some open.
-func TestHalfSentConnectionIsClosed(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		w := newStallWatch(stats.NewRegistry())
-		stuck := w.watch(&fakeConn{})
-		halfSent(t, stuck, 1, 1)
-		busy := w.watch(&fakeConn{})
-		// 30 requests, each whole a second after its headers, one
-		// always under way: three times the bound in all.
-		halfSent(t, busy, 1, 1)
-		for i := range uint32(30) {
-			time.Sleep(time.Second)
-			halfSent(t, busy, 2*i+3, 1)
-			finish(t, busy, 2*i+1)
-		}
-		synctest.Wait()
-		if !stuck.Conn.(*fakeConn).isClosed() {
-			t.Error("a connection whose request stayed headers only past the bound is open")
-		}
-		if busy.Conn.(*fakeConn).isClosed() {
-			t.Error("a connection whose requests each came whole in a second was closed")
-		}
-		if got := w.closed.Value(); got != 1 {
-			t.Errorf("stalled connections closed = %d, want 1", got)
-		}
-		if got := w.halfSent.Load(); got != 1 {
-			t.Errorf("requests not whole in all = %d, want 1 (the busy connection's last)", got)
-		}
-	})
-}
-
 // TestHalfSentBoundClosesTheWorst: past the bound of requests not whole,
 // all connections together, the one holding the most is closed at once.
 func TestHalfSentBoundClosesTheWorst(t *testing.T) {
@@ -368,47 +335,42 @@ func grpcMessage(n int) []byte {
 	return m
 }
 
-// TestStreamWithWholeMessageStaysOpen: a streaming call (RLQS) never ends
-// its side; once its first message has come whole, however cut into DATA
-// frames and padded, it is no longer a request not whole. One whose
-// message stops short of the length its prefix names still is.
-func TestStreamWithWholeMessageStaysOpen(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		w := newStallWatch(stats.NewRegistry())
-		stream := w.watch(&fakeConn{})
-		halfSent(t, stream, 1, 1)
-		f := newFrames()
-		msg := grpcMessage(40)
-		// The prefix cut over three frames, one of them padded.
-		_ = f.fr.WriteData(1, false, msg[:2])
-		_ = f.fr.WriteDataPadded(1, false, msg[2:4], make([]byte, 7))
-		_ = f.fr.WriteData(1, false, msg[4:30])
-		fromClient(t, stream, f.take(), 1)
-		if got := w.halfSent.Load(); got != 1 {
-			t.Fatalf("30 of 45 bytes come: requests not whole = %d, want 1", got)
-		}
-		_ = f.fr.WriteData(1, false, msg[30:])
-		// A second message, after the first, changes nothing.
-		_ = f.fr.WriteData(1, false, grpcMessage(3)[:4])
-		fromClient(t, stream, f.take(), 0)
-		if got := w.halfSent.Load(); got != 0 {
-			t.Fatalf("the first message whole: requests not whole = %d, want 0", got)
-		}
+// TestRequestsFollowedUntilWhole: a request is not whole until its first
+// message has come, however cut into DATA frames and padded, or its
+// client ended it; one whose message stops short of the length its
+// prefix names still is. A stream (RLQS) never ends its side: once its
+// first message has come it is no longer counted.
+func TestRequestsFollowedUntilWhole(t *testing.T) {
+	w := newStallWatch(stats.NewRegistry())
+	stream := w.watch(&fakeConn{})
+	halfSent(t, stream, 1, 1)
+	f := newFrames()
+	msg := grpcMessage(40)
+	// The prefix cut over three frames, one of them padded.
+	_ = f.fr.WriteData(1, false, msg[:2])
+	_ = f.fr.WriteDataPadded(1, false, msg[2:4], make([]byte, 7))
+	_ = f.fr.WriteData(1, false, msg[4:30])
+	fromClient(t, stream, f.take(), 1)
+	if got := w.halfSent.Load(); got != 1 {
+		t.Fatalf("30 of 45 bytes come: requests not whole = %d, want 1", got)
+	}
+	_ = f.fr.WriteData(1, false, msg[30:])
+	// A second message, after the first, changes nothing.
+	_ = f.fr.WriteData(1, false, grpcMessage(3)[:4])
+	fromClient(t, stream, f.take(), 0)
+	if got := w.halfSent.Load(); got != 0 {
+		t.Fatalf("the first message whole: requests not whole = %d, want 0", got)
+	}
 
-		short := w.watch(&fakeConn{})
-		halfSent(t, short, 1, 1)
-		_ = f.fr.WriteData(1, false, msg[:len(msg)-1])
-		fromClient(t, short, f.take(), 0)
-
-		time.Sleep(3 * grpcWriteStall)
-		synctest.Wait()
-		if stream.Conn.(*fakeConn).isClosed() {
-			t.Error("a stream whose first message came whole was closed")
-		}
-		if !short.Conn.(*fakeConn).isClosed() {
-			t.Error("a request one byte short of its message stayed open past the bound")
-		}
-	})
+	short := w.watch(&fakeConn{})
+	halfSent(t, short, 1, 2)
+	_ = f.fr.WriteData(1, false, msg[:len(msg)-1])
+	// Stream 3 ends its request with no message.
+	_ = f.fr.WriteData(3, true, nil)
+	fromClient(t, short, f.take(), 0)
+	if got := short.halfSent; got != 1 {
+		t.Errorf("one request a byte short, one ended: requests not whole = %d, want 1", got)
+	}
 }
 
 // BenchmarkStallWatchCall is what watching costs one unary call: the
