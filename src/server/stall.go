@@ -47,10 +47,12 @@ const (
 	frameRSTStream    = 0x3
 	frameSettings     = 0x4
 	frameWindowUpdate = 0x8
+	frameContinuation = 0x9
 
-	flagEndStream = 0x1
-	flagAck       = 0x1
-	flagPadded    = 0x8
+	flagEndStream  = 0x1
+	flagAck        = 0x1
+	flagEndHeaders = 0x4
+	flagPadded     = 0x8
 
 	// grpcPrefix is the length of the prefix of a gRPC message: a
 	// compressed flag and the message's length, 4 bytes big-endian.
@@ -79,9 +81,15 @@ const clientPreface = "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
 // or the stream's) are counted, and a connection is closed when it leaves
 // some waiting for grpcWriteStall, when a write to its socket takes that
 // long, or, the one holding the most, when all connections together leave
-// more than maxWaiting. It reads frame headers only (and the payloads of
-// SETTINGS and WINDOW_UPDATE), never a message. It is safe for concurrent
-// use.
+// more than maxWaiting. It also closes a connection whose client leaves a
+// frame, or a header block (HEADERS and its CONTINUATION frames), not
+// whole for grpcWriteStall: grpc-go reads a connection's frames in turn,
+// so until it is whole no call on the connection goes on, and nothing
+// else bounds it but GRPC_MAX_CONNECTION_IDLE (issue 36, item 6: HEADERS
+// continued by CONTINUATION frames sent one at a time, or two bytes of a
+// frame header, held a connection 5 min). It reads frame headers only (and
+// the payloads of SETTINGS and WINDOW_UPDATE, and the prefixes of the
+// client's messages), never a message. It is safe for concurrent use.
 type stallWatch struct {
 	stall time.Duration
 	// maxWait is grpcMaxRequestWait (awaitRequest).
@@ -216,7 +224,17 @@ type watchedConn struct {
 	timer    *time.Timer
 	// halfSent is the streams whose request has not come whole.
 	halfSent int
-	closed   bool
+	// blockSince is when the client's header block still open began (a
+	// HEADERS frame without END_HEADERS, which CONTINUATION frames go
+	// on), and partialSince when its frame still partly read did (the
+	// first bytes of frame number partialFrame came in a read that ended
+	// before it); zero when there is none. frameTimer looks at them
+	// grpcWriteStall later; frameArmed while it is set.
+	blockSince, partialSince time.Time
+	partialFrame             uint64
+	frameTimer               *time.Timer
+	frameArmed               bool
+	closed                   bool
 }
 
 // h2Stream is a stream the client opened and the server has not ended.
@@ -236,8 +254,57 @@ type h2Stream struct {
 
 func (c *watchedConn) Read(p []byte) (int, error) {
 	n, err := c.Conn.Read(p)
-	c.follow(&c.in, p[:n], c.fromClient)
+	if n > 0 {
+		c.mu.Lock()
+		c.in.feed(p[:n], c.fromClient)
+		c.partial()
+		c.update()
+		c.mu.Unlock()
+	}
 	return n, err
+}
+
+// partial notes, after a read, whether the client left a frame partly
+// read, and since when, and has the frames looked at in grpcWriteStall
+// if a frame or a header block is not whole. c.mu is held.
+func (c *watchedConn) partial() {
+	switch {
+	case !c.in.partial():
+		c.partialSince = time.Time{}
+	case c.partialSince.IsZero() || c.partialFrame != c.in.frames:
+		c.partialSince, c.partialFrame = time.Now(), c.in.frames
+	}
+	if c.frameArmed || c.closed || c.partialSince.IsZero() && c.blockSince.IsZero() {
+		return
+	}
+	c.frameArmed = true
+	if c.frameTimer == nil {
+		c.frameTimer = time.AfterFunc(c.w.stall, c.checkFrames)
+	} else {
+		c.frameTimer.Reset(c.w.stall)
+	}
+}
+
+// checkFrames closes the connection if the client's frame or header block
+// not whole is grpcWriteStall old, and looks again when it would be.
+func (c *watchedConn) checkFrames() {
+	c.mu.Lock()
+	since := c.partialSince
+	if since.IsZero() || !c.blockSince.IsZero() && c.blockSince.Before(since) {
+		since = c.blockSince
+	}
+	if c.closed || since.IsZero() {
+		c.frameArmed = false
+		c.mu.Unlock()
+		return
+	}
+	if left := c.w.stall - time.Since(since); left > 0 {
+		c.frameTimer.Reset(left)
+		c.mu.Unlock()
+		return
+	}
+	c.mu.Unlock()
+	c.closeStalled()
 }
 
 func (c *watchedConn) Write(p []byte) (int, error) {
@@ -272,6 +339,9 @@ func (c *watchedConn) Close() error {
 		if c.timer != nil {
 			c.timer.Stop()
 		}
+		if c.frameTimer != nil {
+			c.frameTimer.Stop()
+		}
 		n, h := c.waiting, int64(c.halfSent)
 		c.waiting, c.halfSent = 0, 0
 		c.waitingNow.Store(0)
@@ -300,6 +370,12 @@ func (c *watchedConn) closeStalled() {
 
 // fromClient applies a frame the client sent. c.mu is held.
 func (c *watchedConn) fromClient(f frame) {
+	switch {
+	case f.typ == frameHeaders && f.flags&flagEndHeaders == 0:
+		c.blockSince = time.Now()
+	case f.typ == frameContinuation && f.flags&flagEndHeaders != 0:
+		c.blockSince = time.Time{}
+	}
 	switch f.typ {
 	case frameHeaders:
 		if _, ok := c.streams[f.stream]; !ok && f.stream > c.lastID && f.stream%2 == 1 && len(c.streams) < h2MaxStreams {
@@ -527,7 +603,13 @@ type frameParser struct {
 	// broken is set on a frame the watch cannot follow; it then reads no
 	// more (grpc-go closes such a connection itself).
 	broken bool
+	// frames counts the frames read whole.
+	frames uint64
 }
+
+// partial reports whether a frame has come in part: its header, or its
+// payload, not all read yet.
+func (fp *frameParser) partial() bool { return fp.nhdr > 0 && !fp.broken }
 
 // feed reads p and calls apply for each frame whose payload is complete.
 func (fp *frameParser) feed(p []byte, apply func(frame)) {
@@ -566,6 +648,7 @@ func (fp *frameParser) feed(p []byte, apply func(frame)) {
 			apply(fp.cur)
 			fp.nhdr = 0
 			fp.cur = frame{}
+			fp.frames++
 		}
 	}
 }

@@ -3,8 +3,10 @@ package server
 import (
 	"bytes"
 	"encoding/binary"
+	"errors"
 	"io"
 	"net"
+	"os"
 	"sync"
 	"testing"
 	"testing/synctest"
@@ -328,6 +330,96 @@ func TestHalfSentBoundClosesTheWorst(t *testing.T) {
 	})
 }
 
+// TestUnfinishedFramesAreCut: a connection whose client leaves a frame,
+// or a header block, not whole for grpcWriteStall is closed and counted,
+// however it trickles the rest (issue 36, item 6); one whose frames and
+// blocks come whole in time, however cut, is not.
+func TestUnfinishedFramesAreCut(t *testing.T) {
+	opened := func(f *frames) {
+		f.buf.WriteString(clientPreface)
+		_ = f.fr.WriteSettings()
+	}
+	tests := []struct {
+		name string
+		// send writes the frames of second i (0 to 29) to f.
+		send func(f *frames, i int)
+		cut  bool
+	}{
+		{"two_bytes_of_a_frame_header", func(f *frames, i int) {
+			if i == 0 {
+				opened(f)
+				f.buf.Write([]byte{0, 0})
+			}
+		}, true},
+		{"continuation_trickled", func(f *frames, i int) {
+			if i == 0 {
+				opened(f)
+				_ = f.fr.WriteHeaders(http2.HeadersFrameParam{StreamID: 1, BlockFragment: []byte{0x82}, EndStream: true})
+			}
+			_ = f.fr.WriteContinuation(1, false, []byte{0x84})
+		}, true},
+		{"data_frame_trickled", func(f *frames, i int) {
+			if i == 0 {
+				opened(f)
+				_ = f.fr.WriteHeaders(http2.HeadersFrameParam{StreamID: 1, BlockFragment: []byte{0x82}, EndHeaders: true})
+				f.buf.Write([]byte{0, 0, 30, frameData, 0, 0, 0, 0, 1})
+			}
+			f.buf.WriteByte(0)
+		}, true},
+		{"block_whole_in_time", func(f *frames, i int) {
+			switch i {
+			case 0:
+				opened(f)
+				_ = f.fr.WriteHeaders(http2.HeadersFrameParam{StreamID: 1, BlockFragment: []byte{0x82}, EndStream: true})
+			case 5:
+				_ = f.fr.WriteContinuation(1, true, []byte{0x84})
+			}
+		}, false},
+		{"frame_whole_in_time", func(f *frames, i int) {
+			switch i {
+			case 0:
+				opened(f)
+				f.buf.Write([]byte{0, 0, 8})
+			case 5:
+				f.buf.Write([]byte{0x6, 0, 0, 0, 0, 0})
+			case 9:
+				f.buf.Write(make([]byte, 8)) // a PING
+			}
+		}, false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				w := newStallWatch(stats.NewRegistry())
+				fc := &fakeConn{}
+				wc := w.watch(fc)
+				f := newFrames()
+				start := time.Now()
+				for i := range 30 {
+					tt.send(f, i)
+					if b := f.take(); len(b) > 0 {
+						fromClient(t, wc, b, 1)
+					}
+					time.Sleep(time.Second)
+					synctest.Wait()
+					if fc.isClosed() {
+						break
+					}
+				}
+				if fc.isClosed() != tt.cut {
+					t.Errorf("closed: %v, want %v", fc.isClosed(), tt.cut)
+				}
+				if took := time.Since(start); tt.cut && took > grpcWriteStall+time.Second {
+					t.Errorf("closed after %v, want within %v", took, grpcWriteStall+time.Second)
+				}
+				if got, want := w.closed.Value(), map[bool]uint64{true: 1}[tt.cut]; got != want {
+					t.Errorf("stalled connections closed = %d, want %d", got, want)
+				}
+			})
+		})
+	}
+}
+
 // grpcMessage is a gRPC message of n bytes with its prefix.
 func grpcMessage(n int) []byte {
 	m := make([]byte, grpcPrefix+n)
@@ -408,5 +500,69 @@ func BenchmarkStallWatchCall(b *testing.B) {
 	}
 	if len(wc.streams) != 0 || wc.waiting != 0 {
 		b.Fatalf("%d streams left, %d waiting", len(wc.streams), wc.waiting)
+	}
+}
+
+// TestSlowlorisFramesAreCut tries the two slowloris variants of issue 36,
+// item 6, over the wire: HEADERS with END_STREAM but not END_HEADERS, then
+// CONTINUATION frames of a byte each, one after another; and two bytes of
+// a frame header, then nothing. Each connection is closed once the
+// watch's time has passed (300 ms here), and counted. Before, grpc-go's
+// reader waited for the rest, and the connection held its slot until
+// GRPC_MAX_CONNECTION_IDLE (5 min).
+func TestSlowlorisFramesAreCut(t *testing.T) {
+	srv, _ := build(t, serverRules, nil, io.Discard)
+	srv.stall.stall = 300 * time.Millisecond
+	run(t, srv)
+	tests := []struct {
+		name string
+		// send writes what the client sends, until the connection fails.
+		send func(c net.Conn, fr *http2.Framer) error
+	}{
+		{"continuation_trickled", func(_ net.Conn, fr *http2.Framer) error {
+			if err := fr.WriteHeaders(http2.HeadersFrameParam{StreamID: 1, BlockFragment: []byte{0x83, 0x86}, EndStream: true}); err != nil {
+				return err
+			}
+			// A literal header field whose name and value never end.
+			if err := fr.WriteContinuation(1, false, []byte{0x00, 0x7f, 0xff, 0x7f}); err != nil {
+				return err
+			}
+			for range 200 {
+				time.Sleep(25 * time.Millisecond)
+				if err := fr.WriteContinuation(1, false, []byte{'a'}); err != nil {
+					return err
+				}
+			}
+			return nil
+		}},
+		{"two_bytes_of_a_frame_header", func(c net.Conn, _ *http2.Framer) error {
+			_, err := c.Write([]byte{0, 0})
+			return err
+		}},
+	}
+	for i, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			c, err := net.Dial("tcp", srv.Addrs().GRPC.String())
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+			fr := http2.NewFramer(c, c)
+			if _, err := io.WriteString(c, http2.ClientPreface); err != nil {
+				t.Fatal(err)
+			}
+			if err := fr.WriteSettings(); err != nil {
+				t.Fatal(err)
+			}
+			go func() { _ = tt.send(c, fr) }()
+			// The trickle above goes on for 5 s, the watch's time is 300 ms.
+			_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
+			if _, err := io.Copy(io.Discard, c); errors.Is(err, os.ErrDeadlineExceeded) {
+				t.Fatal("the connection is still open after 5 s")
+			}
+			if got := srv.stall.closed.Value(); got != uint64(i+1) {
+				t.Errorf("grpc_stalled_connections_closed = %d, want %d", got, i+1)
+			}
+		})
 	}
 }
