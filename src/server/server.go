@@ -495,8 +495,12 @@ func (s *Server) connLimits() (grpcCap, httpCap limits) {
 	}
 	grpcCap, httpCap = share(caps.grpc, "GRPC_MAX_CONNECTIONS"), share(caps.http, "HTTP_MAX_CONNECTIONS")
 	// At its cap an HTTP listener closes the connection idle longest for
-	// a new one, so that /healthcheck answers whatever slow clients hold.
+	// a new one, so that /healthcheck answers whatever slow clients hold;
+	// the gRPC listener, one idle for grpcEvictIdle at least, so that
+	// clients holding their share with silent streams cannot keep others
+	// out.
 	httpCap.evicted = s.stats.Counter("ratelimit.server.connections_evicted")
+	grpcCap.evicted, grpcCap.minIdle = httpCap.evicted, grpcEvictIdle
 
 	return grpcCap, httpCap
 }
@@ -588,6 +592,7 @@ func listenError(where, setting string, err error) error {
 func (s *Server) newGRPCServer() {
 	s.streams = newStreamBound(s.stats)
 	s.stall = newStallWatch(s.stats)
+	s.stall.idle = s.set.GRPCMaxConnectionIdle
 	opts := append(grpcOptions(s.set, s.recoverUnary, s.recoverStream),
 		grpc.ChainUnaryInterceptor(s.stall.unary),
 		grpc.ChainStreamInterceptor(s.stall.stream, s.streams.intercept),
@@ -733,6 +738,11 @@ const (
 	// also allowed with no call in flight, since Envoy keeps idle
 	// connections alive that way.
 	grpcPingMinTime = 10 * time.Second
+	// grpcEvictIdle is how long a gRPC connection's client must have sent
+	// no whole message for the connection to be closed for a new one at
+	// GRPC_MAX_CONNECTIONS: so long as every connection has been so used
+	// within it, a new client waits (issue 36, item 1).
+	grpcEvictIdle = 10 * time.Second
 	// grpcMaxHeaderListSize bounds a call's metadata (grpc-go's default is
 	// 16 MiB; Envoy's own default for the requests it accepts is 60 KiB); a
 	// larger one is refused with codes.Internal by the transport.

@@ -80,7 +80,10 @@ func (c *fakeConn) isClosed() bool {
 // fromClient makes wc read b, cut into pieces of cut bytes (0: whole).
 func fromClient(t *testing.T, wc *watchedConn, b []byte, cut int) {
 	t.Helper()
-	fc := wc.Conn.(*fakeConn)
+	fc, ok := wc.Conn.(*fakeConn)
+	if !ok {
+		fc = wc.Conn.(*limitConn).Conn.(*fakeConn)
+	}
 	if cut <= 0 {
 		cut = len(b)
 	}
@@ -330,6 +333,50 @@ func TestHalfSentBoundClosesTheWorst(t *testing.T) {
 	})
 }
 
+// TestUseIsWholeMessages: a connection is in use when its client's
+// messages come whole, on any stream, however cut and padded; headers, a
+// message in part and other frames are not use (issue 36, item 1). Use is
+// told to the connection's slot for the listener's choice at its cap.
+func TestUseIsWholeMessages(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		w := newStallWatch(stats.NewRegistry())
+		slot := &limitConn{Conn: &fakeConn{}}
+		wc := w.watch(slot)
+		start := time.Now()
+		step := func(what string, b []byte, want time.Time) {
+			t.Helper()
+			time.Sleep(time.Second)
+			fromClient(t, wc, b, 3)
+			wc.mu.Lock()
+			used := wc.used
+			wc.mu.Unlock()
+			if !used.Equal(want) {
+				t.Errorf("after %s: used at %v, want %v", what, used.Sub(start), want.Sub(start))
+			}
+			// The slot knew its connection from its accept until a message.
+			if got := slot.idleSince.Load(); want.After(start) && got != want.UnixNano() {
+				t.Errorf("after %s: the slot idle since %v, want %v", what, time.Unix(0, got).Sub(start), want.Sub(start))
+			}
+		}
+		f := newFrames()
+		f.buf.WriteString(clientPreface)
+		_ = f.fr.WriteSettings()
+		_ = f.fr.WriteHeaders(http2.HeadersFrameParam{StreamID: 1, BlockFragment: []byte{0x83}, EndHeaders: true})
+		_ = f.fr.WritePing(false, [8]byte{})
+		step("headers and a ping", f.take(), start)
+		msg := grpcMessage(20)
+		_ = f.fr.WriteDataPadded(1, false, msg[:3], make([]byte, 4))
+		step("a message in part", f.take(), start)
+		_ = f.fr.WriteData(1, false, msg[3:])
+		step("the rest of it", f.take(), start.Add(3*time.Second))
+		// Two messages in one frame, then one of none.
+		_ = f.fr.WriteData(1, false, append(grpcMessage(2), grpcMessage(1)...))
+		step("two messages", f.take(), start.Add(4*time.Second))
+		_ = f.fr.WriteData(1, false, grpcMessage(0))
+		step("an empty message", f.take(), start.Add(5*time.Second))
+	})
+}
+
 // TestUnfinishedFramesAreCut: a connection whose client leaves a frame,
 // or a header block, not whole for grpcWriteStall is closed and counted,
 // however it trickles the rest (issue 36, item 6); one whose frames and
@@ -474,7 +521,7 @@ func BenchmarkStallWatchCall(b *testing.B) {
 	f := newFrames()
 	f.buf.WriteString(clientPreface)
 	_ = f.fr.WriteSettings()
-	wc.in.feed(f.take(), wc.fromClient)
+	wc.in.feed(f.take(), wc.fromClient, wc.payload)
 	// One call's frames, whose stream IDs are set for each call.
 	_ = f.fr.WriteHeaders(http2.HeadersFrameParam{StreamID: 1, BlockFragment: make([]byte, 40), EndHeaders: true})
 	_ = f.fr.WriteData(1, true, make([]byte, 60))
@@ -494,8 +541,10 @@ func BenchmarkStallWatchCall(b *testing.B) {
 	for b.Loop() {
 		setIDs(in, id)
 		setIDs(out, id)
-		wc.follow(&wc.in, in, wc.fromClient)
-		wc.follow(&wc.out, out, wc.fromServer)
+		wc.mu.Lock()
+		wc.readFrom(in)
+		wc.mu.Unlock()
+		wc.wrote(out)
 		id += 2
 	}
 	if len(wc.streams) != 0 || wc.waiting != 0 {
