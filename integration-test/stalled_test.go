@@ -98,12 +98,13 @@ func TestUnreadableAnswersAreBounded(t *testing.T) {
 
 // TestHalfSentCallsHoldNoPlace opens 4 connections of 1,024 calls whose
 // message never comes (headers alone), as many as MAX_CONCURRENT_REQUESTS
-// (4096): an ordinary call is still decided, and the connections are
-// closed once their calls are 10 s old. Before, each such call took a
-// place among the decisions in flight as its headers arrived and held it
-// until its caller's deadline (none here: for ever), so every other call
-// was refused with ResourceExhausted, which Envoy's default
-// failure_mode_deny: false admits: the limits were off for everyone.
+// (4096): an ordinary call is still decided, and each of those calls is
+// ended (DeadlineExceeded) 10 s after its headers, its connection left
+// open. Before, each such call took a place among the decisions in
+// flight as its headers arrived and held it until its caller's deadline
+// (none here: for ever), so every other call was refused with
+// ResourceExhausted, which Envoy's default failure_mode_deny: false
+// admits: the limits were off for everyone.
 func TestHalfSentCallsHoldNoPlace(t *testing.T) {
 	slow(t)
 	t.Parallel() // one of the long tests that mostly wait: see TestMain
@@ -133,18 +134,33 @@ func TestHalfSentCallsHoldNoPlace(t *testing.T) {
 		}
 	}
 	// Each half-sent call held one of grpc-go's goroutines waiting for its
-	// message, for ever: now a connection whose request is not whole 10 s
-	// after its headers is closed, and its goroutines end.
-	deadline := time.Now().Add(60 * time.Second)
-	for i, h := range conns {
-		if !h.waitClosed(time.Until(deadline)) {
-			t.Errorf("connection %d, whose calls never send their message, is still open after 60 s", i)
+	// message, for ever: now a call whose request is not whole 10 s after
+	// its headers is answered and its goroutine ends; its connection,
+	// which other calls may be using, stays. (The ordinary calls' own
+	// requests, not whole for an instant, may take the count past its
+	// bound, 4096, which closes the connection holding the most at once.)
+	eventually(t, "every half-sent call answered", 60*time.Second, func() bool {
+		for _, h := range conns {
+			if !h.closed() && h.answered() < 1024 {
+				return false
+			}
+		}
+		return true
+	})
+	open := 0
+	for _, h := range conns {
+		if !h.closed() {
+			open++
 		}
 	}
-	if got := p.stats(t)["ratelimit.server.grpc_stalled_connections_closed"]; got != 4 {
-		t.Errorf("grpc_stalled_connections_closed = %d, want 4", got)
+	st := p.stats(t)
+	if closed := st["ratelimit.server.grpc_stalled_connections_closed"]; open < 3 || closed != int64(4-open) {
+		t.Errorf("%d of 4 connections open, %d closed by the bound of requests not whole; want at least 3 open, and only those closed", open, closed)
+	}
+	if got := st["ratelimit.server.grpc_stalled_calls_ended"]; got < int64(1024*open) {
+		t.Errorf("grpc_stalled_calls_ended = %d, want at least %d", got, 1024*open)
 	}
 	if _, err := c.ShouldRateLimit(callCtx(t), request("web", "user", "after")); err != nil {
-		t.Errorf("an ordinary call once they are closed: %v", err)
+		t.Errorf("an ordinary call once they are ended: %v", err)
 	}
 }

@@ -23,13 +23,14 @@ const capWarnEvery = time.Minute
 // holds its share already is closed at once (counted, and warned at most
 // once per capWarnEvery). At the cap, a listener that may evict closes the
 // open connection that has waited longest with no request under way (see
-// limitConn.idleSince) and gives its slot to the new one: a client that
-// holds connections without finishing its requests cannot keep a prober
-// out. Otherwise, or when every connection is busy, it waits for a slot to
-// free, holding the connection unanswered, while further clients complete
-// the TCP handshake in the kernel's accept queue (the listen backlog) and
-// wait there; once that queue is full the kernel drops their connection
-// attempts. At the cap it logs a warning, at most once per capWarnEvery.
+// limitConn.idleSince), if for at least minIdle, and gives its slot to the
+// new one: a client that holds connections without finishing its requests
+// cannot keep a prober out. Otherwise, or when every connection is busy,
+// it waits for a slot to free, holding the connection unanswered, while
+// further clients complete the TCP handshake in the kernel's accept queue
+// (the listen backlog) and wait there; once that queue is full the kernel
+// drops their connection attempts. At the cap it logs a warning, at most
+// once per capWarnEvery.
 type limitListener struct {
 	net.Listener
 	capacity int
@@ -40,7 +41,10 @@ type limitListener struct {
 	overShare *stats.Counter
 	// evicted counts the connections closed at the cap for a new one; nil
 	// when the listener waits instead.
-	evicted  *stats.Counter
+	evicted *stats.Counter
+	// minIdle is how long a connection must have been idle to be closed
+	// for a new one.
+	minIdle  time.Duration
 	done     chan struct{} // closed by Close
 	once     sync.Once
 	name     string // the setting that sets the cap, for the warnings
@@ -66,8 +70,10 @@ type limits struct {
 	// overShare counts the connections refused for their peer's share.
 	overShare *stats.Counter
 	// evicted, when not nil, lets the listener close at its cap the
-	// connection idle longest for a new one, and counts them.
+	// connection idle longest for a new one, and counts them; minIdle is
+	// how long it must have been idle.
 	evicted *stats.Counter
+	minIdle time.Duration
 }
 
 func newLimitListener(l net.Listener, lim limits, log *slog.Logger) *limitListener {
@@ -77,6 +83,7 @@ func newLimitListener(l net.Listener, lim limits, log *slog.Logger) *limitListen
 		perPeer:   lim.perPeer,
 		overShare: lim.overShare,
 		evicted:   lim.evicted,
+		minIdle:   lim.minIdle,
 		done:      make(chan struct{}),
 		freed:     make(chan struct{}, 1),
 		peers:     map[netip.Addr]int{},
@@ -175,7 +182,8 @@ func (l *limitListener) evictPoll() <-chan time.Time {
 }
 
 // victim returns the open connection idle longest, or nil when the
-// listener may not evict or every connection is busy. l.mu is held.
+// listener may not evict or no connection has been idle minIdle. l.mu is
+// held.
 func (l *limitListener) victim() *limitConn {
 	var v *limitConn
 	var since int64
@@ -183,6 +191,9 @@ func (l *limitListener) victim() *limitConn {
 		if t := c.idleSince.Load(); t != 0 && (v == nil || t < since) {
 			v, since = c, t
 		}
+	}
+	if v == nil || time.Since(time.Unix(0, since)) < l.minIdle {
+		return nil
 	}
 	return v
 }
@@ -245,7 +256,10 @@ type limitConn struct {
 	// idleSince is the UnixNano since which the connection has had no
 	// request under way (accepted, between requests, or its request still
 	// arriving), or 0 while one is (see trackRequests): at the cap, the
-	// connection idle longest is the one closed for a new one.
+	// connection idle longest is the one closed for a new one. A gRPC
+	// connection is idle since its client last sent a whole message (see
+	// watchedConn.used), never 0: its calls are answered within their
+	// budget, and its long-lived streams are not use.
 	idleSince atomic.Int64
 }
 

@@ -110,6 +110,9 @@ type Server struct {
 	// streams bounds the long-lived gRPC calls besides the quota
 	// service's (streams.go).
 	streams *streamBound
+	// stall watches the gRPC connections and calls for clients that hold
+	// them without using them (stall.go, callwait.go).
+	stall *stallWatch
 	// quota serves the Rate Limit Quota Service; nil with
 	// RLQS_ENABLED=false.
 	quota *rlqs.Service
@@ -492,8 +495,12 @@ func (s *Server) connLimits() (grpcCap, httpCap limits) {
 	}
 	grpcCap, httpCap = share(caps.grpc, "GRPC_MAX_CONNECTIONS"), share(caps.http, "HTTP_MAX_CONNECTIONS")
 	// At its cap an HTTP listener closes the connection idle longest for
-	// a new one, so that /healthcheck answers whatever slow clients hold.
+	// a new one, so that /healthcheck answers whatever slow clients hold;
+	// the gRPC listener, one idle for grpcEvictIdle at least, so that
+	// clients holding their share with silent streams cannot keep others
+	// out.
 	httpCap.evicted = s.stats.Counter("ratelimit.server.connections_evicted")
+	grpcCap.evicted, grpcCap.minIdle = httpCap.evicted, grpcEvictIdle
 
 	return grpcCap, httpCap
 }
@@ -584,9 +591,12 @@ func listenError(where, setting string, err error) error {
 // newGRPCServer builds the gRPC server and registers its services.
 func (s *Server) newGRPCServer() {
 	s.streams = newStreamBound(s.stats)
+	s.stall = newStallWatch(s.stats)
+	s.stall.idle = s.set.GRPCMaxConnectionIdle
 	opts := append(grpcOptions(s.set, s.recoverUnary, s.recoverStream),
-		grpc.ChainStreamInterceptor(s.streams.intercept),
-		grpc.InTapHandle(s.svc.Tap),
+		grpc.ChainUnaryInterceptor(s.stall.unary),
+		grpc.ChainStreamInterceptor(s.stall.stream, s.streams.intercept),
+		grpc.InTapHandle(s.stall.tap(s.svc.Tap)),
 		grpc.ForceServerCodecV2(wire.Codec()))
 	// Every connection is watched for answers its client does not let out.
 	var creds credentials.TransportCredentials
@@ -594,7 +604,7 @@ func (s *Server) newGRPCServer() {
 		creds = s.tls.credentials()
 	}
 	// A client that speaks another protocol is warned of (protocheck.go).
-	opts = append(opts, grpc.Creds(newStallWatch(s.stats).credentials(newProtocolCheck(creds, s.log))))
+	opts = append(opts, grpc.Creds(s.stall.credentials(newProtocolCheck(creds, s.log))))
 	s.grpc = grpc.NewServer(opts...)
 	rlsv3.RegisterRateLimitServiceServer(s.grpc, s.svc)
 	if s.quota != nil {
@@ -728,6 +738,11 @@ const (
 	// also allowed with no call in flight, since Envoy keeps idle
 	// connections alive that way.
 	grpcPingMinTime = 10 * time.Second
+	// grpcEvictIdle is how long a gRPC connection's client must have sent
+	// no whole message for the connection to be closed for a new one at
+	// GRPC_MAX_CONNECTIONS: so long as every connection has been so used
+	// within it, a new client waits (issue 36, item 1).
+	grpcEvictIdle = 10 * time.Second
 	// grpcMaxHeaderListSize bounds a call's metadata (grpc-go's default is
 	// 16 MiB; Envoy's own default for the requests it accepts is 60 KiB); a
 	// larger one is refused with codes.Internal by the transport.

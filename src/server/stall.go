@@ -36,7 +36,7 @@ const (
 	// holds a goroutine of grpc-go's waiting for the message, which
 	// nothing else bounded but connections × streams (10,000 × 1,024). A
 	// call whose request is not whole grpcWriteStall after its headers
-	// came has its connection closed too.
+	// came ends alone (awaitRequest).
 	grpcMaxHalfSent = 4096
 )
 
@@ -47,10 +47,12 @@ const (
 	frameRSTStream    = 0x3
 	frameSettings     = 0x4
 	frameWindowUpdate = 0x8
+	frameContinuation = 0x9
 
-	flagEndStream = 0x1
-	flagAck       = 0x1
-	flagPadded    = 0x8
+	flagEndStream  = 0x1
+	flagAck        = 0x1
+	flagEndHeaders = 0x4
+	flagPadded     = 0x8
 
 	// grpcPrefix is the length of the prefix of a gRPC message: a
 	// compressed flag and the message's length, 4 bytes big-endian.
@@ -79,16 +81,34 @@ const clientPreface = "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
 // or the stream's) are counted, and a connection is closed when it leaves
 // some waiting for grpcWriteStall, when a write to its socket takes that
 // long, or, the one holding the most, when all connections together leave
-// more than maxWaiting. It reads frame headers only (and the payloads of
-// SETTINGS and WINDOW_UPDATE), never a message. It is safe for concurrent
-// use.
+// more than maxWaiting. It also closes a connection whose client leaves a
+// frame, or a header block (HEADERS and its CONTINUATION frames), not
+// whole for grpcWriteStall: grpc-go reads a connection's frames in turn,
+// so until it is whole no call on the connection goes on, and nothing
+// else bounds it but GRPC_MAX_CONNECTION_IDLE (issue 36, item 6: HEADERS
+// continued by CONTINUATION frames sent one at a time, or two bytes of a
+// frame header, held a connection 5 min). And it tells when a connection
+// is in use, its client's messages coming whole, which
+// GRPC_MAX_CONNECTION_IDLE and the listener's choice at its cap go by. It
+// reads frame headers only (and the payloads of SETTINGS and
+// WINDOW_UPDATE, and the prefixes of the client's messages), never a
+// message. It is safe for concurrent use.
 type stallWatch struct {
-	stall       time.Duration
+	stall time.Duration
+	// maxWait is grpcMaxRequestWait (awaitRequest).
+	maxWait     time.Duration
 	maxWaiting  int64
 	maxHalfSent int64
 	waiting     atomic.Int64 // answers waiting, all connections
 	halfSent    atomic.Int64 // requests not whole, all connections
 	closed      *stats.Counter
+	// callsEnded counts the calls ended for a request late (awaitRequest).
+	callsEnded *stats.Counter
+	// idle is GRPC_MAX_CONNECTION_IDLE (0: never): a connection whose
+	// client sent no whole message for that long is closed, calls open or
+	// not (see checkIdle); idleClosed counts them.
+	idle       time.Duration
+	idleClosed *stats.Counter
 
 	// mu guards conns.
 	mu    sync.Mutex
@@ -98,9 +118,12 @@ type stallWatch struct {
 func newStallWatch(reg *stats.Registry) *stallWatch {
 	w := &stallWatch{
 		stall:       grpcWriteStall,
+		maxWait:     grpcMaxRequestWait,
 		maxWaiting:  grpcMaxWaitingAnswers,
 		maxHalfSent: grpcMaxHalfSent,
 		closed:      reg.Counter("ratelimit.server.grpc_stalled_connections_closed"),
+		callsEnded:  reg.Counter("ratelimit.server.grpc_stalled_calls_ended"),
+		idleClosed:  reg.Counter("ratelimit.server.grpc_idle_connections_closed"),
 		conns:       map[*watchedConn]struct{}{},
 	}
 	reg.GaugeFunc("ratelimit.server.grpc_answers_waiting", w.waiting.Load)
@@ -138,9 +161,16 @@ func (c watchCreds) Clone() credentials.TransportCredentials {
 func (w *stallWatch) watch(c net.Conn) *watchedConn {
 	wc := &watchedConn{
 		Conn: c, w: w,
-		in:      frameParser{skip: len(clientPreface), heads: true},
+		in:      frameParser{skip: len(clientPreface)},
 		initWin: h2DefaultWindow, connWin: h2DefaultWindow,
 		streams: map[uint32]h2Stream{},
+		slot:    limitConnOf(c),
+		used:    time.Now(),
+	}
+	if w.idle > 0 {
+		wc.mu.Lock()
+		wc.idleTimer = time.AfterFunc(w.idle, wc.checkIdle)
+		wc.mu.Unlock()
 	}
 	w.mu.Lock()
 	w.conns[wc] = struct{}{}
@@ -187,6 +217,10 @@ type watchedConn struct {
 	net.Conn
 	w    *stallWatch
 	once sync.Once
+	// slot is the connection's slot of GRPC_MAX_CONNECTIONS, nil if none:
+	// its idleSince is used, for the listener's choice of a connection to
+	// close at its cap.
+	slot *limitConn
 
 	// waitingNow is the answers this connection leaves waiting, and
 	// halfSentNow its requests not whole, for the watch's choice of the
@@ -208,11 +242,28 @@ type watchedConn struct {
 	// does nothing.
 	stallGen uint64
 	timer    *time.Timer
-	// halfSent is the streams whose request has not come whole; halfTimer
-	// fires when the oldest of them may be grpcWriteStall old.
-	halfSent  int
-	halfTimer *time.Timer
-	closed    bool
+	// halfSent is the streams whose request has not come whole.
+	halfSent int
+	// used is when the client last sent a whole message (a unary call,
+	// an RLQS report, a health watch's request), or when the connection
+	// came: idle means no such use, not no stream open, since a stream
+	// such as a health watch stays open with no message at all (issue 36,
+	// item 1). gotMessage is set when one came in the bytes read now.
+	// idleTimer looks at it GRPC_MAX_CONNECTION_IDLE later.
+	used       time.Time
+	gotMessage bool
+	idleTimer  *time.Timer
+	// blockSince is when the client's header block still open began (a
+	// HEADERS frame without END_HEADERS, which CONTINUATION frames go
+	// on), and partialSince when its frame still partly read did (the
+	// first bytes of frame number partialFrame came in a read that ended
+	// before it); zero when there is none. frameTimer looks at them
+	// grpcWriteStall later; frameArmed while it is set.
+	blockSince, partialSince time.Time
+	partialFrame             uint64
+	frameTimer               *time.Timer
+	frameArmed               bool
+	closed                   bool
 }
 
 // h2Stream is a stream the client opened and the server has not ended.
@@ -221,21 +272,81 @@ type h2Stream struct {
 	answered bool  // the server's headers went out
 	// sending holds until the request's first message has come whole,
 	// or the client ends its side (END_STREAM): a unary call then runs,
-	// and a stream (RLQS) is a stream, bounded on its own. opened is when
-	// its headers came.
+	// and a stream (RLQS) is a stream, bounded on its own.
 	sending bool
-	opened  time.Time
-	// prefix holds the first message's gRPC prefix as it comes (nprefix
-	// bytes); got is the data bytes come so far.
+	// prefix holds the gRPC prefix of the message coming as it comes
+	// (nprefix bytes), and left is how many bytes of that message are
+	// still to come once the prefix has.
 	prefix  [grpcPrefix]byte
 	nprefix int
-	got     int64
+	left    int64
 }
 
 func (c *watchedConn) Read(p []byte) (int, error) {
 	n, err := c.Conn.Read(p)
-	c.follow(&c.in, p[:n], c.fromClient)
+	if n > 0 {
+		c.mu.Lock()
+		c.readFrom(p[:n])
+		c.mu.Unlock()
+	}
 	return n, err
+}
+
+// readFrom follows the bytes b the client sent. c.mu is held.
+func (c *watchedConn) readFrom(b []byte) {
+	c.in.feed(b, c.fromClient, c.payload)
+	if c.gotMessage {
+		c.gotMessage = false
+		c.used = time.Now()
+		if c.slot != nil {
+			c.slot.idleSince.Store(c.used.UnixNano())
+		}
+	}
+	c.partial()
+	c.update()
+}
+
+// partial notes, after a read, whether the client left a frame partly
+// read, and since when, and has the frames looked at in grpcWriteStall
+// if a frame or a header block is not whole. c.mu is held.
+func (c *watchedConn) partial() {
+	switch {
+	case !c.in.partial():
+		c.partialSince = time.Time{}
+	case c.partialSince.IsZero() || c.partialFrame != c.in.frames:
+		c.partialSince, c.partialFrame = time.Now(), c.in.frames
+	}
+	if c.frameArmed || c.closed || c.partialSince.IsZero() && c.blockSince.IsZero() {
+		return
+	}
+	c.frameArmed = true
+	if c.frameTimer == nil {
+		c.frameTimer = time.AfterFunc(c.w.stall, c.checkFrames)
+	} else {
+		c.frameTimer.Reset(c.w.stall)
+	}
+}
+
+// checkFrames closes the connection if the client's frame or header block
+// not whole is grpcWriteStall old, and looks again when it would be.
+func (c *watchedConn) checkFrames() {
+	c.mu.Lock()
+	since := c.partialSince
+	if since.IsZero() || !c.blockSince.IsZero() && c.blockSince.Before(since) {
+		since = c.blockSince
+	}
+	if c.closed || since.IsZero() {
+		c.frameArmed = false
+		c.mu.Unlock()
+		return
+	}
+	if left := c.w.stall - time.Since(since); left > 0 {
+		c.frameTimer.Reset(left)
+		c.mu.Unlock()
+		return
+	}
+	c.mu.Unlock()
+	c.closeStalled()
 }
 
 func (c *watchedConn) Write(p []byte) (int, error) {
@@ -246,17 +357,17 @@ func (c *watchedConn) Write(p []byte) (int, error) {
 	if ne, ok := err.(net.Error); ok && ne.Timeout() {
 		c.closeStalled()
 	}
-	c.follow(&c.out, p[:n], c.fromServer)
+	c.wrote(p[:n])
 	return n, err
 }
 
-// follow reads the bytes b that went one way with fp.
-func (c *watchedConn) follow(fp *frameParser, b []byte, apply func(frame)) {
+// wrote follows the bytes b the server wrote.
+func (c *watchedConn) wrote(b []byte) {
 	if len(b) == 0 {
 		return
 	}
 	c.mu.Lock()
-	fp.feed(b, apply)
+	c.out.feed(b, c.fromServer, nil)
 	c.update()
 	c.mu.Unlock()
 }
@@ -270,8 +381,11 @@ func (c *watchedConn) Close() error {
 		if c.timer != nil {
 			c.timer.Stop()
 		}
-		if c.halfTimer != nil {
-			c.halfTimer.Stop()
+		if c.frameTimer != nil {
+			c.frameTimer.Stop()
+		}
+		if c.idleTimer != nil {
+			c.idleTimer.Stop()
 		}
 		n, h := c.waiting, int64(c.halfSent)
 		c.waiting, c.halfSent = 0, 0
@@ -287,27 +401,63 @@ func (c *watchedConn) Close() error {
 	return err
 }
 
-// closeStalled closes the connection for leaving answers waiting, once.
-func (c *watchedConn) closeStalled() {
+// closeStalled closes the connection for leaving answers waiting, or a
+// frame unfinished, once.
+func (c *watchedConn) closeStalled() { c.closeFor(c.w.closed) }
+
+// closeFor closes the connection and counts it in why, once.
+func (c *watchedConn) closeFor(why *stats.Counter) {
 	c.mu.Lock()
 	done := c.closed
 	c.closed = true
 	c.mu.Unlock()
 	if !done {
-		c.w.closed.Inc()
+		why.Inc()
 	}
 	c.Close()
 }
 
+// checkIdle closes the connection if its client sent no whole message
+// for GRPC_MAX_CONNECTION_IDLE while calls are open on it, and looks
+// again when it could be so. grpc-go closes a connection without calls
+// itself, gracefully (GOAWAY), but counts one with a stream open as busy
+// however long the stream is silent: four client addresses holding every
+// slot of GRPC_MAX_CONNECTIONS with a health watch each kept them until
+// GRPC_MAX_CONNECTION_AGE and its grace, 25 h by default.
+func (c *watchedConn) checkIdle() {
+	c.mu.Lock()
+	if c.closed {
+		c.mu.Unlock()
+		return
+	}
+	left := c.w.idle - time.Since(c.used)
+	if left > 0 || len(c.streams) == 0 {
+		if left <= 0 {
+			left = c.w.idle
+		}
+		c.idleTimer.Reset(left)
+		c.mu.Unlock()
+		return
+	}
+	c.mu.Unlock()
+	c.closeFor(c.w.idleClosed)
+}
+
 // fromClient applies a frame the client sent. c.mu is held.
 func (c *watchedConn) fromClient(f frame) {
+	switch {
+	case f.typ == frameHeaders && f.flags&flagEndHeaders == 0:
+		c.blockSince = time.Now()
+	case f.typ == frameContinuation && f.flags&flagEndHeaders != 0:
+		c.blockSince = time.Time{}
+	}
 	switch f.typ {
 	case frameHeaders:
 		if _, ok := c.streams[f.stream]; !ok && f.stream > c.lastID && f.stream%2 == 1 && len(c.streams) < h2MaxStreams {
 			c.lastID = f.stream
 			s := h2Stream{win: c.initWin}
 			if f.flags&flagEndStream == 0 {
-				s.sending, s.opened = true, time.Now()
+				s.sending = true
 				c.addHalfSent(1)
 			}
 			c.streams[f.stream] = s
@@ -315,7 +465,6 @@ func (c *watchedConn) fromClient(f frame) {
 		}
 		c.sent(f)
 	case frameData:
-		c.data(f)
 		c.sent(f)
 	case frameRSTStream:
 		c.end(f.stream)
@@ -389,33 +538,62 @@ func (c *watchedConn) setWindow(s *h2Stream, win int64) {
 	s.win = win
 }
 
-// data follows the first message of a request still being sent: once
-// its prefix and as many bytes as it names have come, the request is
-// whole. c.mu is held.
-func (c *watchedConn) data(f frame) {
-	s, ok := c.streams[f.stream]
-	if !ok || !s.sending {
-		return
-	}
-	head, size := f.head[:f.nhead], f.length
+// payload follows the messages in b, bytes of the payload of f, a DATA
+// frame from the client, that start at offset off in it: its pad length
+// and padding are left out. c.mu is held.
+func (c *watchedConn) payload(f *frame, off int, b []byte) {
 	if f.flags&flagPadded != 0 {
-		if len(head) == 0 {
+		if off == 0 {
+			if len(b) == 0 {
+				return
+			}
+			f.pad = int(b[0])
+			off, b = 1, b[1:]
+		}
+		// Past the payload's end is padding (a pad longer than the frame
+		// is grpc-go's to refuse: nothing is data).
+		end := f.length - f.pad
+		if off >= end {
 			return
 		}
-		size -= 1 + int(head[0])
-		head = head[1:]
+		b = b[:min(len(b), end-off)]
 	}
-	if size <= 0 {
-		return
+	if s, ok := c.streams[f.stream]; ok && len(b) > 0 {
+		c.messages(&s, b)
+		c.streams[f.stream] = s
 	}
-	head = head[:min(len(head), size)]
-	s.nprefix += copy(s.prefix[s.nprefix:], head)
-	s.got += int64(size)
-	if s.nprefix == grpcPrefix && s.got >= grpcPrefix+int64(binary.BigEndian.Uint32(s.prefix[1:])) {
-		s.sending = false
-		c.addHalfSent(-1)
+}
+
+// messages follows the messages of stream s in b, data the client sent on
+// it: a request is whole once its first message has come, and the
+// connection is in use while messages come whole. c.mu is held.
+func (c *watchedConn) messages(s *h2Stream, b []byte) {
+	for {
+		if s.nprefix < grpcPrefix {
+			n := copy(s.prefix[s.nprefix:], b)
+			s.nprefix += n
+			b = b[n:]
+			if s.nprefix < grpcPrefix {
+				return
+			}
+			s.left = int64(binary.BigEndian.Uint32(s.prefix[1:]))
+		}
+		n := min(int64(len(b)), s.left)
+		s.left -= n
+		b = b[n:]
+		if s.left > 0 {
+			return
+		}
+		s.nprefix = 0
+		c.gotMessage = true
+		if s.sending {
+			s.sending = false
+			c.addHalfSent(-1)
+		}
+		if len(b) == 0 {
+			return
+		}
 	}
-	c.streams[f.stream] = s
 }
 
 // sent notes the end of a client's request (a frame with END_STREAM).
@@ -431,52 +609,18 @@ func (c *watchedConn) sent(f frame) {
 	}
 }
 
-// addHalfSent counts requests that started or stopped being incomplete,
-// arms the timer of the oldest, and, past the bound of all connections,
-// has the connection holding the most closed. c.mu is held.
+// addHalfSent counts requests that started or stopped being incomplete
+// and, past the bound of all connections, has the connection holding the
+// most closed. c.mu is held.
 func (c *watchedConn) addHalfSent(delta int) {
 	if c.closed {
 		return // Close took the connection's out of the count
 	}
-	was := c.halfSent
 	c.halfSent += delta
 	c.halfSentNow.Store(int64(c.halfSent))
-	if was == 0 && c.halfSent > 0 {
-		c.armHalfTimer(c.w.stall)
-	}
 	if c.w.halfSent.Add(int64(delta)) > c.w.maxHalfSent && delta > 0 {
 		go c.w.closeWorstHalfSent()
 	}
-}
-
-// armHalfTimer looks again in d at the requests not whole: the connection
-// is closed if the oldest is grpcWriteStall old, and looked at again when
-// it would be otherwise. c.mu is held.
-func (c *watchedConn) armHalfTimer(d time.Duration) {
-	if c.halfTimer != nil {
-		c.halfTimer.Stop()
-	}
-	c.halfTimer = time.AfterFunc(d, func() {
-		c.mu.Lock()
-		if c.closed || c.halfSent == 0 {
-			c.mu.Unlock()
-			return
-		}
-		oldest := time.Now()
-		for _, s := range c.streams {
-			if s.sending && s.opened.Before(oldest) {
-				oldest = s.opened
-			}
-		}
-		left := c.w.stall - time.Since(oldest)
-		if left > 0 {
-			c.armHalfTimer(left)
-			c.mu.Unlock()
-			return
-		}
-		c.mu.Unlock()
-		c.closeStalled()
-	})
 }
 
 // end forgets a stream.
@@ -541,10 +685,8 @@ type frame struct {
 	length     int
 	// payload is kept for SETTINGS and WINDOW_UPDATE only.
 	payload []byte
-	// head is the start of a DATA frame's payload (nhead bytes): its pad
-	// length, if any, and enough to read a gRPC message's prefix.
-	head  [1 + grpcPrefix]byte
-	nhead int
+	// pad is a padded DATA frame's pad length, once read.
+	pad int
 }
 
 // frameParser reads the frames of one direction of a connection from the
@@ -556,16 +698,21 @@ type frameParser struct {
 	cur  frame
 	left int  // payload bytes of cur still to come
 	keep bool // cur's payload is kept
-	// heads keeps the start of DATA frames (frame.head): the client's
-	// side only, where requests are followed until whole.
-	heads bool
 	// broken is set on a frame the watch cannot follow; it then reads no
 	// more (grpc-go closes such a connection itself).
 	broken bool
+	// frames counts the frames read whole.
+	frames uint64
 }
 
-// feed reads p and calls apply for each frame whose payload is complete.
-func (fp *frameParser) feed(p []byte, apply func(frame)) {
+// partial reports whether a frame has come in part: its header, or its
+// payload, not all read yet.
+func (fp *frameParser) partial() bool { return fp.nhdr > 0 && !fp.broken }
+
+// feed reads p and calls apply for each frame whose payload is complete,
+// and data, unless nil, with the payload of DATA frames as it comes (b,
+// from offset off of the payload of f).
+func (fp *frameParser) feed(p []byte, apply func(frame), data func(f *frame, off int, b []byte)) {
 	for len(p) > 0 && !fp.broken {
 		if fp.skip > 0 {
 			n := min(fp.skip, len(p))
@@ -592,8 +739,8 @@ func (fp *frameParser) feed(p []byte, apply func(frame)) {
 		n := min(fp.left, len(p))
 		if fp.keep {
 			fp.cur.payload = append(fp.cur.payload, p[:n]...)
-		} else if fp.heads && fp.cur.typ == frameData && fp.cur.nhead < len(fp.cur.head) {
-			fp.cur.nhead += copy(fp.cur.head[fp.cur.nhead:], p[:n])
+		} else if data != nil && fp.cur.typ == frameData {
+			data(&fp.cur, fp.cur.length-fp.left, p[:n])
 		}
 		fp.left -= n
 		p = p[n:]
@@ -601,6 +748,7 @@ func (fp *frameParser) feed(p []byte, apply func(frame)) {
 			apply(fp.cur)
 			fp.nhdr = 0
 			fp.cur = frame{}
+			fp.frames++
 		}
 	}
 }

@@ -3,8 +3,10 @@ package server
 import (
 	"bytes"
 	"encoding/binary"
+	"errors"
 	"io"
 	"net"
+	"os"
 	"sync"
 	"testing"
 	"testing/synctest"
@@ -78,7 +80,10 @@ func (c *fakeConn) isClosed() bool {
 // fromClient makes wc read b, cut into pieces of cut bytes (0: whole).
 func fromClient(t *testing.T, wc *watchedConn, b []byte, cut int) {
 	t.Helper()
-	fc := wc.Conn.(*fakeConn)
+	fc, ok := wc.Conn.(*fakeConn)
+	if !ok {
+		fc = wc.Conn.(*limitConn).Conn.(*fakeConn)
+	}
 	if cut <= 0 {
 		cut = len(b)
 	}
@@ -301,39 +306,6 @@ func finish(t *testing.T, wc *watchedConn, id uint32) {
 	fromClient(t, wc, f.take(), 0)
 }
 
-// TestHalfSentConnectionIsClosed: a connection with a request not whole
-// grpcWriteStall after its headers is closed and counted; one whose
-// requests each end in time is not, however long it keeps some open.
-func TestHalfSentConnectionIsClosed(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		w := newStallWatch(stats.NewRegistry())
-		stuck := w.watch(&fakeConn{})
-		halfSent(t, stuck, 1, 1)
-		busy := w.watch(&fakeConn{})
-		// 30 requests, each whole a second after its headers, one
-		// always under way: three times the bound in all.
-		halfSent(t, busy, 1, 1)
-		for i := range uint32(30) {
-			time.Sleep(time.Second)
-			halfSent(t, busy, 2*i+3, 1)
-			finish(t, busy, 2*i+1)
-		}
-		synctest.Wait()
-		if !stuck.Conn.(*fakeConn).isClosed() {
-			t.Error("a connection whose request stayed headers only past the bound is open")
-		}
-		if busy.Conn.(*fakeConn).isClosed() {
-			t.Error("a connection whose requests each came whole in a second was closed")
-		}
-		if got := w.closed.Value(); got != 1 {
-			t.Errorf("stalled connections closed = %d, want 1", got)
-		}
-		if got := w.halfSent.Load(); got != 1 {
-			t.Errorf("requests not whole in all = %d, want 1 (the busy connection's last)", got)
-		}
-	})
-}
-
 // TestHalfSentBoundClosesTheWorst: past the bound of requests not whole,
 // all connections together, the one holding the most is closed at once.
 func TestHalfSentBoundClosesTheWorst(t *testing.T) {
@@ -361,6 +333,140 @@ func TestHalfSentBoundClosesTheWorst(t *testing.T) {
 	})
 }
 
+// TestUseIsWholeMessages: a connection is in use when its client's
+// messages come whole, on any stream, however cut and padded; headers, a
+// message in part and other frames are not use (issue 36, item 1). Use is
+// told to the connection's slot for the listener's choice at its cap.
+func TestUseIsWholeMessages(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		w := newStallWatch(stats.NewRegistry())
+		slot := &limitConn{Conn: &fakeConn{}}
+		wc := w.watch(slot)
+		start := time.Now()
+		step := func(what string, b []byte, want time.Time) {
+			t.Helper()
+			time.Sleep(time.Second)
+			fromClient(t, wc, b, 3)
+			wc.mu.Lock()
+			used := wc.used
+			wc.mu.Unlock()
+			if !used.Equal(want) {
+				t.Errorf("after %s: used at %v, want %v", what, used.Sub(start), want.Sub(start))
+			}
+			// The slot knew its connection from its accept until a message.
+			if got := slot.idleSince.Load(); want.After(start) && got != want.UnixNano() {
+				t.Errorf("after %s: the slot idle since %v, want %v", what, time.Unix(0, got).Sub(start), want.Sub(start))
+			}
+		}
+		f := newFrames()
+		f.buf.WriteString(clientPreface)
+		_ = f.fr.WriteSettings()
+		_ = f.fr.WriteHeaders(http2.HeadersFrameParam{StreamID: 1, BlockFragment: []byte{0x83}, EndHeaders: true})
+		_ = f.fr.WritePing(false, [8]byte{})
+		step("headers and a ping", f.take(), start)
+		msg := grpcMessage(20)
+		_ = f.fr.WriteDataPadded(1, false, msg[:3], make([]byte, 4))
+		step("a message in part", f.take(), start)
+		_ = f.fr.WriteData(1, false, msg[3:])
+		step("the rest of it", f.take(), start.Add(3*time.Second))
+		// Two messages in one frame, then one of none.
+		_ = f.fr.WriteData(1, false, append(grpcMessage(2), grpcMessage(1)...))
+		step("two messages", f.take(), start.Add(4*time.Second))
+		_ = f.fr.WriteData(1, false, grpcMessage(0))
+		step("an empty message", f.take(), start.Add(5*time.Second))
+	})
+}
+
+// TestUnfinishedFramesAreCut: a connection whose client leaves a frame,
+// or a header block, not whole for grpcWriteStall is closed and counted,
+// however it trickles the rest (issue 36, item 6); one whose frames and
+// blocks come whole in time, however cut, is not.
+func TestUnfinishedFramesAreCut(t *testing.T) {
+	opened := func(f *frames) {
+		f.buf.WriteString(clientPreface)
+		_ = f.fr.WriteSettings()
+	}
+	tests := []struct {
+		name string
+		// send writes the frames of second i (0 to 29) to f.
+		send func(f *frames, i int)
+		cut  bool
+	}{
+		{"two_bytes_of_a_frame_header", func(f *frames, i int) {
+			if i == 0 {
+				opened(f)
+				f.buf.Write([]byte{0, 0})
+			}
+		}, true},
+		{"continuation_trickled", func(f *frames, i int) {
+			if i == 0 {
+				opened(f)
+				_ = f.fr.WriteHeaders(http2.HeadersFrameParam{StreamID: 1, BlockFragment: []byte{0x82}, EndStream: true})
+			}
+			_ = f.fr.WriteContinuation(1, false, []byte{0x84})
+		}, true},
+		{"data_frame_trickled", func(f *frames, i int) {
+			if i == 0 {
+				opened(f)
+				_ = f.fr.WriteHeaders(http2.HeadersFrameParam{StreamID: 1, BlockFragment: []byte{0x82}, EndHeaders: true})
+				f.buf.Write([]byte{0, 0, 30, frameData, 0, 0, 0, 0, 1})
+			}
+			f.buf.WriteByte(0)
+		}, true},
+		{"block_whole_in_time", func(f *frames, i int) {
+			switch i {
+			case 0:
+				opened(f)
+				_ = f.fr.WriteHeaders(http2.HeadersFrameParam{StreamID: 1, BlockFragment: []byte{0x82}, EndStream: true})
+			case 5:
+				_ = f.fr.WriteContinuation(1, true, []byte{0x84})
+			}
+		}, false},
+		{"frame_whole_in_time", func(f *frames, i int) {
+			switch i {
+			case 0:
+				opened(f)
+				f.buf.Write([]byte{0, 0, 8})
+			case 5:
+				f.buf.Write([]byte{0x6, 0, 0, 0, 0, 0})
+			case 9:
+				f.buf.Write(make([]byte, 8)) // a PING
+			}
+		}, false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				w := newStallWatch(stats.NewRegistry())
+				fc := &fakeConn{}
+				wc := w.watch(fc)
+				f := newFrames()
+				start := time.Now()
+				for i := range 30 {
+					tt.send(f, i)
+					if b := f.take(); len(b) > 0 {
+						fromClient(t, wc, b, 1)
+					}
+					time.Sleep(time.Second)
+					synctest.Wait()
+					if fc.isClosed() {
+						break
+					}
+				}
+				if fc.isClosed() != tt.cut {
+					t.Errorf("closed: %v, want %v", fc.isClosed(), tt.cut)
+				}
+				if took := time.Since(start); tt.cut && took > grpcWriteStall+time.Second {
+					t.Errorf("closed after %v, want within %v", took, grpcWriteStall+time.Second)
+				}
+				if got, want := w.closed.Value(), map[bool]uint64{true: 1}[tt.cut]; got != want {
+					t.Errorf("stalled connections closed = %d, want %d", got, want)
+				}
+			})
+		})
+	}
+}
+
 // grpcMessage is a gRPC message of n bytes with its prefix.
 func grpcMessage(n int) []byte {
 	m := make([]byte, grpcPrefix+n)
@@ -368,47 +474,42 @@ func grpcMessage(n int) []byte {
 	return m
 }
 
-// TestStreamWithWholeMessageStaysOpen: a streaming call (RLQS) never ends
-// its side; once its first message has come whole, however cut into DATA
-// frames and padded, it is no longer a request not whole. One whose
-// message stops short of the length its prefix names still is.
-func TestStreamWithWholeMessageStaysOpen(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		w := newStallWatch(stats.NewRegistry())
-		stream := w.watch(&fakeConn{})
-		halfSent(t, stream, 1, 1)
-		f := newFrames()
-		msg := grpcMessage(40)
-		// The prefix cut over three frames, one of them padded.
-		_ = f.fr.WriteData(1, false, msg[:2])
-		_ = f.fr.WriteDataPadded(1, false, msg[2:4], make([]byte, 7))
-		_ = f.fr.WriteData(1, false, msg[4:30])
-		fromClient(t, stream, f.take(), 1)
-		if got := w.halfSent.Load(); got != 1 {
-			t.Fatalf("30 of 45 bytes come: requests not whole = %d, want 1", got)
-		}
-		_ = f.fr.WriteData(1, false, msg[30:])
-		// A second message, after the first, changes nothing.
-		_ = f.fr.WriteData(1, false, grpcMessage(3)[:4])
-		fromClient(t, stream, f.take(), 0)
-		if got := w.halfSent.Load(); got != 0 {
-			t.Fatalf("the first message whole: requests not whole = %d, want 0", got)
-		}
+// TestRequestsFollowedUntilWhole: a request is not whole until its first
+// message has come, however cut into DATA frames and padded, or its
+// client ended it; one whose message stops short of the length its
+// prefix names still is. A stream (RLQS) never ends its side: once its
+// first message has come it is no longer counted.
+func TestRequestsFollowedUntilWhole(t *testing.T) {
+	w := newStallWatch(stats.NewRegistry())
+	stream := w.watch(&fakeConn{})
+	halfSent(t, stream, 1, 1)
+	f := newFrames()
+	msg := grpcMessage(40)
+	// The prefix cut over three frames, one of them padded.
+	_ = f.fr.WriteData(1, false, msg[:2])
+	_ = f.fr.WriteDataPadded(1, false, msg[2:4], make([]byte, 7))
+	_ = f.fr.WriteData(1, false, msg[4:30])
+	fromClient(t, stream, f.take(), 1)
+	if got := w.halfSent.Load(); got != 1 {
+		t.Fatalf("30 of 45 bytes come: requests not whole = %d, want 1", got)
+	}
+	_ = f.fr.WriteData(1, false, msg[30:])
+	// A second message, after the first, changes nothing.
+	_ = f.fr.WriteData(1, false, grpcMessage(3)[:4])
+	fromClient(t, stream, f.take(), 0)
+	if got := w.halfSent.Load(); got != 0 {
+		t.Fatalf("the first message whole: requests not whole = %d, want 0", got)
+	}
 
-		short := w.watch(&fakeConn{})
-		halfSent(t, short, 1, 1)
-		_ = f.fr.WriteData(1, false, msg[:len(msg)-1])
-		fromClient(t, short, f.take(), 0)
-
-		time.Sleep(3 * grpcWriteStall)
-		synctest.Wait()
-		if stream.Conn.(*fakeConn).isClosed() {
-			t.Error("a stream whose first message came whole was closed")
-		}
-		if !short.Conn.(*fakeConn).isClosed() {
-			t.Error("a request one byte short of its message stayed open past the bound")
-		}
-	})
+	short := w.watch(&fakeConn{})
+	halfSent(t, short, 1, 2)
+	_ = f.fr.WriteData(1, false, msg[:len(msg)-1])
+	// Stream 3 ends its request with no message.
+	_ = f.fr.WriteData(3, true, nil)
+	fromClient(t, short, f.take(), 0)
+	if got := short.halfSent; got != 1 {
+		t.Errorf("one request a byte short, one ended: requests not whole = %d, want 1", got)
+	}
 }
 
 // BenchmarkStallWatchCall is what watching costs one unary call: the
@@ -420,7 +521,7 @@ func BenchmarkStallWatchCall(b *testing.B) {
 	f := newFrames()
 	f.buf.WriteString(clientPreface)
 	_ = f.fr.WriteSettings()
-	wc.in.feed(f.take(), wc.fromClient)
+	wc.in.feed(f.take(), wc.fromClient, wc.payload)
 	// One call's frames, whose stream IDs are set for each call.
 	_ = f.fr.WriteHeaders(http2.HeadersFrameParam{StreamID: 1, BlockFragment: make([]byte, 40), EndHeaders: true})
 	_ = f.fr.WriteData(1, true, make([]byte, 60))
@@ -440,11 +541,77 @@ func BenchmarkStallWatchCall(b *testing.B) {
 	for b.Loop() {
 		setIDs(in, id)
 		setIDs(out, id)
-		wc.follow(&wc.in, in, wc.fromClient)
-		wc.follow(&wc.out, out, wc.fromServer)
+		wc.mu.Lock()
+		wc.readFrom(in)
+		wc.mu.Unlock()
+		wc.wrote(out)
 		id += 2
 	}
 	if len(wc.streams) != 0 || wc.waiting != 0 {
 		b.Fatalf("%d streams left, %d waiting", len(wc.streams), wc.waiting)
+	}
+}
+
+// TestSlowlorisFramesAreCut tries the two slowloris variants of issue 36,
+// item 6, over the wire: HEADERS with END_STREAM but not END_HEADERS, then
+// CONTINUATION frames of a byte each, one after another; and two bytes of
+// a frame header, then nothing. Each connection is closed once the
+// watch's time has passed (300 ms here), and counted. Before, grpc-go's
+// reader waited for the rest, and the connection held its slot until
+// GRPC_MAX_CONNECTION_IDLE (5 min).
+func TestSlowlorisFramesAreCut(t *testing.T) {
+	srv, _ := build(t, serverRules, nil, io.Discard)
+	srv.stall.stall = 300 * time.Millisecond
+	run(t, srv)
+	tests := []struct {
+		name string
+		// send writes what the client sends, until the connection fails.
+		send func(c net.Conn, fr *http2.Framer) error
+	}{
+		{"continuation_trickled", func(_ net.Conn, fr *http2.Framer) error {
+			if err := fr.WriteHeaders(http2.HeadersFrameParam{StreamID: 1, BlockFragment: []byte{0x83, 0x86}, EndStream: true}); err != nil {
+				return err
+			}
+			// A literal header field whose name and value never end.
+			if err := fr.WriteContinuation(1, false, []byte{0x00, 0x7f, 0xff, 0x7f}); err != nil {
+				return err
+			}
+			for range 200 {
+				time.Sleep(25 * time.Millisecond)
+				if err := fr.WriteContinuation(1, false, []byte{'a'}); err != nil {
+					return err
+				}
+			}
+			return nil
+		}},
+		{"two_bytes_of_a_frame_header", func(c net.Conn, _ *http2.Framer) error {
+			_, err := c.Write([]byte{0, 0})
+			return err
+		}},
+	}
+	for i, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			c, err := net.Dial("tcp", srv.Addrs().GRPC.String())
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+			fr := http2.NewFramer(c, c)
+			if _, err := io.WriteString(c, http2.ClientPreface); err != nil {
+				t.Fatal(err)
+			}
+			if err := fr.WriteSettings(); err != nil {
+				t.Fatal(err)
+			}
+			go func() { _ = tt.send(c, fr) }()
+			// The trickle above goes on for 5 s, the watch's time is 300 ms.
+			_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
+			if _, err := io.Copy(io.Discard, c); errors.Is(err, os.ErrDeadlineExceeded) {
+				t.Fatal("the connection is still open after 5 s")
+			}
+			if got := srv.stall.closed.Value(); got != uint64(i+1) {
+				t.Errorf("grpc_stalled_connections_closed = %d, want %d", got, i+1)
+			}
+		})
 	}
 }

@@ -1,0 +1,234 @@
+package server
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"runtime"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/encoding"
+	"google.golang.org/grpc/mem"
+	"google.golang.org/grpc/status"
+
+	"github.com/ratelimitd/ratelimit/src/stats"
+)
+
+// TestAwaitRequest: a call whose request has not come ends grpcWriteStall
+// after its headers, or grpcMaxRequestWait after them when its deadline is
+// later still; a call whose deadline comes sooner is left to it, and one
+// whose request came, or that ended, is not ended.
+func TestAwaitRequest(t *testing.T) {
+	tests := []struct {
+		name     string
+		deadline time.Duration // 0: none
+		arrives  bool
+		want     time.Duration // when it ends; 0: never
+	}{
+		{"no_deadline", 0, false, grpcWriteStall},
+		{"request_came", 0, true, 0},
+		{"far_deadline", time.Hour, false, grpcMaxRequestWait},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				w := newStallWatch(stats.NewRegistry())
+				parent := context.Background()
+				if tt.deadline > 0 {
+					var cancel context.CancelFunc
+					parent, cancel = context.WithTimeout(parent, tt.deadline)
+					defer cancel()
+				}
+				start := time.Now()
+				ctx := w.awaitRequest(parent)
+				if tt.arrives {
+					time.Sleep(time.Second)
+					requestArrived(ctx)
+				}
+				select {
+				case <-ctx.Done():
+				case <-time.After(2 * time.Hour):
+				}
+				if tt.want == 0 {
+					if ctx.Err() != nil {
+						t.Fatalf("a call whose request came ended: %v", ctx.Err())
+					}
+					return
+				}
+				if got := time.Since(start); got != tt.want {
+					t.Errorf("ended after %v, want %v", got, tt.want)
+				}
+				// grpc-go compares Err with ==.
+				if ctx.Err() != context.DeadlineExceeded {
+					t.Errorf("Err() = %v, want context.DeadlineExceeded", ctx.Err())
+				}
+				if got, want := deadlineOf(ctx), deadlineOf(parent); got != want {
+					t.Errorf("deadline %v, want the caller's, %v", got, want)
+				}
+				if got := w.callsEnded.Value(); got != 1 {
+					t.Errorf("grpc_stalled_calls_ended = %d, want 1", got)
+				}
+			})
+		})
+	}
+	for _, d := range []time.Duration{time.Second, 30 * time.Second, grpcMaxRequestWait} {
+		w := newStallWatch(stats.NewRegistry())
+		parent, cancel := context.WithTimeout(context.Background(), d)
+		if ctx := w.awaitRequest(parent); ctx != parent {
+			t.Errorf("a call with a deadline of %v is watched: grpc-go ends it by then", d)
+		}
+		cancel()
+	}
+	t.Run("call_reset", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			w := newStallWatch(stats.NewRegistry())
+			parent, cancel := context.WithCancel(context.Background())
+			ctx := w.awaitRequest(parent)
+			cancel() // the client reset the stream
+			time.Sleep(2 * grpcMaxRequestWait)
+			if !errors.Is(ctx.Err(), context.Canceled) || w.callsEnded.Value() != 0 {
+				t.Errorf("a reset call: Err() = %v, %d ended; want Canceled and none", ctx.Err(), w.callsEnded.Value())
+			}
+		})
+	})
+}
+
+func deadlineOf(ctx context.Context) string {
+	d, ok := ctx.Deadline()
+	return fmt.Sprint(d, ok)
+}
+
+// slowCodec is the proto codec whose Marshal waits for release: grpc-go's
+// client sends a call's headers, then marshals its message, so the server
+// sees the headers and then nothing, as from a client on a busy machine
+// (issue 36, item 7: a 4 MiB message's marshalling took over 10 s).
+type slowCodec struct {
+	encoding.CodecV2
+	release chan struct{}
+}
+
+func (c slowCodec) Marshal(v any) (mem.BufferSlice, error) {
+	<-c.release
+	return c.CodecV2.Marshal(v)
+}
+
+// burnCPU keeps every core busy until the test ends, with GOMAXPROCS
+// goroutines that spin (for at most a minute).
+func burnCPU(t *testing.T) {
+	t.Helper()
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	for range runtime.GOMAXPROCS(0) {
+		wg.Go(func() {
+			deadline := time.Now().Add(time.Minute)
+			for n := 0; ; n++ {
+				if n%1024 == 0 {
+					select {
+					case <-stop:
+						return
+					default:
+					}
+					if time.Now().After(deadline) {
+						return
+					}
+				}
+			}
+		})
+	}
+	t.Cleanup(func() {
+		close(stop)
+		wg.Wait()
+	})
+}
+
+// TestSlowRequestEndsItsCallAlone sends, on one connection kept busy by
+// other calls, on a machine kept busy, two calls whose messages come late:
+// one without a deadline ends alone (DeadlineExceeded) once the watch's
+// time has passed, one whose deadline is later waits for its message and
+// is served, and every other call on the connection is served. Before,
+// the connection was closed and every call on it failed (issue 36,
+// item 7: Unavailable, "error reading from server: EOF").
+func TestSlowRequestEndsItsCallAlone(t *testing.T) {
+	srv, _ := build(t, serverRules, nil, io.Discard)
+	srv.stall.stall = 300 * time.Millisecond
+	run(t, srv)
+	burnCPU(t)
+	rls := rlsv3.NewRateLimitServiceClient(dial(t, srv))
+	req := func(user string) *rlsv3.RateLimitRequest {
+		return &rlsv3.RateLimitRequest{Domain: "web", Descriptors: []*ratelimitv3.RateLimitDescriptor{{
+			Entries: []*ratelimitv3.RateLimitDescriptor_Entry{{Key: "user", Value: user}},
+		}}}
+	}
+	if _, err := rls.ShouldRateLimit(t.Context(), req("first")); err != nil {
+		t.Fatal(err)
+	}
+
+	slow := func(ctx context.Context, release chan struct{}) <-chan error {
+		errc := make(chan error, 1)
+		go func() {
+			_, err := rls.ShouldRateLimit(ctx, req("slow"), grpc.ForceCodecV2(slowCodec{encoding.GetCodecV2("proto"), release}))
+			errc <- err
+		}()
+		return errc
+	}
+	// The call with a later deadline first, alone: it has waited longer
+	// than the one without a deadline when the watch ends that one.
+	patientRelease, impatientRelease := make(chan struct{}), make(chan struct{})
+	ctx, cancel := context.WithTimeout(t.Context(), 20*time.Second)
+	defer cancel()
+	patient := slow(ctx, patientRelease)
+	eventually(t, "the patient call's headers", func() bool { return srv.stall.halfSent.Load() == 1 })
+
+	// Other calls on the same connection, until the slow ones are done.
+	done := make(chan struct{})
+	var others sync.WaitGroup
+	var served atomic.Int64
+	for i := range 4 {
+		others.Go(func() {
+			for {
+				select {
+				case <-done:
+					return
+				default:
+				}
+				ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+				_, err := rls.ShouldRateLimit(ctx, req(fmt.Sprint("other", i)))
+				cancel()
+				if err != nil {
+					t.Errorf("a call beside the slow ones: %v", err)
+					return
+				}
+				served.Add(1)
+			}
+		})
+	}
+
+	impatient := slow(t.Context(), impatientRelease)
+	eventually(t, "the call without a deadline ended", func() bool { return srv.stall.callsEnded.Value() == 1 })
+	close(impatientRelease)
+	if err := <-impatient; status.Code(err) != codes.DeadlineExceeded {
+		t.Errorf("a call whose message did not come in time: %v, want DeadlineExceeded", err)
+	}
+	close(patientRelease)
+	if err := <-patient; err != nil {
+		t.Errorf("a call whose deadline is later than its message: %v, want it served", err)
+	}
+	close(done)
+	others.Wait()
+	if n := srv.stall.callsEnded.Value(); n != 1 {
+		t.Errorf("grpc_stalled_calls_ended = %d, want 1", n)
+	}
+	if n := srv.stall.closed.Value(); n != 0 {
+		t.Errorf("grpc_stalled_connections_closed = %d, want 0: the connection carried other calls", n)
+	}
+	t.Logf("%d other calls served on the connection meanwhile", served.Load())
+}
