@@ -41,9 +41,6 @@ const (
 	// ReasonBreakerOpen: the server's circuit breaker is open, so the
 	// request was refused without trying it (ErrUnavailable).
 	ReasonBreakerOpen Reason = "circuit breaker open"
-	// ReasonNoRoom: the memory store is full of keys over their limit and
-	// has no room for a new key (ErrOverloaded).
-	ReasonNoRoom Reason = "no room for a new key"
 	// ReasonOutOfMemory: the store refused a write for lack of memory
 	// (ErrOverloaded).
 	ReasonOutOfMemory Reason = "out of memory"
