@@ -377,6 +377,10 @@ func (l *Limiter) addOp(r *request, domain string, now time.Time, d *Descriptor,
 		PerSecond: lim.Unit == rules.Second,
 		Group:     group,
 		Shadow:    lim.Shadow,
+		Rule:      lim.FullKey,
+	}
+	if op.Rule == "" { // a descriptor's own limit (override)
+		op.Rule = domain
 	}
 	var epoch uint64
 	if l.cfg.NearCache != nil && !lim.Shadow && !op.Refund {

@@ -27,7 +27,9 @@ func results(rs ...Result) storeFunc {
 
 func TestCheckBuildsOneBatch(t *testing.T) {
 	t.Parallel()
-	perMinute := &rules.Limit{RequestsPerUnit: 10, Unit: rules.Minute, UnitMultiplier: 1}
+	perMinute := &rules.Limit{FullKey: "api.k", RequestsPerUnit: 10, Unit: rules.Minute, UnitMultiplier: 1}
+	// A limit the descriptor carries itself (an override) has no FullKey:
+	// its ops name the domain.
 	bucket := &rules.Limit{RequestsPerUnit: 5, Unit: rules.Second, UnitMultiplier: 2, Algorithm: rules.TokenBucket, Burst: 7}
 	ds := []Descriptor{
 		{Entries: []rules.Entry{{Key: "k", Value: "v"}}, Limit: perMinute, Hits: 1},
@@ -54,8 +56,8 @@ func TestCheckBuildsOneBatch(t *testing.T) {
 		t.Fatalf("store called %d times, want 1", calls)
 	}
 	want := []Op{
-		{Key: "rl_api_k_v_1699999980", Algorithm: rules.FixedWindow, Limit: 10, Window: time.Minute, Hits: 1},
-		{Key: "rl_api_u_alice_2_token_bucket", Algorithm: rules.TokenBucket, Limit: 5, Burst: 7, Window: 2 * time.Second, Hits: 3, PerSecond: true},
+		{Key: "rl_api_k_v_1699999980", Algorithm: rules.FixedWindow, Limit: 10, Window: time.Minute, Hits: 1, Rule: "api.k"},
+		{Key: "rl_api_u_alice_2_token_bucket", Algorithm: rules.TokenBucket, Limit: 5, Burst: 7, Window: 2 * time.Second, Hits: 3, PerSecond: true, Rule: "api"},
 	}
 	if len(got.Ops) != len(want) {
 		t.Fatalf("Ops = %+v, want %+v", got.Ops, want)

@@ -234,8 +234,8 @@ func TestCheckSendsRefundsApart(t *testing.T) {
 				t.Fatal(err)
 			}
 			want := [][]Op{{
-				{Key: "d_k_h_1699999980", Limit: 10, Window: time.Minute, Hits: 2},
-				{Key: "d_k_r_1699999980", Limit: 10, Window: time.Minute, Hits: 4, Refund: true},
+				{Key: "d_k_h_1699999980", Limit: 10, Window: time.Minute, Hits: 2, Rule: "d.k"},
+				{Key: "d_k_r_1699999980", Limit: 10, Window: time.Minute, Hits: 4, Refund: true, Rule: "d.k"},
 			}}
 			if stop {
 				want = [][]Op{{want[0][1]}, {want[0][0]}}

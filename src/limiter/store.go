@@ -41,9 +41,6 @@ const (
 	// ReasonBreakerOpen: the server's circuit breaker is open, so the
 	// request was refused without trying it (ErrUnavailable).
 	ReasonBreakerOpen Reason = "circuit breaker open"
-	// ReasonNoRoom: the memory store is full of keys over their limit and
-	// has no room for a new key (ErrOverloaded).
-	ReasonNoRoom Reason = "no room for a new key"
 	// ReasonOutOfMemory: the store refused a write for lack of memory
 	// (ErrOverloaded).
 	ReasonOutOfMemory Reason = "out of memory"
@@ -104,6 +101,14 @@ type Op struct {
 	// that is not a shadow op (their algorithms or windows differ), and a
 	// store may rely on it.
 	Shadow bool
+	// Rule names the rule whose limit the op applies: its statistics key
+	// (rules.Limit.FullKey), which the limits of one rate_limits list
+	// share, or the domain for a limit the descriptor carries itself. The
+	// memory store keeps the keys over their limit that it can no longer
+	// hold one by one in a filter per rule, so that a flood of one rule's
+	// keys costs the other rules nothing (see memory.Store); the other
+	// stores ignore it.
+	Rule string
 }
 
 // Capacity is the most units the op's key can hold at once, the threshold

@@ -524,7 +524,7 @@ func TestMemoryCeilingOverTheWire(t *testing.T) {
 	for _, want := range []string{
 		"ratelimit.memory.evicted_under_limit: 25\n", // 41 keys in a store of 16
 		"ratelimit.memory.compacted_over_limit: 0\n",
-		"ratelimit.memory.refused_new_keys: 0\n",
+		"ratelimit.memory.folded_over_limit: 0\n",
 		"ratelimit.memory.reclaimed_idle: 0\n",
 	} {
 		if !strings.Contains(body, want) {

@@ -5,6 +5,7 @@ import (
 	"crypto/tls"
 	"fmt"
 	"log/slog"
+	"math"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -78,8 +79,8 @@ func keyFormat(set *settings.Settings) limiter.KeyFormat {
 }
 
 // newMemory makes a memory store within the MEMORY_* ceilings and registers
-// its statistics: its size, the keys it dropped or compacted, by class, and
-// the new keys it refused.
+// its statistics: its size, the keys it dropped, compacted or folded, by
+// class, and its filters' false-positive rate.
 func newMemory(set *settings.Settings, reg *stats.Registry) *memory.Store {
 	m := memory.New(memory.Config{MaxBytes: set.MemoryMaxBytes, MaxKeys: set.MemoryMaxKeys})
 	reg.GaugeFunc("ratelimit.memory.keys", func() int64 { return int64(m.Len()) })
@@ -88,7 +89,10 @@ func newMemory(set *settings.Settings, reg *stats.Registry) *memory.Store {
 	reg.CounterFunc("ratelimit.memory.evicted_under_limit", func() uint64 { return m.Evictions().UnderLimit })
 	reg.GaugeFunc("ratelimit.memory.compact_keys", func() int64 { return int64(m.Records()) })
 	reg.CounterFunc("ratelimit.memory.compacted_over_limit", func() uint64 { return m.Evictions().Compacted })
-	reg.CounterFunc("ratelimit.memory.refused_new_keys", func() uint64 { return m.Evictions().Refused })
+	reg.CounterFunc("ratelimit.memory.folded_over_limit", func() uint64 { return m.Evictions().Folded })
+	reg.GaugeFunc("ratelimit.memory.filter_false_positive_ppm", func() int64 {
+		return int64(math.Ceil(m.FilterFalsePositive() * 1e6))
+	})
 	return m
 }
 

@@ -37,8 +37,6 @@ func TestFailuresTellTheKindOnly(t *testing.T) {
 			codes.ResourceExhausted, "store overloaded"},
 		{"out_of_memory", fmt.Errorf("redis %s: key %q: %w: %w: OOM command not allowed", secret, key, limiter.ErrOverloaded, limiter.ReasonOutOfMemory),
 			codes.ResourceExhausted, "store overloaded: out of memory"},
-		{"no_room", fmt.Errorf("memory: %w: %w: the store is full", limiter.ErrOverloaded, limiter.ReasonNoRoom),
-			codes.ResourceExhausted, "store overloaded: no room for a new key"},
 		{"store_reason", fmt.Errorf("memcached: key %q: %w: %w after 32 attempts", key, limiter.ErrOverloaded, limiter.Reason("item changed by others at every attempt")),
 			codes.ResourceExhausted, "store overloaded: item changed by others at every attempt"},
 		{"data", fmt.Errorf("redis %s: key %q: %w: WRONGTYPE Operation against a key holding the wrong kind of value", secret, key, limiter.ErrData),

@@ -26,7 +26,7 @@ func checkStore(t *testing.T, s *Store) {
 			t.Errorf("shard %d: %d keys, %d in order, %d under", i, len(sh.m), len(sh.order), sh.under)
 		}
 		for j, e := range sh.order {
-			if e.pos != j || sh.m[e.key] != e || e.pinned {
+			if int(e.pos) != j || sh.m[e.key] != e || e.pinned {
 				t.Errorf("shard %d: order[%d] = %q at pos %d, in map %v, pinned %v", i, j, e.key, e.pos, sh.m[e.key] == e, e.pinned)
 			}
 			bytes += e.bytes()
@@ -41,6 +41,32 @@ func checkStore(t *testing.T, s *Store) {
 		bytes += int64(sh.peak)*slotBytes + int64(sh.recPeak)*recordBytes
 		sh.mu.Unlock()
 	}
+	s.fmu.RLock()
+	var filters int64
+	for id, f := range s.filters {
+		n := int64(filterBytes)
+		for _, g := range f.groups {
+			n += groupBytes
+			if len(g.blooms) == 0 {
+				t.Errorf("rule %x: a group without a filter", id)
+			}
+			for _, b := range g.blooms {
+				n += b.cost()
+				if blocks := len(b.words) / blockWords; blocks == 0 || blocks&(blocks-1) != 0 {
+					t.Errorf("rule %x: a filter of %d words, not a power of two of blocks", id, len(b.words))
+				}
+			}
+		}
+		if n != f.bytes {
+			t.Errorf("rule %x: its filter says %d bytes, its groups add up to %d", id, f.bytes, n)
+		}
+		filters += n
+	}
+	if filters != s.filterBytes || int(s.nfilters.Load()) != len(s.filters) {
+		t.Errorf("filters: %d bytes, %d of them; they add up to %d, %d", s.filterBytes, s.nfilters.Load(), filters, len(s.filters))
+	}
+	s.fmu.RUnlock()
+	bytes += filters
 	if keys != s.keys.Load() || records != s.records.Load() || bytes != s.Bytes() {
 		t.Errorf("totals: Len %d, Records %d, Bytes %d; the shards add up to %d keys, %d records, %d bytes",
 			s.Len(), s.Records(), s.Bytes(), keys, records, bytes)
@@ -96,8 +122,8 @@ func TestFloodAtCeilingNeverFails(t *testing.T) {
 		}
 	}
 	ev := s.Evictions()
-	if ev.UnderLimit == 0 || ev.Compacted != 0 || ev.Refused != 0 {
-		t.Errorf("Evictions = %+v, want keys under their limit evicted, none compacted or refused", ev)
+	if ev.UnderLimit == 0 || ev.Compacted != 0 || ev.Folded != 0 {
+		t.Errorf("Evictions = %+v, want keys under their limit evicted, none compacted or folded", ev)
 	}
 	t.Logf("%d keys, %d bytes; %+v", s.Len(), s.Bytes(), ev)
 	checkStore(t, s)

@@ -37,14 +37,15 @@ const DefaultMaxBytes = 64 << 20
 type Config struct {
 	// MaxBytes is the most memory the keys may take, in bytes, as Bytes
 	// accounts it; 0 means DefaultMaxBytes and a negative value no byte
-	// ceiling. At the ceiling a new key makes room by evicting others, and
-	// is refused only when nothing but keys over their limit is left to
-	// give up room (see Store).
+	// ceiling. At the ceiling a new key makes room by evicting others,
+	// compacting keys over their limit, and at last folding them into
+	// their rule's filter, which takes at most half of it (see Store).
 	MaxBytes int64
-	// MaxKeys is the most keys the store holds, compact records included;
-	// 0 (the default) means no key-count ceiling. At it a new key makes
-	// room as at MaxBytes, but compacting a key frees no key: with only
-	// keys over their limit left, it is refused. Both ceilings may apply.
+	// MaxKeys is the most keys the store holds, compact records included
+	// (a filter's keys are not counted); 0 (the default) means no
+	// key-count ceiling. At it a new key makes room as at MaxBytes, but
+	// compacting a key frees no key: with only keys over their limit
+	// left, one is folded. Both ceilings may apply.
 	MaxKeys int
 	// Now is the clock of the sweeper; default time.Now. Ops use Batch.Now.
 	Now func() time.Time
@@ -65,8 +66,8 @@ type Config struct {
 //
 // A key over its limit (no further hit fits: the last op was refused or
 // left Remaining 0) is never forgotten before its state is that of a new
-// key again, whatever the flood of new keys: the store refuses new keys
-// rather than give a spent client a new limit (issue 24). A new key that
+// key again, whatever the flood of new keys (issue 24), and such a flood
+// does not cost the other rules their new keys (issue 36). A new key that
 // would pass Config.MaxBytes or Config.MaxKeys makes room in its own shard,
 // under the lock the op already holds, in this order:
 //
@@ -89,15 +90,38 @@ type Config struct {
 // (A key of 13 bytes or less is not compacted: its entry is no larger.)
 // When its shard has none of these left, the new key evicts or compacts a
 // key of another shard, among 8 drawn at random that it can lock at once.
-// When it finds none and its shard holds keys over their limit (records,
-// or at MaxKeys entries), the new key is refused once the store is a
-// sixteenth above its ceiling (another shard may still hold keys it could
-// evict, which their own new keys will): Do fails with an error wrapping
-// limiter.ErrOverloaded, counted in Evictions.Refused, until the keys over
-// their limit reach the end of their windows. An op on a key the store
-// holds, as an entry or as a record, is never refused, nor is a read.
-// Records stay until their state is idle; the sweeper, and a shard about to
-// refuse a key, remove them then.
+// When it finds none and its shard holds keys over their limit:
+//
+//  4. the records of its shard, and of the next shards it can lock at
+//     once until a 256th of the ceiling is freed (foldShare), are folded
+//     into a filter of their rule (limiter.Op.Rule), about 8 bytes a key
+//     instead of 112 (see filter.go); when there is no record (at MaxKeys,
+//     or with keys too short to compact), one entry over its limit of its
+//     shard is. A filter only says that a key is over its limit until a
+//     time, its idle time rounded up to an eighth of its window (exact for
+//     fixed and sliding windows): the key is answered from the most such a
+//     key can have used (foldedState), so a filter refuses more than the
+//     key's state would, never less. It refuses no more once that time
+//     comes; it refuses a new key that it takes for one of its keys, with
+//     the false-positive rate FilterFalsePositive reports: about 3e-7 for
+//     each filter of the chain of a group of keys while the filters have
+//     64 bits a key, rising as they fill (filterRate).
+//
+// The filters take at most half of MaxBytes, so the keys held one by one
+// always keep the other half. A rule's filters grow while there is room;
+// a rule short of room halves the largest filter of a rule that takes more
+// than it, so that each rule flooded gets an equal share of that half
+// (Evictions.Halved); a filter that cannot grow takes more keys than its
+// 64 bits a key, and its rate rises. A flood of one rule's keys thus costs
+// the other rules none of their new keys and no false positive, and costs
+// the flooded rule's new keys the false-positive rate of its filters.
+//
+// No op is refused: a new key always makes room as above or, when its
+// shard has nothing left it may give up, passes the ceiling (below). An
+// op on a key the store holds, as an entry, a record or in a filter, is
+// answered from it, as is a read. Records and filters' groups stay until
+// their state is idle; the sweeper, and the new keys of a full shard,
+// remove them then.
 //
 // The ops of one batch never evict each other's keys. When a shard has
 // nothing it may evict and nothing over its limit (it is empty, or holds
@@ -105,9 +129,10 @@ type Config struct {
 // on different shards that check a ceiling at the same moment may both add
 // theirs; so is a record turned back into an entry. Bytes and Len then pass
 // the ceiling by those keys, at most one per shard plus the keys of the
-// batches in flight (and a sixteenth of the ceiling, above), until the
-// next new key of a shard that has keys to evict brings them back under
-// it.
+// batches in flight, until the next new key of a shard that has keys to
+// evict brings them back under it. A filter made when the store is near
+// its ceiling may pass it by a 16th of it, until the next new keys make
+// room as for themselves.
 type Store struct {
 	shards   []shard
 	mask     uint64
@@ -121,7 +146,19 @@ type Store struct {
 	records atomic.Int64
 	bytes   atomic.Int64
 	// The counts Evictions reports.
-	reclaimed, evictedUnder, compacted, refused atomic.Uint64
+	reclaimed, evictedUnder, compacted, folded, halved atomic.Uint64
+	// foldNext is where the next fold starts looking for shards with
+	// records, so that folds go round the store.
+	foldNext atomic.Uint32
+
+	// fmu guards filters, the filters in it and filterBytes: the keys over
+	// their limit folded into a filter per rule (see filter.go), and what
+	// they cost. nfilters is len(filters), read without fmu: while it is 0
+	// a new key looks at no filter.
+	fmu         sync.RWMutex
+	filters     map[uint32]*ruleFilter
+	filterBytes int64
+	nfilters    atomic.Int32
 
 	stop      chan struct{}
 	done      chan struct{}
@@ -143,11 +180,14 @@ type Evictions struct {
 	// a compact record at a ceiling: nothing was lost (a sliding log keeps
 	// its count at its newest hit's time).
 	Compacted uint64
-	// Refused counts new keys refused (Do failed with ErrOverloaded)
-	// because nothing but keys over their limit was left to give up room.
-	// It stays 0 while the store holds the keys over their limit of a
-	// window; raise MaxBytes when it grows.
-	Refused uint64
+	// Folded counts keys over their limit that gave up their record (or
+	// entry) for a place in their rule's filter, at a ceiling that nothing
+	// else could make room under: their state is then the most a key over
+	// its limit until the same time can have used (see Store).
+	Folded uint64
+	// Halved counts filters halved to give another rule's filter its share
+	// of the room (see Store).
+	Halved uint64
 }
 
 // What one key costs, as Bytes accounts it. TestAccountingCoversTheHeap
@@ -245,16 +285,18 @@ type state struct {
 
 // record is a key over its limit kept without its key and entry (see
 // Store): its state, with a sliding log's ring folded into t, the time of
-// its newest hit, and n1, the number of hits logged.
+// its newest hit, and n1, the number of hits logged; and its entry's rule
+// and window.
 type record struct {
-	idle   int64
-	t      int64
-	n1, n2 uint64
+	idle         int64
+	t            int64
+	n1, n2       uint64
+	rule, window uint32
 }
 
 // record returns e's state as a record.
 func (e *entry) record() record {
-	r := record{idle: e.idle, t: e.t, n1: e.n1, n2: e.n2}
+	r := record{idle: e.idle, t: e.t, n1: e.n1, n2: e.n2, rule: e.rule, window: e.window}
 	if e.log != nil {
 		// Every hit at the newest one's time: refused until the newest
 		// leaves the window, as long as the log or longer, never shorter.
@@ -286,7 +328,12 @@ type entry struct {
 	// used is when (Unix µs, the op's time) an op last used the key.
 	used int64
 	// pos is the entry's index in its shard's order.
-	pos int
+	pos int32
+	// rule and window are those of the op that made the entry
+	// (Store.ruleID, windowSeconds): the filter and the group its key
+	// goes to if it is folded.
+	rule   uint32
+	window uint32
 	// pinned keeps the entry from being evicted while the op or batch that
 	// uses it still holds the shard's lock.
 	pinned bool
@@ -312,6 +359,7 @@ func New(cfg Config) *Store {
 		maxKeys:  int64(max(cfg.MaxKeys, 0)),
 		maxBytes: cfg.MaxBytes,
 		now:      cfg.Now,
+		filters:  make(map[uint32]*ruleFilter),
 		stop:     make(chan struct{}),
 		done:     make(chan struct{}),
 	}
@@ -397,6 +445,7 @@ func (s *Store) Sweep() int {
 		removed += s.reclaim(sh, now)
 		sh.mu.Unlock()
 	}
+	s.sweepFilters(now)
 	return removed
 }
 
@@ -452,7 +501,8 @@ func (s *Store) Records() int { return int(s.records.Load()) }
 // Bytes returns the memory the keys take, as the store accounts it against
 // Config.MaxBytes: for each key its bytes, its entry, a sliding log's ring
 // (by capacity), and its share of the shard's map, rounded up to what Go's
-// allocator takes. It leaves out a fixed 0.1 MiB or so of empty shards.
+// allocator takes; and the rules' filters. It leaves out a fixed 0.1 MiB or
+// so of empty shards.
 func (s *Store) Bytes() int64 { return s.bytes.Load() }
 
 // Evictions returns what the store did at its ceilings since New.
@@ -461,22 +511,18 @@ func (s *Store) Evictions() Evictions {
 		ReclaimedIdle: s.reclaimed.Load(),
 		UnderLimit:    s.evictedUnder.Load(),
 		Compacted:     s.compacted.Load(),
-		Refused:       s.refused.Load(),
+		Folded:        s.folded.Load(),
+		Halved:        s.halved.Load(),
 	}
 }
-
-// errFull is the error of a new key refused because nothing but keys over
-// their limit is left to give up room (see Store).
-var errFull = fmt.Errorf("memory: %w: %w: the store is full of keys over their limit until their windows end", limiter.ErrOverloaded, limiter.ReasonNoRoom)
 
 // Do applies the batch's ops at b.Now (or Config.Now when b.Now is zero)
 // with the limiter's pure functions. Without AllOrNothing each op locks its
 // own shard, and the ops of one group (limiter.Op.Group) the shards of the
 // group's keys together; with it, the shards of all the batch's keys are
 // locked in index order, the ops applied, and all undone if any op was
-// refused. It fails when ctx is done before it starts, and with an error
-// wrapping limiter.ErrOverloaded when a new key finds no room (see Store):
-// the ops before it stay applied, unless the batch is AllOrNothing.
+// refused. It fails only when ctx is done before it starts: a new key
+// always finds room (see Store).
 func (s *Store) Do(ctx context.Context, b *limiter.Batch) error {
 	if err := ctx.Err(); err != nil {
 		return fmt.Errorf("memory: %w: %w", limiter.ErrUnavailable, err)
@@ -487,7 +533,8 @@ func (s *Store) Do(ctx context.Context, b *limiter.Batch) error {
 	}
 	b.SizeResults()
 	if b.AllOrNothing {
-		return s.doAll(now, b)
+		s.doAll(now, b)
+		return nil
 	}
 	t := now.UnixMicro()
 	for i := 0; i < len(b.Ops); {
@@ -500,25 +547,18 @@ func (s *Store) Do(ctx context.Context, b *limiter.Batch) error {
 			}
 			var buf [8]uint64
 			locked := s.lock(b.Ops[i:end], buf[:0])
-			var err error
-			for j := i; j < end && err == nil; j++ {
-				err = s.applyLocked(s.shard(b.Ops[j].Key), &b.Ops[j], now, t, &b.Results[j])
+			for j := i; j < end; j++ {
+				s.applyLocked(s.shard(b.Ops[j].Key), &b.Ops[j], now, t, &b.Results[j])
 			}
 			s.unlock(locked)
-			if err != nil {
-				return err
-			}
 			i = end
 			continue
 		}
 		op := &b.Ops[i]
 		sh := s.shard(op.Key)
 		sh.mu.Lock()
-		err := s.applyLocked(sh, op, now, t, &b.Results[i])
+		s.applyLocked(sh, op, now, t, &b.Results[i])
 		sh.mu.Unlock()
-		if err != nil {
-			return err
-		}
 		i++
 	}
 	return nil
@@ -526,15 +566,12 @@ func (s *Store) Do(ctx context.Context, b *limiter.Batch) error {
 
 // applyLocked applies one op of a batch that is not AllOrNothing; the
 // caller holds sh.mu, sh being the op's shard.
-func (s *Store) applyLocked(sh *shard, op *limiter.Op, now time.Time, t int64, res *limiter.Result) error {
-	e, _, err := s.lookup(sh, op, t)
-	if err != nil {
-		return err
-	}
+func (s *Store) applyLocked(sh *shard, op *limiter.Op, now time.Time, t int64, res *limiter.Result) {
+	f := s.lookup(sh, op, now, t)
+	e := f.e
 	if e == nil { // a read, or a refund, of a key without an entry: not stored
-		tmp := entry{state: s.peek(sh, op, t)}
-		*res, _, _ = apply(&tmp, now, op)
-		return nil
+		*res = f.answer(now, op)
+		return
 	}
 	var grown int64
 	e.pinned = true
@@ -542,7 +579,6 @@ func (s *Store) applyLocked(sh *shard, op *limiter.Op, now time.Time, t int64, r
 	s.grow(sh, grown, t)
 	e.pinned = false
 	sh.used(e, t, res)
-	return nil
 }
 
 // lock locks the shards of ops in one global order (shard index), so that
@@ -581,10 +617,9 @@ type undo struct {
 }
 
 // doAll applies an AllOrNothing batch under the locks of all its shards.
-// A new key refused for lack of room takes back the ops before it. A
-// shadow op (limiter.Op.Shadow) is all-or-nothing by itself: taken back at
-// once when it is refused, kept whatever the others are.
-func (s *Store) doAll(now time.Time, b *limiter.Batch) error {
+// A shadow op (limiter.Op.Shadow) is all-or-nothing by itself: taken back
+// at once when it is refused, kept whatever the others are.
+func (s *Store) doAll(now time.Time, b *limiter.Batch) {
 	var buf [8]uint64
 	defer s.unlock(s.lock(b.Ops, buf[:0]))
 
@@ -594,29 +629,16 @@ func (s *Store) doAll(now time.Time, b *limiter.Batch) error {
 	for i := range b.Ops {
 		op := &b.Ops[i]
 		sh := s.shard(op.Key)
-		e, created, err := s.lookup(sh, op, t)
-		if err != nil {
-			// The batch fails: nothing stays, shadow ops' hits
-			// neither.
-			for i := len(undos) - 1; i >= 0; i-- {
-				if u := &undos[i]; !u.undone {
-					s.takeBack(u)
-				}
-			}
-			for i := range undos {
-				undos[i].e.pinned = false
-			}
-			return err
-		}
+		f := s.lookup(sh, op, now, t)
+		e := f.e
 		if e == nil { // a read of a key without an entry: nothing to store or undo
-			tmp := entry{state: s.peek(sh, op, t)}
-			b.Results[i], _, _ = apply(&tmp, now, op)
+			b.Results[i] = f.answer(now, op)
 			continue
 		}
 		// Pinned until the batch is over: a later op making room for its
 		// key must not evict a key this batch counts on (or will undo).
 		e.pinned = true
-		u := undo{sh: sh, e: e, op: i, old: e.state, created: created, shadow: op.Shadow}
+		u := undo{sh: sh, e: e, op: i, old: e.state, created: f.created, shadow: op.Shadow}
 		var grown int64
 		b.Results[i], u.pushed, grown = apply(e, now, op)
 		s.grow(sh, grown, t)
@@ -654,7 +676,6 @@ func (s *Store) doAll(now time.Time, b *limiter.Batch) error {
 			u.sh.used(u.e, t, &b.Results[u.op])
 		}
 	}
-	return nil
 }
 
 // readUnchanged sets res's Remaining and ResetAfter to those of op's key
@@ -663,11 +684,13 @@ func (s *Store) doAll(now time.Time, b *limiter.Batch) error {
 func (s *Store) readUnchanged(sh *shard, op *limiter.Op, now time.Time, t int64, res *limiter.Result) {
 	read := *op
 	read.Hits = 0
-	e, _, _ := s.lookup(sh, &read, t)
-	if e == nil {
-		e = &entry{state: s.peek(sh, &read, t)}
+	f := s.lookup(sh, &read, now, t)
+	var r limiter.Result
+	if f.e == nil {
+		r = f.answer(now, &read)
+	} else {
+		r, _, _ = apply(f.e, now, &read)
 	}
-	r, _, _ := apply(e, now, &read)
 	res.Remaining, res.ResetAfter = r.Remaining, r.ResetAfter
 }
 
@@ -698,53 +721,92 @@ func (s *Store) takeBack(u *undo) {
 	}
 }
 
-// lookup returns the entry of op's key in sh. A key without one is created
-// when op records hits, from its record if it has one, after making room
-// for it at a ceiling; a new key (no record) is refused with errFull when
-// there is none (see Store). A refund turns a record back into an entry,
-// but never creates a key: a key never hit has nothing to give back. For
-// a read, and a refund of a key without entry or record, it returns nil
-// (see peek). An entry or record idle at t (Unix µs) is reset: its key may
-// not have been swept yet. The caller holds sh.mu.
-func (s *Store) lookup(sh *shard, op *limiter.Op, t int64) (e *entry, created bool, err error) {
+// found is what lookup found of an op's key.
+type found struct {
+	// e is the key's entry. It is nil when the key has none and the op
+	// makes none (a read, a refund, an op a filter's state refuses), st
+	// being then the state to answer from (see answer).
+	e  *entry
+	st state
+	// created says e was made for the op, from nothing or from a filter:
+	// taking the op back drops it (a filter still holds the key).
+	created bool
+	// folded says st is a filter's (see foldedState).
+	folded bool
+}
+
+// answer is the result of op on a key without an entry, in state f.st,
+// which it leaves as it is. A key a filter holds gives nothing back to a
+// refund: its state is the most it can have used, not what it used.
+func (f *found) answer(now time.Time, op *limiter.Op) limiter.Result {
+	if f.folded && op.Algorithm == rules.SlidingLog {
+		return foldedLog(op, now, f.st.idle)
+	}
+	o := *op
+	if f.folded && op.Refund {
+		o.Hits, o.Refund = 0, false
+	}
+	tmp := entry{state: f.st}
+	r, _, _ := apply(&tmp, now, &o)
+	r.Allowed = r.Allowed || op.Refund
+	return r
+}
+
+// lookup returns what sh holds of op's key. A key without an entry gets
+// one when op records hits, from its record or its rule's filter if it is
+// there, after making room for it at a ceiling (see Store). A key a filter
+// holds gets an entry only when its state admits the op. A refund turns a
+// record back into an entry, but never creates a key: a key never hit has
+// nothing to give back. An entry or record idle at t (Unix µs, now's) is
+// reset: its key may not have been swept yet. The caller holds sh.mu.
+func (s *Store) lookup(sh *shard, op *limiter.Op, now time.Time, t int64) found {
 	create := op.Hits > 0 && !op.Refund
 	key := op.Key
-	if e = sh.m[key]; e != nil {
+	if e := sh.m[key]; e != nil {
 		if e.idle <= t {
 			// Reset what the pure functions would not: a fixed-window
 			// count whose window is over. A sliding log drops its old
 			// hits itself and keeps its ring.
 			e.state = state{log: e.log}
 		}
-		return e, false, nil
+		return found{e: e}
 	}
+	var f found
 	var h uint64
+	if len(sh.rec) > 0 || s.nfilters.Load() > 0 {
+		h = s.hash(key)
+	}
 	r, kept := record{}, false
 	if len(sh.rec) > 0 {
-		h = s.hash(key)
 		if r, kept = sh.rec[h]; kept && r.idle <= t {
 			s.unrecord(sh, h)
 			s.reclaimed.Add(1)
 			kept = false
 		}
 	}
+	switch {
+	case kept:
+		f.st = r.state(op.Algorithm)
+	case s.nfilters.Load() > 0:
+		if idle := s.foldedIdle(s.ruleID(op.Rule), h, t); idle > t {
+			f.st, f.folded = foldedState(op, idle), true
+		}
+	}
 	if !create && !(kept && op.Refund && op.Hits > 0) {
-		return nil, false, nil
+		return f
+	}
+	if f.folded && (op.Algorithm == rules.SlidingLog || !f.answer(now, op).Allowed) {
+		return f // refused: nothing to store, the filter keeps the key
 	}
 	sh.expireSome(s, t)
-	var st state
 	if kept {
-		st = r.state(op.Algorithm)
 		s.unrecord(sh, h)
 	}
-	if !s.makeRoom(sh, 1, entryCost(len(key), &st), t, !kept) {
-		s.refused.Add(1)
-		return nil, false, errFull
-	}
+	s.makeRoom(sh, 1, entryCost(len(key), &f.st), t, !kept && !f.folded)
 	// The key is copied: the batch's strings are the caller's (see
 	// limiter.Store), and a key sharing a larger buffer would keep all of
 	// it alive, unaccounted.
-	e = &entry{state: st, key: strings.Clone(key), used: t}
+	e := &entry{state: f.st, key: strings.Clone(key), used: t, rule: s.ruleID(op.Rule), window: windowSeconds(op)}
 	sh.m[e.key] = e
 	cost := e.bytes()
 	if len(sh.m) > sh.peak {
@@ -754,18 +816,7 @@ func (s *Store) lookup(sh *shard, op *limiter.Op, t int64) (e *entry, created bo
 	sh.add(e)
 	s.keys.Add(1)
 	s.bytes.Add(cost)
-	return e, !kept, nil
-}
-
-// peek returns the state of op's key, which has no entry in sh: its
-// record's, or that of a new key. The caller holds sh.mu.
-func (s *Store) peek(sh *shard, op *limiter.Op, t int64) state {
-	if len(sh.rec) > 0 {
-		if r, ok := sh.rec[s.hash(op.Key)]; ok && r.idle > t {
-			return r.state(op.Algorithm)
-		}
-	}
-	return state{}
+	return found{e: e, created: !kept}
 }
 
 // expireSamples is how many keys of its shard a new key looks at, and
@@ -798,13 +849,15 @@ func (sh *shard) expireSome(s *Store, t int64) {
 	}
 }
 
-// makeRoom evicts or compacts keys of sh until keys more keys (0 or 1, an
-// entry of sh.m) and bytes more bytes fit under the ceilings, and reports
-// whether they do. When sh has nothing left it may evict or compact it
-// reports true anyway (the ceiling is passed, see Store), unless refuse is
-// set and sh holds keys over their limit that it may not forget: records,
-// or at MaxKeys entries. The caller holds sh.mu.
-func (s *Store) makeRoom(sh *shard, keys, bytes, t int64, refuse bool) bool {
+// makeRoom evicts, compacts or folds keys until keys more keys (0 or 1,
+// an entry of sh.m) and bytes more bytes fit under the ceilings. For a key
+// the store holds already (newKey false: a record or a filter's key turned
+// back into an entry, a sliding log's ring grown) it stops when sh has
+// nothing it may evict or compact; for a new key it goes on as the Store
+// doc says, and stops when sh has nothing left but keys of the batches in
+// flight. The key then passes the ceiling (see Store). The caller holds
+// sh.mu.
+func (s *Store) makeRoom(sh *shard, keys, bytes, t int64, newKey bool) {
 	for {
 		b := bytes
 		if keys > 0 && len(sh.m) >= sh.peak { // the new key raises the peak
@@ -814,25 +867,21 @@ func (s *Store) makeRoom(sh *shard, keys, bytes, t int64, refuse bool) bool {
 		bytesFull := s.maxBytes > 0 && s.bytes.Load()+b > s.maxBytes
 		switch {
 		case !keysFull && !bytesFull:
-			return true
+			return
 		case s.evict(sh, t, !keysFull): // compacting frees no key
-			continue
-		case !refuse:
-			return true
+		case !newKey:
+			return
 		case sh.recIdle <= t && s.reclaim(sh, t) > 0:
-			continue
 		case len(sh.rec) == 0 && !sh.holdsSpent():
-			return true
+			return
 		case s.evictElsewhere(sh, t, !keysFull):
-			continue
+		case s.foldRecords(sh, t) || s.foldSpent(sh, t):
+		default:
+			// Not reached: sh held a record, which foldRecords folds
+			// (sh is locked), or an entry over its limit that no batch
+			// uses, which foldSpent folds.
+			return
 		}
-		// Only keys sh may not forget are left, and none of a few other
-		// shards had any to give up (there may be some in others): take
-		// the key while the store is within a sixteenth above its
-		// ceilings, refuse it past that.
-		over := keysFull && s.keys.Load()+keys > s.maxKeys+s.maxKeys/16 ||
-			bytesFull && s.bytes.Load()+b > s.maxBytes+s.maxBytes/16
-		return !over
 	}
 }
 
@@ -862,6 +911,105 @@ func (s *Store) evictElsewhere(own *shard, t int64, compact bool) bool {
 		}
 	}
 	return false
+}
+
+// foldShare bounds the work of one fold: it folds whole shards' records
+// until it has freed a 256th of the ceilings (about 2,300 records of the
+// default 64 MiB), so that the new key that folds waits a millisecond or
+// so, and the next new keys find room for a while.
+const foldShare = 256
+
+// foldRecords moves the records of some shards into their rules' filters,
+// and reports whether there was one: own's (whose lock the caller holds),
+// then those of the next shards it can lock at once, until it has freed
+// what foldShare says. Whole shards: a record takes 112 bytes and its place
+// in a filter about 8, but a shard's map of records gives its memory back
+// only when it is rebuilt. The shards stay locked until their records are
+// in the filters, so that no op finds a key in neither.
+func (s *Store) foldRecords(own *shard, t int64) bool {
+	if s.records.Load() == 0 {
+		return false
+	}
+	var locked []*shard
+	var freed, n int64
+	visited := 0
+	enough := func() bool {
+		return n > 0 && (s.maxBytes <= 0 || freed >= s.maxBytes/foldShare) && (s.maxKeys <= 0 || n >= s.maxKeys/foldShare)
+	}
+	next := int(s.foldNext.Add(1))
+	for k := -1; k < len(s.shards) && !enough(); k++ {
+		sh := own
+		if k >= 0 {
+			if sh = &s.shards[(next+k)%len(s.shards)]; sh == own || !sh.mu.TryLock() {
+				continue
+			}
+		} else if sh == nil {
+			continue
+		}
+		visited++
+		if len(sh.rec) == 0 {
+			if sh != own {
+				sh.mu.Unlock()
+			}
+			continue
+		}
+		locked = append(locked, sh)
+		n += int64(len(sh.rec))
+		freed += int64(sh.recPeak) * recordBytes
+	}
+	s.keys.Add(-n)
+	s.records.Add(-n)
+	s.bytes.Add(-freed) // first, so that the filters find the room
+	// How many keys each group has in the store, as these shards say, to
+	// size its new filters.
+	hints := make(map[groupKey]int64)
+	for _, sh := range locked {
+		for _, r := range sh.rec {
+			hints[groupKey{r.rule, groupIdle(r.idle, r.window)}] += int64(len(s.shards))
+		}
+	}
+	var idle int64 // records whose state is that of a new key: reclaimed
+	s.fmu.Lock()
+	for _, sh := range locked {
+		for h, r := range sh.rec {
+			if r.idle <= t {
+				idle++
+				continue
+			}
+			s.fold(r.rule, h, r.idle, r.window, t, hints[groupKey{r.rule, groupIdle(r.idle, r.window)}]/int64(visited))
+		}
+		sh.rec, sh.recPeak, sh.recIdle = nil, 0, math.MaxInt64
+	}
+	s.fmu.Unlock()
+	for _, sh := range locked {
+		if sh != own {
+			sh.mu.Unlock()
+		}
+	}
+	s.reclaimed.Add(uint64(idle))
+	s.folded.Add(uint64(n - idle))
+	return n > 0
+}
+
+// foldSpent moves one entry of sh over its limit into its rule's filter,
+// the least recently used of evictSamples, and reports whether there was
+// one: what is left when compacting frees no key (at MaxKeys) or no byte.
+// The caller holds sh.mu.
+func (s *Store) foldSpent(sh *shard, t int64) bool {
+	e := sh.sample(sh.under, len(sh.order), t)
+	if e == nil {
+		return false
+	}
+	if e.idle > t { // else its state is that of a new key: nothing to keep
+		s.fmu.Lock()
+		s.fold(e.rule, s.hash(e.key), e.idle, e.window, t, 1)
+		s.fmu.Unlock()
+		s.folded.Add(1)
+	} else {
+		s.reclaimed.Add(1)
+	}
+	s.drop(sh, e)
+	return true
 }
 
 // holdsSpent reports whether sh has an entry over its limit that no batch
@@ -1014,21 +1162,21 @@ func (sh *shard) used(e *entry, t int64, r *limiter.Result) {
 
 // add puts a new entry in sh.order, among the keys under their limit.
 func (sh *shard) add(e *entry) {
-	e.pos = len(sh.order)
+	e.pos = int32(len(sh.order))
 	sh.order = append(sh.order, e)
-	sh.swap(e.pos, sh.under)
+	sh.swap(int(e.pos), sh.under)
 	sh.under++
 }
 
 // classify moves e among the keys over their limit or back. Each class is
 // a contiguous part of sh.order, so a move is one swap across the border.
 func (sh *shard) classify(e *entry, over bool) {
-	switch isOver := e.pos >= sh.under; {
+	switch isOver := int(e.pos) >= sh.under; {
 	case over && !isOver:
 		sh.under--
-		sh.swap(e.pos, sh.under)
+		sh.swap(int(e.pos), sh.under)
 	case !over && isOver:
-		sh.swap(e.pos, sh.under)
+		sh.swap(int(e.pos), sh.under)
 		sh.under++
 	}
 }
@@ -1037,7 +1185,7 @@ func (sh *shard) classify(e *entry, over bool) {
 func (sh *shard) remove(e *entry) {
 	sh.classify(e, true) // the over part is unordered: swap e to its end
 	last := len(sh.order) - 1
-	sh.swap(e.pos, last)
+	sh.swap(int(e.pos), last)
 	sh.order[last] = nil
 	sh.order = sh.order[:last]
 }
@@ -1045,7 +1193,7 @@ func (sh *shard) remove(e *entry) {
 func (sh *shard) swap(i, j int) {
 	o := sh.order
 	o[i], o[j] = o[j], o[i]
-	o[i].pos, o[j].pos = i, j
+	o[i].pos, o[j].pos = int32(i), int32(j)
 }
 
 // apply runs op's pure function on e and returns its result, how many hits

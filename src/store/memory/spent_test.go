@@ -1,7 +1,6 @@
 package memory
 
 import (
-	"errors"
 	"fmt"
 	"sync"
 	"testing"
@@ -46,9 +45,9 @@ func spend(t *testing.T, s *Store, now time.Time, i int) {
 // window ends. The shapes: new values of a limit-1 rule (each one over its
 // limit after one admitted hit), new values of the spent clients' own rule
 // (three hits each), and hits_addend above the limit on every algorithm.
-// When the store holds nothing but keys over their limit, new keys are
-// refused with ErrOverloaded; once the window is over everyone starts
-// afresh.
+// When the store holds nothing but keys over their limit, it folds them
+// into their rules' filters and refuses nothing (issue 36); once the
+// window is over everyone starts afresh.
 func TestSpentKeysOutliveAnyFlood(t *testing.T) {
 	t.Parallel()
 	const spentClients = 120
@@ -82,22 +81,17 @@ func TestSpentKeysOutliveAnyFlood(t *testing.T) {
 			for i := range spentClients {
 				spend(t, s, now, i)
 			}
-			refused := 0
 			var largest int64 // the largest key a shard may take past the ceiling
 			for i := range 30_000 {
 				now = now.Add(100 * time.Microsecond) // 3 s in all
 				for _, o := range tt.flood(i) {
 					largest = max(largest, allocBytes(len(o.Key))+entryBytes+logBytes+ringBytes(3)+slotBytes)
-					_, err := do(t, s, now, o)
-					if err != nil && !errors.Is(err, limiter.ErrOverloaded) {
-						t.Fatalf("flood op %d: %v, want nil or ErrOverloaded", i, err)
-					}
-					if err != nil {
-						refused++
+					if _, err := do(t, s, now, o); err != nil {
+						t.Fatalf("flood op %d: %v, want an answer", i, err)
 					}
 				}
-				// A sixteenth above the ceiling, and a key a shard.
-				if got, bound := s.Bytes(), maxBytes+maxBytes/16+int64(len(s.shards))*largest; got > bound {
+				// A 32nd above the ceiling (a new filter), and a key a shard.
+				if got, bound := s.Bytes(), maxBytes+maxBytes/32+int64(len(s.shards))*largest; got > bound {
 					t.Fatalf("after %d flood keys: Bytes = %d, above %d", i, got, bound)
 				}
 			}
@@ -109,9 +103,9 @@ func TestSpentKeysOutliveAnyFlood(t *testing.T) {
 				}
 			}
 			ev := s.Evictions()
-			t.Logf("%d keys (%d compact), %d bytes; %d flood ops refused; %+v", s.Len(), s.Records(), s.Bytes(), refused, ev)
-			if ev.Refused != uint64(refused) {
-				t.Errorf("Evictions.Refused = %d, want the %d ops refused", ev.Refused, refused)
+			t.Logf("%d keys (%d compact), %d bytes; %+v", s.Len(), s.Records(), s.Bytes(), ev)
+			if ev.Folded == 0 {
+				t.Errorf("Evictions %+v, want keys folded", ev)
 			}
 			checkStore(t, s)
 
@@ -154,16 +148,9 @@ func TestRecordsAreExact(t *testing.T) {
 	for _, a := range rules.Algorithms {
 		t.Run(a.String(), func(t *testing.T) {
 			t.Parallel()
-			want := newStore(t, Config{MaxBytes: -1, SweepInterval: -1})
-			got := newStore(t, Config{MaxBytes: -1, SweepInterval: -1})
-			o := op(a, "k_"+a.String(), 5, time.Hour, 0)
-			// Spent at +0, +10 and +30 min, then a hit every 7 min for
-			// three hours, with the key compacted before every op.
-			for _, at := range []time.Duration{0, 10 * time.Minute, 30 * time.Minute, 30 * time.Minute} {
-				o.Hits = 2
-				do(t, want, base.Add(at), o)
-				do(t, got, base.Add(at), o)
-			}
+			// Spent as spentTwins says, then a hit every 7 min for three
+			// hours, with the key compacted before every op.
+			want, got, o := spentTwins(t, a)
 			newest := base.Add(30 * time.Minute)
 			for at := 31 * time.Minute; at < 3*time.Hour; at += 7 * time.Minute {
 				compactAll(got)
@@ -197,97 +184,31 @@ func TestRecordsAreExact(t *testing.T) {
 	}
 }
 
+// spentTwins returns two stores holding the same key of algorithm a over
+// its limit of 5 an hour (2 hits at +0, +10, +30 and +30 min), and its op,
+// for the tests that compare a store that compacts or folds the key with
+// one that keeps its entry.
+func spentTwins(t *testing.T, a rules.Algorithm) (want, got *Store, o limiter.Op) {
+	t.Helper()
+	want = newStore(t, Config{MaxBytes: -1, SweepInterval: -1})
+	got = newStore(t, Config{MaxBytes: -1, SweepInterval: -1})
+	o = op(a, "k_"+a.String(), 5, time.Hour, 2)
+	o.Rule = "d.k"
+	for _, at := range []time.Duration{0, 10 * time.Minute, 30 * time.Minute, 30 * time.Minute} {
+		do(t, want, base.Add(at), o)
+		do(t, got, base.Add(at), o)
+	}
+	return want, got, o
+}
+
 // spentKey is a key long enough that a record saves most of its entry.
 func spentKey(i int) string { return fmt.Sprintf("spent_%04d_%0200d", i, i) }
 
-// TestRefusesOnlyNewKeys: a store holding nothing but keys over their limit
-// refuses a new key with ErrOverloaded, counted, and never an op on a key
-// it holds, a read, or a key kept as a record; an AllOrNothing batch with a
-// refused key takes back its other ops; once the keys' window is over, a
-// new key is taken at once, without a sweep.
-func TestRefusesOnlyNewKeys(t *testing.T) {
-	t.Parallel()
-	s := newStore(t, Config{MaxBytes: 16 << 10, Shards: 1, SweepInterval: -1})
-	now := base
-	n := 0
-	for ; n < 1000 && s.Evictions().Refused == 0; n++ {
-		now = now.Add(time.Millisecond)
-		_, err := do(t, s, now, op(rules.FixedWindow, spentKey(n), 1, time.Minute, 1))
-		if err != nil && !errors.Is(err, limiter.ErrOverloaded) {
-			t.Fatalf("key %d: %v", n, err)
-		}
-	}
-	if got := s.Evictions(); got.Refused != 1 || got.Compacted == 0 || got.UnderLimit != 0 {
-		t.Fatalf("after %d spent keys: %+v, want keys compacted, then one refused", n, got)
-	}
-	if s.Records() < 2*(s.Len()-s.Records()) {
-		t.Errorf("%d keys, %d of them records: want most spent keys compacted", s.Len(), s.Records())
-	}
-	checkStore(t, s)
-	for i := range n - 1 {
-		rs, err := do(t, s, now, op(rules.FixedWindow, spentKey(i), 1, time.Minute, 1))
-		if err != nil || rs[0].Allowed || rs[0].Before != 1 {
-			t.Fatalf("spent key %d: %+v, %v; want refused, its hit counted", i, rs[0], err)
-		}
-	}
-	if rs, err := do(t, s, now, op(rules.FixedWindow, spentKey(9999), 1, time.Minute, 0)); err != nil || rs[0].Remaining != 1 {
-		t.Errorf("a read of a new key: %+v, %v; want Remaining 1", rs[0], err)
-	}
-	_, err := do(t, s, now, op(rules.FixedWindow, spentKey(9999), 1, time.Minute, 1))
-	if !errors.Is(err, limiter.ErrOverloaded) {
-		t.Errorf("a new key: %v, want ErrOverloaded", err)
-	}
-	b := &limiter.Batch{Now: now, AllOrNothing: true, Ops: []limiter.Op{
-		op(rules.FixedWindow, spentKey(0), 10, time.Minute, 1),
-		op(rules.FixedWindow, spentKey(9999), 10, time.Minute, 1),
-	}}
-	if err := s.Do(t.Context(), b); !errors.Is(err, limiter.ErrOverloaded) {
-		t.Errorf("AllOrNothing with a new key: %v, want ErrOverloaded", err)
-	}
-	if rs, _ := do(t, s, now, op(rules.FixedWindow, spentKey(0), 1, time.Minute, 0)); rs[0].Before != 2 {
-		t.Errorf("%s holds %d hits, want 2: the refused batch's hit taken back", spentKey(0), rs[0].Before)
-	}
-	if got := s.Evictions().Refused; got != 3 {
-		t.Errorf("Refused = %d, want 3", got)
-	}
-	checkStore(t, s)
-	end := limiter.FixedWindowEnd(now, time.Minute)
-	if rs, err := do(t, s, end, op(rules.FixedWindow, spentKey(9999), 1, time.Minute, 1)); err != nil || !rs[0].Allowed {
-		t.Errorf("a new key when the window is over: %+v, %v; want admitted", rs[0], err)
-	}
-	checkStore(t, s)
-}
-
-// TestMaxKeysRefusesWhenAllSpent: at MaxKeys a key under its limit still
-// makes room; with only keys over it left, compacting frees no key, so a
-// new key is refused.
-func TestMaxKeysRefusesWhenAllSpent(t *testing.T) {
-	t.Parallel()
-	s := newStore(t, Config{MaxKeys: 3, Shards: 1, SweepInterval: -1})
-	do(t, s, base, op(rules.FixedWindow, "under", 5, time.Minute, 1))
-	for i := range 3 {
-		if _, err := do(t, s, base, op(rules.TokenBucket, spentKey(i), 1, time.Minute, 1)); err != nil {
-			t.Fatalf("spent key %d: %v", i, err)
-		}
-	}
-	if _, err := do(t, s, base, op(rules.TokenBucket, "new", 1, time.Minute, 1)); !errors.Is(err, limiter.ErrOverloaded) {
-		t.Errorf("a new key at MaxKeys with every key spent: %v, want ErrOverloaded", err)
-	}
-	if got, want := s.Evictions(), (Evictions{UnderLimit: 1, Refused: 1}); got != want {
-		t.Errorf("Evictions = %+v, want %+v", got, want)
-	}
-	for i := range 3 {
-		if rs, _ := do(t, s, base, op(rules.TokenBucket, spentKey(i), 1, time.Minute, 0)); rs[0].Remaining != 0 {
-			t.Errorf("spent key %d: %+v, want Remaining 0", i, rs[0])
-		}
-	}
-	checkStore(t, s)
-}
-
 // TestSpentKeysOutliveConcurrentFlood floods a small store from several
-// goroutines with new keys over their limit at once, single ops and
-// AllOrNothing batches, under -race: only ErrOverloaded, consistent
-// bookkeeping, and every spent client still refused.
+// goroutines with new keys over their limit of two rules at once, single
+// ops and AllOrNothing batches, under -race, so that keys are compacted and
+// folded into both rules' filters while others are looked up: no error,
+// consistent bookkeeping, and every spent client still refused.
 func TestSpentKeysOutliveConcurrentFlood(t *testing.T) {
 	t.Parallel()
 	const maxBytes, shards = 64 << 10, 4
@@ -302,11 +223,11 @@ func TestSpentKeysOutliveConcurrentFlood(t *testing.T) {
 			for i := range 2000 {
 				now = now.Add(time.Millisecond)
 				ops := []limiter.Op{
-					op(rules.FixedWindow, fmt.Sprintf("flood_%d_%06d_%080d", g, i, i), 1, time.Hour, 1),
+					ruleOp(fmt.Sprint("d.flood_", g%2), rules.FixedWindow, fmt.Sprintf("flood_%d_%06d_%080d", g, i, i), 1, time.Hour, 1),
 					spentOp(i%40, 1),
 				}
 				b := &limiter.Batch{Now: now, Ops: ops, AllOrNothing: i%2 == 0}
-				if err := s.Do(t.Context(), b); err != nil && !errors.Is(err, limiter.ErrOverloaded) {
+				if err := s.Do(t.Context(), b); err != nil {
 					t.Error(err)
 					return
 				}
