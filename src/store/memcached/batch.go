@@ -11,16 +11,16 @@ import (
 	"github.com/ratelimitd/ratelimit/src/store/memcached/mcclient"
 )
 
-// countBatch reports whether b, of units units (see units), is a batch
+// countBatch reports whether b, of units us (see units), is a batch
 // that doCounts applies: more than one op, not AllOrNothing, every op a
 // fixed-window hit (no refund) on a key of its own (the descriptors of one request, in
-// the usual case), none in a list's item.
-func countBatch(b *limiter.Batch, units int, apart bool) bool {
-	if b.AllOrNothing || !apart || len(b.Ops) < 2 || units != len(b.Ops) {
+// the usual case), none in a list's item (a list of one limit included).
+func countBatch(b *limiter.Batch, us []unit, apart bool) bool {
+	if b.AllOrNothing || !apart || len(b.Ops) < 2 || len(us) != len(b.Ops) {
 		return false
 	}
 	for i := range b.Ops {
-		if continuous(b.Ops[i].Algorithm) || b.Ops[i].Hits == 0 || b.Ops[i].Refund {
+		if us[i].list || continuous(b.Ops[i].Algorithm) || b.Ops[i].Hits == 0 || b.Ops[i].Refund {
 			return false
 		}
 	}

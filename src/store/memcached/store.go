@@ -513,7 +513,7 @@ func (s *Store) Do(ctx context.Context, b *limiter.Batch) error {
 		return err
 	}
 	apart := distinctKeys(us)
-	if countBatch(b, len(us), apart) {
+	if countBatch(b, us, apart) {
 		return s.doCounts(ctx, b)
 	}
 	if b.AllOrNothing {
