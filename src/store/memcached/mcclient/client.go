@@ -462,24 +462,26 @@ type Batch struct {
 	more []*pconn
 }
 
-// Call is a request queued in a Batch; Wait returns its answer.
+// Call is a request queued in a Batch, or sent at once; Wait returns its
+// answer.
 type Call struct{ r *request }
 
-// QueueIncr queues in b an incr of key's counter by delta (see Incr).
+// QueueIncr queues in b an incr of key's counter by delta (see Incr); with
+// a nil b it sends it at once, as Incr does.
 func (c *Client) QueueIncr(ctx context.Context, b *Batch, key string, delta uint64) (Call, error) {
 	return c.queue(ctx, b, request{verb: verbIncr, key: key, num: delta})
 }
 
 // QueueAddNum queues in b an add of key holding the decimal n, with
-// memcached's expiration exp (see Add).
+// memcached's expiration exp (see Add); with a nil b it sends it at once.
 func (c *Client) QueueAddNum(ctx context.Context, b *Batch, key string, n uint64, exp int32) (Call, error) {
 	return c.queue(ctx, b, request{verb: verbAddNum, key: key, num: n, exp: exp})
 }
 
 func (c *Client) queue(ctx context.Context, b *Batch, q request) (Call, error) {
-	r, pc, err := c.start(ctx, q.key, q, true)
-	if err != nil {
-		return Call{}, err
+	r, pc, err := c.start(ctx, q.key, q, b != nil)
+	if err != nil || b == nil {
+		return Call{r}, err
 	}
 	for _, p := range b.few[:b.n] {
 		if p == pc {
