@@ -291,15 +291,21 @@ func TestHandler(t *testing.T) {
 	}
 }
 
-// BenchmarkRecord is the cost of Record on the service's hot path: one
-// atomic load while no capture runs; the encoding and an append under a
-// lock while one does.
-func BenchmarkRecord(b *testing.B) {
-	req := &Request{Time: time.Unix(1_764_246_000, 0), Domain: "web", Descriptors: []Descriptor{
+// typical is the request of the benchmarks: three descriptors, plain
+// values.
+func typical() *Request {
+	return &Request{Time: time.Unix(1_764_246_000, 0), Domain: "web", Descriptors: []Descriptor{
 		{Entries: []rules.Entry{{Key: "remote_address", Value: "10.1.2.3"}}},
 		{Entries: []rules.Entry{{Key: "path", Value: "/api/v1/users"}, {Key: "method", Value: "GET"}}},
 		{Entries: []rules.Entry{{Key: "user", Value: "alice"}}},
 	}, Codes: []bool{false, false, false}}
+}
+
+// BenchmarkRecord is the cost of Record on the service's hot path: one
+// atomic load while no capture runs; the encoding and an append under a
+// lock while one does.
+func BenchmarkRecord(b *testing.B) {
+	req := typical()
 	b.Run("idle", func(b *testing.B) {
 		r := New(Config{})
 		b.ReportAllocs()

@@ -1,6 +1,7 @@
 package capture
 
 import (
+	"bytes"
 	"reflect"
 	"testing"
 	"time"
@@ -10,7 +11,7 @@ import (
 
 // jsonRequest decodes a request line with encoding/json, strictly: the
 // reference parseRequestLine must agree with.
-func jsonRequest(line string) (Request, bool) {
+func jsonRequest(line []byte) (Request, bool) {
 	var w struct {
 		NS          *int64 `json:"ns"`
 		Domain      string `json:"domain"`
@@ -29,7 +30,7 @@ func jsonRequest(line string) (Request, bool) {
 		Codes    []string `json:"codes"`
 		Degraded bool     `json:"degraded"`
 	}
-	if strict([]byte(line), &w) != nil || w.NS == nil || *w.NS <= 0 || len(w.Codes) != len(w.Descriptors) {
+	if strict(line, &w) != nil || w.NS == nil || *w.NS <= 0 || len(w.Codes) != len(w.Descriptors) {
 		return Request{}, false
 	}
 	r := Request{Time: time.Unix(0, *w.NS), Domain: w.Domain, Hits: w.Hits, Degraded: w.Degraded}
@@ -90,7 +91,7 @@ func TestParseRequestLineReadsAnyJSON(t *testing.T) {
 	line := ` { "codes" : [ "OVER_LIMIT" ] , "degraded":false, "code":"OVER_LIMIT",
 		"descriptors":[{"limit":{"unit":"minute","requests_per_unit":5},"hits":0,"entries":[["us\u0065r","a\"b\\c\/d\n\u00e9\ud83d\ude00\ud800"]]}],
 		"domain":"web","ns":1764246000123456789,"hits":7 } `
-	want, ok := jsonRequest(line)
+	want, ok := jsonRequest([]byte(line))
 	if !ok {
 		t.Fatal("encoding/json refuses the line")
 	}
@@ -118,7 +119,7 @@ func FuzzParseRequestLine(f *testing.F) {
 		if isSummary {
 			return
 		}
-		want, ok := jsonRequest(line)
+		want, ok := jsonRequest([]byte(line))
 		if err != nil {
 			if ok && string(AppendRequest(nil, &want, nil)) == line+"\n" {
 				t.Fatalf("line %q as AppendRequest writes it: %v", line, err)
@@ -130,6 +131,32 @@ func FuzzParseRequestLine(f *testing.F) {
 		}
 		if !reflect.DeepEqual(normal(got), normal(want)) {
 			t.Fatalf("line %q:\nparseRequestLine %+v\nencoding/json    %+v", line, got, want)
+		}
+	})
+}
+
+// BenchmarkParseRequestLine is the hand parser's reason to be (see the
+// package doc): a line of typical's request, as AppendRequest writes it,
+// read by parseRequestLine as Reader.Next reads it (one string of the
+// line) and by encoding/json (jsonRequest: a strict decoding into a wire
+// struct, as Reader reads a header, then the same Request).
+func BenchmarkParseRequestLine(b *testing.B) {
+	line := bytes.TrimSuffix(AppendRequest(nil, typical(), nil), []byte("\n"))
+	b.Run("parser", func(b *testing.B) {
+		b.ReportAllocs()
+		var req Request
+		for b.Loop() {
+			if _, err := parseRequestLine(string(line), &req); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+	b.Run("encoding_json", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			if _, ok := jsonRequest(line); !ok {
+				b.Fatal("encoding/json refuses the line")
+			}
 		}
 	})
 }

@@ -230,20 +230,15 @@ func stepList(ops []limiter.Op, now time.Time, slots []listSlot, mode listMode, 
 func keepSteps(ops []limiter.Op, steps []listStep, slots []listSlot, mode listMode, refused bool, res []limiter.Result, marks []undo, reread []int) (_ []listSlot, _ []int, changed bool) {
 	for i := range ops {
 		p := &steps[i]
-		keep := p.state != nil
 		if mode == listAll {
 			// A shadow op is all-or-nothing by itself
 			// (limiter.Op.Shadow); the others all together.
-			if ops[i].Shadow {
-				keep = keep && res[i].Allowed
-			} else {
-				keep = keep && !refused
-			}
-			if !keep && (!ops[i].Shadow && refused || ops[i].Shadow && !res[i].Allowed) {
+			if ops[i].Shadow && !res[i].Allowed || !ops[i].Shadow && refused {
 				reread = append(reread, i)
+				continue
 			}
 		}
-		if !keep {
+		if p.state == nil {
 			continue
 		}
 		j := p.j

@@ -70,6 +70,28 @@ func TestListOneItem(t *testing.T) {
 	}
 }
 
+// TestListOfOneBesideOthers: the one limit of a list of one (rate_limits
+// with one entry) counts in the list's item whether its descriptor comes
+// alone or beside another's, never in the limit's own key: counted in two
+// places, its hits would be split between them.
+func TestListOfOneBesideOthers(t *testing.T) {
+	t.Parallel()
+	srv := storetest.StartMemcached(t)
+	s := newStore(t, Config{Addrs: []string{srv.Addr}})
+	now := time.Now()
+	a, _ := listOps(t, "a", now, 1)
+	b, _ := listOps(t, "b", now, 1)
+	a, b = a[:1], b[:1]
+	b[0].Group = 2
+	do(t, s, false, now, a[0], b[0])
+	if r := do(t, s, false, now, a[0]); r[0].Before != 1 || r[0].After != 2 {
+		t.Errorf("the list's second hit, alone: %+v, want the count from 1 to 2", r[0])
+	}
+	if _, err := memcache.New(srv.Addr).Get(a[0].Key); !errors.Is(err, memcache.ErrCacheMiss) {
+		t.Errorf("the limit's own key %q: %v, want a miss", a[0].Key, err)
+	}
+}
+
 // TestListMatchesMemory runs one sequence of requests through a limiter on
 // the memory store and one on memcached, for lists of every shape (one
 // limit unlimited, mixed algorithms, hits_addend above 1, reads), in both

@@ -53,28 +53,22 @@ func (s *Store) apply(ctx context.Context, op *limiter.Op, now time.Time, r *lim
 	return s.applyCount(ctx, key, op, now, r)
 }
 
-// applyCount applies a fixed-window op: incr, and on a miss add, and on
-// add's "not stored" (another instance added it meanwhile) incr again, at
-// most maxAttempts times each. A key this instance has not written in the
-// current window (see written) starts with add instead, so that the first
-// hit of a window takes one round trip. Every hit is counted, admitted or
-// not, as the anchor does.
-//
-// ctx is checked before every round trip, here and in every function a Do
-// calls, so that none starts after ctx's deadline (see Do).
+// applyCount applies a fixed-window op: a hit with incr or add (count), a
+// refund with decr, a read with get. (A function of its own, so that its
+// locals are not on the stack of every op: a goroutine of fanout starts
+// with a small stack, and each time it grows it is copied.)
 func (s *Store) applyCount(ctx context.Context, key string, op *limiter.Op, now time.Time, r *limiter.Result) (undo, error) {
-	if op.Refund && op.Hits > 0 {
+	switch {
+	case op.Refund && op.Hits > 0:
 		return undo{}, s.refundCount(ctx, key, op, now, r)
-	}
-	if op.Hits == 0 {
+	case op.Hits == 0:
 		count, err := s.readCount(ctx, key)
-		if err != nil {
-			return undo{}, err
+		if err == nil {
+			_, *r = limiter.FixedWindow(limiter.FixedWindowState{Count: count}, now, *op)
 		}
-		_, *r = limiter.FixedWindow(limiter.FixedWindowState{Count: count}, now, *op)
-		return undo{}, nil
+		return undo{}, err
 	}
-	return s.countFrom(ctx, key, op, now, r, s.written.has(key, now.Unix()))
+	return s.count(ctx, &counting{key: key, incr: s.written.has(key, now.Unix())}, op, now, r)
 }
 
 // refundCount gives back a fixed window's hits (limiter.Op.Refund) with
@@ -99,55 +93,6 @@ func (s *Store) refundCount(ctx context.Context, key string, op *limiter.Op, now
 	read.Hits = 0 // a refund of nothing: the read of the count, allowed
 	_, *r = limiter.FixedWindow(limiter.FixedWindowState{Count: after}, now, read)
 	return nil
-}
-
-// countFrom is applyCount's loop, starting with incr when incrFirst, else
-// with add. Each miss of incr after add's "not stored" means the item went
-// between the two (it expired, was evicted or deleted); a memcached that
-// answers so at every attempt is faulty or the item cannot stay: after
-// maxAttempts adds the op fails with limiter.ErrOverloaded, as an update
-// that runs out of cycles, so that no answer can hold the request in a
-// loop until its deadline (issue 24: 75,000 round trips in 5.8 s).
-func (s *Store) countFrom(ctx context.Context, key string, op *limiter.Op, now time.Time, r *limiter.Result, incrFirst bool) (undo, error) {
-	sec, end := now.Unix(), limiter.FixedWindowEnd(now, op.Window).Unix()
-	for range maxAttempts {
-		if incrFirst {
-			if err := s.check(ctx); err != nil {
-				return undo{}, err
-			}
-			after, err := s.increment(ctx, key, op.Hits)
-			if err == nil {
-				s.gotAnswer(key)
-				s.written.add(key, end, sec)
-				return s.counted(ctx, key, op, now, after, r), nil
-			}
-			if !errors.Is(err, mcclient.ErrCacheMiss) {
-				return undo{}, s.fail(key, err)
-			}
-			s.gotAnswer(key)
-		}
-		incrFirst = true
-		item := &cacheItem{
-			Key:        key,
-			Value:      strconv.AppendUint(make([]byte, 0, 20), op.Hits, 10),
-			Expiration: s.expiration(max(int64(op.Window/time.Second), 1)),
-		}
-		if err := s.check(ctx); err != nil {
-			return undo{}, err
-		}
-		err := s.add(ctx, item)
-		if err == nil {
-			s.gotAnswer(key)
-			s.written.add(key, end, sec)
-			return s.counted(ctx, key, op, now, op.Hits, r), nil
-		}
-		if !errors.Is(err, mcclient.ErrNotStored) {
-			return undo{}, s.fail(key, err)
-		}
-		s.gotAnswer(key)
-	}
-	s.shed.Add(1)
-	return undo{}, fmt.Errorf("memcached: key %q: %w: %w after %d attempts", key, limiter.ErrOverloaded, errMissing, maxAttempts)
 }
 
 // errMissing is the cause of a fixed-window op whose incr missed the item
@@ -578,8 +523,11 @@ func records(op *limiter.Op, r *limiter.Result) bool {
 // once the store is closed (see checkDeadline): then the hits stay
 // counted, which refuses too much, never too little.
 func (s *Store) undo(ctx context.Context, u *undo) error {
-	if u.list != nil {
+	switch {
+	case u.list != nil:
 		return s.undoList(ctx, u)
+	case u.op == nil: // recorded nothing
+		return nil
 	}
 	op := u.op
 	if !continuous(op.Algorithm) {

@@ -124,7 +124,7 @@ const (
 // usable.
 type Store struct {
 	cfg Config
-	// written guides the first command of a fixed-window hit (applyCount).
+	// written guides the first command of a fixed-window hit (count).
 	written *written
 	// locks serialise this instance's updates of one item (see update).
 	locks *itemLocks
@@ -473,11 +473,8 @@ func (s *Store) drain(timeout <-chan time.Time) {
 // not interrupted. The take-back of an AllOrNothing batch goes on when ctx
 // is canceled, but not past its deadline: then the hits stay counted.
 func (s *Store) Do(ctx context.Context, b *limiter.Batch) error {
-	if err := ctx.Err(); err != nil {
-		return unavailable(err)
-	}
-	if s.closed.Load() {
-		return unavailable(errClosed)
+	if err := s.check(ctx); err != nil {
+		return err
 	}
 	// An open circuit breaker fails the request at once, before it takes
 	// a slot.
@@ -501,242 +498,17 @@ func (s *Store) Do(ctx context.Context, b *limiter.Batch) error {
 	if b.Now.IsZero() {
 		b.Now = time.Now()
 	}
-	if len(b.Ops) == 1 && !b.AllOrNothing && b.Ops[0].Group == 0 {
-		// The common case, without fanout's closure.
-		_, err := s.apply(ctx, &b.Ops[0], b.Now, &b.Results[0])
-		return err
-	}
 	var buf [8]unit
 	us := units(b.Ops, buf[:0])
-	if len(us) == 1 && !b.AllOrNothing {
+	apart := distinctKeys(us)
+	switch {
+	case countBatch(b, us, apart):
+		return s.doCounts(ctx, b)
+	case len(us) == 1 && !b.AllOrNothing: // without doUnits' closure
 		_, err := s.applyUnit(ctx, b, &us[0], listEach)
 		return err
 	}
-	apart := distinctKeys(us)
-	if countBatch(b, len(us), apart) {
-		return s.doCounts(ctx, b)
-	}
-	if b.AllOrNothing {
-		return s.doAll(ctx, b, slices.Clone(us), apart)
-	}
-	return s.fanoutUnits(ctx, b, slices.Clone(us), apart)
-}
-
-// fanoutUnits applies each of us on its own. Its closure, which fanout
-// may run on other goroutines, takes us to the heap (doAll's too): Do
-// passes them a copy, so that its stack buffer, all that the common
-// batches above need, stays on the stack (one allocation less per
-// request with several descriptors).
-func (s *Store) fanoutUnits(ctx context.Context, b *limiter.Batch, us []unit, apart bool) error {
-	return s.fanout(len(us), apart, func(k int) error {
-		_, err := s.applyUnit(ctx, b, &us[k], listEach)
-		return err
-	})
-}
-
-// unit is a part of a batch applied in one step: one op, or the ops of a
-// list of limits kept in one item (see list.go).
-type unit struct {
-	from, to int    // the ops b.Ops[from:to]
-	key      string // the op's key, or the list's item's (before itemKey)
-	list     bool
-}
-
-// units appends the units of ops to us, in order: each group of ops
-// (limiter.Op.Group) that listKey takes is one, and every other op one.
-func units(ops []limiter.Op, us []unit) []unit {
-	for i := 0; i < len(ops); {
-		if g := ops[i].Group; g != 0 {
-			end := i + 1
-			for end < len(ops) && ops[end].Group == g {
-				end++
-			}
-			if key, ok := listKey(ops[i:end]); ok {
-				us = append(us, unit{from: i, to: end, key: key, list: true})
-				i = end
-				continue
-			}
-		}
-		us = append(us, unit{from: i, to: i + 1, key: ops[i].Key})
-		i++
-	}
-	return us
-}
-
-// applyUnit applies the unit u of b in mode: a list's ops in one update of
-// its item; one op alone, or for listRead as with Hits 0, setting only
-// Remaining and ResetAfter.
-func (s *Store) applyUnit(ctx context.Context, b *limiter.Batch, u *unit, mode listMode) (undo, error) {
-	if u.list {
-		return s.applyList(ctx, u.key, b.Ops[u.from:u.to], b.Now, b.Results[u.from:u.to], mode)
-	}
-	op := b.Ops[u.from]
-	if op.Shadow && mode != listEach {
-		// All-or-nothing by itself (limiter.Op.Shadow): taken back at
-		// once when refused, never with the batch.
-		if mode == listRead {
-			return undo{}, nil
-		}
-		res := &b.Results[u.from]
-		un, err := s.apply(ctx, &b.Ops[u.from], b.Now, res)
-		if err != nil || res.Allowed {
-			return undo{}, err
-		}
-		if un.op != nil {
-			if err := s.undo(ctx, &un); err != nil {
-				return undo{}, err
-			}
-		}
-		return undo{}, s.readUnit(ctx, b, u)
-	}
-	if mode != listRead {
-		return s.apply(ctx, &b.Ops[u.from], b.Now, &b.Results[u.from])
-	}
-	return undo{}, s.readUnit(ctx, b, u)
-}
-
-// readUnit sets Remaining and ResetAfter of the op of unit u, one op
-// alone, to those of its key as it is: a read with Hits 0.
-func (s *Store) readUnit(ctx context.Context, b *limiter.Batch, u *unit) error {
-	op := b.Ops[u.from]
-	op.Hits = 0
-	var r limiter.Result
-	if _, err := s.apply(ctx, &op, b.Now, &r); err != nil {
-		return err
-	}
-	b.Results[u.from].Remaining, b.Results[u.from].ResetAfter = r.Remaining, r.ResetAfter
-	return nil
-}
-
-// doAll applies an AllOrNothing batch: every unit (an op on its own key,
-// or a list's ops on their item, all or none of them recorded), then, if
-// any op was refused, the recorded ones taken back and every op's
-// Remaining and ResetAfter read from the unchanged state. Each step runs
-// its units side by side when their keys are apart; otherwise in order,
-// and the take-back newest first, so that units on one key see each other
-// as in a sequence.
-func (s *Store) doAll(ctx context.Context, b *limiter.Batch, us []unit, apart bool) error {
-	var undoBuf [8]undo
-	undos := undoBuf[:0]
-	if len(us) > len(undoBuf) {
-		undos = make([]undo, len(us))
-	}
-	undos = undos[:len(us)]
-	err := s.fanout(len(us), apart, func(k int) error {
-		var err error
-		undos[k], err = s.applyUnit(ctx, b, &us[k], listAll)
-		return err
-	})
-	if err != nil {
-		// Nothing may stay recorded: take back what was, as far as
-		// memcached and ctx's deadline let us.
-		return errors.Join(err, s.rollback(ctx, undos, apart))
-	}
-	refused := false
-	for i := range b.Results {
-		refused = refused || !b.Results[i].Allowed && !b.Ops[i].Shadow
-	}
-	if !refused || len(us) == 1 && us[0].list {
-		// A list alone read its unchanged state itself (runList).
-		return nil
-	}
-	// Undo even when ctx is canceled meanwhile, until its deadline (see
-	// undo): hits must not stay recorded for a refused batch.
-	if err := s.rollback(ctx, undos, apart); err != nil {
-		return err
-	}
-	// Allowed, Before and After stay those of the evaluation; Remaining
-	// and ResetAfter become those of the unchanged state.
-	return s.fanout(len(us), apart, func(k int) error {
-		_, err := s.applyUnit(ctx, b, &us[k], listRead)
-		return err
-	})
-}
-
-// fanout runs f(i) for i in [0, n) and returns the error of the lowest i
-// that failed. When apart, each f but the first runs in a goroutine of its
-// own if it can take a slot at once (trySlot), so that the round
-// trips of a batch overlap; the rest, and all of them when not apart, run
-// in order in the calling goroutine, on the slot of the Do, and stop at the
-// first error, as the ops of a Do did when they all ran in order (with
-// memcached down, one Timeout per op would add up). fanout returns when
-// every f started has: the goroutines are the Do's, and, as they hold
-// slots, there are fewer than Config.MaxConns of them in the whole store.
-func (s *Store) fanout(n int, apart bool, f func(i int) error) error {
-	if n == 1 || !apart {
-		for i := range n {
-			if err := f(i); err != nil {
-				return err
-			}
-		}
-		return nil
-	}
-	var errBuf [8]error
-	errs := errBuf[:0]
-	if n > len(errBuf) {
-		errs = make([]error, n)
-	}
-	errs = errs[:n]
-	var wg sync.WaitGroup
-	var inline [8]int
-	here := append(inline[:0], 0)
-	for i := 1; i < n; i++ {
-		if !s.trySlot() {
-			here = append(here, i)
-			continue
-		}
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			defer s.release()
-			errs[i] = f(i)
-		}()
-	}
-	for _, i := range here {
-		if errs[i] = f(i); errs[i] != nil {
-			break
-		}
-	}
-	wg.Wait()
-	for _, err := range errs {
-		if err != nil {
-			return err
-		}
-	}
-	return nil
-}
-
-// trySlot takes a slot for one more op of a Do if one is free at once.
-func (s *Store) trySlot() bool {
-	select {
-	case s.slots <- struct{}{}:
-		return true
-	default:
-		return false
-	}
-}
-
-// distinctKeys reports whether every unit of us has a key of its own:
-// units on one key must run in order, so that the later sees the earlier.
-func distinctKeys(us []unit) bool {
-	if len(us) <= 16 {
-		for i := range us {
-			for j := range i {
-				if us[i].key == us[j].key {
-					return false
-				}
-			}
-		}
-		return true
-	}
-	seen := make(map[string]struct{}, len(us))
-	for i := range us {
-		if _, ok := seen[us[i].key]; ok {
-			return false
-		}
-		seen[us[i].key] = struct{}{}
-	}
-	return true
+	return s.doUnits(ctx, b, slices.Clone(us), apart)
 }
 
 // acquire takes a slot for a Do: at once when one is free;
@@ -775,47 +547,9 @@ func (s *Store) acquire(ctx context.Context) error {
 	}
 }
 
-// release gives back a slot taken by acquire or trySlot.
+// release gives back a slot taken by acquire or fanout.
 func (s *Store) release() {
 	<-s.slots
-}
-
-// rollback takes back the recorded ops (those of undos with an op), side
-// by side when apart, else newest first, and returns the first error; it
-// goes on after one, so that as much as possible is taken back.
-func (s *Store) rollback(ctx context.Context, undos []undo, apart bool) error {
-	if apart {
-		// Every undo is tried: their errors are not fanout's, which would
-		// stop at the first.
-		var errBuf [8]error
-		errs := errBuf[:0]
-		if len(undos) > len(errBuf) {
-			errs = make([]error, len(undos))
-		}
-		errs = errs[:len(undos)]
-		_ = s.fanout(len(undos), apart, func(i int) error {
-			if undos[i].op != nil {
-				errs[i] = s.undo(ctx, &undos[i])
-			}
-			return nil
-		})
-		for _, err := range errs {
-			if err != nil {
-				return err
-			}
-		}
-		return nil
-	}
-	var first error
-	for i := len(undos) - 1; i >= 0; i-- {
-		if undos[i].op == nil {
-			continue
-		}
-		if err := s.undo(ctx, &undos[i]); err != nil && first == nil {
-			first = err
-		}
-	}
-	return first
 }
 
 // check returns the error for a Do that must stop before its next round

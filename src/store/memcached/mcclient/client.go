@@ -1,3 +1,34 @@
+// Package mcclient is the Memcached store's client: a pipelining client
+// of the classic text protocol for exactly the commands the store sends
+// (incr, decr, add, gets, cas, and version for probes). It knows servers,
+// connections and answers; nothing of limits, keys' meaning or the store's
+// errors.
+//
+// Why our own: gomemcache, the anchor's client, sends one command per
+// connection checkout, a write and a read syscall each, and leaves the
+// connection idle while the answer travels; with the service's batches run
+// side by side that is most of the store's CPU (38 % in syscalls, issue 15).
+// Neither gomemcache nor the maintained forks served by the module proxy
+// (grafana/gomemcache; rainycape/memcache is unmaintained since 2015)
+// pipeline. Here every server has a few long-lived connections; concurrent
+// requests queue on one, its writer sends what queued in one write, and its
+// reader matches the answers to the requests in order (memcached answers
+// the text protocol in order on a connection).
+//
+// Measured (docs/BENCHMARKS.md, "A pipelining client"; BenchmarkClientIncr
+// in this package: incr on 10,000 keys from 64 callers, one memcached, in
+// one run): gomemcache 26.9 µs per incr, 17.4 µs of the caller's CPU and
+// 12.7 µs of memcached's, 2 allocations; this client (2 connections) 4.1,
+// 3.9 and 2.8 µs, none. Through the service, the CPU per decision fell
+// from 74 to 49 µs (one descriptor) and from 156 to 56 µs (three). A
+// well-kept library that pipelines as well would replace it.
+//
+// The meta protocol (memcached >= 1.6: "ma" with N creates a missing counter
+// in the same command) was considered and left out: the store already
+// starts a key it has not written in the window with add (see written), so
+// the common case is one command either way, and meta commands would raise
+// the minimum memcached version for no measurable gain. The client needs
+// nothing newer than the text protocol of memcached 1.4.
 package mcclient
 
 import (
@@ -12,28 +43,6 @@ import (
 	"time"
 	"unsafe"
 )
-
-// This file and pipeline.go are the store's memcached client: a pipelining
-// client of the classic text protocol for exactly the commands the store
-// sends (incr, decr, add, gets, cas, and version for probes).
-//
-// Why our own: gomemcache, the anchor's client, sends one command per
-// connection checkout, a write and a read syscall each, and leaves the
-// connection idle while the answer travels; with the service's batches run
-// side by side that is most of the store's CPU (38 % in syscalls, issue 15).
-// Neither gomemcache nor the maintained forks served by the module proxy
-// (grafana/gomemcache; rainycape/memcache is unmaintained since 2015)
-// pipeline. Here every server has a few long-lived connections; concurrent
-// requests queue on one, its writer sends what queued in one write, and its
-// reader matches the answers to the requests in order (memcached answers
-// the text protocol in order on a connection).
-//
-// The meta protocol (memcached >= 1.6: "ma" with N creates a missing counter
-// in the same command) was considered and left out: the store already
-// starts a key it has not written in the window with add (see written), so
-// the common case is one command either way, and meta commands would raise
-// the minimum memcached version for no measurable gain. The client needs
-// nothing newer than the text protocol of memcached 1.4.
 
 // DialFunc opens a connection to a server; it must honour ctx.
 type DialFunc = func(ctx context.Context, network, addr string) (net.Conn, error)
@@ -462,24 +471,26 @@ type Batch struct {
 	more []*pconn
 }
 
-// Call is a request queued in a Batch; Wait returns its answer.
+// Call is a request queued in a Batch, or sent at once; Wait returns its
+// answer.
 type Call struct{ r *request }
 
-// QueueIncr queues in b an incr of key's counter by delta (see Incr).
+// QueueIncr queues in b an incr of key's counter by delta (see Incr); with
+// a nil b it sends it at once, as Incr does.
 func (c *Client) QueueIncr(ctx context.Context, b *Batch, key string, delta uint64) (Call, error) {
 	return c.queue(ctx, b, request{verb: verbIncr, key: key, num: delta})
 }
 
 // QueueAddNum queues in b an add of key holding the decimal n, with
-// memcached's expiration exp (see Add).
+// memcached's expiration exp (see Add); with a nil b it sends it at once.
 func (c *Client) QueueAddNum(ctx context.Context, b *Batch, key string, n uint64, exp int32) (Call, error) {
 	return c.queue(ctx, b, request{verb: verbAddNum, key: key, num: n, exp: exp})
 }
 
 func (c *Client) queue(ctx context.Context, b *Batch, q request) (Call, error) {
-	r, pc, err := c.start(ctx, q.key, q, true)
-	if err != nil {
-		return Call{}, err
+	r, pc, err := c.start(ctx, q.key, q, b != nil)
+	if err != nil || b == nil {
+		return Call{r}, err
 	}
 	for _, p := range b.few[:b.n] {
 		if p == pc {
