@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # measure.sh: ShouldRateLimit's throughput on Redis with and without a
-# misbehaving quota client beside it (issue 35), in alternating runs on a
+# misbehaving quota client beside it (issue 35; REQUEST_TIMEOUT=20ms, so
+# that calls the store holds up count as errors), in alternating runs on a
 # fresh redis-server and service each time, so that the ratio is taken in
 # one sitting. Prints one line per run and the medians.
 #
@@ -40,7 +41,7 @@ one() { # one run: $1 = base | flood; prints req/s and errors
 	local redis=$! fl=
 	sleep 0.3
 	RUNTIME_ROOT="$dir" RUNTIME_SUBDIRECTORY=rules BACKEND_TYPE=redis REDIS_SOCKET_TYPE=tcp \
-		REDIS_URL=127.0.0.1:$rport PORT=0 GRPC_PORT=$gport DEBUG_PORT=0 LOG_LEVEL=error \
+		REDIS_URL=127.0.0.1:$rport REQUEST_TIMEOUT=20ms PORT=0 GRPC_PORT=$gport DEBUG_PORT=0 LOG_LEVEL=error \
 		"$svcbin" >"$dir/service.log" 2>&1 &
 	local svc=$!
 	sleep 1.5
