@@ -116,7 +116,13 @@ type Service struct {
 	closing chan struct{}
 	close   sync.Once
 
-	// mu guards pools, streams, peers, subs, nextID and share.
+	// pace is the report budget of every client together: a quarter of
+	// MaxBuckets bucket reports a second (minAllReports at least), so that the reports take a
+	// bounded part of the service's time whoever sends them (a fleet at
+	// MaxBuckets reporting every 5 s, as Envoy 1.40 does, fits with room
+	// to spare). Guarded by mu.
+	pace pacer
+	// mu guards pools, streams, peers, subs, nextID, share and pace.
 	mu      sync.Mutex
 	pools   map[poolKey]*quotaPool
 	streams map[uint64]*quotaStream
@@ -215,6 +221,10 @@ type pacer struct {
 // paceBurst is how far ahead of its time a client may report.
 const paceBurst = time.Second
 
+// minAllReports is the fewest bucket reports a second the service takes
+// from all its clients together, however low RLQS_MAX_BUCKETS is.
+const minAllReports = 1000
+
 // spend charges cost to the client at now and returns how long its next
 // report waits.
 func (p *pacer) spend(now time.Time, cost int) time.Duration {
@@ -249,6 +259,7 @@ func New(reg *stats.Registry, cfg Config) *Service {
 		closing:        make(chan struct{}),
 		pools:          map[poolKey]*quotaPool{},
 		streams:        map[uint64]*quotaStream{},
+		pace:           pacer{per: time.Second / time.Duration(max(cfg.MaxBuckets/4, minAllReports))},
 		peers:          map[string][]*quotaStream{},
 		reports:        reg.Counter("ratelimit.rlqs.reports"),
 		noRule:         reg.Counter("ratelimit.rlqs.no_rule"),
@@ -781,12 +792,17 @@ func (q *Service) report(st *quotaStream, m *rlqsv3.RateLimitQuotaUsageReports) 
 		}
 		q.reportBucket(now, cfg, st, u)
 	}
-	st.hold = st.pace.spend(now, 1+len(m.GetBucketQuotaUsages()))
+	cost := 1 + len(m.GetBucketQuotaUsages())
+	own, all := st.pace.spend(now, cost), q.pace.spend(now, cost)
+	st.hold = max(own, all)
 	if st.hold > 0 {
 		q.paced.Inc()
 		if ok, held := q.paceLog.Allow(now); ok {
-			q.cfg.Log.Warn("quota client reports more buckets a second than its share: its next report waits",
-				"wait", st.hold, "domain", st.domain, "peer", st.peer, "held_back", held)
+			why := "quota client reports more buckets a second than its share: its next report waits"
+			if all > own {
+				why = "quota clients together report more buckets a second than RLQS_MAX_BUCKETS/4: their next reports wait"
+			}
+			q.cfg.Log.Warn(why, "wait", st.hold, "domain", st.domain, "peer", st.peer, "held_back", held)
 		}
 	}
 	if len(shed) > 0 {

@@ -1119,3 +1119,42 @@ func TestQuotaReportBudgetOverTheWire(t *testing.T) {
 		t.Errorf("reports_paced = %d, want 3", n)
 	}
 }
+
+// TestQuotaReportBudgetAllClients: all clients together report at most a
+// quarter of RLQS_MAX_BUCKETS bucket reports a second, so that reports
+// take a bounded part of the service's time however many addresses send
+// them; past it the next report of each stream that reports waits.
+func TestQuotaReportBudgetAllClients(t *testing.T) {
+	f := newQuotaFixture(t, rlqs.Config{MaxBuckets: 8000, MaxBucketsPerStream: 4000, MaxBucketsPerPeer: 8000}, quotaRules)
+	report := func(addr string) time.Duration {
+		t.Helper()
+		s, err := f.q.OpenFrom(addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(s.Close)
+		m := &rlqsv3.RateLimitQuotaUsageReports{Domain: "web"}
+		for i := range 1499 {
+			m.BucketQuotaUsages = append(m.BucketQuotaUsages, &rlqsv3.RateLimitQuotaUsageReports_BucketQuotaUsage{
+				BucketId: &rlqsv3.BucketId{Bucket: map[string]string{"tenant": fmt.Sprintf("%s-%d", addr, i)}}, NumRequestsAllowed: 1})
+		}
+		if err := s.Report(m); err != nil {
+			t.Fatal(err)
+		}
+		s.Take()
+		return s.Hold()
+	}
+	// 2,000 bucket reports a second in all: each report of 1,499
+	// buckets takes 750 ms of it; each address's own share (8,000 a
+	// second) is far from spent.
+	if d := report("192.0.2.1:1000"); d != 0 {
+		t.Errorf("first address: waits %v, want 0", d)
+	}
+	if d := report("192.0.2.2:1000"); d != 500*time.Millisecond {
+		t.Errorf("second address, past the budget of all: waits %v, want 500ms", d)
+	}
+	f.advance(2 * time.Second)
+	if d := report("192.0.2.3:1000"); d != 0 {
+		t.Errorf("once the time caught up: waits %v, want 0", d)
+	}
+}
