@@ -26,7 +26,9 @@ import (
 // sees only what the kernel holds: a connection is idle only after a whole
 // reply has been read, so no TLS record is pending on a healthy one.
 //
-// Every connection made is counted in counts, and so is its close.
+// Every connection's silences are bounded by cfg.Stall (see stallConn),
+// beneath TLS. Every connection made is counted in counts, and so is its
+// close.
 func dialer(cfg Config, counts *connCounts) func(ctx context.Context, network, addr string) (net.Conn, error) {
 	d := &net.Dialer{Timeout: cfg.Timeout, KeepAlive: 30 * time.Second}
 	return func(ctx context.Context, network, addr string) (net.Conn, error) {
@@ -34,7 +36,12 @@ func dialer(cfg Config, counts *connCounts) func(ctx context.Context, network, a
 		if err != nil {
 			return nil, err
 		}
-		c := raw
+		sock, _ := raw.(syscall.Conn)
+		var rc syscall.RawConn
+		if sock != nil {
+			rc, _ = sock.SyscallConn()
+		}
+		c := newStallConn(raw, rc, cfg.Stall)
 		if cfg.TLS != nil {
 			conf := cfg.TLS
 			if conf.ServerName == "" {
@@ -45,14 +52,13 @@ func dialer(cfg Config, counts *connCounts) func(ctx context.Context, network, a
 				conf = conf.Clone()
 				conf.ServerName = host
 			}
-			tc := tls.Client(raw, conf)
+			tc := tls.Client(c, conf)
 			if err := tc.HandshakeContext(ctx); err != nil {
 				_ = raw.Close()
 				return nil, err
 			}
 			c = tc
 		}
-		sock, _ := raw.(syscall.Conn)
 		return counted(counts, newNoHelloConn(newReplyGuard(c), sock)), nil
 	}
 }
