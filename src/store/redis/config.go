@@ -53,7 +53,7 @@ type Config struct {
 	// Stall bounds, with the circuit breaker on (Breaker), how long a
 	// connection waits for a server that owes replies and sends nothing,
 	// from the last write to it or the last byte from it
-	// (STORE_STALL_TIMEOUT; default 250ms; negative: no bound but
+	// (REDIS_STALL_TIMEOUT; default 250ms; negative: no bound but
 	// Timeout). Past it, if the kernel holds no byte of the server's either
 	// (so the server, not this process, is late), the server's breaker
 	// opens at once, and the round trip fails with an error wrapping

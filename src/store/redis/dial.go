@@ -26,10 +26,10 @@ import (
 // sees only what the kernel holds: a connection is idle only after a whole
 // reply has been read, so no TLS record is pending on a healthy one.
 //
-// Every connection's silences are bounded by cfg.Stall (see stallConn),
-// beneath TLS. Every connection made is counted in counts, and so is its
+// Every connection's silences are bounded by cfg.Stall, stretched by the
+// pace of its server kept in ps (see stallConn), beneath TLS. Every connection made is counted in counts, and so is its
 // close.
-func dialer(cfg Config, counts *connCounts) func(ctx context.Context, network, addr string) (net.Conn, error) {
+func dialer(cfg Config, counts *connCounts, ps *paces) func(ctx context.Context, network, addr string) (net.Conn, error) {
 	d := &net.Dialer{Timeout: cfg.Timeout, KeepAlive: 30 * time.Second}
 	return func(ctx context.Context, network, addr string) (net.Conn, error) {
 		raw, err := d.DialContext(ctx, network, addr)
@@ -41,7 +41,7 @@ func dialer(cfg Config, counts *connCounts) func(ctx context.Context, network, a
 		if sock != nil {
 			rc, _ = sock.SyscallConn()
 		}
-		c := newStallConn(raw, rc, cfg.Stall)
+		c := newStallConn(raw, rc, cfg.Stall, ps.of(addr))
 		if cfg.TLS != nil {
 			conf := cfg.TLS
 			if conf.ServerName == "" {

@@ -5,6 +5,7 @@ import (
 	"context"
 	"crypto/tls"
 	"errors"
+	"fmt"
 	"net"
 	"syscall"
 	"testing"
@@ -13,8 +14,9 @@ import (
 	"github.com/ratelimitd/ratelimit/src/store/storetest"
 )
 
-// dialStall dials srv and bounds the connection's silences by stall.
-func dialStall(t *testing.T, srv *storetest.RedisServer, stall time.Duration) (*stallConn, syscall.RawConn) {
+// dialStall dials srv and bounds the connection's silences by stall and
+// the pace p (nil: stall alone).
+func dialStall(t *testing.T, srv *storetest.RedisServer, stall time.Duration, p *pace) (*stallConn, syscall.RawConn) {
 	t.Helper()
 	raw, err := net.Dial("tcp", srv.Addr)
 	if err != nil {
@@ -25,7 +27,7 @@ func dialStall(t *testing.T, srv *storetest.RedisServer, stall time.Duration) (*
 	if err != nil {
 		t.Fatal(err)
 	}
-	return newStallConn(raw, rc, stall).(*stallConn), rc
+	return newStallConn(raw, rc, stall, p).(*stallConn), rc
 }
 
 const ping = "*1\r\n$4\r\nPING\r\n"
@@ -37,7 +39,7 @@ const ping = "*1\r\n$4\r\nPING\r\n"
 func TestStallLateReaderIsNoSilence(t *testing.T) {
 	t.Parallel()
 	srv := storetest.StartRedis(t, storetest.RedisOptions{})
-	c, rc := dialStall(t, srv, 50*time.Millisecond)
+	c, rc := dialStall(t, srv, 50*time.Millisecond, nil)
 	if _, err := c.Write([]byte(ping)); err != nil {
 		t.Fatal(err)
 	}
@@ -60,7 +62,7 @@ func TestStallFrozenServer(t *testing.T) {
 	t.Parallel()
 	srv := storetest.StartRedis(t, storetest.RedisOptions{})
 	const stall = 100 * time.Millisecond
-	c, _ := dialStall(t, srv, stall)
+	c, _ := dialStall(t, srv, stall, nil)
 	if err := srv.Freeze(); err != nil {
 		t.Fatal(err)
 	}
@@ -84,7 +86,7 @@ func TestStallFrozenServer(t *testing.T) {
 	}
 
 	// go-redis's own deadline, when it is the earlier, is its own.
-	c2, _ := dialStall(t, srv, time.Minute)
+	c2, _ := dialStall(t, srv, time.Minute, nil)
 	if _, err := c2.Write([]byte(ping)); err != nil {
 		t.Fatal(err)
 	}
@@ -108,10 +110,10 @@ func TestStallOff(t *testing.T) {
 	a, b := net.Pipe()
 	defer a.Close()
 	defer b.Close()
-	if c := newStallConn(a, nil, time.Second); c != a {
+	if c := newStallConn(a, nil, time.Second, nil); c != a {
 		t.Error("a connection without a socket was wrapped")
 	}
-	if c := newStallConn(a, nil, -1); c != a {
+	if c := newStallConn(a, nil, -1, nil); c != a {
 		t.Error("a connection with no bound was wrapped")
 	}
 }
@@ -127,7 +129,7 @@ func TestStallTLSHandshake(t *testing.T) {
 	}
 	t.Cleanup(func() { _ = srv.Thaw() })
 	const stall = 100 * time.Millisecond
-	c, _ := dialStall(t, srv, stall)
+	c, _ := dialStall(t, srv, stall, nil)
 	conf := srv.TLS.ClientConfig()
 	conf.ServerName = "127.0.0.1"
 	ctx, cancel := context.WithTimeout(t.Context(), 50*stall)
@@ -135,5 +137,83 @@ func TestStallTLSHandshake(t *testing.T) {
 	err := tls.Client(c, conf).HandshakeContext(ctx)
 	if !errors.Is(err, errStalled) {
 		t.Errorf("TLS handshake with a frozen Redis = %v, want errStalled", err)
+	}
+}
+
+// TestPaceStretchesTheBound: a server slow to answer lately is allowed
+// paceFactor times its slowest answer of the last paceMemory before its
+// silence counts; a faster answer does not shorten that, and it is
+// forgotten after paceMemory.
+func TestPaceStretchesTheBound(t *testing.T) {
+	const stall = 250 * time.Millisecond
+	t0 := time.Unix(1000, 0)
+	var p pace
+	if got := p.bound(stall, t0); got != stall {
+		t.Errorf("bound with nothing seen = %v, want %v", got, stall)
+	}
+	p.observe(10*time.Millisecond, t0)
+	if got := p.bound(stall, t0); got != stall {
+		t.Errorf("bound after a 10ms answer = %v, want %v", got, stall)
+	}
+	p.observe(300*time.Millisecond, t0.Add(time.Second))
+	p.observe(5*time.Millisecond, t0.Add(1500*time.Millisecond))
+	if got, want := p.bound(stall, t0.Add(2*time.Second)), paceFactor*300*time.Millisecond; got != want {
+		t.Errorf("bound a second after a 300ms answer = %v, want %v", got, want)
+	}
+	if got := p.bound(stall, t0.Add(time.Second+paceMemory+time.Millisecond)); got != stall {
+		t.Errorf("bound past paceMemory after the slow answer = %v, want %v", got, stall)
+	}
+	var none *pace
+	none.observe(time.Hour, t0)
+	if got := none.bound(stall, t0); got != stall {
+		t.Errorf("bound without a pace = %v, want %v", got, stall)
+	}
+	var ps paces
+	if a, again := ps.of("a:1"), ps.of("a:1"); a != again || a == ps.of("b:1") {
+		t.Error("paces.of: one pace per address, the same each time, wanted")
+	}
+	for i := range maxPaces {
+		ps.of(fmt.Sprint("n", i))
+	}
+	if ps.of("past:1") != nil {
+		t.Errorf("paces.of past %d servers = a pace, want nil", maxPaces)
+	}
+}
+
+// TestStallFollowsThePace: a Redis that answered slowly a moment ago and
+// now keeps silent for longer than Stall, but within its stretched bound,
+// is waited for (a busy host can keep a healthy Redis from running that
+// long); without the pace the same silence fails the read.
+func TestStallFollowsThePace(t *testing.T) {
+	t.Parallel()
+	const (
+		stall = 50 * time.Millisecond
+		quiet = 4 * stall // the silence
+	)
+	for _, slowLately := range []bool{true, false} {
+		srv := storetest.StartRedis(t, storetest.RedisOptions{})
+		var p pace
+		if slowLately {
+			p.observe(10*quiet, time.Now()) // a bound of 40 times the silence
+		}
+		c, _ := dialStall(t, srv, stall, &p)
+		if err := srv.Freeze(); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := c.Write([]byte(ping)); err != nil {
+			t.Fatal(err)
+		}
+		thaw := time.AfterFunc(quiet, func() { _ = srv.Thaw() })
+		t.Cleanup(func() { thaw.Stop(); _ = srv.Thaw() })
+		if err := c.SetReadDeadline(time.Now().Add(time.Minute)); err != nil {
+			t.Fatal(err)
+		}
+		line, err := bufio.NewReader(c).ReadString('\n')
+		switch {
+		case slowLately && (err != nil || line != "+PONG\r\n"):
+			t.Errorf("a silence of %v after answers of %v: %q, %v; want +PONG", quiet, 10*quiet, line, err)
+		case !slowLately && !errors.Is(err, errStalled):
+			t.Errorf("a silence of %v with a bound of %v: %q, %v; want errStalled", quiet, stall, line, err)
+		}
 	}
 }

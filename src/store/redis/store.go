@@ -153,7 +153,7 @@ func (s *Store) newBackend(name string, cfg Config) (*backend, error) {
 		// request tries the server, and waits for it (see Config.Stall).
 		cfg.Stall = -1
 	}
-	dial := dialer(cfg, &be.conns)
+	dial := dialer(cfg, &be.conns, &be.paces)
 	// One set of client options for every topology: no retries (a lost
 	// reply must not count twice), every wait bounded by the timeout, RESP2
 	// without CLIENT SETINFO, and go-redis's pool kept large (see
