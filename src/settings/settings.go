@@ -344,6 +344,13 @@ type Settings struct {
 	RedisPerSecondPipelineLimit  int           `envconfig:"REDIS_PERSECOND_PIPELINE_LIMIT" default:"0"`
 	RedisPerSecondTimeout        time.Duration `envconfig:"REDIS_PERSECOND_TIMEOUT" default:"10s"`
 
+	// REDIS_STALL_TIMEOUT: how long a Redis that owes replies may send
+	// nothing before its circuit breaker opens (the kernel holding nothing
+	// of it unread either: this process being late is not the server
+	// being silent); 0: no bound but REDIS_TIMEOUT. Only with the breaker
+	// on (STORE_BREAKER_FAILURES); the per-second Redis too.
+	RedisStallTimeout time.Duration `envconfig:"REDIS_STALL_TIMEOUT" default:"250ms"`
+
 	RedisStartupInitialInterval time.Duration `envconfig:"REDIS_STARTUP_INITIAL_INTERVAL" default:"500ms"`
 	RedisStartupMaxInterval     time.Duration `envconfig:"REDIS_STARTUP_MAX_INTERVAL" default:"30s"`
 	RedisStartupMaxElapsedTime  time.Duration `envconfig:"REDIS_STARTUP_MAX_ELAPSED_TIME" default:"0"`
@@ -860,6 +867,11 @@ func (s *Settings) validateStores(bad func(name, format string, args ...any)) {
 		// Below 10ms the probes of every instance would load a server
 		// that has just come back; above a minute recovery would wait.
 		bad("STORE_BREAKER_PROBE_INTERVAL", "%v is outside 10ms..1m", s.StoreBreakerProbeInterval)
+	}
+	if s.RedisStallTimeout != 0 && (s.RedisStallTimeout < 10*time.Millisecond || s.RedisStallTimeout > time.Minute) {
+		// Below 10ms a healthy Redis's reply behind a busy moment would
+		// be taken for silence.
+		bad("REDIS_STALL_TIMEOUT", "%v is outside 10ms..1m (0: no bound but REDIS_TIMEOUT)", s.RedisStallTimeout)
 	}
 	switch strings.ToLower(s.StoreFailureMode) {
 	case FailureModeError, FailureModeLocal:
