@@ -214,9 +214,6 @@ type Settings struct {
 	backendInferred string
 	// statsdAsked is whether any statsd setting was given (see StatsdAsked).
 	statsdAsked bool
-	// requestTimeoutSet is whether REQUEST_TIMEOUT was given (see
-	// RequestTimeoutCeiling).
-	requestTimeoutSet bool
 
 	// Decisions.
 	BackendType                        string  `envconfig:"BACKEND_TYPE" default:"memory"` // anchor: redis; unset with a REDIS_ variable set: redis (see inferBackend)
@@ -242,10 +239,12 @@ type Settings struct {
 	LimitResponseRetryAfterEnabled bool   `envconfig:"LIMIT_RESPONSE_RETRY_AFTER_ENABLED" default:"false"`
 	LimitResponseBodyEnabled       bool   `envconfig:"LIMIT_RESPONSE_BODY_ENABLED" default:"false"`
 
-	// Hostile input (extensions): the request budget, the decisions in
-	// flight, and the statistics keys made from request data. See the
-	// docs/SECURITY.md, "Limits and hostile input".
-	RequestTimeout        time.Duration `envconfig:"REQUEST_TIMEOUT" default:"15ms"`
+	// Hostile input: the request budget (the anchor's REQUEST_TIMEOUT: 0,
+	// none beyond the caller's deadline; set, the bound of every request),
+	// and, our extensions, the decisions in flight and the statistics keys
+	// made from request data. See the docs/SECURITY.md, "Limits and
+	// hostile input".
+	RequestTimeout        time.Duration `envconfig:"REQUEST_TIMEOUT" default:"0"`
 	MaxConcurrentRequests int           `envconfig:"MAX_CONCURRENT_REQUESTS" default:"4096"`
 	StatsMaxDynamicKeys   int           `envconfig:"STATS_MAX_DYNAMIC_KEYS" default:"1000"`
 	// STATS_IDLE_EXPIRY: how long a statistics key that no rule in use
@@ -440,7 +439,6 @@ func Load() (*Settings, error) {
 			s.statsdAsked = true
 		}
 	}
-	_, s.requestTimeoutSet = os.LookupEnv("REQUEST_TIMEOUT")
 	if err := errors.Join(append(refused, s.Validate(), s.loadMogrifiers(os.LookupEnv))...); err != nil {
 		return nil, err
 	}
@@ -479,18 +477,6 @@ func (s *Settings) inferBackend(lookup func(string) (string, bool), environ []st
 // Statistics go to statsd by default, as in the anchor; when nothing asked
 // for it, a statsd that does not answer is not worth a warning.
 func (s *Settings) StatsdAsked() bool { return s.statsdAsked }
-
-// RequestTimeoutCeiling returns the bound of every request's store budget:
-// REQUEST_TIMEOUT when the environment sets it, as envoyproxy/ratelimit
-// bounds every request by it; 0 (none) when it is left at its default,
-// which then only bounds the requests whose caller sends no deadline. A
-// request's budget otherwise follows its caller's deadline.
-func (s *Settings) RequestTimeoutCeiling() time.Duration {
-	if !s.requestTimeoutSet {
-		return 0
-	}
-	return s.RequestTimeout
-}
 
 // BackendInferred returns the REDIS_ variable that made the backend redis
 // although BACKEND_TYPE was not set, or "".
