@@ -59,7 +59,11 @@ func dialer(cfg Config, counts *connCounts, ps *paces) func(ctx context.Context,
 			}
 			c = tc
 		}
-		return counted(counts, newNoHelloConn(newReplyGuard(c), sock)), nil
+		g := newReplyGuard(c)
+		if sc, ok := c.(*stallConn); ok {
+			sc.owes = g.owes
+		}
+		return counted(counts, newNoHelloConn(g, sock)), nil
 	}
 }
 

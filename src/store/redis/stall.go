@@ -121,8 +121,8 @@ func (ps *paces) of(addr string) *pace {
 // stallConn is the socket of a connection to Redis, beneath TLS and the
 // reply guard. A read that waits in silence longer than its bound (stall,
 // stretched by the server's pace) since the server was last written to or
-// last heard from (a write returned, a read brought bytes) fails with a
-// stallError, unless the kernel holds bytes of the server's (or its end of
+// last heard from (a write returned, a read brought bytes), while the
+// server owes replies, fails with a stallError, unless the kernel holds bytes of the server's (or its end of
 // the stream) that this process has not read yet: then the server
 // answered and the reader was late, and the read goes on. So only the
 // server's silence fails a read, never this process's lateness.
@@ -136,6 +136,11 @@ type stallConn struct {
 	raw   syscall.RawConn
 	stall time.Duration
 	pace  *pace // the server's; nil: stall alone
+	// owes reports whether the server owes replies (replyGuard's count,
+	// set once the connection is made; nil before, for the TLS
+	// handshake, which does): a connection that owes nothing, a
+	// subscriber's waiting for messages, may be silent for ever.
+	owes func() bool
 	// deadline is the read deadline go-redis asked for (zero: none), set
 	// the one in force on the socket.
 	deadline, set time.Time
@@ -214,6 +219,14 @@ func (c *stallConn) Read(p []byte) (int, error) {
 		// and the kernel may hold bytes this goroutine was too late to
 		// read.
 		if now := time.Now(); now.Sub(c.last) >= c.pace.bound(c.stall, now) {
+			if c.owes != nil && !c.owes() {
+				// Nothing owed: go-redis's deadline alone.
+				c.set = c.deadline
+				if err := c.Conn.SetReadDeadline(c.deadline); err != nil {
+					return 0, err
+				}
+				continue
+			}
 			if !heard(c.raw) {
 				c.err.d = now.Sub(c.last).Truncate(time.Millisecond)
 				return 0, &c.err

@@ -57,7 +57,8 @@ func TestStallLateReaderIsNoSilence(t *testing.T) {
 
 // TestStallFrozenServer: a read from a frozen Redis fails with errStalled
 // once the bound has passed since the write, long before go-redis's
-// deadline; one whose deadline comes first gets that deadline's error.
+// deadline; one whose deadline comes first gets that deadline's error, and
+// so does one on a connection that owes nothing.
 func TestStallFrozenServer(t *testing.T) {
 	t.Parallel()
 	srv := storetest.StartRedis(t, storetest.RedisOptions{})
@@ -95,6 +96,17 @@ func TestStallFrozenServer(t *testing.T) {
 	}
 	if _, err := c2.Read(make([]byte, 16)); !isDeadline(err) {
 		t.Errorf("Read past go-redis's deadline = %v, want that deadline's error", err)
+	}
+
+	// A connection that owes nothing (a subscriber waiting for messages)
+	// may be silent: only go-redis's deadline ends its read.
+	c3, _ := dialStall(t, srv, stall, nil)
+	c3.owes = func() bool { return false }
+	if err := c3.SetReadDeadline(time.Now().Add(3 * stall)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c3.Read(make([]byte, 16)); !isDeadline(err) {
+		t.Errorf("Read owing nothing = %v, want go-redis's deadline's error", err)
 	}
 }
 
