@@ -57,10 +57,12 @@ type Config struct {
 	// Timeout). Past it, if the kernel holds no byte of the server's either
 	// (so the server, not this process, is late), the server's breaker
 	// opens at once, and the round trip fails with an error wrapping
-	// limiter.ErrUnavailable and its connection is closed. A healthy
-	// server sends its first reply bytes within a round trip of the
-	// network; keep it well above that. With the breaker off it is not
-	// used: every request waits for the server, up to Timeout.
+	// limiter.ErrUnavailable and its connection is closed. The bound
+	// stretches to four times the slowest first answer of the last 2 s
+	// when that is longer (see stallConn). A healthy server sends its
+	// first reply bytes within a round trip of the network; keep it well
+	// above that. With the breaker off it is not used: every request
+	// waits for the server, up to Timeout.
 	Stall time.Duration
 	// PipelineWindow, when positive, makes a pipeline wait up to this long
 	// for more requests before it is sent (REDIS_PIPELINE_WINDOW; default 0:

@@ -27,8 +27,8 @@ import (
 // reply has been read, so no TLS record is pending on a healthy one.
 //
 // Every connection's silences are bounded by cfg.Stall, stretched by the
-// pace of its server kept in ps (see stallConn), beneath TLS. Every connection made is counted in counts, and so is its
-// close.
+// pace of its server kept in ps (see stallConn), beneath TLS. Every
+// connection made is counted in counts, and so is its close.
 func dialer(cfg Config, counts *connCounts, ps *paces) func(ctx context.Context, network, addr string) (net.Conn, error) {
 	d := &net.Dialer{Timeout: cfg.Timeout, KeepAlive: 30 * time.Second}
 	return func(ctx context.Context, network, addr string) (net.Conn, error) {
