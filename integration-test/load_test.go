@@ -101,7 +101,9 @@ func TestHealthyStoreUnderLoad(t *testing.T) {
 }
 
 // TestOverloadShedsEarly: with a Redis whose replies take 400 ms (a proxy
-// delays them, within its REDIS_TIMEOUT) and 256 calls allowed 10 s in
+// delays them, within its REDIS_TIMEOUT and REDIS_STALL_TIMEOUT, here 2 s:
+// at its default, 250 ms, a Redis that goes silent for 400 ms at once
+// opens its breaker as a frozen one does) and 256 calls allowed 10 s in
 // flight, a new call waits about 400 ms behind them. One allowed 100 ms
 // cannot be answered in time: it is refused at once, RESOURCE_EXHAUSTED,
 // counted as load_shed, without asking the store, instead of waiting for
@@ -114,7 +116,7 @@ func TestOverloadShedsEarly(t *testing.T) {
 	r := storetest.StartRedis(t, storetest.RedisOptions{})
 	px := storetest.StartProxy(t, r.Addr)
 	p := launchWith(t, launchOpts{defaultBudget: true}, map[string]string{"load.yaml": loadRules},
-		"BACKEND_TYPE=redis", "REDIS_SOCKET_TYPE=tcp", "REDIS_URL="+px.Addr, "LOG_LEVEL=warn")
+		"BACKEND_TYPE=redis", "REDIS_SOCKET_TYPE=tcp", "REDIS_URL="+px.Addr, "REDIS_STALL_TIMEOUT=2s", "LOG_LEVEL=warn")
 	p.waitHealth(t, http.StatusOK)
 	px.SetLatency(400 * time.Millisecond)
 

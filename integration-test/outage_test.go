@@ -110,6 +110,68 @@ func TestMemcachedBreakerOverTheWire(t *testing.T) {
 	testBreakerOverTheWire(t, m.Freeze, m.Thaw, "ratelimit.memcache.", memcacheEnv(m, breakerEnv...))
 }
 
+// TestFrozenRedisFailsFast freezes Redis with the settings at their
+// defaults (REDIS_TIMEOUT 10 s, REDIS_STALL_TIMEOUT 250 ms, the breaker
+// on) under callers allowing the harness's 2 s budget: the calls in flight
+// fail with Unavailable once Redis has been silent for
+// REDIS_STALL_TIMEOUT, well before their budget, the breaker opens on that
+// one silence, and the calls after it are refused at once; decisions come
+// back after the thaw. (Issue 36: each call waited for its whole budget,
+// DeadlineExceeded, until REDIS_TIMEOUT had passed.)
+func TestFrozenRedisFailsFast(t *testing.T) {
+	r := storetest.StartRedis(t, storetest.RedisOptions{})
+	t.Cleanup(func() { _ = r.Thaw() })
+	p := start(t, map[string]string{"shared.yaml": sharedRules}, redisEnv(r)...)
+	c := p.client(t)
+	if _, err := c.ShouldRateLimit(callCtx(t), request("shared", "user", "warm")); err != nil {
+		t.Fatal(err)
+	}
+	const budget = 2 * time.Second // the harness's REQUEST_TIMEOUT
+	if err := r.Freeze(); err != nil {
+		t.Fatal(err)
+	}
+	type answer struct {
+		err  error
+		took time.Duration
+	}
+	const calls = 8
+	answers := make(chan answer, calls)
+	for i := range calls {
+		go func() {
+			began := time.Now()
+			_, err := c.ShouldRateLimit(callCtx(t), request("shared", "user", fmt.Sprint("frozen", i)))
+			answers <- answer{err, time.Since(began)}
+		}()
+	}
+	for range calls {
+		a := <-answers
+		if status.Code(a.err) != codes.Unavailable || a.took >= budget {
+			t.Errorf("call in flight on a frozen Redis: %v after %v, want Unavailable before its %v budget", a.err, a.took, budget)
+		}
+	}
+	var refused []time.Duration
+	for i := range 10 {
+		began := time.Now()
+		_, err := c.ShouldRateLimit(callCtx(t), request("shared", "user", fmt.Sprint("after", i)))
+		refused = append(refused, time.Since(began))
+		if status.Code(err) != codes.Unavailable || !strings.Contains(status.Convert(err).Message(), "circuit breaker open") {
+			t.Errorf("call after the silence: %v, want the open breaker's Unavailable", err)
+		}
+	}
+	slices.Sort(refused)
+	t.Logf("with the breaker open: answers in %v (median) over gRPC", refused[len(refused)/2])
+	if st := p.stats(t); st["ratelimit.redis.breaker_trips"] != 1 {
+		t.Errorf("/stats: breaker_trips %d, want 1", st["ratelimit.redis.breaker_trips"])
+	}
+	if err := r.Thaw(); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "a decision after the thaw", outageRecover, func() bool {
+		_, err := c.ShouldRateLimit(callCtx(t), request("shared", "user", "thawed"))
+		return err == nil
+	})
+}
+
 // TestBreakerOffOverTheWire: STORE_BREAKER_FAILURES=0 keeps the behaviour
 // without a breaker: every request on a frozen Redis waits for its budget.
 func TestBreakerOffOverTheWire(t *testing.T) {

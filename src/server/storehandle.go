@@ -359,6 +359,7 @@ func redisConfig(set *settings.Settings) (redis.Config, error) {
 		StartupInitialInterval:      set.RedisStartupInitialInterval,
 		StartupMaxInterval:          set.RedisStartupMaxInterval,
 		Breaker:                     breakerConfig(set),
+		Stall:                       redisStall(set.RedisStallTimeout),
 	}
 	if set.RedisPerSecond {
 		pt, err := tlsFor(set.RedisPerSecondTLS)
@@ -388,6 +389,15 @@ func redisConfig(set *settings.Settings) (redis.Config, error) {
 func (b *storeHandle) budget(d time.Duration) time.Duration {
 	if b.timeout == 0 {
 		return 0
+	}
+	return d
+}
+
+// redisStall is the Redis store's Stall for REDIS_STALL_TIMEOUT, whose 0
+// turns the bound off (the store's zero is its default).
+func redisStall(d time.Duration) time.Duration {
+	if d == 0 {
+		return -1
 	}
 	return d
 }

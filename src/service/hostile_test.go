@@ -291,6 +291,11 @@ func TestRequestBudget(t *testing.T) {
 		{"ceiling", service.Config{Timeout: 15 * time.Millisecond, Ceiling: 100 * time.Millisecond}, 2 * time.Second, codes.DeadlineExceeded, 100 * time.Millisecond},
 		{"ceiling_without_deadline", service.Config{Timeout: 15 * time.Millisecond, Ceiling: 10 * time.Millisecond}, 0, codes.DeadlineExceeded, 10 * time.Millisecond},
 		{"no_time_left", service.Config{Timeout: 15 * time.Millisecond}, -1, codes.ResourceExhausted, 0},
+		// The server's defaults for Redis and Memcached (REQUEST_TIMEOUT
+		// unset): the caller's deadline, less the margin, and no more.
+		{"defaults_envoy", service.Config{Deadlines: true}, 20 * time.Millisecond, codes.DeadlineExceeded, 18 * time.Millisecond},
+		{"defaults_generous", service.Config{Deadlines: true}, time.Hour, codes.DeadlineExceeded, time.Hour - 5*time.Millisecond},
+		{"defaults_no_time_left", service.Config{Deadlines: true}, -1, codes.ResourceExhausted, 0},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -329,8 +334,48 @@ func TestRequestBudget(t *testing.T) {
 	}
 }
 
-// TestNoBudget: without Timeout or Ceiling (the memory store,
-// REQUEST_TIMEOUT=0) the store gets the caller's context as it is.
+// slowStore answers every batch, allowed, after a fake minute (run it
+// under testing/synctest), and records whether the context it got had a
+// deadline.
+type slowStore struct{ hadDeadline bool }
+
+func (s *slowStore) Do(ctx context.Context, b *limiter.Batch) error {
+	_, s.hadDeadline = ctx.Deadline()
+	select {
+	case <-time.After(time.Minute):
+	case <-ctx.Done():
+		return fmt.Errorf("slow: %w: %w", limiter.ErrUnavailable, ctx.Err())
+	}
+	b.SizeResults()
+	for i := range b.Results {
+		b.Results[i] = limiter.Result{Allowed: true, Remaining: 1}
+	}
+	return nil
+}
+
+// TestNoDeadlineNoFixedBound: with the server's defaults for Redis and
+// Memcached (REQUEST_TIMEOUT unset: Deadlines alone), a call without a
+// deadline gets no budget, so that a healthy store that answers late (a
+// busy host) answers it, as in the anchor; issue 36: it failed after a
+// fixed 15 ms. Set, REQUEST_TIMEOUT still bounds it.
+func TestNoDeadlineNoFixedBound(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		st := &slowStore{}
+		f := newFixtureWithStore(t, service.Config{Deadlines: true}, st)
+		resp, err := f.svc.ShouldRateLimit(t.Context(), req(desc("user", "a")))
+		if err != nil || resp.GetOverallCode() != rlsv3.RateLimitResponse_OK || st.hadDeadline {
+			t.Errorf("ShouldRateLimit without a deadline = %v, %v (the store's context had a deadline: %v); want OK after the store's minute, no deadline",
+				resp.GetOverallCode(), err, st.hadDeadline)
+		}
+		f = newFixtureWithStore(t, service.Config{Deadlines: true, Ceiling: time.Second}, st)
+		if _, err := f.svc.ShouldRateLimit(t.Context(), req(desc("user", "a"))); status.Code(err) != codes.DeadlineExceeded {
+			t.Errorf("ShouldRateLimit without a deadline, REQUEST_TIMEOUT 1s = %v, want DeadlineExceeded", err)
+		}
+	})
+}
+
+// TestNoBudget: without Timeout, Ceiling or Deadlines (the memory store)
+// the store gets the caller's context as it is.
 func TestNoBudget(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		st := &waitingStore{}

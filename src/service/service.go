@@ -86,6 +86,12 @@ type Config struct {
 	// envoyproxy/ratelimit bounds every request by it. 0 lets a caller's
 	// deadline, however long, be the budget.
 	Ceiling time.Duration
+	// Deadlines makes a caller's deadline, less a margin, the budget of its
+	// request even with neither Timeout nor Ceiling, so that its answer
+	// leaves before the caller gives up and a call whose time has run out
+	// is shed (see budget); a request without a deadline then has no
+	// budget. The server sets it for the stores that wait on the network.
+	Deadlines bool
 	// MaxConcurrent bounds the decisions in flight, gRPC and /json together
 	// (MAX_CONCURRENT_REQUESTS); a request beyond it is refused at once with
 	// ResourceExhausted and counted as load_shed. 0 means no bound.
@@ -707,17 +713,19 @@ func replace(d *limiter.Descriptor, replacing map[string]struct{}) {
 // deadline gets that deadline less deadlineMargin's share, at most
 // Config.Ceiling: no call fails because a fixed time passed while its
 // caller was still waiting. One that sends none gets Config.Timeout (the
-// Ceiling when that is shorter). With neither Timeout nor Ceiling there is
-// no budget: ctx is returned as it is, and no timer is made (the memory
-// store, which never waits for I/O, has neither; REQUEST_TIMEOUT=0 leaves
-// the caller's deadline alone, as in the anchor).
+// Ceiling when that is shorter), or no budget when both are 0: a call
+// without a deadline is not failed by a fixed time, as in the anchor (a
+// store that stops answering fails it through the store's own bounds and
+// breaker). With neither Timeout, Ceiling nor Deadlines there is no budget
+// at all: ctx is returned as it is, and no timer is made (the memory
+// store, which never waits for I/O).
 //
 // A request whose caller's deadline leaves no time for the store (it
 // waited in this process's queues until then) is shed: its error wraps
 // limiter.ErrOverloaded, answered ResourceExhausted and counted as
 // load_shed, and the store is not asked.
 func (s *Service) budget(ctx context.Context) (context.Context, context.CancelFunc, error) {
-	if s.cfg.Timeout <= 0 && s.cfg.Ceiling <= 0 {
+	if s.cfg.Timeout <= 0 && s.cfg.Ceiling <= 0 && !s.cfg.Deadlines {
 		return ctx, func() {}, nil
 	}
 	var d time.Duration
@@ -734,6 +742,9 @@ func (s *Service) budget(ctx context.Context) (context.Context, context.CancelFu
 		d = s.cfg.Timeout
 		if s.cfg.Ceiling > 0 && (d <= 0 || s.cfg.Ceiling < d) {
 			d = s.cfg.Ceiling
+		}
+		if d <= 0 {
+			return ctx, func() {}, nil
 		}
 	}
 	ctx, cancel := context.WithTimeout(ctx, d)

@@ -125,7 +125,7 @@ var anchorSettings = []AnchorSetting{
 	{Name: "PROTO", Status: Warned, Default: "tcp", honoured: oneOf("tcp"),
 		Why: "the listeners are TCP, or a unix socket with GRPC_UDS"},
 	{Name: "MAX_CONCURRENT_REQUESTS", Status: Different, Default: "0"},
-	{Name: "REQUEST_TIMEOUT", Status: Different, Default: "0"},
+	{Name: "REQUEST_TIMEOUT", Status: Same, Default: "0"},
 
 	// TLS on the gRPC listener. The anchor also trusts the system's CAs
 	// for client certificates; only GRPC_CLIENT_TLS_CACERT's are trusted

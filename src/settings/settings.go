@@ -214,9 +214,6 @@ type Settings struct {
 	backendInferred string
 	// statsdAsked is whether any statsd setting was given (see StatsdAsked).
 	statsdAsked bool
-	// requestTimeoutSet is whether REQUEST_TIMEOUT was given (see
-	// RequestTimeoutCeiling).
-	requestTimeoutSet bool
 
 	// Decisions.
 	BackendType                        string  `envconfig:"BACKEND_TYPE" default:"memory"` // anchor: redis; unset with a REDIS_ variable set: redis (see inferBackend)
@@ -242,10 +239,12 @@ type Settings struct {
 	LimitResponseRetryAfterEnabled bool   `envconfig:"LIMIT_RESPONSE_RETRY_AFTER_ENABLED" default:"false"`
 	LimitResponseBodyEnabled       bool   `envconfig:"LIMIT_RESPONSE_BODY_ENABLED" default:"false"`
 
-	// Hostile input (extensions): the request budget, the decisions in
-	// flight, and the statistics keys made from request data. See the
-	// docs/SECURITY.md, "Limits and hostile input".
-	RequestTimeout        time.Duration `envconfig:"REQUEST_TIMEOUT" default:"15ms"`
+	// Hostile input: the request budget (the anchor's REQUEST_TIMEOUT: 0,
+	// none beyond the caller's deadline; set, the bound of every request),
+	// and, our extensions, the decisions in flight and the statistics keys
+	// made from request data. See the docs/SECURITY.md, "Limits and
+	// hostile input".
+	RequestTimeout        time.Duration `envconfig:"REQUEST_TIMEOUT" default:"0"`
 	MaxConcurrentRequests int           `envconfig:"MAX_CONCURRENT_REQUESTS" default:"4096"`
 	StatsMaxDynamicKeys   int           `envconfig:"STATS_MAX_DYNAMIC_KEYS" default:"1000"`
 	// STATS_IDLE_EXPIRY: how long a statistics key that no rule in use
@@ -344,6 +343,13 @@ type Settings struct {
 	RedisPerSecondPipelineLimit  int           `envconfig:"REDIS_PERSECOND_PIPELINE_LIMIT" default:"0"`
 	RedisPerSecondTimeout        time.Duration `envconfig:"REDIS_PERSECOND_TIMEOUT" default:"10s"`
 
+	// REDIS_STALL_TIMEOUT: how long a Redis that owes replies may send
+	// nothing before its circuit breaker opens (the kernel holding nothing
+	// of it unread either: this process being late is not the server
+	// being silent); 0: no bound but REDIS_TIMEOUT. Only with the breaker
+	// on (STORE_BREAKER_FAILURES); the per-second Redis too.
+	RedisStallTimeout time.Duration `envconfig:"REDIS_STALL_TIMEOUT" default:"250ms"`
+
 	RedisStartupInitialInterval time.Duration `envconfig:"REDIS_STARTUP_INITIAL_INTERVAL" default:"500ms"`
 	RedisStartupMaxInterval     time.Duration `envconfig:"REDIS_STARTUP_MAX_INTERVAL" default:"30s"`
 	RedisStartupMaxElapsedTime  time.Duration `envconfig:"REDIS_STARTUP_MAX_ELAPSED_TIME" default:"0"`
@@ -433,7 +439,6 @@ func Load() (*Settings, error) {
 			s.statsdAsked = true
 		}
 	}
-	_, s.requestTimeoutSet = os.LookupEnv("REQUEST_TIMEOUT")
 	if err := errors.Join(append(refused, s.Validate(), s.loadMogrifiers(os.LookupEnv))...); err != nil {
 		return nil, err
 	}
@@ -472,18 +477,6 @@ func (s *Settings) inferBackend(lookup func(string) (string, bool), environ []st
 // Statistics go to statsd by default, as in the anchor; when nothing asked
 // for it, a statsd that does not answer is not worth a warning.
 func (s *Settings) StatsdAsked() bool { return s.statsdAsked }
-
-// RequestTimeoutCeiling returns the bound of every request's store budget:
-// REQUEST_TIMEOUT when the environment sets it, as envoyproxy/ratelimit
-// bounds every request by it; 0 (none) when it is left at its default,
-// which then only bounds the requests whose caller sends no deadline. A
-// request's budget otherwise follows its caller's deadline.
-func (s *Settings) RequestTimeoutCeiling() time.Duration {
-	if !s.requestTimeoutSet {
-		return 0
-	}
-	return s.RequestTimeout
-}
 
 // BackendInferred returns the REDIS_ variable that made the backend redis
 // although BACKEND_TYPE was not set, or "".
@@ -860,6 +853,11 @@ func (s *Settings) validateStores(bad func(name, format string, args ...any)) {
 		// Below 10ms the probes of every instance would load a server
 		// that has just come back; above a minute recovery would wait.
 		bad("STORE_BREAKER_PROBE_INTERVAL", "%v is outside 10ms..1m", s.StoreBreakerProbeInterval)
+	}
+	if s.RedisStallTimeout != 0 && (s.RedisStallTimeout < 10*time.Millisecond || s.RedisStallTimeout > time.Minute) {
+		// Below 10ms a healthy Redis's reply behind a busy moment would
+		// be taken for silence.
+		bad("REDIS_STALL_TIMEOUT", "%v is outside 10ms..1m (0: no bound but REDIS_TIMEOUT)", s.RedisStallTimeout)
 	}
 	switch strings.ToLower(s.StoreFailureMode) {
 	case FailureModeError, FailureModeLocal:

@@ -9,7 +9,10 @@
 // answer missing past the store's own timeout, timed from when the request
 // was written to the socket. A request whose own deadline passes while it
 // waits in this process, or for its answer, is not one: under load this
-// process, not the server, may be what is late (issue 25).
+// process, not the server, may be what is late (issue 25). A server that
+// has gone silent (the store saw no byte of it for a while although it
+// owes answers, and checked that none waits unread) needs no run of
+// failures to confirm it: Trip opens its breaker at once (issue 36).
 //
 // It knows the limiter's error contract (an open breaker's error wraps
 // limiter.ErrUnavailable) and nothing of any store: what a failure is, how
@@ -121,6 +124,8 @@ func (g *Group) Server(addr string) *Breaker {
 	b := &Breaker{g: g, addr: addr}
 	b.err = fmt.Errorf("%s %s: %w: %w after %d failures in a row; probing at most %v apart",
 		g.name, addr, limiter.ErrUnavailable, ErrOpen, g.failures, g.interval)
+	b.silentErr = fmt.Errorf("%s %s: %w: %w: the server went silent; probing at most %v apart",
+		g.name, addr, limiter.ErrUnavailable, ErrOpen, g.interval)
 	m := make(map[string]*Breaker, len(old)+1)
 	maps.Copy(m, old)
 	m[addr] = b
@@ -248,10 +253,13 @@ func (g *Group) Run(ctx context.Context, probe func(context.Context)) {
 type Breaker struct {
 	g    *Group
 	addr string
-	err  error // Allow's error, made once: a refusal allocates nothing
+	// Allow's errors, made once so that a refusal allocates nothing: err
+	// after a run of failures, silentErr after Trip.
+	err, silentErr error
 
-	run  atomic.Int64 // consecutive failures
-	open atomic.Bool
+	run    atomic.Int64 // consecutive failures
+	open   atomic.Bool
+	silent atomic.Bool // Trip opened it
 }
 
 // Addr returns the server's address as the store named it.
@@ -269,6 +277,9 @@ func (b *Breaker) Allow() error {
 		return nil
 	}
 	b.g.rejections.Add(1)
+	if b.silent.Load() {
+		return b.silentErr
+	}
 	return b.err
 }
 
@@ -295,7 +306,25 @@ func (b *Breaker) Failure() {
 	if b == nil {
 		return
 	}
-	if b.run.Add(1) < b.g.failures || !b.open.CompareAndSwap(false, true) {
+	if b.run.Add(1) >= b.g.failures {
+		b.trip()
+	}
+}
+
+// Trip opens the breaker at once: the server went silent (see the package
+// doc), which no run of failures needs to confirm. Only a probe closes it
+// again, as after a run of failures.
+func (b *Breaker) Trip() {
+	if b == nil {
+		return
+	}
+	b.silent.Store(true)
+	b.trip()
+}
+
+// trip opens the breaker unless it is open, and wakes the probe.
+func (b *Breaker) trip() {
+	if !b.open.CompareAndSwap(false, true) {
 		return
 	}
 	b.g.open.Add(1)
@@ -312,6 +341,7 @@ func (b *Breaker) Reset() {
 		return
 	}
 	b.run.Store(0)
+	b.silent.Store(false)
 	if b.open.CompareAndSwap(true, false) {
 		b.g.open.Add(-1)
 		b.g.closes.Add(1)

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -56,6 +57,50 @@ func TestOpensAfterFailuresInARow(t *testing.T) {
 	b.Failure()
 	if b.IsOpen() {
 		t.Error("open after one failure following Reset")
+	}
+}
+
+// TestTripOpensAtOnce: a server gone silent opens its breaker without a
+// run of failures, says so in its refusals, and closes only at Reset, after
+// which a run of failures is needed again and the refusals say so.
+func TestTripOpensAtOnce(t *testing.T) {
+	g := NewGroup("redis", Config{Failures: 5})
+	b := g.Server("10.0.0.1:6379")
+	b.Trip()
+	err := b.Allow()
+	if !errors.Is(err, limiter.ErrUnavailable) || !errors.Is(err, ErrOpen) {
+		t.Fatalf("Allow after Trip = %v, want ErrUnavailable and ErrOpen", err)
+	}
+	if got, want := err.Error(), "redis 10.0.0.1:6379: store unavailable: circuit breaker open: the server went silent; probing at most 500ms apart"; got != want {
+		t.Errorf("Allow after Trip = %q, want %q", got, want)
+	}
+	b.Trip() // once open, a second trip counts nothing
+	if got, want := g.Stats(), (Stats{Open: 1, Trips: 1, Rejections: 1}); got != want {
+		t.Errorf("Stats = %+v, want %+v", got, want)
+	}
+	select {
+	case <-g.opened:
+	default:
+		t.Error("Trip did not wake the probe")
+	}
+	b.Success()
+	if !b.IsOpen() {
+		t.Error("closed by a success after Trip, want open until Reset")
+	}
+	b.Reset()
+	if err := b.Allow(); err != nil {
+		t.Fatalf("Allow after Reset = %v, want nil", err)
+	}
+	for range 5 {
+		b.Failure()
+	}
+	if err := b.Allow(); err == nil || !strings.Contains(err.Error(), "after 5 failures in a row") {
+		t.Errorf("Allow after 5 failures following a Trip and Reset = %v, want the failures' refusal", err)
+	}
+	var nilBreaker *Breaker
+	nilBreaker.Trip()
+	if nilBreaker.IsOpen() {
+		t.Error("a nil breaker opened")
 	}
 }
 

@@ -52,6 +52,10 @@ func (h breakerHook) ProcessPipelineHook(next goredis.ProcessPipelineHook) gored
 		switch {
 		case !roundTripFailed(err, cmds):
 			h.b.Success()
+		case errors.Is(err, errStalled):
+			// The server owes replies and went silent (stallConn):
+			// no run of failures is needed to know it fails.
+			h.b.Trip()
 		case !retry:
 			h.b.Failure()
 		}

@@ -50,6 +50,20 @@ type Config struct {
 	// 10s, as in the anchor; keep it below Envoy's filter timeout, 20ms by
 	// default, in production).
 	Timeout time.Duration
+	// Stall bounds, with the circuit breaker on (Breaker), how long a
+	// connection waits for a server that owes replies and sends nothing,
+	// from the last write to it or the last byte from it
+	// (REDIS_STALL_TIMEOUT; default 250ms; negative: no bound but
+	// Timeout). Past it, if the kernel holds no byte of the server's either
+	// (so the server, not this process, is late), the server's breaker
+	// opens at once, and the round trip fails with an error wrapping
+	// limiter.ErrUnavailable and its connection is closed. The bound
+	// stretches to four times the slowest first answer of the last 2 s
+	// when that is longer (see stallConn). A healthy server sends its
+	// first reply bytes within a round trip of the network; keep it well
+	// above that. With the breaker off it is not used: every request
+	// waits for the server, up to Timeout.
+	Stall time.Duration
 	// PipelineWindow, when positive, makes a pipeline wait up to this long
 	// for more requests before it is sent (REDIS_PIPELINE_WINDOW; default 0:
 	// send as soon as a connection is free, with whatever has queued up).
@@ -101,7 +115,7 @@ type Config struct {
 	// unit is second (REDIS_PERSECOND=true and REDIS_PERSECOND_*). Only its
 	// connection fields are used (Type, SocketType, URL, Auth, SentinelAuth,
 	// TLS, PoolSize, Timeout, PipelineWindow, PipelineLimit, MaxQueue); the
-	// others come from the main Config.
+	// others (Stall and Breaker among them) come from the main Config.
 	PerSecond *Config
 	// Tracer, when not nil, adds a span to the request's trace for each
 	// round trip a request takes to a Redis, when the context Do gets
@@ -137,6 +151,7 @@ const (
 	defaultPoolSize               = 10
 	defaultMaxQueue               = 4096
 	defaultTimeout                = 10 * time.Second
+	defaultStall                  = 250 * time.Millisecond
 	defaultHealthCheckInterval    = time.Second
 	defaultStartupInitialInterval = 500 * time.Millisecond
 	defaultStartupMaxInterval     = 30 * time.Second
@@ -170,6 +185,9 @@ func (c Config) withDefaults() (Config, error) {
 	}
 	if c.Timeout <= 0 {
 		c.Timeout = defaultTimeout
+	}
+	if c.Stall == 0 {
+		c.Stall = defaultStall
 	}
 	if c.HealthCheckInterval <= 0 {
 		c.HealthCheckInterval = defaultHealthCheckInterval

@@ -26,15 +26,22 @@ import (
 // sees only what the kernel holds: a connection is idle only after a whole
 // reply has been read, so no TLS record is pending on a healthy one.
 //
-// Every connection made is counted in counts, and so is its close.
-func dialer(cfg Config, counts *connCounts) func(ctx context.Context, network, addr string) (net.Conn, error) {
+// Every connection's silences are bounded by cfg.Stall, stretched by the
+// pace of its server kept in ps (see stallConn), beneath TLS. Every
+// connection made is counted in counts, and so is its close.
+func dialer(cfg Config, counts *connCounts, ps *paces) func(ctx context.Context, network, addr string) (net.Conn, error) {
 	d := &net.Dialer{Timeout: cfg.Timeout, KeepAlive: 30 * time.Second}
 	return func(ctx context.Context, network, addr string) (net.Conn, error) {
 		raw, err := d.DialContext(ctx, network, addr)
 		if err != nil {
 			return nil, err
 		}
-		c := raw
+		sock, _ := raw.(syscall.Conn)
+		var rc syscall.RawConn
+		if sock != nil {
+			rc, _ = sock.SyscallConn()
+		}
+		c := newStallConn(raw, rc, cfg.Stall, ps.of(addr))
 		if cfg.TLS != nil {
 			conf := cfg.TLS
 			if conf.ServerName == "" {
@@ -45,15 +52,18 @@ func dialer(cfg Config, counts *connCounts) func(ctx context.Context, network, a
 				conf = conf.Clone()
 				conf.ServerName = host
 			}
-			tc := tls.Client(raw, conf)
+			tc := tls.Client(c, conf)
 			if err := tc.HandshakeContext(ctx); err != nil {
 				_ = raw.Close()
 				return nil, err
 			}
 			c = tc
 		}
-		sock, _ := raw.(syscall.Conn)
-		return counted(counts, newNoHelloConn(newReplyGuard(c), sock)), nil
+		g := newReplyGuard(c)
+		if sc, ok := c.(*stallConn); ok {
+			sc.owes = g.owes
+		}
+		return counted(counts, newNoHelloConn(g, sock)), nil
 	}
 }
 

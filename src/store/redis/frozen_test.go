@@ -10,6 +10,7 @@ import (
 
 	"github.com/ratelimitd/ratelimit/src/limiter"
 	"github.com/ratelimitd/ratelimit/src/rules"
+	"github.com/ratelimitd/ratelimit/src/store/breaker"
 	"github.com/ratelimitd/ratelimit/src/store/storetest"
 )
 
@@ -197,4 +198,77 @@ func TestCloseFrozen(t *testing.T) {
 		t.Fatal(err)
 	}
 	storetest.CheckGoroutines(t, goroutines)
+}
+
+// TestFrozenFailsFast freezes Redis, over TCP, TLS and a unix socket, with
+// a store timeout (REDIS_TIMEOUT) of a minute and callers allowing 20
+// times the stall bound: the round trips in flight fail, Unavailable, once
+// Redis has been silent for the bound (not at the callers' deadline, nor
+// at the store's timeout), the breaker opens at once on that silence, and
+// the requests after it are refused at once. Once Redis resumes, requests
+// are served again (issue 36: each request waited for its caller's
+// deadline until REDIS_TIMEOUT had passed).
+func TestFrozenFailsFast(t *testing.T) {
+	tests := []struct {
+		name string
+		opts func(dir string) storetest.RedisOptions
+	}{
+		{"tcp", func(string) storetest.RedisOptions { return storetest.RedisOptions{} }},
+		{"tls", func(string) storetest.RedisOptions { return storetest.RedisOptions{TLS: true} }},
+		{"unix", func(dir string) storetest.RedisOptions {
+			return storetest.RedisOptions{Config: []string{"unixsocket " + dir + "/redis.sock", "unixsocketperm 700"}}
+		}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			dir := t.TempDir()
+			srv := storetest.StartRedis(t, tt.opts(dir))
+			const stall = 100 * time.Millisecond
+			cfg := Config{
+				URL: srv.Addr, PoolSize: 4, Timeout: time.Minute, Stall: stall,
+				Breaker: breaker.Config{Failures: 5, ProbeInterval: 50 * time.Millisecond},
+			}
+			switch {
+			case srv.TLS != nil:
+				cfg.TLS = srv.TLS.ClientConfig()
+			case tt.name == "unix":
+				cfg.SocketType, cfg.URL = "unix", dir+"/redis.sock"
+			}
+			s := newStore(t, cfg)
+			if err := hitOnce(t.Context(), s, "warm", rules.FixedWindow); err != nil {
+				t.Fatal(err)
+			}
+			freeze(t, s, srv)
+
+			const callers = 8
+			var inFlight []<-chan outcome
+			for i := range callers {
+				inFlight = append(inFlight, goDo(s, fmt.Sprint("frozen_", i), 20*stall))
+			}
+			for i, c := range inFlight {
+				o := <-c
+				if !errors.Is(o.err, limiter.ErrUnavailable) || errors.Is(o.err, context.DeadlineExceeded) {
+					t.Errorf("request %d in flight on a frozen Redis: %v after %v, want Unavailable before its deadline", i, o.err, o.took)
+				}
+			}
+			if st := s.Breakers(); st.Open != 1 || st.Trips != 1 {
+				t.Errorf("Breakers() = %+v after Redis went silent, want one open, one trip", st)
+			}
+			o := <-goDo(s, "after", 20*stall)
+			if !errors.Is(o.err, breaker.ErrOpen) {
+				t.Errorf("request after the silence: %v, want the open breaker's refusal", o.err)
+			}
+			if o.took > stall {
+				t.Errorf("the open breaker refused after %v, want at once (< the %v bound)", o.took, stall)
+			}
+
+			if err := srv.Thaw(); err != nil {
+				t.Fatal(err)
+			}
+			storetest.WaitFor(t, 10*time.Second, "a request served after the thaw", func() bool {
+				return hitOnce(t.Context(), s, "thawed", rules.FixedWindow) == nil
+			})
+		})
+	}
 }

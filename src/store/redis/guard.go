@@ -101,6 +101,11 @@ func (g *replyGuard) Write(p []byte) (int, error) {
 	return g.Conn.Write(p)
 }
 
+// owes reports whether a command written has not had its whole reply
+// yet. It is called from the goroutine that uses the connection (see
+// stallConn).
+func (g *replyGuard) owes() bool { return g.commands > g.replies }
+
 // fail closes the connection for good with cause.
 func (g *replyGuard) fail(cause error) error {
 	g.err = fmt.Errorf("%w: %w (connection closed)", errBadReply, cause)

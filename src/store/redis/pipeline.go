@@ -275,6 +275,10 @@ type backend struct {
 	// conns counts the connections the dialer makes (Store.Conns).
 	conns connCounts
 
+	// paces are how slow the backend's servers have been to answer
+	// lately, which stretches the bound of their silences (see stallConn).
+	paces paces
+
 	// oneServer is set once the backend is known to keep every key on one
 	// server: a Sentinel master, or a SINGLE address that answers INFO as
 	// Redis does. Until then (and behind twemproxy, which shards keys and

@@ -94,7 +94,7 @@ func New(ctx context.Context, cfg Config) (*Store, error) {
 			_ = s.main.client.Close()
 			return nil, fmt.Errorf("persecond: %w", err)
 		}
-		ps.Breaker = cfg.Breaker
+		ps.Breaker, ps.Stall = cfg.Breaker, cfg.Stall
 		if s.perSecond, err = s.newBackend("redis persecond", ps); err != nil {
 			_ = s.main.client.Close()
 			return nil, err
@@ -148,7 +148,12 @@ func (s *Store) newBackend(name string, cfg Config) (*backend, error) {
 		be.limit = cfg.PipelineLimit
 	}
 	hook := countHook{n: &s.roundTrips, observe: s.cfg.RoundTrip}
-	dial := dialer(cfg, &be.conns)
+	if be.breakers == nil {
+		// A silence is the breaker's evidence: without a breaker every
+		// request tries the server, and waits for it (see Config.Stall).
+		cfg.Stall = -1
+	}
+	dial := dialer(cfg, &be.conns, &be.paces)
 	// One set of client options for every topology: no retries (a lost
 	// reply must not count twice), every wait bounded by the timeout, RESP2
 	// without CLIENT SETINFO, and go-redis's pool kept large (see
