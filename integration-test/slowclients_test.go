@@ -76,6 +76,10 @@ func slowClient(t *testing.T, addr, head string, trickle byte, lived chan<- time
 // /healthcheck, /json and gRPC answer promptly all along.
 func TestSlowClientsAreCutWhileOthersAreServed(t *testing.T) {
 	slow(t)
+	// Most of its time is spent waiting for the timeouts to cut the slow
+	// clients, which trickle a byte a second: it runs beside the other
+	// waiting tests, off the suite's serial path.
+	t.Parallel()
 	// The 500 slow clients and the others all come from 127.0.0.1: no
 	// share of its own per address.
 	p := start(t, map[string]string{"web.yaml": webRules}, "MAX_CONNECTIONS_PER_PEER_PERCENT=100")

@@ -364,7 +364,7 @@ func TestTracingCollectorDown(t *testing.T) {
 				// while the requests run.
 				"OTEL_BSP_SCHEDULE_DELAY=50", "GORACE=atexit_sleep_ms=0")
 			c := p.client(t)
-			const n, workers = 3000, 8
+			const n, workers = 1500, 8
 			var wg sync.WaitGroup
 			var mu sync.Mutex
 			var failed []error
