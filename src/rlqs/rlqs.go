@@ -117,10 +117,10 @@ type Service struct {
 	close   sync.Once
 
 	// pace is the report budget of every client together: a quarter of
-	// MaxBuckets bucket reports a second (minAllReports at least), so that the reports take a
-	// bounded part of the service's time whoever sends them (a fleet at
-	// MaxBuckets reporting every 5 s, as Envoy 1.40 does, fits with room
-	// to spare). Guarded by mu.
+	// MaxBuckets bucket reports a second (minAllReports at least), so
+	// that the reports take a bounded part of the service's time whoever
+	// sends them (a fleet at MaxBuckets reporting every 5 s, as Envoy 1.40
+	// does, fits with room to spare). Guarded by mu.
 	pace pacer
 	// mu guards pools, streams, peers, subs, nextID, share and pace.
 	mu      sync.Mutex

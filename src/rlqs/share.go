@@ -216,9 +216,7 @@ func (q *Service) tickShared(ctx context.Context) {
 	start := time.Now()
 	keys := q.rotatedPoolKeys()
 	if len(keys) == 0 {
-		q.mu.Lock()
-		q.share.lastOK, q.share.down = q.cfg.Now(), false
-		q.mu.Unlock()
+		q.syncChunk(ctx, nil)
 		return
 	}
 	chunk, budget := q.share.chunk, q.share.budget
@@ -259,6 +257,10 @@ func (q *Service) syncChunk(ctx context.Context, keys []poolKey) bool {
 	now := q.cfg.Now()
 	work, reqs := q.syncRequests(now, keys)
 	if len(reqs) == 0 {
+		// Nothing to exchange is no evidence the store is gone.
+		q.mu.Lock()
+		q.share.lastOK, q.share.down = now, false
+		q.mu.Unlock()
 		return true
 	}
 	syncCtx, cancel := context.WithTimeout(ctx, shareCallBudget)
