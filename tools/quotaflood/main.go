@@ -47,13 +47,17 @@ func run(addr, domain, key string, streams, buckets, per int, every, d time.Dura
 	ctx, cancel := context.WithTimeout(context.Background(), d)
 	defer cancel()
 	var sent, answered, actions atomic.Int64
-	var firstErr atomic.Value
+	var (
+		errOnce  sync.Once
+		firstErr error
+	)
+	fail := func(err error) { errOnce.Do(func() { firstErr = err }) }
 	var wg sync.WaitGroup
 	for s := range streams {
 		wg.Go(func() {
 			st, err := rlqsv3.NewRateLimitQuotaServiceClient(cc).StreamRateLimitQuotas(ctx)
 			if err != nil {
-				firstErr.CompareAndSwap(nil, err)
+				fail(err)
 				return
 			}
 			go func() {
@@ -72,7 +76,7 @@ func run(addr, domain, key string, streams, buckets, per int, every, d time.Dura
 				for _, m := range reports {
 					if err := st.Send(m); err != nil {
 						if ctx.Err() == nil {
-							firstErr.CompareAndSwap(nil, err)
+							fail(err)
 						}
 						return
 					}
@@ -90,10 +94,7 @@ func run(addr, domain, key string, streams, buckets, per int, every, d time.Dura
 	wg.Wait()
 	fmt.Printf("reports sent %d (%.0f/s), responses %d, bucket actions %d\n",
 		sent.Load(), float64(sent.Load())/d.Seconds(), answered.Load(), actions.Load())
-	if err, ok := firstErr.Load().(error); ok {
-		return err
-	}
-	return nil
+	return firstErr
 }
 
 // chunks returns the reports of one stream's buckets, per in each.
