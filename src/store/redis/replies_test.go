@@ -60,6 +60,10 @@ func (f *fakeRedis) set(answers map[string]string) {
 func (f *fakeRedis) serve(c net.Conn) {
 	defer c.Close()
 	rd := bufio.NewReader(c)
+	// The replies to the commands of one pipeline go out in one write,
+	// as Redis sends them, so that a reply too many arrives with the
+	// others and not, by chance of scheduling, after the client read them.
+	wr := bufio.NewWriter(c)
 	held := "" // the rest of the last reply
 	for {
 		args, err := readCommand(rd)
@@ -86,14 +90,16 @@ func (f *fakeRedis) serve(c net.Conn) {
 		if i := strings.IndexByte(reply, 0); i >= 0 {
 			reply, held = reply[:i], reply[i+1:]
 		}
-		if _, err := io.WriteString(c, reply); err != nil {
+		if _, err := wr.WriteString(reply); err != nil {
 			return
 		}
 		f.mu.Lock()
 		closing := f.answers["close"] != ""
 		f.mu.Unlock()
-		if closing {
-			return
+		if rd.Buffered() == 0 || closing {
+			if err := wr.Flush(); err != nil || closing {
+				return
+			}
 		}
 	}
 }
