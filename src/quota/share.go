@@ -33,6 +33,9 @@ type SyncRequest struct {
 	// State asks for the pool's state even when the lease was the
 	// replica's already (an owner whose last commit failed).
 	State bool
+	// Dead names a replica the caller saw stop beating (see Beat): a
+	// lease it holds is free, whatever its end.
+	Dead string
 	// Push are the reports of the replica's subscribers: each is written
 	// as Merged when the store holds a report of that subscriber not
 	// taken yet (Merged adds it up with the new one), else as Alone.
@@ -58,6 +61,8 @@ type SyncReply struct {
 	// lease's previous holder is not known.
 	Owner, Fresh bool
 	Epoch        uint64
+	// Holder names the replica that holds the lease, for another.
+	Holder string
 	// Merged tells, for each Push, whether it was written as Merged.
 	Merged []bool
 	// Reports are the reports taken by the owner, by subscriber (every
@@ -85,11 +90,43 @@ type Field struct {
 type CommitRequest struct {
 	Pool, Replica string
 	Epoch         uint64
-	Keep          time.Duration
-	State         []byte
-	Grants        []Field
+	// Now and Lease renew the lease, as a SyncRequest's do.
+	Now         time.Time
+	Lease, Keep time.Duration
+	State       []byte
+	Grants      []Field
 	// Drop are the subscribers whose grants are gone from the pool.
 	Drop []string
+}
+
+// Note asks a replica to exchange a pool at its next tick: an owner that
+// wrote grants for its subscribers leaves it one, and so does a replica
+// that handed over reports to the pool's owner. Tag names the pool (see
+// Beat); Scope is the replicas' (CACHE_KEY_PREFIX).
+type Note struct {
+	Scope, Replica, Tag string
+}
+
+// Beat is a replica's call at each tick: it says the replica is alive,
+// and takes the notes left for it.
+type Beat struct {
+	Scope, Replica string
+	Now            time.Time
+	// Alive is how long a replica that stopped beating still counts as
+	// alive; Keep how long the store keeps what nobody writes to.
+	Alive, Keep time.Duration
+	// Max bounds the replicas and the notes read.
+	Max int
+}
+
+// BeatReply is the store's answer to a Beat.
+type BeatReply struct {
+	// Alive are the replicas that beat within Alive, the caller
+	// included.
+	Alive []string
+	// Tags are the pools noted for the caller since its last beat; the
+	// store holds them no more.
+	Tags []string
 }
 
 // ErrNotOwner is the error of a CommitRequest whose lease has changed

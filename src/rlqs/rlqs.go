@@ -308,6 +308,8 @@ func (q *Service) shareThroughStore(reg *stats.Registry) {
 		takeovers:  reg.Counter("ratelimit.rlqs.shared.takeovers"),
 		late:       reg.Counter("ratelimit.rlqs.shared.late_assignments"),
 		badRecords: reg.Counter("ratelimit.rlqs.shared.bad_records"),
+		exchanges:  reg.Counter("ratelimit.rlqs.shared.exchanges"),
+		notes:      reg.Counter("ratelimit.rlqs.shared.notes"),
 	}
 	q.cfg.Log.Info("quota service: the pools are shared with the other replicas through the store", "replica", q.cfg.Replica)
 	reg.GaugeFunc("ratelimit.rlqs.shared.owned", func() int64 {
@@ -937,7 +939,7 @@ func (q *Service) reportBucket(now time.Time, cfg *rules.Config, st *quotaStream
 		}
 		qp = &quotaPool{id: id, rule: r}
 		if q.share != nil {
-			qp.sh = &sharedPool{name: q.cfg.Scope + "\x00" + st.domain + "\x00" + key, local: map[uint64]*localSub{}}
+			qp.sh = newSharedPool(q.cfg.Scope + "\x00" + st.domain + "\x00" + key)
 		} else {
 			qp.p = quota.NewPool(limitOf(r), q.cfg.Pool)
 		}

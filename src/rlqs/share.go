@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"cmp"
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"maps"
 	"math/rand/v2"
@@ -24,14 +26,25 @@ import (
 //
 //   - a report is not answered at once: its replica keeps it and hands
 //     it over to the store at its next tick (every second), with every
-//     report of its streams for that pool since;
+//     report of its streams for that pool since; a subscriber that reports
+//     more often than Envoy does has its reports added up for a report
+//     period (less a second) before they are handed over;
 //   - one replica, the pool's owner, holds a lease on it in the store,
-//     renewed at each of its ticks. At each tick it takes the reports
-//     every replica handed over, runs the pool (quota.Pool) on them, and
-//     writes the pool's state and the grants that changed, together, and
-//     only while the lease is still its own;
-//   - every replica reads, at each tick, the grants written for its own
-//     streams' subscribers, and sends those it has not sent yet;
+//     renewed at each of its exchanges. At each tick it runs the pool
+//     (quota.Pool), on the reports every replica handed over when there
+//     are some, and writes the pool's state and the grants that changed,
+//     together, and only while the lease is still its own;
+//   - every replica reads the grants written for its own streams'
+//     subscribers, and sends those it has not sent yet;
+//   - a replica exchanges a pool with the store only when there is
+//     something to exchange: reports to hand over, or a note another
+//     replica left it (an owner that wrote grants for its subscribers,
+//     a replica that handed over reports to a pool it owns), or a pool
+//     whose owner stopped beating, and besides every pool every
+//     shareSweep, so that a note lost costs that much delay at most;
+//   - every replica beats at each tick: a replica that has not beaten for
+//     shareAlive is dead. Its leases are free at once, and the owners of
+//     its subscribers take them as gone (their streams closed with it);
 //   - a replica that takes a pool over (its owner died, or lost the
 //     store) resumes from the state its previous owner wrote: every grant
 //     any replica sent was written there first.
@@ -46,12 +59,15 @@ import (
 type Share interface {
 	// SyncQuota makes each request's exchange; each reply has its error.
 	SyncQuota(ctx context.Context, reqs []quota.SyncRequest) []quota.SyncReply
-	// CommitQuota makes each owner's write; each has its error,
-	// quota.ErrNotOwner when its lease changed hands.
-	CommitQuota(ctx context.Context, reqs []quota.CommitRequest) []error
+	// CommitQuota makes each owner's write, and leaves the notes; each
+	// write has its error, quota.ErrNotOwner when its lease changed hands.
+	CommitQuota(ctx context.Context, reqs []quota.CommitRequest, notes []quota.Note) []error
 	// QuotaStarted returns when the shared pools of scope started, now
 	// when they had not (the store is new, or lost its data).
 	QuotaStarted(ctx context.Context, scope string, now time.Time) (time.Time, error)
+	// BeatQuota records the replica's beat, and returns the replicas
+	// alive and the notes left for it.
+	BeatQuota(ctx context.Context, b quota.Beat) (quota.BeatReply, error)
 }
 
 // SharedSettle is the pools' Settle with replicas (see sharedSettle).
@@ -65,10 +81,20 @@ const (
 	// (quota.DefaultSettle). The round trips, and what the ticks take,
 	// have half a second.
 	sharedSettle = quota.DefaultSettle + time.Second + 500*time.Millisecond
-	// shareLease is how long a pool's lease lasts without a renewal:
-	// three ticks. An owner that stops (or loses the store) is replaced
-	// within it and a tick.
-	shareLease = 3 * time.Second
+	// shareAlive is how long a replica that stopped beating counts as
+	// alive: three ticks. An owner that stops (or loses the store) is
+	// replaced within it and a tick.
+	shareAlive = 3 * time.Second
+	// shareSweep is how often a replica exchanges a pool with nothing to
+	// exchange: what a lost note can delay (see Share).
+	shareSweep = 5 * time.Second
+	// shareLease is how long a pool's lease lasts without a renewal; an
+	// owner renews it at every exchange, every shareSweep at least. A
+	// lease ends before that when its owner stops beating (shareAlive).
+	shareLease = shareSweep + shareAlive
+	// shareMaxReplicas bounds the replicas a beat reads: past it, the
+	// others would be taken for dead.
+	shareMaxReplicas = 4096
 	// shareDownAfter is how long a replica that cannot reach the store
 	// keeps its streams: then it ends them with Unavailable, and refuses
 	// new ones until the store answers again, so that Envoys open theirs
@@ -99,8 +125,12 @@ const (
 // those of every replica's streams, each within its RLQS_MAX_BUCKETS.
 type sharedPool struct {
 	// name is the pool's name in the store: the scope (CACHE_KEY_PREFIX),
-	// the domain and the bucket id.
-	name string
+	// the domain and the bucket id; tag names it in notes.
+	name, tag string
+	// holder is the replica that held its lease at the last exchange
+	// ("" until one), synced when that was.
+	holder string
+	synced time.Time
 	// local are the subscribers of this replica's streams, by id.
 	local map[uint64]*localSub
 
@@ -135,6 +165,13 @@ type localSub struct {
 	// delivered is the last grant record sent to its stream.
 	delivered []byte
 	grant     quota.Grant
+	// handed is when its reports were last handed over.
+	handed time.Time
+}
+
+func newSharedPool(name string) *sharedPool {
+	sum := sha256.Sum256([]byte(name))
+	return &sharedPool{name: name, tag: hex.EncodeToString(sum[:12]), local: map[uint64]*localSub{}}
 }
 
 // shareState is the replica's side of sharing, guarded by Service.mu.
@@ -156,9 +193,16 @@ type shareState struct {
 	// them.
 	chunk  int
 	budget time.Duration
+	// alive are the replicas that beat lately, as last read (nil: not
+	// known), by name and by number (the top half of their ids); noted
+	// the pools noted for this replica and not exchanged yet, by tag
+	// (nil: not known, every pool is exchanged).
+	alive, noted map[string]bool
+	aliveIDs     map[uint64]bool
 
 	// Counters (docs/RLQS.md, "Observing it").
 	errors, takeovers, late, badRecords *stats.Counter
+	exchanges, notes                    *stats.Counter
 }
 
 // newReplica returns a replica number: random, so that replicas need not
@@ -204,6 +248,8 @@ type syncing struct {
 	// the shared pools started could not be read for it.
 	commit int
 	fresh  bool
+	// local: an owned pool run without an exchange.
+	local bool
 }
 
 // tickShared is Tick with a shared store: an exchange with the store for
@@ -214,11 +260,10 @@ func (q *Service) tickShared(ctx context.Context) {
 	q.tickMu.Lock()
 	defer q.tickMu.Unlock()
 	start := time.Now()
-	keys := q.rotatedPoolKeys()
-	if len(keys) == 0 {
-		q.syncChunk(ctx, nil)
+	if !q.beat(ctx) {
 		return
 	}
+	keys := q.rotatedPoolKeys()
 	chunk, budget := q.share.chunk, q.share.budget
 	for i := 0; i < len(keys); i += chunk {
 		if i > 0 && time.Since(start) >= budget {
@@ -250,31 +295,78 @@ func (q *Service) rotatedPoolKeys() []poolKey {
 	return append(keys[i:len(keys):len(keys)], keys[:i]...)
 }
 
+// beat records this replica's beat in the store, and reads which
+// replicas are alive and the notes left for it. It returns whether the
+// store answered.
+func (q *Service) beat(ctx context.Context) bool {
+	now := q.cfg.Now()
+	sh := q.share
+	ctx, cancel := context.WithTimeout(ctx, shareCallBudget)
+	rep, err := q.cfg.Share.BeatQuota(ctx, quota.Beat{
+		Scope: q.cfg.Scope, Replica: sh.replica, Now: now,
+		Alive: shareAlive, Keep: sh.keep, Max: max(q.cfg.MaxBuckets, shareMaxReplicas),
+	})
+	cancel()
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if err != nil {
+		sh.errors.Inc()
+		sh.alive, sh.aliveIDs, sh.noted = nil, nil, nil
+		q.noteShareReached(false, err)
+		return false
+	}
+	q.noteShareReached(true, nil)
+	sh.alive, sh.aliveIDs = nil, nil
+	if len(rep.Alive) < shareMaxReplicas {
+		sh.alive = make(map[string]bool, len(rep.Alive))
+		sh.aliveIDs = make(map[uint64]bool, len(rep.Alive))
+		for _, r := range rep.Alive {
+			sh.alive[r] = true
+			if n, err := strconv.ParseUint(r, 10, 32); err == nil {
+				sh.aliveIDs[n] = true
+			}
+		}
+	}
+	if sh.noted == nil || !sh.resuming {
+		// A tick that reached every pool took every note.
+		sh.noted = make(map[string]bool, len(rep.Tags))
+	}
+	for _, t := range rep.Tags {
+		sh.noted[t] = true
+	}
+	return true
+}
+
 // syncChunk exchanges the pools of keys with the store: hands over their
 // reports, runs those this replica owns and writes them, then sends the
 // grants. It returns whether the store answered.
 func (q *Service) syncChunk(ctx context.Context, keys []poolKey) bool {
 	now := q.cfg.Now()
-	work, reqs := q.syncRequests(now, keys)
-	if len(reqs) == 0 {
-		// Nothing to exchange is no evidence the store is gone.
-		q.mu.Lock()
-		q.share.lastOK, q.share.down = now, false
-		q.mu.Unlock()
-		return true
+	work, reqs, local := q.syncRequests(now, keys)
+	var replies []quota.SyncReply
+	var startErr error
+	if len(reqs) > 0 {
+		syncCtx, cancel := context.WithTimeout(ctx, shareCallBudget)
+		replies = q.cfg.Share.SyncQuota(syncCtx, reqs)
+		startErr = q.readStarted(syncCtx, now, reqs, replies)
+		cancel()
 	}
-	syncCtx, cancel := context.WithTimeout(ctx, shareCallBudget)
-	replies := q.cfg.Share.SyncQuota(syncCtx, reqs)
-	startErr := q.readStarted(syncCtx, now, reqs, replies)
-	cancel()
-	commits, ok := q.runReplies(work, replies, startErr)
-	q.noteShareReached(ok, replies)
-	if len(commits) == 0 {
-		return ok > 0
+	commits, notes, ok := q.runReplies(work, replies, startErr)
+	q.mu.Lock()
+	q.share.exchanges.Add(uint64(len(reqs)))
+	if len(reqs) > 0 {
+		q.noteShareReached(ok > 0, replies[0].Err)
+	}
+	q.mu.Unlock()
+	commits, notes = q.runLocal(local, commits, notes)
+	work = append(work, local...)
+	if len(commits) == 0 && len(notes) == 0 {
+		return len(reqs) == 0 || ok > 0
 	}
 	commitCtx, cancel := context.WithTimeout(ctx, shareCallBudget)
 	defer cancel()
-	errs := q.cfg.Share.CommitQuota(commitCtx, commits)
+	q.share.notes.Add(uint64(len(notes)))
+	errs := q.cfg.Share.CommitQuota(commitCtx, commits, notes)
 	for _, w := range work {
 		if w.commit < 0 {
 			continue
@@ -288,19 +380,24 @@ func (q *Service) syncChunk(ctx context.Context, keys []poolKey) bool {
 	return true
 }
 
-// syncRequests returns what to hand over and to ask for, pool by pool.
-// The lock is taken pool by pool, so that a report waits for one pool at
-// most, and the store is called without it.
-func (q *Service) syncRequests(now time.Time, keys []poolKey) (work []*syncing, reqs []quota.SyncRequest) {
+// syncRequests returns what to hand over and to ask for, pool by pool,
+// and the pools this replica owns that run without an exchange. The lock
+// is taken pool by pool, so that a report waits for one pool at most, and
+// the store is called without it.
+func (q *Service) syncRequests(now time.Time, keys []poolKey) (work []*syncing, reqs []quota.SyncRequest, local []*syncing) {
 	for _, k := range keys {
 		q.mu.Lock()
-		if w, req, ok := q.syncRequest(now, k); ok {
+		switch w, req, ok := q.syncRequest(now, k); {
+		case !ok:
+		case w.local:
+			local = append(local, w)
+		default:
 			work = append(work, w)
 			reqs = append(reqs, req)
 		}
 		q.mu.Unlock()
 	}
-	return work, reqs
+	return work, reqs, local
 }
 
 // readStarted reads when the shared pools started, once a pool the store
@@ -326,9 +423,9 @@ func (q *Service) readStarted(ctx context.Context, now time.Time, reqs []quota.S
 }
 
 // runReplies applies the store's replies pool by pool, the owner running
-// its pools; it returns what the owned pools write back, and how many
-// replies came.
-func (q *Service) runReplies(work []*syncing, replies []quota.SyncReply, startErr error) (commits []quota.CommitRequest, ok int) {
+// its pools; it returns what the owned pools write back, the notes to
+// leave, and how many replies came.
+func (q *Service) runReplies(work []*syncing, replies []quota.SyncReply, startErr error) (commits []quota.CommitRequest, notes []quota.Note, ok int) {
 	for i, w := range work {
 		rep := replies[i]
 		if rep.Err == nil {
@@ -339,30 +436,42 @@ func (q *Service) runReplies(work []*syncing, replies []quota.SyncReply, startEr
 		now := q.cfg.Now()
 		// A pool dropped meanwhile (the rules changed) is left alone.
 		if q.pools[w.k] == w.qp && q.syncReply(now, w, rep) {
-			if c, owned := q.runOwned(now, w, rep); owned {
-				w.commit = len(commits)
-				commits = append(commits, c)
-			}
+			commits, notes = q.runOwned(now, w, rep, commits, notes)
+		} else if rep.Err == nil && !rep.Owner && len(w.pushed) > 0 && rep.Holder != "" {
+			// Reports handed over: their owner reads them at its next
+			// tick.
+			notes = append(notes, quota.Note{Scope: q.cfg.Scope, Replica: rep.Holder, Tag: w.qp.sh.tag})
 		}
 		q.mu.Unlock()
 	}
-	return commits, ok
+	return commits, notes, ok
 }
 
-// noteShareReached records whether the store answered this tick; past
+// runLocal runs the pools this replica owns that had nothing to exchange,
+// and returns what they write, appended to commits and notes.
+func (q *Service) runLocal(local []*syncing, commits []quota.CommitRequest, notes []quota.Note) ([]quota.CommitRequest, []quota.Note) {
+	for _, w := range local {
+		q.mu.Lock()
+		if q.pools[w.k] == w.qp && w.qp.sh.owned && w.qp.p != nil {
+			commits, notes = q.runOwned(q.cfg.Now(), w, quota.SyncReply{Owner: true, Epoch: w.qp.sh.epoch}, commits, notes)
+		}
+		q.mu.Unlock()
+	}
+	return commits, notes
+}
+
+// noteShareReached records whether the store answered; past
 // shareDownAfter without an answer, it ends every stream, so that Envoys
-// open theirs to a replica that reaches it.
-func (q *Service) noteShareReached(ok int, replies []quota.SyncReply) {
-	q.mu.Lock()
-	defer q.mu.Unlock()
+// open theirs to a replica that reaches it. q.mu is held.
+func (q *Service) noteShareReached(ok bool, err error) {
 	sh, now := q.share, q.cfg.Now()
 	switch {
-	case ok > 0:
+	case ok:
 		sh.lastOK, sh.down = now, false
 	case now.Sub(sh.lastOK) >= shareDownAfter && !sh.down:
 		sh.down = true
 		q.cfg.Log.Warn("quota: the shared store is unreachable; ending the quota streams so that Envoys open theirs to a replica that reaches it",
-			"err", replies[0].Err, "streams", len(q.streams))
+			"err", err, "streams", len(q.streams))
 		for _, st := range q.streams {
 			st.end(errShareDown)
 		}
@@ -384,9 +493,16 @@ func (q *Service) syncRequest(now time.Time, k poolKey) (*syncing, quota.SyncReq
 	}
 	w := &syncing{k: k, qp: qp, commit: -1}
 	req := quota.SyncRequest{Pool: qp.sh.name, Replica: sh.replica, Now: now, Lease: shareLease, Keep: sh.keep, State: qp.sh.reload}
+	due := qp.sh.reload || qp.sh.holder == "" || sh.noted == nil || sh.noted[qp.sh.tag] || now.Sub(qp.sh.synced) >= shareSweep
+	if h := qp.sh.holder; !qp.sh.owned && h != "" && h != sh.replica && sh.alive != nil && !sh.alive[h] {
+		// Its owner stopped beating: its lease is free.
+		req.Dead, due = h, true
+	}
+	hold := max(q.cfg.Pool.ReportInterval, quota.DefaultReportInterval) - time.Second
 	for _, id := range slices.Sorted(maps.Keys(qp.sh.local)) {
 		ls := qp.sh.local[id]
-		if !ls.pending.Empty() {
+		if !ls.pending.Empty() && (due || ls.pending.Left || ls.handed.IsZero() || now.Sub(ls.handed) >= hold) {
+			ls.handed = now
 			ls.sent, ls.pending = ls.pending, quota.Handover{}
 			req.Push = append(req.Push, quota.Push{
 				Sub:    subField(id),
@@ -399,6 +515,14 @@ func (q *Service) syncRequest(now time.Time, k poolKey) (*syncing, quota.SyncReq
 			req.Want = append(req.Want, subField(id))
 			w.want = append(w.want, ls)
 		}
+	}
+	switch {
+	case due || len(req.Push) > 0:
+		delete(sh.noted, qp.sh.tag)
+	case qp.sh.owned:
+		w.local = true
+	default:
+		return nil, quota.SyncRequest{}, false
 	}
 	return w, req, true
 }
@@ -435,6 +559,10 @@ func (q *Service) syncReply(now time.Time, w *syncing, rep quota.SyncReply) bool
 		q.share.errors.Inc()
 		return false
 	}
+	sh.synced, sh.holder = now, rep.Holder
+	if rep.Owner {
+		sh.holder = q.share.replica
+	}
 	if !rep.Owner {
 		if sh.owned {
 			q.disown(w.qp)
@@ -450,14 +578,15 @@ func (q *Service) syncReply(now time.Time, w *syncing, rep quota.SyncReply) bool
 // disown forgets a pool this replica owned: its lease is another's.
 func (q *Service) disown(qp *quotaPool) {
 	sh := qp.sh
-	sh.owned, sh.reload = false, false
+	sh.owned, sh.reload, sh.holder = false, false, ""
 	sh.grants, sh.stored, sh.state = nil, nil, nil
 	qp.p = nil
 }
 
 // runOwned runs a pool this replica holds the lease of on the reports
-// taken, and returns what to write.
-func (q *Service) runOwned(now time.Time, w *syncing, rep quota.SyncReply) (quota.CommitRequest, bool) {
+// taken, and appends what to write to commits, and the notes for the
+// replicas whose subscribers' grants it wrote to notes.
+func (q *Service) runOwned(now time.Time, w *syncing, rep quota.SyncReply, commits []quota.CommitRequest, notes []quota.Note) ([]quota.CommitRequest, []quota.Note) {
 	qp, sh := w.qp, w.qp.sh
 	limit := limitOf(qp.rule)
 	if !sh.owned || rep.Fresh || sh.reload || qp.p == nil {
@@ -484,6 +613,13 @@ func (q *Service) runOwned(now time.Time, w *syncing, rep quota.SyncReply) (quot
 			changes = append(changes, p.Leave(now, id)...)
 		}
 	}
+	if alive := q.share.aliveIDs; alive != nil {
+		// The subscribers of a replica that died: their streams died
+		// with it, and no grant reaches them any more.
+		changes = append(changes, p.LeaveIf(now, func(id uint64) bool {
+			return id < 1<<63 && id>>32<<32 != q.idBase && !alive[id>>32]
+		})...)
+	}
 	changes = append(changes, p.Tick(now)...)
 	q.totals(qp.rule).beyond.Add(p.Beyond() - beyond)
 	for _, c := range changes {
@@ -502,7 +638,28 @@ func (q *Service) runOwned(now time.Time, w *syncing, rep quota.SyncReply) (quot
 			delete(sh.grants, id)
 		}
 	}
-	return q.commitOf(sh, p)
+	c, ok := q.commitOf(now, sh, p)
+	if !ok {
+		return commits, notes
+	}
+	w.commit = len(commits)
+	return append(commits, c), q.notesOf(c, sh, notes)
+}
+
+// notesOf appends, to notes, one for each other replica with a
+// subscriber whose grant c writes.
+func (q *Service) notesOf(c quota.CommitRequest, sh *sharedPool, notes []quota.Note) []quota.Note {
+	var done []uint64
+	for _, g := range c.Grants {
+		id, err := strconv.ParseUint(g.Sub, 10, 64)
+		r := id >> 32
+		if err != nil || id>>32<<32 == q.idBase || slices.Contains(done, r) {
+			continue
+		}
+		done = append(done, r)
+		notes = append(notes, quota.Note{Scope: q.cfg.Scope, Replica: strconv.FormatUint(r, 10), Tag: sh.tag})
+	}
+	return notes
 }
 
 // takeOwnership starts running a pool whose lease this replica has just
@@ -545,8 +702,11 @@ func (q *Service) takeOwnership(now time.Time, w *syncing, rep quota.SyncReply, 
 
 // commitOf returns what an owner writes of pool p: its state, the grants
 // that changed and those to drop; false when nothing changed.
-func (q *Service) commitOf(sh *sharedPool, p *quota.Pool) (quota.CommitRequest, bool) {
-	c := quota.CommitRequest{Pool: sh.name, Replica: q.share.replica, Epoch: sh.epoch, Keep: q.share.keep, State: p.AppendState(nil)}
+func (q *Service) commitOf(now time.Time, sh *sharedPool, p *quota.Pool) (quota.CommitRequest, bool) {
+	c := quota.CommitRequest{
+		Pool: sh.name, Replica: q.share.replica, Epoch: sh.epoch,
+		Now: now, Lease: shareLease, Keep: q.share.keep, State: p.AppendState(nil),
+	}
 	for _, id := range slices.Sorted(maps.Keys(sh.grants)) {
 		if g := sh.grants[id]; !bytes.Equal(g, sh.stored[id]) {
 			c.Grants = append(c.Grants, quota.Field{Sub: subField(id), Value: g})

@@ -650,3 +650,89 @@ func TestSharedQuotaTickBudget(t *testing.T) {
 		t.Errorf("owned pools = %d, want 12", n)
 	}
 }
+
+// TestSharedQuotaExchangesWhatChanged: a replica exchanges a pool with
+// the store when it has reports to hand over or a note (its owner wrote
+// grants for its subscribers; another replica handed over reports to a
+// pool it owns), and besides every few seconds, not at every tick (issue
+// 35: every pool's exchange at every tick, changed or not, took Redis's
+// time from ShouldRateLimit). Grants still flow: the Envoys keep fair
+// shares in force throughout.
+func TestSharedQuotaExchangesWhatChanged(t *testing.T) {
+	t.Parallel()
+	f := newFleet(t, 2)
+	a, b := f.add("a", 0, 100), f.add("b", 1, 100)
+	learned := epoch.Add(quota.DefaultTTL + 3*time.Second)
+	f.run(25*time.Second, learned)
+	count := func() (n uint64) {
+		for _, r := range f.reps {
+			n += r.reg.Counter("ratelimit.rlqs.shared.exchanges").Value()
+		}
+		return n
+	}
+	before := count()
+	const window = 30 * time.Second
+	f.run(window, learned)
+	// Each Envoy reports every 5 s: its replica hands it over, and
+	// notes the owner, which reads it; the grant written for the other
+	// replica's Envoy is noted to it. Every tick's exchange would be two
+	// a second.
+	perSecond := float64(count()-before) / window.Seconds()
+	t.Logf("%.2f exchanges a second", perSecond)
+	if perSecond > 1.2 {
+		t.Errorf("%.2f exchanges a second for one pool on two replicas, want at most 1.2 (2 at every tick)", perSecond)
+	}
+	for _, e := range []*mimic{a, b} {
+		if r := rate(e.tb); math.Abs(r-28.5) > 1 || e.expired > 0 {
+			t.Errorf("%s: %.2f/s, %v without an assignment; want 28.5 throughout", e.name, r, time.Duration(e.expired)*fleetStep)
+		}
+	}
+	var notes uint64
+	for _, r := range f.reps {
+		notes += r.reg.Counter("ratelimit.rlqs.shared.notes").Value()
+	}
+	if notes == 0 {
+		t.Error("no note left")
+	}
+}
+
+// TestSharedQuotaDeadReplicasSubscribersGo: when a replica dies, the
+// owner of a pool takes its subscribers as gone once it stops beating
+// (their streams died with it), so that it stops renewing their grants
+// (issue 38: the owner renewed them for a TTL, and the fleet ran at half
+// the limit for 21 s). Their last grants count until their leases end.
+func TestSharedQuotaDeadReplicasSubscribersGo(t *testing.T) {
+	t.Parallel()
+	f := newFleet(t, 2)
+	envoys := []*mimic{f.add("a", 0, 100), f.add("b", 1, 100)}
+	f.run(25*time.Second, epoch.Add(time.Hour))
+	owner := f.owner()
+	if owner < 0 {
+		t.Fatal("no owner")
+	}
+	other := 1 - owner
+	// The other replica's Envoy stays away: its old subscriber alone is
+	// watched.
+	envoys[other].next = f.now().Add(time.Hour)
+	f.kill(other)
+	killed := f.now()
+	var goneAt time.Time
+	for f.now().Before(killed.Add(25 * time.Second)) {
+		f.run(fleetStep, epoch.Add(time.Hour))
+		for _, s := range f.reps[owner].q.State().Rules[0].Top[0].Subscribers {
+			if s.Stream>>32 != uint64(other+1) {
+				continue
+			}
+			if s.Gone && goneAt.IsZero() {
+				goneAt = f.now()
+			}
+			if until := f.now().Add(time.Duration(s.LeaseLeft * float64(time.Second))); until.After(killed.Add(quota.DefaultTTL + rlqs.SharedSettle + time.Second)) {
+				t.Fatalf("%v after the kill the dead replica's subscriber is counted until %v after it; want its last lease, %v at most",
+					f.now().Sub(killed), until.Sub(killed), quota.DefaultTTL+rlqs.SharedSettle)
+			}
+		}
+	}
+	if goneAt.IsZero() || goneAt.Sub(killed) > 5*time.Second {
+		t.Errorf("the dead replica's subscriber was taken as gone %v after the kill (zero: never), want within 5 s", goneAt.Sub(killed))
+	}
+}

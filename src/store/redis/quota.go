@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"strconv"
 	"time"
@@ -31,16 +32,17 @@ import (
 
 // quotaSyncLua is a replica's exchange of one tick for one pool (see
 // quota.SyncRequest). KEYS: lease, reports, grants, state. ARGV: replica,
-// now and lease and keep (ms), 1 to ask for the state, the number of
-// pushes and (subscriber, merged, alone) for each, the number of grants
-// wanted and their subscribers. It returns {1, fresh, epoch, merged,
-// reports, state, grant subscribers} to the owner and {0, 0, epoch,
-// merged, grants} to another replica.
+// now and lease and keep (ms), 1 to ask for the state, a replica seen dead
+// (or ""), the number of pushes and (subscriber, merged, alone) for each,
+// the number of grants wanted and their subscribers. It returns {1,
+// fresh, epoch, merged, reports, state, grant subscribers} to the owner
+// and {0, 0, epoch, merged, grants, owner} to another replica.
 const quotaSyncLua = `
 local me, now, lease, keep = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
-local np = tonumber(ARGV[6])
+local dead = ARGV[6]
+local np = tonumber(ARGV[7])
 local merged = {}
-local i = 7
+local i = 8
 for k = 1, np do
   if redis.call('HEXISTS', KEYS[2], ARGV[i]) == 1 then
     redis.call('HSET', KEYS[2], ARGV[i], ARGV[i + 1])
@@ -56,7 +58,7 @@ local nw = tonumber(ARGV[i])
 i = i + 1
 local l = redis.call('HMGET', KEYS[1], 'owner', 'epoch', 'until')
 local epoch = tonumber(l[2]) or 0
-if l[1] == me or not l[1] or (tonumber(l[3]) or 0) <= now then
+if l[1] == me or not l[1] or (tonumber(l[3]) or 0) <= now or (dead ~= '' and l[1] == dead) then
   local fresh = l[1] ~= me
   if fresh then epoch = epoch + 1 end
   redis.call('HSET', KEYS[1], 'owner', me, 'epoch', epoch, 'until', now + lease)
@@ -76,21 +78,24 @@ local grants = {}
 for k = 1, nw do
   grants[k] = redis.call('HGET', KEYS[3], ARGV[i + k - 1])
 end
-return {0, 0, epoch, merged, grants}
+return {0, 0, epoch, merged, grants, l[1]}
 `
 
 // quotaCommitLua is an owner's write of a pool (see quota.CommitRequest),
-// only while the lease is still its own. KEYS: lease, reports, grants,
-// state. ARGV: replica, epoch, keep (ms), state, the number of grants and
-// (subscriber, grant) for each, the number of grants to drop and their
-// subscribers. It returns 1, or 0 when the lease changed hands.
+// only while the lease is still its own, which it renews. KEYS: lease,
+// reports, grants, state. ARGV: replica, epoch, now and lease and keep
+// (ms), state, the number of grants and (subscriber, grant) for each, the
+// number of grants to drop and their subscribers. It returns 1, or 0 when
+// the lease changed hands.
 const quotaCommitLua = `
 local l = redis.call('HMGET', KEYS[1], 'owner', 'epoch')
 if l[1] ~= ARGV[1] or tonumber(l[2]) ~= tonumber(ARGV[2]) then return 0 end
-local keep = tonumber(ARGV[3])
-redis.call('SET', KEYS[4], ARGV[4], 'PX', keep)
-local n = tonumber(ARGV[5])
-local i = 6
+local keep = tonumber(ARGV[5])
+redis.call('HSET', KEYS[1], 'until', tonumber(ARGV[3]) + tonumber(ARGV[4]))
+redis.call('PEXPIRE', KEYS[1], keep)
+redis.call('SET', KEYS[4], ARGV[6], 'PX', keep)
+local n = tonumber(ARGV[7])
+local i = 8
 for k = 1, n do
   redis.call('HSET', KEYS[3], ARGV[i], ARGV[i + 1])
   i = i + 2
@@ -103,6 +108,18 @@ for k = 1, d do
 end
 if redis.call('EXISTS', KEYS[3]) == 1 then redis.call('PEXPIRE', KEYS[3], keep) end
 return 1
+`
+
+// quotaBeatLua is a replica's beat (see quota.Beat). KEYS: the replicas'
+// sorted set (by the time of their last beat). ARGV: replica, now, alive
+// and keep (ms), the most replicas to return. It returns the replicas
+// that beat within alive.
+const quotaBeatLua = `
+local now = tonumber(ARGV[2])
+redis.call('ZADD', KEYS[1], now, ARGV[1])
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now - tonumber(ARGV[4]))
+redis.call('PEXPIRE', KEYS[1], ARGV[4])
+return redis.call('ZRANGEBYSCORE', KEYS[1], now - tonumber(ARGV[3]), '+inf', 'LIMIT', 0, tonumber(ARGV[5]))
 `
 
 // quotaStartedLua returns the time the shared pools started (ms), which it
@@ -119,6 +136,7 @@ var (
 	quotaSyncSHA    = scriptSHA(quotaSyncLua)
 	quotaCommitSHA  = scriptSHA(quotaCommitLua)
 	quotaStartedSHA = scriptSHA(quotaStartedLua)
+	quotaBeatSHA    = scriptSHA(quotaBeatLua)
 )
 
 // quotaKeys returns a pool's four keys.
@@ -138,7 +156,7 @@ func durMillis(d time.Duration) int64 { return max(1, d.Milliseconds()) }
 func (s *Store) SyncQuota(ctx context.Context, reqs []quota.SyncRequest) []quota.SyncReply {
 	cmds := make([]*goredis.Cmd, len(reqs))
 	for i, r := range reqs {
-		args := []any{r.Replica, millis(r.Now), durMillis(r.Lease), durMillis(r.Keep), boolArg(r.State), len(r.Push)}
+		args := []any{r.Replica, millis(r.Now), durMillis(r.Lease), durMillis(r.Keep), boolArg(r.State), r.Dead, len(r.Push)}
 		for _, p := range r.Push {
 			args = append(args, p.Sub, p.Merged, p.Alone)
 		}
@@ -160,13 +178,15 @@ func (s *Store) SyncQuota(ctx context.Context, reqs []quota.SyncRequest) []quota
 	return out
 }
 
-// CommitQuota makes each owner's write (see quota.CommitRequest), all in
-// one round trip. Each has its error: quota.ErrNotOwner when the lease
-// changed hands (nothing was written), or the failure.
-func (s *Store) CommitQuota(ctx context.Context, reqs []quota.CommitRequest) []error {
-	cmds := make([]*goredis.Cmd, len(reqs))
+// CommitQuota makes each owner's write (see quota.CommitRequest), and
+// leaves the notes, all in one round trip. Each write has its error:
+// quota.ErrNotOwner when the lease changed hands (nothing was written),
+// or the failure. A note that fails is lost: replicas read every pool
+// now and then besides their notes.
+func (s *Store) CommitQuota(ctx context.Context, reqs []quota.CommitRequest, notes []quota.Note) []error {
+	cmds := make([]*goredis.Cmd, len(reqs), len(reqs)+2*len(notes))
 	for i, r := range reqs {
-		args := []any{r.Replica, r.Epoch, durMillis(r.Keep), r.State, len(r.Grants)}
+		args := []any{r.Replica, r.Epoch, millis(r.Now), durMillis(r.Lease), durMillis(r.Keep), r.State, len(r.Grants)}
 		for _, g := range r.Grants {
 			args = append(args, g.Sub, g.Value)
 		}
@@ -176,9 +196,10 @@ func (s *Store) CommitQuota(ctx context.Context, reqs []quota.CommitRequest) []e
 		}
 		cmds[i] = goredis.NewCmd(ctx, evalArgs(quotaCommitSHA, quotaKeys(r.Pool), args)...)
 	}
+	cmds = appendNotes(ctx, cmds, notes)
 	err := s.runQuota(ctx, cmds)
 	out := make([]error, len(reqs))
-	for i, c := range cmds {
+	for i, c := range cmds[:len(reqs)] {
 		if e := cmdErr(c, err); e != nil {
 			out[i] = e
 			continue
@@ -213,6 +234,83 @@ func (s *Store) QuotaStarted(ctx context.Context, scope string, now time.Time) (
 		return time.Time{}, badQuotaReply("started: %q", v)
 	}
 	return time.UnixMilli(ms), nil
+}
+
+// appendNotes appends the commands that leave notes: one SADD (and its
+// PEXPIRE) per mailbox.
+func appendNotes(ctx context.Context, cmds []*goredis.Cmd, notes []quota.Note) []*goredis.Cmd {
+	byBox := map[string][]any{}
+	var boxes []string
+	for _, n := range notes {
+		k := quotaMailbox(n.Scope, n.Replica)
+		if byBox[k] == nil {
+			boxes = append(boxes, k)
+			byBox[k] = []any{"sadd", k}
+		}
+		byBox[k] = append(byBox[k], n.Tag)
+	}
+	for _, k := range boxes {
+		cmds = append(cmds, goredis.NewCmd(ctx, byBox[k]...), goredis.NewCmd(ctx, "pexpire", k, quotaNoteKeep.Milliseconds()))
+	}
+	return cmds
+}
+
+// quotaNoteKeep is how long a mailbox nobody reads is kept: its replica
+// is gone.
+const quotaNoteKeep = time.Minute
+
+// quotaScope names the keys of a scope's replicas.
+func quotaScope(scope string) string {
+	sum := sha256.Sum256([]byte(scope))
+	return hex.EncodeToString(sum[:8])
+}
+
+// quotaMailbox is the key of a replica's notes: a set of pool tags.
+func quotaMailbox(scope, replica string) string {
+	return "ratelimit_rlqs_mail_" + quotaScope(scope) + "_" + replica
+}
+
+// BeatQuota records the replica's beat, reads which replicas beat
+// lately, and takes the notes left for it (see quota.Beat), in one round
+// trip (two commands: in a Cluster the two keys are in different slots).
+func (s *Store) BeatQuota(ctx context.Context, b quota.Beat) (quota.BeatReply, error) {
+	alive := "ratelimit_rlqs_alive_" + quotaScope(b.Scope)
+	cmds := []*goredis.Cmd{
+		goredis.NewCmd(ctx, evalArgs(quotaBeatSHA, []string{alive}, []any{b.Replica, millis(b.Now), durMillis(b.Alive), durMillis(b.Keep), b.Max})...),
+		goredis.NewCmd(ctx, "spop", quotaMailbox(b.Scope, b.Replica), b.Max),
+	}
+	err := s.runQuota(ctx, cmds)
+	var out quota.BeatReply
+	for i, c := range cmds {
+		if e := cmdErr(c, err); e != nil && !(i == 1 && errors.Is(c.Err(), goredis.Nil)) {
+			return quota.BeatReply{}, e
+		}
+	}
+	var ok bool
+	if out.Alive, ok = stringList(cmds[0].Val(), b.Max); !ok {
+		return quota.BeatReply{}, badQuotaReply("beat: %v", cmds[0].Val())
+	}
+	if cmds[1].Err() == nil {
+		if out.Tags, ok = stringList(cmds[1].Val(), b.Max); !ok {
+			return quota.BeatReply{}, badQuotaReply("notes: %v", cmds[1].Val())
+		}
+	}
+	return out, nil
+}
+
+// stringList reads a list of at most max strings.
+func stringList(v any, max int) ([]string, bool) {
+	a, ok := v.([]any)
+	if !ok || len(a) > max {
+		return nil, false
+	}
+	out := make([]string, len(a))
+	for i, e := range a {
+		if out[i], ok = e.(string); !ok {
+			return nil, false
+		}
+	}
+	return out, true
 }
 
 func boolArg(b bool) int {
@@ -295,8 +393,8 @@ func syncReply(v any, req quota.SyncRequest) (out quota.SyncReply) {
 		return quota.SyncReply{Err: badQuotaReply("sync: %s", what)}
 	}
 	a, ok := v.([]any)
-	if !ok || (len(a) != 7 && len(a) != 5) {
-		return fail("not a reply of 5 or 7 values")
+	if !ok || (len(a) != 7 && len(a) != 6) {
+		return fail("not a reply of 6 or 7 values")
 	}
 	owner, ok1 := zeroOne(a[0])
 	fresh, ok2 := zeroOne(a[1])
@@ -319,6 +417,13 @@ func syncReply(v any, req quota.SyncRequest) (out quota.SyncReply) {
 		grants, ok := a[4].([]any)
 		if !ok || len(grants) != len(req.Want) {
 			return fail("not one grant per subscriber asked")
+		}
+		switch h := a[5].(type) {
+		case nil:
+		case string:
+			out.Holder = h
+		default:
+			return fail("a lease holder that is not a string")
 		}
 		out.Grants = make([][]byte, len(grants))
 		for i, g := range grants {

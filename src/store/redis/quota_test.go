@@ -37,7 +37,10 @@ func quotaCommit(t *testing.T, s *Store, r quota.CommitRequest) error {
 	if r.Keep == 0 {
 		r.Keep = time.Minute
 	}
-	errs := s.CommitQuota(t.Context(), []quota.CommitRequest{r})
+	if r.Lease == 0 {
+		r.Lease = 3 * time.Second
+	}
+	errs := s.CommitQuota(t.Context(), []quota.CommitRequest{r}, nil)
 	if len(errs) != 1 {
 		t.Fatalf("CommitQuota: %d errors for one request", len(errs))
 	}
@@ -62,8 +65,8 @@ func TestQuotaShare(t *testing.T) {
 	// b hands over two reports before the owner takes them: the second
 	// is written merged with the first.
 	b := quotaSync(t, s, quota.SyncRequest{Pool: pool, Replica: "b", Now: now, Push: []quota.Push{{Sub: "7", Merged: []byte("m1"), Alone: []byte("r1")}}, Want: []string{"7"}})
-	if b.Owner || b.Epoch != 1 || !slices.Equal(b.Merged, []bool{false}) || len(b.Grants) != 1 || b.Grants[0] != nil {
-		t.Fatalf("second replica = %+v, want no lease, its report written alone, no grant yet", b)
+	if b.Owner || b.Epoch != 1 || b.Holder != "a" || !slices.Equal(b.Merged, []bool{false}) || len(b.Grants) != 1 || b.Grants[0] != nil {
+		t.Fatalf("second replica = %+v, want no lease (a's), its report written alone, no grant yet", b)
 	}
 	b = quotaSync(t, s, quota.SyncRequest{Pool: pool, Replica: "b", Now: now, Push: []quota.Push{{Sub: "7", Merged: []byte("r1+r2"), Alone: []byte("r2")}}})
 	if !slices.Equal(b.Merged, []bool{true}) {
@@ -77,11 +80,11 @@ func TestQuotaShare(t *testing.T) {
 	if !a.Owner || a.Fresh || !slices.EqualFunc(a.Reports, want, fieldEqual) {
 		t.Fatalf("owner's sync = %+v, want every report taken", a)
 	}
-	if err := quotaCommit(t, s, quota.CommitRequest{Pool: pool, Replica: "a", Epoch: 1, State: []byte("state1"),
+	if err := quotaCommit(t, s, quota.CommitRequest{Pool: pool, Replica: "a", Epoch: 1, Now: now, State: []byte("state1"),
 		Grants: []quota.Field{{Sub: "7", Value: []byte("g7")}, {Sub: "1", Value: []byte("g1")}, {Sub: "9", Value: []byte("g9")}}}); err != nil {
 		t.Fatalf("commit: %v", err)
 	}
-	if err := quotaCommit(t, s, quota.CommitRequest{Pool: pool, Replica: "a", Epoch: 1, State: []byte("state2"), Drop: []string{"9"}}); err != nil {
+	if err := quotaCommit(t, s, quota.CommitRequest{Pool: pool, Replica: "a", Epoch: 1, Now: now, State: []byte("state2"), Drop: []string{"9"}}); err != nil {
 		t.Fatalf("commit: %v", err)
 	}
 	// The report taken is gone: the next one is written alone.
@@ -110,8 +113,22 @@ func TestQuotaShare(t *testing.T) {
 		t.Fatalf("state after the fenced commit = %q (fresh %v), want state2", st.State, st.Fresh)
 	}
 	// a, behind, is told it is not the owner.
-	if a = quotaSync(t, s, quota.SyncRequest{Pool: pool, Replica: "a", Now: now}); a.Owner {
+	if a = quotaSync(t, s, quota.SyncRequest{Pool: pool, Replica: "a", Now: now}); a.Owner || a.Holder != "b" {
 		t.Fatalf("old owner still has the lease: %+v", a)
+	}
+	// b's commit renews its lease; a replica that saw b stop beating
+	// takes the lease before its end, one that names another does not.
+	if err := quotaCommit(t, s, quota.CommitRequest{Pool: pool, Replica: "b", Epoch: 2, Now: now.Add(2 * time.Second), State: []byte("state3")}); err != nil {
+		t.Fatalf("b's commit: %v", err)
+	}
+	if a = quotaSync(t, s, quota.SyncRequest{Pool: pool, Replica: "a", Now: now.Add(4 * time.Second)}); a.Owner {
+		t.Fatalf("a took a lease its commit renewed: %+v", a)
+	}
+	if a = quotaSync(t, s, quota.SyncRequest{Pool: pool, Replica: "a", Now: now.Add(4 * time.Second), Dead: "c"}); a.Owner {
+		t.Fatalf("a took b's lease on c's death: %+v", a)
+	}
+	if a = quotaSync(t, s, quota.SyncRequest{Pool: pool, Replica: "a", Now: now.Add(4 * time.Second), Dead: "b"}); !a.Owner || !a.Fresh || a.Epoch != 3 || string(a.State) != "state3" {
+		t.Fatalf("a did not take over from b, dead: %+v", a)
 	}
 
 	// Every key of a pool is in one hash slot (Redis Cluster).
@@ -177,7 +194,7 @@ func TestQuotaShareUnavailable(t *testing.T) {
 			t.Errorf("sync %d with Redis down = %+v, want ErrUnavailable", i, r)
 		}
 	}
-	for _, err := range s.CommitQuota(t.Context(), []quota.CommitRequest{{Pool: "a", Replica: "r", Epoch: 1}}) {
+	for _, err := range s.CommitQuota(t.Context(), []quota.CommitRequest{{Pool: "a", Replica: "r", Epoch: 1}}, nil) {
 		if !errors.Is(err, limiter.ErrUnavailable) {
 			t.Errorf("commit with Redis down = %v, want ErrUnavailable", err)
 		}
@@ -231,4 +248,45 @@ func redisDo(t *testing.T, addr string, args ...any) (any, error) {
 	c := goredis.NewClient(&goredis.Options{Addr: addr, Protocol: 2})
 	defer c.Close()
 	return c.Do(t.Context(), args...).Result()
+}
+
+// TestQuotaBeat: replicas that beat are alive until they stop for Alive;
+// notes left for a replica are taken by its next beat, once.
+func TestQuotaBeat(t *testing.T) {
+	t.Parallel()
+	srv := storetest.StartRedis(t, storetest.RedisOptions{})
+	s := newStore(t, Config{URL: srv.Addr})
+	now := quotaEpoch
+	beat := func(replica string, at time.Time) quota.BeatReply {
+		t.Helper()
+		rep, err := s.BeatQuota(t.Context(), quota.Beat{Scope: "sc", Replica: replica, Now: at, Alive: 3 * time.Second, Keep: time.Minute, Max: 100})
+		if err != nil {
+			t.Fatalf("beat of %s: %v", replica, err)
+		}
+		slices.Sort(rep.Alive)
+		slices.Sort(rep.Tags)
+		return rep
+	}
+	if r := beat("a", now); !slices.Equal(r.Alive, []string{"a"}) || len(r.Tags) != 0 {
+		t.Fatalf("first beat = %+v, want a alone and no notes", r)
+	}
+	errs := s.CommitQuota(t.Context(), nil, []quota.Note{
+		{Scope: "sc", Replica: "a", Tag: "p1"}, {Scope: "sc", Replica: "a", Tag: "p2"},
+		{Scope: "sc", Replica: "a", Tag: "p1"}, {Scope: "other", Replica: "a", Tag: "p3"},
+	})
+	if len(errs) != 0 {
+		t.Fatalf("notes alone gave %d errors", len(errs))
+	}
+	if r := beat("b", now.Add(2*time.Second)); !slices.Equal(r.Alive, []string{"a", "b"}) || len(r.Tags) != 0 {
+		t.Fatalf("b's beat = %+v, want a and b alive, and no notes for b", r)
+	}
+	if r := beat("a", now.Add(2*time.Second)); !slices.Equal(r.Tags, []string{"p1", "p2"}) {
+		t.Fatalf("a's beat = %+v, want its notes of its scope, once each", r)
+	}
+	if r := beat("a", now.Add(3*time.Second)); len(r.Tags) != 0 {
+		t.Fatalf("notes taken twice: %+v", r)
+	}
+	if r := beat("b", now.Add(6*time.Second+time.Millisecond)); !slices.Equal(r.Alive, []string{"b"}) {
+		t.Fatalf("b's beat 3 s after a's last = %+v, want b alone", r)
+	}
 }

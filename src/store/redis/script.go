@@ -694,7 +694,8 @@ var (
 // NOSCRIPT.
 var scriptSources = func() map[string]string {
 	m := map[string]string{decideSHA: decideLua, undoSHA: undoLua,
-		quotaSyncSHA: quotaSyncLua, quotaCommitSHA: quotaCommitLua, quotaStartedSHA: quotaStartedLua}
+		quotaSyncSHA: quotaSyncLua, quotaCommitSHA: quotaCommitLua, quotaStartedSHA: quotaStartedLua,
+		quotaBeatSHA: quotaBeatLua}
 	for _, src := range leanScripts {
 		if src != "" {
 			m[scriptSHA(src)] = src
