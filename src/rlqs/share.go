@@ -37,11 +37,13 @@ import (
 //   - every replica reads the grants written for its own streams'
 //     subscribers, and sends those it has not sent yet;
 //   - a replica exchanges a pool with the store only when there is
-//     something to exchange: reports to hand over, or a note another
-//     replica left it (an owner that wrote grants for its subscribers,
-//     a replica that handed over reports to a pool it owns), or a pool
-//     whose owner stopped beating, and besides every pool every
-//     shareSweep, so that a note lost costs that much delay at most;
+//     something to exchange: reports of another replica's subscribers to
+//     hand over, or a note another replica left it (an owner that wrote
+//     grants for its subscribers; a replica that handed over reports to
+//     a pool it owns, at each handover, so that a note lost costs a
+//     report period at most), or a pool whose owner stopped beating, and
+//     besides every pool it neither exchanged nor wrote for shareSweep:
+//     an owner's own reports need no exchange;
 //   - every replica beats at each tick: a replica that has not beaten for
 //     shareAlive is dead. Its leases are free at once, and the owners of
 //     its subscribers take them as gone (their streams closed with it);
@@ -128,7 +130,8 @@ type sharedPool struct {
 	// the domain and the bucket id; tag names it in notes.
 	name, tag string
 	// holder is the replica that held its lease at the last exchange
-	// ("" until one), synced when that was.
+	// ("" until one); synced is when that was, or when its owner (this
+	// replica) last wrote it, which renews the lease too.
 	holder string
 	synced time.Time
 	// local are the subscribers of this replica's streams, by id.
@@ -248,8 +251,10 @@ type syncing struct {
 	// the shared pools started could not be read for it.
 	commit int
 	fresh  bool
-	// local: an owned pool run without an exchange.
-	local bool
+	// local: an owned pool run without an exchange, on the reports of
+	// its own subscribers.
+	local   bool
+	reports []quota.Field
 }
 
 // tickShared is Tick with a shared store: an exchange with the store for
@@ -452,8 +457,14 @@ func (q *Service) runReplies(work []*syncing, replies []quota.SyncReply, startEr
 func (q *Service) runLocal(local []*syncing, commits []quota.CommitRequest, notes []quota.Note) ([]quota.CommitRequest, []quota.Note) {
 	for _, w := range local {
 		q.mu.Lock()
+		rep := quota.SyncReply{Owner: true, Epoch: w.qp.sh.epoch, Reports: w.reports}
 		if q.pools[w.k] == w.qp && w.qp.sh.owned && w.qp.p != nil {
-			commits, notes = q.runOwned(q.cfg.Now(), w, quota.SyncReply{Owner: true, Epoch: w.qp.sh.epoch}, commits, notes)
+			q.handedOver(w, rep)
+			commits, notes = q.runOwned(q.cfg.Now(), w, rep, commits, notes)
+		} else {
+			// The pool changed hands, or went, since: its reports are
+			// lost, as when an exchange fails.
+			q.handedOver(w, quota.SyncReply{Err: errLocalLost})
 		}
 		q.mu.Unlock()
 	}
@@ -517,15 +528,22 @@ func (q *Service) syncRequest(now time.Time, k poolKey) (*syncing, quota.SyncReq
 		}
 	}
 	switch {
+	case qp.sh.owned && !due:
+		// Its own reports need no store: the pool takes them as they
+		// are.
+		w.local = true
+		for _, p := range req.Push {
+			w.reports = append(w.reports, quota.Field{Sub: p.Sub, Value: p.Alone})
+		}
 	case due || len(req.Push) > 0:
 		delete(sh.noted, qp.sh.tag)
-	case qp.sh.owned:
-		w.local = true
 	default:
 		return nil, quota.SyncRequest{}, false
 	}
 	return w, req, true
 }
+
+var errLocalLost = errors.New("quota: the pool changed hands before its reports were taken")
 
 var errShareDown = status.Error(codes.Unavailable, "service: this replica cannot reach the store it shares quotas through (Redis); open the stream to another replica")
 
@@ -533,6 +551,31 @@ var errShareDown = status.Error(codes.Unavailable, "service: this replica cannot
 // over, and the grants of a pool another replica owns. It reports whether
 // this replica owns the pool, which then runs.
 func (q *Service) syncReply(now time.Time, w *syncing, rep quota.SyncReply) bool {
+	sh := w.qp.sh
+	q.handedOver(w, rep)
+	if rep.Err != nil {
+		q.share.errors.Inc()
+		return false
+	}
+	sh.synced, sh.holder = now, rep.Holder
+	if rep.Owner {
+		sh.holder = q.share.replica
+	}
+	if !rep.Owner {
+		if sh.owned {
+			q.disown(w.qp)
+		}
+		for i, ls := range w.want {
+			q.sendGrant(now, ls, rep.Grants[i])
+		}
+		return false
+	}
+	return true
+}
+
+// handedOver records what became of the reports handed over, and forgets
+// the subscribers that left once that is done.
+func (q *Service) handedOver(w *syncing, rep quota.SyncReply) {
 	sh := w.qp.sh
 	for i, ls := range w.pushed {
 		switch {
@@ -555,24 +598,6 @@ func (q *Service) syncReply(now time.Time, w *syncing, rep quota.SyncReply) bool
 			q.subs--
 		}
 	}
-	if rep.Err != nil {
-		q.share.errors.Inc()
-		return false
-	}
-	sh.synced, sh.holder = now, rep.Holder
-	if rep.Owner {
-		sh.holder = q.share.replica
-	}
-	if !rep.Owner {
-		if sh.owned {
-			q.disown(w.qp)
-		}
-		for i, ls := range w.want {
-			q.sendGrant(now, ls, rep.Grants[i])
-		}
-		return false
-	}
-	return true
 }
 
 // disown forgets a pool this replica owned: its lease is another's.
@@ -622,6 +647,12 @@ func (q *Service) runOwned(now time.Time, w *syncing, rep quota.SyncReply, commi
 	}
 	changes = append(changes, p.Tick(now)...)
 	q.totals(qp.rule).beyond.Add(p.Beyond() - beyond)
+	if w.local && len(w.reports) == 0 && len(changes) == 0 {
+		// Nothing to write: what the tick changed (leases that ended)
+		// goes with the next write, and a new owner restoring the state
+		// before it counts a lease that ended, which it ends at once.
+		return commits, notes
+	}
 	for _, c := range changes {
 		if c.Sub >= 1<<63 {
 			continue
@@ -748,7 +779,7 @@ func (q *Service) committed(now time.Time, w *syncing, c quota.CommitRequest, er
 			delete(sh.stored, id)
 		}
 	}
-	sh.state = c.State
+	sh.state, sh.synced = c.State, now
 	for _, id := range slices.Sorted(maps.Keys(sh.local)) {
 		if ls := sh.local[id]; !ls.left {
 			q.sendGrant(now, ls, sh.grants[id])

@@ -168,7 +168,7 @@ func (f *fleet) step() {
 		case !e.assigned:
 			e.allowed += served // no_assignment_behavior: ALLOW_ALL
 		case inForce:
-			a := min(served, rate(e.tb))
+			a := min(served, rate(e.tb)*fleetStep.Seconds())
 			e.allowed += a
 			e.denied += served - a
 		default:
