@@ -288,10 +288,12 @@ func limitConnOf(c net.Conn) *limitConn {
 	return nil
 }
 
-// CloseWrite passes through to TCP connections, which net/http uses to
-// deliver an error answer (such as 431) before closing.
-func (c *limitConn) CloseWrite() error {
-	if cw, ok := c.Conn.(interface{ CloseWrite() error }); ok {
+func (c *limitConn) CloseWrite() error { return closeWrite(c.Conn) }
+
+// closeWrite passes CloseWrite through to TCP connections, which net/http
+// uses to deliver an error answer (such as 431) before closing.
+func closeWrite(c net.Conn) error {
+	if cw, ok := c.(interface{ CloseWrite() error }); ok {
 		return cw.CloseWrite()
 	}
 	return nil

@@ -144,14 +144,7 @@ func (c *peekedConn) Read(p []byte) (int, error) {
 // NetConn is the connection beneath.
 func (c *peekedConn) NetConn() net.Conn { return c.Conn }
 
-// CloseWrite passes through, as limitConn's does (net/http delivers an
-// error answer with it).
-func (c *peekedConn) CloseWrite() error {
-	if cw, ok := c.Conn.(interface{ CloseWrite() error }); ok {
-		return cw.CloseWrite()
-	}
-	return nil
-}
+func (c *peekedConn) CloseWrite() error { return closeWrite(c.Conn) }
 
 // RequireTLS refuses a request that came in plaintext: with TLS on the
 // gRPC listener, /json answers over TLS only (on the same port, with the

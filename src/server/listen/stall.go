@@ -187,26 +187,12 @@ func (w *StallWatch) watch(c net.Conn) *watchedConn {
 	return wc
 }
 
-// closeWorst closes the connection leaving the most answers waiting, when
-// all together are still past the bound.
-func (w *StallWatch) closeWorst() {
-	if w.waiting.Load() <= w.maxWaiting {
+// closeMost closes the connection with the most of what count counts,
+// when all connections together (total) are still past bound.
+func (w *StallWatch) closeMost(total *atomic.Int64, bound int64, count func(*watchedConn) int64) {
+	if total.Load() <= bound {
 		return
 	}
-	w.closeMost(func(c *watchedConn) int64 { return c.waitingNow.Load() })
-}
-
-// closeWorstHalfSent closes the connection holding the most requests not
-// whole, when all together are still past the bound.
-func (w *StallWatch) closeWorstHalfSent() {
-	if w.halfSent.Load() <= w.maxHalfSent {
-		return
-	}
-	w.closeMost(func(c *watchedConn) int64 { return c.halfSentNow.Load() })
-}
-
-// closeMost closes the connection with the most of what count counts.
-func (w *StallWatch) closeMost(count func(*watchedConn) int64) {
 	w.mu.Lock()
 	var worst *watchedConn
 	var most int64
@@ -628,7 +614,7 @@ func (c *watchedConn) addHalfSent(delta int) {
 	c.halfSent += delta
 	c.halfSentNow.Store(int64(c.halfSent))
 	if c.w.halfSent.Add(int64(delta)) > c.w.maxHalfSent && delta > 0 {
-		go c.w.closeWorstHalfSent()
+		go c.w.closeMost(&c.w.halfSent, c.w.maxHalfSent, func(c *watchedConn) int64 { return c.halfSentNow.Load() })
 	}
 }
 
@@ -683,7 +669,7 @@ func (c *watchedConn) update() {
 	// Past the bound, the watch closes the connection holding the most,
 	// aside: closing takes c.mu.
 	if c.w.waiting.Add(delta) > c.w.maxWaiting && delta > 0 {
-		go c.w.closeWorst()
+		go c.w.closeMost(&c.w.waiting, c.w.maxWaiting, func(c *watchedConn) int64 { return c.waitingNow.Load() })
 	}
 }
 
