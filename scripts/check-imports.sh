@@ -33,6 +33,8 @@ for d in $(find src/store -mindepth 1 -maxdepth 1 -type d ! -name storetest | so
   check "$d" src/service src/rlqs src/server src/provider src/settings
 done
 check src/service src/server src/settings src/store src/provider src/rlqs
+# The listeners' hardening knows its bounds only as server hands them.
+check src/server/listen src/server src/service src/rlqs src/settings src/store src/provider src/limiter src/live src/capture
 # The two gRPC fronts share only src/wire (the codec's "malformed" mark and
 # the request bounds), a leaf; neither imports the other.
 check src/wire src/

@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/net/http2"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
@@ -82,7 +83,7 @@ func TestProtocolMistakesWarned(t *testing.T) {
 		{"tls_on_plaintext", false, func(t *testing.T, addr string) {
 			sendRaw(t, addr, &tls.Config{InsecureSkipVerify: true, NextProtos: []string{"h2"}}, "")
 		}, []string{"speaks TLS", "GRPC_SERVER_USE_TLS=true", "transport_socket"}},
-		{"h2c_on_tls", true, func(t *testing.T, addr string) { sendRaw(t, addr, nil, clientPreface) },
+		{"h2c_on_tls", true, func(t *testing.T, addr string) { sendRaw(t, addr, nil, http2.ClientPreface) },
 			[]string{"speaks plaintext HTTP/2", "transport_socket", "GRPC_SERVER_USE_TLS=false", `first_bytes="PRI *"`}},
 		{"http1_on_tls", true, func(t *testing.T, addr string) { sendRaw(t, addr, nil, http1Request) },
 			[]string{"speaks plaintext, not HTTP/2 either", "transport_socket", "explicit_http_config"}},

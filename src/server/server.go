@@ -40,6 +40,7 @@ import (
 	"github.com/ratelimitd/ratelimit/src/quota"
 	"github.com/ratelimitd/ratelimit/src/rlqs"
 	"github.com/ratelimitd/ratelimit/src/rules"
+	"github.com/ratelimitd/ratelimit/src/server/listen"
 	"github.com/ratelimitd/ratelimit/src/service"
 	"github.com/ratelimitd/ratelimit/src/settings"
 	"github.com/ratelimitd/ratelimit/src/stats"
@@ -98,7 +99,7 @@ type Server struct {
 	reloadErr atomic.Pointer[loadError]
 	// udsOwn is the socket made at GRPC_UDS, removed at shutdown if it is
 	// still there; nil without GRPC_UDS.
-	udsOwn *ownSocket
+	udsOwn *listen.OwnSocket
 	// tls serves TLS on the gRPC listener; nil without GRPC_SERVER_USE_TLS.
 	tls *serverTLS
 	// live records the traffic for the live view, and web serves it on
@@ -110,9 +111,6 @@ type Server struct {
 	// streams bounds the long-lived gRPC calls besides the quota
 	// service's (streams.go).
 	streams *streamBound
-	// stall watches the gRPC connections and calls for clients that hold
-	// them without using them (stall.go, callwait.go).
-	stall *stallWatch
 	// quota serves the Rate Limit Quota Service; nil with
 	// RLQS_ENABLED=false.
 	quota *rlqs.Service
@@ -475,32 +473,32 @@ func (s *Server) loadTLS() error {
 }
 
 // connLimits returns the connection caps of the gRPC and HTTP listeners.
-func (s *Server) connLimits() (grpcCap, httpCap limits) {
+func (s *Server) connLimits() (grpcCap, httpCap listen.Limits) {
 	// One cap per listener, so that no single listener can take every file
 	// descriptor; together they must also fit the open-file limit.
-	caps := connCaps{grpc: s.set.GRPCMaxConnections, http: s.set.HTTPMaxConnections, httpListeners: 2}
+	caps := listen.Caps{GRPC: s.set.GRPCMaxConnections, HTTP: s.set.HTTPMaxConnections, HTTPListeners: 2}
 	if s.prometheus() {
-		caps.httpListeners++
+		caps.HTTPListeners++
 	}
-	nofile := openFileLimit()
-	caps, lowered := caps.fit(nofile)
+	nofile := listen.OpenFileLimit()
+	caps, lowered := caps.Fit(nofile)
 	if lowered {
 		s.log.Warn("connection caps lowered to fit the open-file limit",
-			"RLIMIT_NOFILE", nofile, "GRPC_MAX_CONNECTIONS", caps.grpc, "HTTP_MAX_CONNECTIONS", caps.http)
+			"RLIMIT_NOFILE", nofile, "GRPC_MAX_CONNECTIONS", caps.GRPC, "HTTP_MAX_CONNECTIONS", caps.HTTP)
 	}
 	// No client address may hold more than its share of a listener.
 	overShare := s.stats.Counter("ratelimit.server.connections_over_peer_share")
-	share := func(capacity int, setting string) limits {
-		return limits{capacity: capacity, perPeer: peerShare(capacity, s.set.MaxConnectionsPerPeerPercent), setting: setting, overShare: overShare}
+	share := func(capacity int, setting string) listen.Limits {
+		return listen.Limits{Capacity: capacity, PerPeerPercent: s.set.MaxConnectionsPerPeerPercent, Setting: setting, OverShare: overShare}
 	}
-	grpcCap, httpCap = share(caps.grpc, "GRPC_MAX_CONNECTIONS"), share(caps.http, "HTTP_MAX_CONNECTIONS")
+	grpcCap, httpCap = share(caps.GRPC, "GRPC_MAX_CONNECTIONS"), share(caps.HTTP, "HTTP_MAX_CONNECTIONS")
 	// At its cap an HTTP listener closes the connection idle longest for
 	// a new one, so that /healthcheck answers whatever slow clients hold;
 	// the gRPC listener, one idle for grpcEvictIdle at least, so that
 	// clients holding their share with silent streams cannot keep others
 	// out.
-	httpCap.evicted = s.stats.Counter("ratelimit.server.connections_evicted")
-	grpcCap.evicted, grpcCap.minIdle = httpCap.evicted, grpcEvictIdle
+	httpCap.Evicted = s.stats.Counter("ratelimit.server.connections_evicted")
+	grpcCap.Evicted, grpcCap.MinIdle = httpCap.Evicted, grpcEvictIdle
 
 	return grpcCap, httpCap
 }
@@ -509,22 +507,22 @@ func (s *Server) connLimits() (grpcCap, httpCap limits) {
 // tries each, so that its error names every listener that could not open,
 // each by the settings that place it (two ports in use need one restart,
 // not two); on a failure it closes those it opened.
-func (s *Server) openListeners(grpcCap, httpCap limits) error {
+func (s *Server) openListeners(grpcCap, httpCap listen.Limits) error {
 	var opened []net.Listener
 	var errs []error
 	// open opens addr, placed by the settings where names (setting the
 	// one of its port).
-	open := func(lim limits, addr, where, setting string) net.Listener {
+	open := func(lim listen.Limits, addr, where, setting string) net.Listener {
 		l, err := net.Listen("tcp", addr)
 		if err != nil {
 			errs = append(errs, listenError(where, setting, err))
 			return nil
 		}
-		ll := newLimitListener(l, lim, s.log)
+		ll := listen.Limit(l, lim, s.log)
 		opened = append(opened, ll)
 		return ll
 	}
-	hostPort := func(lim limits, hostSetting, host, portSetting string, port int) net.Listener {
+	hostPort := func(lim listen.Limits, hostSetting, host, portSetting string, port int) net.Listener {
 		where := fmt.Sprintf("%s=%s %s=%d", hostSetting, host, portSetting, port)
 		return open(lim, net.JoinHostPort(host, fmt.Sprint(port)), where, portSetting)
 	}
@@ -546,12 +544,12 @@ func (s *Server) openListeners(grpcCap, httpCap limits) error {
 		for _, o := range opened {
 			o.Close()
 		}
-		s.udsOwn.remove()
+		s.udsOwn.Remove()
 		return errors.Join(errs...)
 	}
 	if s.tls != nil {
 		// Plaintext for the kubelet's probes, TLS for /json (issue 24).
-		s.httpLn = newSniffListener(s.httpLn, s.tls.httpConfig, s.tls.refused, httpReadHeaderTimeout)
+		s.httpLn = listen.Sniff(s.httpLn, s.tls.httpConfig, s.tls.refused, httpReadHeaderTimeout)
 	}
 	if s.promLn != nil {
 		pmux := http.NewServeMux()
@@ -562,20 +560,20 @@ func (s *Server) openListeners(grpcCap, httpCap limits) error {
 }
 
 // openUDS opens the gRPC listener on the socket GRPC_UDS.
-func (s *Server) openUDS(grpcCap limits) error {
+func (s *Server) openUDS(grpcCap listen.Limits) error {
 	path := s.set.GRPCUDS
-	if err := clearSocketPath(path); err != nil {
+	if err := listen.ClearSocketPath(path); err != nil {
 		return err
 	}
 	ul, err := net.Listen("unix", path)
 	if err != nil {
 		return fmt.Errorf("server: grpc listener: GRPC_UDS %s: %w", path, err)
 	}
-	if s.udsOwn, err = claimSocket(ul, path); err != nil {
+	if s.udsOwn, err = listen.ClaimSocket(ul, path); err != nil {
 		ul.Close()
 		return err
 	}
-	s.grpcLn = newLimitListener(ul, grpcCap, s.log)
+	s.grpcLn = listen.Limit(ul, grpcCap, s.log)
 	return nil
 }
 
@@ -591,20 +589,19 @@ func listenError(where, setting string, err error) error {
 // newGRPCServer builds the gRPC server and registers its services.
 func (s *Server) newGRPCServer() {
 	s.streams = newStreamBound(s.stats)
-	s.stall = newStallWatch(s.stats)
-	s.stall.idle = s.set.GRPCMaxConnectionIdle
+	stall := listen.NewStallWatch(s.stats, s.set.GRPCMaxConnectionIdle)
 	opts := append(grpcOptions(s.set, s.recoverUnary, s.recoverStream),
-		grpc.ChainUnaryInterceptor(s.stall.unary),
-		grpc.ChainStreamInterceptor(s.stall.stream, s.streams.intercept),
-		grpc.InTapHandle(s.stall.tap(s.svc.Tap)),
+		grpc.ChainUnaryInterceptor(stall.Unary),
+		grpc.ChainStreamInterceptor(stall.Stream, s.streams.intercept),
+		grpc.InTapHandle(stall.Tap(s.svc.Tap)),
 		grpc.ForceServerCodecV2(wire.Codec()))
 	// Every connection is watched for answers its client does not let out.
 	var creds credentials.TransportCredentials
 	if s.tls != nil {
 		creds = s.tls.credentials()
 	}
-	// A client that speaks another protocol is warned of (protocheck.go).
-	opts = append(opts, grpc.Creds(s.stall.credentials(newProtocolCheck(creds, s.log))))
+	// A client that speaks another protocol is warned of.
+	opts = append(opts, grpc.Creds(stall.Credentials(listen.NewProtocolCheck(creds, s.log))))
 	s.grpc = grpc.NewServer(opts...)
 	rlsv3.RegisterRateLimitServiceServer(s.grpc, s.svc)
 	if s.quota != nil {
@@ -623,7 +620,7 @@ func (s *Server) newMainHTTPServer() {
 	mux.Handle("/healthcheck", s.health)
 	jsonHandler := s.svc.JSONHandler(int64(s.set.GRPCMaxRecvMsgSize))
 	if s.tls != nil {
-		jsonHandler = requireTLS(jsonHandler)
+		jsonHandler = listen.RequireTLS(jsonHandler)
 	}
 	mux.Handle("/json", jsonHandler)
 	s.httpSrv = newHTTPServer(mux, httpWriteTimeout+s.store.timeout, s.log)
@@ -678,7 +675,7 @@ func (s *Server) newDebugServer() {
 		}
 		_, _ = io.WriteString(w, index)
 	})
-	s.debugSrv = newHTTPServer(allowHosts(s.set.DebugAllowedHosts, dmux), debugWriteTimeout, s.log)
+	s.debugSrv = newHTTPServer(listen.AllowHosts(s.set.DebugAllowedHosts, dmux), debugWriteTimeout, s.log)
 	if s.web != nil {
 		// Streams never end by themselves: a graceful shutdown ends them.
 		s.debugSrv.RegisterOnShutdown(s.web.Close)
@@ -968,7 +965,7 @@ func (s *Server) shutdown(run *sync.WaitGroup) {
 	}
 	// flushTraces returns by its deadline: the SDK's export gives up then.
 	traces.Wait()
-	s.udsOwn.remove()
+	s.udsOwn.Remove()
 }
 
 // flushStats sends the statistics one last time, within ctx.

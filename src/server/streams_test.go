@@ -16,6 +16,7 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/status"
 
+	"github.com/ratelimitd/ratelimit/src/server/listen"
 	"github.com/ratelimitd/ratelimit/src/stats"
 )
 
@@ -131,7 +132,7 @@ func watchHealth(t *testing.T, cc *grpc.ClientConn) <-chan error {
 // ended: GRPC_MAX_CONNECTION_AGE and its grace, 25 h by default.
 func TestSilentStreamsGiveUpTheirSlots(t *testing.T) {
 	srv, _ := build(t, serverRules, map[string]string{"GRPC_MAX_CONNECTIONS": "4"}, io.Discard)
-	srv.grpcLn.(*limitListener).minIdle = 200 * time.Millisecond
+	srv.grpcLn.(*listen.Listener).MinIdle = 200 * time.Millisecond
 	run(t, srv)
 	var watches []<-chan error
 	for i := range 4 {

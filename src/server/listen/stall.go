@@ -1,4 +1,10 @@
-package server
+// Package listen hardens the server's listeners against clients that hold
+// what they do not use: connection caps (Limit, TrackRequests), the stall
+// watch of gRPC connections and calls (StallWatch), the protocol check
+// (NewProtocolCheck), plaintext and TLS on one port (Sniff), Unix sockets
+// and the debug listener's Host check (AllowHosts). Package server wires
+// them.
+package listen
 
 import (
 	"encoding/binary"
@@ -75,7 +81,7 @@ const (
 // clientPreface starts every HTTP/2 connection from a client.
 const clientPreface = "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
 
-// stallWatch watches every gRPC connection's HTTP/2 frames, both ways, to
+// StallWatch watches every gRPC connection's HTTP/2 frames, both ways, to
 // tell when the client keeps the server's answers from going out: the
 // answers waiting on the client's flow-control window (the connection's
 // or the stream's) are counted, and a connection is closed when it leaves
@@ -93,7 +99,7 @@ const clientPreface = "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
 // reads frame headers only (and the payloads of SETTINGS and
 // WINDOW_UPDATE, and the prefixes of the client's messages), never a
 // message. It is safe for concurrent use.
-type stallWatch struct {
+type StallWatch struct {
 	stall time.Duration
 	// maxWait is grpcMaxRequestWait (awaitRequest).
 	maxWait     time.Duration
@@ -115,8 +121,11 @@ type stallWatch struct {
 	conns map[*watchedConn]struct{}
 }
 
-func newStallWatch(reg *stats.Registry) *stallWatch {
-	w := &stallWatch{
+// NewStallWatch returns a watch that counts in reg; idle is
+// GRPC_MAX_CONNECTION_IDLE.
+func NewStallWatch(reg *stats.Registry, idle time.Duration) *StallWatch {
+	w := &StallWatch{
+		idle:        idle,
 		stall:       grpcWriteStall,
 		maxWait:     grpcMaxRequestWait,
 		maxWaiting:  grpcMaxWaitingAnswers,
@@ -130,9 +139,9 @@ func newStallWatch(reg *stats.Registry) *stallWatch {
 	return w
 }
 
-// credentials wraps a listener's transport credentials (nil: plaintext)
+// Credentials wraps a listener's transport credentials (nil: plaintext)
 // so that every connection they hand grpc-go is watched.
-func (w *stallWatch) credentials(inner credentials.TransportCredentials) credentials.TransportCredentials {
+func (w *StallWatch) Credentials(inner credentials.TransportCredentials) credentials.TransportCredentials {
 	if inner == nil {
 		inner = insecure.NewCredentials()
 	}
@@ -141,7 +150,7 @@ func (w *stallWatch) credentials(inner credentials.TransportCredentials) credent
 
 type watchCreds struct {
 	credentials.TransportCredentials
-	w *stallWatch
+	w *StallWatch
 }
 
 // ServerHandshake watches the connection the inner handshake returns.
@@ -158,7 +167,7 @@ func (c watchCreds) Clone() credentials.TransportCredentials {
 	return watchCreds{TransportCredentials: c.TransportCredentials.Clone(), w: c.w}
 }
 
-func (w *stallWatch) watch(c net.Conn) *watchedConn {
+func (w *StallWatch) watch(c net.Conn) *watchedConn {
 	wc := &watchedConn{
 		Conn: c, w: w,
 		in:      frameParser{skip: len(clientPreface)},
@@ -178,26 +187,12 @@ func (w *stallWatch) watch(c net.Conn) *watchedConn {
 	return wc
 }
 
-// closeWorst closes the connection leaving the most answers waiting, when
-// all together are still past the bound.
-func (w *stallWatch) closeWorst() {
-	if w.waiting.Load() <= w.maxWaiting {
+// closeMost closes the connection with the most of what count counts,
+// when all connections together (total) are still past bound.
+func (w *StallWatch) closeMost(total *atomic.Int64, bound int64, count func(*watchedConn) int64) {
+	if total.Load() <= bound {
 		return
 	}
-	w.closeMost(func(c *watchedConn) int64 { return c.waitingNow.Load() })
-}
-
-// closeWorstHalfSent closes the connection holding the most requests not
-// whole, when all together are still past the bound.
-func (w *stallWatch) closeWorstHalfSent() {
-	if w.halfSent.Load() <= w.maxHalfSent {
-		return
-	}
-	w.closeMost(func(c *watchedConn) int64 { return c.halfSentNow.Load() })
-}
-
-// closeMost closes the connection with the most of what count counts.
-func (w *stallWatch) closeMost(count func(*watchedConn) int64) {
 	w.mu.Lock()
 	var worst *watchedConn
 	var most int64
@@ -215,7 +210,7 @@ func (w *stallWatch) closeMost(count func(*watchedConn) int64) {
 // watchedConn is a gRPC connection whose frames the watch reads.
 type watchedConn struct {
 	net.Conn
-	w    *stallWatch
+	w    *StallWatch
 	once sync.Once
 	// slot is the connection's slot of GRPC_MAX_CONNECTIONS, nil if none:
 	// its idleSince is used, for the listener's choice of a connection to
@@ -619,7 +614,7 @@ func (c *watchedConn) addHalfSent(delta int) {
 	c.halfSent += delta
 	c.halfSentNow.Store(int64(c.halfSent))
 	if c.w.halfSent.Add(int64(delta)) > c.w.maxHalfSent && delta > 0 {
-		go c.w.closeWorstHalfSent()
+		go c.w.closeMost(&c.w.halfSent, c.w.maxHalfSent, func(c *watchedConn) int64 { return c.halfSentNow.Load() })
 	}
 }
 
@@ -674,7 +669,7 @@ func (c *watchedConn) update() {
 	// Past the bound, the watch closes the connection holding the most,
 	// aside: closing takes c.mu.
 	if c.w.waiting.Add(delta) > c.w.maxWaiting && delta > 0 {
-		go c.w.closeWorst()
+		go c.w.closeMost(&c.w.waiting, c.w.maxWaiting, func(c *watchedConn) int64 { return c.waitingNow.Load() })
 	}
 }
 

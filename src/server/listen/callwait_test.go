@@ -1,10 +1,10 @@
-package server
+package listen
 
 import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
+	"net"
 	"runtime"
 	"sync"
 	"sync/atomic"
@@ -12,13 +12,15 @@ import (
 	"testing/synctest"
 	"time"
 
-	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
-	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/encoding"
+	"google.golang.org/grpc/health"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/mem"
 	"google.golang.org/grpc/status"
+	"google.golang.org/grpc/tap"
 
 	"github.com/ratelimitd/ratelimit/src/stats"
 )
@@ -41,7 +43,7 @@ func TestAwaitRequest(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
-				w := newStallWatch(stats.NewRegistry())
+				w := NewStallWatch(stats.NewRegistry(), 0)
 				parent := context.Background()
 				if tt.deadline > 0 {
 					var cancel context.CancelFunc
@@ -81,7 +83,7 @@ func TestAwaitRequest(t *testing.T) {
 		})
 	}
 	for _, d := range []time.Duration{time.Second, 30 * time.Second, grpcMaxRequestWait} {
-		w := newStallWatch(stats.NewRegistry())
+		w := NewStallWatch(stats.NewRegistry(), 0)
 		parent, cancel := context.WithTimeout(context.Background(), d)
 		if ctx := w.awaitRequest(parent); ctx != parent {
 			t.Errorf("a call with a deadline of %v is watched: grpc-go ends it by then", d)
@@ -90,7 +92,7 @@ func TestAwaitRequest(t *testing.T) {
 	}
 	t.Run("call_reset", func(t *testing.T) {
 		synctest.Test(t, func(t *testing.T) {
-			w := newStallWatch(stats.NewRegistry())
+			w := NewStallWatch(stats.NewRegistry(), 0)
 			parent, cancel := context.WithCancel(context.Background())
 			ctx := w.awaitRequest(parent)
 			cancel() // the client reset the stream
@@ -158,24 +160,20 @@ func burnCPU(t *testing.T) {
 // the connection was closed and every call on it failed (issue 36,
 // item 7: Unavailable, "error reading from server: EOF").
 func TestSlowRequestEndsItsCallAlone(t *testing.T) {
-	srv, _ := build(t, serverRules, nil, io.Discard)
-	srv.stall.stall = 300 * time.Millisecond
-	run(t, srv)
+	w := NewStallWatch(stats.NewRegistry(), 0)
+	w.stall = 300 * time.Millisecond
+	cc := dialGRPC(t, serveGRPC(t, w))
 	burnCPU(t)
-	rls := rlsv3.NewRateLimitServiceClient(dial(t, srv))
-	req := func(user string) *rlsv3.RateLimitRequest {
-		return &rlsv3.RateLimitRequest{Domain: "web", Descriptors: []*ratelimitv3.RateLimitDescriptor{{
-			Entries: []*ratelimitv3.RateLimitDescriptor_Entry{{Key: "user", Value: user}},
-		}}}
-	}
-	if _, err := rls.ShouldRateLimit(t.Context(), req("first")); err != nil {
+	hc := healthpb.NewHealthClient(cc)
+	req := &healthpb.HealthCheckRequest{}
+	if _, err := hc.Check(t.Context(), req); err != nil {
 		t.Fatal(err)
 	}
 
 	slow := func(ctx context.Context, release chan struct{}) <-chan error {
 		errc := make(chan error, 1)
 		go func() {
-			_, err := rls.ShouldRateLimit(ctx, req("slow"), grpc.ForceCodecV2(slowCodec{encoding.GetCodecV2("proto"), release}))
+			_, err := hc.Check(ctx, req, grpc.ForceCodecV2(slowCodec{encoding.GetCodecV2("proto"), release}))
 			errc <- err
 		}()
 		return errc
@@ -186,13 +184,13 @@ func TestSlowRequestEndsItsCallAlone(t *testing.T) {
 	ctx, cancel := context.WithTimeout(t.Context(), 20*time.Second)
 	defer cancel()
 	patient := slow(ctx, patientRelease)
-	eventually(t, "the patient call's headers", func() bool { return srv.stall.halfSent.Load() == 1 })
+	eventually(t, "the patient call's headers", func() bool { return w.halfSent.Load() == 1 })
 
 	// Other calls on the same connection, until the slow ones are done.
 	done := make(chan struct{})
 	var others sync.WaitGroup
 	var served atomic.Int64
-	for i := range 4 {
+	for range 4 {
 		others.Go(func() {
 			for {
 				select {
@@ -201,7 +199,7 @@ func TestSlowRequestEndsItsCallAlone(t *testing.T) {
 				default:
 				}
 				ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
-				_, err := rls.ShouldRateLimit(ctx, req(fmt.Sprint("other", i)))
+				_, err := hc.Check(ctx, req)
 				cancel()
 				if err != nil {
 					t.Errorf("a call beside the slow ones: %v", err)
@@ -213,7 +211,7 @@ func TestSlowRequestEndsItsCallAlone(t *testing.T) {
 	}
 
 	impatient := slow(t.Context(), impatientRelease)
-	eventually(t, "the call without a deadline ended", func() bool { return srv.stall.callsEnded.Value() == 1 })
+	eventually(t, "the call without a deadline ended", func() bool { return w.callsEnded.Value() == 1 })
 	close(impatientRelease)
 	if err := <-impatient; status.Code(err) != codes.DeadlineExceeded {
 		t.Errorf("a call whose message did not come in time: %v, want DeadlineExceeded", err)
@@ -224,11 +222,49 @@ func TestSlowRequestEndsItsCallAlone(t *testing.T) {
 	}
 	close(done)
 	others.Wait()
-	if n := srv.stall.callsEnded.Value(); n != 1 {
+	if n := w.callsEnded.Value(); n != 1 {
 		t.Errorf("grpc_stalled_calls_ended = %d, want 1", n)
 	}
-	if n := srv.stall.closed.Value(); n != 0 {
+	if n := w.closed.Value(); n != 0 {
 		t.Errorf("grpc_stalled_connections_closed = %d, want 0: the connection carried other calls", n)
 	}
 	t.Logf("%d other calls served on the connection meanwhile", served.Load())
+}
+
+// serveGRPC serves the health service on 127.0.0.1, every connection and
+// call watched by w as the server's are, until the test ends, and returns
+// its address.
+func serveGRPC(t *testing.T, w *StallWatch) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	pass := func(ctx context.Context, _ *tap.Info) (context.Context, error) { return ctx, nil }
+	srv := grpc.NewServer(grpc.Creds(w.Credentials(nil)), grpc.InTapHandle(w.Tap(pass)),
+		grpc.ChainUnaryInterceptor(w.Unary), grpc.ChainStreamInterceptor(w.Stream))
+	healthpb.RegisterHealthServer(srv, health.NewServer())
+	go func() { _ = srv.Serve(l) }()
+	t.Cleanup(srv.Stop)
+	return l.Addr().String()
+}
+
+func dialGRPC(t *testing.T, addr string) *grpc.ClientConn {
+	t.Helper()
+	cc, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cc.Close() })
+	return cc
+}
+
+// eventually polls cond until it holds or 10 s have passed.
+func eventually(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	for deadline := time.Now().Add(10 * time.Second); !cond(); time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+	}
 }

@@ -1,4 +1,4 @@
-package server
+package listen
 
 import (
 	"crypto/tls"
@@ -61,7 +61,8 @@ type protocolLog struct {
 	every [numMistakes]wire.LogEvery
 }
 
-func newProtocolCheck(inner credentials.TransportCredentials, log *slog.Logger) protocolCheck {
+// NewProtocolCheck wraps inner (nil: plaintext) in a protocolCheck.
+func NewProtocolCheck(inner credentials.TransportCredentials, log *slog.Logger) credentials.TransportCredentials {
 	c := protocolCheck{TransportCredentials: inner, tls: inner != nil, state: &protocolLog{log: log}}
 	if inner == nil {
 		c.TransportCredentials = insecure.NewCredentials()

@@ -1,4 +1,4 @@
-package server
+package listen
 
 import (
 	"context"
@@ -19,9 +19,9 @@ const grpcMaxRequestWait = time.Minute
 // errRequestLate is why a call ended whose request did not come in time.
 var errRequestLate = errors.New("server: the request did not come whole in time")
 
-// tap wraps the service's tap: every call it lets in is watched until its
+// Tap wraps the service's tap: every call it lets in is watched until its
 // request has come (awaitRequest).
-func (w *stallWatch) tap(next tap.ServerInHandle) tap.ServerInHandle {
+func (w *StallWatch) Tap(next tap.ServerInHandle) tap.ServerInHandle {
 	return func(ctx context.Context, info *tap.Info) (context.Context, error) {
 		ctx, err := next(ctx, info)
 		if err != nil {
@@ -42,7 +42,7 @@ func (w *stallWatch) tap(next tap.ServerInHandle) tap.ServerInHandle {
 // busy machine took longer than grpcWriteStall). A call whose deadline
 // comes within grpcMaxRequestWait needs nothing: grpc-go ends it then.
 // ctx is the call's, as the tap gets it.
-func (w *stallWatch) awaitRequest(ctx context.Context) context.Context {
+func (w *StallWatch) awaitRequest(ctx context.Context) context.Context {
 	wait := w.stall
 	if d, ok := ctx.Deadline(); ok {
 		if time.Until(d) <= w.maxWait {
@@ -114,16 +114,16 @@ func requestArrived(ctx context.Context) {
 	}
 }
 
-// unary stops the wait of a unary call: grpc-go calls the interceptors
+// Unary stops the wait of a unary call: grpc-go calls the interceptors
 // once its message has come and been decoded.
-func (w *stallWatch) unary(ctx context.Context, req any, _ *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+func (w *StallWatch) Unary(ctx context.Context, req any, _ *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
 	requestArrived(ctx)
 	return handler(ctx, req)
 }
 
-// stream stops the wait of a streaming call at its first message (or the
+// Stream stops the wait of a streaming call at its first message (or the
 // end of its request, or any error reading it).
-func (w *stallWatch) stream(srv any, ss grpc.ServerStream, _ *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
+func (w *StallWatch) Stream(srv any, ss grpc.ServerStream, _ *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
 	if rc, ok := ss.Context().Value(requestKey{}).(*requestCtx); ok {
 		ss = &awaitedStream{ServerStream: ss, rc: rc}
 	}

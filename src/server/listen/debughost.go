@@ -1,4 +1,4 @@
-package server
+package listen
 
 import (
 	"net"
@@ -7,7 +7,7 @@ import (
 	"strings"
 )
 
-// allowHosts answers only the requests whose Host header names this
+// AllowHosts answers only the requests whose Host header names this
 // machine's debug listener as its operator reaches it: none (a client
 // that sends no Host), localhost, an address (IPv4 or IPv6, any: the
 // listener's own address when DEBUG_HOST publishes it), or one of names
@@ -20,7 +20,7 @@ import (
 // and pprof. The browser still sends that name in Host, and a page cannot
 // set Host itself; an address in Host never comes from a rebinding, since
 // the page's origin would then be the address itself.
-func allowHosts(names []string, next http.Handler) http.Handler {
+func AllowHosts(names []string, next http.Handler) http.Handler {
 	allowed := map[string]bool{"localhost": true}
 	for _, n := range names {
 		n = strings.TrimSuffix(strings.ToLower(strings.TrimSpace(n)), ".")

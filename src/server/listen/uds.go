@@ -1,4 +1,4 @@
-package server
+package listen
 
 import (
 	"errors"
@@ -19,11 +19,11 @@ import (
 // socket found at the path.
 const udsProbe = 500 * time.Millisecond
 
-// clearSocketPath makes path free for a new socket: nothing there, or a
+// ClearSocketPath makes path free for a new socket: nothing there, or a
 // socket no process answers on (left by one that died), which it removes.
 // Anything else is an error that names GRPC_UDS and leaves the path alone:
 // a file that is not a socket, or a socket a running process serves.
-func clearSocketPath(path string) error {
+func ClearSocketPath(path string) error {
 	info, err := os.Lstat(path)
 	if errors.Is(err, fs.ErrNotExist) {
 		return nil
@@ -48,17 +48,17 @@ func clearSocketPath(path string) error {
 	return nil
 }
 
-// ownSocket keeps the identity of the socket this server created at path,
+// OwnSocket keeps the identity of the socket this server created at path,
 // so that shutdown removes that one and not one a successor made since.
 // Go's listener would remove the path on Close whatever it holds: that is
 // turned off.
-type ownSocket struct {
+type OwnSocket struct {
 	path string
 	info fs.FileInfo
 }
 
-// claimSocket records the socket l created at path.
-func claimSocket(l net.Listener, path string) (*ownSocket, error) {
+// ClaimSocket records the socket l created at path.
+func ClaimSocket(l net.Listener, path string) (*OwnSocket, error) {
 	if ul, ok := l.(*net.UnixListener); ok {
 		ul.SetUnlinkOnClose(false)
 	}
@@ -66,14 +66,14 @@ func claimSocket(l net.Listener, path string) (*ownSocket, error) {
 	if err != nil {
 		return nil, fmt.Errorf("server: GRPC_UDS %s: %w", path, err)
 	}
-	return &ownSocket{path: path, info: info}, nil
+	return &OwnSocket{path: path, info: info}, nil
 }
 
-// remove removes the path if it is still the socket this server created:
+// Remove removes the path if it is still the socket this server created:
 // the same inode, and no process answers on it (this server's listener is
 // closed by then). The second check is needed because a file system may
 // give a successor's new socket the inode number of the one it replaced.
-func (o *ownSocket) remove() {
+func (o *OwnSocket) Remove() {
 	if o == nil {
 		return
 	}

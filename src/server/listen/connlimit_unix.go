@@ -1,13 +1,13 @@
 //go:build unix
 
-package server
+package listen
 
 import "syscall"
 
-// openFileLimit is the process's soft RLIMIT_NOFILE (which the Go runtime
+// OpenFileLimit is the process's soft RLIMIT_NOFILE (which the Go runtime
 // raises to the hard limit at startup), or 0 when it is unknown or
 // unlimited.
-func openFileLimit() uint64 {
+func OpenFileLimit() uint64 {
 	var rl syscall.Rlimit
 	if err := syscall.Getrlimit(syscall.RLIMIT_NOFILE, &rl); err != nil {
 		return 0

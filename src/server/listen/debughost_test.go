@@ -1,4 +1,4 @@
-package server
+package listen
 
 import (
 	"net/http"
@@ -34,7 +34,7 @@ func TestAllowHosts(t *testing.T) {
 			r := httptest.NewRequest(http.MethodGet, "/stats", nil)
 			r.Host = tt.host
 			w := httptest.NewRecorder()
-			allowHosts(tt.names, ok).ServeHTTP(w, r)
+			AllowHosts(tt.names, ok).ServeHTTP(w, r)
 			if w.Code != tt.want {
 				t.Errorf("Host %q with DEBUG_ALLOWED_HOSTS %q: %d, want %d", tt.host, tt.names, w.Code, tt.want)
 			}

@@ -1,4 +1,4 @@
-package server
+package listen
 
 import (
 	"bytes"
@@ -119,7 +119,7 @@ func waitingOf(wc *watchedConn) int64 {
 // waiting when the window comes or the stream ends.
 func TestStallWatchCountsWaitingAnswers(t *testing.T) {
 	for _, cut := range []int{0, 1, 3, 7, 10} {
-		w := newStallWatch(stats.NewRegistry())
+		w := NewStallWatch(stats.NewRegistry(), 0)
 		wc := w.watch(&fakeConn{})
 		f := newFrames()
 
@@ -187,7 +187,7 @@ func TestStallWatchCountsWaitingAnswers(t *testing.T) {
 
 // stalledConn is a watched connection whose client opened a stream with
 // no window and got its answer's headers: one answer waits.
-func stalledConn(t *testing.T, w *stallWatch, streams int) (*watchedConn, *fakeConn) {
+func stalledConn(t *testing.T, w *StallWatch, streams int) (*watchedConn, *fakeConn) {
 	t.Helper()
 	fc := &fakeConn{}
 	wc := w.watch(fc)
@@ -210,7 +210,7 @@ func stalledConn(t *testing.T, w *stallWatch, streams int) (*watchedConn, *fakeC
 // grants the window in time is not.
 func TestStalledConnectionIsClosed(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		w := newStallWatch(stats.NewRegistry())
+		w := NewStallWatch(stats.NewRegistry(), 0)
 		_, stuckConn := stalledConn(t, w, 1)
 		late, lateConn := stalledConn(t, w, 1)
 		time.Sleep(grpcWriteStall / 2)
@@ -239,7 +239,7 @@ func TestStalledConnectionIsClosed(t *testing.T) {
 // once, long before its stall bound.
 func TestWaitingBoundClosesTheWorst(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		w := newStallWatch(stats.NewRegistry())
+		w := NewStallWatch(stats.NewRegistry(), 0)
 		w.maxWaiting = 4
 		_, small := stalledConn(t, w, 2)
 		_, big := stalledConn(t, w, 3)
@@ -257,7 +257,7 @@ func TestWaitingBoundClosesTheWorst(t *testing.T) {
 // socket gets grpcWriteStall, then the connection is closed and counted.
 func TestUnreadSocketIsClosed(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		w := newStallWatch(stats.NewRegistry())
+		w := NewStallWatch(stats.NewRegistry(), 0)
 		server, client := net.Pipe()
 		defer client.Close()
 		wc := w.watch(server)
@@ -310,7 +310,7 @@ func finish(t *testing.T, wc *watchedConn, id uint32) {
 // all connections together, the one holding the most is closed at once.
 func TestHalfSentBoundClosesTheWorst(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		w := newStallWatch(stats.NewRegistry())
+		w := NewStallWatch(stats.NewRegistry(), 0)
 		w.maxHalfSent = 4
 		small := w.watch(&fakeConn{})
 		halfSent(t, small, 1, 2)
@@ -339,7 +339,7 @@ func TestHalfSentBoundClosesTheWorst(t *testing.T) {
 // told to the connection's slot for the listener's choice at its cap.
 func TestUseIsWholeMessages(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		w := newStallWatch(stats.NewRegistry())
+		w := NewStallWatch(stats.NewRegistry(), 0)
 		slot := &limitConn{Conn: &fakeConn{}}
 		wc := w.watch(slot)
 		start := time.Now()
@@ -437,7 +437,7 @@ func TestUnfinishedFramesAreCut(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
-				w := newStallWatch(stats.NewRegistry())
+				w := NewStallWatch(stats.NewRegistry(), 0)
 				fc := &fakeConn{}
 				wc := w.watch(fc)
 				f := newFrames()
@@ -480,7 +480,7 @@ func grpcMessage(n int) []byte {
 // prefix names still is. A stream (RLQS) never ends its side: once its
 // first message has come it is no longer counted.
 func TestRequestsFollowedUntilWhole(t *testing.T) {
-	w := newStallWatch(stats.NewRegistry())
+	w := NewStallWatch(stats.NewRegistry(), 0)
 	stream := w.watch(&fakeConn{})
 	halfSent(t, stream, 1, 1)
 	f := newFrames()
@@ -516,7 +516,7 @@ func TestRequestsFollowedUntilWhole(t *testing.T) {
 // client's headers and message read, the server's headers, message and
 // trailers written.
 func BenchmarkStallWatchCall(b *testing.B) {
-	w := newStallWatch(stats.NewRegistry())
+	w := NewStallWatch(stats.NewRegistry(), 0)
 	wc := w.watch(&fakeConn{})
 	f := newFrames()
 	f.buf.WriteString(clientPreface)
@@ -560,9 +560,9 @@ func BenchmarkStallWatchCall(b *testing.B) {
 // reader waited for the rest, and the connection held its slot until
 // GRPC_MAX_CONNECTION_IDLE (5 min).
 func TestSlowlorisFramesAreCut(t *testing.T) {
-	srv, _ := build(t, serverRules, nil, io.Discard)
-	srv.stall.stall = 300 * time.Millisecond
-	run(t, srv)
+	w := NewStallWatch(stats.NewRegistry(), 0)
+	w.stall = 300 * time.Millisecond
+	addr := serveGRPC(t, w)
 	tests := []struct {
 		name string
 		// send writes what the client sends, until the connection fails.
@@ -591,7 +591,7 @@ func TestSlowlorisFramesAreCut(t *testing.T) {
 	}
 	for i, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			c, err := net.Dial("tcp", srv.Addrs().GRPC.String())
+			c, err := net.Dial("tcp", addr)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -609,7 +609,7 @@ func TestSlowlorisFramesAreCut(t *testing.T) {
 			if _, err := io.Copy(io.Discard, c); errors.Is(err, os.ErrDeadlineExceeded) {
 				t.Fatal("the connection is still open after 5 s")
 			}
-			if got := srv.stall.closed.Value(); got != uint64(i+1) {
+			if got := w.closed.Value(); got != uint64(i+1) {
 				t.Errorf("grpc_stalled_connections_closed = %d, want %d", got, i+1)
 			}
 		})

@@ -1,4 +1,4 @@
-package server
+package listen
 
 import (
 	"net"
@@ -11,7 +11,7 @@ import (
 func TestClearSocketPath(t *testing.T) {
 	dir := t.TempDir()
 
-	if err := clearSocketPath(filepath.Join(dir, "none.sock")); err != nil {
+	if err := ClearSocketPath(filepath.Join(dir, "none.sock")); err != nil {
 		t.Errorf("nothing at the path: %v, want nil", err)
 	}
 
@@ -19,7 +19,7 @@ func TestClearSocketPath(t *testing.T) {
 	if err := os.WriteFile(file, []byte("data"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	if err := clearSocketPath(file); err == nil || !strings.Contains(err.Error(), "not a socket") {
+	if err := ClearSocketPath(file); err == nil || !strings.Contains(err.Error(), "not a socket") {
 		t.Errorf("a regular file: %v, want an error saying it is not a socket", err)
 	}
 	if b, err := os.ReadFile(file); err != nil || string(b) != "data" {
@@ -32,7 +32,7 @@ func TestClearSocketPath(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer l.Close()
-	if err := clearSocketPath(live); err == nil || !strings.Contains(err.Error(), "another process serves") {
+	if err := ClearSocketPath(live); err == nil || !strings.Contains(err.Error(), "another process serves") {
 		t.Errorf("a socket served: %v, want an error", err)
 	}
 	if c, err := net.Dial("unix", live); err != nil {
@@ -49,7 +49,7 @@ func TestClearSocketPath(t *testing.T) {
 	}
 	sl.(*net.UnixListener).SetUnlinkOnClose(false)
 	sl.Close()
-	if err := clearSocketPath(stale); err != nil {
+	if err := ClearSocketPath(stale); err != nil {
 		t.Errorf("a stale socket: %v, want it removed", err)
 	}
 	if _, err := os.Lstat(stale); !os.IsNotExist(err) {
@@ -65,7 +65,7 @@ func TestOwnSocketRemovesOnlyItsOwn(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	own, err := claimSocket(old, path)
+	own, err := ClaimSocket(old, path)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -74,7 +74,7 @@ func TestOwnSocketRemovesOnlyItsOwn(t *testing.T) {
 		t.Fatalf("closing the listener removed the path: %v", err)
 	}
 	// The successor finds a stale socket, replaces it and serves.
-	if err := clearSocketPath(path); err != nil {
+	if err := ClearSocketPath(path); err != nil {
 		t.Fatal(err)
 	}
 	next, err := net.Listen("unix", path)
@@ -82,7 +82,7 @@ func TestOwnSocketRemovesOnlyItsOwn(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer next.Close()
-	own.remove()
+	own.Remove()
 	if c, err := net.Dial("unix", path); err != nil {
 		t.Fatalf("the successor's socket after the old server's shutdown: %v", err)
 	} else {
@@ -95,12 +95,12 @@ func TestOwnSocketRemovesOnlyItsOwn(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	own2, err := claimSocket(l, path2)
+	own2, err := ClaimSocket(l, path2)
 	if err != nil {
 		t.Fatal(err)
 	}
 	l.Close()
-	own2.remove()
+	own2.Remove()
 	if _, err := os.Lstat(path2); !os.IsNotExist(err) {
 		t.Errorf("its own socket is still there after shutdown: %v", err)
 	}

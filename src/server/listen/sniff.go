@@ -1,4 +1,4 @@
-package server
+package listen
 
 import (
 	"context"
@@ -23,10 +23,10 @@ const tlsRecordHandshake = 0x16
 // (a kubelet's httpGet probe cannot present a client certificate, and
 // Envoy Gateway probes in plaintext); TLS, with the gRPC listener's
 // certificate, client CAs and SAN (issue 24, case 8), serves /json, which
-// the handlers refuse over plaintext (see requireTLS).
+// the handlers refuse over plaintext (see RequireTLS).
 //
 // A connection's first byte and, over TLS, its handshake must come within
-// timeout (the headers' own bound, httpReadHeaderTimeout); until then it
+// timeout (the bound of the HTTP server's headers); until then it
 // holds its slot of the capped listener beneath and a goroutine, no more.
 // Failed handshakes are counted as the gRPC listener's are, and never
 // logged one by one. It is safe for concurrent use.
@@ -42,7 +42,8 @@ type sniffListener struct {
 	once  sync.Once
 }
 
-func newSniffListener(l net.Listener, config func() *tls.Config, refused *stats.Counter, timeout time.Duration) *sniffListener {
+// Sniff returns l speaking plaintext and TLS with config (see sniffListener).
+func Sniff(l net.Listener, config func() *tls.Config, refused *stats.Counter, timeout time.Duration) net.Listener {
 	s := &sniffListener{
 		Listener: l, config: config, refused: refused, timeout: timeout,
 		conns: make(chan net.Conn), errc: make(chan error), done: make(chan struct{}),
@@ -143,20 +144,13 @@ func (c *peekedConn) Read(p []byte) (int, error) {
 // NetConn is the connection beneath.
 func (c *peekedConn) NetConn() net.Conn { return c.Conn }
 
-// CloseWrite passes through, as limitConn's does (net/http delivers an
-// error answer with it).
-func (c *peekedConn) CloseWrite() error {
-	if cw, ok := c.Conn.(interface{ CloseWrite() error }); ok {
-		return cw.CloseWrite()
-	}
-	return nil
-}
+func (c *peekedConn) CloseWrite() error { return closeWrite(c.Conn) }
 
-// requireTLS refuses a request that came in plaintext: with TLS on the
+// RequireTLS refuses a request that came in plaintext: with TLS on the
 // gRPC listener, /json answers over TLS only (on the same port, with the
 // same certificate and client-certificate rules), so that it is no
 // plaintext, unauthenticated way around mTLS.
-func requireTLS(next http.Handler) http.Handler {
+func RequireTLS(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.TLS == nil {
 			http.Error(w, "/json answers over TLS only on this port (GRPC_SERVER_USE_TLS): use https://", http.StatusForbidden)

@@ -1,8 +1,11 @@
-package server
+package listen
 
 import (
+	"context"
+	"io"
 	"log/slog"
 	"net"
+	"net/http"
 	"net/netip"
 	"sync"
 	"sync/atomic"
@@ -16,14 +19,15 @@ import (
 // listener cannot flood the log.
 const capWarnEvery = time.Minute
 
-// limitListener is a net.Listener with at most cap connections open at
-// once, and at most perPeer of them from one client address.
+// Listener is a net.Listener with at most Capacity connections open at
+// once, and at most its share of them (PerPeerPercent) from one client
+// address.
 //
 // It accepts a connection, then gives it a slot: one from an address that
 // holds its share already is closed at once (counted, and warned at most
 // once per capWarnEvery). At the cap, a listener that may evict closes the
 // open connection that has waited longest with no request under way (see
-// limitConn.idleSince), if for at least minIdle, and gives its slot to the
+// limitConn.idleSince), if for at least MinIdle, and gives its slot to the
 // new one: a client that holds connections without finishing its requests
 // cannot keep a prober out. Otherwise, or when every connection is busy,
 // it waits for a slot to free, holding the connection unanswered, while
@@ -31,23 +35,15 @@ const capWarnEvery = time.Minute
 // (the listen backlog) and wait there; once that queue is full the kernel
 // drops their connection attempts. At the cap it logs a warning, at most
 // once per capWarnEvery.
-type limitListener struct {
+type Listener struct {
 	net.Listener
-	capacity int
+	// Limits are the listener's; set them before the first Accept.
+	Limits
 	// perPeer bounds the connections of one client address (an IPv6
 	// client's /64); 0 means none. Unix sockets have no address.
-	perPeer int
-	// overShare counts the connections closed for their peer's share.
-	overShare *stats.Counter
-	// evicted counts the connections closed at the cap for a new one; nil
-	// when the listener waits instead.
-	evicted *stats.Counter
-	// minIdle is how long a connection must have been idle to be closed
-	// for a new one.
-	minIdle  time.Duration
+	perPeer  int
 	done     chan struct{} // closed by Close
 	once     sync.Once
-	name     string // the setting that sets the cap, for the warnings
 	log      *slog.Logger
 	lastCap  atomic.Int64 // UnixNano of the last warning at the cap
 	lastPeer atomic.Int64 // and of a peer over its share
@@ -62,42 +58,49 @@ type limitListener struct {
 	conns map[*limitConn]struct{}
 }
 
-// limits are what newLimitListener caps.
-type limits struct {
-	capacity, perPeer int
-	// setting names the cap, for the warnings.
-	setting string
-	// overShare counts the connections refused for their peer's share.
-	overShare *stats.Counter
-	// evicted, when not nil, lets the listener close at its cap the
-	// connection idle longest for a new one, and counts them; minIdle is
+// Limits are what a Listener caps.
+type Limits struct {
+	Capacity int
+	// PerPeerPercent, 1 to 100, is the share of Capacity one client
+	// address may hold (MAX_CONNECTIONS_PER_PEER_PERCENT; see peerShare).
+	PerPeerPercent int
+	// Setting names the cap, for the warnings.
+	Setting string
+	// OverShare counts the connections refused for their peer's share.
+	OverShare *stats.Counter
+	// Evicted, when not nil, lets the listener close at its cap the
+	// connection idle longest for a new one, and counts them; MinIdle is
 	// how long it must have been idle.
-	evicted *stats.Counter
-	minIdle time.Duration
+	Evicted *stats.Counter
+	MinIdle time.Duration
 }
 
-func newLimitListener(l net.Listener, lim limits, log *slog.Logger) *limitListener {
-	ll := &limitListener{
-		Listener:  l,
-		capacity:  lim.capacity,
-		perPeer:   lim.perPeer,
-		overShare: lim.overShare,
-		evicted:   lim.evicted,
-		minIdle:   lim.minIdle,
-		done:      make(chan struct{}),
-		freed:     make(chan struct{}, 1),
-		peers:     map[netip.Addr]int{},
-		name:      lim.setting,
-		log:       log,
+// Limit returns l capped by lim, warning through log.
+func Limit(l net.Listener, lim Limits, log *slog.Logger) *Listener {
+	ll := &Listener{
+		Listener: l,
+		Limits:   lim,
+		perPeer:  peerShare(lim.Capacity, lim.PerPeerPercent),
+		done:     make(chan struct{}),
+		freed:    make(chan struct{}, 1),
+		peers:    map[netip.Addr]int{},
+		log:      log,
 	}
-	if ll.evicted != nil {
+	if ll.Evicted != nil {
 		ll.conns = map[*limitConn]struct{}{}
 	}
 	return ll
 }
 
+// Open is the connections holding a slot now.
+func (l *Listener) Open() int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.open
+}
+
 // Accept returns the next connection that gets a slot.
-func (l *limitListener) Accept() (net.Conn, error) {
+func (l *Listener) Accept() (net.Conn, error) {
 	for {
 		c, err := l.Listener.Accept()
 		if err != nil {
@@ -116,33 +119,33 @@ func (l *limitListener) Accept() (net.Conn, error) {
 // admit gives c a slot, waiting for one at the cap. It returns nil when c
 // was refused (and closed) for its peer's share, and an error when the
 // listener closed meanwhile.
-func (l *limitListener) admit(c net.Conn) (*limitConn, error) {
+func (l *Listener) admit(c net.Conn) (*limitConn, error) {
 	peer := peerKey(c.RemoteAddr())
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	for {
 		if l.perPeer > 0 && peer.IsValid() && l.peers[peer] >= l.perPeer {
 			c.Close()
-			l.overShare.Inc()
+			l.OverShare.Inc()
 			warnEvery(&l.lastPeer, func() {
 				l.log.Warn("a client address holds its share of a listener's connections; its new connections are closed at once",
 					"addr", l.Addr().String(), "peer", peer.String(), "share", l.perPeer, "setting", "MAX_CONNECTIONS_PER_PEER_PERCENT")
 			})
 			return nil, nil
 		}
-		if l.open < l.capacity {
+		if l.open < l.Capacity {
 			break
 		}
 		if v := l.victim(); v != nil {
 			l.mu.Unlock()
 			v.Close()
-			l.evicted.Inc()
+			l.Evicted.Inc()
 			l.mu.Lock()
 			continue
 		}
 		warnEvery(&l.lastCap, func() {
 			l.log.Warn("listener at its connection cap; new connections wait until one closes",
-				"addr", l.Addr().String(), "setting", l.name, "cap", l.capacity)
+				"addr", l.Addr().String(), "setting", l.Setting, "cap", l.Capacity)
 		})
 		l.mu.Unlock()
 		select {
@@ -174,7 +177,7 @@ const evictPoll = 100 * time.Millisecond
 
 // evictPoll returns a channel that fires after evictPoll when the
 // listener may evict, and nil (never) otherwise.
-func (l *limitListener) evictPoll() <-chan time.Time {
+func (l *Listener) evictPoll() <-chan time.Time {
 	if l.conns == nil {
 		return nil
 	}
@@ -182,9 +185,9 @@ func (l *limitListener) evictPoll() <-chan time.Time {
 }
 
 // victim returns the open connection idle longest, or nil when the
-// listener may not evict or no connection has been idle minIdle. l.mu is
+// listener may not evict or no connection has been idle MinIdle. l.mu is
 // held.
-func (l *limitListener) victim() *limitConn {
+func (l *Listener) victim() *limitConn {
 	var v *limitConn
 	var since int64
 	for c := range l.conns {
@@ -192,14 +195,14 @@ func (l *limitListener) victim() *limitConn {
 			v, since = c, t
 		}
 	}
-	if v == nil || time.Since(time.Unix(0, since)) < l.minIdle {
+	if v == nil || time.Since(time.Unix(0, since)) < l.MinIdle {
 		return nil
 	}
 	return v
 }
 
 // release gives back the slot of c, a connection from peer.
-func (l *limitListener) release(c *limitConn, peer netip.Addr) {
+func (l *Listener) release(c *limitConn, peer netip.Addr) {
 	l.mu.Lock()
 	l.open--
 	delete(l.conns, c)
@@ -242,7 +245,7 @@ func peerKey(a net.Addr) netip.Addr {
 }
 
 // Close closes the listener and releases a waiting Accept.
-func (l *limitListener) Close() error {
+func (l *Listener) Close() error {
 	l.once.Do(func() { close(l.done) })
 	return l.Listener.Close()
 }
@@ -250,12 +253,12 @@ func (l *limitListener) Close() error {
 // limitConn gives its slot back on the first Close.
 type limitConn struct {
 	net.Conn
-	l    *limitListener
+	l    *Listener
 	peer netip.Addr
 	once sync.Once
 	// idleSince is the UnixNano since which the connection has had no
 	// request under way (accepted, between requests, or its request still
-	// arriving), or 0 while one is (see trackRequests): at the cap, the
+	// arriving), or 0 while one is (see TrackRequests): at the cap, the
 	// connection idle longest is the one closed for a new one. A gRPC
 	// connection is idle since its client last sent a whole message (see
 	// watchedConn.used), never 0: its calls are answered within their
@@ -285,10 +288,12 @@ func limitConnOf(c net.Conn) *limitConn {
 	return nil
 }
 
-// CloseWrite passes through to TCP connections, which net/http uses to
-// deliver an error answer (such as 431) before closing.
-func (c *limitConn) CloseWrite() error {
-	if cw, ok := c.Conn.(interface{ CloseWrite() error }); ok {
+func (c *limitConn) CloseWrite() error { return closeWrite(c.Conn) }
+
+// closeWrite passes CloseWrite through to TCP connections, which net/http
+// uses to deliver an error answer (such as 431) before closing.
+func closeWrite(c net.Conn) error {
+	if cw, ok := c.(interface{ CloseWrite() error }); ok {
 		return cw.CloseWrite()
 	}
 	return nil
@@ -303,20 +308,20 @@ const (
 	fdReserveDivisor = 4
 )
 
-// connCaps are the listeners' connection caps.
-type connCaps struct {
-	grpc          int // GRPC_MAX_CONNECTIONS
-	http          int // HTTP_MAX_CONNECTIONS, for each HTTP listener
-	httpListeners int // PORT, DEBUG_PORT and, with USE_PROMETHEUS, PROMETHEUS_ADDR
+// Caps are the listeners' connection caps.
+type Caps struct {
+	GRPC          int // GRPC_MAX_CONNECTIONS
+	HTTP          int // HTTP_MAX_CONNECTIONS, for each HTTP listener
+	HTTPListeners int // PORT, DEBUG_PORT and, with USE_PROMETHEUS, PROMETHEUS_ADDR
 }
 
-func (c connCaps) total() uint64 { return uint64(c.grpc) + uint64(c.http)*uint64(c.httpListeners) }
+func (c Caps) total() uint64 { return uint64(c.GRPC) + uint64(c.HTTP)*uint64(c.HTTPListeners) }
 
-// fit lowers the caps, in proportion, so that all listeners together stay
+// Fit lowers the caps, in proportion, so that all listeners together stay
 // below nofile (the process's RLIMIT_NOFILE) minus the reserve; each keeps
 // at least one connection. nofile 0 means unknown or unlimited: the caps are
 // kept. It reports whether it lowered them.
-func (c connCaps) fit(nofile uint64) (connCaps, bool) {
+func (c Caps) Fit(nofile uint64) (Caps, bool) {
 	if nofile == 0 {
 		return c, false
 	}
@@ -329,8 +334,8 @@ func (c connCaps) fit(nofile uint64) (connCaps, bool) {
 	if sum <= budget {
 		return c, false
 	}
-	c.grpc = max(1, int(uint64(c.grpc)*budget/sum))
-	c.http = max(1, int(uint64(c.http)*budget/sum))
+	c.GRPC = max(1, int(uint64(c.GRPC)*budget/sum))
+	c.HTTP = max(1, int(uint64(c.HTTP)*budget/sum))
 	return c, true
 }
 
@@ -342,4 +347,68 @@ func peerShare(capacity, percent int) int {
 		return 0
 	}
 	return max(1, capacity*percent/100)
+}
+
+// connKey is the context key of a request's *limitConn.
+type connKey struct{}
+
+// withLimitConn is http.Server.ConnContext: it keeps the connection's
+// limitConn for TrackRequests.
+func withLimitConn(ctx context.Context, c net.Conn) context.Context {
+	if lc := limitConnOf(c); lc != nil {
+		return context.WithValue(ctx, connKey{}, lc)
+	}
+	return ctx
+}
+
+// idleBetweenRequests is http.Server.ConnState: a keep-alive connection
+// waiting for its next request is idle from then on.
+func idleBetweenRequests(c net.Conn, st http.ConnState) {
+	if st == http.StateIdle {
+		if lc := limitConnOf(c); lc != nil {
+			lc.idleSince.Store(time.Now().UnixNano())
+		}
+	}
+}
+
+// TrackRequests has srv, serving a Listener, mark a connection busy
+// while a request is under way, so that the listener, at its cap, never
+// closes it for a new one: from the end of the request's headers, or of
+// its body when it has one, until its answer is written. A connection
+// whose request line, headers or body are still arriving stays idle: a
+// client that sends them slowly holds no slot a prober needs (issue 24,
+// case 5). It sets srv's ConnContext and ConnState, and returns srv.
+func TrackRequests(srv *http.Server) *http.Server {
+	next := srv.Handler
+	srv.ConnContext, srv.ConnState = withLimitConn, idleBetweenRequests
+	srv.Handler = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		lc, _ := r.Context().Value(connKey{}).(*limitConn)
+		if lc == nil {
+			next.ServeHTTP(w, r)
+			return
+		}
+		if r.Body == nil || r.Body == http.NoBody {
+			lc.idleSince.Store(0)
+		} else {
+			r.Body = &busyAtEOF{ReadCloser: r.Body, c: lc}
+		}
+		// Idle again once the answer is written and the connection
+		// waits for its next request (idleBetweenRequests), or closed.
+		next.ServeHTTP(w, r)
+	})
+	return srv
+}
+
+// busyAtEOF marks its connection busy once the body has arrived whole.
+type busyAtEOF struct {
+	io.ReadCloser
+	c *limitConn
+}
+
+func (b *busyAtEOF) Read(p []byte) (int, error) {
+	n, err := b.ReadCloser.Read(p)
+	if err == io.EOF {
+		b.c.idleSince.Store(0)
+	}
+	return n, err
 }
