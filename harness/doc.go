@@ -26,5 +26,7 @@
 // ServeLoopback.
 //
 // It is for tests and tools only: the service never imports it
-// (scripts/check-imports.sh).
+// (scripts/check-imports.sh), and the service's module requires nothing for
+// it alone but go-control-plane, whose xDS server xds.go runs
+// (TestModuleRequiresWhatTheServiceUses).
 package harness
