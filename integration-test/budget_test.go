@@ -9,7 +9,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
-	"github.com/ratelimitd/ratelimit/src/store/storetest"
+	"github.com/ratelimitd/ratelimit/harness"
 )
 
 // TestBudgetFollowsTheCaller: on a Redis whose replies take 50 ms (a proxy
@@ -23,8 +23,8 @@ import (
 // REDIS_TIMEOUT. REQUEST_TIMEOUT set by the operator bounds every call, as
 // in the anchor: the same 5 s call then fails with DeadlineExceeded.
 func TestBudgetFollowsTheCaller(t *testing.T) {
-	r := storetest.StartRedis(t, storetest.RedisOptions{})
-	px := storetest.StartProxy(t, r.Addr)
+	r := harness.StartRedis(t, harness.RedisOptions{})
+	px := harness.StartProxy(t, r.Addr)
 	const latency = 50 * time.Millisecond
 	call := func(p *proc) error {
 		ctx, cancel := context.WithTimeout(t.Context(), 5*time.Second)

@@ -13,8 +13,8 @@ import (
 
 	"gopkg.in/yaml.v3"
 
+	"github.com/ratelimitd/ratelimit/harness"
 	"github.com/ratelimitd/ratelimit/src/rules"
-	"github.com/ratelimitd/ratelimit/tools/envoyproc"
 )
 
 // No Docker engine runs here, so docker-compose.yml is checked for the
@@ -108,8 +108,8 @@ func TestComposeMatchesEnvoyExample(t *testing.T) {
 	}
 
 	// The Envoy of the demo is the one the tests prove the example with.
-	if want := "envoyproxy/envoy:v" + envoyproc.Version; envoy.Image != want {
-		t.Errorf("the envoy service runs %s; the tests run Envoy %s: want image %s", envoy.Image, envoyproc.Version, want)
+	if want := "envoyproxy/envoy:v" + harness.EnvoyVersion; envoy.Image != want {
+		t.Errorf("the envoy service runs %s; the tests run Envoy %s: want image %s", envoy.Image, harness.EnvoyVersion, want)
 	}
 
 	// Envoy's bootstrap is the example, and every cluster it calls is a

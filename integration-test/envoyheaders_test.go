@@ -18,7 +18,7 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/status"
 
-	"github.com/ratelimitd/ratelimit/src/store/storetest"
+	"github.com/ratelimitd/ratelimit/harness"
 )
 
 // What a client of Envoy sees: the headers, bodies and codes Envoy makes of
@@ -275,7 +275,7 @@ func startGRPCHealth(t *testing.T) string {
 // apply_on_stream_done charging what the upstream's response says, as AI
 // gateways charge tokens after the answer.
 func TestRealEnvoyHitsAddend(t *testing.T) {
-	r := storetest.StartRedis(t, storetest.RedisOptions{})
+	r := harness.StartRedis(t, harness.RedisOptions{})
 	counts := newRedisCounts(t, r)
 	p := start(t, map[string]string{"hdr.yaml": headerRules}, redisEnv(r)...)
 	up := startUpstream(t)

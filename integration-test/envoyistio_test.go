@@ -10,7 +10,7 @@ import (
 	"google.golang.org/protobuf/proto"
 	networkingv1alpha3 "istio.io/api/networking/v1alpha3"
 
-	"github.com/ratelimitd/ratelimit/src/store/storetest"
+	"github.com/ratelimitd/ratelimit/harness"
 )
 
 // The Istio example's patches, applied as Istio applies them to a listener
@@ -94,7 +94,7 @@ func istioEnvoy(t *testing.T, file string, up *upstream, p *proc) *envoyProc {
 // the hits land on the rules meant for them, and every rule the example
 // adds is reached.
 func TestRealEnvoyIstioExample(t *testing.T) {
-	r := storetest.StartRedis(t, storetest.RedisOptions{})
+	r := harness.StartRedis(t, harness.RedisOptions{})
 	counts := newRedisCounts(t, r)
 	ruleFiles := map[string]string{}
 	var cm configMapObject

@@ -8,7 +8,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/ratelimitd/ratelimit/src/store/storetest"
+	"github.com/ratelimitd/ratelimit/harness"
 )
 
 // refundRules give the AI gateway of TestRealEnvoyRefund 100 tokens an hour.
@@ -54,7 +54,7 @@ const refundRoutes = `
 // key is over its limit (and known so to the near cache), reaches Redis,
 // and the next reservation is decided by Redis again.
 func TestRealEnvoyRefund(t *testing.T) {
-	r := storetest.StartRedis(t, storetest.RedisOptions{})
+	r := harness.StartRedis(t, harness.RedisOptions{})
 	counts := newRedisCounts(t, r)
 	p := start(t, map[string]string{"ai.yaml": refundRules}, redisEnv(r, "LOCAL_CACHE_SIZE_IN_BYTES=1048576")...)
 	up := startUpstream(t)

@@ -8,10 +8,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/ratelimitd/ratelimit/src/provider/xdstest"
-	"github.com/ratelimitd/ratelimit/src/server/tlstest"
-	"github.com/ratelimitd/ratelimit/src/store/storetest"
-	"github.com/ratelimitd/ratelimit/tools/envoyproc"
+	"github.com/ratelimitd/ratelimit/harness"
 )
 
 // The Envoy Gateway scenario with Envoy itself as the client: the service
@@ -31,7 +28,7 @@ func tlsRLSCluster(addr, caFile, certFile, keyFile string, maxConn time.Duration
           - certificate_chain: {filename: %s}
             private_key: {filename: %s}`, certFile, keyFile)
 	}
-	return envoyproc.Cluster("ratelimit", addr, false, fmt.Sprintf(`
+	return harness.EnvoyCluster("ratelimit", addr, false, fmt.Sprintf(`
     typed_extension_protocol_options:
       envoy.extensions.upstreams.http.v3.HttpProtocolOptions:
         "@type": type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions
@@ -80,7 +77,7 @@ func writeFiles(t *testing.T, files map[string][]byte) string {
 
 func TestRealEnvoyGatewayTLS(t *testing.T) {
 	slow(t)
-	ca := tlstest.NewCA(t, "envoy-gateway CA")
+	ca := harness.NewCA(t, "envoy-gateway CA")
 	first := ca.Server(t)
 	sec := tlsSecret(t, first, ca)
 	egEnv := []string{
@@ -119,9 +116,9 @@ func TestRealEnvoyGatewayTLS(t *testing.T) {
 	// Envoy Gateway's whole scenario: rules over xDS, counts in Redis,
 	// mTLS, and the certificate rotated while Envoy is connected.
 	t.Run("rotation", func(t *testing.T) {
-		xds := xdstest.Start(t, xdstest.Options{})
+		xds := harness.StartXDS(t, harness.XDSOptions{})
 		xds.SetConfigs(t, egNode, xdsWeb(3, 100))
-		r := storetest.StartRedis(t, storetest.RedisOptions{})
+		r := harness.StartRedis(t, harness.RedisOptions{})
 		p := launch(t, nil, append(append(egEnv, redisEnv(r)...),
 			"CONFIG_TYPE=GRPC_XDS_SOTW", "CONFIG_GRPC_XDS_SERVER_URL="+xds.Addr, "CONFIG_GRPC_XDS_NODE_ID="+egNode,
 			"GRPC_CLIENT_TLS_CACERT="+sec.Path("ca.crt"), "GRPC_CLIENT_TLS_SAN="+clientSAN)...)
@@ -135,7 +132,7 @@ func TestRealEnvoyGatewayTLS(t *testing.T) {
 		second := ca.Server(t)
 		sec.Update(t, secretContents(second, ca))
 		eventually(t, "the new certificate served", 15*time.Second, func() bool {
-			serial, err := p.servedWith(t, tlstest.ClientConfig(envoyCert, ca))
+			serial, err := p.servedWith(t, harness.ClientConfig(envoyCert, ca))
 			return err == nil && serial.Cmp(second.Leaf.SerialNumber) == 0
 		})
 		// From now on every new connection gets the new certificate. Envoy

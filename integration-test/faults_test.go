@@ -16,7 +16,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
-	"github.com/ratelimitd/ratelimit/src/store/storetest"
+	"github.com/ratelimitd/ratelimit/harness"
 )
 
 // The store faults are driven against the built binary under a steady load
@@ -155,7 +155,7 @@ func (p *proc) goroutineCount() (int, error) {
 // redisClients counts the client connections of a Redis from its own view
 // (CLIENT LIST): those of the service, less the one that asks, the
 // sentinels' (named sentinel-...) and replication links (flags S or M).
-func redisClients(r *storetest.RedisServer) (int, error) {
+func redisClients(r *harness.RedisServer) (int, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	v, err := r.Do(ctx, "CLIENT", "LIST")
@@ -175,7 +175,7 @@ func redisClients(r *storetest.RedisServer) (int, error) {
 
 // memcachedClients counts memcached's client connections (curr_connections),
 // less the one that asks.
-func memcachedClients(m *storetest.MemcachedServer) (int, error) {
+func memcachedClients(m *harness.MemcachedServer) (int, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	st, err := m.Stats(ctx)
@@ -253,7 +253,7 @@ func (p *proc) usage(f fault) (usage, error) {
 // store's return; and no leak: afterwards, the goroutines, open files and
 // store connections of before.
 func testFault(t *testing.T, f fault) {
-	storetest.LockLoad(t)
+	harness.LockLoad(t)
 	env := append([]string{"REQUEST_TIMEOUT=" + faultBudget.String(), "REDIS_POOL_SIZE=" + strconv.Itoa(faultPool)}, f.env...)
 	p := start(t, map[string]string{"faults.yaml": faultRules}, env...)
 	cs := make([]rlsv3.RateLimitServiceClient, faultClients)
@@ -509,8 +509,8 @@ func (l *load) stopAfter(d time.Duration) [][]answer {
 // checked; docs/RELIABILITY.md records the figures.
 func TestFaultsUnderLoad(t *testing.T) {
 	slow(t)
-	redisFault := func(t *testing.T, inject, fix func(r *storetest.RedisServer) error) fault {
-		r := storetest.StartRedis(t, storetest.RedisOptions{})
+	redisFault := func(t *testing.T, inject, fix func(r *harness.RedisServer) error) fault {
+		r := harness.StartRedis(t, harness.RedisOptions{})
 		t.Cleanup(func() { _ = r.Thaw() })
 		return fault{
 			env:        redisEnv(r, "REDIS_TIMEOUT="+faultStoreTimeout.String()),
@@ -519,9 +519,9 @@ func TestFaultsUnderLoad(t *testing.T) {
 			storeConns: func() (int, error) { return redisClients(r) },
 		}
 	}
-	proxyFault := func(t *testing.T, inject func(*storetest.Proxy)) fault {
-		r := storetest.StartRedis(t, storetest.RedisOptions{})
-		px := storetest.StartProxy(t, r.Addr)
+	proxyFault := func(t *testing.T, inject func(*harness.Proxy)) fault {
+		r := harness.StartRedis(t, harness.RedisOptions{})
+		px := harness.StartProxy(t, r.Addr)
 		return fault{
 			env:    []string{"BACKEND_TYPE=redis", "REDIS_SOCKET_TYPE=tcp", "REDIS_URL=" + px.Addr, "REDIS_TIMEOUT=" + faultStoreTimeout.String()},
 			inject: func() error { inject(px); return nil },
@@ -537,31 +537,31 @@ func TestFaultsUnderLoad(t *testing.T) {
 		fault func(t *testing.T) fault
 	}{
 		{"redis_killed", func(t *testing.T) fault {
-			return redisFault(t, (*storetest.RedisServer).Stop, (*storetest.RedisServer).Start)
+			return redisFault(t, (*harness.RedisServer).Stop, (*harness.RedisServer).Start)
 		}},
 		{"redis_frozen", func(t *testing.T) fault {
-			return redisFault(t, (*storetest.RedisServer).Freeze, (*storetest.RedisServer).Thaw)
+			return redisFault(t, (*harness.RedisServer).Freeze, (*harness.RedisServer).Thaw)
 		}},
 		{"proxy_latency_within_budget", func(t *testing.T) fault {
-			f := proxyFault(t, func(px *storetest.Proxy) { px.SetLatency(faultBudget / 5) })
+			f := proxyFault(t, func(px *harness.Proxy) { px.SetLatency(faultBudget / 5) })
 			f.noErrors = true
 			return f
 		}},
 		{"proxy_latency_over_budget", func(t *testing.T) fault {
-			f := proxyFault(t, func(px *storetest.Proxy) { px.SetLatency(4 * faultBudget) })
+			f := proxyFault(t, func(px *harness.Proxy) { px.SetLatency(4 * faultBudget) })
 			// Longer than a probe (500 ms) and its late answer (1.2 s):
 			// the breaker must not close on it.
 			f.hold = 3500 * time.Millisecond
 			return f
 		}},
 		{"proxy_drops_replies", func(t *testing.T) fault {
-			return proxyFault(t, (*storetest.Proxy).DropReplies)
+			return proxyFault(t, (*harness.Proxy).DropReplies)
 		}},
 		{"proxy_blackhole", func(t *testing.T) fault {
-			return proxyFault(t, (*storetest.Proxy).Blackhole)
+			return proxyFault(t, (*harness.Proxy).Blackhole)
 		}},
 		{"memcached_killed", func(t *testing.T) fault {
-			m := storetest.StartMemcached(t)
+			m := harness.StartMemcached(t)
 			return fault{
 				env:        memcacheEnv(m),
 				inject:     m.Stop,
@@ -570,9 +570,9 @@ func TestFaultsUnderLoad(t *testing.T) {
 			}
 		}},
 		{"sentinel_failover", func(t *testing.T) fault {
-			g := storetest.StartRedisSentinel(t, storetest.RedisSentinelOptions{})
+			g := harness.StartRedisSentinel(t, harness.RedisSentinelOptions{})
 			// Failover swaps g.Master and g.Replica: count on both.
-			data := []*storetest.RedisServer{g.Master, g.Replica}
+			data := []*harness.RedisServer{g.Master, g.Replica}
 			failed := make(chan error, 1)
 			var promoted time.Time
 			return fault{
@@ -608,7 +608,7 @@ func TestFaultsUnderLoad(t *testing.T) {
 		}},
 		{"redis_frozen_local_mode", func(t *testing.T) fault {
 			// STORE_FAILURE_MODE=local: the same fault, and not one error.
-			f := redisFault(t, (*storetest.RedisServer).Freeze, (*storetest.RedisServer).Thaw)
+			f := redisFault(t, (*harness.RedisServer).Freeze, (*harness.RedisServer).Thaw)
 			f.env = append(f.env, "STORE_FAILURE_MODE=local")
 			f.noErrors = true
 			return f
@@ -629,7 +629,7 @@ func TestFaultsUnderLoad(t *testing.T) {
 // README advises), and restarts it. Clients 0, 3 and 6 use keys on the
 // master that dies; the others must see no error at all.
 func clusterFault(t *testing.T) fault {
-	c := storetest.StartRedisCluster(t, storetest.RedisOptions{Config: []string{"cluster-require-full-coverage no"}})
+	c := harness.StartRedisCluster(t, harness.RedisOptions{Config: []string{"cluster-require-full-coverage no"}})
 	down := c.Masters[0]
 	// Hash tags put each client's keys on a chosen master: client i on
 	// master i%3.
@@ -683,7 +683,7 @@ func clusterFault(t *testing.T) fault {
 }
 
 // clusterOK reports whether a cluster node says cluster_state:ok.
-func clusterOK(r *storetest.RedisServer) bool {
+func clusterOK(r *harness.RedisServer) bool {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 	defer cancel()
 	v, err := r.Do(ctx, "CLUSTER", "INFO")

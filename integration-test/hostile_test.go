@@ -19,7 +19,7 @@ import (
 	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
-	"github.com/ratelimitd/ratelimit/src/store/storetest"
+	"github.com/ratelimitd/ratelimit/harness"
 )
 
 const hostileRules = `
@@ -51,7 +51,7 @@ func (p *proc) get(t *testing.T, url string) (int, string) {
 func TestHostileRequestsOverTheWire(t *testing.T) {
 	t.Run("memory", func(t *testing.T) { testHostileRequests(t) })
 	t.Run("redis", func(t *testing.T) {
-		testHostileRequests(t, redisEnv(storetest.StartRedis(t, storetest.RedisOptions{}))...)
+		testHostileRequests(t, redisEnv(harness.StartRedis(t, harness.RedisOptions{}))...)
 	})
 }
 

@@ -8,7 +8,7 @@ import (
 
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 
-	"github.com/ratelimitd/ratelimit/src/store/storetest"
+	"github.com/ratelimitd/ratelimit/harness"
 )
 
 // nestedRules is a rule k1 -> k2 allowing one request a year: the second
@@ -55,10 +55,10 @@ func TestKeysCannotCollide(t *testing.T) {
 		{"memory_default", func(*testing.T) []string { return nil }},
 		{"memory_ignores_anchor", func(*testing.T) []string { return []string{"CACHE_KEY_FORMAT=anchor"} }},
 		{"redis_escaped", func(t *testing.T) []string {
-			return redisEnv(storetest.StartRedis(t, storetest.RedisOptions{}), "CACHE_KEY_FORMAT=escaped")
+			return redisEnv(harness.StartRedis(t, harness.RedisOptions{}), "CACHE_KEY_FORMAT=escaped")
 		}},
 		{"memcached_escaped", func(t *testing.T) []string {
-			return memcacheEnv(storetest.StartMemcached(t), "CACHE_KEY_FORMAT=escaped")
+			return memcacheEnv(harness.StartMemcached(t), "CACHE_KEY_FORMAT=escaped")
 		}},
 	}
 	for _, tt := range tests {
@@ -73,7 +73,7 @@ func TestKeysCannotCollide(t *testing.T) {
 
 // TestRedisEscapedKeyName reads the escaped key back from Redis.
 func TestRedisEscapedKeyName(t *testing.T) {
-	r := storetest.StartRedis(t, storetest.RedisOptions{})
+	r := harness.StartRedis(t, harness.RedisOptions{})
 	p := start(t, map[string]string{"esc.yaml": nestedRules}, redisEnv(r, "CACHE_KEY_FORMAT=escaped", "CACHE_KEY_PREFIX=pfx_")...)
 	sendPair(t, p)
 	year := time.Now().Unix() / (365 * 86400) * (365 * 86400)
@@ -94,9 +94,9 @@ func TestAnchorKeysCollide(t *testing.T) {
 		name string
 		env  func(t *testing.T) []string
 	}{
-		{"redis_default", func(t *testing.T) []string { return redisEnv(storetest.StartRedis(t, storetest.RedisOptions{})) }},
+		{"redis_default", func(t *testing.T) []string { return redisEnv(harness.StartRedis(t, harness.RedisOptions{})) }},
 		{"memcached_anchor", func(t *testing.T) []string {
-			return memcacheEnv(storetest.StartMemcached(t), "CACHE_KEY_FORMAT=anchor")
+			return memcacheEnv(harness.StartMemcached(t), "CACHE_KEY_FORMAT=anchor")
 		}},
 	}
 	for _, tt := range tests {

@@ -10,7 +10,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
-	"github.com/ratelimitd/ratelimit/src/store/storetest"
+	"github.com/ratelimitd/ratelimit/harness"
 )
 
 // TestFailuresNameNoStoreAddressOrKey: what a caller is told of a failure
@@ -19,7 +19,7 @@ import (
 // /json body carried "redis 127.0.0.1:PORT: ... dial tcp 127.0.0.1:PORT"
 // and `key "shared_user_x_..."`.
 func TestFailuresNameNoStoreAddressOrKey(t *testing.T) {
-	r := storetest.StartRedis(t, storetest.RedisOptions{})
+	r := harness.StartRedis(t, harness.RedisOptions{})
 	p := start(t, map[string]string{"shared.yaml": sharedRules}, redisEnv(r, "REDIS_TIMEOUT=500ms", "STORE_BREAKER_FAILURES=0")...)
 	c := p.client(t)
 	port := fmt.Sprint(r.Port())

@@ -10,7 +10,7 @@ import (
 	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 
-	"github.com/ratelimitd/ratelimit/src/store/storetest"
+	"github.com/ratelimitd/ratelimit/harness"
 )
 
 // listRules has a descriptor with a burst and a sustained limit, and
@@ -45,12 +45,12 @@ func TestRateLimitsAndValueRegexOverTheWire(t *testing.T) {
 		env  func(t *testing.T) []string
 	}{
 		{"memory", func(*testing.T) []string { return nil }},
-		{"redis", func(t *testing.T) []string { return redisEnv(storetest.StartRedis(t, storetest.RedisOptions{})) }},
+		{"redis", func(t *testing.T) []string { return redisEnv(harness.StartRedis(t, harness.RedisOptions{})) }},
 		{"redis_cluster", func(t *testing.T) []string {
-			c := storetest.StartRedisCluster(t, storetest.RedisOptions{})
+			c := harness.StartRedisCluster(t, harness.RedisOptions{})
 			return []string{"BACKEND_TYPE=redis", "REDIS_SOCKET_TYPE=tcp", "REDIS_TYPE=CLUSTER", "REDIS_URL=" + c.URL}
 		}},
-		{"memcached", func(t *testing.T) []string { return memcacheEnv(storetest.StartMemcached(t)) }},
+		{"memcached", func(t *testing.T) []string { return memcacheEnv(harness.StartMemcached(t)) }},
 	}
 	for _, s := range stores {
 		t.Run(s.name, func(t *testing.T) {

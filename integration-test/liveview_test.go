@@ -17,7 +17,7 @@ import (
 	"github.com/chromedp/chromedp/kb"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 
-	"github.com/ratelimitd/ratelimit/src/store/storetest"
+	"github.com/ratelimitd/ratelimit/harness"
 )
 
 const liveRules = `domain: web
@@ -77,7 +77,7 @@ func TestLiveViewInBrowser(t *testing.T) {
 		env  func(t *testing.T) []string
 	}{
 		{"memory", func(*testing.T) []string { return nil }},
-		{"redis", func(t *testing.T) []string { return redisEnv(storetest.StartRedis(t, storetest.RedisOptions{})) }},
+		{"redis", func(t *testing.T) []string { return redisEnv(harness.StartRedis(t, harness.RedisOptions{})) }},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			shot := ""

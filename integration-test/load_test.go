@@ -10,8 +10,8 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/ratelimitd/ratelimit/harness"
 	"github.com/ratelimitd/ratelimit/src/loadgen"
-	"github.com/ratelimitd/ratelimit/src/store/storetest"
 )
 
 const loadRules = `domain: load
@@ -46,8 +46,8 @@ func TestHealthyStoreUnderLoad(t *testing.T) {
 		env    func(t *testing.T) []string
 		prefix string // of the store's statistics
 	}{
-		{"redis", func(t *testing.T) []string { return redisEnv(storetest.StartRedis(t, storetest.RedisOptions{})) }, "ratelimit.redis."},
-		{"memcache", func(t *testing.T) []string { return memcacheEnv(storetest.StartMemcached(t)) }, "ratelimit.memcache."},
+		{"redis", func(t *testing.T) []string { return redisEnv(harness.StartRedis(t, harness.RedisOptions{})) }, "ratelimit.redis."},
+		{"memcache", func(t *testing.T) []string { return memcacheEnv(harness.StartMemcached(t)) }, "ratelimit.memcache."},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -113,8 +113,8 @@ func TestHealthyStoreUnderLoad(t *testing.T) {
 // on a machine too busy to deliver even a refusal within 100 ms, the
 // client sees its own deadline pass first.
 func TestOverloadShedsEarly(t *testing.T) {
-	r := storetest.StartRedis(t, storetest.RedisOptions{})
-	px := storetest.StartProxy(t, r.Addr)
+	r := harness.StartRedis(t, harness.RedisOptions{})
+	px := harness.StartProxy(t, r.Addr)
 	p := launchWith(t, launchOpts{defaultBudget: true}, map[string]string{"load.yaml": loadRules},
 		"BACKEND_TYPE=redis", "REDIS_SOCKET_TYPE=tcp", "REDIS_URL="+px.Addr, "REDIS_STALL_TIMEOUT=2s", "LOG_LEVEL=warn")
 	p.waitHealth(t, http.StatusOK)

@@ -6,7 +6,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/ratelimitd/ratelimit/src/store/storetest"
+	"github.com/ratelimitd/ratelimit/harness"
 )
 
 // localCacheGauges are envoyproxy/ratelimit's gauges of its local cache
@@ -28,7 +28,7 @@ var localCacheGauges = map[string]int64{
 // (ratelimit_localcache_hitCount...), with freecache's meanings;
 // averageAccessTime is a Unix time in seconds, of the calls.
 func TestLocalCacheGauges(t *testing.T) {
-	r := storetest.StartRedis(t, storetest.RedisOptions{})
+	r := harness.StartRedis(t, harness.RedisOptions{})
 	port, lines := statsdUDP(t)
 	p := start(t, map[string]string{"web.yaml": statsdRules}, redisEnv(r,
 		"LOCAL_CACHE_SIZE_IN_BYTES=1048576", "USE_PROMETHEUS=true", "PROMETHEUS_ADDR=127.0.0.1:0",

@@ -27,7 +27,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
-	"github.com/ratelimitd/ratelimit/src/store/storetest"
+	"github.com/ratelimitd/ratelimit/harness"
 )
 
 // binary is the service built once for the whole package, with -race, in
@@ -429,13 +429,13 @@ func (p *proc) wait(t *testing.T, within time.Duration) int {
 }
 
 // signal sends sig to the service; with SIGSTOP it returns once the
-// service has stopped (storetest.Freeze), so that it answers nothing sent
+// service has stopped (harness.Freeze), so that it answers nothing sent
 // afterwards.
 func (p *proc) signal(t *testing.T, sig syscall.Signal) {
 	t.Helper()
 	var err error
 	if sig == syscall.SIGSTOP {
-		err = storetest.Freeze(p.cmd.Process)
+		err = harness.Freeze(p.cmd.Process)
 	} else {
 		err = p.cmd.Process.Signal(sig)
 	}

@@ -16,28 +16,28 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
-	"github.com/ratelimitd/ratelimit/src/store/storetest"
+	"github.com/ratelimitd/ratelimit/harness"
 )
 
-func memcacheEnv(m *storetest.MemcachedServer, extra ...string) []string {
+func memcacheEnv(m *harness.MemcachedServer, extra ...string) []string {
 	return append([]string{"BACKEND_TYPE=memcache", "MEMCACHE_HOST_PORT=" + m.Addr}, extra...)
 }
 
 // TestInstancesShareCountsThroughMemcached: two service processes on one
 // memcached admit exactly the limit, for every algorithm.
 func TestInstancesShareCountsThroughMemcached(t *testing.T) {
-	m := storetest.StartMemcached(t)
+	m := harness.StartMemcached(t)
 	testInstancesShareCounts(t, memcacheEnv(m))
 }
 
 func TestMemcachedOutageFailsFastAndRecovers(t *testing.T) {
 	slow(t)
-	m := storetest.StartMemcached(t)
+	m := harness.StartMemcached(t)
 	testOutageFailsFastAndRecovers(t, m.Stop, m.Start, memcacheEnv(m))
 }
 
 func TestMemcachedDownAtStartupThenUp(t *testing.T) {
-	m := storetest.StartMemcached(t)
+	m := harness.StartMemcached(t)
 	if err := m.Stop(); err != nil {
 		t.Fatal(err)
 	}
@@ -55,7 +55,7 @@ func TestMemcachedDownAtStartupThenUp(t *testing.T) {
 // TestMemcachedKeysAreTheAnchors reads the fixed-window key back from
 // memcached: envoyproxy/ratelimit's name and a plain decimal count.
 func TestMemcachedKeysAreTheAnchors(t *testing.T) {
-	m := storetest.StartMemcached(t)
+	m := harness.StartMemcached(t)
 	p := start(t, map[string]string{"shared.yaml": sharedRules}, memcacheEnv(m, "CACHE_KEY_PREFIX=pfx:")...)
 	before := time.Now().Unix()
 	if _, err := p.client(t).ShouldRateLimit(callCtx(t), request("shared", "user", "alice")); err != nil {
@@ -117,7 +117,7 @@ func memcacheGet(t *testing.T, addr, key string) string {
 func TestMemcachedRequestBudget(t *testing.T) {
 	t.Run("frozen_memcached", func(t *testing.T) {
 		t.Parallel()
-		m := storetest.StartMemcached(t)
+		m := harness.StartMemcached(t)
 		// A budget well below memcached's own 500 ms: which bound ends
 		// the request shows in its code.
 		p := start(t, map[string]string{"shared.yaml": sharedRules},
@@ -141,7 +141,7 @@ func TestMemcachedRequestBudget(t *testing.T) {
 	})
 	t.Run("incr_misses_what_add_finds", func(t *testing.T) {
 		t.Parallel()
-		f := storetest.StartFakeMemcached(t)
+		f := harness.StartFakeMemcached(t)
 		f.Answer("incr", "NOT_FOUND\r\n")
 		f.Answer("add", "NOT_STORED\r\n")
 		p := start(t, map[string]string{"shared.yaml": sharedRules},
@@ -180,7 +180,7 @@ func TestMemcachedRequestBudget(t *testing.T) {
 // REDIS_ one (issue 24, case 10: memcached's TLS was built by the Redis
 // helper, whose errors named REDIS_TLS_CLIENT_CERT and REDIS_TLS_CLIENT_KEY).
 func TestMemcachedTLSHasItsOwnSettings(t *testing.T) {
-	m := storetest.StartMemcachedTLS(t)
+	m := harness.StartMemcachedTLS(t)
 	files := []string{"MEMCACHE_TLS=true", "MEMCACHE_TLS_CLIENT_CERT=" + m.TLS.ClientCertFile,
 		"MEMCACHE_TLS_CLIENT_KEY=" + m.TLS.ClientKeyFile, "MEMCACHE_TLS_CACERT=" + m.TLS.CAFile}
 	p := start(t, map[string]string{"shared.yaml": sharedRules}, memcacheEnv(m, files...)...)

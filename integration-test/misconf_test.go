@@ -14,8 +14,8 @@ import (
 
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 
+	"github.com/ratelimitd/ratelimit/harness"
 	"github.com/ratelimitd/ratelimit/src/service"
-	"github.com/ratelimitd/ratelimit/src/store/storetest"
 )
 
 // Common mistakes leave a line in the log that names their fix (issue
@@ -203,8 +203,8 @@ func TestExplainEndpoint(t *testing.T) {
 		env  func(t *testing.T) []string
 	}{
 		{"memory", func(*testing.T) []string { return nil }},
-		{"redis", func(t *testing.T) []string { return redisEnv(storetest.StartRedis(t, storetest.RedisOptions{})) }},
-		{"memcached", func(t *testing.T) []string { return memcacheEnv(storetest.StartMemcached(t)) }},
+		{"redis", func(t *testing.T) []string { return redisEnv(harness.StartRedis(t, harness.RedisOptions{})) }},
+		{"memcached", func(t *testing.T) []string { return memcacheEnv(harness.StartMemcached(t)) }},
 	} {
 		t.Run(s.name, func(t *testing.T) {
 			testExplainEndpoint(t, s.name == "memory", append(s.env(t), "LIVE_VIEW_ENABLED=false")...)

@@ -12,7 +12,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
-	"github.com/ratelimitd/ratelimit/src/store/storetest"
+	"github.com/ratelimitd/ratelimit/harness"
 )
 
 // Bounds of the outage tests, generous for the -race binary on a loaded
@@ -96,7 +96,7 @@ const outageStoreTimeout = 200 * time.Millisecond
 // TestRedisBreakerOverTheWire freezes Redis: requests fail when their round
 // trip passes REDIS_TIMEOUT until the breaker opens, then at once.
 func TestRedisBreakerOverTheWire(t *testing.T) {
-	r := storetest.StartRedis(t, storetest.RedisOptions{})
+	r := harness.StartRedis(t, harness.RedisOptions{})
 	t.Cleanup(func() { _ = r.Thaw() })
 	testBreakerOverTheWire(t, r.Freeze, r.Thaw, "ratelimit.redis.",
 		redisEnv(r, append([]string{"REDIS_TIMEOUT=" + outageStoreTimeout.String()}, breakerEnv...)...))
@@ -105,7 +105,7 @@ func TestRedisBreakerOverTheWire(t *testing.T) {
 // TestMemcachedBreakerOverTheWire freezes memcached: each request waits
 // for its round trip's timeout (the budget) until the breaker opens.
 func TestMemcachedBreakerOverTheWire(t *testing.T) {
-	m := storetest.StartMemcached(t)
+	m := harness.StartMemcached(t)
 	t.Cleanup(func() { _ = m.Thaw() })
 	testBreakerOverTheWire(t, m.Freeze, m.Thaw, "ratelimit.memcache.", memcacheEnv(m, breakerEnv...))
 }
@@ -119,7 +119,7 @@ func TestMemcachedBreakerOverTheWire(t *testing.T) {
 // back after the thaw. (Issue 36: each call waited for its whole budget,
 // DeadlineExceeded, until REDIS_TIMEOUT had passed.)
 func TestFrozenRedisFailsFast(t *testing.T) {
-	r := storetest.StartRedis(t, storetest.RedisOptions{})
+	r := harness.StartRedis(t, harness.RedisOptions{})
 	t.Cleanup(func() { _ = r.Thaw() })
 	p := start(t, map[string]string{"shared.yaml": sharedRules}, redisEnv(r)...)
 	c := p.client(t)
@@ -175,7 +175,7 @@ func TestFrozenRedisFailsFast(t *testing.T) {
 // TestBreakerOffOverTheWire: STORE_BREAKER_FAILURES=0 keeps the behaviour
 // without a breaker: every request on a frozen Redis waits for its budget.
 func TestBreakerOffOverTheWire(t *testing.T) {
-	r := storetest.StartRedis(t, storetest.RedisOptions{})
+	r := harness.StartRedis(t, harness.RedisOptions{})
 	t.Cleanup(func() { _ = r.Thaw() })
 	p := start(t, map[string]string{"shared.yaml": sharedRules},
 		redisEnv(r, "REQUEST_TIMEOUT="+outageBudget.String(), "STORE_BREAKER_FAILURES=0")...)
@@ -231,20 +231,20 @@ func TestDegradedModeOverTheWire(t *testing.T) {
 		store func(t *testing.T) (down, up func() error, env []string)
 	}{
 		{"redis_stopped", "local", func(t *testing.T) (func() error, func() error, []string) {
-			r := storetest.StartRedis(t, storetest.RedisOptions{})
+			r := harness.StartRedis(t, harness.RedisOptions{})
 			return r.Stop, r.Start, redisEnv(r)
 		}},
 		{"redis_frozen", "local", func(t *testing.T) (func() error, func() error, []string) {
-			r := storetest.StartRedis(t, storetest.RedisOptions{})
+			r := harness.StartRedis(t, harness.RedisOptions{})
 			t.Cleanup(func() { _ = r.Thaw() })
 			return r.Freeze, r.Thaw, redisEnv(r, "REDIS_TIMEOUT="+outageStoreTimeout.String())
 		}},
 		{"memcached_stopped", "local", func(t *testing.T) (func() error, func() error, []string) {
-			m := storetest.StartMemcached(t)
+			m := harness.StartMemcached(t)
 			return m.Stop, m.Start, memcacheEnv(m)
 		}},
 		{"redis_error_mode", "error", func(t *testing.T) (func() error, func() error, []string) {
-			r := storetest.StartRedis(t, storetest.RedisOptions{})
+			r := harness.StartRedis(t, harness.RedisOptions{})
 			return r.Stop, r.Start, redisEnv(r)
 		}},
 	}

@@ -13,7 +13,7 @@ import (
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
 
-	"github.com/ratelimitd/ratelimit/src/store/storetest"
+	"github.com/ratelimitd/ratelimit/harness"
 )
 
 // scrapeMetrics gets url and parses the Prometheus exposition.
@@ -61,8 +61,8 @@ descriptors:
 // code; the Redis round trips (always seconds) and pipeline sizes; the
 // time of the last rules loaded. Both Prometheus endpoints agree.
 func TestPrometheusSeries(t *testing.T) {
-	r := storetest.StartRedis(t, storetest.RedisOptions{})
-	px := storetest.StartProxy(t, r.Addr)
+	r := harness.StartRedis(t, harness.RedisOptions{})
+	px := harness.StartProxy(t, r.Addr)
 	const latency = 50 * time.Millisecond
 	for _, tt := range []struct {
 		name string

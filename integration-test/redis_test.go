@@ -12,7 +12,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
-	"github.com/ratelimitd/ratelimit/src/store/storetest"
+	"github.com/ratelimitd/ratelimit/harness"
 )
 
 const sharedRules = `domain: shared
@@ -25,14 +25,14 @@ descriptors:
     rate_limit: {unit: hour, requests_per_unit: 50, algorithm: sliding_log}
 `
 
-func redisEnv(r *storetest.RedisServer, extra ...string) []string {
+func redisEnv(r *harness.RedisServer, extra ...string) []string {
 	return append([]string{"BACKEND_TYPE=redis", "REDIS_SOCKET_TYPE=tcp", "REDIS_URL=" + r.Addr}, extra...)
 }
 
 // TestInstancesShareCountsThroughRedis runs two service processes on one
 // Redis and hammers one key through both: exactly the limit is admitted.
 func TestInstancesShareCountsThroughRedis(t *testing.T) {
-	r := storetest.StartRedis(t, storetest.RedisOptions{})
+	r := harness.StartRedis(t, harness.RedisOptions{})
 	testInstancesShareCounts(t, redisEnv(r))
 }
 
@@ -73,7 +73,7 @@ func testInstancesShareCounts(t *testing.T, env []string) {
 }
 
 func TestRedisDownAtStartupThenUp(t *testing.T) {
-	r := storetest.StartRedis(t, storetest.RedisOptions{})
+	r := harness.StartRedis(t, harness.RedisOptions{})
 	if err := r.Stop(); err != nil {
 		t.Fatal(err)
 	}
@@ -93,7 +93,7 @@ func TestRedisDownAtStartupThenUp(t *testing.T) {
 }
 
 func TestRedisOutageFailsFastAndRecovers(t *testing.T) {
-	r := storetest.StartRedis(t, storetest.RedisOptions{})
+	r := harness.StartRedis(t, harness.RedisOptions{})
 	testOutageFailsFastAndRecovers(t, r.Stop, r.Start,
 		redisEnv(r, "REDIS_TIMEOUT=100ms", "REDIS_HEALTH_CHECK_ACTIVE_CONNECTION=true"))
 }
@@ -138,7 +138,7 @@ func testOutageFailsFastAndRecovers(t *testing.T, stop, restart func() error, en
 }
 
 func TestRedisKeysAreTheAnchors(t *testing.T) {
-	r := storetest.StartRedis(t, storetest.RedisOptions{})
+	r := harness.StartRedis(t, harness.RedisOptions{})
 	p := start(t, map[string]string{"shared.yaml": sharedRules}, redisEnv(r, "CACHE_KEY_PREFIX=pfx:")...)
 	before := time.Now().Unix()
 	if _, err := p.client(t).ShouldRateLimit(callCtx(t), request("shared", "user", "alice")); err != nil {

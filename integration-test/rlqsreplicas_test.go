@@ -13,7 +13,7 @@ import (
 
 	"gopkg.in/yaml.v3"
 
-	"github.com/ratelimitd/ratelimit/src/store/storetest"
+	"github.com/ratelimitd/ratelimit/harness"
 )
 
 // Several replicas of the service share the quota service's pools through
@@ -144,7 +144,7 @@ func TestRLQSReplicasShareAndSurviveAKill(t *testing.T) {
 
 func testRLQSReplicas(t *testing.T, n int, killOwner bool) {
 	oneOfTwoQuotaRuns(t)
-	r := storetest.StartRedis(t, storetest.RedisOptions{})
+	r := harness.StartRedis(t, harness.RedisOptions{})
 	rules := exampleQuotaRules(t)
 	reps := make([]*proc, n)
 	for i := range reps {

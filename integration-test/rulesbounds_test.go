@@ -11,7 +11,7 @@ import (
 
 	rlsconfv3 "github.com/envoyproxy/go-control-plane/ratelimit/config/ratelimit/v3"
 
-	"github.com/ratelimitd/ratelimit/src/provider/xdstest"
+	"github.com/ratelimitd/ratelimit/harness"
 )
 
 // aliasBomb is a rules file of about 40 KB whose one list, used 200 times,
@@ -59,7 +59,7 @@ func TestRulesBoundsOverTheWire(t *testing.T) {
 	})
 
 	t.Run("xds_depth", func(t *testing.T) {
-		xds := xdstest.Start(t, xdstest.Options{})
+		xds := harness.StartXDS(t, harness.XDSOptions{})
 		xds.SetConfigs(t, egNode, xdsWeb(3, 100))
 		p := launchWith(t, launchOpts{binary: plainBinary(t)}, nil, "CONFIG_TYPE=GRPC_XDS_SOTW", "CONFIG_GRPC_XDS_SERVER_URL="+xds.Addr,
 			"CONFIG_GRPC_XDS_NODE_ID="+egNode, "REQUEST_TIMEOUT=2s")
@@ -73,7 +73,7 @@ func TestRulesBoundsOverTheWire(t *testing.T) {
 		deep.Descriptors = append(deep.Descriptors, chain...)
 		from := len(xds.Requests())
 		xds.SetConfigs(t, egNode, deep)
-		nack := xds.WaitRequest(t, from, 30*time.Second, "NACK", xdstest.Request.NACK)
+		nack := xds.WaitRequest(t, from, 30*time.Second, "NACK", harness.XDSRequest.NACK)
 		if msg := nack.GetErrorDetail().GetMessage(); !strings.Contains(msg, `xds: config "web" (domain web)`) || !strings.Contains(msg, "more than 64") {
 			t.Errorf("NACK %q, want the config and the depth", msg)
 		}

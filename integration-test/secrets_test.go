@@ -14,7 +14,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
-	"github.com/ratelimitd/ratelimit/src/store/storetest"
+	"github.com/ratelimitd/ratelimit/harness"
 )
 
 func randomSecret(t *testing.T) string {
@@ -31,7 +31,7 @@ func randomSecret(t *testing.T) string {
 // through the Sentinel path: no secret appears in the logs, the debug
 // endpoints or the errors clients get.
 func TestCredentialsAreNeverShown(t *testing.T) {
-	r := storetest.StartRedis(t, storetest.RedisOptions{Password: randomSecret(t)})
+	r := harness.StartRedis(t, harness.RedisOptions{Password: randomSecret(t)})
 	tests := []struct {
 		name string
 		env  func(auth, sentinel, perSecond string) []string

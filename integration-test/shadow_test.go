@@ -14,7 +14,7 @@ import (
 	"github.com/chromedp/chromedp"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 
-	"github.com/ratelimitd/ratelimit/src/store/storetest"
+	"github.com/ratelimitd/ratelimit/harness"
 )
 
 // shadowListRules try two stricter limits beside the one in force: its
@@ -35,7 +35,7 @@ descriptors:
 // refused, in shadow_over_limit, and /rlconfig marks it.
 func TestShadowLimitsOverTheWire(t *testing.T) {
 	cluster := func(t *testing.T) []string {
-		c := storetest.StartRedisCluster(t, storetest.RedisOptions{})
+		c := harness.StartRedisCluster(t, harness.RedisOptions{})
 		return []string{"BACKEND_TYPE=redis", "REDIS_SOCKET_TYPE=tcp", "REDIS_TYPE=CLUSTER", "REDIS_URL=" + c.URL}
 	}
 	stores := []struct {
@@ -43,12 +43,12 @@ func TestShadowLimitsOverTheWire(t *testing.T) {
 		env  func(t *testing.T) []string
 	}{
 		{"memory", func(*testing.T) []string { return nil }},
-		{"redis", func(t *testing.T) []string { return redisEnv(storetest.StartRedis(t, storetest.RedisOptions{})) }},
+		{"redis", func(t *testing.T) []string { return redisEnv(harness.StartRedis(t, harness.RedisOptions{})) }},
 		{"redis_cluster", cluster},
 		{"redis_cluster_stop_increment", func(t *testing.T) []string {
 			return append(cluster(t), "STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT=true")
 		}},
-		{"memcached", func(t *testing.T) []string { return memcacheEnv(storetest.StartMemcached(t)) }},
+		{"memcached", func(t *testing.T) []string { return memcacheEnv(harness.StartMemcached(t)) }},
 	}
 	for _, s := range stores {
 		t.Run(s.name, func(t *testing.T) {

@@ -12,7 +12,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/ratelimitd/ratelimit/src/store/storetest"
+	"github.com/ratelimitd/ratelimit/harness"
 )
 
 // drain is the service's documented shutdown bound (src/server).
@@ -45,7 +45,7 @@ func (p *proc) inFlight() int {
 // in flight gets an answer (an error) instead of waiting for Redis.
 func TestShutdownWithinDrainWhileRedisIsFrozen(t *testing.T) {
 	slow(t)
-	r := storetest.StartRedis(t, storetest.RedisOptions{})
+	r := harness.StartRedis(t, harness.RedisOptions{})
 	// REQUEST_TIMEOUT=0: requests wait for the store's own 60 s timeout.
 	// The race detector sleeps a second before exiting (atexit_sleep_ms),
 	// which is not the service's time.

@@ -10,18 +10,18 @@ import (
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"google.golang.org/grpc/credentials"
 
-	"github.com/ratelimitd/ratelimit/src/server/tlstest"
+	"github.com/ratelimitd/ratelimit/harness"
 )
 
 // TestSIGHUPReloads: SIGHUP reloads the rules at once (a quiet period of a
 // minute would hold a change back two otherwise) and the TLS files, and the
 // process goes on serving; before, it ended at once (exit 129, no drain).
 func TestSIGHUPReloads(t *testing.T) {
-	ca := tlstest.NewCA(t, "CA")
+	ca := harness.NewCA(t, "CA")
 	first := ca.Server(t)
 	sec := tlsSecret(t, first, nil)
 	p := start(t, map[string]string{"web.yaml": webRules}, append(tlsSettings(sec, false), "RUNTIME_QUIET_PERIOD=1m")...)
-	tlsClient := credentials.NewTLS(tlstest.ClientConfig(nil, ca))
+	tlsClient := credentials.NewTLS(harness.ClientConfig(nil, ca))
 	c := rlsv3.NewRateLimitServiceClient(p.conn(t, tlsClient))
 
 	writeRules(t, p.root, "web.yaml", strings.Replace(webRules, "requests_per_unit: 3", "requests_per_unit: 7", 1))
@@ -30,7 +30,7 @@ func TestSIGHUPReloads(t *testing.T) {
 	p.signal(t, syscall.SIGHUP)
 	p.waitRules(t, "web.user: unit=HOUR requests_per_unit=7,", time.Now())
 	eventually(t, "the new certificate served", 15*time.Second, func() bool {
-		serial, err := p.servedWith(t, tlstest.ClientConfig(nil, ca))
+		serial, err := p.servedWith(t, harness.ClientConfig(nil, ca))
 		return err == nil && serial.Cmp(second.Leaf.SerialNumber) == 0
 	})
 	resp, err := c.ShouldRateLimit(callCtx(t), request("web", "user", "after-hup"))
@@ -49,7 +49,7 @@ func TestSIGHUPReloads(t *testing.T) {
 // certificate is refused, logged and counted; the certificate in use keeps
 // serving, and its end is exported.
 func TestTLSRotationRefusesDates(t *testing.T) {
-	ca := tlstest.NewCA(t, "CA")
+	ca := harness.NewCA(t, "CA")
 	first := ca.Server(t)
 	sec := tlsSecret(t, first, nil)
 	p := start(t, map[string]string{"web.yaml": webRules}, tlsSettings(sec, false)...)
@@ -57,7 +57,7 @@ func TestTLSRotationRefusesDates(t *testing.T) {
 		t.Errorf("tls_cert_not_after = %d, want %d", got, want)
 	}
 	now := time.Now()
-	for i, bad := range []*tlstest.Cert{
+	for i, bad := range []*harness.Cert{
 		ca.ServerValid(t, now.Add(-48*time.Hour), now.Add(-time.Hour)),
 		ca.ServerValid(t, now.Add(time.Hour), now.Add(48*time.Hour)),
 	} {
@@ -65,7 +65,7 @@ func TestTLSRotationRefusesDates(t *testing.T) {
 		eventually(t, "the refusal counted", 15*time.Second, func() bool {
 			return p.stats(t)["ratelimit.server.tls_reload_error"] == int64(i+1)
 		})
-		if serial, err := p.servedWith(t, tlstest.ClientConfig(nil, ca)); err != nil || serial.Cmp(first.Leaf.SerialNumber) != 0 {
+		if serial, err := p.servedWith(t, harness.ClientConfig(nil, ca)); err != nil || serial.Cmp(first.Leaf.SerialNumber) != 0 {
 			t.Errorf("after a rotation to certificate %d: serving %v, %v; want the first", i, serial, err)
 		}
 	}

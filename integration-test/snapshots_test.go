@@ -11,7 +11,7 @@ import (
 
 	rlsconfv3 "github.com/envoyproxy/go-control-plane/ratelimit/config/ratelimit/v3"
 
-	"github.com/ratelimitd/ratelimit/src/provider/xdstest"
+	"github.com/ratelimitd/ratelimit/harness"
 )
 
 // heapAfterGC is the service's heap after a garbage collection, from its
@@ -36,7 +36,7 @@ func (p *proc) heapAfterGC(t *testing.T) int64 {
 func TestSnapshotsAreNotKept(t *testing.T) {
 	slow(t)
 	busyParallel(t)
-	xds := xdstest.Start(t, xdstest.Options{})
+	xds := harness.StartXDS(t, harness.XDSOptions{})
 	snapshot := func(i int) *rlsconfv3.RateLimitConfig {
 		cfg := &rlsconfv3.RateLimitConfig{Name: "web", Domain: "web"}
 		// 400 rules with 200-byte names: about 200 KB of rules a snapshot.

@@ -13,7 +13,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/ratelimitd/ratelimit/src/store/storetest"
+	"github.com/ratelimitd/ratelimit/harness"
 )
 
 // TestStartupLineAtDefaultLevel: at the default LOG_LEVEL (WARN) a healthy
@@ -102,8 +102,8 @@ func healthcheck(t *testing.T, p *proc, host string) (int, string) {
 // first decision answered from the store reaches its caller, not a poll of
 // the store later: /healthcheck, read right after that decision, is 200.
 func TestHealthInStepWithStore(t *testing.T) {
-	r := storetest.StartRedis(t, storetest.RedisOptions{})
-	m := storetest.StartMemcached(t)
+	r := harness.StartRedis(t, harness.RedisOptions{})
+	m := harness.StartMemcached(t)
 	tests := []struct {
 		name        string
 		stop, start func() error

@@ -10,7 +10,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/ratelimitd/ratelimit/src/store/storetest"
+	"github.com/ratelimitd/ratelimit/harness"
 )
 
 // statsdUDP is a statsd server on a loopback UDP port: every line of every
@@ -265,7 +265,7 @@ func TestStatsdStoreStatistics(t *testing.T) {
 		{
 			name: "redis",
 			env: func(t *testing.T) []string {
-				return redisEnv(storetest.StartRedis(t, storetest.RedisOptions{}))
+				return redisEnv(harness.StartRedis(t, harness.RedisOptions{}))
 			},
 			counters: []string{"ratelimit.redis_pool.cx_total", "ratelimit.redis.round_trips"},
 			gauge:    "ratelimit.redis_pool.cx_active",
@@ -273,7 +273,7 @@ func TestStatsdStoreStatistics(t *testing.T) {
 		{
 			name: "memcache",
 			env: func(t *testing.T) []string {
-				return memcacheEnv(storetest.StartMemcached(t))
+				return memcacheEnv(harness.StartMemcached(t))
 			},
 			counters: []string{"ratelimit.memcache.add.__code=success", "ratelimit.memcache.increment.__code=success"},
 		},

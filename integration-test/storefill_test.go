@@ -13,7 +13,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
-	"github.com/ratelimitd/ratelimit/src/store/storetest"
+	"github.com/ratelimitd/ratelimit/harness"
 )
 
 const fillRules = `domain: fill
@@ -110,8 +110,8 @@ func TestRedisFills(t *testing.T) {
 	slow(t)
 	busyParallel(t)
 	const capBytes = 2 << 20
-	redis := func(t *testing.T, policy string) (*storetest.RedisServer, *proc) {
-		r := storetest.StartRedis(t, storetest.RedisOptions{Config: []string{fmt.Sprintf("maxmemory %d", capBytes), "maxmemory-policy " + policy}})
+	redis := func(t *testing.T, policy string) (*harness.RedisServer, *proc) {
+		r := harness.StartRedis(t, harness.RedisOptions{Config: []string{fmt.Sprintf("maxmemory %d", capBytes), "maxmemory-policy " + policy}})
 		return r, start(t, map[string]string{"fill.yaml": fillRules}, redisEnv(r)...)
 	}
 	t.Run("allkeys-lru", func(t *testing.T) {
@@ -171,7 +171,7 @@ func TestMemcachedFills(t *testing.T) {
 	slow(t)
 	busyParallel(t)
 	t.Run("evictions", func(t *testing.T) {
-		m := storetest.StartMemcached(t, "-m", "2")
+		m := harness.StartMemcached(t, "-m", "2")
 		p := start(t, map[string]string{"fill.yaml": fillRules}, memcacheEnv(m)...)
 		if f := fills(t, p, "ratelimit.memcache.", 2<<20, 1); f.other != 0 || f.exhausted != 0 {
 			t.Errorf("flooding: %+v, want every request decided", f)
@@ -186,7 +186,7 @@ func TestMemcachedFills(t *testing.T) {
 		t.Logf("after the flood the spent client is answered %s (memcached evicted %s items)", spentAnswer(t, p), stats["evictions"])
 	})
 	t.Run("no_evictions", func(t *testing.T) {
-		m := storetest.StartMemcached(t, "-m", "2", "-M")
+		m := harness.StartMemcached(t, "-m", "2", "-M")
 		p := start(t, map[string]string{"fill.yaml": fillRules}, memcacheEnv(m)...)
 		f := fills(t, p, "ratelimit.memcache.", 2<<20, 0)
 		if f.exhausted == 0 || f.other != 0 {

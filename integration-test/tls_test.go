@@ -22,7 +22,7 @@ import (
 
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 
-	"github.com/ratelimitd/ratelimit/src/server/tlstest"
+	"github.com/ratelimitd/ratelimit/harness"
 )
 
 // clientSAN is the name the tests' mTLS listeners ask of clients.
@@ -30,12 +30,12 @@ const clientSAN = "envoy.example.com"
 
 // tlsSecret is a Kubernetes-style secret with the server's pair and, when
 // clientCA is not nil, the clients' CA.
-func tlsSecret(t *testing.T, server *tlstest.Cert, clientCA *tlstest.CA) *tlstest.SecretDir {
+func tlsSecret(t *testing.T, server *harness.Cert, clientCA *harness.CA) *harness.SecretDir {
 	t.Helper()
-	return tlstest.NewSecretDir(t, secretContents(server, clientCA))
+	return harness.NewSecretDir(t, secretContents(server, clientCA))
 }
 
-func secretContents(server *tlstest.Cert, clientCA *tlstest.CA) map[string][]byte {
+func secretContents(server *harness.Cert, clientCA *harness.CA) map[string][]byte {
 	files := map[string][]byte{"tls.crt": server.CertPEM, "tls.key": server.KeyPEM}
 	if clientCA != nil {
 		files["ca.crt"] = clientCA.PEM
@@ -44,7 +44,7 @@ func secretContents(server *tlstest.Cert, clientCA *tlstest.CA) map[string][]byt
 }
 
 // tlsSettings serve TLS from sec, with mTLS and clientSAN when mTLS.
-func tlsSettings(sec *tlstest.SecretDir, mTLS bool) []string {
+func tlsSettings(sec *harness.SecretDir, mTLS bool) []string {
 	env := []string{"GRPC_SERVER_USE_TLS=true", "GRPC_SERVER_TLS_CERT=" + sec.Path("tls.crt"), "GRPC_SERVER_TLS_KEY=" + sec.Path("tls.key")}
 	if mTLS {
 		env = append(env, "GRPC_CLIENT_TLS_CACERT="+sec.Path("ca.crt"), "GRPC_CLIENT_TLS_SAN="+clientSAN)
@@ -110,13 +110,13 @@ func (p *proc) refusedWith(t *testing.T, creds credentials.TransportCredentials)
 // with the right certificate, every other client is refused and counted,
 // and /healthcheck stays plaintext on PORT.
 func TestGRPCTLS(t *testing.T) {
-	serverCA, clientCA, otherCA := tlstest.NewCA(t, "server CA"), tlstest.NewCA(t, "client CA"), tlstest.NewCA(t, "other CA")
+	serverCA, clientCA, otherCA := harness.NewCA(t, "server CA"), harness.NewCA(t, "client CA"), harness.NewCA(t, "other CA")
 	sec := tlsSecret(t, serverCA.Server(t), clientCA)
 	p := start(t, map[string]string{"web.yaml": webRules}, tlsSettings(sec, true)...)
 	good := clientCA.Client(t, clientSAN)
 
 	t.Run("served", func(t *testing.T) {
-		cc := p.conn(t, credentials.NewTLS(tlstest.ClientConfig(good, serverCA)))
+		cc := p.conn(t, credentials.NewTLS(harness.ClientConfig(good, serverCA)))
 		for _, name := range []string{"", "ratelimit", "envoy.service.ratelimit.v3.RateLimitService"} {
 			if _, err := tlsHealth(t, cc, name); err != nil {
 				t.Errorf("gRPC health check %q over TLS: %v", name, err)
@@ -132,10 +132,10 @@ func TestGRPCTLS(t *testing.T) {
 		creds credentials.TransportCredentials
 	}{
 		{"plaintext", insecure.NewCredentials()},
-		{"client_trusting_another_CA", credentials.NewTLS(tlstest.ClientConfig(good, otherCA))},
-		{"no_client_certificate", credentials.NewTLS(tlstest.ClientConfig(nil, serverCA))},
-		{"client_certificate_of_another_CA", credentials.NewTLS(tlstest.ClientConfig(otherCA.Client(t, clientSAN), serverCA))},
-		{"wrong_SAN", credentials.NewTLS(tlstest.ClientConfig(clientCA.Client(t, "intruder.example.com"), serverCA))},
+		{"client_trusting_another_CA", credentials.NewTLS(harness.ClientConfig(good, otherCA))},
+		{"no_client_certificate", credentials.NewTLS(harness.ClientConfig(nil, serverCA))},
+		{"client_certificate_of_another_CA", credentials.NewTLS(harness.ClientConfig(otherCA.Client(t, clientSAN), serverCA))},
+		{"wrong_SAN", credentials.NewTLS(harness.ClientConfig(clientCA.Client(t, "intruder.example.com"), serverCA))},
 	}
 	for _, tt := range refusals {
 		t.Run(tt.name+"_refused", func(t *testing.T) {
@@ -155,7 +155,7 @@ func TestGRPCTLS(t *testing.T) {
 // where the anchor, which adds the system's roots to GRPC_CLIENT_TLS_CACERT,
 // lets it in.
 func TestGRPCTLSTrustsTheCAFileAlone(t *testing.T) {
-	serverCA, clientCA, publicCA := tlstest.NewCA(t, "server CA"), tlstest.NewCA(t, "client CA"), tlstest.NewCA(t, "a public CA")
+	serverCA, clientCA, publicCA := harness.NewCA(t, "server CA"), harness.NewCA(t, "client CA"), harness.NewCA(t, "a public CA")
 	sec := tlsSecret(t, serverCA.Server(t), clientCA)
 	roots := filepath.Join(t.TempDir(), "roots.pem")
 	if err := os.WriteFile(roots, publicCA.PEM, 0o600); err != nil {
@@ -163,10 +163,10 @@ func TestGRPCTLSTrustsTheCAFileAlone(t *testing.T) {
 	}
 	p := start(t, map[string]string{"web.yaml": webRules}, append(tlsSettings(sec, true), "SSL_CERT_FILE="+roots)...)
 
-	if _, err := p.servedWith(t, tlstest.ClientConfig(clientCA.Client(t, clientSAN), serverCA)); err != nil {
+	if _, err := p.servedWith(t, harness.ClientConfig(clientCA.Client(t, clientSAN), serverCA)); err != nil {
 		t.Fatalf("a client of the CA file: %v", err)
 	}
-	p.refusedWith(t, credentials.NewTLS(tlstest.ClientConfig(publicCA.Client(t, clientSAN), serverCA)))
+	p.refusedWith(t, credentials.NewTLS(harness.ClientConfig(publicCA.Client(t, clientSAN), serverCA)))
 }
 
 // TestGRPCTLSRotation swaps the secret's files as the kubelet does, with
@@ -174,13 +174,13 @@ func TestGRPCTLSTrustsTheCAFileAlone(t *testing.T) {
 // get the new certificate within a deadline; a swap to a key of another
 // certificate keeps the certificate in use, logged and counted.
 func TestGRPCTLSRotation(t *testing.T) {
-	ca1, ca2 := tlstest.NewCA(t, "CA one"), tlstest.NewCA(t, "CA two")
+	ca1, ca2 := harness.NewCA(t, "CA one"), harness.NewCA(t, "CA two")
 	first := ca1.Server(t)
 	sec := tlsSecret(t, first, nil)
 	p := start(t, map[string]string{"web.yaml": webRules}, tlsSettings(sec, false)...)
 
 	// It trusts CA one alone: a new connection after the swap would fail.
-	established := p.conn(t, credentials.NewTLS(tlstest.ClientConfig(nil, ca1)))
+	established := p.conn(t, credentials.NewTLS(harness.ClientConfig(nil, ca1)))
 	if _, err := tlsHealth(t, established, ""); err != nil {
 		t.Fatal(err)
 	}
@@ -188,7 +188,7 @@ func TestGRPCTLSRotation(t *testing.T) {
 	second := ca2.Server(t)
 	sec.Update(t, secretContents(second, nil))
 	eventually(t, "the new certificate served to a new connection", 15*time.Second, func() bool {
-		serial, err := p.servedWith(t, tlstest.ClientConfig(nil, ca2))
+		serial, err := p.servedWith(t, harness.ClientConfig(nil, ca2))
 		return err == nil && serial.Cmp(second.Leaf.SerialNumber) == 0
 	})
 	resp, err := rlsv3.NewRateLimitServiceClient(established).ShouldRateLimit(callCtx(t), request("web", "user", "established"))
@@ -207,7 +207,7 @@ func TestGRPCTLSRotation(t *testing.T) {
 	eventually(t, "the invalid swap logged", 5*time.Second, func() bool {
 		return strings.Contains(p.logs(), "keeping the certificate in use")
 	})
-	if serial, err := p.servedWith(t, tlstest.ClientConfig(nil, ca2)); err != nil || serial.Cmp(second.Leaf.SerialNumber) != 0 {
+	if serial, err := p.servedWith(t, harness.ClientConfig(nil, ca2)); err != nil || serial.Cmp(second.Leaf.SerialNumber) != 0 {
 		t.Errorf("after the invalid swap: certificate %v, %v; want %v, no error", serial, err, second.Leaf.SerialNumber)
 	}
 }
@@ -215,7 +215,7 @@ func TestGRPCTLSRotation(t *testing.T) {
 // TestGRPCTLSStartupFailures checks that TLS files that cannot serve stop
 // the service at start, non-zero, with a message naming the setting.
 func TestGRPCTLSStartupFailures(t *testing.T) {
-	ca := tlstest.NewCA(t, "CA")
+	ca := harness.NewCA(t, "CA")
 	cert := ca.Server(t)
 	dir := t.TempDir()
 	for name, b := range map[string][]byte{"tls.crt": cert.CertPEM, "tls.key": cert.KeyPEM, "other.key": ca.Server(t).KeyPEM} {
@@ -253,14 +253,14 @@ func TestGRPCTLSStartupFailures(t *testing.T) {
 // about it, and serves TLS without asking for a client certificate, as the
 // anchor does.
 func TestEnvoyGatewayTLSSettings(t *testing.T) {
-	ca := tlstest.NewCA(t, "envoy-gateway CA")
+	ca := harness.NewCA(t, "envoy-gateway CA")
 	sec := tlsSecret(t, ca.Server(t), ca)
 	p := start(t, map[string]string{"web.yaml": webRules},
 		"GRPC_SERVER_USE_TLS=true",
 		"GRPC_SERVER_TLS_CERT="+sec.Path("tls.crt"),
 		"GRPC_SERVER_TLS_KEY="+sec.Path("tls.key"),
 		"GRPC_SERVER_TLS_CA_CERT="+sec.Path("ca.crt"))
-	if _, err := p.servedWith(t, tlstest.ClientConfig(nil, ca)); err != nil {
+	if _, err := p.servedWith(t, harness.ClientConfig(nil, ca)); err != nil {
 		t.Fatalf("a client without a certificate: %v, want served", err)
 	}
 	// Warnings are written before the listeners open, so before start
@@ -298,7 +298,7 @@ func httpsClient(cfg *tls.Config) *http.Client {
 // /json answered anyone in plaintext: a way around mTLS.
 func TestJSONHasTheGRPCListenersTLS(t *testing.T) {
 	const body = `{"domain":"web","descriptors":[{"entries":[{"key":"user","value":"json"}]}]}`
-	serverCA, clientCA := tlstest.NewCA(t, "server CA"), tlstest.NewCA(t, "client CA")
+	serverCA, clientCA := harness.NewCA(t, "server CA"), harness.NewCA(t, "client CA")
 	plain := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{DisableKeepAlives: true}}
 
 	t.Run("mTLS", func(t *testing.T) {
@@ -309,12 +309,12 @@ func TestJSONHasTheGRPCListenersTLS(t *testing.T) {
 		if code := p.healthCode(); code != http.StatusOK {
 			t.Errorf("plaintext GET /healthcheck: %d, want 200", code)
 		}
-		if code, err := p.postJSONWith(t, httpsClient(tlstest.ClientConfig(clientCA.Client(t, clientSAN), serverCA)), "https", body); err != nil || code != http.StatusOK {
+		if code, err := p.postJSONWith(t, httpsClient(harness.ClientConfig(clientCA.Client(t, clientSAN), serverCA)), "https", body); err != nil || code != http.StatusOK {
 			t.Errorf("POST /json over TLS with a client certificate: %d, %v; want 200", code, err)
 		}
 		for name, cfg := range map[string]*tls.Config{
-			"no_client_certificate": tlstest.ClientConfig(nil, serverCA),
-			"wrong_SAN":             tlstest.ClientConfig(clientCA.Client(t, "intruder.example.com"), serverCA),
+			"no_client_certificate": harness.ClientConfig(nil, serverCA),
+			"wrong_SAN":             harness.ClientConfig(clientCA.Client(t, "intruder.example.com"), serverCA),
 		} {
 			if code, err := p.postJSONWith(t, httpsClient(cfg), "https", body); err == nil {
 				t.Errorf("POST /json over TLS, %s: %d, want the handshake refused", name, code)
@@ -329,7 +329,7 @@ func TestJSONHasTheGRPCListenersTLS(t *testing.T) {
 		if code, err := p.postJSONWith(t, plain, "http", body); err != nil || code != http.StatusForbidden {
 			t.Errorf("plaintext POST /json with TLS on: %d, %v; want 403", code, err)
 		}
-		if code, err := p.postJSONWith(t, httpsClient(tlstest.ClientConfig(nil, serverCA)), "https", body); err != nil || code != http.StatusOK {
+		if code, err := p.postJSONWith(t, httpsClient(harness.ClientConfig(nil, serverCA)), "https", body); err != nil || code != http.StatusOK {
 			t.Errorf("POST /json over TLS: %d, %v; want 200", code, err)
 		}
 	})

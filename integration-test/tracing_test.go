@@ -17,8 +17,7 @@ import (
 	tracepb "go.opentelemetry.io/proto/otlp/trace/v1"
 	"google.golang.org/grpc/metadata"
 
-	"github.com/ratelimitd/ratelimit/src/server/otlptest"
-	"github.com/ratelimitd/ratelimit/src/store/storetest"
+	"github.com/ratelimitd/ratelimit/harness"
 )
 
 // tracedRules has a limit of one an hour, in the main Redis, and one per
@@ -48,7 +47,7 @@ const (
 
 // tracingEnv sends the process's spans to rcv over protocol, as the
 // process envoy-ratelimit of the namespace gateway, instance pod-1.
-func tracingEnv(rcv *otlptest.Receiver, protocol string, extra ...string) []string {
+func tracingEnv(rcv *harness.OTLPReceiver, protocol string, extra ...string) []string {
 	endpoint := rcv.HTTPURL
 	if protocol == "grpc" {
 		endpoint = "http://" + rcv.GRPCAddr
@@ -92,9 +91,9 @@ func (p *proc) stopAndWait(t *testing.T) time.Duration {
 func TestTracingOverTheWire(t *testing.T) {
 	for _, protocol := range []string{"http", "grpc"} {
 		t.Run(protocol, func(t *testing.T) {
-			rcv := otlptest.Start(t)
-			main := storetest.StartRedis(t, storetest.RedisOptions{})
-			perSecond := storetest.StartRedis(t, storetest.RedisOptions{})
+			rcv := harness.StartOTLP(t)
+			main := harness.StartRedis(t, harness.RedisOptions{})
+			perSecond := harness.StartRedis(t, harness.RedisOptions{})
 			env := tracingEnv(rcv, protocol, redisEnv(main,
 				"REDIS_PERSECOND=true", "REDIS_PERSECOND_SOCKET_TYPE=tcp", "REDIS_PERSECOND_URL="+perSecond.Addr)...)
 			p := start(t, map[string]string{"traced.yaml": tracedRules}, env...)
@@ -160,7 +159,7 @@ func TestTracingOverTheWire(t *testing.T) {
 			t.Logf("%d spans received over %s by the exit, %v after SIGTERM", len(spans), protocol, took)
 
 			for _, call := range calls {
-				srv := findSpans(spans, func(s otlptest.Span) bool { return s.Name == grpcMethod && s.TraceID == call.trace })
+				srv := findSpans(spans, func(s harness.Span) bool { return s.Name == grpcMethod && s.TraceID == call.trace })
 				if len(srv) != 1 {
 					t.Errorf("%s: %d spans of the decision in trace %s, want 1", call.name, len(srv), call.trace)
 					continue
@@ -184,7 +183,7 @@ func TestTracingOverTheWire(t *testing.T) {
 					}
 				}
 				// A child span per round trip, under the decision's span.
-				children := findSpans(spans, func(c otlptest.Span) bool { return c.ParentSpanID == s.SpanID })
+				children := findSpans(spans, func(c harness.Span) bool { return c.ParentSpanID == s.SpanID })
 				var names []string
 				for _, ch := range children {
 					names = append(names, ch.Name)
@@ -205,7 +204,7 @@ func TestTracingOverTheWire(t *testing.T) {
 				}
 			}
 
-			js := findSpans(spans, func(s otlptest.Span) bool { return s.TraceID == jsonTrace && s.ParentSpanID == jsonSpan })
+			js := findSpans(spans, func(s harness.Span) bool { return s.TraceID == jsonTrace && s.ParentSpanID == jsonSpan })
 			if len(js) != 1 || js[0].Name != "POST /json" || js[0].Attributes["http.response.status_code"] != int64(200) {
 				t.Errorf("/json spans under %s/%s: %v, want one POST /json answered 200", jsonTrace, jsonSpan, js)
 			} else {
@@ -238,8 +237,8 @@ func twoDescriptors(domain, k1, v1, k2, v2 string) *rlsv3.RateLimitRequest {
 	return r
 }
 
-func findSpans(spans []otlptest.Span, match func(otlptest.Span) bool) []otlptest.Span {
-	var out []otlptest.Span
+func findSpans(spans []harness.Span, match func(harness.Span) bool) []harness.Span {
+	var out []harness.Span
 	for _, s := range spans {
 		if match(s) {
 			out = append(out, s)
@@ -250,7 +249,7 @@ func findSpans(spans []otlptest.Span, match func(otlptest.Span) bool) []otlptest
 
 // checkServiceSpan checks what every span of a decision carries: the
 // resource of tracingEnv, the parent Envoy named, the protocol it came by.
-func checkServiceSpan(t *testing.T, name string, s otlptest.Span, protocol, parent string) {
+func checkServiceSpan(t *testing.T, name string, s harness.Span, protocol, parent string) {
 	t.Helper()
 	if s.ParentSpanID != parent || s.Kind != tracepb.Span_SPAN_KIND_SERVER || s.Protocol != protocol {
 		t.Errorf("%s: parent %s, kind %v, over %s; want a server span under %s, over %s", name, s.ParentSpanID, s.Kind, s.Protocol, parent, protocol)
@@ -267,7 +266,7 @@ func checkServiceSpan(t *testing.T, name string, s otlptest.Span, protocol, pare
 // a request whose caller sampled its trace is recorded all the same, as
 // in the anchor, so that Envoy's traces are whole.
 func TestTracingSamplingRateZero(t *testing.T) {
-	rcv := otlptest.Start(t)
+	rcv := harness.StartOTLP(t)
 	p := start(t, map[string]string{"traced.yaml": tracedRules}, tracingEnv(rcv, "grpc", "TRACING_SAMPLING_RATE=0")...)
 	c := p.client(t)
 	for i := range 20 {
@@ -413,8 +412,8 @@ func TestTracingCollectorDown(t *testing.T) {
 // TestTracingMemcachedOverTheWire: with Memcached, each round trip of a
 // traced decision is a client span under it, named after its command.
 func TestTracingMemcachedOverTheWire(t *testing.T) {
-	rcv := otlptest.Start(t)
-	m := storetest.StartMemcached(t)
+	rcv := harness.StartOTLP(t)
+	m := harness.StartMemcached(t)
 	p := start(t, map[string]string{"traced.yaml": tracedRules}, tracingEnv(rcv, "http", memcacheEnv(m)...)...)
 	c := p.client(t)
 	// The first hits of two windows: an add each.
@@ -425,12 +424,12 @@ func TestTracingMemcachedOverTheWire(t *testing.T) {
 	}
 	p.stopAndWait(t)
 	spans := rcv.Spans()
-	srv := findSpans(spans, func(s otlptest.Span) bool { return s.Name == grpcMethod })
+	srv := findSpans(spans, func(s harness.Span) bool { return s.Name == grpcMethod })
 	if len(srv) != 1 {
 		t.Fatalf("%d spans of decisions, want 1: %v", len(srv), spans)
 	}
 	checkServiceSpan(t, "memcached", srv[0], "http", w3cSpan)
-	children := findSpans(spans, func(s otlptest.Span) bool { return s.ParentSpanID == srv[0].SpanID })
+	children := findSpans(spans, func(s harness.Span) bool { return s.ParentSpanID == srv[0].SpanID })
 	var names []string
 	for _, ch := range children {
 		names = append(names, ch.Name)

@@ -19,9 +19,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
-	"github.com/ratelimitd/ratelimit/src/provider/xdstest"
-	"github.com/ratelimitd/ratelimit/src/server/otlptest"
-	"github.com/ratelimitd/ratelimit/src/store/storetest"
+	"github.com/ratelimitd/ratelimit/harness"
 )
 
 // egNode is the node id Envoy Gateway gives the rate-limit Deployment.
@@ -62,7 +60,7 @@ func (p *proc) waitRules(t *testing.T, line string, since time.Time) time.Durati
 // counts of every rule kept, an invalid snapshot NACKed while the rules in
 // use answer on, and the xDS server stopped and started again.
 func TestXDSOverTheWire(t *testing.T) {
-	xds := xdstest.Start(t, xdstest.Options{})
+	xds := harness.StartXDS(t, harness.XDSOptions{})
 	xds.SetConfigs(t, egNode, xdsWeb(3, 100))
 	p := launch(t, nil, "CONFIG_TYPE=GRPC_XDS_SOTW", "CONFIG_GRPC_XDS_SERVER_URL="+xds.Addr, "CONFIG_GRPC_XDS_NODE_ID="+egNode,
 		"XDS_CLIENT_BACKOFF_INITIAL_INTERVAL=200ms", "XDS_CLIENT_BACKOFF_MAX_INTERVAL=1s")
@@ -113,7 +111,7 @@ func TestXDSOverTheWire(t *testing.T) {
 	bad.Descriptors[0].RateLimit.Unit = rlsconfv3.RateLimitUnit(9)
 	from := len(xds.Requests())
 	xds.SetConfigs(t, egNode, bad)
-	nack := xds.WaitRequest(t, from, 10*time.Second, "NACK", xdstest.Request.NACK)
+	nack := xds.WaitRequest(t, from, 10*time.Second, "NACK", harness.XDSRequest.NACK)
 	want := `xds: config "web" (domain web): descriptor "web.user": rate_limit: invalid unit "9"`
 	if !strings.Contains(nack.GetErrorDetail().GetMessage(), want) {
 		t.Errorf("NACK error_detail %q, want %q", nack.GetErrorDetail().GetMessage(), want)
@@ -153,7 +151,7 @@ func TestXDSOverTheWire(t *testing.T) {
 // TLS, as Envoy Gateway's does, and against one whose certificate it must
 // refuse.
 func TestXDSTLS(t *testing.T) {
-	xds := xdstest.Start(t, xdstest.Options{TLS: true})
+	xds := harness.StartXDS(t, harness.XDSOptions{TLS: true})
 	xds.SetConfigs(t, egNode, xdsWeb(3, 3))
 	env := func(ca string) []string {
 		return []string{
@@ -171,7 +169,7 @@ func TestXDSTLS(t *testing.T) {
 		}
 	})
 	t.Run("wrong_ca", func(t *testing.T) {
-		other, err := xdstest.WriteTLS(t.TempDir(), "localhost")
+		other, err := harness.WriteTLS(t.TempDir(), "localhost")
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -200,7 +198,7 @@ var rlsListenerTLS = true
 // (internal/infrastructure/kubernetes/ratelimit/resource.go), with
 // loopback addresses: one Secret mounted at /certs serves as the
 // listener's certificate, the xDS client's certificate and the CA of both.
-func egEnv(xds *xdstest.Server, redis *storetest.RedisServer, extra ...string) []string {
+func egEnv(xds *harness.XDSServer, redis *harness.RedisServer, extra ...string) []string {
 	certs := xds.TLS
 	env := []string{
 		"RUNTIME_SUBDIRECTORY=ratelimit", "RUNTIME_IGNOREDOTFILES=true", "RUNTIME_WATCH_ROOT=false", "LOG_LEVEL=info",
@@ -222,7 +220,7 @@ func egEnv(xds *xdstest.Server, redis *storetest.RedisServer, extra ...string) [
 }
 
 // egClient is Envoy's side of the rate-limit call.
-func egClient(t *testing.T, p *proc, certs *xdstest.TLSFiles) (rlsv3.RateLimitServiceClient, healthpb.HealthClient) {
+func egClient(t *testing.T, p *proc, certs *harness.TLSFiles) (rlsv3.RateLimitServiceClient, healthpb.HealthClient) {
 	t.Helper()
 	creds := insecure.NewCredentials()
 	if rlsListenerTLS {
@@ -315,12 +313,12 @@ mappings:
 // mutual TLS, and plays Envoy: unhealthy before the first snapshot,
 // healthy after, the generated limits enforced, a pushed change applied.
 func TestEnvoyGatewayDeployment(t *testing.T) {
-	redis := storetest.StartRedis(t, storetest.RedisOptions{})
+	redis := harness.StartRedis(t, harness.RedisOptions{})
 	// The older releases' statsd_exporter sidecar listens on 9125 for TCP
 	// (and UDP); the test's listens on a free port.
 	var statsdLines <-chan string
 	// otlp receives the spans of the variant with tracing.
-	var otlp *otlptest.Receiver
+	var otlp *harness.OTLPReceiver
 	variants := []struct {
 		name  string
 		env   func(t *testing.T) []string
@@ -352,7 +350,7 @@ func TestEnvoyGatewayDeployment(t *testing.T) {
 			env: func(t *testing.T) []string {
 				// The collector's URL is the test's receiver's, in the
 				// place of http://otel-collector.monitoring.svc.cluster.local:4318.
-				otlp = otlptest.Start(t)
+				otlp = harness.StartOTLP(t)
 				// Envoy Gateway mounts a statsd_exporter mapping in the
 				// anchor's dialect (timer_type) at /etc/statsd-exporter.
 				mapping := filepath.Join(t.TempDir(), "conf.yaml")
@@ -378,7 +376,7 @@ func TestEnvoyGatewayDeployment(t *testing.T) {
 				// Every decision above is a span of Envoy Gateway's
 				// service, over OTLP/HTTP, with a span per Redis round
 				// trip under it.
-				spans := otlp.WaitSpans(t, 1, 15*time.Second, func(s otlptest.Span) bool {
+				spans := otlp.WaitSpans(t, 1, 15*time.Second, func(s harness.Span) bool {
 					return s.Name == "envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit"
 				})
 				s := spans[0]
@@ -391,7 +389,7 @@ func TestEnvoyGatewayDeployment(t *testing.T) {
 				if s.Protocol != "http" || s.Attributes["domain"] != egDomain {
 					t.Errorf("span over %s with domain %v, want over http with %s", s.Protocol, s.Attributes["domain"], egDomain)
 				}
-				otlp.WaitSpans(t, 1, 15*time.Second, func(c otlptest.Span) bool { return c.ParentSpanID == s.SpanID && c.Name == "redis pipeline" })
+				otlp.WaitSpans(t, 1, 15*time.Second, func(c harness.Span) bool { return c.ParentSpanID == s.SpanID && c.Name == "redis pipeline" })
 				code, body := p.get(t, "http://"+p.prom+"/metrics")
 				if code != http.StatusOK || !strings.Contains(body, "ratelimit_service_config_load_success") {
 					t.Errorf("Prometheus /metrics = %d, want 200 with config_load_success", code)
@@ -406,7 +404,7 @@ func TestEnvoyGatewayDeployment(t *testing.T) {
 	}
 	for i, v := range variants {
 		t.Run(v.name, func(t *testing.T) {
-			xds := xdstest.Start(t, xdstest.Options{TLS: true})
+			xds := harness.StartXDS(t, harness.XDSOptions{TLS: true})
 			p := launch(t, nil, egEnv(xds, redis, v.env(t)...)...)
 			rls, health := egClient(t, p, xds.TLS)
 

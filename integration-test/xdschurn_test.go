@@ -9,7 +9,7 @@ import (
 
 	rlsconfv3 "github.com/envoyproxy/go-control-plane/ratelimit/config/ratelimit/v3"
 
-	"github.com/ratelimitd/ratelimit/src/provider/xdstest"
+	"github.com/ratelimitd/ratelimit/harness"
 )
 
 // TestXDSChurn drives the built binary with a real go-control-plane xDS
@@ -20,7 +20,7 @@ import (
 // megabytes).
 func TestXDSChurn(t *testing.T) {
 	slow(t)
-	xds := xdstest.Start(t, xdstest.Options{})
+	xds := harness.StartXDS(t, harness.XDSOptions{})
 	xds.SetConfigs(t, egNode, xdsWeb(3, 100))
 	// No jitter: the NACKs' pace is the back-off's, 200 ms, exactly.
 	p := launch(t, nil, "CONFIG_TYPE=GRPC_XDS_SOTW", "CONFIG_GRPC_XDS_SERVER_URL="+xds.Addr, "CONFIG_GRPC_XDS_NODE_ID="+egNode,
@@ -112,7 +112,7 @@ func TestXDSChurn(t *testing.T) {
 // used to leave 28,649 lines in /stats); the domain in use keeps its own.
 func TestRemovedDomainsStatisticsGo(t *testing.T) {
 	slow(t)
-	xds := xdstest.Start(t, xdstest.Options{})
+	xds := harness.StartXDS(t, harness.XDSOptions{})
 	domain := func(i int) *rlsconfv3.RateLimitConfig {
 		cfg := xdsWeb(3, 100)
 		cfg.Name, cfg.Domain = fmt.Sprintf("d%03d", i), fmt.Sprintf("d%03d", i)

@@ -12,7 +12,7 @@ import (
 	rlsconfv3 "github.com/envoyproxy/go-control-plane/ratelimit/config/ratelimit/v3"
 	"google.golang.org/protobuf/types/known/structpb"
 
-	"github.com/ratelimitd/ratelimit/src/provider/xdstest"
+	"github.com/ratelimitd/ratelimit/harness"
 )
 
 // quotaRules are two quota_mode rules, quota_a (1 an hour) and quota_b (2
@@ -67,7 +67,7 @@ func TestRealEnvoyQuotaMode(t *testing.T) {
 	}{
 		{"file", func(t *testing.T) *proc { return start(t, map[string]string{"quota.yaml": quotaRules}, env...) }},
 		{"xds", func(t *testing.T) *proc {
-			xds := xdstest.Start(t, xdstest.Options{})
+			xds := harness.StartXDS(t, harness.XDSOptions{})
 			xds.SetConfigs(t, egNode, quotaConfig(t))
 			p := launch(t, nil, append(env, "CONFIG_TYPE=GRPC_XDS_SOTW", "CONFIG_GRPC_XDS_SERVER_URL="+xds.Addr, "CONFIG_GRPC_XDS_NODE_ID="+egNode)...)
 			p.waitHealth(t, http.StatusOK)
@@ -128,7 +128,7 @@ func TestXDSUnitsAndFieldsOverTheWire(t *testing.T) {
 			{Key: "year", RateLimit: policy(rlsconfv3.RateLimitUnit_YEAR, 1)},
 		}}
 	}
-	xds := xdstest.Start(t, xdstest.Options{})
+	xds := harness.StartXDS(t, harness.XDSOptions{})
 	xds.SetConfigs(t, egNode, units(rlsconfv3.RateLimitUnit_MONTH, 1), quotaConfig(t))
 	p := launch(t, nil, "CONFIG_TYPE=GRPC_XDS_SOTW", "CONFIG_GRPC_XDS_SERVER_URL="+xds.Addr, "CONFIG_GRPC_XDS_NODE_ID="+egNode,
 		"RESPONSE_DYNAMIC_METADATA=true")
@@ -211,7 +211,7 @@ func TestXDSRefusedDomainOverTheWire(t *testing.T) {
 		cfg.Name, cfg.Domain = "api", "api"
 		return cfg
 	}
-	xds := xdstest.Start(t, xdstest.Options{})
+	xds := harness.StartXDS(t, harness.XDSOptions{})
 	xds.SetConfigs(t, egNode, xdsWeb(1, 100), api(1))
 	p := launch(t, nil, "CONFIG_TYPE=GRPC_XDS_SOTW", "CONFIG_GRPC_XDS_SERVER_URL="+xds.Addr, "CONFIG_GRPC_XDS_NODE_ID="+egNode,
 		"XDS_CLIENT_BACKOFF_INITIAL_INTERVAL=200ms", "XDS_CLIENT_BACKOFF_MAX_INTERVAL=1s")
@@ -222,7 +222,7 @@ func TestXDSRefusedDomainOverTheWire(t *testing.T) {
 	bad.Descriptors[0].RateLimit.Unit = rlsconfv3.RateLimitUnit(9)
 	from := len(xds.Requests())
 	xds.SetConfigs(t, egNode, bad, api(5))
-	nack := xds.WaitRequest(t, from, 10*time.Second, "NACK", xdstest.Request.NACK)
+	nack := xds.WaitRequest(t, from, 10*time.Second, "NACK", harness.XDSRequest.NACK)
 	want := `xds: domain "web" refused and kept as in force; the update's other domains are applied` + "\n" +
 		`xds: config "web" (domain web): descriptor "web.user": rate_limit: invalid unit "9"`
 	if got := nack.GetErrorDetail().GetMessage(); !strings.HasPrefix(got, want) {

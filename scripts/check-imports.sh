@@ -54,13 +54,18 @@ check src/provider src/limiter src/service src/server src/store
 if grep -rl --include='*.go' 'go-control-plane/envoy/service/ratelimit' src/limiter src/rules src/store 2>/dev/null; then
   echo "imports: RLS protos must stop at service"; fail=1
 fi
-# xDS types stay in provider; its test server stays in tests.
+# xDS types stay in provider (and, outside src, in the tests' xDS server,
+# harness/xds.go).
 if bad=$(grep -rl --include='*.go' --exclude='*_test.go' -e 'go-control-plane/ratelimit' -e 'envoy/service/discovery' \
   -e 'go-control-plane/pkg/' src cmd 2>/dev/null | grep -v '^src/provider/'); then
   echo "imports: xDS types must stay in src/provider: $bad"; fail=1
 fi
-if grep -rl --include='*.go' --exclude='*_test.go' 'src/provider/xdstest' src cmd | grep -v '^src/provider/xdstest/'; then
-  echo "imports: provider/xdstest is for tests only"; fail=1
+# harness/ starts the processes the tests run against, and storetest is the
+# stores' suite: both are for tests and tools, never for the service; the
+# harness knows nothing of the service.
+check harness src/
+if grep -rl --include='*.go' --exclude='*_test.go' -e 'ratelimit/harness"' -e 'src/store/storetest"' src cmd | grep -v '^src/store/storetest/'; then
+  echo "imports: harness and src/store/storetest are for tests and tools only"; fail=1
 fi
 # The load generator is for cmd/ratelimit-bench, the tools and the tests.
 if bad=$(grep -rl --include='*.go' --exclude='*_test.go' '"github.com/ratelimitd/ratelimit/src/loadgen"' src cmd | grep -v -e '^src/loadgen/' -e '^cmd/ratelimit-bench/'); then
@@ -68,8 +73,5 @@ if bad=$(grep -rl --include='*.go' --exclude='*_test.go' '"github.com/ratelimitd
 fi
 if grep -rl --include='*.go' --exclude='*_test.go' 'src/wire/wiretest' src cmd | grep -v '^src/wire/wiretest/'; then
   echo "imports: wire/wiretest is for tests only"; fail=1
-fi
-if grep -rl --include='*.go' --exclude='*_test.go' 'src/server/otlptest' src cmd | grep -v '^src/server/otlptest/'; then
-  echo "imports: server/otlptest is for tests only"; fail=1
 fi
 exit $fail

@@ -25,7 +25,7 @@ import (
 	"github.com/prometheus/prometheus/model/rulefmt"
 	"github.com/prometheus/prometheus/promql/parser"
 
-	"github.com/ratelimitd/ratelimit/src/store/storetest"
+	"github.com/ratelimitd/ratelimit/harness"
 )
 
 const rulesYAML = `
@@ -77,8 +77,8 @@ func (e exported) add(mfs map[string]*dto.MetricFamily) {
 // docs/OBSERVABILITY.md lists every series.
 func TestDashboardAndAlertsUseExportedSeries(t *testing.T) {
 	bin := build(t)
-	redis := storetest.StartRedis(t, storetest.RedisOptions{})
-	memcached := storetest.StartMemcached(t)
+	redis := harness.StartRedis(t, harness.RedisOptions{})
+	memcached := harness.StartMemcached(t)
 	series := exported{}
 	var families []string
 	for _, env := range [][]string{

@@ -13,7 +13,7 @@ import (
 	"google.golang.org/protobuf/types/known/anypb"
 	"google.golang.org/protobuf/types/known/structpb"
 
-	"github.com/ratelimitd/ratelimit/src/provider/xdstest"
+	"github.com/ratelimitd/ratelimit/harness"
 	"github.com/ratelimitd/ratelimit/src/rules"
 )
 
@@ -145,7 +145,7 @@ func TestRateLimitConfigType(t *testing.T) {
 // use stay, and go-control-plane's immediate resending of it does not spin
 // the pair), a fix, and an empty snapshot.
 func TestXDSSnapshots(t *testing.T) {
-	srv := xdstest.Start(t, xdstest.Options{})
+	srv := harness.StartXDS(t, harness.XDSOptions{})
 	v1 := srv.SetConfigs(t, testNode, webConfig(5))
 	w, c := watchXDS(t, XDSConfig{
 		ServerURL:    srv.Addr,
@@ -154,7 +154,7 @@ func TestXDSSnapshots(t *testing.T) {
 	})
 
 	c.wait(t, 10*time.Second, "first snapshot", func() bool { return userLimit(c.last()) == 5 })
-	ack := srv.WaitRequest(t, 0, 5*time.Second, "ACK of "+v1, func(r xdstest.Request) bool { return xdstest.ACKed(r, testNode, v1) })
+	ack := srv.WaitRequest(t, 0, 5*time.Second, "ACK of "+v1, func(r harness.XDSRequest) bool { return harness.ACKed(r, testNode, v1) })
 	first := srv.Requests()[0]
 	if first.GetTypeUrl() != RateLimitConfigType || first.GetNode().GetMetadata().GetFields()["zone"].GetStringValue() != "eu-1" {
 		t.Errorf("first request = %v, want type %s and node metadata zone=eu-1", first.DiscoveryRequest, RateLimitConfigType)
@@ -168,7 +168,7 @@ func TestXDSSnapshots(t *testing.T) {
 		v := srv.SetConfigs(t, testNode, webConfig(7))
 		c.wait(t, 2*time.Second, "changed limit", func() bool { return userLimit(c.last()) == 7 })
 		t.Logf("snapshot %s applied in %v", v, time.Since(start).Round(time.Millisecond))
-		srv.WaitRequest(t, 0, 5*time.Second, "ACK of "+v, func(r xdstest.Request) bool { return xdstest.ACKed(r, testNode, v) })
+		srv.WaitRequest(t, 0, 5*time.Second, "ACK of "+v, func(r harness.XDSRequest) bool { return harness.ACKed(r, testNode, v) })
 		if s := w.Stats(); s.Version != v || s.Loads != 2 {
 			t.Errorf("Stats() = %+v, want version %s after 2 loads", s, v)
 		}
@@ -180,7 +180,7 @@ func TestXDSSnapshots(t *testing.T) {
 		bad.Descriptors[0].RateLimit.Unit = rlsconfv3.RateLimitUnit_UNKNOWN
 		from := len(srv.Requests())
 		v := srv.SetConfigs(t, testNode, bad)
-		nack := srv.WaitRequest(t, from, 5*time.Second, "NACK of "+v, xdstest.Request.NACK)
+		nack := srv.WaitRequest(t, from, 5*time.Second, "NACK of "+v, harness.XDSRequest.NACK)
 		want := `xds: config "web" (domain web): descriptor "web.user": rate_limit: missing unit (second, minute, hour, day, week, month or year)`
 		if got := nack.GetErrorDetail().GetMessage(); got != want {
 			t.Errorf("NACK error_detail = %q, want %q", got, want)
@@ -235,7 +235,7 @@ func TestXDSSnapshots(t *testing.T) {
 // watcher retries on its back-off (not in a loop), and once the server is
 // back it subscribes again and takes new snapshots.
 func TestXDSReconnect(t *testing.T) {
-	srv := xdstest.Start(t, xdstest.Options{})
+	srv := harness.StartXDS(t, harness.XDSOptions{})
 	srv.SetConfigs(t, testNode, webConfig(5))
 	w, c := watchXDS(t, XDSConfig{ServerURL: srv.Addr})
 	c.wait(t, 10*time.Second, "first snapshot", func() bool { return userLimit(c.last()) == 5 })
@@ -270,7 +270,7 @@ func TestXDSReconnect(t *testing.T) {
 // server whose certificate does not chain to the CA given or does not
 // hold the name asked for.
 func TestXDSTLS(t *testing.T) {
-	srv := xdstest.Start(t, xdstest.Options{TLS: true})
+	srv := harness.StartXDS(t, harness.XDSOptions{TLS: true})
 	srv.SetConfigs(t, testNode, webConfig(5))
 	files := srv.TLS
 	clientTLS := func(ca, name string) *XDSTLS {
@@ -286,7 +286,7 @@ func TestXDSTLS(t *testing.T) {
 		c.wait(t, 10*time.Second, "snapshot over TLS with a SAN", func() bool { return userLimit(c.last()) == 5 })
 	})
 
-	other, err := xdstest.WriteTLS(t.TempDir(), "localhost")
+	other, err := harness.WriteTLS(t.TempDir(), "localhost")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -325,7 +325,7 @@ func TestXDSTLS(t *testing.T) {
 // than MaxMessageBytes is refused by gRPC before it is decoded, and no
 // rules load from it.
 func TestXDSMaxMessageSize(t *testing.T) {
-	srv := xdstest.Start(t, xdstest.Options{})
+	srv := harness.StartXDS(t, harness.XDSOptions{})
 	big := webConfig(5)
 	for range 200 {
 		big.Descriptors = append(big.Descriptors, &rlsconfv3.RateLimitDescriptor{
@@ -362,7 +362,7 @@ func TestXDSMaxMessageSize(t *testing.T) {
 // them: both are in force as sent. (go-control-plane's ratelimit proto
 // at v0.1.0 stopped at DAY, and a MONTH refused the whole update.)
 func TestXDSUnitsAndFields(t *testing.T) {
-	srv := xdstest.Start(t, xdstest.Options{})
+	srv := harness.StartXDS(t, harness.XDSOptions{})
 	md := func(tier string) *structpb.Struct {
 		s, err := structpb.NewStruct(map[string]any{"tier": tier, "cost": 2})
 		if err != nil {
@@ -591,7 +591,7 @@ func anyOf(t *testing.T, msgs ...*rlsconfv3.RateLimitConfig) []*anypb.Any {
 // be answered at once, 724 NACKs a second each with an error reported),
 // and each refusal is reported once.
 func TestXDSAlternatingRefusals(t *testing.T) {
-	srv := xdstest.Start(t, xdstest.Options{})
+	srv := harness.StartXDS(t, harness.XDSOptions{})
 	srv.SetConfigs(t, testNode, webConfig(5))
 	w, c := watchXDS(t, XDSConfig{ServerURL: srv.Addr})
 	c.wait(t, 10*time.Second, "first snapshot", func() bool { return userLimit(c.last()) == 5 })
@@ -636,7 +636,7 @@ func TestXDSAlternatingRefusals(t *testing.T) {
 // with its first MaxReportedProblems and a count of the rest, not a line of
 // megabytes.
 func TestXDSProblemsCapped(t *testing.T) {
-	srv := xdstest.Start(t, xdstest.Options{})
+	srv := harness.StartXDS(t, harness.XDSOptions{})
 	cfg := webConfig(5)
 	for i := range 100 {
 		cfg.Descriptors = append(cfg.Descriptors, &rlsconfv3.RateLimitDescriptor{Key: fmt.Sprintf("k%d", i),
@@ -661,7 +661,7 @@ func TestXDSProblemsCapped(t *testing.T) {
 // whole. The resent update is not applied again; a fixed one is applied
 // whole and ACKed.
 func TestXDSRefusedDomain(t *testing.T) {
-	srv := xdstest.Start(t, xdstest.Options{})
+	srv := harness.StartXDS(t, harness.XDSOptions{})
 	api := func(limit uint32) *rlsconfv3.RateLimitConfig {
 		cfg := webConfig(limit)
 		cfg.Name, cfg.Domain = "api", "api"
@@ -683,7 +683,7 @@ func TestXDSRefusedDomain(t *testing.T) {
 
 	from := len(srv.Requests())
 	v2 := srv.SetConfigs(t, testNode, badWeb, api(20))
-	nack := srv.WaitRequest(t, from, 5*time.Second, "NACK of "+v2, xdstest.Request.NACK)
+	nack := srv.WaitRequest(t, from, 5*time.Second, "NACK of "+v2, harness.XDSRequest.NACK)
 	want := `xds: domain "web" refused and kept as in force; the update's other domains are applied` + "\n" + whyWeb
 	if got := nack.GetErrorDetail().GetMessage(); got != want {
 		t.Errorf("NACK error_detail =\n%s\nwant\n%s", got, want)
@@ -703,7 +703,7 @@ func TestXDSRefusedDomain(t *testing.T) {
 
 	// The cache sends the update again after each NACK: NACKed again,
 	// on the back-off, neither applied nor reported again.
-	srv.WaitRequest(t, from, 5*time.Second, "a second NACK of "+v2, func(r xdstest.Request) bool {
+	srv.WaitRequest(t, from, 5*time.Second, "a second NACK of "+v2, func(r harness.XDSRequest) bool {
 		return r.NACK() && r.GetResponseNonce() != nack.GetResponseNonce()
 	})
 	if s := w.Stats(); s.Loads != 2 || s.Failures != 1 {
@@ -717,7 +717,7 @@ func TestXDSRefusedDomain(t *testing.T) {
 	fresh.Descriptors[1].RateLimit.Unit = rlsconfv3.RateLimitUnit_UNKNOWN
 	from = len(srv.Requests())
 	v3 := srv.SetConfigs(t, testNode, badWeb, fresh)
-	srv.WaitRequest(t, from, 5*time.Second, "NACK of "+v3+" naming both domains", func(r xdstest.Request) bool {
+	srv.WaitRequest(t, from, 5*time.Second, "NACK of "+v3+" naming both domains", func(r harness.XDSRequest) bool {
 		return r.NACK() && strings.HasPrefix(r.GetErrorDetail().GetMessage(), `xds: domains "fresh", "web" refused`)
 	})
 	c.wait(t, 5*time.Second, "api dropped", func() bool { return apiLimit(c.last()) == 0 })
@@ -727,13 +727,13 @@ func TestXDSRefusedDomain(t *testing.T) {
 
 	// Fixed: applied whole, ACKed.
 	v4 := srv.SetConfigs(t, testNode, webConfig(7), api(30))
-	srv.WaitRequest(t, 0, 5*time.Second, "ACK of "+v4, func(r xdstest.Request) bool { return xdstest.ACKed(r, testNode, v4) })
+	srv.WaitRequest(t, 0, 5*time.Second, "ACK of "+v4, func(r harness.XDSRequest) bool { return harness.ACKed(r, testNode, v4) })
 	if got := c.last(); userLimit(got) != 7 || apiLimit(got) != 30 {
 		t.Errorf("after %s: web's limit %d, api's %d; want 7 and 30", v4, userLimit(got), apiLimit(got))
 	}
 
 	// A first update with a refused domain serves the valid ones.
-	srv2 := xdstest.Start(t, xdstest.Options{})
+	srv2 := harness.StartXDS(t, harness.XDSOptions{})
 	srv2.SetConfigs(t, testNode, badWeb, api(40))
 	_, c2 := watchXDS(t, XDSConfig{ServerURL: srv2.Addr})
 	c2.wait(t, 10*time.Second, "the valid domain", func() bool { return c2.last() != nil })

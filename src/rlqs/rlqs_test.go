@@ -22,11 +22,11 @@ import (
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/durationpb"
 
+	"github.com/ratelimitd/ratelimit/harness"
 	"github.com/ratelimitd/ratelimit/src/quota"
 	"github.com/ratelimitd/ratelimit/src/rlqs"
 	"github.com/ratelimitd/ratelimit/src/rules"
 	"github.com/ratelimitd/ratelimit/src/stats"
-	"github.com/ratelimitd/ratelimit/src/store/storetest"
 	"github.com/ratelimitd/ratelimit/src/wire"
 	"github.com/ratelimitd/ratelimit/src/wire/wiretest"
 )
@@ -91,7 +91,7 @@ func (f *quotaFixture) setRules(t *testing.T, text string) {
 // so that the clock moves only between reports.
 func (f *quotaFixture) handled(t *testing.T) {
 	t.Helper()
-	storetest.WaitFor(t, 10*time.Second, "the reports to be handled", func() bool { return f.reg.Snapshot()["ratelimit.rlqs.reports"] >= f.sent.Load() })
+	harness.WaitFor(t, 10*time.Second, "the reports to be handled", func() bool { return f.reg.Snapshot()["ratelimit.rlqs.reports"] >= f.sent.Load() })
 }
 
 func (f *quotaFixture) advance(d time.Duration) {
@@ -299,7 +299,7 @@ func TestQuotaFairSplitAcrossStreams(t *testing.T) {
 	}
 	// 19/s to share: b's 2/s is met, a gets the rest (within the 2 %
 	// by which a share is not worth changing).
-	storetest.WaitFor(t, 10*time.Second, "shares of about 17 and 2/s", func() bool {
+	harness.WaitFor(t, 10*time.Second, "shares of about 17 and 2/s", func() bool {
 		ra, rb := share(a), share(b)
 		return ra >= 16.6 && ra <= 17.4 && rb >= 1.6 && rb <= 2.4 && ra+rb <= 19
 	})
@@ -501,7 +501,7 @@ func TestQuotaBounds(t *testing.T) {
 		}
 		// Once one closes, a new one is served.
 		a.cf()
-		storetest.WaitFor(t, 10*time.Second, "the closed stream to end", func() bool { return f.q.Streams() == 1 })
+		harness.WaitFor(t, 10*time.Second, "the closed stream to end", func() bool { return f.q.Streams() == 1 })
 		d := f.open(t)
 		d.send("web", usage{id: []string{"tenant", "d"}, allowed: 1})
 		d.recv()

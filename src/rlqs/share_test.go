@@ -15,12 +15,12 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/durationpb"
 
+	"github.com/ratelimitd/ratelimit/harness"
 	"github.com/ratelimitd/ratelimit/src/quota"
 	"github.com/ratelimitd/ratelimit/src/rlqs"
 	"github.com/ratelimitd/ratelimit/src/rules"
 	"github.com/ratelimitd/ratelimit/src/stats"
 	"github.com/ratelimitd/ratelimit/src/store/redis"
-	"github.com/ratelimitd/ratelimit/src/store/storetest"
 )
 
 // Replicas of the quota service sharing their pools through a real
@@ -42,7 +42,7 @@ const sharedRate = 60.0
 // fleet is n replicas on one Redis.
 type fleet struct {
 	t     *testing.T
-	srv   *storetest.RedisServer
+	srv   *harness.RedisServer
 	clock atomic.Pointer[time.Time]
 	reps  []*replica
 	// envoys are the mimicked Envoys, each with one bucket of tenant a.
@@ -85,7 +85,7 @@ func newFleet(t *testing.T, n int) *fleet {
 // newFleetTimeout is newFleet with the stores' timeout (REDIS_TIMEOUT).
 func newFleetTimeout(t *testing.T, n int, timeout time.Duration) *fleet {
 	t.Helper()
-	f := &fleet{t: t, srv: storetest.StartRedis(t, storetest.RedisOptions{})}
+	f := &fleet{t: t, srv: harness.StartRedis(t, harness.RedisOptions{})}
 	now := epoch
 	f.clock.Store(&now)
 	cfg, err := rules.Parse([]rules.File{{Name: "q.yaml", Data: []byte(sharedRules)}}, rules.Options{})
@@ -603,7 +603,7 @@ func TestSharedQuotaFrozenStoreHandsOver(t *testing.T) {
 // gone).
 func TestSharedQuotaTickBudget(t *testing.T) {
 	t.Parallel()
-	srv := storetest.StartRedis(t, storetest.RedisOptions{})
+	srv := harness.StartRedis(t, harness.RedisOptions{})
 	st, err := redis.New(t.Context(), redis.Config{URL: srv.Addr, Timeout: time.Second})
 	if err != nil {
 		t.Fatal(err)

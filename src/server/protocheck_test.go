@@ -13,7 +13,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
-	"github.com/ratelimitd/ratelimit/src/server/tlstest"
+	"github.com/ratelimitd/ratelimit/harness"
 )
 
 // warnings returns the lines at warn level that hold substr.
@@ -70,8 +70,8 @@ func alpn(cfg *tls.Config, protos ...string) *tls.Config {
 // and the log a warning naming the fix, at most one a second per kind;
 // gRPC clients that speak right get none.
 func TestProtocolMistakesWarned(t *testing.T) {
-	ca := tlstest.NewCA(t, "server CA")
-	sec := tlstest.NewSecretDir(t, secretFiles(ca.Server(t), nil))
+	ca := harness.NewCA(t, "server CA")
+	sec := harness.NewSecretDir(t, secretFiles(ca.Server(t), nil))
 	tests := []struct {
 		name   string
 		tls    bool
@@ -88,10 +88,10 @@ func TestProtocolMistakesWarned(t *testing.T) {
 		{"http1_on_tls", true, func(t *testing.T, addr string) { sendRaw(t, addr, nil, http1Request) },
 			[]string{"speaks plaintext, not HTTP/2 either", "transport_socket", "explicit_http_config"}},
 		{"tls_http1_alpn_on_tls", true, func(t *testing.T, addr string) {
-			sendRaw(t, addr, alpn(tlstest.ClientConfig(nil, ca), "http/1.1"), http1Request)
+			sendRaw(t, addr, alpn(harness.ClientConfig(nil, ca), "http/1.1"), http1Request)
 		}, []string{"does not offer HTTP/2 (ALPN h2)", "explicit_http_config"}},
 		{"tls_no_alpn_on_tls", true, func(t *testing.T, addr string) {
-			sendRaw(t, addr, alpn(tlstest.ClientConfig(nil, ca)), http1Request)
+			sendRaw(t, addr, alpn(harness.ClientConfig(nil, ca)), http1Request)
 		}, []string{"does not offer HTTP/2 (ALPN h2)", "explicit_http_config"}},
 	}
 	for _, tt := range tests {
@@ -100,7 +100,7 @@ func TestProtocolMistakesWarned(t *testing.T) {
 			creds := insecure.NewCredentials()
 			if tt.tls {
 				env = tlsEnv(sec, false, "")
-				creds = credentials.NewTLS(tlstest.ClientConfig(nil, ca))
+				creds = credentials.NewTLS(harness.ClientConfig(nil, ca))
 			}
 			var logs syncBuffer
 			srv, _ := build(t, serverRules, env, &logs)

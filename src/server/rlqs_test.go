@@ -16,8 +16,7 @@ import (
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/durationpb"
 
-	"github.com/ratelimitd/ratelimit/src/server/tlstest"
-	"github.com/ratelimitd/ratelimit/src/store/storetest"
+	"github.com/ratelimitd/ratelimit/harness"
 )
 
 const quotaServerRules = serverRules + `quota_buckets:
@@ -159,15 +158,15 @@ func TestRLQSShutdown(t *testing.T) {
 
 // TestRLQSOverMTLS: the quota service shares the listener's mTLS.
 func TestRLQSOverMTLS(t *testing.T) {
-	serverCA, clientCA, otherCA := tlstest.NewCA(t, "server CA"), tlstest.NewCA(t, "client CA"), tlstest.NewCA(t, "other CA")
-	sec := tlstest.NewSecretDir(t, secretFiles(serverCA.Server(t), clientCA))
+	serverCA, clientCA, otherCA := harness.NewCA(t, "server CA"), harness.NewCA(t, "client CA"), harness.NewCA(t, "other CA")
+	sec := harness.NewSecretDir(t, secretFiles(serverCA.Server(t), clientCA))
 	srv, _ := start(t, quotaServerRules, tlsEnv(sec, true, ""))
-	good := dialWith(t, srv, credentials.NewTLS(tlstest.ClientConfig(clientCA.Client(t, "envoy"), serverCA)))
+	good := dialWith(t, srv, credentials.NewTLS(harness.ClientConfig(clientCA.Client(t, "envoy"), serverCA)))
 	awaitServing(t, good)
 	if _, err := quotaStream(t, good).Recv(); err != nil {
 		t.Errorf("RLQS with a client certificate of the client CA: %v", err)
 	}
-	bad := dialWith(t, srv, credentials.NewTLS(tlstest.ClientConfig(otherCA.Client(t, "envoy"), serverCA)))
+	bad := dialWith(t, srv, credentials.NewTLS(harness.ClientConfig(otherCA.Client(t, "envoy"), serverCA)))
 	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
 	defer cancel()
 	s, err := rlqsv3.NewRateLimitQuotaServiceClient(bad).StreamRateLimitQuotas(ctx)
@@ -210,7 +209,7 @@ func TestRLQSReportSize(t *testing.T) {
 // (0.5 a second), where a replica of its own would give the second the
 // whole reserve again.
 func TestRLQSSharedThroughRedis(t *testing.T) {
-	redisSrv := storetest.StartRedis(t, storetest.RedisOptions{})
+	redisSrv := harness.StartRedis(t, harness.RedisOptions{})
 	env := map[string]string{"BACKEND_TYPE": "redis", "REDIS_URL": redisSrv.Addr, "REDIS_SOCKET_TYPE": "tcp"}
 	var logs syncBuffer
 	a, _ := build(t, quotaServerRules, env, &logs)

@@ -28,14 +28,14 @@ import (
 	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 
-	"github.com/ratelimitd/ratelimit/src/server/tlstest"
+	"github.com/ratelimitd/ratelimit/harness"
 	"github.com/ratelimitd/ratelimit/src/settings"
 	"github.com/ratelimitd/ratelimit/src/stats"
 )
 
 // secretFiles are the files of a Kubernetes TLS secret: the server's pair
 // and, when clientCA is not nil, the CA of the clients.
-func secretFiles(server *tlstest.Cert, clientCA *tlstest.CA) map[string][]byte {
+func secretFiles(server *harness.Cert, clientCA *harness.CA) map[string][]byte {
 	files := map[string][]byte{"tls.crt": server.CertPEM, "tls.key": server.KeyPEM}
 	if clientCA != nil {
 		files["ca.crt"] = clientCA.PEM
@@ -45,7 +45,7 @@ func secretFiles(server *tlstest.Cert, clientCA *tlstest.CA) map[string][]byte {
 
 // tlsEnv are the settings that serve TLS from sec; with mTLS, clients
 // must present a certificate of sec's ca.crt.
-func tlsEnv(sec *tlstest.SecretDir, mTLS bool, san string) map[string]string {
+func tlsEnv(sec *harness.SecretDir, mTLS bool, san string) map[string]string {
 	// Every variable is set, empty if need be: t.Setenv keeps the values
 	// of an earlier server of the same test.
 	env := map[string]string{
@@ -123,13 +123,13 @@ func counter(srv *Server, name string) uint64 {
 // server's CA, not a plaintext client nor one that trusts another CA; and
 // that /healthcheck on PORT stays plaintext, as with the anchor.
 func TestTLSListener(t *testing.T) {
-	ca, other := tlstest.NewCA(t, "server CA"), tlstest.NewCA(t, "other CA")
+	ca, other := harness.NewCA(t, "server CA"), harness.NewCA(t, "other CA")
 	cert := ca.Server(t)
-	sec := tlstest.NewSecretDir(t, secretFiles(cert, nil))
+	sec := harness.NewSecretDir(t, secretFiles(cert, nil))
 	srv, _ := start(t, serverRules, tlsEnv(sec, false, ""))
 
 	t.Run("trusting_client_served", func(t *testing.T) {
-		cc := dialWith(t, srv, credentials.NewTLS(tlstest.ClientConfig(nil, ca)))
+		cc := dialWith(t, srv, credentials.NewTLS(harness.ClientConfig(nil, ca)))
 		var serial *big.Int
 		eventually(t, "a health check over TLS", func() bool {
 			var err error
@@ -154,7 +154,7 @@ func TestTLSListener(t *testing.T) {
 		})
 	})
 	t.Run("client_trusting_another_CA_refused", func(t *testing.T) {
-		refused(t, dialWith(t, srv, credentials.NewTLS(tlstest.ClientConfig(nil, other))))
+		refused(t, dialWith(t, srv, credentials.NewTLS(harness.ClientConfig(nil, other))))
 	})
 	t.Run("healthcheck_on_PORT_plaintext", func(t *testing.T) {
 		if code, _ := get(t, "http://"+srv.Addrs().HTTP.String()+"/healthcheck"); code != 200 {
@@ -176,19 +176,19 @@ func userRequest(domain, user string) *rlsv3.RateLimitRequest {
 // is refused; with a SAN, a certificate of the CA without that name is
 // refused too.
 func TestMTLS(t *testing.T) {
-	serverCA, clientCA, otherCA := tlstest.NewCA(t, "server CA"), tlstest.NewCA(t, "client CA"), tlstest.NewCA(t, "other CA")
-	sec := tlstest.NewSecretDir(t, secretFiles(serverCA.Server(t), clientCA))
+	serverCA, clientCA, otherCA := harness.NewCA(t, "server CA"), harness.NewCA(t, "client CA"), harness.NewCA(t, "other CA")
+	sec := harness.NewSecretDir(t, secretFiles(serverCA.Server(t), clientCA))
 	const san = "envoy.example.com"
 	withSAN, _ := start(t, serverRules, tlsEnv(sec, true, san))
 	anySAN, _ := start(t, serverRules, tlsEnv(sec, true, ""))
-	awaitServing(t, dialWith(t, withSAN, credentials.NewTLS(tlstest.ClientConfig(clientCA.Client(t, san), serverCA))))
-	awaitServing(t, dialWith(t, anySAN, credentials.NewTLS(tlstest.ClientConfig(clientCA.Client(t, san), serverCA))))
+	awaitServing(t, dialWith(t, withSAN, credentials.NewTLS(harness.ClientConfig(clientCA.Client(t, san), serverCA))))
+	awaitServing(t, dialWith(t, anySAN, credentials.NewTLS(harness.ClientConfig(clientCA.Client(t, san), serverCA))))
 
-	serverOnly := clientCA.Issue(t, tlstest.Spec{CommonName: san, DNSNames: []string{san}, Usages: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}})
+	serverOnly := clientCA.Issue(t, harness.CertSpec{CommonName: san, DNSNames: []string{san}, Usages: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}})
 	tests := []struct {
 		name   string
 		srv    *Server
-		cert   *tlstest.Cert // nil: none
+		cert   *harness.Cert // nil: none
 		served bool
 	}{
 		{name: "right_san_served", srv: withSAN, cert: clientCA.Client(t, san), served: true},
@@ -197,7 +197,7 @@ func TestMTLS(t *testing.T) {
 		{name: "no_certificate_refused", srv: withSAN},
 		{name: "wrong_ca_refused", srv: withSAN, cert: otherCA.Client(t, san)},
 		{name: "wrong_san_refused", srv: withSAN, cert: clientCA.Client(t, "other.example.com")},
-		{name: "san_as_common_name_only_refused", srv: withSAN, cert: clientCA.Issue(t, tlstest.Spec{CommonName: san, Usages: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}})},
+		{name: "san_as_common_name_only_refused", srv: withSAN, cert: clientCA.Issue(t, harness.CertSpec{CommonName: san, Usages: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}})},
 		{name: "server_auth_only_refused", srv: withSAN, cert: serverOnly},
 		{name: "no_san_setting_any_name_served", srv: anySAN, cert: clientCA.Client(t, "whoever.example.org"), served: true},
 		{name: "no_san_setting_no_certificate_refused", srv: anySAN},
@@ -205,7 +205,7 @@ func TestMTLS(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			cc := dialWith(t, tt.srv, credentials.NewTLS(tlstest.ClientConfig(tt.cert, serverCA)))
+			cc := dialWith(t, tt.srv, credentials.NewTLS(harness.ClientConfig(tt.cert, serverCA)))
 			if !tt.served {
 				before := counter(tt.srv, "ratelimit.server.tls_handshake_error")
 				refused(t, cc)
@@ -224,23 +224,23 @@ func TestMTLS(t *testing.T) {
 // TestVerifyClientSAN pins how GRPC_CLIENT_TLS_SAN matches, which is the
 // anchor's (x509 hostname verification of the leaf).
 func TestVerifyClientSAN(t *testing.T) {
-	ca := tlstest.NewCA(t, "client CA")
+	ca := harness.NewCA(t, "client CA")
 	tests := []struct {
 		name string
-		spec tlstest.Spec
+		spec harness.CertSpec
 		san  string
 		ok   bool
 	}{
-		{name: "dns_exact", spec: tlstest.Spec{DNSNames: []string{"envoy.example.com"}}, san: "envoy.example.com", ok: true},
-		{name: "dns_any_case", spec: tlstest.Spec{DNSNames: []string{"Envoy.Example.com"}}, san: "envoy.example.COM", ok: true},
-		{name: "dns_other", spec: tlstest.Spec{DNSNames: []string{"envoy.example.org"}}, san: "envoy.example.com"},
-		{name: "wildcard_one_label", spec: tlstest.Spec{DNSNames: []string{"*.example.com"}}, san: "envoy.example.com", ok: true},
-		{name: "wildcard_two_labels", spec: tlstest.Spec{DNSNames: []string{"*.example.com"}}, san: "a.envoy.example.com"},
-		{name: "setting_is_a_wildcard", spec: tlstest.Spec{DNSNames: []string{"envoy.example.com"}}, san: "*.example.com"},
-		{name: "ip", spec: tlstest.Spec{IPs: []net.IP{net.ParseIP("10.1.2.3")}}, san: "10.1.2.3", ok: true},
-		{name: "ip_as_dns_name", spec: tlstest.Spec{DNSNames: []string{"10.1.2.3"}}, san: "10.1.2.3"},
-		{name: "uri_spiffe", spec: tlstest.Spec{URIs: []string{"spiffe://cluster.local/ns/gw/sa/envoy"}}, san: "spiffe://cluster.local/ns/gw/sa/envoy"},
-		{name: "common_name", spec: tlstest.Spec{CommonName: "envoy.example.com"}, san: "envoy.example.com"},
+		{name: "dns_exact", spec: harness.CertSpec{DNSNames: []string{"envoy.example.com"}}, san: "envoy.example.com", ok: true},
+		{name: "dns_any_case", spec: harness.CertSpec{DNSNames: []string{"Envoy.Example.com"}}, san: "envoy.example.COM", ok: true},
+		{name: "dns_other", spec: harness.CertSpec{DNSNames: []string{"envoy.example.org"}}, san: "envoy.example.com"},
+		{name: "wildcard_one_label", spec: harness.CertSpec{DNSNames: []string{"*.example.com"}}, san: "envoy.example.com", ok: true},
+		{name: "wildcard_two_labels", spec: harness.CertSpec{DNSNames: []string{"*.example.com"}}, san: "a.envoy.example.com"},
+		{name: "setting_is_a_wildcard", spec: harness.CertSpec{DNSNames: []string{"envoy.example.com"}}, san: "*.example.com"},
+		{name: "ip", spec: harness.CertSpec{IPs: []net.IP{net.ParseIP("10.1.2.3")}}, san: "10.1.2.3", ok: true},
+		{name: "ip_as_dns_name", spec: harness.CertSpec{DNSNames: []string{"10.1.2.3"}}, san: "10.1.2.3"},
+		{name: "uri_spiffe", spec: harness.CertSpec{URIs: []string{"spiffe://cluster.local/ns/gw/sa/envoy"}}, san: "spiffe://cluster.local/ns/gw/sa/envoy"},
+		{name: "common_name", spec: harness.CertSpec{CommonName: "envoy.example.com"}, san: "envoy.example.com"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -258,16 +258,16 @@ func TestVerifyClientSAN(t *testing.T) {
 // made before keeps working, and a swap to files that are not a valid
 // whole keeps the certificate in use, logged and counted once.
 func TestTLSRotation(t *testing.T) {
-	ca1, ca2 := tlstest.NewCA(t, "CA one"), tlstest.NewCA(t, "CA two")
+	ca1, ca2 := harness.NewCA(t, "CA one"), harness.NewCA(t, "CA two")
 	first := ca1.Server(t)
-	sec := tlstest.NewSecretDir(t, secretFiles(first, nil))
+	sec := harness.NewSecretDir(t, secretFiles(first, nil))
 	var logs syncBuffer
 	srv, _ := build(t, serverRules, tlsEnv(sec, false, ""), &logs)
 	run(t, srv)
 
 	// Trusts CA one only: if it had to connect again after the swap, its
 	// calls would fail.
-	established := dialWith(t, srv, credentials.NewTLS(tlstest.ClientConfig(nil, ca1)))
+	established := dialWith(t, srv, credentials.NewTLS(harness.ClientConfig(nil, ca1)))
 	if _, err := healthCheck(t, established); err != nil {
 		t.Fatal(err)
 	}
@@ -275,7 +275,7 @@ func TestTLSRotation(t *testing.T) {
 	second := ca2.Server(t)
 	sec.Update(t, secretFiles(second, nil))
 	eventually(t, "the new certificate served to a new connection", func() bool {
-		cc, err := grpc.NewClient(srv.Addrs().GRPC.String(), grpc.WithTransportCredentials(credentials.NewTLS(tlstest.ClientConfig(nil, ca2))))
+		cc, err := grpc.NewClient(srv.Addrs().GRPC.String(), grpc.WithTransportCredentials(credentials.NewTLS(harness.ClientConfig(nil, ca2))))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -286,7 +286,7 @@ func TestTLSRotation(t *testing.T) {
 	if serial, err := healthCheck(t, established); err != nil || serial.Cmp(first.Leaf.SerialNumber) != 0 {
 		t.Fatalf("established connection after the swap: certificate %v, %v; want %v, no error", serial, err, first.Leaf.SerialNumber)
 	}
-	refused(t, dialWith(t, srv, credentials.NewTLS(tlstest.ClientConfig(nil, ca1))))
+	refused(t, dialWith(t, srv, credentials.NewTLS(harness.ClientConfig(nil, ca1))))
 	if got := counter(srv, "ratelimit.server.tls_reload_success"); got != 1 {
 		t.Errorf("tls_reload_success = %d, want 1", got)
 	}
@@ -305,7 +305,7 @@ func TestTLSRotation(t *testing.T) {
 			eventually(t, "the failed reload counted", func() bool {
 				return counter(srv, "ratelimit.server.tls_reload_error") == uint64(i+1)
 			})
-			serial, err := healthCheck(t, dialWith(t, srv, credentials.NewTLS(tlstest.ClientConfig(nil, ca2))))
+			serial, err := healthCheck(t, dialWith(t, srv, credentials.NewTLS(harness.ClientConfig(nil, ca2))))
 			if err != nil || serial.Cmp(second.Leaf.SerialNumber) != 0 {
 				t.Fatalf("after an invalid swap: certificate %v, %v; want %v, no error", serial, err, second.Leaf.SerialNumber)
 			}
@@ -318,7 +318,7 @@ func TestTLSRotation(t *testing.T) {
 	third := ca1.Server(t)
 	sec.Update(t, secretFiles(third, nil))
 	eventually(t, "a valid swap after invalid ones", func() bool {
-		cc, err := grpc.NewClient(srv.Addrs().GRPC.String(), grpc.WithTransportCredentials(credentials.NewTLS(tlstest.ClientConfig(nil, ca1))))
+		cc, err := grpc.NewClient(srv.Addrs().GRPC.String(), grpc.WithTransportCredentials(credentials.NewTLS(harness.ClientConfig(nil, ca1))))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -334,18 +334,18 @@ func TestTLSRotation(t *testing.T) {
 // TestMTLSCARotation swaps the client CA file: a client of the new CA is
 // served within a deadline, and a client of the old one is refused.
 func TestMTLSCARotation(t *testing.T) {
-	serverCA, old, next := tlstest.NewCA(t, "server CA"), tlstest.NewCA(t, "old client CA"), tlstest.NewCA(t, "new client CA")
+	serverCA, old, next := harness.NewCA(t, "server CA"), harness.NewCA(t, "old client CA"), harness.NewCA(t, "new client CA")
 	server := serverCA.Server(t)
-	sec := tlstest.NewSecretDir(t, secretFiles(server, old))
+	sec := harness.NewSecretDir(t, secretFiles(server, old))
 	srv, _ := start(t, serverRules, tlsEnv(sec, true, ""))
 	oldClient, nextClient := old.Client(t, "envoy"), next.Client(t, "envoy")
 
-	awaitServing(t, dialWith(t, srv, credentials.NewTLS(tlstest.ClientConfig(oldClient, serverCA))))
-	refused(t, dialWith(t, srv, credentials.NewTLS(tlstest.ClientConfig(nextClient, serverCA))))
+	awaitServing(t, dialWith(t, srv, credentials.NewTLS(harness.ClientConfig(oldClient, serverCA))))
+	refused(t, dialWith(t, srv, credentials.NewTLS(harness.ClientConfig(nextClient, serverCA))))
 
 	sec.Update(t, secretFiles(server, next))
 	eventually(t, "a client of the new CA served", func() bool {
-		cc, err := grpc.NewClient(srv.Addrs().GRPC.String(), grpc.WithTransportCredentials(credentials.NewTLS(tlstest.ClientConfig(nextClient, serverCA))))
+		cc, err := grpc.NewClient(srv.Addrs().GRPC.String(), grpc.WithTransportCredentials(credentials.NewTLS(harness.ClientConfig(nextClient, serverCA))))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -353,14 +353,14 @@ func TestMTLSCARotation(t *testing.T) {
 		_, err = healthCheck(t, cc)
 		return err == nil
 	})
-	refused(t, dialWith(t, srv, credentials.NewTLS(tlstest.ClientConfig(oldClient, serverCA))))
+	refused(t, dialWith(t, srv, credentials.NewTLS(harness.ClientConfig(oldClient, serverCA))))
 }
 
 // TestTLSRecheckWithoutEvents shows that the periodic re-check alone picks
 // up new files when they cannot be watched (no inotify instance left).
 func TestTLSRecheckWithoutEvents(t *testing.T) {
-	ca := tlstest.NewCA(t, "CA")
-	sec := tlstest.NewSecretDir(t, secretFiles(ca.Server(t), nil))
+	ca := harness.NewCA(t, "CA")
+	sec := harness.NewSecretDir(t, secretFiles(ca.Server(t), nil))
 	r, err := newServerTLS(tlsFiles{cert: sec.Path("tls.crt"), key: sec.Path("tls.key")}, stats.NewRegistry(), slog.New(slog.NewTextHandler(io.Discard, nil)))
 	if err != nil {
 		t.Fatal(err)
@@ -383,9 +383,9 @@ func TestTLSRecheckWithoutEvents(t *testing.T) {
 // every re-check does: the failure is logged and counted once, and again
 // only for another invalid version.
 func TestTLSInvalidFilesCountedOnce(t *testing.T) {
-	ca := tlstest.NewCA(t, "CA")
+	ca := harness.NewCA(t, "CA")
 	first := ca.Server(t)
-	sec := tlstest.NewSecretDir(t, secretFiles(first, nil))
+	sec := harness.NewSecretDir(t, secretFiles(first, nil))
 	reg := stats.NewRegistry()
 	var logs syncBuffer
 	r, err := newServerTLS(tlsFiles{cert: sec.Path("tls.crt"), key: sec.Path("tls.key")}, reg, slog.New(slog.NewTextHandler(&logs, nil)))
@@ -420,10 +420,10 @@ func TestTLSInvalidFilesCountedOnce(t *testing.T) {
 // has come; exports the end of the certificate in use and warns when it
 // is near.
 func TestTLSDates(t *testing.T) {
-	ca := tlstest.NewCA(t, "CA")
+	ca := harness.NewCA(t, "CA")
 	now := time.Now()
 	first := ca.ServerValid(t, now.Add(-time.Hour), now.Add(30*24*time.Hour))
-	sec := tlstest.NewSecretDir(t, secretFiles(first, nil))
+	sec := harness.NewSecretDir(t, secretFiles(first, nil))
 	reg := stats.NewRegistry()
 	var logs syncBuffer
 	r, err := newServerTLS(tlsFiles{cert: sec.Path("tls.crt"), key: sec.Path("tls.key")}, reg, slog.New(slog.NewTextHandler(&logs, nil)))
@@ -439,7 +439,7 @@ func TestTLSDates(t *testing.T) {
 
 	for _, tt := range []struct {
 		name string
-		cert *tlstest.Cert
+		cert *harness.Cert
 		want string
 	}{
 		{"expired", ca.ServerValid(t, now.Add(-48*time.Hour), now.Add(-time.Minute)), "expired on"},
@@ -493,7 +493,7 @@ func TestTLSDates(t *testing.T) {
 // TestTLSStartupErrors checks that files that cannot serve stop the start
 // with an error naming the setting at fault.
 func TestTLSStartupErrors(t *testing.T) {
-	ca := tlstest.NewCA(t, "CA")
+	ca := harness.NewCA(t, "CA")
 	cert, other := ca.Server(t), ca.Server(t)
 	expired := ca.ServerValid(t, time.Now().Add(-48*time.Hour), time.Now().Add(-time.Hour))
 	future := ca.ServerValid(t, time.Now().Add(time.Hour), time.Now().Add(48*time.Hour))

@@ -11,7 +11,7 @@ import (
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"google.golang.org/grpc/metadata"
 
-	"github.com/ratelimitd/ratelimit/src/server/otlptest"
+	"github.com/ratelimitd/ratelimit/harness"
 )
 
 const (
@@ -21,7 +21,7 @@ const (
 
 // tracingEnv is the environment of a server that sends its spans to rcv
 // over protocol.
-func tracingEnv(rcv *otlptest.Receiver, protocol string) map[string]string {
+func tracingEnv(rcv *harness.OTLPReceiver, protocol string) map[string]string {
 	endpoint := rcv.HTTPURL
 	if protocol == "grpc" {
 		endpoint = "http://" + rcv.GRPCAddr
@@ -44,7 +44,7 @@ func tracingEnv(rcv *otlptest.Receiver, protocol string) map[string]string {
 func TestTracingExports(t *testing.T) {
 	for _, protocol := range []string{"http", "grpc"} {
 		t.Run(protocol, func(t *testing.T) {
-			rcv := otlptest.Start(t)
+			rcv := harness.StartOTLP(t)
 			srv, _, stop := startStoppable(t, serverRules, tracingEnv(rcv, protocol))
 			c := rlsv3.NewRateLimitServiceClient(dial(t, srv))
 			ctx := metadata.AppendToOutgoingContext(t.Context(), "traceparent", "00-"+envoyTraceID+"-"+envoySpanID+"-01")
@@ -75,7 +75,7 @@ func TestTracingExports(t *testing.T) {
 // TestTracingInstanceID: without TRACING_SERVICE_INSTANCE_ID each process
 // names itself with a random UUID, as the anchor does.
 func TestTracingInstanceID(t *testing.T) {
-	rcv := otlptest.Start(t)
+	rcv := harness.StartOTLP(t)
 	env := tracingEnv(rcv, "http")
 	env["TRACING_SERVICE_INSTANCE_ID"] = ""
 	env["TRACING_SERVICE_NAMESPACE"] = ""
@@ -101,7 +101,7 @@ func TestTracingInstanceID(t *testing.T) {
 // that starts its trace here, or whose caller did not sample it, is
 // exported.
 func TestTracingSamplingRateZero(t *testing.T) {
-	rcv := otlptest.Start(t)
+	rcv := harness.StartOTLP(t)
 	env := tracingEnv(rcv, "grpc")
 	env["TRACING_SAMPLING_RATE"] = "0"
 	srv, _, stop := startStoppable(t, serverRules, env)

@@ -15,7 +15,7 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/status"
 
-	"github.com/ratelimitd/ratelimit/src/provider/xdstest"
+	"github.com/ratelimitd/ratelimit/harness"
 	"github.com/ratelimitd/ratelimit/src/settings"
 )
 
@@ -30,7 +30,7 @@ func xdsWeb(userLimit, pathLimit uint32) *rlsconfv3.RateLimitConfig {
 	}}
 }
 
-func xdsEnv(xds *xdstest.Server, extra map[string]string) map[string]string {
+func xdsEnv(xds *harness.XDSServer, extra map[string]string) map[string]string {
 	env := map[string]string{
 		"CONFIG_TYPE":                         "GRPC_XDS_SOTW",
 		"CONFIG_GRPC_XDS_SERVER_URL":          xds.Addr,
@@ -50,7 +50,7 @@ func xdsEnv(xds *xdstest.Server, extra map[string]string) map[string]string {
 // each snapshot, refused snapshots counted and the rules in use kept, and
 // the counts of an unchanged rule kept across updates.
 func TestXDSRulesOverTheWire(t *testing.T) {
-	xds := xdstest.Start(t, xdstest.Options{})
+	xds := harness.StartXDS(t, harness.XDSOptions{})
 	srv, _ := start(t, "", xdsEnv(xds, map[string]string{"FORCE_START_WITHOUT_INITIAL_CONFIG": "true"}))
 	cc := dial(t, srv)
 	rls := rlsv3.NewRateLimitServiceClient(cc)
@@ -116,7 +116,7 @@ func TestXDSRulesOverTheWire(t *testing.T) {
 	bad.Descriptors[1].Key = ""
 	from := len(xds.Requests())
 	xds.SetConfigs(t, xdsNode, bad)
-	xds.WaitRequest(t, from, 5*time.Second, "NACK", xdstest.Request.NACK)
+	xds.WaitRequest(t, from, 5*time.Second, "NACK", harness.XDSRequest.NACK)
 	eventually(t, "config_load_error", func() bool { return failure.Value() == 1 })
 	if code := call("user", "alice"); code != rlsv3.RateLimitResponse_OVER_LIMIT {
 		t.Errorf("alice after a refused snapshot = %v, want OVER_LIMIT (limit 3 still in use)", code)
@@ -143,7 +143,7 @@ func TestXDSRulesOverTheWire(t *testing.T) {
 // (no limits) and, with HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED, reported
 // unhealthy, exactly as an empty rules folder is.
 func TestXDSHealthyWithAtLeastOneConfigLoaded(t *testing.T) {
-	xds := xdstest.Start(t, xdstest.Options{})
+	xds := harness.StartXDS(t, harness.XDSOptions{})
 	xds.SetConfigs(t, xdsNode, xdsWeb(3, 3))
 	srv, _ := start(t, "", xdsEnv(xds, map[string]string{
 		"FORCE_START_WITHOUT_INITIAL_CONFIG":      "true",
@@ -161,7 +161,7 @@ func TestXDSHealthyWithAtLeastOneConfigLoaded(t *testing.T) {
 // New returns only once the first valid rules are in use (the ports stay
 // closed meanwhile), and gives up when its context ends.
 func TestXDSWaitsForFirstRules(t *testing.T) {
-	xds := xdstest.Start(t, xdstest.Options{})
+	xds := harness.StartXDS(t, harness.XDSOptions{})
 	for k, v := range xdsEnv(xds, map[string]string{"PORT": "0", "GRPC_PORT": "0", "DEBUG_PORT": "0", "HOST": "127.0.0.1", "GRPC_HOST": "127.0.0.1"}) {
 		t.Setenv(k, v)
 	}
@@ -195,7 +195,7 @@ func TestXDSWaitsForFirstRules(t *testing.T) {
 		bad := xdsWeb(3, 3)
 		bad.Descriptors[0].RateLimit.Unit = rlsconfv3.RateLimitUnit_UNKNOWN
 		xds.SetConfigs(t, xdsNode, bad)
-		xds.WaitRequest(t, 0, 5*time.Second, "NACK", xdstest.Request.NACK)
+		xds.WaitRequest(t, 0, 5*time.Second, "NACK", harness.XDSRequest.NACK)
 		select {
 		case r := <-done:
 			t.Fatalf("New returned before valid rules: %v, %v", r.srv, r.err)

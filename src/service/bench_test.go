@@ -11,10 +11,10 @@ import (
 	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 
+	"github.com/ratelimitd/ratelimit/harness"
 	"github.com/ratelimitd/ratelimit/src/live"
 	"github.com/ratelimitd/ratelimit/src/service"
 	"github.com/ratelimitd/ratelimit/src/stats"
-	"github.com/ratelimitd/ratelimit/src/store/storetest"
 )
 
 // BenchmarkShouldRateLimit measures one decision through the service (proto
@@ -206,7 +206,7 @@ func BenchmarkShouldRateLimitLive(b *testing.B) {
 				}
 				var next atomic.Uint64
 				b.ReportAllocs()
-				cpu, _ := storetest.ProcessCPU()
+				cpu, _ := harness.ProcessCPU()
 				b.ResetTimer()
 				b.RunParallel(func(pb *testing.PB) {
 					ctx := b.Context()
@@ -224,7 +224,7 @@ func BenchmarkShouldRateLimitLive(b *testing.B) {
 					}
 				})
 				b.StopTimer()
-				if end, ok := storetest.ProcessCPU(); ok {
+				if end, ok := harness.ProcessCPU(); ok {
 					b.ReportMetric(float64(end-cpu)/float64(b.N), "cpu-ns/op")
 				}
 				if on {
@@ -258,9 +258,9 @@ func BenchmarkShouldRateLimitUnmatched(b *testing.B) {
 		}
 		b.Run(name, func(b *testing.B) {
 			f := newFixture(b, service.Config{Live: rec})
-			cpu, _ := storetest.ProcessCPU()
+			cpu, _ := harness.ProcessCPU()
 			decideAll(b, f.svc, reqs)
-			if end, ok := storetest.ProcessCPU(); ok {
+			if end, ok := harness.ProcessCPU(); ok {
 				b.ReportMetric(float64(end-cpu)/float64(b.N), "cpu-ns/op")
 			}
 		})

@@ -19,7 +19,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/metadata"
 
-	"github.com/ratelimitd/ratelimit/src/server/otlptest"
+	"github.com/ratelimitd/ratelimit/harness"
 	"github.com/ratelimitd/ratelimit/src/service"
 	"github.com/ratelimitd/ratelimit/src/wire"
 	"github.com/ratelimitd/ratelimit/src/wire/wiretest"
@@ -34,15 +34,15 @@ const (
 // tracer returns a tracer that exports every span, as it ends, over
 // OTLP/gRPC to a real receiver, with the sampler the server uses
 // (parent-based, rate for new traces).
-func tracer(t testing.TB, rate float64) (*sdktrace.TracerProvider, *otlptest.Receiver) {
+func tracer(t testing.TB, rate float64) (*sdktrace.TracerProvider, *harness.OTLPReceiver) {
 	t.Helper()
 	return tracerWith(t, rate, sdktrace.WithSyncer)
 }
 
 // tracerWith is tracer with the span processor process makes.
-func tracerWith(t testing.TB, rate float64, process func(sdktrace.SpanExporter) sdktrace.TracerProviderOption) (*sdktrace.TracerProvider, *otlptest.Receiver) {
+func tracerWith(t testing.TB, rate float64, process func(sdktrace.SpanExporter) sdktrace.TracerProviderOption) (*sdktrace.TracerProvider, *harness.OTLPReceiver) {
 	t.Helper()
-	rcv := otlptest.Start(t)
+	rcv := harness.StartOTLP(t)
 	exp, err := otlptracegrpc.New(t.Context(), otlptracegrpc.WithEndpoint(rcv.GRPCAddr), otlptracegrpc.WithInsecure())
 	if err != nil {
 		t.Fatal(err)
@@ -285,7 +285,7 @@ func BenchmarkShouldRateLimitTracing(b *testing.B) {
 			const users = 10_000
 			cfg := service.Config{}
 			var tp *sdktrace.TracerProvider
-			var rcv *otlptest.Receiver
+			var rcv *harness.OTLPReceiver
 			if v.tracing {
 				tp, rcv = benchTracer(b, v.block)
 				cfg.Tracer, cfg.Propagator = tp.Tracer("bench"), service.Propagator()
@@ -322,7 +322,7 @@ func BenchmarkShouldRateLimitTracing(b *testing.B) {
 // benchTracer is tracer at rate 0 with the batch processor, and a
 // receiver that keeps no span; with block the processor waits for room in
 // its queue rather than dropping spans.
-func benchTracer(b *testing.B, block bool) (*sdktrace.TracerProvider, *otlptest.Receiver) {
+func benchTracer(b *testing.B, block bool) (*sdktrace.TracerProvider, *harness.OTLPReceiver) {
 	b.Helper()
 	var opts []sdktrace.BatchSpanProcessorOption
 	if block {

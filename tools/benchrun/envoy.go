@@ -20,7 +20,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/ratelimitd/ratelimit/tools/envoyproc"
+	"github.com/ratelimitd/ratelimit/harness"
 )
 
 // The end-to-end cost through real Envoy (-envoy): HTTP load from h2load
@@ -89,9 +89,9 @@ type envoyRun struct {
 
 // runEnvoyBench is the -envoy mode.
 func runEnvoyBench(ctx context.Context, o envoyOptions, tmp string, logf func(string, ...any)) error {
-	envoyBin, err := envoyproc.Find()
+	envoyBin, err := harness.FindEnvoy()
 	if err != nil {
-		return fmt.Errorf("benchrun: -envoy needs Envoy: %v; %s", err, envoyproc.Install)
+		return fmt.Errorf("benchrun: -envoy needs Envoy: %v; %s", err, harness.EnvoyInstall)
 	}
 	h2load, err := exec.LookPath("h2load")
 	if err != nil {
@@ -265,10 +265,10 @@ func envoyBootstrap(targets []*envoyTarget, upstream string) string {
 `, tg.name, tg.name, limits, filter)
 	}
 	b.WriteString("  clusters:")
-	b.WriteString(envoyproc.Cluster("upstream", upstream, false, ""))
+	b.WriteString(harness.EnvoyCluster("upstream", upstream, false, ""))
 	for _, tg := range targets {
 		if tg.svc != nil {
-			b.WriteString(envoyproc.Cluster("rls_"+tg.name, tg.svc.grpcAddr, true, ""))
+			b.WriteString(harness.EnvoyCluster("rls_"+tg.name, tg.svc.grpcAddr, true, ""))
 		}
 	}
 	return b.String() + "\n"
@@ -276,12 +276,12 @@ func envoyBootstrap(targets []*envoyTarget, upstream string) string {
 
 // benchEnvoy is the running Envoy.
 type benchEnvoy struct {
-	*envoyproc.Process
+	*harness.Envoy
 }
 
 // startBenchEnvoy runs Envoy with config and waits for its admin's /ready.
 func startBenchEnvoy(ctx context.Context, bin, dir, config string) (*benchEnvoy, error) {
-	p, err := envoyproc.Start(ctx, bin, dir, config, 30*time.Second)
+	p, err := harness.LaunchEnvoy(ctx, bin, dir, config, 30*time.Second)
 	if err != nil {
 		return nil, fmt.Errorf("benchrun: %w", err)
 	}

@@ -6,7 +6,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/ratelimitd/ratelimit/tools/envoyproc"
+	"github.com/ratelimitd/ratelimit/harness"
 )
 
 func TestParseH2load(t *testing.T) {
@@ -49,9 +49,9 @@ func TestPercentile(t *testing.T) {
 // every target's listener binds, and the no-filter listener reaches the
 // upstream.
 func TestEnvoyBootstrapLoads(t *testing.T) {
-	bin, err := envoyproc.Find()
+	bin, err := harness.FindEnvoy()
 	if err != nil {
-		t.Fatalf("%v; %s", err, envoyproc.Install)
+		t.Fatalf("%v; %s", err, harness.EnvoyInstall)
 	}
 	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
 	defer cancel()

@@ -41,9 +41,9 @@ import (
 
 	"google.golang.org/grpc/codes"
 
+	"github.com/ratelimitd/ratelimit/harness"
 	"github.com/ratelimitd/ratelimit/src/gctune"
 	"github.com/ratelimitd/ratelimit/src/loadgen"
-	"github.com/ratelimitd/ratelimit/src/store/storetest"
 )
 
 // redisRoundTrips is the service's counter of Redis round trips, read from
@@ -516,7 +516,7 @@ type target struct {
 	rtStat string
 	// redis are the Redis servers behind the service, if any; their CPU
 	// and commands are read around each run.
-	redis []*storetest.RedisServer
+	redis []*harness.RedisServer
 	// storeProc is the store's process whose CPU is read around each run
 	// (memcached), or nil.
 	storeProc *process
@@ -906,7 +906,7 @@ type backend struct {
 	// stop ends the servers; nil for the memory store.
 	stop func()
 	// redis are the Redis servers, whose usage is read around each run.
-	redis []*storetest.RedisServer
+	redis []*harness.RedisServer
 	// proc is the store's process when its CPU is read from /proc
 	// (memcached); nil for Redis (INFO) and the memory store.
 	proc   *process

@@ -11,10 +11,10 @@ import (
 	"strings"
 	"time"
 
-	"github.com/ratelimitd/ratelimit/src/store/storetest"
+	"github.com/ratelimitd/ratelimit/harness"
 )
 
-// Redis for the benchmark: one redis-server or storetest's three-master
+// Redis for the benchmark: one redis-server or the harness's three-master
 // cluster, the CPU time and commands they spend per decision (read from INFO,
 // so the figures hold for any client of Redis, this service or another), and
 // the capacity of one Redis measured with redis-benchmark.
@@ -27,18 +27,18 @@ func startRedis(dir string) (*backend, error) {
 	}
 	return &backend{
 		stop:   func() { _ = s.Close() },
-		redis:  []*storetest.RedisServer{s},
+		redis:  []*harness.RedisServer{s},
 		env:    []string{"BACKEND_TYPE=redis", "REDIS_SOCKET_TYPE=tcp", "REDIS_TYPE=SINGLE", "REDIS_URL=" + s.Addr},
 		rtStat: redisRoundTrips,
 	}, nil
 }
 
 // launchRedis starts a plain redis-server whose files live in dir.
-func launchRedis(dir string) (*storetest.RedisServer, error) {
+func launchRedis(dir string) (*harness.RedisServer, error) {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, fmt.Errorf("benchrun: %w", err)
 	}
-	s, err := storetest.LaunchRedis(dir, storetest.RedisOptions{})
+	s, err := harness.LaunchRedis(dir, harness.RedisOptions{})
 	if err != nil {
 		return nil, fmt.Errorf("benchrun: %w", err)
 	}
@@ -48,7 +48,7 @@ func launchRedis(dir string) (*storetest.RedisServer, error) {
 // startRedisCluster starts the three-master cluster the tests use (16384
 // slots split evenly, no replicas) under dir.
 func startRedisCluster(dir string) (*backend, error) {
-	c, err := storetest.LaunchRedisCluster(dir, storetest.RedisOptions{})
+	c, err := harness.LaunchRedisCluster(dir, harness.RedisOptions{})
 	if err != nil {
 		return nil, fmt.Errorf("benchrun: %w", err)
 	}
@@ -70,7 +70,7 @@ type redisUsage struct {
 }
 
 // readRedisUsage sums INFO's CPU and command counters over servers.
-func readRedisUsage(ctx context.Context, servers []*storetest.RedisServer) (redisUsage, error) {
+func readRedisUsage(ctx context.Context, servers []*harness.RedisServer) (redisUsage, error) {
 	var u redisUsage
 	for _, s := range servers {
 		reply, err := s.Do(ctx, "INFO")
@@ -176,12 +176,12 @@ func measureCapacity(ctx context.Context, dir string, requests int, logf func(st
 	for i := range tests {
 		tt := &tests[i]
 		logf("benchrun: redis-benchmark: %s: %d requests", tt.load, tt.requests)
-		u0, err0 := readRedisUsage(ctx, []*storetest.RedisServer{s})
+		u0, err0 := readRedisUsage(ctx, []*harness.RedisServer{s})
 		if err := runRedisBenchmark(ctx, path, s.Addr, tt); err != nil {
 			return nil, err
 		}
 		tt.cpuUS = nan()
-		if u1, err1 := readRedisUsage(ctx, []*storetest.RedisServer{s}); err0 == nil && err1 == nil {
+		if u1, err1 := readRedisUsage(ctx, []*harness.RedisServer{s}); err0 == nil && err1 == nil {
 			tt.cpuUS = (u1.cpu - u0.cpu) * 1e6 / float64(tt.requests)
 		}
 		logf("benchrun: redis-benchmark: %s: %.0f req/s, Redis CPU %.2f µs/request", tt.load, tt.rps, tt.cpuUS)

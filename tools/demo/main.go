@@ -24,7 +24,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/ratelimitd/ratelimit/tools/envoyproc"
+	"github.com/ratelimitd/ratelimit/harness"
 )
 
 // The shipped example the demo runs, relative to the checkout.
@@ -58,9 +58,9 @@ func run(ctx context.Context, out io.Writer) error {
 	if err != nil {
 		return err
 	}
-	bin, err := envoyproc.Find()
+	bin, err := harness.FindEnvoy()
 	if err != nil {
-		return fmt.Errorf("real Envoy %s is needed: %v; %s", envoyproc.Version, err, envoyproc.Install)
+		return fmt.Errorf("real Envoy %s is needed: %v; %s", harness.EnvoyVersion, err, harness.EnvoyInstall)
 	}
 	dir, err := os.MkdirTemp("", "ratelimit-demo")
 	if err != nil {
@@ -85,11 +85,11 @@ func run(ctx context.Context, out io.Writer) error {
 	if err != nil {
 		return err
 	}
-	cfg, err := envoyproc.Rewrite(bootstrap, map[string]string{"upstream": up.Addr, "ratelimit": svc.addrs.GRPC})
+	cfg, err := harness.RewriteBootstrap(bootstrap, map[string]string{"upstream": up.Addr, "ratelimit": svc.addrs.GRPC})
 	if err != nil {
 		return fmt.Errorf("%s: %w", exampleEnvoy, err)
 	}
-	envoy, err := envoyproc.Start(ctx, bin, filepath.Join(dir, "envoy"), cfg, readyWithin)
+	envoy, err := harness.LaunchEnvoy(ctx, bin, filepath.Join(dir, "envoy"), cfg, readyWithin)
 	if err != nil {
 		return err
 	}

@@ -15,7 +15,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/ratelimitd/ratelimit/tools/envoyproc"
+	"github.com/ratelimitd/ratelimit/harness"
 )
 
 // TestDemo runs the demo as `make demo` does, with real Envoy, and reads
@@ -24,8 +24,8 @@ import (
 // as Ctrl-C does, and checks that nothing the demo started is left: no
 // process, no listener, no temporary folder.
 func TestDemo(t *testing.T) {
-	if _, err := envoyproc.Find(); err != nil {
-		t.Fatalf("real Envoy is needed: %v; %s", err, envoyproc.Install)
+	if _, err := harness.FindEnvoy(); err != nil {
+		t.Fatalf("real Envoy is needed: %v; %s", err, harness.EnvoyInstall)
 	}
 	bin := filepath.Join(t.TempDir(), "demo")
 	if out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput(); err != nil {

@@ -3,7 +3,7 @@
 // (src/store/redis, its own pipeline scheduler on go-redis), go-redis's
 // automatic pipeliner (half-duplex and full-duplex) and rueidis. It lives
 // in a module of its own so that the main module does not depend on
-// rueidis; it drives a real redis-server (storetest.LaunchRedis).
+// rueidis; it drives a real redis-server (harness.LaunchRedis).
 //
 // Every round runs each variant in turn, in a rotating order, for -dur
 // with -c concurrent callers, each call one decision over 1 or 3 keys
@@ -28,7 +28,7 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/ratelimitd/ratelimit/src/store/storetest"
+	"github.com/ratelimitd/ratelimit/harness"
 )
 
 // variant is one client under trial.
@@ -68,7 +68,7 @@ func main() {
 		fatal(err)
 	}
 	defer os.RemoveAll(dir)
-	srv, err := storetest.LaunchRedis(dir, storetest.RedisOptions{Config: []string{"save \"\"", "appendonly no"}})
+	srv, err := harness.LaunchRedis(dir, harness.RedisOptions{Config: []string{"save \"\"", "appendonly no"}})
 	if err != nil {
 		fatal(err)
 	}
@@ -141,7 +141,7 @@ func (s sample) perDecision(d time.Duration) float64 {
 
 // load is c concurrent callers of one client.
 type load struct {
-	srv     *storetest.RedisServer
+	srv     *harness.RedisServer
 	cl      client
 	conc    int
 	keys    int
@@ -158,7 +158,7 @@ const keySpace = 10_000
 // run loads the client for d and measures.
 func (l load) run(d time.Duration) sample {
 	var s sample
-	cpu0, okCPU := storetest.ProcessCPU()
+	cpu0, okCPU := harness.ProcessCPU()
 	st0, okStats := redisStats(l.srv)
 	var next atomic.Uint64
 	var errs atomic.Int64
@@ -193,7 +193,7 @@ func (l load) run(d time.Duration) sample {
 	}
 	wg.Wait()
 	s.elapsed = time.Since(start)
-	cpu1, okCPU1 := storetest.ProcessCPU()
+	cpu1, okCPU1 := harness.ProcessCPU()
 	st1, okStats1 := redisStats(l.srv)
 	s.cpuOK, s.rdOK = okCPU && okCPU1, okStats && okStats1
 	s.cpu = cpu1 - cpu0
@@ -222,7 +222,7 @@ type stats struct {
 }
 
 // redisStats reads the counters of INFO stats and INFO cpu.
-func redisStats(srv *storetest.RedisServer) (stats, bool) {
+func redisStats(srv *harness.RedisServer) (stats, bool) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
 	v, err := srv.Do(ctx, "INFO", "all")

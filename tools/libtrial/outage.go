@@ -9,7 +9,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/ratelimitd/ratelimit/src/store/storetest"
+	"github.com/ratelimitd/ratelimit/harness"
 )
 
 // event is one call of the outage trial.
@@ -32,7 +32,7 @@ const (
 // variant, and starts it again: it reports whether calls fail within the
 // request timeout while Redis is down, and how long after the restart the
 // first call succeeds again.
-func outageTrial(w io.Writer, srv *storetest.RedisServer, timeout time.Duration) {
+func outageTrial(w io.Writer, srv *harness.RedisServer, timeout time.Duration) {
 	fmt.Fprintf(w, "Outage: %d callers, a call every %v each, request timeout %v; redis-server killed for %v, then started again.\n\n",
 		outageCallers, outagePace, timeout, outageLength)
 	fmt.Fprintln(w, "| client | calls while down | failed | p50 of failures ms | slowest failure ms | over the timeout | first success after restart ms | failures after recovery | hits applied after failing |")
@@ -48,7 +48,7 @@ func outageTrial(w io.Writer, srv *storetest.RedisServer, timeout time.Duration)
 	}
 }
 
-func outageOne(srv *storetest.RedisServer, cl client, name string, timeout time.Duration) string {
+func outageOne(srv *harness.RedisServer, cl client, name string, timeout time.Duration) string {
 	start := time.Now()
 	var wg sync.WaitGroup
 	events := make([][]event, outageCallers)

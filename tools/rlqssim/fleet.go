@@ -16,12 +16,12 @@ import (
 	rlqsv3 "github.com/envoyproxy/go-control-plane/envoy/service/rate_limit_quota/v3"
 	"google.golang.org/protobuf/types/known/durationpb"
 
+	"github.com/ratelimitd/ratelimit/harness"
 	"github.com/ratelimitd/ratelimit/src/quota"
 	"github.com/ratelimitd/ratelimit/src/rlqs"
 	"github.com/ratelimitd/ratelimit/src/rules"
 	"github.com/ratelimitd/ratelimit/src/stats"
 	"github.com/ratelimitd/ratelimit/src/store/redis"
-	"github.com/ratelimitd/ratelimit/src/store/storetest"
 )
 
 // scenario is one run of a fleet.
@@ -147,7 +147,7 @@ type replica struct {
 }
 
 // redisCPU returns the CPU time srv has used, user and system (INFO cpu).
-func redisCPU(srv *storetest.RedisServer) time.Duration {
+func redisCPU(srv *harness.RedisServer) time.Duration {
 	v, err := srv.Do(context.Background(), "INFO", "cpu")
 	info, _ := v.(string)
 	if err != nil {
@@ -184,7 +184,7 @@ func (sc scenario) startReplicas(dir string, now func() time.Time, cfg *rules.Co
 	n := max(1, sc.replicas)
 	cpu = func() time.Duration { return 0 }
 	if sc.replicas > 0 {
-		srv, err := storetest.LaunchRedis(dir, storetest.RedisOptions{})
+		srv, err := harness.LaunchRedis(dir, harness.RedisOptions{})
 		if err != nil {
 			return nil, closeAll, cpu, err
 		}

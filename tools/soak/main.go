@@ -1,6 +1,6 @@
 // Command soak is the program behind `make soak`. It builds the service
 // without -race, starts redis-server with a fault-injecting proxy in front
-// of it (storetest.Proxy), and runs the service on it for a bounded time
+// of it (harness.Proxy), and runs the service on it for a bounded time
 // under mixed traffic: two domains, every algorithm, hot keys over their
 // limit, a limit override, and a spread of keys under their limits. Every
 // -fault-every a store fault is injected for -fault-length, in turn: Redis

@@ -26,7 +26,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 
-	"github.com/ratelimitd/ratelimit/src/store/storetest"
+	"github.com/ratelimitd/ratelimit/harness"
 )
 
 // config is one soak run.
@@ -280,7 +280,7 @@ type fault struct {
 
 // inject runs one fault of kind k for length and returns when it is fixed:
 // the store answers again.
-func inject(ctx context.Context, k faultKind, length time.Duration, r *storetest.RedisServer, px *storetest.Proxy, budget time.Duration) fault {
+func inject(ctx context.Context, k faultKind, length time.Duration, r *harness.RedisServer, px *harness.Proxy, budget time.Duration) fault {
 	f := fault{kind: k, injected: time.Now()}
 	var fix func() error
 	switch k {
@@ -422,7 +422,7 @@ type usage struct {
 
 // usage reads the service's RSS and open files from /proc, its goroutines
 // from its goroutine profile, and its connections from Redis's CLIENT LIST.
-func (s *service) usage(r *storetest.RedisServer) (usage, error) {
+func (s *service) usage(r *harness.RedisServer) (usage, error) {
 	var u usage
 	pid := s.cmd.Process.Pid
 	st, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
@@ -487,13 +487,13 @@ func run(ctx context.Context, cfg config, logw io.Writer) (*report, error) {
 	if err := os.MkdirAll(rdir, 0o700); err != nil {
 		return nil, err
 	}
-	r, err := storetest.LaunchRedis(rdir, storetest.RedisOptions{})
+	r, err := harness.LaunchRedis(rdir, harness.RedisOptions{})
 	if err != nil {
 		return nil, err
 	}
 	defer r.Close()
 	defer func() { _ = r.Thaw() }()
-	px, err := storetest.LaunchProxy(r.Addr)
+	px, err := harness.LaunchProxy(r.Addr)
 	if err != nil {
 		return nil, err
 	}

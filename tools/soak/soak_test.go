@@ -4,7 +4,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/ratelimitd/ratelimit/src/store/storetest"
+	"github.com/ratelimitd/ratelimit/harness"
 )
 
 // TestSoak is a 20-second soak, a fault every 5 s (each of the four kinds
@@ -26,7 +26,7 @@ func TestSoak(t *testing.T) {
 	// from passing for the faults' errors.
 	cfg.background = 1
 	cfg.budget = 300 * time.Millisecond
-	storetest.LockLoad(t)
+	harness.LockLoad(t)
 	rep, err := run(t.Context(), cfg, t.Output())
 	if err != nil {
 		t.Fatal(err)

@@ -4,8 +4,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ratelimitd/ratelimit/harness"
 	"github.com/ratelimitd/ratelimit/src/limiter"
-	"github.com/ratelimitd/ratelimit/src/store/storetest"
 )
 
 // allocsPerDo runs b through s n times (its keys written once first) and
@@ -34,9 +34,9 @@ func TestMemcachedAllocs(t *testing.T) {
 	if raceEnabled {
 		t.Skip("allocation counts are meaningless under -race")
 	}
-	srv := storetest.StartMemcached(t)
+	srv := harness.StartMemcached(t)
 	s := newStore(t, Config{Addrs: []string{srv.Addr}})
-	sharded := newStore(t, Config{Addrs: []string{srv.Addr, storetest.StartMemcached(t).Addr}})
+	sharded := newStore(t, Config{Addrs: []string{srv.Addr, harness.StartMemcached(t).Addr}})
 	for _, st := range []*Store{s, sharded} {
 		if err := st.WaitStarted(t.Context()); err != nil {
 			t.Fatal(err)

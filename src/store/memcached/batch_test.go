@@ -6,8 +6,8 @@ import (
 
 	"github.com/bradfitz/gomemcache/memcache"
 
+	"github.com/ratelimitd/ratelimit/harness"
 	"github.com/ratelimitd/ratelimit/src/limiter"
-	"github.com/ratelimitd/ratelimit/src/store/storetest"
 )
 
 // TestCountBatchFallbacks runs a batch of fixed-window ops (doCounts)
@@ -16,7 +16,7 @@ import (
 // instance wrote them (incr misses, then add). Every hit is counted once.
 func TestCountBatchFallbacks(t *testing.T) {
 	t.Parallel()
-	srv := storetest.StartMemcached(t)
+	srv := harness.StartMemcached(t)
 	a := newStore(t, Config{Addrs: []string{srv.Addr}})
 	b := newStore(t, Config{Addrs: []string{srv.Addr}})
 	now := time.Now()

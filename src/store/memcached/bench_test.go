@@ -8,9 +8,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ratelimitd/ratelimit/harness"
 	"github.com/ratelimitd/ratelimit/src/limiter"
 	"github.com/ratelimitd/ratelimit/src/rules"
-	"github.com/ratelimitd/ratelimit/src/store/storetest"
 )
 
 // BenchmarkStoreFixedWindow measures one-op fixed-window requests from 64
@@ -37,7 +37,7 @@ func BenchmarkStore(b *testing.B) {
 
 func benchStore(b *testing.B, alg rules.Algorithm, perBatch int) {
 	// A fresh server per run, so that its item count checks the key set.
-	srv := storetest.StartMemcached(b)
+	srv := harness.StartMemcached(b)
 	s := newStore(b, Config{Addrs: []string{srv.Addr}})
 	const keys = 10_000
 	names := make([]string, keys)
@@ -118,7 +118,7 @@ func BenchmarkLimiterCheckList(b *testing.B) {
 // over 10,000 addresses from 64 concurrent clients, each admitted, and
 // checks that memcached holds one item per address.
 func benchDecisions(b *testing.B, lim *rules.Limit) {
-	srv := storetest.StartMemcached(b)
+	srv := harness.StartMemcached(b)
 	s := newStore(b, Config{Addrs: []string{srv.Addr}})
 	l := limiter.New(s, limiter.Config{Prefix: "ratelimit_", NearLimitRatio: 0.8})
 	const keys = 10_000

@@ -14,9 +14,9 @@ import (
 
 	"github.com/bradfitz/gomemcache/memcache"
 
+	"github.com/ratelimitd/ratelimit/harness"
 	"github.com/ratelimitd/ratelimit/src/limiter"
 	"github.com/ratelimitd/ratelimit/src/rules"
-	"github.com/ratelimitd/ratelimit/src/store/storetest"
 )
 
 // boundMargin is the slack the timing tests allow for a loaded machine
@@ -37,7 +37,7 @@ const sendSlack = 50 * time.Millisecond
 // Timeout), and the op must not go on to its next round trip. Not parallel: it freezes a server and
 // measures time.
 func TestDeadlineBound(t *testing.T) {
-	srv := storetest.StartMemcached(t)
+	srv := harness.StartMemcached(t)
 	const timeout = 200 * time.Millisecond
 	var (
 		mu      sync.Mutex
@@ -167,7 +167,7 @@ func TestDeadlineBound(t *testing.T) {
 				if err := srv.Thaw(); err != nil {
 					t.Error(err)
 				}
-				storetest.WaitFor(t, 5*time.Second, "memcached answers again", func() bool {
+				harness.WaitFor(t, 5*time.Second, "memcached answers again", func() bool {
 					_, err := srv.Stats(context.Background()) // t.Context() has ended
 					return err == nil
 				})
@@ -224,7 +224,7 @@ func TestDeadlineBound(t *testing.T) {
 // Timeout of its own after the dial.
 func TestDialWithinTimeout(t *testing.T) {
 	t.Parallel()
-	files := storetest.StartMemcachedTLS(t).TLS // for its certificates
+	files := harness.StartMemcachedTLS(t).TLS // for its certificates
 	cert, err := tls.LoadX509KeyPair(files.ServerCertFile, files.ServerKeyFile)
 	if err != nil {
 		t.Fatal(err)
@@ -274,7 +274,7 @@ func TestDialWithinTimeout(t *testing.T) {
 // store's count and in memcached's, and once memcached is thawed the store
 // serves again. Not parallel: it freezes a server and measures time.
 func TestConnectionBound(t *testing.T) {
-	srv := storetest.StartMemcached(t)
+	srv := harness.StartMemcached(t)
 	const (
 		maxConns, maxWaiting, calls = 4, 4, 24
 		deadline                    = 200 * time.Millisecond
@@ -399,5 +399,5 @@ func TestConnectionBound(t *testing.T) {
 		})
 	}
 	wg.Wait()
-	storetest.WaitFor(t, 5*time.Second, "healthy after the thaw", s.Healthy)
+	harness.WaitFor(t, 5*time.Second, "healthy after the thaw", s.Healthy)
 }

@@ -8,10 +8,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ratelimitd/ratelimit/harness"
 	"github.com/ratelimitd/ratelimit/src/limiter"
 	"github.com/ratelimitd/ratelimit/src/rules"
 	"github.com/ratelimitd/ratelimit/src/store/breaker"
-	"github.com/ratelimitd/ratelimit/src/store/storetest"
 )
 
 // The bounds of the breaker tests, generous for a loaded machine running
@@ -45,15 +45,15 @@ func timedHit(s *Store, key string, alg rules.Algorithm) (time.Duration, error) 
 func TestBreakerOneOfTwoServers(t *testing.T) {
 	tests := []struct {
 		name          string
-		down, return_ func(*storetest.MemcachedServer) error
+		down, return_ func(*harness.MemcachedServer) error
 	}{
-		{"stopped", (*storetest.MemcachedServer).Stop, (*storetest.MemcachedServer).Start},
-		{"frozen", (*storetest.MemcachedServer).Freeze, (*storetest.MemcachedServer).Thaw},
+		{"stopped", (*harness.MemcachedServer).Stop, (*harness.MemcachedServer).Start},
+		{"frozen", (*harness.MemcachedServer).Freeze, (*harness.MemcachedServer).Thaw},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
-			a, b := storetest.StartMemcached(t), storetest.StartMemcached(t)
+			a, b := harness.StartMemcached(t), harness.StartMemcached(t)
 			const failures = 3
 			s := newStore(t, Config{
 				Addrs: []string{a.Addr, b.Addr}, Timeout: breakerTimeout,
@@ -61,7 +61,7 @@ func TestBreakerOneOfTwoServers(t *testing.T) {
 			})
 			// The prober dials every connection; a request meanwhile
 			// could fail on a dial slowed by a loaded machine.
-			storetest.WaitFor(t, 5*time.Second, "healthy at start", s.Healthy)
+			harness.WaitFor(t, 5*time.Second, "healthy at start", s.Healthy)
 			// A key on server addr for alg, as the client shards them.
 			keyOn := func(addr string, alg rules.Algorithm) string {
 				for i := range 1000 {
@@ -153,15 +153,15 @@ func TestBreakerOneOfTwoServers(t *testing.T) {
 // the requests served until its next poll.
 func TestBreakerClosedIsTold(t *testing.T) {
 	t.Parallel()
-	srv := storetest.StartMemcached(t)
-	var told storetest.HealthTold
+	srv := harness.StartMemcached(t)
+	var told harness.HealthTold
 	s := newStore(t, Config{
 		Addrs:    []string{srv.Addr},
 		Breaker:  breaker.Config{Failures: 1, ProbeInterval: time.Hour},
 		Answered: told.Answered,
 	})
 	told.Watch(s.Healthy)
-	storetest.WaitFor(t, 5*time.Second, "healthy at start", s.Healthy)
+	harness.WaitFor(t, 5*time.Second, "healthy at start", s.Healthy)
 	b := s.breakers.Server(s.client.Addrs()[0])
 	b.Failure()
 	if s.Healthy() {
@@ -181,7 +181,7 @@ func TestBreakerClosedIsTold(t *testing.T) {
 // requests with ErrData any number of times without opening the breaker.
 func TestBreakerIgnoresDataErrors(t *testing.T) {
 	t.Parallel()
-	srv := storetest.StartMemcached(t)
+	srv := harness.StartMemcached(t)
 	s := newStore(t, Config{Addrs: []string{srv.Addr}, Breaker: breaker.Config{Failures: 2, ProbeInterval: breakerProbe}})
 	now := time.Now()
 	key := fmt.Sprintf("poisoned_%d", now.Unix()/3600*3600)
@@ -212,14 +212,14 @@ func TestBreakerIgnoresDataErrors(t *testing.T) {
 // although every caller gave up at its own deadline before.
 func TestBreakerFollowsTheStoreTimeout(t *testing.T) {
 	t.Parallel()
-	srv := storetest.StartMemcached(t)
-	px := storetest.StartProxy(t, srv.Addr)
+	srv := harness.StartMemcached(t)
+	px := harness.StartProxy(t, srv.Addr)
 	const failures = 3
 	s := newStore(t, Config{
 		Addrs: []string{px.Addr}, Timeout: breakerTimeout,
 		Breaker: breaker.Config{Failures: failures, ProbeInterval: breakerProbe},
 	})
-	storetest.WaitFor(t, 5*time.Second, "healthy at start", s.Healthy)
+	harness.WaitFor(t, 5*time.Second, "healthy at start", s.Healthy)
 	const deadline = breakerTimeout / 8
 	hit := func() error {
 		ctx, cancel := context.WithTimeout(t.Context(), deadline)

@@ -16,11 +16,11 @@ import (
 
 	"github.com/bradfitz/gomemcache/memcache"
 
+	"github.com/ratelimitd/ratelimit/harness"
 	"github.com/ratelimitd/ratelimit/src/limiter"
 	"github.com/ratelimitd/ratelimit/src/rules"
 	"github.com/ratelimitd/ratelimit/src/store/breaker"
 	"github.com/ratelimitd/ratelimit/src/store/memcached/mcclient"
-	"github.com/ratelimitd/ratelimit/src/store/storetest"
 )
 
 // connCounter counts the connections a Store dials, and how many are open
@@ -86,7 +86,7 @@ func newCountingStore(t *testing.T, cfg Config, c *connCounter) *Store {
 // store stays healthy, keeps its idle connections, and serves other keys.
 func TestDataErrors(t *testing.T) {
 	t.Parallel()
-	srv := storetest.StartMemcached(t)
+	srv := harness.StartMemcached(t)
 	var conns connCounter
 	s := newCountingStore(t, Config{Addrs: []string{srv.Addr}, MaxConns: 8}, &conns)
 	raw := memcache.New(srv.Addr)
@@ -167,7 +167,7 @@ func TestDataErrors(t *testing.T) {
 // the largest a rule can set, so that a count that wrapped would show.
 func TestSaturation(t *testing.T) {
 	t.Parallel()
-	srv := storetest.StartMemcached(t)
+	srv := harness.StartMemcached(t)
 	s := newStore(t, Config{Addrs: []string{srv.Addr}})
 	raw := memcache.New(srv.Addr)
 	const limit = limiter.MaxHits
@@ -235,7 +235,7 @@ func TestSaturation(t *testing.T) {
 // the limit, and the pins keep the count within range.
 func TestSaturationConcurrent(t *testing.T) {
 	t.Parallel()
-	srv := storetest.StartMemcached(t)
+	srv := harness.StartMemcached(t)
 	s := newStore(t, Config{Addrs: []string{srv.Addr}})
 	raw := memcache.New(srv.Addr)
 	key := uniqueKey(t, "k")
@@ -272,7 +272,7 @@ func TestSaturationConcurrent(t *testing.T) {
 // stays as it was.
 func TestSpentStates(t *testing.T) {
 	t.Parallel()
-	srv := storetest.StartMemcached(t)
+	srv := harness.StartMemcached(t)
 	s := newStore(t, Config{Addrs: []string{srv.Addr}})
 	raw := memcache.New(srv.Addr)
 	now := time.Now()
@@ -322,7 +322,7 @@ func TestSpentStates(t *testing.T) {
 // counted in Shed, and the store stays healthy: memcached answered.
 func TestIncrAddLoopIsBounded(t *testing.T) {
 	t.Parallel()
-	f := storetest.StartFakeMemcached(t)
+	f := harness.StartFakeMemcached(t)
 	f.Answer("incr", "NOT_FOUND\r\n")
 	f.Answer("add", "NOT_STORED\r\n")
 	s := newStore(t, Config{Addrs: []string{f.Addr}})
@@ -362,7 +362,7 @@ func TestIncrAddLoopIsBounded(t *testing.T) {
 // failure, and health stays; the keys already stored are still counted.
 func TestOutOfMemoryIsAnAnswer(t *testing.T) {
 	t.Parallel()
-	srv := storetest.StartMemcached(t, "-m", "2", "-M")
+	srv := harness.StartMemcached(t, "-m", "2", "-M")
 	s := newStore(t, Config{Addrs: []string{srv.Addr}, Breaker: breaker.Config{Failures: 1}})
 	if err := s.WaitStarted(t.Context()); err != nil {
 		t.Fatal(err)

@@ -13,10 +13,10 @@ import (
 
 	"github.com/bradfitz/gomemcache/memcache"
 
+	"github.com/ratelimitd/ratelimit/harness"
 	"github.com/ratelimitd/ratelimit/src/limiter"
 	"github.com/ratelimitd/ratelimit/src/rules"
 	"github.com/ratelimitd/ratelimit/src/store/memory"
-	"github.com/ratelimitd/ratelimit/src/store/storetest"
 )
 
 // listOps returns the ops of one descriptor's list at now, as the limiter
@@ -37,7 +37,7 @@ func listOps(t *testing.T, name string, now time.Time, hits uint64) ([]limiter.O
 // its own limits exists.
 func TestListOneItem(t *testing.T) {
 	t.Parallel()
-	srv := storetest.StartMemcached(t)
+	srv := harness.StartMemcached(t)
 	s := newStore(t, Config{Addrs: []string{srv.Addr}})
 	raw := memcache.New(srv.Addr)
 	now := time.Now()
@@ -76,7 +76,7 @@ func TestListOneItem(t *testing.T) {
 // places, its hits would be split between them.
 func TestListOfOneBesideOthers(t *testing.T) {
 	t.Parallel()
-	srv := storetest.StartMemcached(t)
+	srv := harness.StartMemcached(t)
 	s := newStore(t, Config{Addrs: []string{srv.Addr}})
 	now := time.Now()
 	a, _ := listOps(t, "a", now, 1)
@@ -98,7 +98,7 @@ func TestListOfOneBesideOthers(t *testing.T) {
 // modes: every status of every limit is the same.
 func TestListMatchesMemory(t *testing.T) {
 	t.Parallel()
-	srv := storetest.StartMemcached(t)
+	srv := harness.StartMemcached(t)
 	mc := newStore(t, Config{Addrs: []string{srv.Addr}})
 	lists := []struct{ name, items string }{
 		{"unlimited_first", `      - {unlimited: true}
@@ -169,7 +169,7 @@ func TestListMatchesMemory(t *testing.T) {
 // still exact.
 func TestListContention(t *testing.T) {
 	t.Parallel()
-	srv := storetest.StartMemcached(t)
+	srv := harness.StartMemcached(t)
 	s := newStore(t, Config{Addrs: []string{srv.Addr}})
 	raw := memcache.New(srv.Addr)
 	now := time.Now()
@@ -246,7 +246,7 @@ func TestListContention(t *testing.T) {
 // store stays healthy and serves other lists.
 func TestListCorruptItem(t *testing.T) {
 	t.Parallel()
-	srv := storetest.StartMemcached(t)
+	srv := harness.StartMemcached(t)
 	s := newStore(t, Config{Addrs: []string{srv.Addr}})
 	raw := memcache.New(srv.Addr)
 	now := time.Now()
@@ -313,7 +313,7 @@ func TestListCorruptItem(t *testing.T) {
 // item at its next write.
 func TestListExpiration(t *testing.T) {
 	t.Parallel()
-	srv := storetest.StartMemcached(t)
+	srv := harness.StartMemcached(t)
 	s := newStore(t, Config{Addrs: []string{srv.Addr}})
 	raw := memcache.New(srv.Addr)
 	now := time.Now()

@@ -4,15 +4,15 @@ import (
 	"testing"
 	"time"
 
-	"github.com/ratelimitd/ratelimit/src/store/storetest"
+	"github.com/ratelimitd/ratelimit/harness"
 )
 
 // TestMemory reads stats settings of real servers: the cap (-m) and
 // whether memcached evicts (its default) or refuses (-M).
 func TestMemory(t *testing.T) {
 	t.Parallel()
-	evicting := storetest.StartMemcached(t, "-m", "4")
-	refusing := storetest.StartMemcached(t, "-m", "8", "-M")
+	evicting := harness.StartMemcached(t, "-m", "4")
+	refusing := harness.StartMemcached(t, "-m", "8", "-M")
 	s := newStore(t, Config{Addrs: []string{evicting.Addr, refusing.Addr}, Timeout: time.Second})
 	if err := s.WaitStarted(t.Context()); err != nil {
 		t.Fatal(err)

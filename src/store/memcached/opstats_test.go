@@ -4,16 +4,16 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ratelimitd/ratelimit/harness"
 	"github.com/ratelimitd/ratelimit/src/limiter"
 	"github.com/ratelimitd/ratelimit/src/rules"
-	"github.com/ratelimitd/ratelimit/src/store/storetest"
 )
 
 // TestOpStats counts the commands sent to a real memcached by outcome, as
 // the anchor's memcache statistics do.
 func TestOpStats(t *testing.T) {
 	t.Parallel()
-	srv := storetest.StartMemcached(t)
+	srv := harness.StartMemcached(t)
 	s := newStore(t, Config{Addrs: []string{srv.Addr}})
 	now := time.Now()
 	fixed := limiter.Op{Key: uniqueKey(t, "fixed"), Algorithm: rules.FixedWindow, Limit: 10, Window: time.Hour, Hits: 1}

@@ -12,9 +12,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ratelimitd/ratelimit/harness"
 	"github.com/ratelimitd/ratelimit/src/limiter"
 	"github.com/ratelimitd/ratelimit/src/rules"
-	"github.com/ratelimitd/ratelimit/src/store/storetest"
 )
 
 // hit sends one single-op batch of every algorithm and returns the first error.
@@ -35,14 +35,14 @@ func hit(ctx context.Context, s *Store, key string) error {
 // it is back, and Close leaves no goroutine behind. Not parallel: it
 // counts goroutines.
 func TestOutage(t *testing.T) {
-	srv := storetest.StartMemcached(t)
+	srv := harness.StartMemcached(t)
 	const timeout = 300 * time.Millisecond
 	goroutines := runtime.NumGoroutine()
 	s, err := New(t.Context(), Config{Addrs: []string{srv.Addr}, Timeout: timeout, SRVRefresh: time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
-	storetest.WaitFor(t, 5*time.Second, "healthy at start", s.Healthy)
+	harness.WaitFor(t, 5*time.Second, "healthy at start", s.Healthy)
 	if err := s.WaitStarted(t.Context()); err != nil {
 		t.Fatal(err)
 	}
@@ -70,12 +70,12 @@ func TestOutage(t *testing.T) {
 			t.Fatalf("request %d while down: %v, want ErrUnavailable", i, err)
 		}
 	}
-	storetest.WaitFor(t, 3*time.Second, "unhealthy while down", func() bool { return !s.Healthy() })
+	harness.WaitFor(t, 3*time.Second, "unhealthy while down", func() bool { return !s.Healthy() })
 
 	if err := srv.Start(); err != nil {
 		t.Fatal(err)
 	}
-	storetest.WaitFor(t, 5*time.Second, "healthy once back", s.Healthy)
+	harness.WaitFor(t, 5*time.Second, "healthy once back", s.Healthy)
 	if err := hit(t.Context(), s, "outage_back"); err != nil {
 		t.Errorf("request once healthy again: %v", err)
 	}
@@ -89,7 +89,7 @@ func TestOutage(t *testing.T) {
 	if err := hit(t.Context(), s, "outage_closed"); !errors.Is(err, limiter.ErrUnavailable) {
 		t.Errorf("Do after Close: %v, want ErrUnavailable", err)
 	}
-	storetest.CheckGoroutines(t, goroutines)
+	harness.CheckGoroutines(t, goroutines)
 }
 
 // TestTimeout bounds a request to a server that accepts connections but
@@ -145,7 +145,7 @@ func TestTimeout(t *testing.T) {
 // TestCanceled: a canceled ctx fails before any round trip.
 func TestCanceled(t *testing.T) {
 	t.Parallel()
-	srv := storetest.StartMemcached(t)
+	srv := harness.StartMemcached(t)
 	s := newStore(t, Config{Addrs: []string{srv.Addr}})
 	ctx, cancel := context.WithCancel(t.Context())
 	cancel()
@@ -163,7 +163,7 @@ func TestCanceled(t *testing.T) {
 // and fails, and the store drops them all, so the next one succeeds.
 func TestRestartBetweenProbes(t *testing.T) {
 	t.Parallel()
-	srv := storetest.StartMemcached(t)
+	srv := harness.StartMemcached(t)
 	const conns = 8
 	s := newStore(t, Config{Addrs: []string{srv.Addr}, MaxConns: 2 * conns})
 	// Fill the idle pool: conns concurrent requests, each on a connection.
@@ -209,7 +209,7 @@ func TestRestartBetweenProbes(t *testing.T) {
 // way has ended, no goroutine and no connection is left. Not parallel: it
 // counts goroutines and measures time.
 func TestCloseBounded(t *testing.T) {
-	srv := storetest.StartMemcached(t)
+	srv := harness.StartMemcached(t)
 	const timeout, calls = 300 * time.Millisecond, 8
 	goroutines := runtime.NumGoroutine()
 	var (
@@ -252,7 +252,7 @@ func TestCloseBounded(t *testing.T) {
 			}
 		})
 	}
-	storetest.WaitFor(t, 5*time.Second, "memcached frozen at a take-back", frozen.Load)
+	harness.WaitFor(t, 5*time.Second, "memcached frozen at a take-back", frozen.Load)
 
 	start := time.Now()
 	if err := s.Close(); err != nil {
@@ -265,6 +265,6 @@ func TestCloseBounded(t *testing.T) {
 		t.Errorf("Do after Close: %v, want ErrUnavailable", err)
 	}
 	wg.Wait()
-	storetest.WaitFor(t, 5*time.Second, "every connection closed", func() bool { return conns.open.Load() == 0 })
-	storetest.CheckGoroutines(t, goroutines)
+	harness.WaitFor(t, 5*time.Second, "every connection closed", func() bool { return conns.open.Load() == 0 })
+	harness.CheckGoroutines(t, goroutines)
 }

@@ -6,10 +6,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ratelimitd/ratelimit/harness"
 	"github.com/ratelimitd/ratelimit/src/limiter"
 	"github.com/ratelimitd/ratelimit/src/rules"
 	"github.com/ratelimitd/ratelimit/src/store/memcached/mcclient"
-	"github.com/ratelimitd/ratelimit/src/store/storetest"
 )
 
 // TestRefundMakesNoItem: a refund of a key never hit, alone or a list's,
@@ -17,7 +17,7 @@ import (
 // algorithms and lists write only what a refund changed).
 func TestRefundMakesNoItem(t *testing.T) {
 	t.Parallel()
-	srv := storetest.StartMemcached(t)
+	srv := harness.StartMemcached(t)
 	s := newStore(t, Config{Addrs: []string{srv.Addr}})
 	now := time.Now()
 	for _, a := range rules.Algorithms {
@@ -58,7 +58,7 @@ descriptors:
 // AllOrNothing, refunds may take it just under 2^63).
 func TestRefundSaturated(t *testing.T) {
 	t.Parallel()
-	srv := storetest.StartMemcached(t)
+	srv := harness.StartMemcached(t)
 	s := newStore(t, Config{Addrs: []string{srv.Addr}})
 	op := limiter.Op{Key: uniqueKey(t, "sat"), Limit: 10, Window: time.Hour}
 	if err := s.client.Add(t.Context(), itemKey(op.Key), []byte("9223372036854775810"), 3600); err != nil {

@@ -5,16 +5,16 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ratelimitd/ratelimit/harness"
 	"github.com/ratelimitd/ratelimit/src/limiter"
 	"github.com/ratelimitd/ratelimit/src/rules"
-	"github.com/ratelimitd/ratelimit/src/store/storetest"
 )
 
 // TestRoundTripObserver: Config.RoundTrip sees one round trip per command
 // memcached answered, each within the wall time around the request.
 func TestRoundTripObserver(t *testing.T) {
 	t.Parallel()
-	srv := storetest.StartMemcached(t)
+	srv := harness.StartMemcached(t)
 	var (
 		mu      sync.Mutex
 		n       int

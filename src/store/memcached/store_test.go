@@ -15,6 +15,7 @@ import (
 
 	"github.com/bradfitz/gomemcache/memcache"
 
+	"github.com/ratelimitd/ratelimit/harness"
 	"github.com/ratelimitd/ratelimit/src/limiter"
 	"github.com/ratelimitd/ratelimit/src/rules"
 	"github.com/ratelimitd/ratelimit/src/store/memcached/mcclient"
@@ -49,7 +50,7 @@ func uniqueKey(t *testing.T, name string) string {
 
 func TestStore(t *testing.T) {
 	t.Parallel()
-	srv := storetest.StartMemcached(t)
+	srv := harness.StartMemcached(t)
 	// Batch.Now is the clock of every algorithm (see the package doc).
 	storetest.Run(t, func(t *testing.T) limiter.Store {
 		return newStore(t, Config{Addrs: []string{srv.Addr}})
@@ -60,7 +61,7 @@ func TestStore(t *testing.T) {
 // hold every key once, and the counts are exact.
 func TestShards(t *testing.T) {
 	t.Parallel()
-	a, b := storetest.StartMemcached(t), storetest.StartMemcached(t)
+	a, b := harness.StartMemcached(t), harness.StartMemcached(t)
 	s := newStore(t, Config{Addrs: []string{a.Addr, b.Addr}})
 	const keys = 200
 	now := time.Now()
@@ -75,7 +76,7 @@ func TestShards(t *testing.T) {
 		}
 	}
 	var total int
-	for _, srv := range []*storetest.MemcachedServer{a, b} {
+	for _, srv := range []*harness.MemcachedServer{a, b} {
 		stats, err := srv.Stats(t.Context())
 		if err != nil {
 			t.Fatal(err)
@@ -97,7 +98,7 @@ func TestShards(t *testing.T) {
 	for i := range 20 {
 		key := fmt.Sprintf("shard_fixed_window_%d", i)
 		want, _ := sl.PickServer(key)
-		for _, srv := range []*storetest.MemcachedServer{a, b} {
+		for _, srv := range []*harness.MemcachedServer{a, b} {
 			_, err := memcache.New(srv.Addr).Get(key)
 			if has := err == nil; has != (want.String() == srv.Addr) {
 				t.Errorf("key %q on %s: %v (picked server %s)", key, srv.Addr, err, want)
@@ -111,7 +112,7 @@ func TestShards(t *testing.T) {
 // others as they are, as the anchor writes them.
 func TestUnsafeKeys(t *testing.T) {
 	t.Parallel()
-	srv := storetest.StartMemcached(t)
+	srv := harness.StartMemcached(t)
 	s := newStore(t, Config{Addrs: []string{srv.Addr}})
 	long := "rl_domain_user_" + strings.Repeat("x", 300) + "_1700000000"
 	keys := map[string]string{
@@ -165,7 +166,7 @@ func TestUnsafeKeys(t *testing.T) {
 // memcached pads it with spaces.
 func TestCounterShrinks(t *testing.T) {
 	t.Parallel()
-	srv := storetest.StartMemcached(t)
+	srv := harness.StartMemcached(t)
 	s := newStore(t, Config{Addrs: []string{srv.Addr}})
 	op := limiter.Op{Key: uniqueKey(t, "c"), Limit: 10, Window: time.Hour, Hits: 10}
 	now := time.Now()
@@ -196,7 +197,7 @@ func TestCounterShrinks(t *testing.T) {
 // refused batches' hits, so the counts end as if those batches never ran.
 func TestAllOrNothingTakesBackUnderTraffic(t *testing.T) {
 	t.Parallel()
-	srv := storetest.StartMemcached(t)
+	srv := harness.StartMemcached(t)
 	s := newStore(t, Config{Addrs: []string{srv.Addr}})
 	now := time.Now()
 	for _, alg := range rules.Algorithms {
@@ -281,7 +282,7 @@ func metaTTL(t *testing.T, addr, key string) int {
 // absolute beyond 30 days.
 func TestExpiration(t *testing.T) {
 	t.Parallel()
-	srv := storetest.StartMemcached(t)
+	srv := harness.StartMemcached(t)
 	s := newStore(t, Config{Addrs: []string{srv.Addr}})
 	jittered := newStore(t, Config{Addrs: []string{srv.Addr}, ExpirationJitterMax: 10 * time.Second})
 	now := time.Now()
@@ -451,8 +452,8 @@ func TestNothingListens(t *testing.T) {
 // stable order, and follows the record when it changes.
 func TestSRV(t *testing.T) {
 	t.Parallel()
-	a, b := storetest.StartMemcached(t), storetest.StartMemcached(t)
-	records := func(srvs ...*storetest.MemcachedServer) []*net.SRV {
+	a, b := harness.StartMemcached(t), harness.StartMemcached(t)
+	records := func(srvs ...*harness.MemcachedServer) []*net.SRV {
 		var out []*net.SRV
 		for _, s := range srvs {
 			host, port, _ := net.SplitHostPort(s.Addr)
@@ -514,7 +515,7 @@ func TestSRV(t *testing.T) {
 }
 
 // items is the server's curr_items.
-func items(t *testing.T, srv *storetest.MemcachedServer) int {
+func items(t *testing.T, srv *harness.MemcachedServer) int {
 	t.Helper()
 	stats, err := srv.Stats(t.Context())
 	if err != nil {
@@ -528,7 +529,7 @@ func items(t *testing.T, srv *storetest.MemcachedServer) int {
 // certificate it does not trust.
 func TestTLS(t *testing.T) {
 	t.Parallel()
-	srv := storetest.StartMemcachedTLS(t)
+	srv := harness.StartMemcachedTLS(t)
 	s := newStore(t, Config{Addrs: []string{srv.Addr}, TLS: srv.TLS.ClientConfig()})
 	if err := s.WaitStarted(t.Context()); err != nil {
 		t.Fatal(err)
@@ -555,7 +556,7 @@ func TestTLS(t *testing.T) {
 // counts the connections: never more than the pipelined ones.
 func TestBatchOpsSideBySide(t *testing.T) {
 	t.Parallel()
-	srv := storetest.StartMemcached(t)
+	srv := harness.StartMemcached(t)
 	const latency = 50 * time.Millisecond
 	tests := []struct {
 		name         string
@@ -571,7 +572,7 @@ func TestBatchOpsSideBySide(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
-			proxy := storetest.StartProxy(t, srv.Addr)
+			proxy := harness.StartProxy(t, srv.Addr)
 			s := newStore(t, Config{Addrs: []string{proxy.Addr}, MaxConns: 16})
 			if err := s.WaitStarted(t.Context()); err != nil {
 				t.Fatal(err)

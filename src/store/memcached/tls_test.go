@@ -5,8 +5,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ratelimitd/ratelimit/harness"
 	"github.com/ratelimitd/ratelimit/src/store/memcached/mcclient"
-	"github.com/ratelimitd/ratelimit/src/store/storetest"
 )
 
 // TestTLSConfig dials a memcached that accepts only TLS with the client
@@ -14,7 +14,7 @@ import (
 // checks of the chain and the name are tlsclient's, tried on Redis).
 func TestTLSConfig(t *testing.T) {
 	t.Parallel()
-	srv := storetest.StartMemcachedTLS(t)
+	srv := harness.StartMemcachedTLS(t)
 	conf, err := TLSConfig(TLSFiles{ClientCert: srv.TLS.ClientCertFile, ClientKey: srv.TLS.ClientKeyFile, CACert: srv.TLS.CAFile})
 	if err != nil {
 		t.Fatal(err)
@@ -45,7 +45,7 @@ func TestTLSConfigErrors(t *testing.T) {
 // accepts only TLS.
 func TestClientOverTLS(t *testing.T) {
 	t.Parallel()
-	srv := storetest.StartMemcachedTLS(t)
+	srv := harness.StartMemcachedTLS(t)
 	cfg := Config{Addrs: []string{srv.Addr}, TLS: srv.TLS.ClientConfig(), Timeout: time.Second}
 	c := mcclient.New(mcclient.Config{Conns: 2, Timeout: time.Second, MaxQueue: 16, Dial: dialer(cfg)})
 	t.Cleanup(func() { _ = c.Close() })

@@ -12,17 +12,16 @@ import (
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	tracepb "go.opentelemetry.io/proto/otlp/trace/v1"
 
+	"github.com/ratelimitd/ratelimit/harness"
 	"github.com/ratelimitd/ratelimit/src/limiter"
 	"github.com/ratelimitd/ratelimit/src/rules"
-	"github.com/ratelimitd/ratelimit/src/server/otlptest"
-	"github.com/ratelimitd/ratelimit/src/store/storetest"
 )
 
 // newTracer returns a tracer that exports each span as it ends over
 // OTLP/gRPC to a real receiver.
-func newTracer(t *testing.T) (*sdktrace.TracerProvider, *otlptest.Receiver) {
+func newTracer(t *testing.T) (*sdktrace.TracerProvider, *harness.OTLPReceiver) {
 	t.Helper()
-	rcv := otlptest.Start(t)
+	rcv := harness.StartOTLP(t)
 	exp, err := otlptracegrpc.New(t.Context(), otlptracegrpc.WithEndpoint(rcv.GRPCAddr), otlptracegrpc.WithInsecure())
 	if err != nil {
 		t.Fatal(err)
@@ -34,12 +33,12 @@ func newTracer(t *testing.T) (*sdktrace.TracerProvider, *otlptest.Receiver) {
 
 // children returns the names of the spans under parent, sorted, after
 // waiting for n of them.
-func children(t *testing.T, rcv *otlptest.Receiver, parent string, n int) []otlptest.Span {
+func children(t *testing.T, rcv *harness.OTLPReceiver, parent string, n int) []harness.Span {
 	t.Helper()
-	return rcv.WaitSpans(t, n, 10*time.Second, func(s otlptest.Span) bool { return s.ParentSpanID == parent })
+	return rcv.WaitSpans(t, n, 10*time.Second, func(s harness.Span) bool { return s.ParentSpanID == parent })
 }
 
-func names(spans []otlptest.Span) []string {
+func names(spans []harness.Span) []string {
 	var out []string
 	for _, s := range spans {
 		out = append(out, s.Name)
@@ -54,7 +53,7 @@ func names(spans []otlptest.Span) []string {
 // untraced request adds none.
 func TestRoundTripSpans(t *testing.T) {
 	t.Parallel()
-	srv := storetest.StartMemcached(t)
+	srv := harness.StartMemcached(t)
 	tp, rcv := newTracer(t)
 	s := newStore(t, Config{Addrs: []string{srv.Addr}, Tracer: tp.Tracer("memcached")})
 	fixed, sliding := uniqueKey(t, "fixed"), uniqueKey(t, "sliding")

@@ -5,8 +5,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ratelimitd/ratelimit/harness"
 	"github.com/ratelimitd/ratelimit/src/limiter"
-	"github.com/ratelimitd/ratelimit/src/store/storetest"
 )
 
 func TestWritten(t *testing.T) {
@@ -56,7 +56,7 @@ func TestWrittenBounded(t *testing.T) {
 // another instance created costs this one a second round trip once, and
 // the counts stay exact.
 func TestFirstHitsTakeOneRoundTrip(t *testing.T) {
-	srv := storetest.StartMemcached(t)
+	srv := harness.StartMemcached(t)
 	open := func() *Store {
 		s, err := New(t.Context(), Config{Addrs: []string{srv.Addr}, MaxConns: 8})
 		if err != nil {

@@ -6,9 +6,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ratelimitd/ratelimit/harness"
 	"github.com/ratelimitd/ratelimit/src/limiter"
 	"github.com/ratelimitd/ratelimit/src/rules"
-	"github.com/ratelimitd/ratelimit/src/store/storetest"
 )
 
 // TestStoreAllocs guards the allocations of the Redis store's hot path
@@ -22,7 +22,7 @@ func TestStoreAllocs(t *testing.T) {
 	if raceEnabled {
 		t.Skip("allocation counts are meaningless under -race")
 	}
-	srv := storetest.StartRedis(t, storetest.RedisOptions{})
+	srv := harness.StartRedis(t, harness.RedisOptions{})
 	s := newStore(t, Config{URL: srv.Addr})
 	if err := s.WaitStarted(t.Context()); err != nil {
 		t.Fatal(err)

@@ -9,9 +9,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ratelimitd/ratelimit/harness"
 	"github.com/ratelimitd/ratelimit/src/limiter"
 	"github.com/ratelimitd/ratelimit/src/rules"
-	"github.com/ratelimitd/ratelimit/src/store/storetest"
 )
 
 // BenchmarkStore measures one-op requests from 64 concurrent clients over
@@ -19,7 +19,7 @@ import (
 // many ops each pipeline carried and the CPU spent per op by this process
 // (the callers and the store) and by Redis.
 func BenchmarkStore(b *testing.B) {
-	srv := storetest.StartRedis(b, storetest.RedisOptions{})
+	srv := harness.StartRedis(b, harness.RedisOptions{})
 	const keys = 10_000
 	names := make([]string, keys)
 	for i := range names {
@@ -81,7 +81,7 @@ func BenchmarkStore(b *testing.B) {
 // starts only when deepQueue commands wait (fixed windows, 64 concurrent
 // clients, 10,000 keys).
 func BenchmarkStorePoolSize(b *testing.B) {
-	srv := storetest.StartRedis(b, storetest.RedisOptions{})
+	srv := harness.StartRedis(b, harness.RedisOptions{})
 	for _, pool := range []int{1, 2, 4, 10, 32} {
 		b.Run("pool="+strconv.Itoa(pool), func(b *testing.B) {
 			benchFixedWindow(b, srv, newStore(b, Config{URL: srv.Addr, PoolSize: pool}))
@@ -96,7 +96,7 @@ func BenchmarkStorePoolSize(b *testing.B) {
 // commands an op) and token buckets (Redis-bound: a script call an op); the
 // default pool of 10, 64 concurrent clients, 10,000 keys.
 func BenchmarkStoreQueueDepth(b *testing.B) {
-	srv := storetest.StartRedis(b, storetest.RedisOptions{})
+	srv := harness.StartRedis(b, harness.RedisOptions{})
 	for _, alg := range []rules.Algorithm{rules.FixedWindow, rules.TokenBucket} {
 		for _, deep := range []int{2, 16, 32, 64, 128, 1 << 20} {
 			b.Run(alg.String()+"/deep="+strconv.Itoa(deep), func(b *testing.B) {
@@ -116,7 +116,7 @@ func BenchmarkStoreQueueDepth(b *testing.B) {
 // open more pipelines per request than one of one (req/roundtrip), since
 // the load is client-bound (see request.deepWork).
 func BenchmarkStoreOpsPerRequest(b *testing.B) {
-	srv := storetest.StartRedis(b, storetest.RedisOptions{})
+	srv := harness.StartRedis(b, harness.RedisOptions{})
 	for _, alg := range []rules.Algorithm{rules.FixedWindow, rules.TokenBucket} {
 		for _, nops := range []int{1, 3} {
 			b.Run(alg.String()+"/ops="+strconv.Itoa(nops), func(b *testing.B) {
@@ -127,14 +127,14 @@ func BenchmarkStoreOpsPerRequest(b *testing.B) {
 }
 
 // benchFixedWindow runs benchOps with fixed windows.
-func benchFixedWindow(b *testing.B, srv *storetest.RedisServer, s *Store) {
+func benchFixedWindow(b *testing.B, srv *harness.RedisServer, s *Store) {
 	b.Helper()
 	benchOps(b, srv, s, rules.FixedWindow, 1)
 }
 
 // benchOps runs requests of nops ops of alg (on nops different keys) from
 // 64 concurrent clients over 10,000 keys on s.
-func benchOps(b *testing.B, srv *storetest.RedisServer, s *Store, alg rules.Algorithm, nops int) {
+func benchOps(b *testing.B, srv *harness.RedisServer, s *Store, alg rules.Algorithm, nops int) {
 	b.Helper()
 	const keys = 10_000
 	names := make([]string, keys)
@@ -177,12 +177,12 @@ func reportDepth(b *testing.B, s *Store) {
 
 // startCPU starts measuring the CPU time used by this process and by
 // Redis; the meter reports the server's as redis-cpu-ns/op.
-func startCPU(b *testing.B, srv *storetest.RedisServer) *storetest.CPUMeter {
-	return storetest.StartCPU(func() (time.Duration, bool) { return redisCPU(b, srv) }, "redis-cpu-ns/op")
+func startCPU(b *testing.B, srv *harness.RedisServer) *harness.CPUMeter {
+	return harness.StartCPU(func() (time.Duration, bool) { return redisCPU(b, srv) }, "redis-cpu-ns/op")
 }
 
 // redisCPU returns the CPU time redis-server has used (INFO cpu).
-func redisCPU(b *testing.B, srv *storetest.RedisServer) (time.Duration, bool) {
+func redisCPU(b *testing.B, srv *harness.RedisServer) (time.Duration, bool) {
 	b.Helper()
 	v, err := srv.Do(b.Context(), "INFO", "cpu")
 	info, _ := v.(string)

@@ -9,10 +9,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ratelimitd/ratelimit/harness"
 	"github.com/ratelimitd/ratelimit/src/limiter"
 	"github.com/ratelimitd/ratelimit/src/rules"
 	"github.com/ratelimitd/ratelimit/src/store/breaker"
-	"github.com/ratelimitd/ratelimit/src/store/storetest"
 )
 
 // The bounds of the breaker tests, generous for a loaded machine running
@@ -106,15 +106,15 @@ func waitServed(t *testing.T, s *Store, key string) time.Duration {
 func TestBreakerSingle(t *testing.T) {
 	tests := []struct {
 		name          string
-		down, return_ func(*storetest.RedisServer) error
+		down, return_ func(*harness.RedisServer) error
 	}{
-		{"stopped", (*storetest.RedisServer).Stop, (*storetest.RedisServer).Start},
-		{"frozen", (*storetest.RedisServer).Freeze, (*storetest.RedisServer).Thaw},
+		{"stopped", (*harness.RedisServer).Stop, (*harness.RedisServer).Start},
+		{"frozen", (*harness.RedisServer).Freeze, (*harness.RedisServer).Thaw},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
-			srv := storetest.StartRedis(t, storetest.RedisOptions{})
+			srv := harness.StartRedis(t, harness.RedisOptions{})
 			const failures = 3
 			s := newStore(t, Config{
 				URL: srv.Addr, Timeout: breakerTimeout,
@@ -144,7 +144,7 @@ func TestBreakerSingle(t *testing.T) {
 			if st := s.Breakers(); st.Open != 0 || st.Trips != 1 {
 				t.Errorf("Breakers() = %+v after recovery, want none open, 1 trip", st)
 			}
-			storetest.WaitFor(t, breakerRecover, "healthy again", s.Healthy)
+			harness.WaitFor(t, breakerRecover, "healthy again", s.Healthy)
 		})
 	}
 }
@@ -157,8 +157,8 @@ func TestBreakerSingle(t *testing.T) {
 // next poll.
 func TestBreakerClosedIsTold(t *testing.T) {
 	t.Parallel()
-	srv := storetest.StartRedis(t, storetest.RedisOptions{})
-	var told storetest.HealthTold
+	srv := harness.StartRedis(t, harness.RedisOptions{})
+	var told harness.HealthTold
 	s := newStore(t, Config{
 		URL: srv.Addr, HealthCheckActiveConnection: true, HealthCheckInterval: time.Hour,
 		Breaker:  breaker.Config{Failures: 1, ProbeInterval: time.Hour},
@@ -187,7 +187,7 @@ func TestBreakerClosedIsTold(t *testing.T) {
 // waits for its deadline, as before the breaker existed.
 func TestBreakerOff(t *testing.T) {
 	t.Parallel()
-	srv := storetest.StartRedis(t, storetest.RedisOptions{})
+	srv := harness.StartRedis(t, harness.RedisOptions{})
 	s := newStore(t, Config{URL: srv.Addr, Timeout: 30 * time.Second})
 	if _, err := timedHit(s, "warm"); err != nil {
 		t.Fatal(err)
@@ -215,7 +215,7 @@ func TestBreakerOff(t *testing.T) {
 // Redis answered.
 func TestBreakerIgnoresDataErrors(t *testing.T) {
 	t.Parallel()
-	srv := storetest.StartRedis(t, storetest.RedisOptions{})
+	srv := harness.StartRedis(t, harness.RedisOptions{})
 	s := newStore(t, Config{URL: srv.Addr, Breaker: breaker.Config{Failures: 2, ProbeInterval: breakerProbe}})
 	window := time.Now().Unix() / 3600 * 3600
 	key := fmt.Sprintf("typed_%d", window)
@@ -248,14 +248,14 @@ func TestBreakerIgnoresDataErrors(t *testing.T) {
 func TestBreakerCluster(t *testing.T) {
 	tests := []struct {
 		name          string
-		down, return_ func(*storetest.RedisServer) error
+		down, return_ func(*harness.RedisServer) error
 	}{
-		{"stopped", (*storetest.RedisServer).Stop, (*storetest.RedisServer).Start},
-		{"frozen", (*storetest.RedisServer).Freeze, (*storetest.RedisServer).Thaw},
+		{"stopped", (*harness.RedisServer).Stop, (*harness.RedisServer).Start},
+		{"frozen", (*harness.RedisServer).Freeze, (*harness.RedisServer).Thaw},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			c := storetest.StartRedisCluster(t, storetest.RedisOptions{Config: []string{"cluster-require-full-coverage no"}})
+			c := harness.StartRedisCluster(t, harness.RedisOptions{Config: []string{"cluster-require-full-coverage no"}})
 			const failures = 3
 			s := newStore(t, Config{
 				Type: TypeCluster, URL: c.URL, Timeout: breakerTimeout,
@@ -263,7 +263,7 @@ func TestBreakerCluster(t *testing.T) {
 			})
 			// A key on the master that goes down, and one on each other.
 			down := c.Masters[0]
-			keys := map[*storetest.RedisServer]string{}
+			keys := map[*harness.RedisServer]string{}
 			for i := 0; len(keys) < len(c.Masters) && i < 1000; i++ {
 				key := fmt.Sprint("k", i)
 				m, err := c.MasterFor(t.Context(), key)
@@ -302,7 +302,7 @@ func TestBreakerCluster(t *testing.T) {
 			// A master restarted answers CLUSTERDOWN for its slots until it
 			// has rejoined the cluster (about cluster-node-timeout): the
 			// master is back when it serves them.
-			storetest.WaitFor(t, 20*time.Second, "the master serving its slots", func() bool {
+			harness.WaitFor(t, 20*time.Second, "the master serving its slots", func() bool {
 				_, err := down.Do(t.Context(), "GET", keys[down])
 				return err == nil
 			})
@@ -325,7 +325,7 @@ func TestBreakerCluster(t *testing.T) {
 // closes it.
 func TestBreakerSentinel(t *testing.T) {
 	t.Parallel()
-	g := storetest.StartRedisSentinel(t, storetest.RedisSentinelOptions{})
+	g := harness.StartRedisSentinel(t, harness.RedisSentinelOptions{})
 	const failures = 3
 	s := newStore(t, Config{
 		Type: TypeSentinel, URL: g.URL, Timeout: 30 * time.Second,
@@ -361,8 +361,8 @@ func TestBreakerSentinel(t *testing.T) {
 // frozen one does: see TestFrozenFailsFast.)
 func TestBreakerFollowsTheStoreTimeout(t *testing.T) {
 	t.Parallel()
-	srv := storetest.StartRedis(t, storetest.RedisOptions{})
-	px := storetest.StartProxy(t, srv.Addr)
+	srv := harness.StartRedis(t, harness.RedisOptions{})
+	px := harness.StartProxy(t, srv.Addr)
 	const failures = 3
 	const timeout = 4 * breakerDeadline
 	s := newStore(t, Config{

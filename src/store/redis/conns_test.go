@@ -3,14 +3,14 @@ package redis
 import (
 	"testing"
 
-	"github.com/ratelimitd/ratelimit/src/store/storetest"
+	"github.com/ratelimitd/ratelimit/harness"
 )
 
 // TestConnStats counts the connections to a real redis-server as the
 // anchor's redis_pool statistics do: made, closed by this side, open.
 func TestConnStats(t *testing.T) {
 	t.Parallel()
-	srv := storetest.StartRedis(t, storetest.RedisOptions{})
+	srv := harness.StartRedis(t, harness.RedisOptions{})
 	s, err := New(t.Context(), Config{URL: srv.Addr})
 	if err != nil {
 		t.Fatal(err)

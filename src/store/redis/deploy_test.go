@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ratelimitd/ratelimit/harness"
 	"github.com/ratelimitd/ratelimit/src/limiter"
 	"github.com/ratelimitd/ratelimit/src/rules"
 	"github.com/ratelimitd/ratelimit/src/store/storetest"
@@ -17,7 +18,7 @@ import (
 
 func TestCluster(t *testing.T) {
 	t.Parallel()
-	c := storetest.StartRedisCluster(t, storetest.RedisOptions{Password: "cluster-secret"})
+	c := harness.StartRedisCluster(t, harness.RedisOptions{Password: "cluster-secret"})
 	cfg := Config{Type: "cluster", URL: c.URL, Auth: "cluster-secret", scriptClock: true}
 
 	t.Run("suite", func(t *testing.T) {
@@ -43,7 +44,7 @@ func TestCluster(t *testing.T) {
 		t.Parallel()
 		s := newStore(t, cfg)
 		// Two keys per master, found by asking the cluster where they live.
-		byMaster := map[*storetest.RedisServer][]string{}
+		byMaster := map[*harness.RedisServer][]string{}
 		for i := 0; len(byMaster) < len(c.Masters) || !allHave(byMaster, 2); i++ {
 			if i > 1000 {
 				t.Fatal("could not place keys on every master")
@@ -151,7 +152,7 @@ func TestCluster(t *testing.T) {
 
 func TestClusterAllOrNothingExact(t *testing.T) {
 	t.Parallel()
-	c := storetest.StartRedisCluster(t, storetest.RedisOptions{})
+	c := harness.StartRedisCluster(t, harness.RedisOptions{})
 	s := newStore(t, Config{Type: "cluster", URL: c.URL})
 	// Two keys on different slots, hit together by 32 clients: never more
 	// than the budget admitted, and (traffic continuing) exactly the budget.
@@ -192,7 +193,7 @@ func TestClusterAllOrNothingExact(t *testing.T) {
 	}
 }
 
-func allHave(m map[*storetest.RedisServer][]string, n int) bool {
+func allHave(m map[*harness.RedisServer][]string, n int) bool {
 	for _, keys := range m {
 		if len(keys) < n {
 			return false
@@ -208,7 +209,7 @@ func allHave(m map[*storetest.RedisServer][]string, n int) bool {
 // descriptor in one script there too.
 func TestSentinelLists(t *testing.T) {
 	t.Parallel()
-	g := storetest.StartRedisSentinel(t, storetest.RedisSentinelOptions{})
+	g := harness.StartRedisSentinel(t, harness.RedisSentinelOptions{})
 	storetest.RunLists(t, func(t *testing.T) limiter.Store {
 		return newStore(t, Config{Type: "sentinel", URL: g.URL, scriptClock: true})
 	}, storetest.Options{})
@@ -216,8 +217,8 @@ func TestSentinelLists(t *testing.T) {
 
 func TestSentinel(t *testing.T) {
 	t.Parallel()
-	g := storetest.StartRedisSentinel(t, storetest.RedisSentinelOptions{
-		Data:             storetest.RedisOptions{Password: "data-secret"},
+	g := harness.StartRedisSentinel(t, harness.RedisSentinelOptions{
+		Data:             harness.RedisOptions{Password: "data-secret"},
 		SentinelPassword: "sentinel-secret",
 	})
 	s := newStore(t, Config{
@@ -265,20 +266,20 @@ func TestAuth(t *testing.T) {
 	t.Parallel()
 	tests := []struct {
 		name string
-		opts storetest.RedisOptions
+		opts harness.RedisOptions
 		auth string
 		ok   bool
 	}{
-		{"password", storetest.RedisOptions{Password: "s3cret"}, "s3cret", true},
-		{"acl_user", storetest.RedisOptions{User: "ratelimit", Password: "s3cret"}, "ratelimit:s3cret", true},
-		{"wrong_password", storetest.RedisOptions{Password: "s3cret"}, "guess", false},
-		{"missing_password", storetest.RedisOptions{Password: "s3cret"}, "", false},
-		{"acl_user_without_user", storetest.RedisOptions{User: "ratelimit", Password: "s3cret"}, "s3cret", false},
+		{"password", harness.RedisOptions{Password: "s3cret"}, "s3cret", true},
+		{"acl_user", harness.RedisOptions{User: "ratelimit", Password: "s3cret"}, "ratelimit:s3cret", true},
+		{"wrong_password", harness.RedisOptions{Password: "s3cret"}, "guess", false},
+		{"missing_password", harness.RedisOptions{Password: "s3cret"}, "", false},
+		{"acl_user_without_user", harness.RedisOptions{User: "ratelimit", Password: "s3cret"}, "s3cret", false},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
-			srv := storetest.StartRedis(t, tt.opts)
+			srv := harness.StartRedis(t, tt.opts)
 			s := newStore(t, Config{URL: srv.Addr, Auth: tt.auth, Timeout: time.Second})
 			err := hitOnce(t.Context(), s, "auth", rules.TokenBucket)
 			if tt.ok && err != nil {
@@ -298,7 +299,7 @@ func TestAuth(t *testing.T) {
 
 func TestTLS(t *testing.T) {
 	t.Parallel()
-	srv := storetest.StartRedis(t, storetest.RedisOptions{TLS: true, Password: "tls-secret"})
+	srv := harness.StartRedis(t, harness.RedisOptions{TLS: true, Password: "tls-secret"})
 	files := TLSFiles{ClientCert: srv.TLS.ClientCertFile, ClientKey: srv.TLS.ClientKeyFile, CACert: srv.TLS.CAFile}
 	tests := []struct {
 		name       string
@@ -442,7 +443,7 @@ func TestKeySlot(t *testing.T) {
 func TestUnixSocket(t *testing.T) {
 	t.Parallel()
 	sock := t.TempDir() + "/redis.sock"
-	storetest.StartRedis(t, storetest.RedisOptions{Config: []string{"unixsocket " + sock, "unixsocketperm 700"}})
+	harness.StartRedis(t, harness.RedisOptions{Config: []string{"unixsocket " + sock, "unixsocketperm 700"}})
 	s := newStore(t, Config{SocketType: "unix", URL: sock})
 	for _, a := range rules.Algorithms {
 		if err := hitOnce(t.Context(), s, "unix_"+a.String(), a); err != nil {

@@ -8,10 +8,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ratelimitd/ratelimit/harness"
 	"github.com/ratelimitd/ratelimit/src/limiter"
 	"github.com/ratelimitd/ratelimit/src/rules"
 	"github.com/ratelimitd/ratelimit/src/store/breaker"
-	"github.com/ratelimitd/ratelimit/src/store/storetest"
 )
 
 // fastFail is how soon a request refused without waiting must return, on a
@@ -21,9 +21,9 @@ const fastFail = time.Second
 // freeze waits until s's workers are idle, so that the test can tell when
 // its next requests are in flight, then stops srv with SIGSTOP and resumes
 // it in t.Cleanup, if the test has not.
-func freeze(t *testing.T, s *Store, srv *storetest.RedisServer) {
+func freeze(t *testing.T, s *Store, srv *harness.RedisServer) {
 	t.Helper()
-	storetest.WaitFor(t, 10*time.Second, "idle workers", func() bool {
+	harness.WaitFor(t, 10*time.Second, "idle workers", func() bool {
 		q, busy := queueState(s.main)
 		return q == 0 && busy == 0
 	})
@@ -65,7 +65,7 @@ func goDo(s *Store, key string, d time.Duration) <-chan outcome {
 // timeout is long, and everything queued is answered once Redis resumes.
 func TestQueueBound(t *testing.T) {
 	t.Parallel()
-	srv := storetest.StartRedis(t, storetest.RedisOptions{})
+	srv := harness.StartRedis(t, harness.RedisOptions{})
 	const maxQueue = 8
 	s := newStore(t, Config{
 		URL: srv.Addr, PoolSize: 1, MaxQueue: maxQueue, Timeout: 30 * time.Second,
@@ -79,7 +79,7 @@ func TestQueueBound(t *testing.T) {
 	// The one worker takes a request into a round trip that cannot end.
 	var live []<-chan outcome
 	live = append(live, goDo(s, "stuck", time.Minute))
-	storetest.WaitFor(t, 10*time.Second, "the worker stuck in a round trip", func() bool {
+	harness.WaitFor(t, 10*time.Second, "the worker stuck in a round trip", func() bool {
 		q, busy := queueState(s.main)
 		return q == 0 && busy == 1
 	})
@@ -100,7 +100,7 @@ func TestQueueBound(t *testing.T) {
 	for i := range maxQueue {
 		live = append(live, goDo(s, fmt.Sprint("queued_", i), time.Minute))
 	}
-	storetest.WaitFor(t, 10*time.Second, "a full queue", func() bool {
+	harness.WaitFor(t, 10*time.Second, "a full queue", func() bool {
 		q, _ := queueState(s.main)
 		return q == maxQueue
 	})
@@ -149,7 +149,7 @@ func TestQueueBound(t *testing.T) {
 // long: the server's 10 s drain relies on it. Every Do in flight fails
 // with ErrUnavailable and no goroutine is left behind.
 func TestCloseFrozen(t *testing.T) {
-	srv := storetest.StartRedis(t, storetest.RedisOptions{})
+	srv := harness.StartRedis(t, harness.RedisOptions{})
 	goroutines := runtime.NumGoroutine()
 	const poolSize = 2
 	s, err := New(t.Context(), Config{
@@ -171,7 +171,7 @@ func TestCloseFrozen(t *testing.T) {
 	var inFlight []<-chan outcome
 	for i := range poolSize {
 		inFlight = append(inFlight, goDo(s, fmt.Sprint("in_flight_", i), time.Minute))
-		storetest.WaitFor(t, 10*time.Second, "a worker stuck in a round trip", func() bool {
+		harness.WaitFor(t, 10*time.Second, "a worker stuck in a round trip", func() bool {
 			q, busy := queueState(s.main)
 			return q == 0 && busy == i+1
 		})
@@ -197,7 +197,7 @@ func TestCloseFrozen(t *testing.T) {
 	if err := srv.Thaw(); err != nil {
 		t.Fatal(err)
 	}
-	storetest.CheckGoroutines(t, goroutines)
+	harness.CheckGoroutines(t, goroutines)
 }
 
 // TestFrozenFailsFast freezes Redis, over TCP, TLS and a unix socket, with
@@ -211,19 +211,19 @@ func TestCloseFrozen(t *testing.T) {
 func TestFrozenFailsFast(t *testing.T) {
 	tests := []struct {
 		name string
-		opts func(dir string) storetest.RedisOptions
+		opts func(dir string) harness.RedisOptions
 	}{
-		{"tcp", func(string) storetest.RedisOptions { return storetest.RedisOptions{} }},
-		{"tls", func(string) storetest.RedisOptions { return storetest.RedisOptions{TLS: true} }},
-		{"unix", func(dir string) storetest.RedisOptions {
-			return storetest.RedisOptions{Config: []string{"unixsocket " + dir + "/redis.sock", "unixsocketperm 700"}}
+		{"tcp", func(string) harness.RedisOptions { return harness.RedisOptions{} }},
+		{"tls", func(string) harness.RedisOptions { return harness.RedisOptions{TLS: true} }},
+		{"unix", func(dir string) harness.RedisOptions {
+			return harness.RedisOptions{Config: []string{"unixsocket " + dir + "/redis.sock", "unixsocketperm 700"}}
 		}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
 			dir := t.TempDir()
-			srv := storetest.StartRedis(t, tt.opts(dir))
+			srv := harness.StartRedis(t, tt.opts(dir))
 			const stall = 100 * time.Millisecond
 			cfg := Config{
 				URL: srv.Addr, PoolSize: 4, Timeout: time.Minute, Stall: stall,
@@ -266,7 +266,7 @@ func TestFrozenFailsFast(t *testing.T) {
 			if err := srv.Thaw(); err != nil {
 				t.Fatal(err)
 			}
-			storetest.WaitFor(t, 10*time.Second, "a request served after the thaw", func() bool {
+			harness.WaitFor(t, 10*time.Second, "a request served after the thaw", func() bool {
 				return hitOnce(t.Context(), s, "thawed", rules.FixedWindow) == nil
 			})
 		})

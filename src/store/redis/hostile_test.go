@@ -10,10 +10,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ratelimitd/ratelimit/harness"
 	"github.com/ratelimitd/ratelimit/src/limiter"
 	"github.com/ratelimitd/ratelimit/src/rules"
 	"github.com/ratelimitd/ratelimit/src/store/breaker"
-	"github.com/ratelimitd/ratelimit/src/store/storetest"
 )
 
 // rawDo sends one command to the Redis that serves key, bypassing the store.
@@ -24,14 +24,14 @@ type rawDo func(ctx context.Context, key string, args ...string) (any, error)
 func deployments(t *testing.T, f func(t *testing.T, cfg Config, raw rawDo)) {
 	t.Run("single", func(t *testing.T) {
 		t.Parallel()
-		srv := storetest.StartRedis(t, storetest.RedisOptions{})
+		srv := harness.StartRedis(t, harness.RedisOptions{})
 		f(t, Config{URL: srv.Addr}, func(ctx context.Context, _ string, args ...string) (any, error) {
 			return srv.Do(ctx, args...)
 		})
 	})
 	t.Run("cluster", func(t *testing.T) {
 		t.Parallel()
-		c := storetest.StartRedisCluster(t, storetest.RedisOptions{})
+		c := harness.StartRedisCluster(t, harness.RedisOptions{})
 		f(t, Config{Type: TypeCluster, URL: c.URL}, func(ctx context.Context, key string, args ...string) (any, error) {
 			m, err := c.MasterFor(ctx, key)
 			if err != nil {
@@ -278,7 +278,7 @@ func requestCommands(op limiter.Op, aon bool) int {
 // when it comes from inside a script.
 func TestServerErrors(t *testing.T) {
 	t.Parallel()
-	srv := storetest.StartRedis(t, storetest.RedisOptions{})
+	srv := harness.StartRedis(t, harness.RedisOptions{})
 	s := newStore(t, Config{URL: srv.Addr, HealthCheckActiveConnection: true, HealthCheckInterval: time.Hour})
 	if err := s.WaitStarted(t.Context()); err != nil {
 		t.Fatal(err)
@@ -359,7 +359,7 @@ func TestIsDataError(t *testing.T) {
 // served.
 func TestOutOfMemoryIsAnAnswer(t *testing.T) {
 	t.Parallel()
-	srv := storetest.StartRedis(t, storetest.RedisOptions{})
+	srv := harness.StartRedis(t, harness.RedisOptions{})
 	s := newStore(t, Config{URL: srv.Addr, HealthCheckActiveConnection: true, HealthCheckInterval: time.Hour,
 		Breaker: breaker.Config{Failures: 1}})
 	if err := s.WaitStarted(t.Context()); err != nil {

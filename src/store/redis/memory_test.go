@@ -5,7 +5,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/ratelimitd/ratelimit/src/store/storetest"
+	"github.com/ratelimitd/ratelimit/harness"
 )
 
 // TestMemory reads the cap and policy of real servers: from CONFIG GET,
@@ -28,7 +28,7 @@ func TestMemory(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
-			srv := storetest.StartRedis(t, storetest.RedisOptions{Config: tt.config})
+			srv := harness.StartRedis(t, harness.RedisOptions{Config: tt.config})
 			s := newStore(t, Config{URL: srv.Addr, Timeout: time.Second})
 			if err := s.WaitStarted(t.Context()); err != nil {
 				t.Fatal(err)
@@ -48,7 +48,7 @@ func TestMemoryClusterAndProxy(t *testing.T) {
 	t.Parallel()
 	t.Run("cluster", func(t *testing.T) {
 		t.Parallel()
-		c := storetest.StartRedisCluster(t, storetest.RedisOptions{Config: []string{"maxmemory 5mb", "maxmemory-policy allkeys-lfu"}})
+		c := harness.StartRedisCluster(t, harness.RedisOptions{Config: []string{"maxmemory 5mb", "maxmemory-policy allkeys-lfu"}})
 		s := newStore(t, Config{Type: TypeCluster, URL: c.URL, Timeout: time.Second})
 		if err := s.WaitStarted(t.Context()); err != nil {
 			t.Fatal(err)
@@ -65,7 +65,7 @@ func TestMemoryClusterAndProxy(t *testing.T) {
 	})
 	t.Run("twemproxy", func(t *testing.T) {
 		t.Parallel()
-		proxy := storetest.StartTwemproxy(t, storetest.StartRedis(t, storetest.RedisOptions{}))
+		proxy := harness.StartTwemproxy(t, harness.StartRedis(t, harness.RedisOptions{}))
 		s := newStore(t, Config{URL: proxy.Addr, Timeout: time.Second})
 		if err := s.WaitStarted(t.Context()); err != nil {
 			t.Fatal(err)

@@ -10,9 +10,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ratelimitd/ratelimit/harness"
 	"github.com/ratelimitd/ratelimit/src/limiter"
 	"github.com/ratelimitd/ratelimit/src/rules"
-	"github.com/ratelimitd/ratelimit/src/store/storetest"
 )
 
 // hitOnce sends one single-op batch on key and returns the error.
@@ -32,14 +32,14 @@ func hitOnce(ctx context.Context, s *Store, key string, alg rules.Algorithm) err
 func TestOutage(t *testing.T) {
 	tests := []struct {
 		name string
-		opts storetest.RedisOptions
+		opts harness.RedisOptions
 	}{
-		{"tcp", storetest.RedisOptions{}},
-		{"tls", storetest.RedisOptions{TLS: true}},
+		{"tcp", harness.RedisOptions{}},
+		{"tls", harness.RedisOptions{TLS: true}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			srv := storetest.StartRedis(t, tt.opts)
+			srv := harness.StartRedis(t, tt.opts)
 			cfg := Config{
 				URL:                         srv.Addr,
 				Timeout:                     500 * time.Millisecond,
@@ -55,7 +55,7 @@ func TestOutage(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			storetest.WaitFor(t, 5*time.Second, "healthy at start", s.Healthy)
+			harness.WaitFor(t, 5*time.Second, "healthy at start", s.Healthy)
 
 			var (
 				mu       sync.Mutex
@@ -117,7 +117,7 @@ func TestOutage(t *testing.T) {
 			if err := srv.Stop(); err != nil {
 				t.Fatal(err)
 			}
-			storetest.WaitFor(t, 3*time.Second, "unhealthy while down", func() bool { return !s.Healthy() })
+			harness.WaitFor(t, 3*time.Second, "unhealthy while down", func() bool { return !s.Healthy() })
 			time.Sleep(500 * time.Millisecond)
 			if err := srv.Start(); err != nil {
 				t.Fatal(err)
@@ -125,7 +125,7 @@ func TestOutage(t *testing.T) {
 			mu.Lock()
 			down, upSince = false, time.Now()
 			mu.Unlock()
-			storetest.WaitFor(t, 3*time.Second, "healthy again", s.Healthy)
+			harness.WaitFor(t, 3*time.Second, "healthy again", s.Healthy)
 			time.Sleep(300 * time.Millisecond)
 			close(stop)
 			wg.Wait()
@@ -169,7 +169,7 @@ func TestOutage(t *testing.T) {
 			if err := hitOnce(t.Context(), s, "closed", rules.FixedWindow); !errors.Is(err, limiter.ErrUnavailable) {
 				t.Errorf("Do after Close = %v, want ErrUnavailable", err)
 			}
-			storetest.CheckGoroutines(t, goroutines)
+			harness.CheckGoroutines(t, goroutines)
 		})
 	}
 }
@@ -179,7 +179,7 @@ func TestOutage(t *testing.T) {
 // answers; without the active check it then stays healthy through an outage.
 func TestStartsWithRedisDown(t *testing.T) {
 	t.Parallel()
-	srv := storetest.StartRedis(t, storetest.RedisOptions{})
+	srv := harness.StartRedis(t, harness.RedisOptions{})
 	if err := srv.Stop(); err != nil {
 		t.Fatal(err)
 	}
@@ -232,7 +232,7 @@ func TestStartsWithRedisDown(t *testing.T) {
 // ErrUnavailable at that deadline, not at the store's timeout.
 func TestDeadline(t *testing.T) {
 	t.Parallel()
-	srv := storetest.StartRedis(t, storetest.RedisOptions{})
+	srv := harness.StartRedis(t, harness.RedisOptions{})
 	s := newStore(t, Config{URL: srv.Addr, Timeout: 5 * time.Second, PoolSize: 1})
 	if err := hitOnce(t.Context(), s, "warm", rules.FixedWindow); err != nil {
 		t.Fatal(err)

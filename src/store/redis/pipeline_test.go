@@ -10,9 +10,9 @@ import (
 	"testing/synctest"
 	"time"
 
+	"github.com/ratelimitd/ratelimit/harness"
 	"github.com/ratelimitd/ratelimit/src/limiter"
 	"github.com/ratelimitd/ratelimit/src/rules"
-	"github.com/ratelimitd/ratelimit/src/store/storetest"
 )
 
 // hammer sends goroutines × requests single-op batches over keys distinct
@@ -47,7 +47,7 @@ func hammer(t *testing.T, s *Store, goroutines, requests, keys int, alg rules.Al
 // takes more than one.
 func TestPipelining(t *testing.T) {
 	t.Parallel()
-	srv := storetest.StartRedis(t, storetest.RedisOptions{})
+	srv := harness.StartRedis(t, harness.RedisOptions{})
 
 	t.Run("coalesces_under_concurrency", func(t *testing.T) {
 		s := newStore(t, Config{URL: srv.Addr, PoolSize: 4})
@@ -145,8 +145,8 @@ func TestPipelining(t *testing.T) {
 // others to the main one, in one Do.
 func TestPerSecond(t *testing.T) {
 	t.Parallel()
-	main := storetest.StartRedis(t, storetest.RedisOptions{})
-	second := storetest.StartRedis(t, storetest.RedisOptions{Password: "ps"})
+	main := harness.StartRedis(t, harness.RedisOptions{})
+	second := harness.StartRedis(t, harness.RedisOptions{Password: "ps"})
 	s := newStore(t, Config{URL: main.Addr, PerSecond: &Config{URL: second.Addr, Auth: "ps"}})
 	b := &limiter.Batch{Now: time.Now(), Ops: []limiter.Op{
 		{Key: "ps_minute", Limit: 20, Window: time.Minute, Hits: 3},
@@ -175,7 +175,7 @@ func TestPerSecond(t *testing.T) {
 		{"ps_minute", true}, {"ps_second", false}, {"ps_second_tb" + stateSuffix, false}, {"ps_minute_sl" + stateSuffix, true},
 	}
 	for _, w := range where {
-		for _, srv := range []*storetest.RedisServer{main, second} {
+		for _, srv := range []*harness.RedisServer{main, second} {
 			n, err := srv.Do(t.Context(), "EXISTS", w.key)
 			if err != nil {
 				t.Fatal(err)

@@ -9,9 +9,9 @@ import (
 
 	goredis "github.com/redis/go-redis/v9"
 
+	"github.com/ratelimitd/ratelimit/harness"
 	"github.com/ratelimitd/ratelimit/src/limiter"
 	"github.com/ratelimitd/ratelimit/src/quota"
-	"github.com/ratelimitd/ratelimit/src/store/storetest"
 )
 
 var quotaEpoch = time.Date(2026, 7, 1, 0, 0, 0, 0, time.UTC)
@@ -53,7 +53,7 @@ func quotaCommit(t *testing.T, s *Store, r quota.CommitRequest) error {
 // and the new owner resumes from the state.
 func TestQuotaShare(t *testing.T) {
 	t.Parallel()
-	srv := storetest.StartRedis(t, storetest.RedisOptions{})
+	srv := harness.StartRedis(t, harness.RedisOptions{})
 	s := newStore(t, Config{URL: srv.Addr})
 	const pool = "web\x00tenant=acme"
 	now := quotaEpoch
@@ -149,7 +149,7 @@ func TestQuotaShare(t *testing.T) {
 // started; after Redis lost its data, they start again.
 func TestQuotaStarted(t *testing.T) {
 	t.Parallel()
-	srv := storetest.StartRedis(t, storetest.RedisOptions{})
+	srv := harness.StartRedis(t, harness.RedisOptions{})
 	s := newStore(t, Config{URL: srv.Addr})
 	first, err := s.QuotaStarted(t.Context(), "", quotaEpoch)
 	if err != nil || !first.Equal(quotaEpoch) {
@@ -180,7 +180,7 @@ func TestQuotaStarted(t *testing.T) {
 // with an error that says so, quickly.
 func TestQuotaShareUnavailable(t *testing.T) {
 	t.Parallel()
-	srv := storetest.StartRedis(t, storetest.RedisOptions{})
+	srv := harness.StartRedis(t, harness.RedisOptions{})
 	s := newStore(t, Config{URL: srv.Addr, Timeout: time.Second})
 	if err := s.WaitStarted(t.Context()); err != nil {
 		t.Fatal(err)

@@ -4,9 +4,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ratelimitd/ratelimit/harness"
 	"github.com/ratelimitd/ratelimit/src/limiter"
 	"github.com/ratelimitd/ratelimit/src/rules"
-	"github.com/ratelimitd/ratelimit/src/store/storetest"
 )
 
 // TestRefundKeys: a refund of a key never hit makes no key in Redis (the
@@ -15,7 +15,7 @@ import (
 // would have.
 func TestRefundKeys(t *testing.T) {
 	t.Parallel()
-	srv := storetest.StartRedis(t, storetest.RedisOptions{})
+	srv := harness.StartRedis(t, harness.RedisOptions{})
 	s := newStore(t, Config{URL: srv.Addr})
 	now := time.Now()
 	do := func(op limiter.Op) limiter.Result {

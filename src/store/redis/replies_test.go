@@ -18,9 +18,9 @@ import (
 	goredis "github.com/redis/go-redis/v9"
 	"github.com/redis/go-redis/v9/maintnotifications"
 
+	"github.com/ratelimitd/ratelimit/harness"
 	"github.com/ratelimitd/ratelimit/src/limiter"
 	"github.com/ratelimitd/ratelimit/src/rules"
-	"github.com/ratelimitd/ratelimit/src/store/storetest"
 )
 
 // fakeRedis is a RESP server on a loopback port: it answers the store's
@@ -42,7 +42,7 @@ type fakeRedis struct {
 func startFakeRedis(t *testing.T) *fakeRedis {
 	t.Helper()
 	f := &fakeRedis{}
-	f.addr = storetest.ServeLoopback(t, func(c net.Conn) {
+	f.addr = harness.ServeLoopback(t, func(c net.Conn) {
 		f.conns.Add(1)
 		f.serve(c)
 	})

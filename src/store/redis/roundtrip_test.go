@@ -6,9 +6,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ratelimitd/ratelimit/harness"
 	"github.com/ratelimitd/ratelimit/src/limiter"
 	"github.com/ratelimitd/ratelimit/src/rules"
-	"github.com/ratelimitd/ratelimit/src/store/storetest"
 )
 
 // TestRoundTripObserver: Config.RoundTrip sees every pipeline that Redis
@@ -16,7 +16,7 @@ import (
 // a duration bounded by the wall time around it.
 func TestRoundTripObserver(t *testing.T) {
 	t.Parallel()
-	srv := storetest.StartRedis(t, storetest.RedisOptions{})
+	srv := harness.StartRedis(t, harness.RedisOptions{})
 	var (
 		mu       sync.Mutex
 		commands []int

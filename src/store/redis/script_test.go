@@ -6,9 +6,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ratelimitd/ratelimit/harness"
 	"github.com/ratelimitd/ratelimit/src/limiter"
 	"github.com/ratelimitd/ratelimit/src/rules"
-	"github.com/ratelimitd/ratelimit/src/store/storetest"
 )
 
 // pure is one key's state under the limiter's pure functions.
@@ -40,7 +40,7 @@ func (p *pure) apply(now time.Time, op limiter.Op) limiter.Result {
 // storetest suite covers small windows and every decision path.)
 func TestScriptLargeValues(t *testing.T) {
 	t.Parallel()
-	srv := storetest.StartRedis(t, storetest.RedisOptions{})
+	srv := harness.StartRedis(t, harness.RedisOptions{})
 	s := newStore(t, Config{URL: srv.Addr, scriptClock: true})
 	rng := rand.New(rand.NewPCG(1, 2))
 	windows := []time.Duration{

@@ -6,9 +6,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ratelimitd/ratelimit/harness"
 	"github.com/ratelimitd/ratelimit/src/limiter"
 	"github.com/ratelimitd/ratelimit/src/rules"
-	"github.com/ratelimitd/ratelimit/src/store/storetest"
 )
 
 // TestSlidingLogExpiryIsBounded fills a sliding log with rules.MaxSlidingLog
@@ -18,7 +18,7 @@ import (
 // decision is also held to the pure function.
 func TestSlidingLogExpiryIsBounded(t *testing.T) {
 	t.Parallel()
-	srv := storetest.StartRedis(t, storetest.RedisOptions{})
+	srv := harness.StartRedis(t, harness.RedisOptions{})
 	s := newStore(t, Config{URL: srv.Addr, scriptClock: true})
 
 	const (
@@ -94,7 +94,7 @@ func TestSlidingLogExpiryIsBounded(t *testing.T) {
 
 // redisTime runs f, which sends one script call to srv, and returns the time
 // that call took inside Redis, from SLOWLOG. srv must serve only this test.
-func redisTime(t *testing.T, srv *storetest.RedisServer, f func()) time.Duration {
+func redisTime(t *testing.T, srv *harness.RedisServer, f func()) time.Duration {
 	t.Helper()
 	for _, cmd := range [][]string{
 		{"CONFIG", "SET", "slowlog-log-slower-than", "0"},

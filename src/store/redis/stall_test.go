@@ -11,12 +11,12 @@ import (
 	"testing"
 	"time"
 
-	"github.com/ratelimitd/ratelimit/src/store/storetest"
+	"github.com/ratelimitd/ratelimit/harness"
 )
 
 // dialStall dials srv and bounds the connection's silences by stall and
 // the pace p (nil: stall alone).
-func dialStall(t *testing.T, srv *storetest.RedisServer, stall time.Duration, p *pace) (*stallConn, syscall.RawConn) {
+func dialStall(t *testing.T, srv *harness.RedisServer, stall time.Duration, p *pace) (*stallConn, syscall.RawConn) {
 	t.Helper()
 	raw, err := net.Dial("tcp", srv.Addr)
 	if err != nil {
@@ -38,12 +38,12 @@ const ping = "*1\r\n$4\r\nPING\r\n"
 // for a frozen one).
 func TestStallLateReaderIsNoSilence(t *testing.T) {
 	t.Parallel()
-	srv := storetest.StartRedis(t, storetest.RedisOptions{})
+	srv := harness.StartRedis(t, harness.RedisOptions{})
 	c, rc := dialStall(t, srv, 50*time.Millisecond, nil)
 	if _, err := c.Write([]byte(ping)); err != nil {
 		t.Fatal(err)
 	}
-	storetest.WaitFor(t, 10*time.Second, "the reply in the kernel", func() bool { return heard(rc) })
+	harness.WaitFor(t, 10*time.Second, "the reply in the kernel", func() bool { return heard(rc) })
 	// The reader comes a second after the write: far past the bound.
 	c.last = c.last.Add(-time.Second)
 	if err := c.SetReadDeadline(time.Now().Add(time.Minute)); err != nil {
@@ -61,7 +61,7 @@ func TestStallLateReaderIsNoSilence(t *testing.T) {
 // so does one on a connection that owes nothing.
 func TestStallFrozenServer(t *testing.T) {
 	t.Parallel()
-	srv := storetest.StartRedis(t, storetest.RedisOptions{})
+	srv := harness.StartRedis(t, harness.RedisOptions{})
 	const stall = 100 * time.Millisecond
 	c, _ := dialStall(t, srv, stall, nil)
 	if err := srv.Freeze(); err != nil {
@@ -135,7 +135,7 @@ func TestStallOff(t *testing.T) {
 // connection does not wait for the store's timeout.
 func TestStallTLSHandshake(t *testing.T) {
 	t.Parallel()
-	srv := storetest.StartRedis(t, storetest.RedisOptions{TLS: true})
+	srv := harness.StartRedis(t, harness.RedisOptions{TLS: true})
 	if err := srv.Freeze(); err != nil {
 		t.Fatal(err)
 	}
@@ -203,7 +203,7 @@ func TestStallFollowsThePace(t *testing.T) {
 		quiet = 4 * stall // the silence
 	)
 	for _, slowLately := range []bool{true, false} {
-		srv := storetest.StartRedis(t, storetest.RedisOptions{})
+		srv := harness.StartRedis(t, harness.RedisOptions{})
 		var p pace
 		if slowLately {
 			p.observe(10*quiet, time.Now()) // a bound of 40 times the silence

@@ -3,6 +3,7 @@ package redis
 import (
 	"testing"
 
+	"github.com/ratelimitd/ratelimit/harness"
 	"github.com/ratelimitd/ratelimit/src/limiter"
 	"github.com/ratelimitd/ratelimit/src/rules"
 	"github.com/ratelimitd/ratelimit/src/store/storetest"
@@ -30,7 +31,7 @@ func serverClock(a rules.Algorithm) storetest.Clock {
 
 func TestStore(t *testing.T) {
 	t.Parallel()
-	srv := storetest.StartRedis(t, storetest.RedisOptions{})
+	srv := harness.StartRedis(t, harness.RedisOptions{})
 	t.Run("knows_one_server", func(t *testing.T) {
 		t.Parallel()
 		s := newStore(t, Config{URL: srv.Addr})

@@ -11,17 +11,16 @@ import (
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	tracepb "go.opentelemetry.io/proto/otlp/trace/v1"
 
+	"github.com/ratelimitd/ratelimit/harness"
 	"github.com/ratelimitd/ratelimit/src/limiter"
 	"github.com/ratelimitd/ratelimit/src/rules"
-	"github.com/ratelimitd/ratelimit/src/server/otlptest"
-	"github.com/ratelimitd/ratelimit/src/store/storetest"
 )
 
 // newTracer returns a tracer that exports each span as it ends over
 // OTLP/gRPC to a real receiver.
-func newTracer(t *testing.T) (*sdktrace.TracerProvider, *otlptest.Receiver) {
+func newTracer(t *testing.T) (*sdktrace.TracerProvider, *harness.OTLPReceiver) {
 	t.Helper()
-	rcv := otlptest.Start(t)
+	rcv := harness.StartOTLP(t)
 	exp, err := otlptracegrpc.New(t.Context(), otlptracegrpc.WithEndpoint(rcv.GRPCAddr), otlptracegrpc.WithInsecure())
 	if err != nil {
 		t.Fatal(err)
@@ -37,8 +36,8 @@ func newTracer(t *testing.T) (*sdktrace.TracerProvider, *otlptest.Receiver) {
 // is not recorded adds none.
 func TestRoundTripSpans(t *testing.T) {
 	t.Parallel()
-	main := storetest.StartRedis(t, storetest.RedisOptions{})
-	second := storetest.StartRedis(t, storetest.RedisOptions{})
+	main := harness.StartRedis(t, harness.RedisOptions{})
+	second := harness.StartRedis(t, harness.RedisOptions{})
 	tp, rcv := newTracer(t)
 	s := newStore(t, Config{URL: main.Addr, PerSecond: &Config{URL: second.Addr}, Tracer: tp.Tracer("redis")})
 
@@ -120,7 +119,7 @@ func TestRoundTripSpanOfAFailure(t *testing.T) {
 	if !errors.Is(err, limiter.ErrUnavailable) {
 		t.Fatalf("Do with Redis down = %v, want ErrUnavailable", err)
 	}
-	sp := rcv.WaitSpans(t, 1, 10*time.Second, func(s otlptest.Span) bool { return s.Name == "redis pipeline" })[0]
+	sp := rcv.WaitSpans(t, 1, 10*time.Second, func(s harness.Span) bool { return s.Name == "redis pipeline" })[0]
 	if sp.StatusCode != tracepb.Status_STATUS_CODE_ERROR {
 		t.Errorf("span of a failed round trip: status %v, want error", sp.StatusCode)
 	}

@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ratelimitd/ratelimit/harness"
 	"github.com/ratelimitd/ratelimit/src/limiter"
 	"github.com/ratelimitd/ratelimit/src/rules"
 	"github.com/ratelimitd/ratelimit/src/store/storetest"
@@ -20,7 +21,7 @@ func TestTwemproxy(t *testing.T) {
 
 	t.Run("suite", func(t *testing.T) {
 		t.Parallel()
-		proxy := storetest.StartTwemproxy(t, storetest.StartRedis(t, storetest.RedisOptions{}))
+		proxy := harness.StartTwemproxy(t, harness.StartRedis(t, harness.RedisOptions{}))
 		storetest.Run(t, func(t *testing.T) limiter.Store {
 			return newStore(t, Config{URL: proxy.Addr})
 		}, storetest.Options{Clock: serverClock, GroupsOneByOne: true})
@@ -32,11 +33,11 @@ func TestTwemproxy(t *testing.T) {
 	// SCRIPT LOAD).
 	t.Run("sharded", func(t *testing.T) {
 		t.Parallel()
-		backends := []*storetest.RedisServer{
-			storetest.StartRedis(t, storetest.RedisOptions{}),
-			storetest.StartRedis(t, storetest.RedisOptions{}),
+		backends := []*harness.RedisServer{
+			harness.StartRedis(t, harness.RedisOptions{}),
+			harness.StartRedis(t, harness.RedisOptions{}),
 		}
-		proxy := storetest.StartTwemproxy(t, backends...)
+		proxy := harness.StartTwemproxy(t, backends...)
 		s := newStore(t, Config{URL: proxy.Addr})
 		if err := s.WaitStarted(t.Context()); err != nil {
 			t.Fatal(err)
@@ -178,7 +179,7 @@ func TestIsHello(t *testing.T) {
 
 // keysOnTwoServers returns two fixed-window keys that twemproxy put on
 // different servers, each hit once through s.
-func keysOnTwoServers(t *testing.T, s *Store, backends []*storetest.RedisServer) (string, string) {
+func keysOnTwoServers(t *testing.T, s *Store, backends []*harness.RedisServer) (string, string) {
 	t.Helper()
 	where := map[int]string{}
 	for i := 0; len(where) < 2; i++ {

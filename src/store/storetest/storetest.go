@@ -1,12 +1,8 @@
 // Package storetest is the behavioural suite that every limiter.Store passes
-// (Run), and the launchers of the real servers it runs against (the redis*
-// files start redis-server, Sentinel and Cluster on free loopback ports). The
-// suite holds each store to the limiter's pure functions, so the memory store
-// and the Redis and Memcached scripts cannot drift apart. It also holds the
-// helpers the stores' own tests share (WaitFor, CheckGoroutines, CPUMeter),
-// and Proxy, a TCP proxy that puts network faults between a client and a
-// server.
-// It knows nothing of any store's internals.
+// (Run, RunLists). The suite holds each store to the limiter's pure
+// functions, so the memory store and the Redis and Memcached scripts cannot
+// drift apart. The real servers it runs against are started by
+// harness/. It knows nothing of any store's internals.
 package storetest
 
 import (

@@ -16,7 +16,7 @@ import (
 
 	"github.com/bradfitz/gomemcache/memcache"
 
-	"github.com/ratelimitd/ratelimit/src/store/storetest"
+	"github.com/ratelimitd/ratelimit/harness"
 )
 
 // testClient returns a client of srv (more servers: sharded) with cfg's
@@ -92,7 +92,7 @@ func (cc *closeCounted) Close() error {
 // memcached, misses and conflicts included.
 func TestClientCommands(t *testing.T) {
 	t.Parallel()
-	srv := storetest.StartMemcached(t)
+	srv := harness.StartMemcached(t)
 	c := testClient(t, Config{Conns: 2}, nil, srv.Addr)
 	ctx := t.Context()
 
@@ -170,7 +170,7 @@ func TestClientCommands(t *testing.T) {
 // were pipelined: fewer writes than requests.
 func TestClientPipelineOrder(t *testing.T) {
 	t.Parallel()
-	srv := storetest.StartMemcached(t)
+	srv := harness.StartMemcached(t)
 	var writes atomic.Int64
 	c := testClient(t, Config{Conns: 1}, &writes, srv.Addr)
 	const workers, rounds = 32, 200
@@ -252,14 +252,14 @@ func TestClientPicksAsGomemcache(t *testing.T) {
 // TestClientShards checks that requests reach the server of their key.
 func TestClientShards(t *testing.T) {
 	t.Parallel()
-	a, b := storetest.StartMemcached(t), storetest.StartMemcached(t)
+	a, b := harness.StartMemcached(t), harness.StartMemcached(t)
 	c := testClient(t, Config{Conns: 2}, nil, a.Addr, b.Addr)
 	for i := range 50 {
 		if err := c.Add(t.Context(), "shard_"+strconv.Itoa(i), []byte("1"), 60); err != nil {
 			t.Fatal(err)
 		}
 	}
-	for _, srv := range []*storetest.MemcachedServer{a, b} {
+	for _, srv := range []*harness.MemcachedServer{a, b} {
 		stats, err := srv.Stats(t.Context())
 		if err != nil {
 			t.Fatal(err)
@@ -281,7 +281,7 @@ func TestClientShards(t *testing.T) {
 // when frozen (the late connection is closed); requests meanwhile fail
 // without waiting; and the client works again once memcached is back.
 func TestClientOutage(t *testing.T) {
-	srv := storetest.StartMemcached(t)
+	srv := harness.StartMemcached(t)
 	const timeout = 300 * time.Millisecond
 	goroutines := runtime.NumGoroutine()
 	c := New(Config{Dial: (&net.Dialer{Timeout: timeout}).DialContext, Conns: 2, MaxQueue: 1024, Timeout: timeout})
@@ -355,7 +355,7 @@ func TestClientOutage(t *testing.T) {
 				t.Logf("add after restart: %v", err)
 			}
 		}
-		storetest.WaitFor(t, 5*time.Second, outage.name+": answering again", func() bool {
+		harness.WaitFor(t, 5*time.Second, outage.name+": answering again", func() bool {
 			_, err := c.Incr(t.Context(), "outage_n", 1)
 			if errors.Is(err, ErrCacheMiss) {
 				_ = c.Add(t.Context(), "outage_n", []byte("0"), 60)
@@ -372,7 +372,7 @@ func TestClientOutage(t *testing.T) {
 	if err := c.Close(); err != nil {
 		t.Fatal(err)
 	}
-	storetest.CheckGoroutines(t, goroutines)
+	harness.CheckGoroutines(t, goroutines)
 }
 
 // TestClientDeadline freezes memcached: a request whose ctx ends first
@@ -380,7 +380,7 @@ func TestClientOutage(t *testing.T) {
 // connection is closed at Timeout and its requests fail.
 func TestClientDeadline(t *testing.T) {
 	t.Parallel()
-	srv := storetest.StartMemcached(t)
+	srv := harness.StartMemcached(t)
 	const timeout = 400 * time.Millisecond
 	c := testClient(t, Config{Conns: 1, Timeout: timeout}, nil, srv.Addr)
 	if err := c.Ping(t.Context()); err != nil {
@@ -414,7 +414,7 @@ func TestClientDeadline(t *testing.T) {
 // request fails at once with ErrQueueFull, and is counted.
 func TestClientQueueBound(t *testing.T) {
 	t.Parallel()
-	srv := storetest.StartMemcached(t)
+	srv := harness.StartMemcached(t)
 	c := testClient(t, Config{Conns: 2, MaxQueue: 4, Timeout: 2 * time.Second}, nil, srv.Addr)
 	if err := c.Ping(t.Context()); err != nil {
 		t.Fatal(err)
@@ -426,7 +426,7 @@ func TestClientQueueBound(t *testing.T) {
 	for i := range 4 {
 		wg.Go(func() { _, _ = c.Incr(t.Context(), "queue_"+strconv.Itoa(i), 1) })
 	}
-	storetest.WaitFor(t, 2*time.Second, "4 requests queued", func() bool {
+	harness.WaitFor(t, 2*time.Second, "4 requests queued", func() bool {
 		c.mu.RLock()
 		defer c.mu.RUnlock()
 		return c.servers[0].queued.Load() == 4
@@ -452,7 +452,7 @@ func TestClientQueueBound(t *testing.T) {
 // after close fail.
 func TestClientCloseDrains(t *testing.T) {
 	t.Parallel()
-	srv := storetest.StartMemcached(t)
+	srv := harness.StartMemcached(t)
 	c := testClient(t, Config{Conns: 1, Timeout: 2 * time.Second}, nil, srv.Addr)
 	if err := c.Add(t.Context(), "drain_n", []byte("0"), 60); err != nil {
 		t.Fatal(err)
@@ -471,7 +471,7 @@ func TestClientCloseDrains(t *testing.T) {
 			answered.Add(1)
 		})
 	}
-	storetest.WaitFor(t, 2*time.Second, "8 requests queued", func() bool {
+	harness.WaitFor(t, 2*time.Second, "8 requests queued", func() bool {
 		return c.servers[0].queued.Load() == 8
 	})
 	closed := make(chan struct{})
@@ -525,7 +525,7 @@ const benchIdleConns = 64
 // memcached, in the same run: ns/op is the throughput, cpu-ns/op the CPU
 // of this process (callers and client) per incr.
 func BenchmarkClientIncr(b *testing.B) {
-	srv := storetest.StartMemcached(b)
+	srv := harness.StartMemcached(b)
 	const keys = 10_000
 	names := make([]string, keys)
 	for i := range names {
@@ -575,7 +575,7 @@ func BenchmarkClientIncr(b *testing.B) {
 // and that a deep queue there sends the next request to the second.
 func TestClientPrefersFirstConn(t *testing.T) {
 	t.Parallel()
-	srv := storetest.StartMemcached(t)
+	srv := harness.StartMemcached(t)
 	var dials atomic.Int64
 	d := &net.Dialer{Timeout: time.Second}
 	c := testClient(t, Config{Conns: 2, Dial: func(ctx context.Context, network, addr string) (net.Conn, error) {
@@ -634,7 +634,7 @@ func TestClientPrefersFirstConn(t *testing.T) {
 // queue, where the yielding goroutine went, first (about one round in
 // four); the bound leaves room for that.
 func TestClientYieldSharesWrite(t *testing.T) {
-	srv := storetest.StartMemcached(t)
+	srv := harness.StartMemcached(t)
 	var writes atomic.Int64
 	c := testClient(t, Config{Conns: 1}, &writes, srv.Addr)
 	ctx := t.Context()
@@ -667,7 +667,7 @@ func TestClientYieldSharesWrite(t *testing.T) {
 // which is up, rather than failing with the first's error.
 func TestClientPassesOverDownConn(t *testing.T) {
 	t.Parallel()
-	srv := storetest.StartMemcached(t)
+	srv := harness.StartMemcached(t)
 	var (
 		mu     sync.Mutex
 		opened []net.Conn
@@ -699,7 +699,7 @@ func TestClientPassesOverDownConn(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	storetest.WaitFor(t, 5*time.Second, "the first connection down", func() bool { return !s.conns[0].up.Load() })
+	harness.WaitFor(t, 5*time.Second, "the first connection down", func() bool { return !s.conns[0].up.Load() })
 	if err := c.Add(ctx, "down", []byte("0"), 60); err != nil {
 		t.Fatal(err)
 	}
@@ -716,7 +716,7 @@ func TestClientPassesOverDownConn(t *testing.T) {
 // from redialMin, not from where the earlier outage left it.
 func TestClientBackoffResetsOnAnswer(t *testing.T) {
 	t.Parallel()
-	srv := storetest.StartMemcached(t)
+	srv := harness.StartMemcached(t)
 	c := testClient(t, Config{Conns: 1, Timeout: 100 * time.Millisecond}, nil, srv.Addr)
 	ctx := t.Context()
 	if err := c.Ping(ctx); err != nil {
@@ -746,7 +746,7 @@ func TestClientBackoffResetsOnAnswer(t *testing.T) {
 	if err := srv.Thaw(); err != nil {
 		t.Fatal(err)
 	}
-	storetest.WaitFor(t, 5*time.Second, "an answer after the thaw", func() bool { return c.Ping(ctx) == nil })
+	harness.WaitFor(t, 5*time.Second, "an answer after the thaw", func() bool { return c.Ping(ctx) == nil })
 	if err := srv.Freeze(); err != nil {
 		t.Fatal(err)
 	}
@@ -819,7 +819,7 @@ func TestIdleConnectionsPastIdleAreClosed(t *testing.T) {
 	for _, idle := range []int{1, 2} {
 		t.Run(fmt.Sprint("idle_", idle), func(t *testing.T) {
 			t.Parallel()
-			srv := storetest.StartMemcached(t)
+			srv := harness.StartMemcached(t)
 			var counter connCounter
 			d := &net.Dialer{Timeout: 10 * time.Second}
 			c := testClient(t, Config{Conns: 2, Idle: idle, Timeout: 10 * time.Second, Dial: counter.wrap(d.DialContext)}, nil, srv.Addr)
@@ -844,13 +844,13 @@ func TestIdleConnectionsPastIdleAreClosed(t *testing.T) {
 					}
 				})
 			}
-			storetest.WaitFor(t, 10*time.Second, "a second connection", func() bool { return counter.open.Load() == 2 })
+			harness.WaitFor(t, 10*time.Second, "a second connection", func() bool { return counter.open.Load() == 2 })
 			if err := srv.Thaw(); err != nil {
 				t.Fatal(err)
 			}
 			wg.Wait()
 			if idle == 1 {
-				storetest.WaitFor(t, 5*time.Second, "the connection past Idle closed", func() bool { return counter.open.Load() == 1 })
+				harness.WaitFor(t, 5*time.Second, "the connection past Idle closed", func() bool { return counter.open.Load() == 1 })
 			} else {
 				time.Sleep(100 * time.Millisecond)
 				if n := counter.open.Load(); n != 2 {

@@ -1,20 +1,14 @@
-// Package xdstest runs a real xDS management server for tests: the
-// go-control-plane server and snapshot cache that Envoy Gateway serves its
-// rate-limit rules with, on a loopback port, in plaintext or with mutual
-// TLS. Tests set snapshots of RateLimitConfig resources and read the
-// requests the server received, ACKs and NACKs included.
-//
-// It is for tests only; the service never imports it.
-package xdstest
+// A real xDS management server for tests (StartXDS): the go-control-plane
+// server and snapshot cache that Envoy Gateway serves its rate-limit rules
+// with, on a loopback port, in plaintext or with mutual TLS. Tests set
+// snapshots of RateLimitConfig resources and read the requests the server
+// received, ACKs and NACKs included.
+
+package harness
 
 import (
 	"context"
-	"crypto/tls"
-	"crypto/x509"
-	"errors"
-	"fmt"
 	"net"
-	"os"
 	"strconv"
 	"sync"
 	"testing"
@@ -32,20 +26,20 @@ import (
 	"google.golang.org/protobuf/proto"
 )
 
-// Options says how to run a Server.
-type Options struct {
+// XDSOptions says how to run an XDSServer.
+type XDSOptions struct {
 	// TLS serves TLS 1.3 only and requires a client certificate signed by
 	// the generated CA, as Envoy Gateway's rate-limit xDS server does.
 	TLS bool
 }
 
-// Server is a running xDS management server. Its methods are safe for
+// XDSServer is a running xDS management server. Its methods are safe for
 // concurrent use.
-type Server struct {
+type XDSServer struct {
 	// Addr is the server's loopback host:port. It stays the same across
 	// Stop and Restart.
 	Addr string
-	// TLS names the generated certificate files when Options.TLS is set;
+	// TLS names the generated certificate files when XDSOptions.TLS is set;
 	// nil otherwise.
 	TLS *TLSFiles
 
@@ -57,25 +51,25 @@ type Server struct {
 	grpc     *grpc.Server
 	served   chan struct{}
 	version  int
-	requests []Request
+	requests []XDSRequest
 	opened   int
 	changed  chan struct{} // closed and replaced at each request
 }
 
-// Request is one DiscoveryRequest the server received, with the gRPC
+// XDSRequest is one DiscoveryRequest the server received, with the gRPC
 // metadata of its stream.
-type Request struct {
+type XDSRequest struct {
 	*discoveryv3.DiscoveryRequest
 	Metadata metadata.MD
 }
 
 // NACK reports whether the request refused an update.
-func (r Request) NACK() bool { return r.GetErrorDetail() != nil }
+func (r XDSRequest) NACK() bool { return r.GetErrorDetail() != nil }
 
-// Start runs a server on a free loopback port until the test ends.
-func Start(tb testing.TB, opts Options) *Server {
+// StartXDS runs a server on a free loopback port until the test ends.
+func StartXDS(tb testing.TB, opts XDSOptions) *XDSServer {
 	tb.Helper()
-	s := &Server{changed: make(chan struct{})}
+	s := &XDSServer{changed: make(chan struct{})}
 	if opts.TLS {
 		files, err := WriteTLS(tb.TempDir(), "localhost", "xds.test")
 		if err != nil {
@@ -101,7 +95,7 @@ func Start(tb testing.TB, opts Options) *Server {
 }
 
 // serve starts a gRPC server on ln with a fresh xDS server on the cache.
-func (s *Server) serve(ln net.Listener) {
+func (s *XDSServer) serve(ln net.Listener) {
 	var opts []grpc.ServerOption
 	if s.creds != nil {
 		opts = append(opts, grpc.Creds(s.creds))
@@ -132,7 +126,7 @@ func (s *Server) serve(ln net.Listener) {
 // the metadata.)
 type recorder struct {
 	discoveryv3.AggregatedDiscoveryServiceServer
-	s *Server
+	s *XDSServer
 }
 
 func (r recorder) StreamAggregatedResources(stream discoveryv3.AggregatedDiscoveryService_StreamAggregatedResourcesServer) error {
@@ -142,7 +136,7 @@ func (r recorder) StreamAggregatedResources(stream discoveryv3.AggregatedDiscove
 
 type recordingStream struct {
 	discoveryv3.AggregatedDiscoveryService_StreamAggregatedResourcesServer
-	s  *Server
+	s  *XDSServer
 	md metadata.MD
 }
 
@@ -150,7 +144,7 @@ func (r recordingStream) Recv() (*discoveryv3.DiscoveryRequest, error) {
 	req, err := r.AggregatedDiscoveryService_StreamAggregatedResourcesServer.Recv()
 	if err == nil {
 		r.s.mu.Lock()
-		r.s.requests = append(r.s.requests, Request{proto.Clone(req).(*discoveryv3.DiscoveryRequest), r.md})
+		r.s.requests = append(r.s.requests, XDSRequest{proto.Clone(req).(*discoveryv3.DiscoveryRequest), r.md})
 		close(r.s.changed)
 		r.s.changed = make(chan struct{})
 		r.s.mu.Unlock()
@@ -160,7 +154,7 @@ func (r recordingStream) Recv() (*discoveryv3.DiscoveryRequest, error) {
 
 // Stop stops the server and closes every connection at once, as a crashed
 // or restarted management server does. The snapshots stay for Restart.
-func (s *Server) Stop() {
+func (s *XDSServer) Stop() {
 	s.mu.Lock()
 	g, served := s.grpc, s.served
 	s.grpc = nil
@@ -175,7 +169,7 @@ func (s *Server) Stop() {
 // Restart serves again on the same address, with the same snapshots, after
 // Stop. The port may have been taken meanwhile; Restart retries for a
 // while, then fails the test.
-func (s *Server) Restart(tb testing.TB) {
+func (s *XDSServer) Restart(tb testing.TB) {
 	tb.Helper()
 	deadline := time.Now().Add(10 * time.Second)
 	for {
@@ -185,7 +179,7 @@ func (s *Server) Restart(tb testing.TB) {
 			return
 		}
 		if time.Now().After(deadline) {
-			tb.Fatalf("xdstest: restart on %s: %v", s.Addr, err)
+			tb.Fatalf("harness: restart on %s: %v", s.Addr, err)
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
@@ -194,7 +188,7 @@ func (s *Server) Restart(tb testing.TB) {
 // SetConfigs publishes a new snapshot for nodeID holding configs, with the
 // next version ("1", "2", ...), and returns that version. No configs
 // publishes an empty snapshot: no rules at all.
-func (s *Server) SetConfigs(tb testing.TB, nodeID string, configs ...*rlsconfv3.RateLimitConfig) string {
+func (s *XDSServer) SetConfigs(tb testing.TB, nodeID string, configs ...*rlsconfv3.RateLimitConfig) string {
 	tb.Helper()
 	res := make([]types.Resource, len(configs))
 	for i, c := range configs {
@@ -215,14 +209,14 @@ func (s *Server) SetConfigs(tb testing.TB, nodeID string, configs ...*rlsconfv3.
 }
 
 // Requests returns the requests received so far, in order.
-func (s *Server) Requests() []Request {
+func (s *XDSServer) Requests() []XDSRequest {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return append([]Request(nil), s.requests...)
+	return append([]XDSRequest(nil), s.requests...)
 }
 
 // StreamsOpened counts the ADS streams opened so far.
-func (s *Server) StreamsOpened() int {
+func (s *XDSServer) StreamsOpened() int {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.opened
@@ -231,7 +225,7 @@ func (s *Server) StreamsOpened() int {
 // WaitRequest waits until a request received from now on, or already
 // received at index from or later, satisfies ok, and returns it. It fails
 // the test after within.
-func (s *Server) WaitRequest(tb testing.TB, from int, within time.Duration, what string, ok func(Request) bool) Request {
+func (s *XDSServer) WaitRequest(tb testing.TB, from int, within time.Duration, what string, ok func(XDSRequest) bool) XDSRequest {
 	tb.Helper()
 	deadline := time.NewTimer(within)
 	defer deadline.Stop()
@@ -247,47 +241,13 @@ func (s *Server) WaitRequest(tb testing.TB, from int, within time.Duration, what
 		select {
 		case <-changed:
 		case <-deadline.C:
-			tb.Fatalf("xdstest: no %s within %v; requests: %v", what, within, reqs)
-			return Request{}
+			tb.Fatalf("harness: no %s within %v; requests: %v", what, within, reqs)
+			return XDSRequest{}
 		}
 	}
 }
 
 // ACKed reports whether req accepts version for node.
-func ACKed(req Request, node, version string) bool {
+func ACKed(req XDSRequest, node, version string) bool {
 	return req.GetNode().GetId() == node && req.GetVersionInfo() == version && req.GetResponseNonce() != "" && !req.NACK()
-}
-
-// TLSFiles names generated PEM files: a CA, a server certificate for the
-// hosts given to WriteTLS (and 127.0.0.1, ::1), a client certificate, all
-// signed by the CA.
-type TLSFiles struct {
-	CAFile         string
-	ServerCertFile string
-	ServerKeyFile  string
-	ClientCertFile string
-	ClientKeyFile  string
-}
-
-// ServerConfig is the TLS configuration of Envoy Gateway's rate-limit xDS
-// server: TLS 1.3 and a client certificate signed by the CA, required.
-func (f *TLSFiles) ServerConfig() (*tls.Config, error) {
-	cert, err := tls.LoadX509KeyPair(f.ServerCertFile, f.ServerKeyFile)
-	if err != nil {
-		return nil, fmt.Errorf("xdstest: %w", err)
-	}
-	ca, err := os.ReadFile(f.CAFile)
-	if err != nil {
-		return nil, fmt.Errorf("xdstest: %w", err)
-	}
-	pool := x509.NewCertPool()
-	if !pool.AppendCertsFromPEM(ca) {
-		return nil, errors.New("xdstest: no CA certificate")
-	}
-	return &tls.Config{
-		Certificates: []tls.Certificate{cert},
-		ClientAuth:   tls.RequireAndVerifyClientCert,
-		ClientCAs:    pool,
-		MinVersion:   tls.VersionTLS13,
-	}, nil
 }

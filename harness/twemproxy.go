@@ -1,4 +1,4 @@
-package storetest
+package harness
 
 import (
 	"context"
@@ -41,7 +41,7 @@ func LaunchTwemproxy(dir string, backends []*RedisServer) (*Twemproxy, error) {
 		return nil, err
 	}
 	if len(backends) == 0 {
-		return nil, errors.New("storetest: twemproxy needs at least one Redis server")
+		return nil, errors.New("harness: twemproxy needs at least one Redis server")
 	}
 	return launchOnFreePort(func(port int) (*Twemproxy, error) {
 		statsPort, err := freePort()
@@ -61,7 +61,7 @@ func nutcrackerPath() (string, error) {
 	if _, err := os.Stat("/usr/sbin/nutcracker"); err == nil {
 		return "/usr/sbin/nutcracker", nil
 	}
-	return "", errors.New("storetest: nutcracker (twemproxy) not found: run `make servers` (apt-get install nutcracker; brew install twemproxy)")
+	return "", errors.New("harness: nutcracker (twemproxy) not found: run `make servers` (apt-get install nutcracker; brew install twemproxy)")
 }
 
 func (p *Twemproxy) start(bin string, backends []*RedisServer) error {
@@ -75,7 +75,7 @@ func (p *Twemproxy) start(bin string, backends []*RedisServer) error {
 	}
 	path := filepath.Join(p.Dir, fmt.Sprintf("twemproxy-%d.yml", p.statsPort))
 	if err := os.WriteFile(path, []byte(conf.String()), 0o600); err != nil {
-		return fmt.Errorf("storetest: %w", err)
+		return fmt.Errorf("harness: %w", err)
 	}
 	// nutcracker writes its log itself (-o); its stdout is not kept.
 	log := filepath.Join(p.Dir, fmt.Sprintf("twemproxy-%d.log", p.statsPort))

@@ -1,4 +1,4 @@
-package envoyproc
+package harness
 
 import (
 	"os"
@@ -9,11 +9,11 @@ import (
 )
 
 func TestRewrite(t *testing.T) {
-	data, err := os.ReadFile("../../examples/envoy/envoy.yaml")
+	data, err := os.ReadFile("../examples/envoy/envoy.yaml")
 	if err != nil {
 		t.Fatal(err)
 	}
-	out, err := Rewrite(data, map[string]string{"upstream": "127.0.0.1:5001", "ratelimit": "[::1]:5002"})
+	out, err := RewriteBootstrap(data, map[string]string{"upstream": "127.0.0.1:5001", "ratelimit": "[::1]:5002"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -83,13 +83,13 @@ func TestRewrite(t *testing.T) {
 		t.Error("the service's cluster lost its HTTP/2 options")
 	}
 
-	if _, err := Rewrite(data, map[string]string{"upstream": "127.0.0.1:5001"}); err == nil || !strings.Contains(err.Error(), `cluster "ratelimit"`) {
-		t.Errorf("Rewrite without the ratelimit cluster's address: %v, want an error naming it", err)
+	if _, err := RewriteBootstrap(data, map[string]string{"upstream": "127.0.0.1:5001"}); err == nil || !strings.Contains(err.Error(), `cluster "ratelimit"`) {
+		t.Errorf("RewriteBootstrap without the ratelimit cluster's address: %v, want an error naming it", err)
 	}
-	if _, err := Rewrite([]byte("admin: [1"), nil); err == nil {
-		t.Error("Rewrite of YAML that does not parse: no error")
+	if _, err := RewriteBootstrap([]byte("admin: [1"), nil); err == nil {
+		t.Error("RewriteBootstrap of YAML that does not parse: no error")
 	}
-	if _, err := Rewrite([]byte("static_resources: {}"), nil); err == nil {
-		t.Error("Rewrite of a bootstrap without admin: no error")
+	if _, err := RewriteBootstrap([]byte("static_resources: {}"), nil); err == nil {
+		t.Error("RewriteBootstrap of a bootstrap without admin: no error")
 	}
 }

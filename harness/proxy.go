@@ -1,4 +1,4 @@
-package storetest
+package harness
 
 import (
 	"errors"
@@ -61,7 +61,7 @@ func StartProxy(tb testing.TB, target string) *Proxy {
 func LaunchProxy(target string) (*Proxy, error) {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
-		return nil, fmt.Errorf("storetest: proxy: %w", err)
+		return nil, fmt.Errorf("harness: proxy: %w", err)
 	}
 	p := &Proxy{
 		Addr:   ln.Addr().String(),

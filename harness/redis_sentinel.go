@@ -1,4 +1,4 @@
-package storetest
+package harness
 
 import (
 	"context"
@@ -45,7 +45,7 @@ func StartRedisSentinel(tb testing.TB, opts RedisSentinelOptions) *RedisSentinel
 // The caller must call Close.
 func LaunchRedisSentinel(dir string, opts RedisSentinelOptions) (g *RedisSentinel, err error) {
 	if opts.Data.TLS {
-		return nil, errors.New("storetest: TLS is not supported for Sentinel groups")
+		return nil, errors.New("harness: TLS is not supported for Sentinel groups")
 	}
 	g = &RedisSentinel{}
 	defer func() {
@@ -169,7 +169,7 @@ func waitSentinelReady(ctx context.Context, s *RedisServer) error {
 		}
 		select {
 		case <-ctx.Done():
-			return fmt.Errorf("storetest: sentinel %s not ready: %s\n%s", s.Addr, last, s.logTail())
+			return fmt.Errorf("harness: sentinel %s not ready: %s\n%s", s.Addr, last, s.logTail())
 		case <-time.After(100 * time.Millisecond):
 		}
 	}
@@ -209,7 +209,7 @@ func (g *RedisSentinel) Failover(ctx context.Context) error {
 		}
 		select {
 		case <-ctx.Done():
-			return fmt.Errorf("storetest: failover to %s did not complete: %s", want, last)
+			return fmt.Errorf("harness: failover to %s did not complete: %s", want, last)
 		case <-time.After(100 * time.Millisecond):
 		}
 	}

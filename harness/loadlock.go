@@ -1,4 +1,4 @@
-package storetest
+package harness
 
 import (
 	"os"
@@ -19,11 +19,11 @@ func LockLoad(tb testing.TB) {
 	tb.Helper()
 	f, err := os.OpenFile(filepath.Join(os.TempDir(), "ratelimit-load.lock"), os.O_CREATE|os.O_RDWR, 0o600)
 	if err != nil {
-		tb.Fatalf("storetest: load lock: %v", err)
+		tb.Fatalf("harness: load lock: %v", err)
 	}
 	if err := lockFile(f); err != nil {
 		_ = f.Close()
-		tb.Fatalf("storetest: load lock: %v", err)
+		tb.Fatalf("harness: load lock: %v", err)
 	}
 	// Closing the file releases the lock.
 	tb.Cleanup(func() { _ = f.Close() })

@@ -1,4 +1,4 @@
-package storetest
+package harness
 
 import (
 	"bytes"
@@ -61,7 +61,7 @@ func (p *proc) start(cmd *exec.Cmd, spec procSpec) error {
 		var err error
 		out, err = os.OpenFile(spec.output, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
 		if err != nil {
-			return fmt.Errorf("storetest: %w", err)
+			return fmt.Errorf("harness: %w", err)
 		}
 		cmd.Stdout, cmd.Stderr = out, out
 	}
@@ -69,7 +69,7 @@ func (p *proc) start(cmd *exec.Cmd, spec procSpec) error {
 		if out != nil {
 			_ = out.Close()
 		}
-		return fmt.Errorf("storetest: start %s: %w", spec.name, err)
+		return fmt.Errorf("harness: start %s: %w", spec.name, err)
 	}
 	done := make(chan struct{})
 	go func() {
@@ -91,10 +91,10 @@ func (p *proc) start(cmd *exec.Cmd, spec procSpec) error {
 		select {
 		case <-done:
 			p.cmd, p.done = nil, nil
-			return fmt.Errorf("storetest: %s on %s exited at start: %v\n%s", spec.name, spec.addr, err, spec.tail())
+			return fmt.Errorf("harness: %s on %s exited at start: %v\n%s", spec.name, spec.addr, err, spec.tail())
 		case <-ctx.Done():
 			p.killLocked()
-			return fmt.Errorf("storetest: %s on %s not ready after %v: %v\n%s", spec.name, spec.addr, readyTimeout, err, spec.tail())
+			return fmt.Errorf("harness: %s on %s not ready after %v: %v\n%s", spec.name, spec.addr, readyTimeout, err, spec.tail())
 		case <-time.After(20 * time.Millisecond):
 		}
 	}
@@ -124,7 +124,7 @@ func (p *proc) signal(sig syscall.Signal) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.cmd == nil {
-		return errors.New("storetest: no process to signal")
+		return errors.New("harness: no process to signal")
 	}
 	if sig == syscall.SIGSTOP {
 		return Freeze(p.cmd.Process)
@@ -144,7 +144,7 @@ func Freeze(process *os.Process) error {
 	deadline := time.Now().Add(readyTimeout)
 	for !stopped(process.Pid) {
 		if time.Now().After(deadline) {
-			return fmt.Errorf("storetest: process %d not stopped after %v", process.Pid, readyTimeout)
+			return fmt.Errorf("harness: process %d not stopped after %v", process.Pid, readyTimeout)
 		}
 		time.Sleep(time.Millisecond)
 	}
@@ -180,7 +180,7 @@ func stopped(pid int) bool {
 // process still running could answer a request sent after freeze returned.
 func (p *proc) freeze() error {
 	if err := p.signal(syscall.SIGSTOP); err != nil {
-		return fmt.Errorf("storetest: freeze: %w", err)
+		return fmt.Errorf("harness: freeze: %w", err)
 	}
 	return nil
 }
@@ -223,7 +223,7 @@ func freePort() (int, error) {
 	for range 20 {
 		l, err := net.Listen("tcp", "127.0.0.1:0")
 		if err != nil {
-			return 0, fmt.Errorf("storetest: free port: %w", err)
+			return 0, fmt.Errorf("harness: free port: %w", err)
 		}
 		port := l.Addr().(*net.TCPAddr).Port
 		_ = l.Close()
@@ -231,7 +231,7 @@ func freePort() (int, error) {
 			return port, nil
 		}
 	}
-	return 0, errors.New("storetest: no free port below 55536")
+	return 0, errors.New("harness: no free port below 55536")
 }
 
 // fileTail returns the end of a log file, for error messages.

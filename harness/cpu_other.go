@@ -1,6 +1,6 @@
 //go:build !unix
 
-package storetest
+package harness
 
 import "time"
 

@@ -1,8 +1,9 @@
-// Package tlstest makes certificates for tests of TLS listeners: CAs,
-// certificates they sign, and a directory laid out like a Kubernetes
-// secret volume, whose files change all at once as the kubelet swaps them.
-// Tests only: nothing outside _test files imports it.
-package tlstest
+// The certificates of every TLS test: CAs, the certificates they sign, the
+// PEM files of a TLS server and its client (WriteTLS: Redis, Memcached, the
+// xDS server), and a directory laid out like a Kubernetes secret volume,
+// whose files change all at once as the kubelet swaps them.
+
+package harness
 
 import (
 	"cmp"
@@ -13,6 +14,7 @@ import (
 	"crypto/x509"
 	"crypto/x509/pkix"
 	"encoding/pem"
+	"errors"
 	"fmt"
 	"math/big"
 	"net"
@@ -34,9 +36,24 @@ type CA struct {
 // NewCA makes a self-signed CA named name, valid from an hour ago for a day.
 func NewCA(tb testing.TB, name string) *CA {
 	tb.Helper()
-	key := newKey(tb)
+	ca, err := newCA(name)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return ca
+}
+
+func newCA(name string) (*CA, error) {
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		return nil, fmt.Errorf("harness: CA %s: %w", name, err)
+	}
+	sn, err := serial()
+	if err != nil {
+		return nil, fmt.Errorf("harness: CA %s: %w", name, err)
+	}
 	tmpl := &x509.Certificate{
-		SerialNumber:          serial(tb),
+		SerialNumber:          sn,
 		Subject:               pkix.Name{CommonName: name},
 		NotBefore:             time.Now().Add(-time.Hour),
 		NotAfter:              time.Now().Add(24 * time.Hour),
@@ -46,13 +63,13 @@ func NewCA(tb testing.TB, name string) *CA {
 	}
 	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
 	if err != nil {
-		tb.Fatalf("tlstest: CA %s: %v", name, err)
+		return nil, fmt.Errorf("harness: CA %s: %w", name, err)
 	}
 	cert, err := x509.ParseCertificate(der)
 	if err != nil {
-		tb.Fatalf("tlstest: CA %s: %v", name, err)
+		return nil, fmt.Errorf("harness: CA %s: %w", name, err)
 	}
-	return &CA{PEM: pemBlock("CERTIFICATE", der), cert: cert, key: key}
+	return &CA{PEM: pemBlock("CERTIFICATE", der), cert: cert, key: key}, nil
 }
 
 // Pool returns a pool holding the CA alone.
@@ -62,8 +79,8 @@ func (ca *CA) Pool() *x509.CertPool {
 	return p
 }
 
-// Spec describes a certificate for Issue.
-type Spec struct {
+// CertSpec describes a certificate for Issue.
+type CertSpec struct {
 	CommonName string
 	DNSNames   []string
 	IPs        []net.IP
@@ -89,15 +106,30 @@ type Cert struct {
 
 // Issue signs a certificate as spec says, by default valid from an hour ago for a day,
 // with a fresh ECDSA P-256 key and a random serial number.
-func (ca *CA) Issue(tb testing.TB, spec Spec) *Cert {
+func (ca *CA) Issue(tb testing.TB, spec CertSpec) *Cert {
 	tb.Helper()
-	key := newKey(tb)
+	c, err := ca.issue(spec)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return c
+}
+
+func (ca *CA) issue(spec CertSpec) (*Cert, error) {
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		return nil, fmt.Errorf("harness: issue %s: %w", spec.CommonName, err)
+	}
+	sn, err := serial()
+	if err != nil {
+		return nil, fmt.Errorf("harness: issue %s: %w", spec.CommonName, err)
+	}
 	usages := spec.Usages
 	if len(usages) == 0 {
 		usages = []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth}
 	}
 	tmpl := &x509.Certificate{
-		SerialNumber: serial(tb),
+		SerialNumber: sn,
 		Subject:      pkix.Name{CommonName: spec.CommonName},
 		NotBefore:    cmp.Or(spec.NotBefore, time.Now().Add(-time.Hour)),
 		NotAfter:     cmp.Or(spec.NotAfter, time.Now().Add(24*time.Hour)),
@@ -109,24 +141,24 @@ func (ca *CA) Issue(tb testing.TB, spec Spec) *Cert {
 	for _, s := range spec.URIs {
 		u, err := url.Parse(s)
 		if err != nil {
-			tb.Fatalf("tlstest: URI %q: %v", s, err)
+			return nil, fmt.Errorf("harness: URI %q: %w", s, err)
 		}
 		tmpl.URIs = append(tmpl.URIs, u)
 	}
 	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca.cert, &key.PublicKey, ca.key)
 	if err != nil {
-		tb.Fatalf("tlstest: issue %s: %v", spec.CommonName, err)
+		return nil, fmt.Errorf("harness: issue %s: %w", spec.CommonName, err)
 	}
 	keyDER, err := x509.MarshalPKCS8PrivateKey(key)
 	if err != nil {
-		tb.Fatalf("tlstest: issue %s: %v", spec.CommonName, err)
+		return nil, fmt.Errorf("harness: issue %s: %w", spec.CommonName, err)
 	}
 	c := &Cert{CertPEM: pemBlock("CERTIFICATE", der), KeyPEM: pemBlock("PRIVATE KEY", keyDER)}
 	if c.TLS, err = tls.X509KeyPair(c.CertPEM, c.KeyPEM); err != nil {
-		tb.Fatalf("tlstest: issue %s: %v", spec.CommonName, err)
+		return nil, fmt.Errorf("harness: issue %s: %w", spec.CommonName, err)
 	}
 	c.Leaf = c.TLS.Leaf
-	return c
+	return c, nil
 }
 
 // Server issues a server certificate for localhost, 127.0.0.1 and ::1.
@@ -139,10 +171,10 @@ func (ca *CA) Server(tb testing.TB) *Cert {
 // zero time is Issue's default).
 func (ca *CA) ServerValid(tb testing.TB, notBefore, notAfter time.Time) *Cert {
 	tb.Helper()
-	return ca.Issue(tb, Spec{
+	return ca.Issue(tb, CertSpec{
 		CommonName: "ratelimit test server",
 		DNSNames:   []string{"localhost"},
-		IPs:        []net.IP{net.IPv4(127, 0, 0, 1), net.IPv6loopback},
+		IPs:        loopbackIPs(),
 		Usages:     []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
 		NotBefore:  notBefore,
 		NotAfter:   notAfter,
@@ -152,7 +184,7 @@ func (ca *CA) ServerValid(tb testing.TB, notBefore, notAfter time.Time) *Cert {
 // Client issues a client certificate whose DNS SANs are dnsNames.
 func (ca *CA) Client(tb testing.TB, dnsNames ...string) *Cert {
 	tb.Helper()
-	return ca.Issue(tb, Spec{
+	return ca.Issue(tb, CertSpec{
 		CommonName: "ratelimit test client",
 		DNSNames:   dnsNames,
 		Usages:     []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth},
@@ -172,6 +204,112 @@ func ClientConfig(cert *Cert, trust ...*CA) *tls.Config {
 	}
 	return cfg
 }
+
+// TLSFiles names the PEM files WriteTLS generates: a CA, a server
+// certificate and a client certificate, both signed by the CA. They are
+// what a TLS server of the tests loads (redis-server, memcached, the xDS
+// server) and what its client's settings point to (REDIS_TLS_CACERT,
+// REDIS_TLS_CLIENT_CERT, REDIS_TLS_CLIENT_KEY, ...).
+type TLSFiles struct {
+	CAFile         string
+	ServerCertFile string
+	ServerKeyFile  string
+	ClientCertFile string
+	ClientKeyFile  string
+}
+
+// WriteTLS generates into dir a new CA, a server certificate for hosts and
+// the loopback addresses, and a client certificate, and returns the files.
+// Each call makes a different CA, so the files of two calls do not trust
+// each other. As in Envoy Gateway's /certs, the client certificate
+// (tls.crt, tls.key) may serve too: it is valid for both uses, for
+// localhost and the loopback addresses, so that the rate-limit service
+// can present it on its own listener.
+func WriteTLS(dir string, hosts ...string) (*TLSFiles, error) {
+	f := &TLSFiles{
+		CAFile:         filepath.Join(dir, "ca.crt"),
+		ServerCertFile: filepath.Join(dir, "server.crt"),
+		ServerKeyFile:  filepath.Join(dir, "server.key"),
+		ClientCertFile: filepath.Join(dir, "tls.crt"),
+		ClientKeyFile:  filepath.Join(dir, "tls.key"),
+	}
+	ca, err := newCA("ratelimit test CA")
+	if err != nil {
+		return nil, err
+	}
+	server, err := ca.issue(CertSpec{
+		CommonName: "ratelimit test server",
+		DNSNames:   hosts,
+		IPs:        loopbackIPs(),
+		Usages:     []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
+	})
+	if err != nil {
+		return nil, err
+	}
+	client, err := ca.issue(CertSpec{CommonName: "envoy-ratelimit", DNSNames: []string{"localhost"}, IPs: loopbackIPs()})
+	if err != nil {
+		return nil, err
+	}
+	for path, data := range map[string][]byte{
+		f.CAFile:         ca.PEM,
+		f.ServerCertFile: server.CertPEM,
+		f.ServerKeyFile:  server.KeyPEM,
+		f.ClientCertFile: client.CertPEM,
+		f.ClientKeyFile:  client.KeyPEM,
+	} {
+		if err := os.WriteFile(path, data, 0o600); err != nil {
+			return nil, fmt.Errorf("harness: tls: %w", err)
+		}
+	}
+	return f, nil
+}
+
+// ClientConfig returns a client configuration that trusts the CA and
+// presents the client certificate. It returns nil if the files are unreadable.
+func (f *TLSFiles) ClientConfig() *tls.Config {
+	cert, err := tls.LoadX509KeyPair(f.ClientCertFile, f.ClientKeyFile)
+	if err != nil {
+		return nil
+	}
+	ca, err := os.ReadFile(f.CAFile)
+	if err != nil {
+		return nil
+	}
+	pool := x509.NewCertPool()
+	pool.AppendCertsFromPEM(ca)
+	return &tls.Config{
+		RootCAs:      pool,
+		Certificates: []tls.Certificate{cert},
+		MinVersion:   tls.VersionTLS12,
+	}
+}
+
+// ServerConfig is the TLS configuration of Envoy Gateway's rate-limit xDS
+// server: TLS 1.3 and a client certificate signed by the CA, required.
+func (f *TLSFiles) ServerConfig() (*tls.Config, error) {
+	cert, err := tls.LoadX509KeyPair(f.ServerCertFile, f.ServerKeyFile)
+	if err != nil {
+		return nil, fmt.Errorf("harness: %w", err)
+	}
+	ca, err := os.ReadFile(f.CAFile)
+	if err != nil {
+		return nil, fmt.Errorf("harness: %w", err)
+	}
+	pool := x509.NewCertPool()
+	if !pool.AppendCertsFromPEM(ca) {
+		return nil, errors.New("harness: no CA certificate")
+	}
+	return &tls.Config{
+		Certificates: []tls.Certificate{cert},
+		ClientAuth:   tls.RequireAndVerifyClientCert,
+		ClientCAs:    pool,
+		MinVersion:   tls.VersionTLS13,
+	}, nil
+}
+
+// loopbackIPs are 127.0.0.1 and ::1, the addresses every server of the
+// tests listens on.
+func loopbackIPs() []net.IP { return []net.IP{net.IPv4(127, 0, 0, 1), net.IPv6loopback} }
 
 // SecretDir is a directory laid out as Kubernetes mounts a secret: each
 // file is a symlink name -> ..data/name, and ..data is a symlink to a
@@ -237,22 +375,8 @@ func (d *SecretDir) Update(tb testing.TB, files map[string][]byte) {
 	}
 }
 
-func newKey(tb testing.TB) *ecdsa.PrivateKey {
-	tb.Helper()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		tb.Fatalf("tlstest: key: %v", err)
-	}
-	return key
-}
-
-func serial(tb testing.TB) *big.Int {
-	tb.Helper()
-	n, err := rand.Int(rand.Reader, new(big.Int).Lsh(big.NewInt(1), 127))
-	if err != nil {
-		tb.Fatalf("tlstest: serial: %v", err)
-	}
-	return n
+func serial() (*big.Int, error) {
+	return rand.Int(rand.Reader, new(big.Int).Lsh(big.NewInt(1), 127))
 }
 
 func pemBlock(typ string, der []byte) []byte {

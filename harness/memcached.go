@@ -1,4 +1,4 @@
-package storetest
+package harness
 
 import (
 	"context"
@@ -30,7 +30,7 @@ type MemcachedServer struct {
 	// TLS holds the certificate files and client configuration when the
 	// server was started with StartMemcachedTLS; nil otherwise. The server
 	// does not ask for a client certificate.
-	TLS *RedisTLS
+	TLS *TLSFiles
 
 	bin  string
 	args []string // added to the command line
@@ -70,9 +70,9 @@ func launchMemcached(dir string, withTLS bool, args []string) (*MemcachedServer,
 	if err != nil {
 		return nil, err
 	}
-	var files *RedisTLS
+	var files *TLSFiles
 	if withTLS {
-		if files, err = writeRedisTLS(dir); err != nil {
+		if files, err = WriteTLS(dir, "localhost"); err != nil {
 			return nil, err
 		}
 	}
@@ -90,7 +90,7 @@ func memcachedPath() (string, error) {
 	if _, err := os.Stat("/usr/bin/memcached"); err == nil {
 		return "/usr/bin/memcached", nil
 	}
-	return "", errors.New("storetest: memcached not found in PATH; " + memcachedInstall)
+	return "", errors.New("harness: memcached not found in PATH; " + memcachedInstall)
 }
 
 // Start starts the process again after Stop, on the same port, and waits
@@ -196,7 +196,7 @@ func memcachedStats(ctx context.Context, addr string, tlsConf *tls.Config) (map[
 		return nil, err
 	}
 	if !strings.HasPrefix(line, "VERSION") {
-		return nil, fmt.Errorf("storetest: %s answered version with %q", addr, line)
+		return nil, fmt.Errorf("harness: %s answered version with %q", addr, line)
 	}
 	if _, err := conn.Write([]byte("stats\r\n")); err != nil {
 		return nil, err
@@ -213,7 +213,7 @@ func memcachedStats(ctx context.Context, addr string, tlsConf *tls.Config) (map[
 		}
 		f := strings.SplitN(line, " ", 3)
 		if len(f) != 3 || f[0] != "STAT" {
-			return nil, fmt.Errorf("storetest: %s: unexpected stats line %q", addr, line)
+			return nil, fmt.Errorf("harness: %s: unexpected stats line %q", addr, line)
 		}
 		stats[f[1]] = f[2]
 	}

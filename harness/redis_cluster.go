@@ -1,4 +1,4 @@
-package storetest
+package harness
 
 import (
 	"context"
@@ -36,7 +36,7 @@ func StartRedisCluster(tb testing.TB, opts RedisOptions) *RedisCluster {
 // cluster_state:ok on every node. The caller must call Close.
 func LaunchRedisCluster(dir string, opts RedisOptions) (c *RedisCluster, err error) {
 	if opts.TLS {
-		return nil, errors.New("storetest: TLS is not supported for Redis Cluster")
+		return nil, errors.New("harness: TLS is not supported for Redis Cluster")
 	}
 	c = &RedisCluster{}
 	defer func() {
@@ -74,13 +74,13 @@ func LaunchRedisCluster(dir string, opts RedisOptions) (c *RedisCluster, err err
 	for i, s := range c.Masters {
 		r := redisClusterSlots[i]
 		if _, err := s.Do(ctx, "CLUSTER", "ADDSLOTSRANGE", strconv.Itoa(r[0]), strconv.Itoa(r[1])); err != nil {
-			return nil, fmt.Errorf("storetest: cluster addslotsrange on %s: %w", s.Addr, err)
+			return nil, fmt.Errorf("harness: cluster addslotsrange on %s: %w", s.Addr, err)
 		}
 		addrs = append(addrs, s.Addr)
 	}
 	for i, s := range c.Masters[1:] {
 		if _, err := c.Masters[0].Do(ctx, "CLUSTER", "MEET", "127.0.0.1", strconv.Itoa(s.Port()), strconv.Itoa(buses[i+1])); err != nil {
-			return nil, fmt.Errorf("storetest: cluster meet %s: %w", s.Addr, err)
+			return nil, fmt.Errorf("harness: cluster meet %s: %w", s.Addr, err)
 		}
 	}
 	for _, s := range c.Masters {
@@ -110,7 +110,7 @@ func waitClusterOK(ctx context.Context, s *RedisServer, nodes int) error {
 		}
 		select {
 		case <-ctx.Done():
-			return fmt.Errorf("storetest: cluster node %s not ready: %s\n%s", s.Addr, last, s.logTail())
+			return fmt.Errorf("harness: cluster node %s not ready: %s\n%s", s.Addr, last, s.logTail())
 		case <-time.After(50 * time.Millisecond):
 		}
 	}
@@ -128,7 +128,7 @@ func (c *RedisCluster) MasterFor(ctx context.Context, key string) (*RedisServer,
 			return c.Masters[i], nil
 		}
 	}
-	return nil, fmt.Errorf("storetest: slot %d of %q is unassigned", slot, key)
+	return nil, fmt.Errorf("harness: slot %d of %q is unassigned", slot, key)
 }
 
 // Close stops every node. It is safe to call more than once.

@@ -1,4 +1,4 @@
-package envoyproc
+package harness
 
 import (
 	"fmt"
@@ -8,15 +8,15 @@ import (
 	"gopkg.in/yaml.v3"
 )
 
-// Rewrite returns a shipped bootstrap (YAML) made to run on this machine:
+// RewriteBootstrap returns a shipped bootstrap (YAML) made to run on this machine:
 // its admin and every listener on 127.0.0.1 port 0, and the endpoints of
 // each static cluster at the host:port clusters gives for its name. The
 // rest is kept. A cluster missing from clusters is an error: the bootstrap
 // must not call anything the caller did not stand up.
-func Rewrite(bootstrap []byte, clusters map[string]string) (string, error) {
+func RewriteBootstrap(bootstrap []byte, clusters map[string]string) (string, error) {
 	var root map[string]any
 	if err := yaml.Unmarshal(bootstrap, &root); err != nil {
-		return "", fmt.Errorf("envoyproc: %w", err)
+		return "", fmt.Errorf("harness: %w", err)
 	}
 	loopback := func(sa map[string]any) {
 		sa["address"] = "127.0.0.1"
@@ -50,23 +50,23 @@ func Rewrite(bootstrap []byte, clusters map[string]string) (string, error) {
 		name, _ := c["name"].(string)
 		addr, ok := clusters[name]
 		if !ok {
-			return "", fmt.Errorf("envoyproc: cluster %q: no address for it", name)
+			return "", fmt.Errorf("harness: cluster %q: no address for it", name)
 		}
 		host, p, err := net.SplitHostPort(addr)
 		if err != nil {
-			return "", fmt.Errorf("envoyproc: cluster %q: %w", name, err)
+			return "", fmt.Errorf("harness: cluster %q: %w", name, err)
 		}
 		port, err := strconv.Atoi(p)
 		if err != nil {
-			return "", fmt.Errorf("envoyproc: cluster %q: port %q: %w", name, p, err)
+			return "", fmt.Errorf("harness: cluster %q: port %q: %w", name, p, err)
 		}
 		if err := pointEndpoints(c, host, port); err != nil {
-			return "", fmt.Errorf("envoyproc: cluster %q: %w", name, err)
+			return "", fmt.Errorf("harness: cluster %q: %w", name, err)
 		}
 	}
 	out, err := yaml.Marshal(root)
 	if err != nil {
-		return "", fmt.Errorf("envoyproc: %w", err)
+		return "", fmt.Errorf("harness: %w", err)
 	}
 	return string(out), nil
 }
@@ -102,7 +102,7 @@ func yamlMap(m map[string]any, path ...string) (map[string]any, error) {
 	for _, k := range path {
 		next, ok := m[k].(map[string]any)
 		if !ok {
-			return nil, fmt.Errorf("envoyproc: no map at %q of %v", k, path)
+			return nil, fmt.Errorf("harness: no map at %q of %v", k, path)
 		}
 		m = next
 	}
@@ -113,12 +113,12 @@ func yamlMap(m map[string]any, path ...string) (map[string]any, error) {
 func yamlList(v any) ([]map[string]any, error) {
 	items, ok := v.([]any)
 	if !ok {
-		return nil, fmt.Errorf("envoyproc: not a list: %T", v)
+		return nil, fmt.Errorf("harness: not a list: %T", v)
 	}
 	out := make([]map[string]any, len(items))
 	for i, it := range items {
 		if out[i], ok = it.(map[string]any); !ok {
-			return nil, fmt.Errorf("envoyproc: list item %d is %T, not a map", i, it)
+			return nil, fmt.Errorf("harness: list item %d is %T, not a map", i, it)
 		}
 	}
 	return out, nil
