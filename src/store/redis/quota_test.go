@@ -254,7 +254,7 @@ func redisDo(t *testing.T, addr string, args ...any) (any, error) {
 // notes left for a replica are taken by its next beat, once.
 func TestQuotaBeat(t *testing.T) {
 	t.Parallel()
-	srv := storetest.StartRedis(t, storetest.RedisOptions{})
+	srv := harness.StartRedis(t, harness.RedisOptions{})
 	s := newStore(t, Config{URL: srv.Addr})
 	now := quotaEpoch
 	beat := func(replica string, at time.Time) quota.BeatReply {
