@@ -117,6 +117,8 @@ type Beat struct {
 	Alive, Keep time.Duration
 	// Max bounds the replicas and the notes read.
 	Max int
+	// NotesOnly takes the notes without a beat.
+	NotesOnly bool
 }
 
 // BeatReply is the store's answer to a Beat.

@@ -308,6 +308,8 @@ func (q *Service) shareThroughStore(reg *stats.Registry) {
 		takeovers:  reg.Counter("ratelimit.rlqs.shared.takeovers"),
 		late:       reg.Counter("ratelimit.rlqs.shared.late_assignments"),
 		badRecords: reg.Counter("ratelimit.rlqs.shared.bad_records"),
+		tags:       map[string]poolKey{},
+		urgent:     map[poolKey]bool{},
 		exchanges:  reg.Counter("ratelimit.rlqs.shared.exchanges"),
 		notes:      reg.Counter("ratelimit.rlqs.shared.notes"),
 	}
@@ -407,7 +409,7 @@ func (q *Service) dropPool(now time.Time, k poolKey, qp *quotaPool) {
 	}
 	if qp.sh != nil {
 		q.subs -= len(qp.sh.local)
-		delete(q.pools, k)
+		q.forgetShared(k, qp)
 		return
 	}
 	qp.retired = true
@@ -428,16 +430,25 @@ func limitOf(r *rules.QuotaRule) quota.Limit {
 }
 
 // Run advances the allocation once a second (increases after decreases
-// settled, ended leases, idle buckets) until ctx is done.
+// settled, ended leases, idle buckets) until ctx is done; with replicas,
+// it also polls for what cannot wait for the next tick (see Poll).
 func (q *Service) Run(ctx context.Context) {
 	t := time.NewTicker(time.Second)
 	defer t.Stop()
+	var poll <-chan time.Time
+	if q.share != nil {
+		p := time.NewTicker(sharePoll)
+		defer p.Stop()
+		poll = p.C
+	}
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case <-t.C:
 			q.tick(ctx)
+		case <-poll:
+			q.poll(ctx)
 		}
 	}
 }
@@ -940,6 +951,7 @@ func (q *Service) reportBucket(now time.Time, cfg *rules.Config, st *quotaStream
 		qp = &quotaPool{id: id, rule: r}
 		if q.share != nil {
 			qp.sh = newSharedPool(q.cfg.Scope + "\x00" + st.domain + "\x00" + key)
+			q.share.tags[qp.sh.tag] = pk
 		} else {
 			qp.p = quota.NewPool(limitOf(r), q.cfg.Pool)
 		}

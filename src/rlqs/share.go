@@ -97,6 +97,10 @@ const (
 	// shareMaxReplicas bounds the replicas a beat reads: past it, the
 	// others would be taken for dead.
 	shareMaxReplicas = 4096
+	// sharePoll is how often a replica takes its notes between ticks, and
+	// serves its new subscribers: a new bucket's first grant takes a few
+	// polls, not a few ticks.
+	sharePoll = 100 * time.Millisecond
 	// shareDownAfter is how long a replica that cannot reach the store
 	// keeps its streams: then it ends them with Unavailable, and refuses
 	// new ones until the store answers again, so that Envoys open theirs
@@ -202,6 +206,10 @@ type shareState struct {
 	// (nil: not known, every pool is exchanged).
 	alive, noted map[string]bool
 	aliveIDs     map[uint64]bool
+	// tags are the shared pools by tag; urgent those with a new
+	// subscriber here since the last poll.
+	tags   map[string]poolKey
+	urgent map[poolKey]bool
 
 	// Counters (docs/RLQS.md, "Observing it").
 	errors, takeovers, late, badRecords *stats.Counter
@@ -228,6 +236,7 @@ func (q *Service) sharedReport(now time.Time, qp *quotaPool, st *quotaStream, sb
 		ls = &localSub{id: st.id, st: st, sb: sb}
 		qp.sh.local[st.id] = ls
 		q.subs++
+		q.share.urgent[poolKey{domain: st.domain, bucket: sb.key}] = true
 	}
 	ls.pending = ls.pending.Add(now, allowed, denied, elapsed)
 }
@@ -277,7 +286,7 @@ func (q *Service) tickShared(ctx context.Context) {
 			q.mu.Unlock()
 			return
 		}
-		if !q.syncChunk(ctx, keys[i:min(i+chunk, len(keys))]) {
+		if !q.syncChunk(ctx, keys[i:min(i+chunk, len(keys))], false) {
 			return
 		}
 	}
@@ -332,22 +341,93 @@ func (q *Service) beat(ctx context.Context) bool {
 			}
 		}
 	}
-	if sh.noted == nil || !sh.resuming {
-		// A tick that reached every pool took every note.
-		sh.noted = make(map[string]bool, len(rep.Tags))
+	if sh.noted == nil {
+		sh.noted = map[string]bool{}
 	}
-	for _, t := range rep.Tags {
-		sh.noted[t] = true
-	}
+	q.takeNotes(rep.Tags)
 	return true
+}
+
+// takeNotes records the notes read, of the pools this replica has. q.mu
+// is held.
+func (q *Service) takeNotes(tags []string) {
+	sh := q.share
+	if sh.noted == nil {
+		return // every pool is exchanged at the next tick
+	}
+	for _, t := range tags {
+		if _, ok := sh.tags[t]; ok {
+			sh.noted[t] = true
+		}
+	}
+}
+
+// Poll, with replicas, serves what cannot wait for the next tick: the
+// pools with a new subscriber here, and those another replica noted since
+// (a report handed over to a pool this replica owns, a grant written for
+// its subscribers). Run calls it every sharePoll: a new bucket's first
+// grant takes a few polls and round trips, not a few ticks.
+func (q *Service) Poll() { q.poll(context.Background()) }
+
+func (q *Service) poll(ctx context.Context) {
+	if q.share == nil {
+		return
+	}
+	q.tickMu.Lock()
+	defer q.tickMu.Unlock()
+	sh := q.share
+	pctx, cancel := context.WithTimeout(ctx, shareCallBudget)
+	rep, err := q.cfg.Share.BeatQuota(pctx, quota.Beat{Scope: q.cfg.Scope, Replica: sh.replica, NotesOnly: true, Max: max(q.cfg.MaxBuckets, shareMaxReplicas)})
+	cancel()
+	q.mu.Lock()
+	if err != nil {
+		// Left to the tick, which tells whether the store is gone.
+		sh.noted = nil
+		q.mu.Unlock()
+		return
+	}
+	q.takeNotes(rep.Tags)
+	keys := slices.Collect(maps.Keys(sh.urgent))
+	clear(sh.urgent)
+	for t := range sh.noted {
+		keys = append(keys, sh.tags[t])
+	}
+	q.mu.Unlock()
+	slices.SortFunc(keys, comparePoolKeys)
+	keys = slices.Compact(keys)
+	if len(keys) > sh.chunk {
+		// One chunk a poll, so that a flood of new buckets takes a
+		// bounded part of the store's time: the rest wait for the
+		// next poll, or the tick.
+		q.mu.Lock()
+		for _, k := range keys[sh.chunk:] {
+			if qp := q.pools[k]; qp != nil && qp.sh != nil && !sh.noted[qp.sh.tag] {
+				sh.urgent[k] = true
+			}
+		}
+		q.mu.Unlock()
+		keys = keys[:sh.chunk]
+	}
+	if len(keys) > 0 {
+		q.syncChunk(ctx, keys, true)
+	}
+}
+
+// forgetShared forgets a shared pool. q.mu is held.
+func (q *Service) forgetShared(k poolKey, qp *quotaPool) {
+	delete(q.pools, k)
+	delete(q.share.tags, qp.sh.tag)
+	delete(q.share.noted, qp.sh.tag)
+	delete(q.share.urgent, k)
 }
 
 // syncChunk exchanges the pools of keys with the store: hands over their
 // reports, runs those this replica owns and writes them, then sends the
-// grants. It returns whether the store answered.
-func (q *Service) syncChunk(ctx context.Context, keys []poolKey) bool {
+// grants. It returns whether the store answered. In a poll (fast) only
+// what cannot wait is done: new subscribers, and the pools noted.
+func (q *Service) syncChunk(ctx context.Context, keys []poolKey, fast bool) bool {
 	now := q.cfg.Now()
-	work, reqs, local := q.syncRequests(now, keys)
+	work, reqs, local := q.syncRequests(now, keys, fast)
 	var replies []quota.SyncReply
 	var startErr error
 	if len(reqs) > 0 {
@@ -389,10 +469,10 @@ func (q *Service) syncChunk(ctx context.Context, keys []poolKey) bool {
 // and the pools this replica owns that run without an exchange. The lock
 // is taken pool by pool, so that a report waits for one pool at most, and
 // the store is called without it.
-func (q *Service) syncRequests(now time.Time, keys []poolKey) (work []*syncing, reqs []quota.SyncRequest, local []*syncing) {
+func (q *Service) syncRequests(now time.Time, keys []poolKey, fast bool) (work []*syncing, reqs []quota.SyncRequest, local []*syncing) {
 	for _, k := range keys {
 		q.mu.Lock()
-		switch w, req, ok := q.syncRequest(now, k); {
+		switch w, req, ok := q.syncRequest(now, k, fast); {
 		case !ok:
 		case w.local:
 			local = append(local, w)
@@ -492,19 +572,19 @@ func (q *Service) noteShareReached(ok bool, err error) {
 // syncRequest returns what to hand over and ask for of pool k at this
 // tick, if anything; it forgets a pool that has nothing here any more.
 // q.mu is held.
-func (q *Service) syncRequest(now time.Time, k poolKey) (*syncing, quota.SyncRequest, bool) {
+func (q *Service) syncRequest(now time.Time, k poolKey, fast bool) (*syncing, quota.SyncRequest, bool) {
 	qp, sh := q.pools[k], q.share
 	if qp == nil || qp.sh == nil {
 		return nil, quota.SyncRequest{}, false
 	}
 	if len(qp.sh.local) == 0 && (!qp.sh.owned || qp.p.Empty()) {
 		// Nothing of it here any more: its lease lapses.
-		delete(q.pools, k)
+		q.forgetShared(k, qp)
 		return nil, quota.SyncRequest{}, false
 	}
 	w := &syncing{k: k, qp: qp, commit: -1}
 	req := quota.SyncRequest{Pool: qp.sh.name, Replica: sh.replica, Now: now, Lease: shareLease, Keep: sh.keep, State: qp.sh.reload}
-	due := qp.sh.reload || qp.sh.holder == "" || sh.noted == nil || sh.noted[qp.sh.tag] || now.Sub(qp.sh.synced) >= shareSweep
+	due := qp.sh.reload || qp.sh.holder == "" || sh.noted == nil || sh.noted[qp.sh.tag] || (!fast && now.Sub(qp.sh.synced) >= shareSweep)
 	if h := qp.sh.holder; !qp.sh.owned && h != "" && h != sh.replica && sh.alive != nil && !sh.alive[h] {
 		// Its owner stopped beating: its lease is free.
 		req.Dead, due = h, true
@@ -512,7 +592,7 @@ func (q *Service) syncRequest(now time.Time, k poolKey) (*syncing, quota.SyncReq
 	hold := max(q.cfg.Pool.ReportInterval, quota.DefaultReportInterval) - time.Second
 	for _, id := range slices.Sorted(maps.Keys(qp.sh.local)) {
 		ls := qp.sh.local[id]
-		if !ls.pending.Empty() && (due || ls.pending.Left || ls.handed.IsZero() || now.Sub(ls.handed) >= hold) {
+		if !ls.pending.Empty() && (due || ls.handed.IsZero() || (!fast && (ls.pending.Left || now.Sub(ls.handed) >= hold))) {
 			ls.handed = now
 			ls.sent, ls.pending = ls.pending, quota.Handover{}
 			req.Push = append(req.Push, quota.Push{
@@ -528,6 +608,8 @@ func (q *Service) syncRequest(now time.Time, k poolKey) (*syncing, quota.SyncReq
 		}
 	}
 	switch {
+	case fast && !due && len(req.Push) == 0:
+		return nil, quota.SyncRequest{}, false
 	case qp.sh.owned && !due:
 		// Its own reports need no store: the pool takes them as they
 		// are.

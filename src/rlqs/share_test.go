@@ -47,8 +47,10 @@ type fleet struct {
 	reps  []*replica
 	// envoys are the mimicked Envoys, each with one bucket of tenant a.
 	envoys []*mimic
-	// steps counts the steps, for the replicas' ticks.
-	steps int
+	// steps counts the steps, for the replicas' ticks; noPolls: the
+	// replicas only tick.
+	steps   int
+	noPolls bool
 }
 
 type replica struct {
@@ -153,8 +155,12 @@ func (f *fleet) step() {
 	f.clock.Store(&now)
 	f.steps++
 	for i, r := range f.reps {
-		if !r.dead && f.steps%10 == (3*i+1)%10 {
+		switch {
+		case r.dead:
+		case f.steps%10 == (3*i+1)%10:
 			r.q.Tick()
+		case !f.noPolls:
+			r.q.Poll() // every 100 ms, as Run does
 		}
 	}
 	for _, e := range f.envoys {
@@ -734,5 +740,36 @@ func TestSharedQuotaDeadReplicasSubscribersGo(t *testing.T) {
 	}
 	if goneAt.IsZero() || goneAt.Sub(killed) > 5*time.Second {
 		t.Errorf("the dead replica's subscriber was taken as gone %v after the kill (zero: never), want within 5 s", goneAt.Sub(killed))
+	}
+}
+
+// TestSharedQuotaFirstGrantByPolls: a new bucket on a replica that does
+// not own its pool gets its first grant within a few polls (100 ms each),
+// not a few ticks (issue 38: 0.84-1.84 s with replicas, while Envoy's
+// no_assignment_behavior decides its requests).
+func TestSharedQuotaFirstGrantByPolls(t *testing.T) {
+	t.Parallel()
+	for _, polls := range []bool{true, false} {
+		f := newFleet(t, 2)
+		f.noPolls = !polls
+		f.add("a", 0, 10)
+		f.run(20*time.Second, epoch.Add(time.Hour))
+		owner := f.owner()
+		if owner < 0 {
+			t.Fatal("no owner")
+		}
+		joined := f.now()
+		e := f.add("b", 1-owner, 10)
+		for !e.assigned && f.now().Before(joined.Add(5*time.Second)) {
+			f.run(fleetStep, epoch.Add(time.Hour))
+		}
+		took := f.now().Sub(joined)
+		t.Logf("polls %v: the first grant came %v after the first report", polls, took)
+		if polls && took > 500*time.Millisecond {
+			t.Errorf("with polls the first grant came %v after the first report, want 500ms at most", took)
+		}
+		if !polls && took <= 500*time.Millisecond {
+			t.Errorf("ticks alone gave the first grant within %v: the test shows nothing", took)
+		}
 	}
 }

@@ -275,24 +275,26 @@ func quotaMailbox(scope, replica string) string {
 // trip (two commands: in a Cluster the two keys are in different slots).
 func (s *Store) BeatQuota(ctx context.Context, b quota.Beat) (quota.BeatReply, error) {
 	alive := "ratelimit_rlqs_alive_" + quotaScope(b.Scope)
-	cmds := []*goredis.Cmd{
-		goredis.NewCmd(ctx, evalArgs(quotaBeatSHA, []string{alive}, []any{b.Replica, millis(b.Now), durMillis(b.Alive), durMillis(b.Keep), b.Max})...),
-		goredis.NewCmd(ctx, "spop", quotaMailbox(b.Scope, b.Replica), b.Max),
+	cmds := []*goredis.Cmd{goredis.NewCmd(ctx, "spop", quotaMailbox(b.Scope, b.Replica), b.Max)}
+	if !b.NotesOnly {
+		cmds = append(cmds, goredis.NewCmd(ctx, evalArgs(quotaBeatSHA, []string{alive}, []any{b.Replica, millis(b.Now), durMillis(b.Alive), durMillis(b.Keep), b.Max})...))
 	}
 	err := s.runQuota(ctx, cmds)
 	var out quota.BeatReply
 	for i, c := range cmds {
-		if e := cmdErr(c, err); e != nil && !(i == 1 && errors.Is(c.Err(), goredis.Nil)) {
+		if e := cmdErr(c, err); e != nil && !(i == 0 && errors.Is(c.Err(), goredis.Nil)) {
 			return quota.BeatReply{}, e
 		}
 	}
 	var ok bool
-	if out.Alive, ok = stringList(cmds[0].Val(), b.Max); !ok {
-		return quota.BeatReply{}, badQuotaReply("beat: %v", cmds[0].Val())
+	if cmds[0].Err() == nil {
+		if out.Tags, ok = stringList(cmds[0].Val(), b.Max); !ok {
+			return quota.BeatReply{}, badQuotaReply("notes: %v", cmds[0].Val())
+		}
 	}
-	if cmds[1].Err() == nil {
-		if out.Tags, ok = stringList(cmds[1].Val(), b.Max); !ok {
-			return quota.BeatReply{}, badQuotaReply("notes: %v", cmds[1].Val())
+	if !b.NotesOnly {
+		if out.Alive, ok = stringList(cmds[1].Val(), b.Max); !ok {
+			return quota.BeatReply{}, badQuotaReply("beat: %v", cmds[1].Val())
 		}
 	}
 	return out, nil
@@ -376,7 +378,13 @@ func cmdErr(c *goredis.Cmd, recovered error) error {
 		return unavailable("redis", recovered)
 	}
 	if err := c.Err(); err != nil {
-		key, _ := c.Args()[3].(string)
+		// The first key: after the script and the key count of an
+		// EVALSHA, else after the command's name.
+		args, i := c.Args(), 1
+		if n := c.Name(); n == "evalsha" || n == "eval" {
+			i = 3
+		}
+		key, _ := args[min(i, len(args)-1)].(string)
 		return cmdError("redis", key, err)
 	}
 	return nil
