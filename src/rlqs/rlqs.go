@@ -207,19 +207,30 @@ type quotaStream struct {
 }
 
 // pacer spaces the reports of one client: each report, and each bucket in
-// it, costs per of the client's time, and a client more than a second
-// ahead of its time waits, its next report unread (gRPC's flow control
-// holds the rest at the client). A client may so report each bucket place
-// of its share once a second, in a burst of one second's worth; Envoy
-// reports every bucket once per reporting_interval, and each new one once
+// it, costs per of the client's time, and a client more than burst ahead
+// of its time waits, its next report unread (gRPC's flow control holds
+// the rest at the client). A client may so report each bucket place of
+// its share once every paceRound, and all of them at once; Envoy reports
+// every bucket once per reporting_interval (5 s), and each new one once
 // more. Guarded by Service.mu.
 type pacer struct {
-	due time.Time
-	per time.Duration
+	due        time.Time
+	per, burst time.Duration
 }
 
-// paceBurst is how far ahead of its time a client may report.
-const paceBurst = time.Second
+// paceRound is how often a client may report each bucket place of its
+// share: a little more often than Envoy's 5 s, so that a client reporting
+// faster than Envoy costs the service and the store what an Envoy would
+// (issue 35: once a second, a client's 20,000 buckets cost ShouldRateLimit
+// a third of its speed on Redis).
+const paceRound = 4 * time.Second
+
+// newPacer returns the budget of a client whose share is max bucket
+// places: each of them, and one report more, every paceRound (so that a
+// client of one bucket place reports it every 4 s too).
+func newPacer(max int) *pacer {
+	return &pacer{per: paceRound / time.Duration(max+1), burst: paceRound}
+}
 
 // minAllReports is the fewest bucket reports a second the service takes
 // from all its clients together, however low RLQS_MAX_BUCKETS is.
@@ -232,7 +243,7 @@ func (p *pacer) spend(now time.Time, cost int) time.Duration {
 		p.due = now
 	}
 	p.due = p.due.Add(time.Duration(cost) * p.per)
-	return max(0, p.due.Sub(now)-paceBurst)
+	return max(0, p.due.Sub(now)-p.burst)
 }
 
 // end ends the stream with err: its handler returns err.
@@ -259,7 +270,7 @@ func New(reg *stats.Registry, cfg Config) *Service {
 		closing:        make(chan struct{}),
 		pools:          map[poolKey]*quotaPool{},
 		streams:        map[uint64]*quotaStream{},
-		pace:           pacer{per: time.Second / time.Duration(max(cfg.MaxBuckets/4, minAllReports))},
+		pace:           pacer{per: time.Second / time.Duration(max(cfg.MaxBuckets/4, minAllReports)), burst: time.Second},
 		peers:          map[string][]*quotaStream{},
 		reports:        reg.Counter("ratelimit.rlqs.reports"),
 		noRule:         reg.Counter("ratelimit.rlqs.no_rule"),
@@ -697,17 +708,17 @@ func (q *Service) open(peer string) (*quotaStream, error) {
 }
 
 // pacerFor returns the report budget of a new stream from host: its
-// address's, shared by its streams, at RLQS_MAX_BUCKETS_PER_PEER bucket
-// reports a second; a stream's own at RLQS_MAX_BUCKETS_PER_STREAM without
-// an address. q.mu is held.
+// address's, shared by its streams, for RLQS_MAX_BUCKETS_PER_PEER bucket
+// places; a stream's own for RLQS_MAX_BUCKETS_PER_STREAM without an
+// address. q.mu is held.
 func (q *Service) pacerFor(host string) *pacer {
 	if host == "" {
-		return &pacer{per: time.Second / time.Duration(q.cfg.MaxBucketsPerStream)}
+		return newPacer(q.cfg.MaxBucketsPerStream)
 	}
 	if others := q.peers[host]; len(others) > 0 {
 		return others[0].pace
 	}
-	return &pacer{per: time.Second / time.Duration(q.cfg.MaxBucketsPerPeer)}
+	return newPacer(q.cfg.MaxBucketsPerPeer)
 }
 
 // peerSubs counts the subscriptions of the streams of st's client

@@ -1043,7 +1043,7 @@ func TestHeapPerBucket(t *testing.T) {
 // that a client cannot take the service's time from the others with many
 // streams (issue 35); other addresses keep theirs.
 func TestQuotaReportBudget(t *testing.T) {
-	f := newQuotaFixture(t, rlqs.Config{MaxBucketsPerStream: 50, MaxBucketsPerPeer: 100}, quotaRules)
+	f := newQuotaFixture(t, rlqs.Config{MaxBucketsPerStream: 50, MaxBucketsPerPeer: 99}, quotaRules)
 	report := func(s *rlqs.Session, n int) time.Duration {
 		t.Helper()
 		m := &rlqsv3.RateLimitQuotaUsageReports{Domain: "web"}
@@ -1066,21 +1066,22 @@ func TestQuotaReportBudget(t *testing.T) {
 		return s
 	}
 	a1, a2, b := open("192.0.2.1:1000"), open("192.0.2.1:1001"), open("192.0.2.2:1000")
-	// 100 bucket reports a second: each report and each bucket in it
-	// costs 10 ms of the address's time.
+	// Each of 99 bucket places, and a report more, once every 4 s: each
+	// report and each bucket in it costs 40 ms of the address's time, 4 s
+	// ahead at most.
 	if d := report(a1, 49); d != 0 {
 		t.Errorf("first report: waits %v, want 0", d)
 	}
 	if d := report(a1, 49); d != 0 {
-		t.Errorf("a second's worth: waits %v, want 0", d)
+		t.Errorf("a round's worth: waits %v, want 0", d)
 	}
-	if d := report(a2, 9); d != 100*time.Millisecond {
-		t.Errorf("past a second's worth, on the address's other stream: waits %v, want 100ms", d)
+	if d := report(a2, 9); d != 400*time.Millisecond {
+		t.Errorf("past a round's worth, on the address's other stream: waits %v, want 400ms", d)
 	}
 	if d := report(b, 49); d != 0 {
 		t.Errorf("another address: waits %v, want 0", d)
 	}
-	f.advance(2 * time.Second)
+	f.advance(5 * time.Second)
 	if d := report(a2, 49); d != 0 {
 		t.Errorf("after the address's time caught up: waits %v, want 0", d)
 	}
@@ -1094,7 +1095,7 @@ func TestQuotaReportBudget(t *testing.T) {
 // much later (a lower bound on the time, which a busy machine only makes
 // longer), and the stream goes on.
 func TestQuotaReportBudgetOverTheWire(t *testing.T) {
-	f := newQuotaFixture(t, rlqs.Config{MaxBucketsPerStream: 10}, quotaRules)
+	f := newQuotaFixture(t, rlqs.Config{MaxBucketsPerStream: 39}, quotaRules)
 	e := f.open(t)
 	tenants := func(n int) []usage {
 		us := make([]usage, n)
@@ -1103,20 +1104,20 @@ func TestQuotaReportBudgetOverTheWire(t *testing.T) {
 		}
 		return us
 	}
-	// Ten bucket reports a second without an address: a report of ten
-	// costs 1.1 s (a wait of 100 ms), one of two 0.3 s more.
-	e.send("web", tenants(10)...)
+	// 39 bucket places and a report more every 4 s without an address:
+	// a report of 39 costs the 4 s, one of two 0.3 s more.
+	e.send("web", tenants(39)...)
 	e.recv()
 	start := time.Now()
 	e.send("web", tenants(2)...)
 	e.send("web", tenants(2)...)
 	e.recv()
 	e.recv()
-	if waited := time.Since(start); waited < 350*time.Millisecond {
-		t.Errorf("two reports past the budget answered in %v, want after at least 400 ms of waits", waited)
+	if waited := time.Since(start); waited < 250*time.Millisecond {
+		t.Errorf("two reports past the budget answered in %v, want after at least 300 ms of waits", waited)
 	}
-	if n := f.reg.Snapshot()["ratelimit.rlqs.reports_paced"]; n != 3 {
-		t.Errorf("reports_paced = %d, want 3", n)
+	if n := f.reg.Snapshot()["ratelimit.rlqs.reports_paced"]; n != 2 {
+		t.Errorf("reports_paced = %d, want 2", n)
 	}
 }
 
