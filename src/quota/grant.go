@@ -17,10 +17,10 @@ import (
 // FillInterval are unchanged, whatever the seconds (see tokens). The
 // proto's text (envoy.type.v3.TokenBucket) reads it otherwise:
 // TokensPerFill are added once every FillInterval, never above MaxTokens.
-// Grants are built for both: FillInterval is whole seconds, at least one,
-// the fewest that carry the rate within a percent (or a request a
-// minute), preferring those whose TokensPerFill fits in MaxTokens, so
-// that a client of the proto's reading gets the whole rate too. A rate
+// Grants are built for both: FillInterval is whole seconds, 1 to 60,
+// carrying the rate within a percent (or a request a minute): the
+// closest whose TokensPerFill fits in MaxTokens, so that a client of the
+// proto's reading gets the whole rate too, or else the fewest seconds. A rate
 // one fill of which does not fit in the subscriber's burst is exact for
 // Envoy 1.40 and gives a client of the proto's reading MaxTokens per
 // FillInterval only: it would need a fill interval under a second, which
@@ -66,9 +66,9 @@ const MinTokens = 2
 
 // represent returns the largest rate at most rate, within a percent of it
 // (or a request a minute), that a grant of burst tokens carries: k/n for
-// whole n up to maxExactFill seconds, the shortest n whose k fits in
-// burst if one does, else the shortest; 1/n for a whole n below a request
-// a minute; 0 below 1/maxFillSeconds.
+// whole n up to maxExactFill seconds, the closest whose k fits in burst
+// if one is close enough, else the shortest n; 1/n for a whole n below a
+// request a minute; 0 below 1/maxFillSeconds.
 func represent(rate float64, burst uint32) float64 {
 	switch {
 	case !(rate > 0):
@@ -88,28 +88,34 @@ func represent(rate float64, burst uint32) float64 {
 
 // fill returns the tokens per fill and fill interval (seconds) of the
 // largest rate at most rate, and within tolerance of it, that a grant of
-// a request a minute or more carries: the first n from 1 whose
-// k = ⌊rate·n⌋ is close enough and fits in burst, or, when none fits,
-// the first close enough (n = 60 always is, for a tolerance of 1/60).
+// a request a minute or more carries, with n from 1 to maxExactFill and
+// k = ⌊rate·n⌋: the closest whose k fits in burst, if that is close
+// enough, else the first n close enough (n = 60 always is, for a
+// tolerance of 1/60).
 func fill(rate float64, burst uint32, tolerance float64) (k uint32, n int64) {
-	var firstK uint32
-	var firstN int64
+	var bestK, firstK uint32
+	var bestN, firstN int64
+	best := math.Inf(1)
 	for n := int64(1); n <= maxExactFill; n++ {
 		k := math.Floor(math.Min(rate*float64(n)+1e-9, math.MaxUint32))
-		if k < 1 || rate-k/float64(n) > tolerance {
+		if k < 1 {
 			continue
 		}
-		if k <= float64(burst) {
-			return uint32(k), n
+		loss := rate - k/float64(n)
+		if k <= float64(burst) && loss < best-1e-12 {
+			bestK, bestN, best = uint32(k), n, loss
 		}
-		if firstN == 0 {
+		if loss <= tolerance && firstN == 0 {
 			firstK, firstN = uint32(k), n
 		}
 	}
-	if firstN == 0 {
-		return uint32(math.Floor(math.Min(rate*maxExactFill+1e-9, math.MaxUint32))), maxExactFill
+	switch {
+	case bestN != 0 && best <= tolerance:
+		return bestK, bestN
+	case firstN != 0:
+		return firstK, firstN
 	}
-	return firstK, firstN
+	return uint32(math.Floor(math.Min(rate*maxExactFill+1e-9, math.MaxUint32))), maxExactFill
 }
 
 // tokens returns TokensPerFill and FillInterval of a rate represent gave

@@ -19,8 +19,8 @@ func TestRepresent(t *testing.T) {
 		// No fill fits in 3 tokens: the shortest that carries it.
 		{give: 100, burst: 3, want: 100, wantFill: 100, wantEvery: time.Second},
 		{give: 6.5, burst: 13, want: 6.5, wantFill: 13, wantEvery: 2 * time.Second},
-		// The shortest fill within a percent: 17 every 9 s.
-		{give: 1.9, burst: 20, want: 17.0 / 9, wantFill: 17, wantEvery: 9 * time.Second},
+		// A fill that fits, exact; else the shortest within a percent.
+		{give: 1.9, burst: 20, want: 1.9, wantFill: 19, wantEvery: 10 * time.Second},
 		{give: 1.9, burst: 10, want: 17.0 / 9, wantFill: 17, wantEvery: 9 * time.Second},
 		// Within a percent: 41 every 7 s.
 		{give: 5.9, burst: 2, want: 41.0 / 7, wantFill: 41, wantEvery: 7 * time.Second},

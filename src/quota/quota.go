@@ -48,10 +48,9 @@ type Config struct {
 	// others only after it. Default 1 s.
 	Settle time.Duration
 	// Reserve is the share of the rate (0..0.5) that increases of
-	// existing subscribers leave free while a subscriber joins (its
-	// demand is not known yet), so that it gets a share at once, before
-	// others are decreased. When every demand is known, all but a fifth
-	// of it is lent. Default 0.05.
+	// existing subscribers leave free while a subscriber joins (has no
+	// grant yet), so that it gets a share at once, before others are
+	// decreased. Otherwise all but a fifth of it is lent. Default 0.05.
 	Reserve float64
 	// Idle abandons a subscriber that reported no request for this long:
 	// Envoy drops the bucket and subscribes again at its next request.
@@ -533,11 +532,11 @@ func (p *Pool) live(now time.Time) (live []*sub, counted int) {
 }
 
 // keep is the rate that increases of subscribers with a grant leave free:
-// the reserve while one joins (its demand is not known yet), a fifth of
-// it once every demand is known (the rest is lent).
+// the reserve while one joins (has no grant yet), so that it gets a share
+// at once; a fifth of it otherwise (the rest is lent), for the next.
 func (p *Pool) keep(live []*sub) float64 {
 	for _, s := range live {
-		if !s.known {
+		if !s.granted {
 			return p.limit.Rate * p.cfg.Reserve
 		}
 	}
