@@ -97,16 +97,21 @@ func fill(rate float64, burst uint32, tolerance float64) (k uint32, n int64) {
 	var bestN, firstN int64
 	best := math.Inf(1)
 	for n := int64(1); n <= maxExactFill; n++ {
-		k := math.Floor(math.Min(rate*float64(n)+1e-9, math.MaxUint32))
+		k := math.Floor(min(rate*float64(n)+1e-9, math.MaxUint32))
 		if k < 1 {
 			continue
 		}
 		loss := rate - k/float64(n)
-		if k <= float64(burst) && loss < best-1e-12 {
+		fits := k <= float64(burst)
+		if fits && loss < best-1e-12 {
 			bestK, bestN, best = uint32(k), n, loss
 		}
 		if loss <= tolerance && firstN == 0 {
 			firstK, firstN = uint32(k), n
+		}
+		if !fits && firstN != 0 {
+			// k only grows with n: nothing further fits.
+			break
 		}
 	}
 	switch {

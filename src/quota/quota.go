@@ -614,8 +614,10 @@ func (p *Pool) decrease(now time.Time, live []*sub, targets []float64, burst uin
 		if burst < s.burst {
 			b = burst
 		}
-		if t := represent(targets[i], b); t < s.rate && (over || s.rate-t >= deadband(s.rate) || t == 0) {
-			r = t
+		if targets[i] < s.rate {
+			if t := represent(targets[i], b); t < s.rate && (over || s.rate-t >= deadband(s.rate) || t == 0) {
+				r = t
+			}
 		}
 		if r == s.rate && b == s.burst {
 			continue
