@@ -187,6 +187,28 @@ func TestSpareInProportionToDemand(t *testing.T) {
 	}
 }
 
+// TestRiseGrantedAtTheNextReport: a subscriber under its fair share whose
+// demand grows gets the increase at its next report (once the decrease
+// it causes has settled), and one whose demand falls gives it up there.
+func TestRiseGrantedAtTheNextReport(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t, Limit{Rate: 20, Burst: 20}, false)
+	h.join(1, 2)
+	h.steady(4, map[uint64]float64{1: 40, 2: 5})
+	h.steady(1, map[uint64]float64{1: 40, 2: 8})
+	h.advance(1100 * time.Millisecond)
+	h.tick()
+	if r := h.grants[2].Rate(); r < 8 {
+		t.Errorf("after a rise from 5 to 8/s and one report: %v/s, want at least 8", r)
+	}
+	h.steady(1, map[uint64]float64{1: 40, 2: 3})
+	h.advance(1100 * time.Millisecond)
+	h.tick()
+	if r1, r2 := h.grants[1].Rate(), h.grants[2].Rate(); r2 > 3.2 || r1 < 16.3 {
+		t.Errorf("after a fall from 8 to 3/s and one report: %v and %v/s, want about 16.6 and 3.15", r1, r2)
+	}
+}
+
 func TestStaticSplitsEqually(t *testing.T) {
 	t.Parallel()
 	h := newHarness(t, Limit{Rate: 30, Burst: 30, Equal: true}, false)
