@@ -158,8 +158,9 @@ type Pool struct {
 	beyond uint64
 	// subs holds every subscriber whose share is counted: those
 	// reporting, and those gone or abandoned whose last grant may still
-	// be in force.
+	// be in force. keys are its keys in order, nil when they changed.
 	subs map[uint64]*sub
+	keys []uint64
 }
 
 // sub is one subscriber: an Envoy's stream reporting the pool's bucket.
@@ -241,13 +242,16 @@ func (s *sub) committed(now time.Time) (float64, uint32) {
 
 // Committed returns the sum of the shares that may be in force now: rate
 // (requests per second) and burst. Outside the transients docs/RLQS.md
-// names, the rate is at most the limit's.
+// names, the rate is at most the limit's. Like every method, it is not
+// for concurrent use (it keeps the keys' order).
 func (p *Pool) Committed(now time.Time) (rate float64, burst uint64) {
-	// In the order of the keys: sums of the same shares give the same
-	// grants, in a pool restored from its state too.
-	for _, k := range slices.Sorted(maps.Keys(p.subs)) {
-		s := p.subs[k]
-		r, b := s.committed(now)
+	// In the order of the keys: the same shares add up to the same sum,
+	// in a pool restored from its state too, and give the same grants.
+	if p.keys == nil {
+		p.keys = slices.Sorted(maps.Keys(p.subs))
+	}
+	for _, k := range p.keys {
+		r, b := p.subs[k].committed(now)
 		rate += r
 		burst += uint64(b)
 	}
@@ -275,6 +279,7 @@ func (p *Pool) Report(now time.Time, id uint64, u Usage) []Change {
 		// abandon: a new subscription; the old grant still counts
 		// until it ends, under another key.
 		p.subs[ghostKey(id, p.subs)] = s
+		p.keys = nil
 		s = nil
 	}
 	n := u.Allowed + u.Denied
@@ -287,6 +292,7 @@ func (p *Pool) Report(now time.Time, id uint64, u Usage) []Change {
 		s = &sub{id: id, since: at, active: at}
 		s.reported = at
 		p.subs[id] = s
+		p.keys = nil
 		if u.Elapsed > 0 {
 			// A subscription Envoy had before this stream (the
 			// stream or the server restarted): its report covers
@@ -407,6 +413,7 @@ func (p *Pool) Leave(now time.Time, id uint64) []Change {
 	s.gone = true
 	if r, _ := s.committed(now); r == 0 && !s.granted {
 		delete(p.subs, id)
+		p.keys = nil
 	}
 	return p.rebalance(now)
 }
@@ -446,6 +453,7 @@ func (p *Pool) expire(now time.Time) {
 		case s.gone && !now.Before(s.leaseUntil),
 			s.abandoned && !now.Before(s.holdUntil):
 			delete(p.subs, id)
+			p.keys = nil
 		case !s.gone && !s.abandoned && now.Sub(s.reported) >= p.cfg.TTL:
 			s.gone = true
 		case s.granted && !now.Before(s.leaseUntil):
