@@ -15,6 +15,7 @@
 package quota
 
 import (
+	"maps"
 	"math"
 	"slices"
 	"time"
@@ -38,26 +39,31 @@ type Config struct {
 	// Settle after it was sent. Default 15 s, three of Envoy's reports.
 	TTL time.Duration
 	// ReportInterval is how often Envoy reports each bucket (5 s in
-	// Envoy 1.40, which ignores the filter's reporting_interval). It is
-	// the time constant of the demand's smoothing. Default 5 s.
+	// Envoy 1.40, which ignores the filter's reporting_interval): every
+	// Envoy that holds a grant of an earlier server reports it within
+	// that time of a start. Default 5 s.
 	ReportInterval time.Duration
 	// Settle is how long a grant sent takes to be in force at the Envoy
 	// at most, on a stream that works. A decrease frees its share for
 	// others only after it. Default 1 s.
 	Settle time.Duration
 	// Reserve is the share of the rate (0..0.5) that increases of
-	// existing subscribers leave free, so that an Envoy that joins gets
-	// a share at once, before others are decreased. Default 0.05.
+	// existing subscribers leave free while a subscriber joins (has no
+	// grant yet), so that it gets a share at once, before others are
+	// decreased. Otherwise all but a fifth of it is lent. Default 0.05.
 	Reserve float64
 	// Idle abandons a subscriber that reported no request for this long:
 	// Envoy drops the bucket and subscribes again at its next request.
 	// Default 60 s; negative never abandons.
 	Idle time.Duration
-	// Start is when the server started. Until Start + TTL + Settle (the
-	// learning period: every lease a previous server granted has ended
-	// by then) a subscriber is never granted more than it was seen
-	// admitting, since the shares of Envoys that have not reported yet
-	// are unknown; buckets created meanwhile share the reserve.
+	// Start is when the server started. Until Learning (the learning
+	// period: every Envoy that held a grant of a previous server has
+	// reported by then, and been answered) the grants of a previous
+	// server may still be in force. A pool that has seen only buckets
+	// Envoy created meanwhile (fresh: they held nothing) splits its
+	// whole limit at once; once one reports a bucket it held before, a
+	// restart, such a subscriber is not granted more than it was seen
+	// admitting, and fresh buckets share the reserve.
 	Start time.Time
 }
 
@@ -94,10 +100,13 @@ func (c Config) withDefaults() Config {
 	return c
 }
 
-// Learning returns the end of the learning period: Start + TTL + Settle.
+// Learning returns the end of the learning period: Start, plus a report
+// interval and a second (Envoy's next report after the start; at most
+// the TTL, when every earlier grant has expired), plus Settle (its
+// answer in force).
 func (c Config) Learning() time.Time {
 	c = c.withDefaults()
-	return c.Start.Add(c.TTL + c.Settle)
+	return c.Start.Add(min(c.TTL, c.ReportInterval+time.Second) + c.Settle)
 }
 
 // Lease returns how long the pool counts a grant after sending it: TTL
@@ -149,8 +158,9 @@ type Pool struct {
 	beyond uint64
 	// subs holds every subscriber whose share is counted: those
 	// reporting, and those gone or abandoned whose last grant may still
-	// be in force.
+	// be in force. keys are its keys in order, nil when they changed.
 	subs map[uint64]*sub
+	keys []uint64
 }
 
 // sub is one subscriber: an Envoy's stream reporting the pool's bucket.
@@ -172,9 +182,10 @@ type sub struct {
 	// reported is the last report; active the last with a request in
 	// it, or the join.
 	reported, active time.Time
-	// evidence is the smallest admitted rate seen in the learning
-	// period (hasEvidence once there is one): a lower bound of the
-	// share the Envoy held before the server started.
+	// evidence is the admitted rate its first report said, when that
+	// report covered time before the subscription (a bucket Envoy held
+	// before this stream, in the learning period; hasEvidence): the
+	// share the Envoy held before the server started, at least.
 	evidence    float64
 	hasEvidence bool
 	// fresh: the bucket was new (its first report said so) in the
@@ -231,10 +242,16 @@ func (s *sub) committed(now time.Time) (float64, uint32) {
 
 // Committed returns the sum of the shares that may be in force now: rate
 // (requests per second) and burst. Outside the transients docs/RLQS.md
-// names, the rate is at most the limit's.
+// names, the rate is at most the limit's. Like every method, it is not
+// for concurrent use (it keeps the keys' order).
 func (p *Pool) Committed(now time.Time) (rate float64, burst uint64) {
-	for _, s := range p.subs {
-		r, b := s.committed(now)
+	// In the order of the keys: the same shares add up to the same sum,
+	// in a pool restored from its state too, and give the same grants.
+	if p.keys == nil {
+		p.keys = slices.Sorted(maps.Keys(p.subs))
+	}
+	for _, k := range p.keys {
+		r, b := p.subs[k].committed(now)
 		rate += r
 		burst += uint64(b)
 	}
@@ -262,6 +279,7 @@ func (p *Pool) Report(now time.Time, id uint64, u Usage) []Change {
 		// abandon: a new subscription; the old grant still counts
 		// until it ends, under another key.
 		p.subs[ghostKey(id, p.subs)] = s
+		p.keys = nil
 		s = nil
 	}
 	n := u.Allowed + u.Denied
@@ -274,6 +292,7 @@ func (p *Pool) Report(now time.Time, id uint64, u Usage) []Change {
 		s = &sub{id: id, since: at, active: at}
 		s.reported = at
 		p.subs[id] = s
+		p.keys = nil
 		if u.Elapsed > 0 {
 			// A subscription Envoy had before this stream (the
 			// stream or the server restarted): its report covers
@@ -281,7 +300,9 @@ func (p *Pool) Report(now time.Time, id uint64, u Usage) []Change {
 			// n/(Elapsed+1s) and n/Elapsed.
 			s.demand = float64(n) / (u.Elapsed + time.Second/2).Seconds()
 			s.known = true
-			p.learn(now, s, float64(u.Allowed)/(u.Elapsed+time.Second).Seconds())
+			if now.Before(p.cfg.Learning()) {
+				s.evidence, s.hasEvidence = float64(u.Allowed)/(u.Elapsed+time.Second).Seconds(), true
+			}
 		} else {
 			s.count, s.allowed = n, u.Allowed
 			s.fresh = now.Before(p.cfg.Learning())
@@ -290,14 +311,9 @@ func (p *Pool) Report(now time.Time, id uint64, u Usage) []Change {
 		s.count += n
 		s.allowed += u.Allowed
 		if d := at.Sub(s.since); d >= minSample {
-			sample := float64(s.count) / d.Seconds()
-			if !s.known {
-				s.demand, s.known = sample, true
-			} else {
-				a := 1 - math.Exp(-d.Seconds()/p.cfg.ReportInterval.Seconds())
-				s.demand += a * (sample - s.demand)
-			}
-			p.learn(now, s, float64(s.allowed)/d.Seconds())
+			// The last sample, unsmoothed: a fall is released, and a
+			// rise granted, at the first report that shows it.
+			s.demand, s.known = float64(s.count)/d.Seconds(), true
 			s.count, s.allowed, s.since = 0, 0, at
 		}
 	}
@@ -387,17 +403,6 @@ func ghostKey(id uint64, subs map[uint64]*sub) uint64 {
 	return k
 }
 
-// learn records, in the learning period, an admitted rate seen: the
-// subscriber's grants stay at or below the smallest.
-func (p *Pool) learn(now time.Time, s *sub, admitted float64) {
-	if !now.Before(p.cfg.Learning()) {
-		return
-	}
-	if !s.hasEvidence || admitted < s.evidence {
-		s.evidence, s.hasEvidence = admitted, true
-	}
-}
-
 // Leave records that a subscriber's stream closed: no grant reaches it any
 // more, and its share counts until its lease ends.
 func (p *Pool) Leave(now time.Time, id uint64) []Change {
@@ -408,6 +413,7 @@ func (p *Pool) Leave(now time.Time, id uint64) []Change {
 	s.gone = true
 	if r, _ := s.committed(now); r == 0 && !s.granted {
 		delete(p.subs, id)
+		p.keys = nil
 	}
 	return p.rebalance(now)
 }
@@ -447,6 +453,7 @@ func (p *Pool) expire(now time.Time) {
 		case s.gone && !now.Before(s.leaseUntil),
 			s.abandoned && !now.Before(s.holdUntil):
 			delete(p.subs, id)
+			p.keys = nil
 		case !s.gone && !s.abandoned && now.Sub(s.reported) >= p.cfg.TTL:
 			s.gone = true
 		case s.granted && !now.Before(s.leaseUntil):
@@ -496,6 +503,11 @@ func (p *Pool) sent(now time.Time, s *sub) {
 // always safe, since increases take only capacity that is free.
 func deadband(rate float64) float64 { return max(rate*0.02, 1.0/60) }
 
+// headroom is what a subscriber whose demand is met gets above it, as a
+// share of its demand: room for the noise of a measured rate and for a
+// small rise before its next report shows it.
+const headroom = 0.05
+
 // rebalance computes every reporting subscriber's target share and moves
 // the grants towards it: decreases at once, increases only out of
 // capacity free now (counting the decreases still settling and the leases
@@ -506,9 +518,10 @@ func (p *Pool) rebalance(now time.Time) []Change {
 	if len(live) == 0 {
 		return nil
 	}
-	targets, burst := p.targets(now, live, counted)
+	keep := p.keep(live)
+	targets, burst := p.targets(now, live, counted, keep)
 	changes := p.decrease(now, live, targets, burst, nil)
-	return p.increase(now, live, targets, burst, changes)
+	return p.increase(now, live, targets, burst, keep, changes)
 }
 
 // live returns the subscribers that still report, in id order, and how
@@ -526,12 +539,24 @@ func (p *Pool) live(now time.Time) (live []*sub, counted int) {
 	return live, counted
 }
 
+// keep is the rate that increases of subscribers with a grant leave free:
+// the reserve while one joins (has no grant yet), so that it gets a share
+// at once; a fifth of it otherwise (the rest is lent), for the next.
+func (p *Pool) keep(live []*sub) float64 {
+	for _, s := range live {
+		if !s.granted {
+			return p.limit.Rate * p.cfg.Reserve
+		}
+	}
+	return p.limit.Rate * p.cfg.Reserve / 5
+}
+
 // targets returns each live subscriber's target rate, max-min fair over
-// the capacity less the reserve, and the burst each may hold; while the
-// pool learns, never more than a subscriber was seen admitting.
-func (p *Pool) targets(now time.Time, live []*sub, counted int) ([]float64, uint32) {
-	learning := now.Before(p.cfg.Learning())
-	capacity := p.limit.Rate * (1 - p.cfg.Reserve)
+// the capacity less what is kept free, and the burst each may hold. In
+// a restart's learning period a subscriber is never granted more than it
+// was seen admitting, and fresh buckets share the reserve.
+func (p *Pool) targets(now time.Time, live []*sub, counted int, keep float64) ([]float64, uint32) {
+	capacity := p.limit.Rate - keep
 	demands := make([]float64, len(live))
 	floor := capacity / float64(10*len(live))
 	for i, s := range live {
@@ -540,16 +565,17 @@ func (p *Pool) targets(now time.Time, live []*sub, counted int) ([]float64, uint
 			// Every subscriber keeps a small share, a tenth of an
 			// equal one, so that its first requests after a quiet
 			// time are not all denied.
-			demands[i] = max(s.demand, floor)
+			demands[i] = max(s.demand*(1+headroom), floor)
 		}
 	}
 	targets := Waterfill(capacity, demands)
-	if !learning {
-		return targets, uint32(max(1, math.Floor(p.limit.Burst/float64(counted))))
+	burst := uint32(max(MinTokens, math.Floor(p.limit.Burst/float64(counted))))
+	if !p.restarting(now) {
+		return targets, burst
 	}
-	// Never more than it was seen admitting: the old server's lease may
-	// still be in force elsewhere. A bucket created meanwhile held
-	// nothing: those share the reserve.
+	// An Envoy that held a grant before the start may still be using
+	// it: never more than it was seen admitting. A bucket created
+	// meanwhile held nothing: those share the reserve.
 	fresh := 0
 	for _, s := range live {
 		if s.fresh {
@@ -560,11 +586,26 @@ func (p *Pool) targets(now time.Time, live []*sub, counted int) ([]float64, uint
 		if s.fresh {
 			targets[i] = min(targets[i], p.limit.Rate*p.cfg.Reserve/float64(fresh))
 		}
-		if s.hasEvidence || !s.fresh {
+		if s.hasEvidence {
 			targets[i] = min(targets[i], s.evidence)
 		}
 	}
-	return targets, 1
+	return targets, burst
+}
+
+// restarting reports whether the pool is in its learning period and has
+// seen a bucket an Envoy held before it started: grants of an earlier
+// server may be in force.
+func (p *Pool) restarting(now time.Time) bool {
+	if !now.Before(p.cfg.Learning()) {
+		return false
+	}
+	for _, s := range p.subs {
+		if s.hasEvidence {
+			return true
+		}
+	}
+	return false
 }
 
 // decrease lowers, at once, the grants above their target (or above the
@@ -578,11 +619,13 @@ func (p *Pool) decrease(now time.Time, live []*sub, targets []float64, burst uin
 			continue
 		}
 		r, b := s.rate, s.burst
-		if t := represent(targets[i]); t < s.rate && (over || s.rate-t >= deadband(s.rate) || t == 0) {
-			r = t
-		}
 		if burst < s.burst {
 			b = burst
+		}
+		if targets[i] < s.rate {
+			if t := represent(targets[i], b); t < s.rate && (over || s.rate-t >= deadband(s.rate) || t == 0) {
+				r = t
+			}
 		}
 		if r == s.rate && b == s.burst {
 			continue
@@ -596,9 +639,9 @@ func (p *Pool) decrease(now time.Time, live []*sub, targets []float64, burst uin
 }
 
 // increase raises the grants below their target out of what is free now,
-// the subscribers with no grant first, then the poorest; the reserve is
-// only for those with no grant yet. It appends the changes to changes.
-func (p *Pool) increase(now time.Time, live []*sub, targets []float64, burst uint32, changes []Change) []Change {
+// the subscribers with no grant first, then the poorest; keep is only for
+// those with no grant yet. It appends the changes to changes.
+func (p *Pool) increase(now time.Time, live []*sub, targets []float64, burst uint32, keep float64, changes []Change) []Change {
 	rate, burstSum := p.Committed(now)
 	free := p.limit.Rate - rate
 	freeBurst := int64(p.limit.Burst) - int64(burstSum)
@@ -624,27 +667,27 @@ func (p *Pool) increase(now time.Time, live []*sub, targets []float64, burst uin
 		s := live[i]
 		avail := free
 		if s.granted {
-			avail -= p.limit.Rate * p.cfg.Reserve
+			avail -= keep
 		}
 		cr, cb := s.committed(now)
 		r, b := s.rate, s.burst
-		if want := targets[i]; want > r {
-			// What it may use beyond what is counted for it already.
-			if up := represent(min(want, cr+max(avail, 0))); up > r && (up-r >= deadband(r) || !s.granted) {
-				r = up
-			}
-		}
 		if burst > b {
 			b = uint32(min(int64(burst), int64(cb)+max(freeBurst, 0)))
 			if b < s.burst {
 				b = s.burst
 			}
 		}
-		if !s.granted {
-			if b == 0 {
-				b = 1
+		if want := targets[i]; want > r {
+			// What it may use beyond what is counted for it already.
+			if up := represent(min(want, cr+max(avail, 0)), max(b, MinTokens)); up > r && (up-r >= deadband(r) || !s.granted) {
+				r = up
 			}
-		} else if r == s.rate && b == s.burst {
+		}
+		if r > 0 {
+			// At least MinTokens, which may not fit: the bound's N.
+			b = max(b, MinTokens)
+		}
+		if s.granted && r == s.rate && b == s.burst {
 			continue
 		}
 		free -= max(0, r-cr)
@@ -657,10 +700,10 @@ func (p *Pool) increase(now time.Time, live []*sub, targets []float64, burst uin
 
 // set gives s the share (r, b) and builds its grant; the caller sends it.
 func (p *Pool) set(now time.Time, s *sub, r float64, b uint32) {
-	if r > 0 && b == 0 {
-		// A token bucket holds at least one token (Envoy's max_tokens
-		// must be positive): the bound's one token per subscriber.
-		b = 1
+	if r > 0 && b < MinTokens {
+		// A token bucket holds at least MinTokens (Envoy's max_tokens
+		// must be positive; see MinTokens): the bound's N.
+		b = MinTokens
 	}
 	s.rate, s.burst = r, b
 	s.grant = s.grant.next(r, b)

@@ -493,7 +493,10 @@ func TestSharedQuotaLearnsAfterDataLoss(t *testing.T) {
 	}
 	lost := f.now()
 	small.demand = 100
-	for f.now().Before(lost.Add(quota.DefaultTTL + 2*time.Second)) {
+	// Until the learning period ends (a report interval and a second,
+	// then the replicas' Settle), when every Envoy that held a grant has
+	// reported and been answered.
+	for f.now().Before(lost.Add(quota.DefaultReportInterval + 3*time.Second)) {
 		f.run(fleetStep, epoch.Add(time.Hour))
 		if r := rate(small.tb); r > seen+1 {
 			t.Fatalf("%v after the loss: small granted %v/s, above the %v/s it held, while big's %v/s may be in force",

@@ -48,6 +48,10 @@ type envoy struct {
 	nextTick time.Time
 	// inbox holds the service's responses until they arrive.
 	inbox []delivery
+	// discrete reads token buckets as the proto's text does:
+	// tokens_per_fill once every fill_interval, up to max_tokens, not
+	// continuously as Envoy 1.40 does.
+	discrete bool
 }
 
 type delivery struct {
@@ -63,8 +67,12 @@ type bucket struct {
 	action  *rlqsv3.RateLimitQuotaResponse_BucketAction
 	expires time.Time
 	// tokens of the token bucket in force; rate and max are what Envoy
-	// read from its assignment.
+	// read from its assignment. With discrete, fill tokens are added at
+	// nextFill and every interval after.
 	tokens, rate, max float64
+	fill              float64
+	interval          time.Duration
+	nextFill          time.Time
 	// assigned: an assignment arrived since the bucket was created.
 	assigned bool
 
@@ -142,7 +150,13 @@ func (e *envoy) advance(now time.Time, dt time.Duration) {
 		}
 	}
 	for _, b := range e.buckets {
-		if b.action != nil && b.max > 0 {
+		switch {
+		case b.action == nil || b.max == 0:
+		case e.discrete:
+			for ; !now.Before(b.nextFill); b.nextFill = b.nextFill.Add(b.interval) {
+				b.tokens = min(b.max, b.tokens+b.fill)
+			}
+		default:
 			b.tokens = min(b.max, b.tokens+b.rate*dt.Seconds())
 		}
 	}
@@ -210,7 +224,12 @@ func (e *envoy) collect(now time.Time, delay time.Duration) {
 	r := e.sess.Take()
 	e.count(time.Since(began))
 	if r != nil {
-		e.inbox = append(e.inbox, delivery{at: now.Add(delay), resp: r})
+		// A stream delivers in order: never before the one taken before.
+		at := now.Add(delay)
+		if len(e.inbox) > 0 && e.inbox[len(e.inbox)-1].at.After(at) {
+			at = e.inbox[len(e.inbox)-1].at
+		}
+		e.inbox = append(e.inbox, delivery{at: at, resp: r})
 	}
 }
 
@@ -263,6 +282,10 @@ func (e *envoy) apply(now time.Time, r *rlqsv3.RateLimitQuotaResponse) {
 			b.rate, b.max = tokenRate(tb), float64(tb.GetMaxTokens())
 		default:
 			b.tokens, b.rate, b.max = float64(tb.GetMaxTokens()), tokenRate(tb), float64(tb.GetMaxTokens())
+		}
+		if tb != nil {
+			b.fill, b.interval = float64(tb.GetTokensPerFill().GetValue()), tb.GetFillInterval().AsDuration()
+			b.nextFill = now.Add(b.interval)
 		}
 		b.action = a
 	}

@@ -168,13 +168,7 @@ func redisCPU(srv *harness.RedisServer) time.Duration {
 // sharing a redis-server started in dir; close stops what they use, and
 // cpu reads the CPU the redis-server has used (zero without one).
 func (sc scenario) startReplicas(dir string, now func() time.Time, cfg *rules.Config) (reps []*replica, closeAll func(), cpu func() time.Duration, err error) {
-	qc := rlqs.Config{
-		Pool:                quota.Config{TTL: sc.ttl, ReportInterval: sc.interval, Start: epoch},
-		MaxStreams:          sc.envoys + 1,
-		MaxBuckets:          10_000_000,
-		MaxBucketsPerStream: 1_000_000,
-		Now:                 now,
-	}
+	qc := sc.config(now, epoch)
 	var closers []func()
 	closeAll = func() {
 		for i := len(closers) - 1; i >= 0; i-- {
@@ -213,6 +207,17 @@ func (sc scenario) startReplicas(dir string, now func() time.Time, cfg *rules.Co
 	r.q = rlqs.New(r.reg, qc)
 	r.q.SetRules(cfg)
 	return []*replica{r}, closeAll, cpu, nil
+}
+
+// config is the service's configuration for a run, started at start.
+func (sc scenario) config(now func() time.Time, start time.Time) rlqs.Config {
+	return rlqs.Config{
+		Pool:                quota.Config{TTL: sc.ttl, ReportInterval: sc.interval, Start: start},
+		MaxStreams:          sc.envoys + 1,
+		MaxBuckets:          10_000_000,
+		MaxBucketsPerStream: 1_000_000,
+		Now:                 now,
+	}
 }
 
 func (sc scenario) run() (result, error) {
@@ -438,7 +443,7 @@ func (sc scenario) run() (result, error) {
 	if sc.checks {
 		for t := range sampled {
 			s := sampled[t]
-			sc.checkBound(&res, t, s.admitted, s.join, s.events, s.subs)
+			sc.checkBound(&res, t, s.admitted, s.join, s.events, s.subs, nil)
 		}
 		sc.fairness(&res, byTenant[:len(sampled)])
 	}
@@ -497,14 +502,18 @@ func callBeside(ticked []*replica, ticking *sync.WaitGroup) (longest time.Durati
 
 // checkBound holds every window of a tenant whose ends fall on a grid of
 // 0.5 s, up to 2 minutes long, to docs/RLQS.md's bound.
-func (sc scenario) checkBound(res *result, tenant int, admitted, join, events, subs []int) {
+func (sc scenario) checkBound(res *result, tenant int, admitted, join, events, subs []int, restarts []int) {
 	grid := int(500 * time.Millisecond / sc.dt)
 	longest := int(2 * time.Minute / sc.dt)
 	reach := int((2*sc.settle() + time.Second) / sc.dt)
-	learning := int((sc.ttl + sc.settle()) / sc.dt)
+	learning := int((min(sc.ttl, sc.interval+time.Second) + sc.settle()) / sc.dt)
 	if sc.replicas > 0 {
 		// The shared pools start at the first tick that makes one.
 		learning += int(time.Second / sc.dt)
+	}
+	// inLearning is the part of [a, z] in the learning period from start.
+	inLearning := func(a, z, start int) float64 {
+		return float64(max(0, min(z+1, start+learning)-max(a, start))) * sc.dt.Seconds()
 	}
 	for a := 0; a < len(admitted); a += grid {
 		adm, j, ev, n, nMin := 0, 0, 0, 0, math.MaxInt
@@ -521,10 +530,17 @@ func (sc scenario) checkBound(res *result, tenant int, admitted, join, events, s
 				continue
 			}
 			t := float64(z-a+1) * sc.dt.Seconds()
-			bound := sc.rate*t + sc.burst + float64(n) + float64(j) + float64(ev)*math.Ceil(sc.burst/float64(nMin))
-			if a < learning {
-				tl := float64(min(z+1, learning)-a) * sc.dt.Seconds()
-				bound += sc.burst*(1+tl/sc.interval.Seconds()) + quota.DefaultReserve*sc.rate*tl
+			bound := sc.rate*t + sc.burst + float64(quota.MinTokens*n) + float64(j) +
+				float64(ev)*max(quota.MinTokens, math.Ceil(sc.burst/float64(nMin)))
+			// The run starts cold (every bucket new); a restart, with
+			// every bucket held before it, has the tighter term.
+			if tl := inLearning(a, z, 0); tl > 0 {
+				bound += sc.rate*tl + sc.burst
+			}
+			for _, r := range restarts {
+				if tl := inLearning(a, z, r); tl > 0 {
+					bound += sc.burst*(1+tl/sc.interval.Seconds()) + quota.DefaultReserve*sc.rate*tl
+				}
 			}
 			res.worst = max(res.worst, float64(adm)/bound)
 			if float64(adm) > bound && res.violation == "" {

@@ -11,6 +11,7 @@
 //
 //	go run ./tools/rlqssim                 # every scenario
 //	go run ./tools/rlqssim -run cost       # the ones whose name contains "cost"
+//	go run ./tools/rlqssim -run dynamics   # a cold start, a demand drop, a join, a restart
 package main
 
 import (
@@ -72,6 +73,9 @@ func scenarios() []scenario {
 }
 
 func runAll(w io.Writer, filter string) error {
+	if filter == "dynamics" {
+		return runDynamics(w)
+	}
 	fmt.Fprintln(w, "| scenario | Envoys | buckets | subscriptions | worst window / bound | fallbacks | fairness error (mean, worst) | converged within | takeovers, late grants | CPU per bucket report | a stream's longest wait in a tick (median, most) | time per tick | Redis CPU | heap per subscription |")
 	fmt.Fprintln(w, "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
 	for _, sc := range scenarios() {
@@ -83,6 +87,10 @@ func runAll(w io.Writer, filter string) error {
 			return fmt.Errorf("%s: %w", sc.name, err)
 		}
 		fmt.Fprintln(w, r.row(sc))
+	}
+	if filter == "" {
+		fmt.Fprintln(w)
+		return runDynamics(w)
 	}
 	return nil
 }

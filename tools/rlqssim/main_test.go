@@ -68,3 +68,22 @@ func TestSmallFleetReplicas(t *testing.T) {
 		t.Errorf("converged %v after the kill, want before the next shift", r.recovered)
 	}
 }
+
+// TestDynamics runs the fleet changes (a cold start, a demand drop, a
+// join, a restart) with Envoy 1.40's clients: at each, every client has
+// 90 % of its fair share within two report intervals, and the bound
+// holds in every window.
+func TestDynamics(t *testing.T) {
+	r, err := dynamics{name: "Envoy 1.40", seed: 2}.run()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.violation != "" || r.worst == 0 || r.worst > 1 {
+		t.Errorf("bound: worst %.2f, %s", r.worst, r.violation)
+	}
+	for i, ev := range r.events {
+		if at := r.reached[i]; at < 0 || at > 10*time.Second {
+			t.Errorf("%s: 90 %% of the fair shares after %v, want within 10 s", ev.name, at)
+		}
+	}
+}
