@@ -373,3 +373,25 @@ func TestRulesBounds(t *testing.T) {
 		t.Errorf("a Source %d deep: %v", MaxDepth+1, err)
 	}
 }
+
+// TestUnits pins each unit's name and length (the anchor's: a month is 30
+// days, a year 365), and that a value outside the enum, as a cast from
+// Envoy's proto may give, is UNKNOWN and 0 s long.
+func TestUnits(t *testing.T) {
+	want := map[Unit]struct {
+		name string
+		secs int64
+	}{
+		Second: {"SECOND", 1}, Minute: {"MINUTE", 60}, Hour: {"HOUR", 3600}, Day: {"DAY", 86400},
+		Week: {"WEEK", 604800}, Month: {"MONTH", 2592000}, Year: {"YEAR", 31536000},
+		Unknown: {"UNKNOWN", 0}, -1: {"UNKNOWN", 0}, 8: {"UNKNOWN", 0},
+	}
+	for u, w := range want {
+		if u.String() != w.name || u.Seconds() != w.secs {
+			t.Errorf("Unit(%d) = %s, %d s; want %s, %d s", int32(u), u, u.Seconds(), w.name, w.secs)
+		}
+		if p, ok := ParseUnit(strings.ToLower(w.name)); ok != (w.secs > 0) || ok && p != u {
+			t.Errorf("ParseUnit(%q) = %v, %v", strings.ToLower(w.name), p, ok)
+		}
+	}
+}

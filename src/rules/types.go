@@ -21,47 +21,31 @@ const (
 	Week    Unit = 7
 )
 
-// Seconds returns the length of one unit in seconds, as envoyproxy/ratelimit
-// counts them (a month is 30 days, a year 365 days), or 0 for Unknown.
+// unitSeconds and unitNames are each unit's length in seconds, as
+// envoyproxy/ratelimit counts them (a month is 30 days, a year 365 days),
+// and its name in Envoy's proto.
+var (
+	unitSeconds = [...]int64{Second: 1, Minute: 60, Hour: 3600, Day: 86400, Week: 7 * 86400, Month: 30 * 86400, Year: 365 * 86400}
+	unitNames   = [...]string{Unknown: "UNKNOWN", Second: "SECOND", Minute: "MINUTE", Hour: "HOUR", Day: "DAY", Week: "WEEK", Month: "MONTH", Year: "YEAR"}
+)
+
+// valid reports whether u is one of the units, not Unknown.
+func (u Unit) valid() bool { return u > Unknown && int(u) < len(unitNames) }
+
+// Seconds returns the length of one unit in seconds, or 0 for Unknown.
 func (u Unit) Seconds() int64 {
-	switch u {
-	case Second:
-		return 1
-	case Minute:
-		return 60
-	case Hour:
-		return 3600
-	case Day:
-		return 86400
-	case Week:
-		return 7 * 86400
-	case Month:
-		return 30 * 86400
-	case Year:
-		return 365 * 86400
+	if !u.valid() {
+		return 0
 	}
-	return 0
+	return unitSeconds[u]
 }
 
 // String returns the upper-case name used by Envoy's proto (SECOND, MINUTE, ...).
 func (u Unit) String() string {
-	switch u {
-	case Second:
-		return "SECOND"
-	case Minute:
-		return "MINUTE"
-	case Hour:
-		return "HOUR"
-	case Day:
-		return "DAY"
-	case Week:
-		return "WEEK"
-	case Month:
-		return "MONTH"
-	case Year:
-		return "YEAR"
+	if !u.valid() {
+		return unitNames[Unknown]
 	}
-	return "UNKNOWN"
+	return unitNames[u]
 }
 
 // ParseUnit reads a unit name, case-insensitively. It reports false for
