@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -393,5 +394,37 @@ func TestUnits(t *testing.T) {
 		if p, ok := ParseUnit(strings.ToLower(w.name)); ok != (w.secs > 0) || ok && p != u {
 			t.Errorf("ParseUnit(%q) = %v, %v", strings.ToLower(w.name), p, ok)
 		}
+	}
+}
+
+// TestAlgorithmRegistry pins the traits every package reads from the
+// algorithms' registry instead of naming algorithms, and that a value
+// outside it has none.
+func TestAlgorithmRegistry(t *testing.T) {
+	type traits struct{ windowed, continuous, burst, perHit, overUntilReset bool }
+	want := map[Algorithm]traits{
+		FixedWindow:                {windowed: true, overUntilReset: true},
+		SlidingWindow:              {continuous: true, overUntilReset: true},
+		SlidingLog:                 {continuous: true, perHit: true, overUntilReset: true},
+		TokenBucket:                {continuous: true, burst: true},
+		Algorithm(len(Algorithms)): {},
+		255:                        {},
+	}
+	for a, w := range want {
+		got := traits{a.Windowed(), a.Continuous(), a.HasBurst(), a.PerHit(), a.OverUntilReset()}
+		if got != w {
+			t.Errorf("%s (%d): traits %+v, want %+v", a, a, got, w)
+		}
+		if p, ok := ParseAlgorithm(a.String()); ok != a.known() || ok && p != a {
+			t.Errorf("ParseAlgorithm(%q) = %v, %v", a.String(), p, ok)
+		}
+	}
+	for a := range len(algorithms) {
+		if known := Algorithm(a).known(); known != slices.Contains(Algorithms, Algorithm(a)) {
+			t.Errorf("Algorithm %d: in the registry %v, in Algorithms %v", a, known, !known)
+		}
+	}
+	if got := algorithmNames(func(Algorithm) bool { return true }); got != "fixed_window, sliding_window, sliding_log or token_bucket" {
+		t.Errorf("algorithmNames = %q", got)
 	}
 }
