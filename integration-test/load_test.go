@@ -11,7 +11,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/ratelimitd/ratelimit/harness"
-	"github.com/ratelimitd/ratelimit/src/loadgen"
+	"github.com/ratelimitd/ratelimit/loadgen"
 )
 
 const loadRules = `domain: load

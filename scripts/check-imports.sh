@@ -28,8 +28,8 @@ check src/limiter src/store src/service src/server src/provider src/settings src
 # The stores' client TLS knows nothing of ours.
 check src/store/tlsclient src/
 # Every package under src/store (each store, the breaker, and whatever is
-# added there), found in the tree; storetest, the suite, is for tests.
-for d in $(find src/store -mindepth 1 -maxdepth 1 -type d ! -name storetest | sort); do
+# added there), found in the tree.
+for d in $(find src/store -mindepth 1 -maxdepth 1 -type d | sort); do
   check "$d" src/service src/rlqs src/server src/provider src/settings
 done
 check src/service src/server src/settings src/store src/provider src/rlqs
@@ -60,16 +60,17 @@ if bad=$(grep -rl --include='*.go' --exclude='*_test.go' -e 'go-control-plane/ra
   -e 'go-control-plane/pkg/' src cmd 2>/dev/null | grep -v '^src/provider/'); then
   echo "imports: xDS types must stay in src/provider: $bad"; fail=1
 fi
-# harness/ starts the processes the tests run against, and storetest is the
-# stores' suite: both are for tests and tools, never for the service; the
-# harness knows nothing of the service.
+# harness/ starts the processes the tests run against, storetest/ is the
+# stores' suite and loadgen/ the load generator of the tools and tests: they
+# sit at the root, beside src/, because they are for tests and tools, never
+# for the service. The harness knows nothing of the service; the suite knows
+# the limiter's contract, not a store; the load generator speaks only the
+# wire protocol.
 check harness src/
-if grep -rl --include='*.go' --exclude='*_test.go' -e 'ratelimit/harness"' -e 'src/store/storetest"' src cmd | grep -v '^src/store/storetest/'; then
-  echo "imports: harness and src/store/storetest are for tests and tools only"; fail=1
-fi
-# The load generator is for cmd/ratelimit-bench, the tools and the tests.
-if bad=$(grep -rl --include='*.go' --exclude='*_test.go' '"github.com/ratelimitd/ratelimit/src/loadgen"' src cmd | grep -v -e '^src/loadgen/' -e '^cmd/ratelimit-bench/'); then
-  echo "imports: src/loadgen is for cmd/ratelimit-bench, the tools and the tests: $bad"; fail=1
+check storetest src/store src/service src/rlqs src/server src/provider src/settings
+check loadgen src/
+if grep -rl --include='*.go' --exclude='*_test.go' -e 'ratelimit/harness"' -e 'ratelimit/storetest"' -e 'ratelimit/loadgen"' src cmd; then
+  echo "imports: harness/, storetest/ and loadgen/ are for tests and tools only"; fail=1
 fi
 if grep -rl --include='*.go' --exclude='*_test.go' 'src/wire/wiretest' src cmd | grep -v '^src/wire/wiretest/'; then
   echo "imports: wire/wiretest is for tests only"; fail=1

@@ -64,8 +64,9 @@ func TestModuleRequiresWhatTheServiceUses(t *testing.T) {
 	if err := json.Unmarshal(goModule(t, "mod", "edit", "-json"), &mod); err != nil {
 		t.Fatal(err)
 	}
-	// The service is cmd/ and src/; harness/, in the same module for the
-	// tests and tools, must not bring a requirement of its own.
+	// The service is cmd/ and src/; harness/, storetest/ and loadgen/, in
+	// the same module for the tests and tools, must not bring a requirement
+	// of their own.
 	used := map[string]bool{}
 	for _, m := range strings.Fields(string(goModule(t, "list", "-deps", "-f", "{{with .Module}}{{.Path}}{{end}}", "./cmd/...", "./src/..."))) {
 		used[m] = true

@@ -309,15 +309,9 @@ func (p *parser) lowSurrogate() (rune, bool) {
 	return r, true
 }
 
-// parseRequestLine parses a request line into req, reusing its slices;
-// what it reports as isSummary is a line with a "summary" key, which the
-// caller reads apart.
-func parseRequestLine(line string, req *Request) (isSummary bool, err error) {
-	p := &parser{s: line}
-	return p.requestLine(req)
-}
-
-// requestLine is parseRequestLine of p's line.
+// requestLine parses p's line, a request line, into req, reusing its
+// slices; what it reports as isSummary is a line with a "summary" key,
+// which the caller reads apart.
 func (p *parser) requestLine(req *Request) (isSummary bool, err error) {
 	var ns *int64
 	var code string

@@ -160,3 +160,11 @@ func BenchmarkParseRequestLine(b *testing.B) {
 		}
 	})
 }
+
+// parseRequestLine parses a request line into req, reusing its slices;
+// what it reports as isSummary is a line with a "summary" key, which the
+// caller reads apart.
+func parseRequestLine(line string, req *Request) (isSummary bool, err error) {
+	p := &parser{s: line}
+	return p.requestLine(req)
+}

@@ -151,14 +151,14 @@ func appendSuffix(dst []byte, l *rules.Limit, now time.Time) []byte {
 	if l.InList() {
 		// Close the hash tag over the descriptor: "..._valueN}_".
 		dst = append(dst[:len(dst)-1], '}', '_')
-		if l.Algorithm == rules.FixedWindow {
+		if l.Algorithm.Windowed() {
 			dst = strconv.AppendInt(dst, WindowStart(now, w), 10)
 			dst = append(dst, '_')
 		}
 		dst = strconv.AppendUint(dst, uint64(max(l.UnitMultiplier, 1)), 10)
 		dst = append(dst, '_')
 		dst = append(dst, unitNames[unitIndex(l.Unit)]...)
-		if l.Algorithm != rules.FixedWindow {
+		if !l.Algorithm.Windowed() {
 			dst = append(dst, '_')
 			dst = append(dst, l.Algorithm.String()...)
 		}
@@ -167,7 +167,7 @@ func appendSuffix(dst []byte, l *rules.Limit, now time.Time) []byte {
 		}
 		return dst
 	}
-	if l.Algorithm == rules.FixedWindow {
+	if l.Algorithm.Windowed() {
 		return strconv.AppendInt(dst, WindowStart(now, w), 10)
 	}
 	dst = strconv.AppendInt(dst, w, 10)
@@ -194,7 +194,7 @@ func SplitListKey(key string, a rules.Algorithm) (shared, limit string, ok bool)
 		return "", "", false
 	}
 	shared, rest := key[:end+1], key[end+2:]
-	if a == rules.FixedWindow {
+	if a.Windowed() {
 		// The window start, maybe negative, then '_'.
 		n := digits(strings.TrimPrefix(rest, "-"))
 		if n == 0 {
@@ -216,7 +216,7 @@ func SplitListKey(key string, a rules.Algorithm) (shared, limit string, ok bool)
 		return "", "", false
 	}
 	unit := rest[n+1:]
-	if a != rules.FixedWindow {
+	if !a.Windowed() {
 		var ok bool
 		if unit, ok = strings.CutSuffix(unit, a.String()); !ok {
 			return "", "", false

@@ -527,7 +527,7 @@ func (l *Limiter) remember(lim *rules.Limit, op *Op, res *Result, now time.Time,
 // cacheable reports whether the near cache may hold op's key (see
 // remember).
 func cacheable(lim *rules.Limit, op *Op) bool {
-	return !lim.ShadowMode && !lim.Shadow && op.Algorithm != rules.TokenBucket
+	return !lim.ShadowMode && !lim.Shadow && op.Algorithm.OverUntilReset()
 }
 
 // unsafeString views b as a string without copying, for a lookup that does

@@ -116,7 +116,7 @@ type Op struct {
 // Burst is 0) for a token bucket, Limit otherwise. It is 0 when Limit is 0,
 // whatever Burst says.
 func (op Op) Capacity() uint64 {
-	if op.Algorithm == rules.TokenBucket && op.Burst > 0 && op.Limit > 0 {
+	if op.Algorithm.HasBurst() && op.Burst > 0 && op.Limit > 0 {
 		return op.Burst
 	}
 	return op.Limit

@@ -506,15 +506,3 @@ func compareKeys(a, b Key) int {
 		return cmp.Or(cmp.Compare(x.Key, y.Key), cmp.Compare(x.Value, y.Value))
 	})
 }
-
-// len returns the number of keys held.
-func (k *sketch) len() int {
-	n := 0
-	for i := range k.shards {
-		sh := &k.shards[i]
-		sh.mu.Lock()
-		n += len(sh.slots)
-		sh.mu.Unlock()
-	}
-	return n
-}

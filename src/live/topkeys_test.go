@@ -234,3 +234,15 @@ func BenchmarkSketchObserve(b *testing.B) {
 		k.observe(k.hashKey("d", rule, lim, e), &o)
 	}
 }
+
+// len returns the number of keys held.
+func (k *sketch) len() int {
+	n := 0
+	for i := range k.shards {
+		sh := &k.shards[i]
+		sh.mu.Lock()
+		n += len(sh.slots)
+		sh.mu.Unlock()
+	}
+	return n
+}

@@ -528,13 +528,13 @@ func (c *limitCheck) unlimited(s limitSpec) {
 func (c *limitCheck) algorithm(s limitSpec, l *Limit, opts Options) {
 	alg, valid := ParseAlgorithm(s.algorithm)
 	if !valid {
-		c.report(fieldAlgorithm, true, "unknown algorithm %q (want fixed_window, sliding_window, sliding_log or token_bucket)", s.algorithm)
+		c.report(fieldAlgorithm, true, "unknown algorithm %q (want %s)", s.algorithm, algorithmNames(func(Algorithm) bool { return true }))
 	}
 	l.Algorithm = alg
 	if s.hasBurst && !s.badBurst {
 		switch {
-		case valid && alg != TokenBucket:
-			c.report(fieldBurst, false, "burst is only for algorithm token_bucket")
+		case valid && !alg.HasBurst():
+			c.report(fieldBurst, false, "burst is only for algorithm %s", algorithmNames(Algorithm.HasBurst))
 		case s.burst == 0:
 			c.report(fieldBurst, true, "burst must be at least 1 (leave it out to use requests_per_unit)")
 		}
@@ -550,10 +550,10 @@ func (c *limitCheck) algorithm(s limitSpec, l *Limit, opts Options) {
 			l.UnitMultiplier = s.multiplier
 		}
 	}
-	if valid && alg == SlidingLog && s.requests > MaxSlidingLog {
+	if valid && alg.PerHit() && s.requests > MaxSlidingLog {
 		c.report(fieldRequests, true,
-			"sliding_log keeps one timestamp per request; requests_per_unit %d is above its maximum of %d (use sliding_window)",
-			s.requests, MaxSlidingLog)
+			"%s keeps one timestamp per request; requests_per_unit %d is above its maximum of %d (use sliding_window)",
+			alg, s.requests, MaxSlidingLog)
 	}
 	if valid && opts.Supports != nil && !opts.Supports(alg) {
 		store := opts.StoreName

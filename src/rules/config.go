@@ -387,7 +387,7 @@ func writeLimit(b *strings.Builder, l *Limit) {
 	if l.Algorithm != FixedWindow {
 		fmt.Fprintf(b, ", algorithm: %s", l.Algorithm)
 	}
-	if l.Algorithm == TokenBucket {
+	if l.Algorithm.HasBurst() {
 		fmt.Fprintf(b, ", burst: %d", l.Capacity())
 	}
 	if l.UnitMultiplier > 1 {

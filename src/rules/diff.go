@@ -412,7 +412,7 @@ func listRestarts(a, b *Limit) bool {
 // burst is a rule's token bucket capacity as Dump writes it, or "none"
 // for the other algorithms, which have no burst.
 func burst(l *Limit) string {
-	if l.Algorithm != TokenBucket {
+	if !l.Algorithm.HasBurst() {
 		return "none"
 	}
 	return strconv.FormatUint(uint64(l.Capacity()), 10)

@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -371,5 +372,59 @@ func TestRulesBounds(t *testing.T) {
 	_, err = Build([]Source{{Name: `config "x" (domain x)`, Domain: "x", Descriptors: deep}}, Options{})
 	if err == nil || !strings.Contains(err.Error(), "nested 65 deep") {
 		t.Errorf("a Source %d deep: %v", MaxDepth+1, err)
+	}
+}
+
+// TestUnits pins each unit's name and length (the anchor's: a month is 30
+// days, a year 365), and that a value outside the enum, as a cast from
+// Envoy's proto may give, is UNKNOWN and 0 s long.
+func TestUnits(t *testing.T) {
+	want := map[Unit]struct {
+		name string
+		secs int64
+	}{
+		Second: {"SECOND", 1}, Minute: {"MINUTE", 60}, Hour: {"HOUR", 3600}, Day: {"DAY", 86400},
+		Week: {"WEEK", 604800}, Month: {"MONTH", 2592000}, Year: {"YEAR", 31536000},
+		Unknown: {"UNKNOWN", 0}, -1: {"UNKNOWN", 0}, 8: {"UNKNOWN", 0},
+	}
+	for u, w := range want {
+		if u.String() != w.name || u.Seconds() != w.secs {
+			t.Errorf("Unit(%d) = %s, %d s; want %s, %d s", int32(u), u, u.Seconds(), w.name, w.secs)
+		}
+		if p, ok := ParseUnit(strings.ToLower(w.name)); ok != (w.secs > 0) || ok && p != u {
+			t.Errorf("ParseUnit(%q) = %v, %v", strings.ToLower(w.name), p, ok)
+		}
+	}
+}
+
+// TestAlgorithmRegistry pins the traits every package reads from the
+// algorithms' registry instead of naming algorithms, and that a value
+// outside it has none.
+func TestAlgorithmRegistry(t *testing.T) {
+	type traits struct{ windowed, continuous, burst, perHit, overUntilReset bool }
+	want := map[Algorithm]traits{
+		FixedWindow:                {windowed: true, overUntilReset: true},
+		SlidingWindow:              {continuous: true, overUntilReset: true},
+		SlidingLog:                 {continuous: true, perHit: true, overUntilReset: true},
+		TokenBucket:                {continuous: true, burst: true},
+		Algorithm(len(Algorithms)): {},
+		255:                        {},
+	}
+	for a, w := range want {
+		got := traits{a.Windowed(), a.Continuous(), a.HasBurst(), a.PerHit(), a.OverUntilReset()}
+		if got != w {
+			t.Errorf("%s (%d): traits %+v, want %+v", a, a, got, w)
+		}
+		if p, ok := ParseAlgorithm(a.String()); ok != a.known() || ok && p != a {
+			t.Errorf("ParseAlgorithm(%q) = %v, %v", a.String(), p, ok)
+		}
+	}
+	for a := range len(algorithms) {
+		if known := Algorithm(a).known(); known != slices.Contains(Algorithms, Algorithm(a)) {
+			t.Errorf("Algorithm %d: in the registry %v, in Algorithms %v", a, known, !known)
+		}
+	}
+	if got := algorithmNames(func(Algorithm) bool { return true }); got != "fixed_window, sliding_window, sliding_log or token_bucket" {
+		t.Errorf("algorithmNames = %q", got)
 	}
 }

@@ -21,47 +21,31 @@ const (
 	Week    Unit = 7
 )
 
-// Seconds returns the length of one unit in seconds, as envoyproxy/ratelimit
-// counts them (a month is 30 days, a year 365 days), or 0 for Unknown.
+// unitSeconds and unitNames are each unit's length in seconds, as
+// envoyproxy/ratelimit counts them (a month is 30 days, a year 365 days),
+// and its name in Envoy's proto.
+var (
+	unitSeconds = [...]int64{Second: 1, Minute: 60, Hour: 3600, Day: 86400, Week: 7 * 86400, Month: 30 * 86400, Year: 365 * 86400}
+	unitNames   = [...]string{Unknown: "UNKNOWN", Second: "SECOND", Minute: "MINUTE", Hour: "HOUR", Day: "DAY", Week: "WEEK", Month: "MONTH", Year: "YEAR"}
+)
+
+// valid reports whether u is one of the units, not Unknown.
+func (u Unit) valid() bool { return u > Unknown && int(u) < len(unitNames) }
+
+// Seconds returns the length of one unit in seconds, or 0 for Unknown.
 func (u Unit) Seconds() int64 {
-	switch u {
-	case Second:
-		return 1
-	case Minute:
-		return 60
-	case Hour:
-		return 3600
-	case Day:
-		return 86400
-	case Week:
-		return 7 * 86400
-	case Month:
-		return 30 * 86400
-	case Year:
-		return 365 * 86400
+	if !u.valid() {
+		return 0
 	}
-	return 0
+	return unitSeconds[u]
 }
 
 // String returns the upper-case name used by Envoy's proto (SECOND, MINUTE, ...).
 func (u Unit) String() string {
-	switch u {
-	case Second:
-		return "SECOND"
-	case Minute:
-		return "MINUTE"
-	case Hour:
-		return "HOUR"
-	case Day:
-		return "DAY"
-	case Week:
-		return "WEEK"
-	case Month:
-		return "MONTH"
-	case Year:
-		return "YEAR"
+	if !u.valid() {
+		return unitNames[Unknown]
 	}
-	return "UNKNOWN"
+	return unitNames[u]
 }
 
 // ParseUnit reads a unit name, case-insensitively. It reports false for
@@ -86,22 +70,86 @@ const (
 	TokenBucket
 )
 
+// algorithms is the registry of the algorithms: each one's YAML name and
+// the traits that the rules, the cache keys, the near cache and the
+// service's answers and bounds read, instead of naming algorithms. What
+// is left to each algorithm's own code is its arithmetic
+// (src/limiter/algorithm.go, takeback.go) and each store's atomic form of
+// it (docs/ARCHITECTURE.md, "Where a change goes"). Every value of an
+// Algorithm indexes it, with no bounds check on the hot path; those that
+// are no algorithm have no name and no trait.
+var algorithms = [256]struct {
+	name string
+	// windowed: the state is a count of the current window, whose start
+	// is part of the key; hits are counted even over the limit, and the
+	// reset is whole seconds (the anchor's fixed window). The others are
+	// continuous: one key whatever the time, a refused hit changes nothing.
+	windowed bool
+	// burst: a rule may give a capacity (burst) other than its
+	// requests_per_unit.
+	burst bool
+	// perHit: the state keeps one timestamp per admitted hit, so a rule's
+	// requests_per_unit is at most MaxSlidingLog and a request's hits on
+	// such rules at most MaxSlidingLog in all.
+	perHit bool
+	// overUntilReset: a key over its limit stays over until its reset
+	// (Result.ResetAfter), so the near cache may answer for it; a token
+	// bucket's reset is when it is full again, and a hit fits sooner.
+	overUntilReset bool
+}{
+	FixedWindow:   {name: "fixed_window", windowed: true, overUntilReset: true},
+	SlidingWindow: {name: "sliding_window", overUntilReset: true},
+	SlidingLog:    {name: "sliding_log", perHit: true, overUntilReset: true},
+	TokenBucket:   {name: "token_bucket", burst: true},
+}
+
 // Algorithms lists every algorithm, in declaration order.
 var Algorithms = []Algorithm{FixedWindow, SlidingWindow, SlidingLog, TokenBucket}
 
+// known reports whether a is one of Algorithms.
+func (a Algorithm) known() bool { return algorithms[a].name != "" }
+
 // String returns the YAML name of the algorithm.
 func (a Algorithm) String() string {
-	switch a {
-	case FixedWindow:
-		return "fixed_window"
-	case SlidingWindow:
-		return "sliding_window"
-	case SlidingLog:
-		return "sliding_log"
-	case TokenBucket:
-		return "token_bucket"
+	if !a.known() {
+		return "unknown"
 	}
-	return "unknown"
+	return algorithms[a].name
+}
+
+// Windowed reports whether a counts hits per window, the window's start in
+// its key (fixed_window), rather than continuously.
+func (a Algorithm) Windowed() bool { return algorithms[a].windowed }
+
+// Continuous reports whether a is an algorithm whose key stays the same
+// whatever the time (all but fixed_window), keeping a state that a store
+// reads and rewrites rather than a counter it adds to.
+func (a Algorithm) Continuous() bool { return a.known() && !a.Windowed() }
+
+// HasBurst reports whether a rule of a may set a burst.
+func (a Algorithm) HasBurst() bool { return algorithms[a].burst }
+
+// PerHit reports whether a keeps one timestamp per admitted hit (see
+// MaxSlidingLog).
+func (a Algorithm) PerHit() bool { return algorithms[a].perHit }
+
+// OverUntilReset reports whether a key of a refused now stays refused
+// until its reset, so that the near cache may answer for it.
+func (a Algorithm) OverUntilReset() bool { return algorithms[a].overUntilReset }
+
+// algorithmNames lists the names of the algorithms for which has holds,
+// as a message writes them: "a", "a or b", "a, b or c".
+func algorithmNames(has func(Algorithm) bool) string {
+	var names []string
+	for _, a := range Algorithms {
+		if has(a) {
+			names = append(names, a.String())
+		}
+	}
+	if len(names) < 2 {
+		return strings.Join(names, "")
+	}
+	return strings.Join(names[:len(names)-1], ", ") + " or " + names[len(names)-1]
 }
 
 // ParseAlgorithm reads an algorithm's YAML name; the empty string is FixedWindow.
@@ -217,7 +265,7 @@ func (l *Limit) Window() time.Duration {
 // Capacity is the most hits the limit admits at once: Burst for a token
 // bucket when set, RequestsPerUnit otherwise.
 func (l *Limit) Capacity() uint32 {
-	if l.Algorithm == TokenBucket && l.Burst > 0 {
+	if l.Algorithm.HasBurst() && l.Burst > 0 {
 		return l.Burst
 	}
 	return l.RequestsPerUnit

@@ -816,17 +816,6 @@ func (s *Server) recoverStream(srv any, ss grpc.ServerStream, info *grpc.StreamS
 	return handler(srv, ss)
 }
 
-// Addrs are the addresses the server listens on (useful with port 0).
-type Addrs struct{ GRPC, HTTP, Debug net.Addr }
-
-// Addrs returns the listeners' addresses.
-func (s *Server) Addrs() Addrs {
-	return Addrs{GRPC: s.grpcLn.Addr(), HTTP: s.httpLn.Addr(), Debug: s.debugLn.Addr()}
-}
-
-// Health returns the server's health state.
-func (s *Server) Health() *Health { return s.health }
-
 // Run serves until ctx is done, then shuts down gracefully: health turns
 // NOT_SERVING, listeners close, in-flight requests finish and the store
 // closes, all within the drain time (10 s); past it Run returns without

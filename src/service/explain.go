@@ -327,7 +327,7 @@ func explainedLimit(l *rules.Limit, d *limiter.Descriptor, st *limiter.Status) E
 		UnitMultiplier: max(l.UnitMultiplier, 1), Algorithm: l.Algorithm.String(), Unlimited: l.Unlimited,
 		ShadowMode: l.ShadowMode, Shadow: l.Shadow, QuotaMode: l.QuotaMode,
 	}
-	if l.Algorithm == rules.TokenBucket {
+	if l.Algorithm.HasBurst() {
 		el.Burst = l.Capacity()
 	}
 	if l.StatLevel != "" {

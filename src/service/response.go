@@ -255,7 +255,7 @@ func newProtoLimit(l *rules.Limit) *rlsv3.RateLimitResponse_RateLimit {
 // reported in whole seconds, rounded up, which equals envoyproxy/ratelimit's
 // "unit - now % unit"; the other algorithms report their exact value.
 func resetDuration(l *rules.Limit, d time.Duration) time.Duration {
-	if l.Algorithm == rules.FixedWindow {
+	if l.Algorithm.Windowed() {
 		return (d + time.Second - 1) / time.Second * time.Second
 	}
 	return d

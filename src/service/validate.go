@@ -118,13 +118,13 @@ func slidingLogBudget(ds []limiter.Descriptor) error {
 		case l == nil, ds[i].Refund:
 		case l.InList():
 			for _, m := range l.Limits {
-				if m.Algorithm == rules.SlidingLog && !m.Unlimited {
+				if m.Algorithm.PerHit() && !m.Unlimited {
 					// At most 2^32-1 each, MaxLimits a descriptor: no
 					// overflow over 256 descriptors.
 					sum += ds[i].Hits
 				}
 			}
-		case l.Algorithm == rules.SlidingLog:
+		case l.Algorithm.PerHit():
 			sum += ds[i].Hits // each at most 2^32-1: no overflow over 256 descriptors
 		}
 	}

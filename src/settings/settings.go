@@ -4,6 +4,7 @@
 package settings
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"net"
@@ -638,9 +639,34 @@ func (s *Settings) Validate() error {
 	return errors.Join(errs...)
 }
 
+// problem reports a setting that is not valid: its variable and what is
+// wrong with its value.
+type problem = func(name, format string, args ...any)
+
+// within reports name unless lo <= v <= hi; span is the range as the
+// message writes it ("1..100", "10ms..1m (0: none)").
+func within[T cmp.Ordered](bad problem, name string, v, lo, hi T, span string) {
+	if v < lo || v > hi {
+		bad(name, "%v is outside %s", v, span)
+	}
+}
+
+// choose sets *v to fold(*v) when that is one of choices, and otherwise
+// reports name as an unknown kind of value, with the choices it wants.
+func choose(bad problem, name string, v *string, fold func(string) string, kind, want string, choices ...string) {
+	if c := fold(*v); slices.Contains(choices, c) {
+		*v = c
+		return
+	}
+	bad(name, "unknown %s %q (want %s)", kind, *v, want)
+}
+
+// lowerTrimmed is a setting's value without surrounding space, in lower case.
+func lowerTrimmed(v string) string { return strings.ToLower(strings.TrimSpace(v)) }
+
 // validateListeners checks the listeners: ports, gRPC tuning and bounds, TLS
 // on the gRPC listener.
-func (s *Settings) validateListeners(bad func(name, format string, args ...any)) {
+func (s *Settings) validateListeners(bad problem) {
 	port := func(name string, p int) {
 		if p < 0 || p > 65535 {
 			bad(name, "port %d out of range 0-65535", p)
@@ -649,27 +675,15 @@ func (s *Settings) validateListeners(bad func(name, format string, args ...any))
 	port("PORT", s.Port)
 	port("GRPC_PORT", s.GRPCPort)
 	port("DEBUG_PORT", s.DebugPort)
-	if s.GRPCNumStreamWorkers < -1 || s.GRPCNumStreamWorkers > 1<<16 {
-		bad("GRPC_NUM_STREAM_WORKERS", "%d is outside -1..65536 (-1: one per CPU, 0: a goroutine per request)", s.GRPCNumStreamWorkers)
-	}
-	if s.GRPCMaxRecvMsgSize < minRecvMsgSize || s.GRPCMaxRecvMsgSize > maxRecvMsgSize {
-		bad("GRPC_MAX_RECV_MSG_SIZE", "%d is outside %d..%d bytes", s.GRPCMaxRecvMsgSize, minRecvMsgSize, maxRecvMsgSize)
-	}
-	if s.GRPCMaxConcurrentStreams < 0 || s.GRPCMaxConcurrentStreams > maxStreams {
-		bad("GRPC_MAX_CONCURRENT_STREAMS", "%d is outside 0..%d (0: no bound)", s.GRPCMaxConcurrentStreams, maxStreams)
-	}
-	if s.GRPCMaxConnections < 1 || s.GRPCMaxConnections > maxConnections {
-		bad("GRPC_MAX_CONNECTIONS", "%d is outside 1..%d", s.GRPCMaxConnections, maxConnections)
-	}
-	if s.HTTPMaxConnections < 1 || s.HTTPMaxConnections > maxConnections {
-		bad("HTTP_MAX_CONNECTIONS", "%d is outside 1..%d", s.HTTPMaxConnections, maxConnections)
-	}
+	within(bad, "GRPC_NUM_STREAM_WORKERS", s.GRPCNumStreamWorkers, -1, 1<<16, "-1..65536 (-1: one per CPU, 0: a goroutine per request)")
+	within(bad, "GRPC_MAX_RECV_MSG_SIZE", s.GRPCMaxRecvMsgSize, minRecvMsgSize, maxRecvMsgSize, fmt.Sprintf("%d..%d bytes", minRecvMsgSize, maxRecvMsgSize))
+	within(bad, "GRPC_MAX_CONCURRENT_STREAMS", s.GRPCMaxConcurrentStreams, 0, maxStreams, fmt.Sprintf("0..%d (0: no bound)", maxStreams))
+	within(bad, "GRPC_MAX_CONNECTIONS", s.GRPCMaxConnections, 1, maxConnections, fmt.Sprintf("1..%d", maxConnections))
+	within(bad, "HTTP_MAX_CONNECTIONS", s.HTTPMaxConnections, 1, maxConnections, fmt.Sprintf("1..%d", maxConnections))
 	if s.GRPCMaxConnectionIdle < 0 || s.GRPCMaxConnectionIdle > 0 && s.GRPCMaxConnectionIdle < time.Second {
 		bad("GRPC_MAX_CONNECTION_IDLE", "%v: want 0 (never) or at least 1s", s.GRPCMaxConnectionIdle)
 	}
-	if s.MaxConnectionsPerPeerPercent < 1 || s.MaxConnectionsPerPeerPercent > 100 {
-		bad("MAX_CONNECTIONS_PER_PEER_PERCENT", "%d is outside 1..100 (100: no share of its own)", s.MaxConnectionsPerPeerPercent)
-	}
+	within(bad, "MAX_CONNECTIONS_PER_PEER_PERCENT", s.MaxConnectionsPerPeerPercent, 1, 100, "1..100 (100: no share of its own)")
 	if s.GRPCServerUseTLS {
 		// The files themselves are read by the server, which names the
 		// setting of any it cannot use.
@@ -683,54 +697,33 @@ func (s *Settings) validateListeners(bad func(name, format string, args ...any))
 	if s.GCHeadroomBytes < 0 {
 		bad("GC_HEADROOM_BYTES", "must not be negative")
 	}
-	if s.GRPCReadBufferSize < 0 || s.GRPCReadBufferSize > 16<<20 {
-		bad("GRPC_READ_BUFFER_SIZE", "%d is outside 0..16777216 bytes", s.GRPCReadBufferSize)
-	}
-	if s.GRPCWriteBufferSize < 0 || s.GRPCWriteBufferSize > 16<<20 {
-		bad("GRPC_WRITE_BUFFER_SIZE", "%d is outside 0..16777216 bytes", s.GRPCWriteBufferSize)
-	}
+	within(bad, "GRPC_READ_BUFFER_SIZE", s.GRPCReadBufferSize, 0, 16<<20, "0..16777216 bytes")
+	within(bad, "GRPC_WRITE_BUFFER_SIZE", s.GRPCWriteBufferSize, 0, 16<<20, "0..16777216 bytes")
 }
 
 // validateNames checks the settings that name one of a few choices (the
 // store, the key format, the logs), and normalises their case.
-func (s *Settings) validateNames(bad func(name, format string, args ...any)) {
-	switch strings.ToLower(s.BackendType) {
-	case BackendMemory, BackendRedis, BackendMemcache:
-		s.BackendType = strings.ToLower(s.BackendType)
-	default:
-		bad("BACKEND_TYPE", "unknown backend %q (want memory, redis or memcache)", s.BackendType)
-	}
-	switch strings.ToLower(s.CacheKeyFormat) {
-	case KeyFormatAnchor, KeyFormatEscaped:
-		s.CacheKeyFormat = strings.ToLower(s.CacheKeyFormat)
-	default:
-		bad("CACHE_KEY_FORMAT", "unknown format %q (want anchor or escaped)", s.CacheKeyFormat)
-	}
+func (s *Settings) validateNames(bad problem) {
+	choose(bad, "BACKEND_TYPE", &s.BackendType, strings.ToLower, "backend", "memory, redis or memcache", BackendMemory, BackendRedis, BackendMemcache)
+	choose(bad, "CACHE_KEY_FORMAT", &s.CacheKeyFormat, strings.ToLower, "format", "anchor or escaped", KeyFormatAnchor, KeyFormatEscaped)
 	switch strings.ToUpper(s.LogLevel) {
 	case "DEBUG", "INFO", "WARN", "WARNING", "ERROR", "FATAL", "PANIC", "TRACE":
 	default:
 		bad("LOG_LEVEL", "unknown level %q (want debug, info, warn or error)", s.LogLevel)
 	}
-	switch strings.ToLower(s.LogFormat) {
-	case "text", "json":
-		s.LogFormat = strings.ToLower(s.LogFormat)
-	default:
-		bad("LOG_FORMAT", "unknown format %q (want text or json)", s.LogFormat)
-	}
+	choose(bad, "LOG_FORMAT", &s.LogFormat, strings.ToLower, "format", "text or json", "text", "json")
 }
 
 // validateRules checks where the rules come from: the files' re-check and
 // settle, xDS.
-func (s *Settings) validateRules(bad func(name, format string, args ...any)) {
+func (s *Settings) validateRules(bad problem) {
 	if s.RuntimeRecheckInterval < 0 || (s.RuntimeRecheckInterval > 0 && s.RuntimeRecheckInterval < 100*time.Millisecond) {
 		// Each re-check reads and hashes every rule file: keep it rare.
 		bad("RUNTIME_RECHECK_INTERVAL", "%v: want 0 (no re-check) or at least 100ms", s.RuntimeRecheckInterval)
 	}
-	if s.RuntimeQuietPeriod < 10*time.Millisecond || s.RuntimeQuietPeriod > time.Minute {
-		// Below 10ms a writer's ordinary pauses look like its end; above
-		// a minute nobody would wait for a reload.
-		bad("RUNTIME_QUIET_PERIOD", "%v is outside 10ms..1m", s.RuntimeQuietPeriod)
-	}
+	// Below 10ms a writer's ordinary pauses look like its end; above a
+	// minute nobody would wait for a reload.
+	within(bad, "RUNTIME_QUIET_PERIOD", s.RuntimeQuietPeriod, 10*time.Millisecond, time.Minute, "10ms..1m")
 	switch t := strings.ToUpper(strings.TrimSpace(s.ConfigType)); t {
 	case "":
 		// Set but empty: envconfig keeps the empty value, which means the
@@ -761,9 +754,7 @@ func (s *Settings) validateRules(bad func(name, format string, args ...any)) {
 	if s.XDSClientBackoffMaxInterval < s.XDSClientBackoffInitialInterval {
 		bad("XDS_CLIENT_BACKOFF_MAX_INTERVAL", "%v is below XDS_CLIENT_BACKOFF_INITIAL_INTERVAL (%v)", s.XDSClientBackoffMaxInterval, s.XDSClientBackoffInitialInterval)
 	}
-	if s.XDSClientBackoffRandomFactor < 0 || s.XDSClientBackoffRandomFactor > 1 {
-		bad("XDS_CLIENT_BACKOFF_RANDOM_FACTOR", "%v is outside 0..1", s.XDSClientBackoffRandomFactor)
-	}
+	within(bad, "XDS_CLIENT_BACKOFF_RANDOM_FACTOR", s.XDSClientBackoffRandomFactor, 0, 1, "0..1")
 	if s.XDSClientMaxMsgSizeInBytes < 0 {
 		bad("XDS_CLIENT_MAX_MSG_SIZE_IN_BYTES", "must not be negative (0: gRPC's default of 4 MiB)")
 	}
@@ -772,22 +763,15 @@ func (s *Settings) validateRules(bad func(name, format string, args ...any)) {
 // validateDecisions checks what shapes a decision and its answer: near
 // limit, jitter, near cache, headers, the request budget and bounds,
 // statistics keys, the live view.
-func (s *Settings) validateDecisions(bad func(name, format string, args ...any)) {
-	if s.NearLimitRatio < 0 || s.NearLimitRatio > 1 {
-		bad("NEAR_LIMIT_RATIO", "%v is outside 0..1", s.NearLimitRatio)
-	}
+func (s *Settings) validateDecisions(bad problem) {
+	within(bad, "NEAR_LIMIT_RATIO", s.NearLimitRatio, 0, 1, "0..1")
 	if s.ExpirationJitterMaxSeconds < 0 {
 		bad("EXPIRATION_JITTER_MAX_SECONDS", "must not be negative")
 	}
 	if s.LocalCacheSizeInBytes < 0 {
 		bad("LOCAL_CACHE_SIZE_IN_BYTES", "must not be negative")
 	}
-	switch strings.ToLower(s.LimitResponseHeadersStyle) {
-	case "draft03", "ietf":
-		s.LimitResponseHeadersStyle = strings.ToLower(s.LimitResponseHeadersStyle)
-	default:
-		bad("LIMIT_RESPONSE_HEADERS_STYLE", "unknown style %q (want draft03 or ietf)", s.LimitResponseHeadersStyle)
-	}
+	choose(bad, "LIMIT_RESPONSE_HEADERS_STYLE", &s.LimitResponseHeadersStyle, strings.ToLower, "style", "draft03 or ietf", "draft03", "ietf")
 	if s.RequestTimeout < 0 {
 		bad("REQUEST_TIMEOUT", "must not be negative (0: no bound beyond the caller's deadline)")
 	}
@@ -797,39 +781,23 @@ func (s *Settings) validateDecisions(bad func(name, format string, args ...any))
 	if s.StatsMaxDynamicKeys < 1 {
 		bad("STATS_MAX_DYNAMIC_KEYS", "must be at least 1")
 	}
-	if s.StatsIdleExpiry < time.Second || s.StatsIdleExpiry > 7*24*time.Hour {
-		bad("STATS_IDLE_EXPIRY", "%v is outside 1s..168h", s.StatsIdleExpiry)
-	}
-	switch v := strings.ToLower(s.LiveViewValues); v {
-	case "plain", "hashed", "truncated":
-		s.LiveViewValues = v
-	default:
-		bad("LIVE_VIEW_VALUES", "unknown value %q (want plain, hashed or truncated)", s.LiveViewValues)
-	}
+	within(bad, "STATS_IDLE_EXPIRY", s.StatsIdleExpiry, time.Second, 7*24*time.Hour, "1s..168h")
+	choose(bad, "LIVE_VIEW_VALUES", &s.LiveViewValues, strings.ToLower, "value", "plain, hashed or truncated", "plain", "hashed", "truncated")
 	for _, h := range s.DebugAllowedHosts {
 		if strings.ContainsAny(h, "/:@ \t") {
 			bad("DEBUG_ALLOWED_HOSTS", "%q is not a host name (want names separated by commas, without ports, or *)", h)
 		}
 	}
-	if s.LiveViewMaxKeys < 16 || s.LiveViewMaxKeys > 65536 {
-		bad("LIVE_VIEW_MAX_KEYS", "%d is outside 16..65536", s.LiveViewMaxKeys)
-	}
-	if s.CaptureMaxBytes < 1<<20 || s.CaptureMaxBytes > 64<<30 {
-		bad("CAPTURE_MAX_BYTES", "%d is outside 1048576..68719476736 (1 MiB..64 GiB)", s.CaptureMaxBytes)
-	}
+	within(bad, "LIVE_VIEW_MAX_KEYS", s.LiveViewMaxKeys, 16, 65536, "16..65536")
+	within(bad, "CAPTURE_MAX_BYTES", s.CaptureMaxBytes, 1<<20, 64<<30, "1048576..68719476736 (1 MiB..64 GiB)")
 }
 
 // validateStats checks the statsd sink.
-func (s *Settings) validateStats(bad func(name, format string, args ...any)) {
+func (s *Settings) validateStats(bad problem) {
 	if s.StatsdPort < 1 || s.StatsdPort > 65535 {
 		bad("STATSD_PORT", "port %d out of range 1-65535", s.StatsdPort)
 	}
-	switch p := strings.ToLower(strings.TrimSpace(s.StatsdProtocol)); p {
-	case "udp", "udp4", "udp6", "tcp", "tcp4", "tcp6":
-		s.StatsdProtocol = p
-	default:
-		bad("STATSD_PROTOCOL", "unknown protocol %q (want udp or tcp)", s.StatsdProtocol)
-	}
+	choose(bad, "STATSD_PROTOCOL", &s.StatsdProtocol, lowerTrimmed, "protocol", "udp or tcp", "udp", "udp4", "udp6", "tcp", "tcp4", "tcp6")
 	if s.StatsFlushInterval < 10*time.Millisecond {
 		// The anchor's ticker panics on 0; below 10ms a flush would run
 		// more often than it could be useful.
@@ -839,37 +807,28 @@ func (s *Settings) validateStats(bad func(name, format string, args ...any)) {
 
 // validateStores checks the stores: memory, breakers, failure mode,
 // Memcached, Redis.
-func (s *Settings) validateStores(bad func(name, format string, args ...any)) {
+func (s *Settings) validateStores(bad problem) {
 	if s.MemoryMaxBytes < 1<<20 {
 		bad("MEMORY_MAX_BYTES", "%d is below the minimum of 1048576 (1 MiB)", s.MemoryMaxBytes)
 	}
 	if s.MemoryMaxKeys < 0 {
 		bad("MEMORY_MAX_KEYS", "must not be negative")
 	}
-	if s.StoreBreakerFailures < 0 || s.StoreBreakerFailures > maxBreakerFailures {
-		bad("STORE_BREAKER_FAILURES", "%d is outside 0..%d (0: no breaker)", s.StoreBreakerFailures, maxBreakerFailures)
-	}
-	if s.StoreBreakerProbeInterval < 10*time.Millisecond || s.StoreBreakerProbeInterval > time.Minute {
-		// Below 10ms the probes of every instance would load a server
-		// that has just come back; above a minute recovery would wait.
-		bad("STORE_BREAKER_PROBE_INTERVAL", "%v is outside 10ms..1m", s.StoreBreakerProbeInterval)
-	}
+	within(bad, "STORE_BREAKER_FAILURES", s.StoreBreakerFailures, 0, maxBreakerFailures, fmt.Sprintf("0..%d (0: no breaker)", maxBreakerFailures))
+	// Below 10ms the probes of every instance would load a server that has
+	// just come back; above a minute recovery would wait.
+	within(bad, "STORE_BREAKER_PROBE_INTERVAL", s.StoreBreakerProbeInterval, 10*time.Millisecond, time.Minute, "10ms..1m")
 	if s.RedisStallTimeout != 0 && (s.RedisStallTimeout < 10*time.Millisecond || s.RedisStallTimeout > time.Minute) {
 		// Below 10ms a healthy Redis's reply behind a busy moment would
 		// be taken for silence.
 		bad("REDIS_STALL_TIMEOUT", "%v is outside 10ms..1m (0: no bound but REDIS_TIMEOUT)", s.RedisStallTimeout)
 	}
-	switch strings.ToLower(s.StoreFailureMode) {
-	case FailureModeError, FailureModeLocal:
-		s.StoreFailureMode = strings.ToLower(s.StoreFailureMode)
-	default:
-		bad("STORE_FAILURE_MODE", "unknown mode %q (want error or local)", s.StoreFailureMode)
-	}
+	choose(bad, "STORE_FAILURE_MODE", &s.StoreFailureMode, strings.ToLower, "mode", "error or local", FailureModeError, FailureModeLocal)
 	s.validateRemoteStores(bad)
 }
 
 // validateRemoteStores checks the Memcached and Redis settings.
-func (s *Settings) validateRemoteStores(bad func(name, format string, args ...any)) {
+func (s *Settings) validateRemoteStores(bad problem) {
 	if s.BackendType == BackendMemcache {
 		switch hosts := len(s.MemcacheHostPort) > 0; {
 		case hosts && s.MemcacheSrv != "":
@@ -968,7 +927,7 @@ const (
 )
 
 // validateRLQS checks the RLQS_* settings.
-func (s *Settings) validateRLQS(bad func(name, format string, args ...any)) {
+func (s *Settings) validateRLQS(bad problem) {
 	switch v := strings.ToLower(strings.TrimSpace(s.RLQSEnabled)); v {
 	case RLQSAuto, RLQSOn, RLQSOff:
 		s.RLQSEnabled = v
@@ -983,15 +942,9 @@ func (s *Settings) validateRLQS(bad func(name, format string, args ...any)) {
 	if d := s.RLQSIdleTimeout; d < 0 || (d > 0 && d < 10*time.Second) {
 		bad("RLQS_IDLE_TIMEOUT", "%v: want 0 (never) or at least 10s", d)
 	}
-	if n := s.RLQSMaxStreams; n < 1 || n > 1_000_000 {
-		bad("RLQS_MAX_STREAMS", "%d is outside 1..1000000", n)
-	}
-	if n := s.RLQSMaxBuckets; n < 1 || n > 10_000_000 {
-		bad("RLQS_MAX_BUCKETS", "%d is outside 1..10000000", n)
-	}
-	if n := s.RLQSMaxBucketsPerStream; n < 1 || n > s.RLQSMaxBuckets {
-		bad("RLQS_MAX_BUCKETS_PER_STREAM", "%d is outside 1..RLQS_MAX_BUCKETS (%d)", n, s.RLQSMaxBuckets)
-	}
+	within(bad, "RLQS_MAX_STREAMS", s.RLQSMaxStreams, 1, 1_000_000, "1..1000000")
+	within(bad, "RLQS_MAX_BUCKETS", s.RLQSMaxBuckets, 1, 10_000_000, "1..10000000")
+	within(bad, "RLQS_MAX_BUCKETS_PER_STREAM", s.RLQSMaxBucketsPerStream, 1, s.RLQSMaxBuckets, fmt.Sprintf("1..RLQS_MAX_BUCKETS (%d)", s.RLQSMaxBuckets))
 	// Left unset, the per-peer shares follow the bounds they share.
 	if _, set := os.LookupEnv("RLQS_MAX_STREAMS_PER_PEER"); !set {
 		s.RLQSMaxStreamsPerPeer = min(s.RLQSMaxStreamsPerPeer, s.RLQSMaxStreams)
@@ -999,12 +952,9 @@ func (s *Settings) validateRLQS(bad func(name, format string, args ...any)) {
 	if _, set := os.LookupEnv("RLQS_MAX_BUCKETS_PER_PEER"); !set {
 		s.RLQSMaxBucketsPerPeer = max(s.RLQSMaxBucketsPerStream, min(s.RLQSMaxBucketsPerPeer, s.RLQSMaxBuckets))
 	}
-	if n := s.RLQSMaxStreamsPerPeer; n < 1 || n > s.RLQSMaxStreams {
-		bad("RLQS_MAX_STREAMS_PER_PEER", "%d is outside 1..RLQS_MAX_STREAMS (%d)", n, s.RLQSMaxStreams)
-	}
-	if n := s.RLQSMaxBucketsPerPeer; n < s.RLQSMaxBucketsPerStream || n > s.RLQSMaxBuckets {
-		bad("RLQS_MAX_BUCKETS_PER_PEER", "%d is outside RLQS_MAX_BUCKETS_PER_STREAM..RLQS_MAX_BUCKETS (%d..%d)", n, s.RLQSMaxBucketsPerStream, s.RLQSMaxBuckets)
-	}
+	within(bad, "RLQS_MAX_STREAMS_PER_PEER", s.RLQSMaxStreamsPerPeer, 1, s.RLQSMaxStreams, fmt.Sprintf("1..RLQS_MAX_STREAMS (%d)", s.RLQSMaxStreams))
+	within(bad, "RLQS_MAX_BUCKETS_PER_PEER", s.RLQSMaxBucketsPerPeer, s.RLQSMaxBucketsPerStream, s.RLQSMaxBuckets,
+		fmt.Sprintf("RLQS_MAX_BUCKETS_PER_STREAM..RLQS_MAX_BUCKETS (%d..%d)", s.RLQSMaxBucketsPerStream, s.RLQSMaxBuckets))
 }
 
 // Values of TRACING_EXPORTER_PROTOCOL.
@@ -1016,7 +966,7 @@ const (
 // validateTracing checks the TRACING_* settings, and the OTLP endpoint
 // when tracing is on: a malformed one would have the SDK log an error and
 // send every span to localhost instead, for as long as the process runs.
-func (s *Settings) validateTracing(bad func(name, format string, args ...any)) {
+func (s *Settings) validateTracing(bad problem) {
 	switch p := strings.ToLower(strings.TrimSpace(s.TracingExporterProtocol)); p {
 	case "":
 		// Set but empty: the anchor's default.

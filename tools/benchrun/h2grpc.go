@@ -24,7 +24,7 @@ import (
 // ShouldRateLimit call (one descriptor, one key) over h2c, closed loop,
 // to a no-op gRPC server (the ceiling), to this service on each store and
 // to envoyproxy/ratelimit on Redis and Memcached when its binary is
-// given. cmd/ratelimit-bench, in Go, takes about as much CPU per call as
+// given. tools/ratelimit-bench, in Go, takes about as much CPU per call as
 // the service, so on two cores it hides much of the difference between
 // two services; h2load takes a few µs. One key is what h2load can send
 // (the body is fixed), which is the hot path of a store all the same:

@@ -2,7 +2,7 @@
 // starts redis-server (single and a three-master cluster) and memcached on
 // free loopback ports, runs the service on each
 // store, measures the standard scenarios of issue 5 with the in-process load
-// generator of cmd/ratelimit-bench, measures one Redis's capacity with
+// generator of tools/ratelimit-bench, measures one Redis's capacity with
 // redis-benchmark, and writes a markdown table, a PNG plot and the measured
 // inputs of docs/SCALING.md.
 //
@@ -42,8 +42,8 @@ import (
 	"google.golang.org/grpc/codes"
 
 	"github.com/ratelimitd/ratelimit/harness"
+	"github.com/ratelimitd/ratelimit/loadgen"
 	"github.com/ratelimitd/ratelimit/src/gctune"
-	"github.com/ratelimitd/ratelimit/src/loadgen"
 )
 
 // redisRoundTrips is the service's counter of Redis round trips, read from
@@ -196,7 +196,7 @@ func run(args []string, logw io.Writer) error {
 		}
 	}
 	if len(storeList) == 0 {
-		return errors.New("benchrun: -stores: no store selected (`go run ./cmd/ratelimit-bench -calibrate` measures the no-op server alone)")
+		return errors.New("benchrun: -stores: no store selected (`go run ./tools/ratelimit-bench -calibrate` measures the no-op server alone)")
 	}
 	var vs []variant
 	if *variants != "" {

@@ -15,7 +15,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/ratelimitd/ratelimit/src/loadgen"
+	"github.com/ratelimitd/ratelimit/loadgen"
 	"github.com/ratelimitd/ratelimit/src/settings"
 )
 

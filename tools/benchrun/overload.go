@@ -15,7 +15,7 @@ import (
 
 	"google.golang.org/grpc/codes"
 
-	"github.com/ratelimitd/ratelimit/src/loadgen"
+	"github.com/ratelimitd/ratelimit/loadgen"
 )
 
 // The overload steps (issue 25, -overload): the service on each store, at

@@ -7,7 +7,7 @@ import (
 
 	"google.golang.org/grpc/codes"
 
-	"github.com/ratelimitd/ratelimit/src/loadgen"
+	"github.com/ratelimitd/ratelimit/loadgen"
 )
 
 func TestParseOverloadFlags(t *testing.T) {

@@ -11,7 +11,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/ratelimitd/ratelimit/src/loadgen"
+	"github.com/ratelimitd/ratelimit/loadgen"
 )
 
 // The generated part of the markdown file sits between these markers; the
@@ -174,7 +174,7 @@ func (rep *report) markdown(pngRel string) string {
 	w("- Machine: %s.\n", rep.machine)
 	w("- Each figure is the median of %d run(s) of %v. The scenarios take turns: every round runs each scenario once, "+
 		"after a %v warm-up in the first round (at most %v in later ones, for the new connections). The load generator "+
-		"(cmd/ratelimit-bench, in process, up to 4 gRPC connections) runs on the same machine as the service.\n",
+		"(tools/ratelimit-bench, in process, up to 4 gRPC connections) runs on the same machine as the service.\n",
 		rep.timing.runs, rep.timing.duration, rep.timing.warmup, min(rep.timing.warmup, noopWarmup))
 	w("- Ceiling, paired: a no-op RLS server on grpc-go with the service's default runtime tuning (%d stream workers, %d MiB of GC headroom) "+
 		"runs in a process of its own for the whole run, and the same server with grpc-go's and Go's defaults in another. "+

@@ -12,7 +12,7 @@ import (
 
 	"google.golang.org/grpc/codes"
 
-	"github.com/ratelimitd/ratelimit/src/loadgen"
+	"github.com/ratelimitd/ratelimit/loadgen"
 )
 
 func TestReplaceSection(t *testing.T) {

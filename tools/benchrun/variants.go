@@ -11,7 +11,7 @@ import (
 	"slices"
 	"strings"
 
-	"github.com/ratelimitd/ratelimit/src/loadgen"
+	"github.com/ratelimitd/ratelimit/loadgen"
 )
 
 // -variants compares service configurations (environment settings) on the

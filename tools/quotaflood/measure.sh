@@ -18,7 +18,7 @@ flood=("$@")
 [ ${#flood[@]} -eq 0 ] && flood=(-streams 2 -buckets 10000)
 dir=$(mktemp -d)
 trap 'rm -rf "$dir"; pkill -P $$ 2>/dev/null' EXIT
-go build -o "$dir/" ./cmd/ratelimit ./cmd/ratelimit-bench ./tools/quotaflood || exit 1
+go build -o "$dir/" ./cmd/ratelimit ./tools/ratelimit-bench ./tools/quotaflood || exit 1
 svcbin=${RATELIMIT_BIN:-$dir/ratelimit}
 mkdir -p "$dir/rules/config"
 cat > "$dir/rules/config/rules.yaml" <<'YAML'

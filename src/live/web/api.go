@@ -76,7 +76,7 @@ func limitOf(l *rules.Limit) limitDoc {
 		WindowSeconds:   int64(l.Window() / time.Second),
 		Algorithm:       l.Algorithm.String(),
 	}
-	if l.Algorithm == rules.TokenBucket {
+	if l.Algorithm.HasBurst() {
 		d.Burst = l.Capacity()
 	}
 	return d

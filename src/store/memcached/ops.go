@@ -40,7 +40,7 @@ type undo struct {
 // than a counter. Unknown algorithms count as fixed windows, as in the
 // memory store.
 func continuous(a rules.Algorithm) bool {
-	return a == rules.SlidingWindow || a == rules.SlidingLog || a == rules.TokenBucket
+	return a.Continuous()
 }
 
 // apply applies op at now and fills *r with the pure function's result. It

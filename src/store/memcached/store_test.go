@@ -19,7 +19,7 @@ import (
 	"github.com/ratelimitd/ratelimit/src/limiter"
 	"github.com/ratelimitd/ratelimit/src/rules"
 	"github.com/ratelimitd/ratelimit/src/store/memcached/mcclient"
-	"github.com/ratelimitd/ratelimit/src/store/storetest"
+	"github.com/ratelimitd/ratelimit/storetest"
 )
 
 // newStore returns a Store on cfg, closed in t.Cleanup.

@@ -10,7 +10,7 @@ import (
 
 	"github.com/ratelimitd/ratelimit/src/limiter"
 	"github.com/ratelimitd/ratelimit/src/rules"
-	"github.com/ratelimitd/ratelimit/src/store/storetest"
+	"github.com/ratelimitd/ratelimit/storetest"
 )
 
 var _ limiter.Store = (*Store)(nil)

@@ -7,7 +7,7 @@ import (
 
 	"github.com/ratelimitd/ratelimit/src/limiter"
 	"github.com/ratelimitd/ratelimit/src/rules"
-	"github.com/ratelimitd/ratelimit/src/store/storetest"
+	"github.com/ratelimitd/ratelimit/storetest"
 )
 
 // serverClock makes the memory store behave as Redis does: fixed windows at

@@ -13,7 +13,7 @@ import (
 	"github.com/ratelimitd/ratelimit/harness"
 	"github.com/ratelimitd/ratelimit/src/limiter"
 	"github.com/ratelimitd/ratelimit/src/rules"
-	"github.com/ratelimitd/ratelimit/src/store/storetest"
+	"github.com/ratelimitd/ratelimit/storetest"
 )
 
 func TestCluster(t *testing.T) {

@@ -11,7 +11,7 @@ import (
 	"github.com/ratelimitd/ratelimit/harness"
 	"github.com/ratelimitd/ratelimit/src/limiter"
 	"github.com/ratelimitd/ratelimit/src/rules"
-	"github.com/ratelimitd/ratelimit/src/store/storetest"
+	"github.com/ratelimitd/ratelimit/storetest"
 )
 
 // TestTwemproxy runs the store through a real nutcracker, the anchor's

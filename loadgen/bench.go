@@ -4,7 +4,7 @@
 // templates, and reports throughput, a latency histogram and the count of
 // each outcome.
 //
-// It is the core of cmd/ratelimit-bench, of tools/benchrun and of the load
+// It is the core of tools/ratelimit-bench, of tools/benchrun and of the load
 // the integration tests drive, which call it in process; no package of the
 // service imports it. It knows nothing of this service's internals: it
 // speaks only the wire protocol, so it measures envoyproxy/ratelimit the
