@@ -9,7 +9,9 @@
 #   tools/quotaflood/measure.sh 3 -streams 2 -buckets 10000
 #
 # RATELIMIT_BIN runs that binary as the service instead of one built from
-# this tree (a before/after comparison).
+# this tree. BEFORE_BIN adds that binary's two runs to each round (four
+# runs a round, in an order that rotates), so that a before/after
+# comparison is paired in one sitting too.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 rounds=${1:-3}
@@ -34,8 +36,8 @@ quota_buckets:
     rate_limit: {unit: second, requests_per_unit: 20}
 YAML
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
-one() { # one run: $1 = base | flood; prints req/s and errors
-	local rport gport
+one() { # one run: $1 = base | flood, $2 = the service's binary, $3 = its label; prints req/s and errors
+	local rport gport svcbin=$2
 	rport=$(free_port); gport=$(free_port)
 	redis-server --port "$rport" --bind 127.0.0.1 --save "" --appendonly no >/dev/null &
 	local redis=$! fl=
@@ -55,16 +57,23 @@ one() { # one run: $1 = base | flood; prints req/s and errors
 	local rps errs
 	rps=$(sed -n 's/.*= \([0-9]*\) req\/s.*/\1/p' "$dir/bench.log")
 	errs=$(awk '/^errors/{print $2}' "$dir/bench.log")
-	echo "$1 ${rps:-0} ${errs:-?}"
+	echo "$1${3:-} ${rps:-0} ${errs:-?}"
 	[ -n "$fl" ] && wait "$fl"
 	kill "$svc" "$redis" 2>/dev/null
 	wait "$svc" "$redis" 2>/dev/null
 }
-for _ in $(seq "$rounds"); do
-	one base
-	one flood
+runs=("base $svcbin" "flood $svcbin")
+[ -n "${BEFORE_BIN:-}" ] && runs+=("base $BEFORE_BIN -before" "flood $BEFORE_BIN -before")
+for r in $(seq "$rounds"); do
+	for i in $(seq 0 $((${#runs[@]} - 1))); do
+		# shellcheck disable=SC2086
+		one ${runs[$(((i + r) % ${#runs[@]}))]}
+	done
 done | tee "$dir/runs"
 median() { sort -n | awk '{a[NR]=$1} END{print (NR%2) ? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2}'; }
-b=$(awk '$1=="base"{print $2}' "$dir/runs" | median)
-f=$(awk '$1=="flood"{print $2}' "$dir/runs" | median)
-echo "median req/s: without $b, with the quota client $f (ratio $(awk -v b="$b" -v f="$f" 'BEGIN{printf "%.2f", f/b}'))"
+for label in "" -before; do
+	grep -q "^base$label " "$dir/runs" || continue
+	b=$(awk -v k="base$label" '$1==k{print $2}' "$dir/runs" | median)
+	f=$(awk -v k="flood$label" '$1==k{print $2}' "$dir/runs" | median)
+	echo "median req/s${label:+ (before)}: without $b, with the quota client $f (ratio $(awk -v b="$b" -v f="$f" 'BEGIN{printf "%.2f", f/b}'))"
+done
