@@ -274,15 +274,7 @@ func (q *Service) tickShared(ctx context.Context) {
 	q.tickMu.Lock()
 	defer q.tickMu.Unlock()
 	start := time.Now()
-	q.mu.Lock()
-	idle := len(q.pools) == 0 && len(q.streams) == 0
-	if idle {
-		// Nothing to share: no write to the store (a Redis that only
-		// counts ShouldRateLimit, full, is not told of quotas).
-		q.share.lastOK, q.share.down = q.cfg.Now(), false
-	}
-	q.mu.Unlock()
-	if idle || !q.beat(ctx) {
+	if !q.beat(ctx) {
 		return
 	}
 	keys := q.rotatedPoolKeys()

@@ -776,21 +776,3 @@ func TestSharedQuotaFirstGrantByPolls(t *testing.T) {
 		}
 	}
 }
-
-// TestSharedQuotaIdleReplicaWritesNothing: a replica with no quota stream
-// and no pool writes nothing to the store at its ticks, so that a Redis
-// that only counts ShouldRateLimit (full, with noeviction, say) is not
-// taken for unreachable by the quota service.
-func TestSharedQuotaIdleReplicaWritesNothing(t *testing.T) {
-	t.Parallel()
-	f := newFleet(t, 1)
-	f.run(3*time.Second, epoch.Add(time.Hour))
-	c := goredis.NewClient(&goredis.Options{Addr: f.srv.Addr, Protocol: 2})
-	t.Cleanup(func() { _ = c.Close() })
-	if n, err := c.DBSize(t.Context()).Result(); err != nil || n != 0 {
-		t.Errorf("keys after three ticks of an idle replica: %d (%v), want none", n, err)
-	}
-	if n := f.reps[0].reg.Counter("ratelimit.rlqs.shared.errors").Value(); n != 0 {
-		t.Errorf("shared.errors = %d, want 0", n)
-	}
-}
