@@ -324,7 +324,7 @@ func TestReloadWriterThatNeverStops(t *testing.T) {
 		if err := os.WriteFile(path, []byte(versioned("a", v, n)), 0o644); err != nil {
 			t.Fatal(err)
 		}
-		time.Sleep(2 * time.Millisecond)
+		time.Sleep(2 * time.Millisecond) // the writer's pace: changes far inside the quiet period
 	}
 	last := v - 1
 	waitVersion(t, r, "a", n, last)
