@@ -1,6 +1,7 @@
 package harness
 
 import (
+	"errors"
 	"runtime"
 	"testing"
 	"time"
@@ -10,10 +11,33 @@ import (
 // within d. what says what is awaited, for the failure message.
 func WaitFor(t testing.TB, d time.Duration, what string, cond func() bool) {
 	t.Helper()
+	WaitForNil(t, d, what, func() error {
+		if cond() {
+			return nil
+		}
+		return errNotYet
+	})
+}
+
+// errNotYet is WaitFor's reason for polling again; it is not reported.
+var errNotYet = errors.New("not yet")
+
+// WaitForNil is WaitFor for a try that says why it failed: it polls try
+// every 10ms until it returns nil, and fails t with the last error if that
+// does not happen within d.
+func WaitForNil(t testing.TB, d time.Duration, what string, try func() error) {
+	t.Helper()
 	deadline := time.Now().Add(d)
-	for !cond() {
+	for {
+		err := try()
+		if err == nil {
+			return
+		}
 		if time.Now().After(deadline) {
-			t.Fatalf("%s: not within %v", what, d)
+			if errors.Is(err, errNotYet) {
+				t.Fatalf("%s: not within %v", what, d)
+			}
+			t.Fatalf("%s: not within %v: %v", what, d, err)
 		}
 		time.Sleep(10 * time.Millisecond)
 	}

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"github.com/ratelimitd/ratelimit/harness"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
@@ -249,9 +250,7 @@ func TestIdleGRPCConnectionsAreClosed(t *testing.T) {
 	if _, err := idle.call(p.grpc, request("web", "user", "idle")); err != nil {
 		t.Fatal(err)
 	}
-	if !idle.waitClosed(30 * time.Second) {
-		t.Fatal("a connection idle for 30 s with GRPC_MAX_CONNECTION_IDLE=1s is still open")
-	}
+	harness.WaitFor(t, 30*time.Second, "a connection idle with GRPC_MAX_CONNECTION_IDLE=1s closed", idle.closed)
 	if idle.answered() != 1 {
 		t.Errorf("the idle connection's call got %d answers, want 1 before it was closed", idle.answered())
 	}

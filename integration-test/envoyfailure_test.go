@@ -141,17 +141,16 @@ func (e failureEnvoy) errorCounts(t *testing.T) map[string]int64 {
 func (e failureEnvoy) awaitAnswers(t *testing.T, within time.Duration) (failed int, took time.Duration) {
 	t.Helper()
 	began := time.Now()
-	for {
-		switch httpGet(t, e.addrs["closed"], "/", map[string]string{"x-user": "recovery"}).code {
+	harness.WaitForNil(t, within, "an answer through Envoy after the service came back", func() error {
+		switch code := httpGet(t, e.addrs["closed"], "/", map[string]string{"x-user": "recovery"}).code; code {
 		case http.StatusOK, http.StatusTooManyRequests:
-			return failed, time.Since(began)
+			return nil
+		default:
+			failed++
+			return fmt.Errorf("%d errors, the last HTTP %d", failed, code)
 		}
-		failed++
-		if time.Since(began) > within {
-			t.Fatalf("no answer through Envoy %v after the service came back (%d errors)", within, failed)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	})
+	return failed, time.Since(began)
 }
 
 func TestRealEnvoyFailures(t *testing.T) {

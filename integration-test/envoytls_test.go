@@ -139,17 +139,18 @@ func TestRealEnvoyGatewayTLS(t *testing.T) {
 		// goes on without an error while its connection is replaced and
 		// it handshakes with the new certificate.
 		handshakes := e.counter(t, "cluster.ratelimit.ssl.handshake")
-		deadline := time.Now().Add(30 * time.Second)
-		for i := 0; e.counter(t, "cluster.ratelimit.ssl.handshake") < handshakes+1; i++ {
-			if time.Now().After(deadline) {
-				t.Fatalf("Envoy made no new connection in 30 s (%d handshakes)", e.counter(t, "cluster.ratelimit.ssl.handshake"))
+		i := 0
+		harness.WaitForNil(t, 30*time.Second, "a new connection from Envoy", func() error {
+			if n := e.counter(t, "cluster.ratelimit.ssl.handshake"); n < handshakes+1 {
+				// A user per request: every answer is an OK.
+				if code := ask(fmt.Sprintf("during-%d", i)); code != http.StatusOK {
+					t.Fatalf("request %d during the rotation: HTTP %d, want 200", i, code)
+				}
+				i++
+				return fmt.Errorf("%d handshakes", n)
 			}
-			// A user per request: every answer is an OK.
-			if code := ask(fmt.Sprintf("during-%d", i)); code != http.StatusOK {
-				t.Fatalf("request %d during the rotation: HTTP %d, want 200", i, code)
-			}
-			time.Sleep(50 * time.Millisecond)
-		}
+			return nil
+		})
 		if code := ask("after"); code != http.StatusOK {
 			t.Errorf("after the rotation: HTTP %d", code)
 		}

@@ -417,15 +417,14 @@ func testFault(t *testing.T, f fault) {
 	// the probes' (the pool keeps as many idle as were busy at once, so
 	// the files are compared without them).
 	var after usage
-	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+	harness.WaitForNil(t, 10*time.Second, "back to the usage before the fault", func() error {
+		var err error
 		if after, err = p.usage(f); err == nil && after.goroutines <= before.goroutines+4 &&
 			after.files-after.conns <= before.files-before.conns+4 && after.conns <= max(before.conns, f.pool())+2 {
-			break
+			return nil
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("10 s after the load: %v (%v); before the fault: %v", after, err, before)
-		}
-	}
+		return fmt.Errorf("%v (%v); before the fault: %v", after, err, before)
+	})
 	t.Logf("%d calls: %v; slowest answer %v (%v, began %v after the fault began), budget %v, longest stall of the machine %v; "+
 		"first decision %v after the store's return, every client %v; before %v, peak %v, after %v",
 		calls, byCode, slowest.took().Round(time.Millisecond), slowest.code, slowest.began.Sub(injected).Round(time.Millisecond), faultBudget, stall.Round(time.Millisecond),

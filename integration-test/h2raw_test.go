@@ -9,7 +9,6 @@ import (
 	"net"
 	"sync"
 	"testing"
-	"time"
 
 	"golang.org/x/net/http2"
 	"golang.org/x/net/http2/hpack"
@@ -159,16 +158,4 @@ func (h *h2Client) closed() bool {
 	default:
 		return false
 	}
-}
-
-// waitClosed waits up to within for the server to end the connection.
-func (h *h2Client) waitClosed(within time.Duration) bool {
-	deadline := time.Now().Add(within)
-	for !h.closed() {
-		if time.Now().After(deadline) {
-			return false
-		}
-		time.Sleep(25 * time.Millisecond)
-	}
-	return true
 }

@@ -467,13 +467,7 @@ func (p *proc) postJSON(t *testing.T, body string) (int, string) {
 
 func eventually(t *testing.T, what string, within time.Duration, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(within)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s", within, what)
-		}
-		time.Sleep(25 * time.Millisecond)
-	}
+	harness.WaitFor(t, within, what, cond)
 }
 
 // request builds a request of one descriptor from key/value pairs.

@@ -40,7 +40,7 @@ func TestXDSChurn(t *testing.T) {
 		began := time.Now()
 		for i := 0; time.Since(began) < 2*time.Second; i++ {
 			xds.SetConfigs(t, egNode, bad(uint32(1+i%2)))
-			time.Sleep(5 * time.Millisecond)
+			time.Sleep(5 * time.Millisecond) // the churn's pace, on the service's real clock
 		}
 		took := time.Since(began)
 		nacks := 0

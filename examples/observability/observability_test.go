@@ -192,19 +192,17 @@ func run(t *testing.T, bin string, env []string) map[string]*dto.MetricFamily {
 	})
 
 	base := fmt.Sprintf("http://127.0.0.1:%d", httpPort)
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		if resp, err := http.Get(base + "/healthcheck"); err == nil {
-			resp.Body.Close()
-			if resp.StatusCode == http.StatusOK {
-				break
-			}
+	harness.WaitForNil(t, 30*time.Second, fmt.Sprintf("the service (%v) healthy", env), func() error {
+		resp, err := http.Get(base + "/healthcheck")
+		if err != nil {
+			return err
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the service (%v) did not turn healthy within 30s", env)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			return fmt.Errorf("/healthcheck: %s", resp.Status)
 		}
-		time.Sleep(50 * time.Millisecond)
-	}
+		return nil
+	})
 	post := func(body string, want int) {
 		t.Helper()
 		resp, err := http.Post(base+"/json", "application/json", strings.NewReader(body))

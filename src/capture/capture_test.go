@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ratelimitd/ratelimit/harness"
 	"github.com/ratelimitd/ratelimit/src/rules"
 )
 
@@ -42,12 +43,7 @@ func request(domain, user string, at time.Time) *Request {
 // started waits until r runs a capture: Run stores it before it waits.
 func started(t *testing.T, r *Recorder) {
 	t.Helper()
-	for i := 0; !r.Active(); i++ {
-		if i > 10_000 {
-			t.Fatal("the capture did not start")
-		}
-		time.Sleep(time.Millisecond)
-	}
+	harness.WaitFor(t, 10*time.Second, "the capture started", r.Active)
 }
 
 // readAll reads a capture whole.
@@ -327,9 +323,7 @@ func BenchmarkRecord(b *testing.B) {
 			sum, _ := r.Run(b.Context(), Options{Seconds: MaxSeconds, Requests: MaxRequests}, io.Discard, nil)
 			done <- sum
 		}()
-		for !r.Active() {
-			time.Sleep(time.Millisecond)
-		}
+		harness.WaitFor(b, 10*time.Second, "the capture started", r.Active)
 		b.ReportAllocs()
 		b.ResetTimer()
 		b.RunParallel(func(pb *testing.PB) {

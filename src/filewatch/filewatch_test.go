@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/fsnotify/fsnotify"
+	"github.com/ratelimitd/ratelimit/harness"
 )
 
 // oneFile follows one file and records every version applied.
@@ -58,18 +59,6 @@ func (f *oneFile) versions() []string {
 	return append([]string(nil), f.applied...)
 }
 
-// waitFor polls cond for up to 10 s: the bounds are generous, and what the
-// tests check is what was applied, not how fast.
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	for end := time.Now().Add(10 * time.Second); time.Now().Before(end); time.Sleep(5 * time.Millisecond) {
-		if cond() {
-			return
-		}
-	}
-	t.Fatalf("timed out waiting for %s", what)
-}
-
 func start(t *testing.T, w *Watcher) {
 	t.Helper()
 	if err := w.Update(); err != nil {
@@ -105,7 +94,7 @@ func TestWriterInPieces(t *testing.T) {
 		t.Fatal(err)
 	}
 	fh.Close()
-	waitFor(t, "the file to be applied", func() bool { return len(f.versions()) > 0 })
+	harness.WaitFor(t, 10*time.Second, "the file to be applied", func() bool { return len(f.versions()) > 0 })
 	// A version applied after a half would have come first.
 	if got := f.versions(); got[0] != "first half second half" {
 		t.Errorf("applied %q, want only the whole file", got)
@@ -127,7 +116,7 @@ func TestNowDoesNotWait(t *testing.T) {
 		t.Fatal(err)
 	}
 	w.Now()
-	waitFor(t, "v1 applied", func() bool { return len(f.versions()) == 1 })
+	harness.WaitFor(t, 10*time.Second, "v1 applied", func() bool { return len(f.versions()) == 1 })
 	w.Now() // may run before or after the swap below: v2 is applied once
 	tmp := f.path + ".tmp"
 	if err := os.WriteFile(tmp, []byte("v2"), 0o644); err != nil {
@@ -137,7 +126,7 @@ func TestNowDoesNotWait(t *testing.T) {
 		t.Fatal(err)
 	}
 	w.Now()
-	waitFor(t, "v2 applied", func() bool { return len(f.versions()) >= 2 })
+	harness.WaitFor(t, 10*time.Second, "v2 applied", func() bool { return len(f.versions()) >= 2 })
 	if got := f.versions(); len(got) != 2 || got[1] != "v2" {
 		t.Errorf("applied %q, want v1 then v2 (an unchanged file is not applied again)", got)
 	}
@@ -157,7 +146,7 @@ func TestPollingRecheck(t *testing.T) {
 	if err := os.WriteFile(f.path, []byte("polled"), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "the re-check to apply the file", func() bool { return len(f.versions()) > 0 })
+	harness.WaitFor(t, 10*time.Second, "the re-check to apply the file", func() bool { return len(f.versions()) > 0 })
 	if got := f.versions(); got[0] != "polled" {
 		t.Errorf("applied %q, want polled", got)
 	}

@@ -1,12 +1,15 @@
 package gctune
 
 import (
+	"fmt"
 	"math"
 	"runtime"
 	"runtime/debug"
 	"runtime/metrics"
 	"testing"
 	"time"
+
+	"github.com/ratelimitd/ratelimit/harness"
 )
 
 const mib = 1 << 20
@@ -59,14 +62,14 @@ func setBase(t *testing.T, p int) {
 func waitTunes(t *testing.T, n int64) {
 	t.Helper()
 	want := tunes.Load() + n
-	deadline := time.Now().Add(5 * time.Second)
-	for tunes.Load() < want {
-		if time.Now().After(deadline) {
-			t.Fatalf("tunes = %d after 5s, want %d", tunes.Load(), want)
+	// Between GCs, WaitFor's pause lets the cleanup goroutine run.
+	harness.WaitFor(t, 5*time.Second, fmt.Sprintf("tunes reaching %d", want), func() bool {
+		if tunes.Load() >= want {
+			return true
 		}
 		runtime.GC()
-		time.Sleep(time.Millisecond) // let the cleanup goroutine run
-	}
+		return false
+	})
 }
 
 func TestStartTunesAndStopRestores(t *testing.T) {

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ratelimitd/ratelimit/harness"
 	"github.com/ratelimitd/ratelimit/src/rules"
 )
 
@@ -92,18 +93,14 @@ func waitVersion(t *testing.T, r *recorder, domain string, n, v int) {
 	t.Helper()
 	// The default quiet period makes a reload take about two seconds,
 	// more on a loaded machine: wait well beyond that.
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		if cfg := r.latest(); cfg != nil {
-			if got, err := versionOf(cfg, domain, n); err == nil && got == v {
-				return
-			}
+	harness.WaitFor(t, 30*time.Second, fmt.Sprintf("version %d of %s loaded", v, domain), func() bool {
+		cfg := r.latest()
+		if cfg == nil {
+			return false
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for version %d of %s to load", v, domain)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+		got, err := versionOf(cfg, domain, n)
+		return err == nil && got == v
+	})
 }
 
 // TestReloadWaitsForWritersToFinish rewrites a rule file the ways tools
@@ -327,7 +324,7 @@ func TestReloadWriterThatNeverStops(t *testing.T) {
 		if err := os.WriteFile(path, []byte(versioned("a", v, n)), 0o644); err != nil {
 			t.Fatal(err)
 		}
-		time.Sleep(2 * time.Millisecond)
+		time.Sleep(2 * time.Millisecond) // the writer's pace: changes far inside the quiet period
 	}
 	last := v - 1
 	waitVersion(t, r, "a", n, last)

@@ -605,7 +605,7 @@ func TestXDSAlternatingRefusals(t *testing.T) {
 	began := time.Now()
 	for i := 0; time.Since(began) < 1500*time.Millisecond; i++ {
 		srv.SetConfigs(t, testNode, bad(uint32(1+i%2)))
-		time.Sleep(5 * time.Millisecond)
+		time.Sleep(5 * time.Millisecond) // the churn's pace, on the watcher's real clock
 	}
 	took := time.Since(began)
 	nacks := 0

@@ -15,6 +15,7 @@ import (
 	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
+	"github.com/ratelimitd/ratelimit/harness"
 	"github.com/ratelimitd/ratelimit/src/capture"
 	"github.com/ratelimitd/ratelimit/src/limiter"
 	"github.com/ratelimitd/ratelimit/src/replay"
@@ -131,9 +132,7 @@ func serveAndCapture(t *testing.T, c *rules.Config, stop bool, reqs []*rlsv3.Rat
 			t.Error(err)
 		}
 	})
-	for !rec.Active() {
-		time.Sleep(time.Millisecond)
-	}
+	harness.WaitFor(t, 10*time.Second, "the capture started", rec.Active)
 	answers := make([]*rlsv3.RateLimitResponse, len(reqs))
 	for i, r := range reqs {
 		mu.Lock()

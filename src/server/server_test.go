@@ -23,6 +23,7 @@ import (
 	reflectionpb "google.golang.org/grpc/reflection/grpc_reflection_v1"
 	"google.golang.org/grpc/status"
 
+	"github.com/ratelimitd/ratelimit/harness"
 	"github.com/ratelimitd/ratelimit/src/provider"
 	"github.com/ratelimitd/ratelimit/src/settings"
 )
@@ -139,13 +140,7 @@ func get(t *testing.T, url string) (int, string) {
 // eventually polls cond until it holds or the deadline passes.
 func eventually(t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	harness.WaitFor(t, 10*time.Second, what, cond)
 }
 
 func TestGRPCSurface(t *testing.T) {

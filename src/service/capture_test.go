@@ -11,6 +11,7 @@ import (
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
+	"github.com/ratelimitd/ratelimit/harness"
 	"github.com/ratelimitd/ratelimit/src/capture"
 	"github.com/ratelimitd/ratelimit/src/rules"
 	"github.com/ratelimitd/ratelimit/src/service"
@@ -27,12 +28,7 @@ func runCapture(t testing.TB, rec *capture.Recorder) (stop func() []byte) {
 			t.Error(err)
 		}
 	})
-	for i := 0; !rec.Active(); i++ {
-		if i > 10_000 {
-			t.Fatal("the capture did not start")
-		}
-		time.Sleep(time.Millisecond)
-	}
+	harness.WaitFor(t, 10*time.Second, "the capture started", rec.Active)
 	return func() []byte {
 		rec.Close()
 		wg.Wait()

@@ -26,6 +26,7 @@ import (
 	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
+	"github.com/ratelimitd/ratelimit/harness"
 	"github.com/ratelimitd/ratelimit/src/limiter"
 	"github.com/ratelimitd/ratelimit/src/rules"
 	"github.com/ratelimitd/ratelimit/src/service"
@@ -445,23 +446,12 @@ func TestMalformedMessagesAreInvalidArgument(t *testing.T) {
 	if err := invokeRaw(t.Context(), cc, forged); err != nil {
 		t.Errorf("a request with an unknown field 536870911: %v, want answered", err)
 	}
-	waitFor(t, func() bool { return f.svc.InFlight() == 0 }, "in-flight count back to 0 after malformed requests")
+	harness.WaitFor(t, 10*time.Second, "in-flight count back to 0 after malformed requests", func() bool { return f.svc.InFlight() == 0 })
 
 	rec := httptest.NewRecorder()
 	f.svc.ServeJSON(rec, httptest.NewRequest(http.MethodPost, "/json", strings.NewReader("{\"domain\":\"test\",\"descriptors\":[{\"entries\":[{\"key\":\"user\",\"value\":\"a\xffb\"}]}]}")))
 	if rec.Code != http.StatusBadRequest {
 		t.Errorf("/json with invalid UTF-8: %d %s, want 400", rec.Code, rec.Body)
-	}
-}
-
-func waitFor(t *testing.T, cond func() bool, what string) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(5 * time.Millisecond)
 	}
 }
 
@@ -512,13 +502,13 @@ func TestConcurrencyBoundSheds(t *testing.T) {
 			t.Errorf("held request: %v", err)
 		}
 	}
-	waitFor(t, func() bool { return f.svc.InFlight() == 0 }, "in-flight count back to 0")
+	harness.WaitFor(t, 10*time.Second, "in-flight count back to 0", func() bool { return f.svc.InFlight() == 0 })
 	cancel()
 	_, err = client.ShouldRateLimit(ctx, req(desc("user", "canceled")))
 	if status.Code(err) != codes.Canceled {
 		t.Errorf("canceled call: %v", err)
 	}
-	waitFor(t, func() bool { return f.svc.InFlight() == 0 }, "in-flight count back to 0 after a canceled call")
+	harness.WaitFor(t, 10*time.Second, "in-flight count back to 0 after a canceled call", func() bool { return f.svc.InFlight() == 0 })
 	if _, err := client.ShouldRateLimit(t.Context(), req(desc("user", "after"))); err != nil {
 		t.Errorf("after the held requests ended: %v", err)
 	}

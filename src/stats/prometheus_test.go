@@ -17,6 +17,7 @@ import (
 	dto "github.com/prometheus/client_model/go"
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
+	"github.com/ratelimitd/ratelimit/harness"
 )
 
 // gather scrapes h and parses the exposition, failing the test on a status
@@ -486,17 +487,9 @@ func TestIdleExpositionIsReleased(t *testing.T) {
 	r.Counter("ratelimit.x").Inc()
 	h := r.PrometheusHandler(PrometheusConfig{ScrapeReuse: 10 * time.Millisecond}).(*scrapeCache)
 	gather(t, h)
-	deadline := time.Now().Add(10 * time.Second)
-	for {
+	harness.WaitFor(t, 10*time.Second, "the exposition, held after a scrape with a reuse of 10 ms, let go", func() bool {
 		h.mu.Lock()
-		held := h.text != nil
-		h.mu.Unlock()
-		if !held {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("the exposition is still held 10 s after a scrape, with a reuse of 10 ms")
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+		defer h.mu.Unlock()
+		return h.text == nil
+	})
 }

@@ -68,10 +68,7 @@ func fakeService() {
 	health.HandleFunc("/healthcheck", func(w http.ResponseWriter, _ *http.Request) { io.WriteString(w, "OK") })
 	// Bounded: a stray fake ends on its own.
 	srv := &http.Server{Addr: "127.0.0.1:" + os.Getenv("PORT"), Handler: health}
-	go func() {
-		time.Sleep(2 * time.Minute)
-		srv.Close()
-	}()
+	time.AfterFunc(2*time.Minute, func() { srv.Close() })
 	srv.ListenAndServe()
 }
 

@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ratelimitd/ratelimit/harness"
 	"github.com/ratelimitd/ratelimit/src/limiter"
 	"github.com/ratelimitd/ratelimit/src/live"
 	"github.com/ratelimitd/ratelimit/src/rules"
@@ -342,17 +343,10 @@ func TestStreamClientsAreBounded(t *testing.T) {
 	}
 	// A client gone frees its place.
 	cancel()
-	deadline := time.Now().Add(5 * time.Second)
-	for {
+	harness.WaitFor(t, 5*time.Second, "the places of closed streams freed", func() bool {
 		resp, next := stream(t, t.Context(), f.srv.URL)
-		if resp.StatusCode == http.StatusOK && next() != "" {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("the places of closed streams were not freed")
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+		return resp.StatusCode == http.StatusOK && next() != ""
+	})
 }
 
 // TestSlowStreamReaderIsDropped: a client that never reads fills its

@@ -22,6 +22,7 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/grpc/tap"
 
+	"github.com/ratelimitd/ratelimit/harness"
 	"github.com/ratelimitd/ratelimit/src/stats"
 )
 
@@ -184,7 +185,7 @@ func TestSlowRequestEndsItsCallAlone(t *testing.T) {
 	ctx, cancel := context.WithTimeout(t.Context(), 20*time.Second)
 	defer cancel()
 	patient := slow(ctx, patientRelease)
-	eventually(t, "the patient call's headers", func() bool { return w.halfSent.Load() == 1 })
+	harness.WaitFor(t, 10*time.Second, "the patient call's headers", func() bool { return w.halfSent.Load() == 1 })
 
 	// Other calls on the same connection, until the slow ones are done.
 	done := make(chan struct{})
@@ -211,7 +212,7 @@ func TestSlowRequestEndsItsCallAlone(t *testing.T) {
 	}
 
 	impatient := slow(t.Context(), impatientRelease)
-	eventually(t, "the call without a deadline ended", func() bool { return w.callsEnded.Value() == 1 })
+	harness.WaitFor(t, 10*time.Second, "the call without a deadline ended", func() bool { return w.callsEnded.Value() == 1 })
 	close(impatientRelease)
 	if err := <-impatient; status.Code(err) != codes.DeadlineExceeded {
 		t.Errorf("a call whose message did not come in time: %v, want DeadlineExceeded", err)
@@ -257,14 +258,4 @@ func dialGRPC(t *testing.T, addr string) *grpc.ClientConn {
 	}
 	t.Cleanup(func() { cc.Close() })
 	return cc
-}
-
-// eventually polls cond until it holds or 10 s have passed.
-func eventually(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	for deadline := time.Now().Add(10 * time.Second); !cond(); time.Sleep(20 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-	}
 }

@@ -577,7 +577,7 @@ func TestSlowlorisFramesAreCut(t *testing.T) {
 				return err
 			}
 			for range 200 {
-				time.Sleep(25 * time.Millisecond)
+				time.Sleep(25 * time.Millisecond) // the trickle, on the clock the server measures
 				if err := fr.WriteContinuation(1, false, []byte{'a'}); err != nil {
 					return err
 				}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/tls"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"strconv"
@@ -377,13 +378,9 @@ func TestConnectionBound(t *testing.T) {
 	}
 	// A connection the store closed while memcached was frozen is still
 	// counted until memcached, thawed, reads its close: wait for that.
-	n := currConns() - others
-	for deadline := time.Now().Add(5 * time.Second); n > want && time.Now().Before(deadline); n = currConns() - others {
-		time.Sleep(20 * time.Millisecond)
-	}
-	if n > want {
-		t.Errorf("memcached counts %d connections of the store, want at most %d", n, want)
-	}
+	harness.WaitFor(t, 5*time.Second, fmt.Sprintf("memcached counts at most %d connections of the store", want), func() bool {
+		return currConns()-others <= want
+	})
 
 	// Everything works again, under as many concurrent calls as there are
 	// connections.

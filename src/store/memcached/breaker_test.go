@@ -128,16 +128,10 @@ func TestBreakerOneOfTwoServers(t *testing.T) {
 				t.Fatal(err)
 			}
 			start := time.Now()
-			for {
+			harness.WaitForNil(t, breakerRecover, "served after the server returned", func() error {
 				_, err := timedHit(s, downKey, rules.FixedWindow)
-				if err == nil {
-					break
-				}
-				if time.Since(start) > breakerRecover {
-					t.Fatalf("still failing %v after the server returned: %v", breakerRecover, err)
-				}
-				time.Sleep(5 * time.Millisecond)
-			}
+				return err
+			})
 			t.Logf("served again %v after the server returned", time.Since(start))
 			if st := s.Breakers(); st.Open != 0 || st.Trips != 1 {
 				t.Errorf("Breakers() = %+v after recovery, want none open, 1 trip", st)
@@ -240,14 +234,10 @@ func TestBreakerFollowsTheStoreTimeout(t *testing.T) {
 	}
 
 	px.SetLatency(4 * breakerTimeout)
-	for i := 0; ; i++ {
-		err := hit()
-		if errors.Is(err, breaker.ErrOpen) {
-			break
+	harness.WaitForNil(t, 10*time.Second, "breaker open on a memcached slower than its timeout", func() error {
+		if err := hit(); !errors.Is(err, breaker.ErrOpen) {
+			return fmt.Errorf("still closed: %v", err)
 		}
-		if i == 200 {
-			t.Fatalf("breaker still closed after %d requests on a memcached slower than its timeout: %v", i, err)
-		}
-		time.Sleep(deadline)
-	}
+		return nil
+	})
 }

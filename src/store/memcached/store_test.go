@@ -489,14 +489,13 @@ func TestSRV(t *testing.T) {
 		t.Fatalf("%d items on the SRV target, want 1", n)
 	}
 	answer <- records(b)
-	deadline := time.Now().Add(5 * time.Second)
-	for items(t, b) == 0 {
-		if time.Now().After(deadline) {
-			t.Fatal("the store did not follow the SRV record to the new server")
+	harness.WaitFor(t, 5*time.Second, "the store followed the SRV record to the new server", func() bool {
+		if items(t, b) > 0 {
+			return true
 		}
 		do(t, s, false, now, limiter.Op{Key: uniqueKey(t, "on_b"), Limit: 5, Window: time.Minute, Hits: 1})
-		time.Sleep(10 * time.Millisecond)
-	}
+		return false
+	})
 
 	// An SRV answer's order is random: the list is sorted.
 	got, err := resolveSRV(t.Context(), func(context.Context, string, string, string) (string, []*net.SRV, error) {

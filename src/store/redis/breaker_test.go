@@ -86,16 +86,11 @@ func checkFastRefusals(t *testing.T, s *Store, key string) {
 func waitServed(t *testing.T, s *Store, key string) time.Duration {
 	t.Helper()
 	start := time.Now()
-	for {
+	harness.WaitForNil(t, breakerRecover, "served after the server returned", func() error {
 		_, err := timedHit(s, key)
-		if err == nil {
-			return time.Since(start)
-		}
-		if time.Since(start) > breakerRecover {
-			t.Fatalf("still failing %v after the server returned: %v", breakerRecover, err)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+		return err
+	})
+	return time.Since(start)
 }
 
 // TestBreakerSingle stops or freezes a single Redis: after Failures
@@ -403,7 +398,8 @@ func TestBreakerFollowsTheStoreTimeout(t *testing.T) {
 			t.Fatalf("breaker still closed after %d requests on a Redis slower than its timeout: %v", i, err)
 		}
 	}
-	// Several probes' time: each probe's ping times out.
+	// Several probes' time, watched: each probe's ping times out, and
+	// nothing counts the probes to wait for instead.
 	for end := time.Now().Add(3 * time.Second); time.Now().Before(end); time.Sleep(20 * time.Millisecond) {
 		if st := s.Breakers(); st.Open != 1 || st.Trips != 1 {
 			t.Fatalf("Breakers() = %+v with Redis slower than its timeout, want it open since its one trip", st)

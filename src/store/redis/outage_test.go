@@ -64,6 +64,7 @@ func TestOutage(t *testing.T) {
 				failures []string
 				slow     atomic.Int64
 				okDown   atomic.Int64 // requests that failed while down
+				served   atomic.Int64 // requests answered
 				stop     = make(chan struct{})
 				wg       sync.WaitGroup
 			)
@@ -97,6 +98,7 @@ func TestOutage(t *testing.T) {
 						nowDown := down
 						switch {
 						case err == nil:
+							served.Add(1)
 						case wasDown || nowDown:
 							okDown.Add(1)
 						case !since.IsZero() && start.After(since):
@@ -105,12 +107,12 @@ func TestOutage(t *testing.T) {
 							failures = append(failures, fmt.Sprintf("request failed before the outage: %v", err))
 						}
 						mu.Unlock()
-						time.Sleep(time.Millisecond)
+						time.Sleep(time.Millisecond) // pacing: leave the shared cores to Redis
 					}
 				})
 			}
 
-			time.Sleep(200 * time.Millisecond)
+			harness.WaitFor(t, 5*time.Second, "the load answered before the outage", func() bool { return served.Load() >= 100 })
 			mu.Lock()
 			down = true
 			mu.Unlock()
@@ -118,7 +120,7 @@ func TestOutage(t *testing.T) {
 				t.Fatal(err)
 			}
 			harness.WaitFor(t, 3*time.Second, "unhealthy while down", func() bool { return !s.Healthy() })
-			time.Sleep(500 * time.Millisecond)
+			harness.WaitFor(t, 5*time.Second, "the load met the outage", func() bool { return okDown.Load() >= 32 })
 			if err := srv.Start(); err != nil {
 				t.Fatal(err)
 			}
@@ -126,7 +128,8 @@ func TestOutage(t *testing.T) {
 			down, upSince = false, time.Now()
 			mu.Unlock()
 			harness.WaitFor(t, 3*time.Second, "healthy again", s.Healthy)
-			time.Sleep(300 * time.Millisecond)
+			back := served.Load()
+			harness.WaitFor(t, 5*time.Second, "the load answered after the restart", func() bool { return served.Load() >= back+100 })
 			close(stop)
 			wg.Wait()
 
@@ -134,9 +137,6 @@ func TestOutage(t *testing.T) {
 			defer mu.Unlock()
 			for _, f := range failures {
 				t.Error(f)
-			}
-			if okDown.Load() == 0 {
-				t.Error("no request failed while Redis was down")
 			}
 			if n := slow.Load(); n > 0 {
 				t.Errorf("%d requests took longer than the timeout (%v)", n, cfg.Timeout)

@@ -291,10 +291,12 @@ func TestClientOutage(t *testing.T) {
 	if err := c.Add(t.Context(), "outage_n", []byte("0"), 60); err != nil {
 		t.Fatal(err)
 	}
-	// load keeps 16 workers incrementing until stop, and returns their
-	// errors' count per kind when stopped.
-	load := func(stop <-chan struct{}) func() (ok, failed int) {
-		var okN, failN atomic.Int64
+	// load keeps 16 workers incrementing until stop, counting answers in
+	// okN and failures in failN; wait returns both once they stopped.
+	var okN, failN atomic.Int64
+	load := func(stop <-chan struct{}) (wait func() (ok, failed int)) {
+		okN.Store(0)
+		failN.Store(0)
 		var wg sync.WaitGroup
 		for range 16 {
 			wg.Go(func() {
@@ -311,7 +313,7 @@ func TestClientOutage(t *testing.T) {
 					}
 					if err != nil {
 						failN.Add(1)
-						time.Sleep(time.Millisecond)
+						time.Sleep(time.Millisecond) // pacing: no spin on fast failures
 					} else {
 						okN.Add(1)
 					}
@@ -330,11 +332,12 @@ func TestClientOutage(t *testing.T) {
 	} {
 		stop := make(chan struct{})
 		wait := load(stop)
-		time.Sleep(50 * time.Millisecond)
+		harness.WaitFor(t, 5*time.Second, outage.name+": the load answered", func() bool { return okN.Load() >= 16 })
 		if err := outage.start(); err != nil {
 			t.Fatal(err)
 		}
-		time.Sleep(2 * timeout)
+		// Every worker's request failed once: the connections are gone.
+		harness.WaitFor(t, 5*time.Second, outage.name+": the load failed", func() bool { return failN.Load() >= 16 })
 		// While down, a request fails without waiting for a Timeout:
 		// the connections are closed and the next dials back off.
 		start := time.Now()
@@ -479,7 +482,11 @@ func TestClientCloseDrains(t *testing.T) {
 		_ = c.Close()
 		close(closed)
 	}()
-	time.Sleep(100 * time.Millisecond)
+	harness.WaitFor(t, 2*time.Second, "Close under way", func() bool {
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		return c.closed
+	})
 	if err := srv.Thaw(); err != nil {
 		t.Fatal(err)
 	}
@@ -741,6 +748,7 @@ func TestClientBackoffResetsOnAnswer(t *testing.T) {
 			t.Fatalf("backoff %v after 100 pings of a frozen memcached, want it to grow past %v", backoff(), 8*redialMin)
 		}
 		_ = c.Ping(ctx) // late, or refused at once within the backoff
+		// The backoff runs on the client's real clock: let it pass.
 		time.Sleep(redialMin)
 	}
 	if err := srv.Thaw(); err != nil {
@@ -852,7 +860,7 @@ func TestIdleConnectionsPastIdleAreClosed(t *testing.T) {
 			if idle == 1 {
 				harness.WaitFor(t, 5*time.Second, "the connection past Idle closed", func() bool { return counter.open.Load() == 1 })
 			} else {
-				time.Sleep(100 * time.Millisecond)
+				time.Sleep(100 * time.Millisecond) // a window for a wrong close to happen in: nothing to wait for
 				if n := counter.open.Load(); n != 2 {
 					t.Errorf("%d connections open with Idle 2, want 2", n)
 				}
