@@ -51,6 +51,12 @@ import (
 //     store) resumes from the state its previous owner wrote: every grant
 //     any replica sent was written there first.
 //
+// No library shares RLQS pools between replicas (Envoy's API leaves it to
+// the service), so this protocol is written here, over go-redis and a few
+// Lua scripts: about one script per bucket report, and 14.5 % of a Redis
+// core for three replicas at 10,000 buckets (docs/BENCHMARKS.md, "A quota
+// client beside ShouldRateLimit"; docs/RLQS.md, rlqssim's table).
+//
 // A grant reaches its Envoy up to a tick and two round trips later than
 // on one replica, so the pools count a decrease as settled only after
 // sharedSettle, and a grant's lease accordingly.

@@ -4,6 +4,13 @@
 // (NewProtocolCheck), plaintext and TLS on one port (Sniff), Unix sockets
 // and the debug listener's Host check (AllowHosts). Package server wires
 // them.
+//
+// The stall watch is written here because grpc-go's own bounds (keepalive,
+// MaxConnectionIdle, the handshake's ConnectionTimeout) take any frame or
+// ping as life: a client that sends a frame a byte at a time, or a call's
+// headers and never its message, holds its stream and its place for ever
+// (TestSlowlorisFramesAreCut, TestSlowRequestEndsItsCallAlone). It costs
+// 426 ns and no allocation per call (BenchmarkStallWatchCall).
 package listen
 
 import (
