@@ -268,9 +268,12 @@ func TestTLSRotation(t *testing.T) {
 	// Trusts CA one only: if it had to connect again after the swap, its
 	// calls would fail.
 	established := dialWith(t, srv, credentials.NewTLS(harness.ClientConfig(nil, ca1)))
-	if _, err := healthCheck(t, established); err != nil {
-		t.Fatal(err)
-	}
+	// Health says SERVING once the server has started its store and
+	// rules, which run may not have waited for.
+	eventually(t, "the server serving over the first certificate", func() bool {
+		_, err := healthCheck(t, established)
+		return err == nil
+	})
 
 	second := ca2.Server(t)
 	sec.Update(t, secretFiles(second, nil))
