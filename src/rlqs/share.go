@@ -212,6 +212,8 @@ type shareState struct {
 	// (nil: not known, every pool is exchanged).
 	alive, noted map[string]bool
 	aliveIDs     map[uint64]bool
+	// beaten is when this replica's last beat was written.
+	beaten time.Time
 	// tags are the shared pools by tag; urgent those with a new
 	// subscriber here since the last poll.
 	tags   map[string]poolKey
@@ -336,6 +338,7 @@ func (q *Service) beat(ctx context.Context) bool {
 		return false
 	}
 	q.noteShareReached(true, nil)
+	sh.beaten = now
 	sh.alive, sh.aliveIDs = nil, nil
 	if len(rep.Alive) < shareMaxReplicas {
 		sh.alive = make(map[string]bool, len(rep.Alive))
@@ -382,6 +385,16 @@ func (q *Service) poll(ctx context.Context) {
 	q.tickMu.Lock()
 	defer q.tickMu.Unlock()
 	sh := q.share
+	q.mu.Lock()
+	beaten := !sh.beaten.IsZero() && q.cfg.Now().Sub(sh.beaten) < shareAlive/2
+	q.mu.Unlock()
+	if !beaten {
+		// Not before this replica's beat is in the store (at its first
+		// tick, or after one failed): another replica would take a pool
+		// it took here, or the subscribers it handed over, for a dead
+		// replica's.
+		return
+	}
 	pctx, cancel := context.WithTimeout(ctx, shareCallBudget)
 	rep, err := q.cfg.Share.BeatQuota(pctx, quota.Beat{Scope: q.cfg.Scope, Replica: sh.replica, NotesOnly: true, Max: max(q.cfg.MaxBuckets, shareMaxReplicas)})
 	cancel()

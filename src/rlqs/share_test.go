@@ -776,3 +776,29 @@ func TestSharedQuotaFirstGrantByPolls(t *testing.T) {
 		}
 	}
 }
+
+// TestSharedQuotaNoPollBeforeTheFirstBeat: a replica serves nothing at
+// its polls before its first beat is in the store, so that no other
+// replica takes a pool it took, or the subscribers it handed over, for a
+// dead replica's; its tick beats, then serves.
+func TestSharedQuotaNoPollBeforeTheFirstBeat(t *testing.T) {
+	t.Parallel()
+	f := newFleet(t, 1)
+	q, reg := f.reps[0].q, f.reps[0].reg
+	s, err := q.Open()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	if err := s.Report(&rlqsv3.RateLimitQuotaUsageReports{Domain: "web", BucketQuotaUsages: []*rlqsv3.RateLimitQuotaUsageReports_BucketQuotaUsage{{BucketId: bucketID("tenant", "a"), NumRequestsAllowed: 1}}}); err != nil {
+		t.Fatal(err)
+	}
+	q.Poll()
+	if n := reg.Counter("ratelimit.rlqs.shared.exchanges").Value(); n != 0 {
+		t.Fatalf("%d exchanges at a poll before the first beat, want none", n)
+	}
+	q.Tick()
+	if n := reg.Counter("ratelimit.rlqs.shared.exchanges").Value(); n == 0 {
+		t.Fatal("no exchange at the first tick")
+	}
+}
