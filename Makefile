@@ -59,8 +59,11 @@ test-timing-busy: servers ## the timing-sensitive tests beside two CPU-bound pro
 
 race: test ## same as test: the suite always runs with -race
 
+# The quick loop's longest packages, started first. Its tests mostly wait
+# on the processes they start, so four packages run at once on two cores.
+SHORT_FIRST = ./integration-test/... ./src/store/redis/... ./src/server/... ./tools/benchrun/...
 test-short: servers ## the quick loop (under 2 minutes here): every package's fast tests, without the race detector; -short skips the integration tests that start many processes or wait through wall-clock phases
-	$(GO) test -short -count=1 $(PKGS)
+	$(GO) test -short -count=1 -p 4 $(SHORT_FIRST) $(PKGS)
 
 unit: test-short ## same as test-short
 

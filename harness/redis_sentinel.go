@@ -63,6 +63,8 @@ func LaunchRedisSentinel(dir string, opts RedisSentinelOptions) (g *RedisSentine
 	}
 	masterOpts := opts.Data
 	masterOpts.Config = append(append([]string(nil), opts.Data.Config...), redisReplicationAuth(opts.Data)...)
+	// A master waits 5 s by default for more replicas before a sync.
+	masterOpts.Config = append(masterOpts.Config, "repl-diskless-sync-delay 0")
 	if g.Master, err = LaunchRedis(masterDir, masterOpts); err != nil {
 		return nil, err
 	}
@@ -74,6 +76,14 @@ func LaunchRedisSentinel(dir string, opts RedisSentinelOptions) (g *RedisSentine
 	replicaOpts.Config = append(append([]string(nil), masterOpts.Config...),
 		fmt.Sprintf("replicaof 127.0.0.1 %d", g.Master.Port()))
 	if g.Replica, err = LaunchRedis(replicaDir, replicaOpts); err != nil {
+		return nil, err
+	}
+	// A sentinel learns the replicas from the master's INFO, at its first
+	// look and then every 10 s: started before the replica is linked, it
+	// would wait up to 10 s more to see it.
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := waitReplicaLinked(ctx, g.Replica); err != nil {
 		return nil, err
 	}
 	url := RedisSentinelMaster
@@ -90,8 +100,6 @@ func LaunchRedisSentinel(dir string, opts RedisSentinelOptions) (g *RedisSentine
 		url += "," + s.Addr
 	}
 	g.URL = url
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
 	for _, s := range g.Sentinels {
 		if err := waitSentinelReady(ctx, s); err != nil {
 			return nil, err
@@ -149,6 +157,23 @@ func writeSentinelConf(path, dir string, port int, extra []string) error {
 		lines += l + "\n"
 	}
 	return os.WriteFile(path, []byte(lines), 0o600)
+}
+
+// waitReplicaLinked waits until the replica has synchronised with its master.
+func waitReplicaLinked(ctx context.Context, r *RedisServer) error {
+	var last string
+	for {
+		info, err := r.Do(ctx, "INFO", "replication")
+		if err == nil && redisInfoField(info, "master_link_status") == "up" {
+			return nil
+		}
+		last = fmt.Sprint(redisInfoField(info, "master_link_status"), err)
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("harness: replica %s not linked to its master: %s\n%s", r.Addr, last, r.logTail())
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
 }
 
 // waitSentinelReady waits until the sentinel knows the replica and the two
