@@ -12,6 +12,8 @@
 //   - envoy.go, envoy_bootstrap.go: real Envoy and the bootstraps it runs
 //   - xds.go: go-control-plane's xDS management server
 //   - otlp.go: an OpenTelemetry trace receiver
+//   - silent.go: a server that accepts and never answers, and a port
+//     where nothing listens
 //   - cert.go: the one certificate helper (CAs, certificates, the PEM files
 //     of a TLS server and its client, a Kubernetes-like secret directory)
 //

@@ -3,7 +3,6 @@ package integration
 import (
 	"context"
 	"fmt"
-	"net"
 	"net/http"
 	"slices"
 	"strings"
@@ -292,52 +291,8 @@ func TestTracingSamplingRateZero(t *testing.T) {
 	}
 }
 
-// stalledCollector accepts connections and never reads or answers: an
-// exporter waits on it until its own timeout.
-func stalledCollector(t *testing.T) string {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var mu sync.Mutex
-	var conns []net.Conn
-	go func() {
-		for {
-			c, err := l.Accept()
-			if err != nil {
-				return
-			}
-			mu.Lock()
-			conns = append(conns, c)
-			mu.Unlock()
-		}
-	}()
-	t.Cleanup(func() {
-		l.Close()
-		mu.Lock()
-		defer mu.Unlock()
-		for _, c := range conns {
-			c.Close()
-		}
-	})
-	return l.Addr().String()
-}
-
 // traceFlushMax bounds the last export at shutdown (src/server).
 const traceFlushMax = 2 * time.Second
-
-// closedPort is a loopback port nothing listens on: one the kernel gave
-// a listener that is closed at once.
-func closedPort(t *testing.T) string {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().String()
-}
 
 // TestTracingCollectorDown: a collector that is not there (connections
 // refused) or that accepts and never answers fails no request of the
@@ -348,12 +303,12 @@ func TestTracingCollectorDown(t *testing.T) {
 	slow(t)
 	for _, tt := range []struct {
 		name, protocol string
-		addr           func(*testing.T) string
+		addr           func(testing.TB) string
 	}{
-		{"refused_http", "http", closedPort},
-		{"refused_grpc", "grpc", closedPort},
-		{"stalled_http", "http", stalledCollector},
-		{"stalled_grpc", "grpc", stalledCollector},
+		{"refused_http", "http", harness.ClosedPort},
+		{"refused_grpc", "grpc", harness.ClosedPort},
+		{"stalled_http", "http", harness.SilentServer},
+		{"stalled_grpc", "grpc", harness.SilentServer},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			p := start(t, map[string]string{"traced.yaml": tracedRules},

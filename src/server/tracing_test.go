@@ -2,7 +2,6 @@ package server
 
 import (
 	"context"
-	"net"
 	"strings"
 	"sync"
 	"testing"
@@ -122,58 +121,17 @@ func TestTracingSamplingRateZero(t *testing.T) {
 	}
 }
 
-// stalledCollector accepts connections and never answers on them: an
-// exporter waits for it until its own timeout.
-func stalledCollector(t *testing.T) string {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var mu sync.Mutex
-	var conns []net.Conn
-	go func() {
-		for {
-			c, err := l.Accept()
-			if err != nil {
-				return
-			}
-			mu.Lock()
-			conns = append(conns, c)
-			mu.Unlock()
-		}
-	}()
-	t.Cleanup(func() {
-		l.Close()
-		mu.Lock()
-		defer mu.Unlock()
-		for _, c := range conns {
-			c.Close()
-		}
-	})
-	return l.Addr().String()
-}
-
 // TestTracingCollectorDown: a collector that is not there, or that
 // accepts and never answers, fails no request, even past the span queue's
 // bound (2048), costs the shutdown no more than the drain, and is logged.
 func TestTracingCollectorDown(t *testing.T) {
-	closed := func(t *testing.T) string {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		addr := l.Addr().String()
-		l.Close()
-		return addr
-	}
 	for _, tt := range []struct {
 		name, protocol string
-		addr           func(*testing.T) string
+		addr           func(testing.TB) string
 	}{
-		{"closed_http", "http", closed},
-		{"stalled_http", "http", stalledCollector},
-		{"stalled_grpc", "grpc", stalledCollector},
+		{"closed_http", "http", harness.ClosedPort},
+		{"stalled_http", "http", harness.SilentServer},
+		{"stalled_grpc", "grpc", harness.SilentServer},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			env := map[string]string{

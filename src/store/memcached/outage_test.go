@@ -3,7 +3,6 @@ package memcached
 import (
 	"context"
 	"errors"
-	"net"
 	"runtime"
 	"strconv"
 	"strings"
@@ -98,33 +97,9 @@ func TestOutage(t *testing.T) {
 // redial backs off, or after about Timeout again.
 func TestTimeout(t *testing.T) {
 	t.Parallel()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var mu sync.Mutex
-	var conns []net.Conn
-	go func() {
-		for {
-			c, err := l.Accept()
-			if err != nil {
-				return
-			}
-			mu.Lock()
-			conns = append(conns, c) // held open, never answered
-			mu.Unlock()
-		}
-	}()
-	t.Cleanup(func() {
-		_ = l.Close()
-		mu.Lock()
-		defer mu.Unlock()
-		for _, c := range conns {
-			_ = c.Close()
-		}
-	})
+	addr := harness.SilentServer(t)
 	const timeout = 200 * time.Millisecond
-	s := newStore(t, Config{Addrs: []string{l.Addr().String()}, Timeout: timeout})
+	s := newStore(t, Config{Addrs: []string{addr}, Timeout: timeout})
 	for i, alg := range rules.Algorithms {
 		b := &limiter.Batch{Now: time.Now(), Ops: []limiter.Op{{Key: "silent", Algorithm: alg, Limit: 5, Window: time.Minute, Hits: 1}}}
 		start := time.Now()

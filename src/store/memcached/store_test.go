@@ -413,12 +413,7 @@ func TestConfig(t *testing.T) {
 // unhealthy, WaitStarted honours ctx, and Do fails with ErrUnavailable.
 func TestNothingListens(t *testing.T) {
 	t.Parallel()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := l.Addr().String()
-	_ = l.Close() // nothing listens there now
+	addr := harness.ClosedPort(t)
 	s := newStore(t, Config{Addrs: []string{addr}, Timeout: 200 * time.Millisecond})
 	ctx, cancel := context.WithTimeout(t.Context(), 150*time.Millisecond)
 	defer cancel()

@@ -3,7 +3,6 @@ package memcached
 import (
 	"context"
 	"errors"
-	"net"
 	"slices"
 	"testing"
 	"time"
@@ -125,16 +124,11 @@ func TestRoundTripSpans(t *testing.T) {
 // and the request's error is unchanged.
 func TestRoundTripSpanOfAFailure(t *testing.T) {
 	t.Parallel()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := l.Addr().String()
-	l.Close()
+	addr := harness.ClosedPort(t)
 	tp, rcv := newTracer(t)
 	s := newStore(t, Config{Addrs: []string{addr}, Timeout: time.Second, Tracer: tp.Tracer("memcached")})
 	ctx, parent := tp.Tracer("test").Start(t.Context(), "request")
-	err = s.Do(ctx, &limiter.Batch{Ops: []limiter.Op{{Key: "k", Limit: 5, Window: time.Minute, Hits: 1}}})
+	err := s.Do(ctx, &limiter.Batch{Ops: []limiter.Op{{Key: "k", Limit: 5, Window: time.Minute, Hits: 1}}})
 	parent.End()
 	if !errors.Is(err, limiter.ErrUnavailable) {
 		t.Fatalf("Do with memcached down = %v, want ErrUnavailable", err)

@@ -3,7 +3,6 @@ package redis
 import (
 	"context"
 	"errors"
-	"net"
 	"testing"
 	"time"
 
@@ -95,24 +94,12 @@ func TestRoundTripSpans(t *testing.T) {
 	}
 }
 
-// closedAddr is a loopback address where nothing listens.
-func closedAddr(t *testing.T) string {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := l.Addr().String()
-	l.Close()
-	return addr
-}
-
 // TestRoundTripSpanOfAFailure: a round trip that fails is an error span,
 // and the request's error is unchanged.
 func TestRoundTripSpanOfAFailure(t *testing.T) {
 	t.Parallel()
 	tp, rcv := newTracer(t)
-	s := newStore(t, Config{URL: closedAddr(t), Timeout: time.Second, Tracer: tp.Tracer("redis")})
+	s := newStore(t, Config{URL: harness.ClosedPort(t), Timeout: time.Second, Tracer: tp.Tracer("redis")})
 	ctx, parent := tp.Tracer("test").Start(t.Context(), "request")
 	err := s.Do(ctx, &limiter.Batch{Ops: []limiter.Op{{Key: "k", Limit: 5, Window: time.Minute, Hits: 1}}})
 	parent.End()
