@@ -160,6 +160,14 @@ func TestRedisFills(t *testing.T) {
 		if st := p.stats(t); st["ratelimit.redis.breaker_trips"] != 0 {
 			t.Errorf("breaker_trips = %d with Redis full, want 0", st["ratelimit.redis.breaker_trips"])
 		}
+		// The quota service's replica beat is a write too: refused, it
+		// is told as a full store, not an unreachable one.
+		eventually(t, "the quota service says the shared store is full", 15*time.Second, func() bool {
+			return strings.Contains(p.logs(), "quota: the shared store is full")
+		})
+		if strings.Contains(p.logs(), "unreachable") {
+			t.Errorf("the log calls a full Redis unreachable:\n%s", p.logs())
+		}
 	})
 }
 

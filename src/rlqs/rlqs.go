@@ -673,7 +673,7 @@ func (q *Service) open(peer string) (*quotaStream, error) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	if q.share != nil && q.share.down {
-		return nil, errShareDown
+		return nil, q.share.downErr
 	}
 	if len(q.streams) >= q.cfg.MaxStreams {
 		q.refusedStreams.Inc()

@@ -17,6 +17,7 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/durationpb"
 
+	"github.com/ratelimitd/ratelimit/src/limiter"
 	"github.com/ratelimitd/ratelimit/src/quota"
 	"github.com/ratelimitd/ratelimit/src/stats"
 )
@@ -198,6 +199,8 @@ type shareState struct {
 	// for shareDownAfter, and the replica has ended its streams.
 	lastOK time.Time
 	down   bool
+	// downErr is what streams are told while down.
+	downErr error
 	// resume is the first pool the next tick exchanges, when the last
 	// one ran out of its budget (resuming: set).
 	resume   poolKey
@@ -579,11 +582,17 @@ func (q *Service) noteShareReached(ok bool, err error) {
 	case ok:
 		sh.lastOK, sh.down = now, false
 	case now.Sub(sh.lastOK) >= shareDownAfter && !sh.down:
-		sh.down = true
-		q.cfg.Log.Warn("quota: the shared store is unreachable; ending the quota streams so that Envoys open theirs to a replica that reaches it",
+		sh.down, sh.downErr = true, errShareDown
+		what := "unreachable"
+		if errors.Is(err, limiter.ErrOverloaded) {
+			// Full (out of memory with noeviction): it answers, but
+			// refuses the writes a grant needs.
+			sh.downErr, what = errShareFull, "full"
+		}
+		q.cfg.Log.Warn("quota: the shared store is "+what+"; ending the quota streams so that Envoys open theirs to a replica that can write to it",
 			"err", err, "streams", len(q.streams))
 		for _, st := range q.streams {
-			st.end(errShareDown)
+			st.end(sh.downErr)
 		}
 	}
 }
@@ -647,6 +656,8 @@ func (q *Service) syncRequest(now time.Time, k poolKey, fast bool) (*syncing, qu
 var errLocalLost = errors.New("quota: the pool changed hands before its reports were taken")
 
 var errShareDown = status.Error(codes.Unavailable, "service: this replica cannot reach the store it shares quotas through (Redis); open the stream to another replica")
+
+var errShareFull = status.Error(codes.Unavailable, "service: the store this replica shares quotas through (Redis) is full and refuses writes; open the stream to another replica")
 
 // syncReply takes in the store's answer for one pool: the reports handed
 // over, and the grants of a pool another replica owns. It reports whether
