@@ -135,6 +135,10 @@ type BeatReply struct {
 // hands: nothing was written.
 var ErrNotOwner = errors.New("quota: the pool's lease is another replica's")
 
+// ErrStoreFull is wrapped by a Share error that means the store answers
+// but refuses writes for lack of memory (Redis's noeviction at maxmemory).
+var ErrStoreFull = errors.New("quota: the shared store is full")
+
 // Handover is the reports of one subscriber that a replica hands over to
 // the pool's owner: those received since its last handover, added up (see
 // Merge). The zero Handover holds none.

@@ -17,7 +17,6 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/durationpb"
 
-	"github.com/ratelimitd/ratelimit/src/limiter"
 	"github.com/ratelimitd/ratelimit/src/quota"
 	"github.com/ratelimitd/ratelimit/src/stats"
 )
@@ -584,7 +583,7 @@ func (q *Service) noteShareReached(ok bool, err error) {
 	case now.Sub(sh.lastOK) >= shareDownAfter && !sh.down:
 		sh.down, sh.downErr = true, errShareDown
 		what := "unreachable"
-		if errors.Is(err, limiter.ErrOverloaded) {
+		if errors.Is(err, quota.ErrStoreFull) {
 			// Full (out of memory with noeviction): it answers, but
 			// refuses the writes a grant needs.
 			sh.downErr, what = errShareFull, "full"

@@ -385,6 +385,9 @@ func cmdErr(c *goredis.Cmd, recovered error) error {
 			i = 3
 		}
 		key, _ := args[min(i, len(args)-1)].(string)
+		if isOOM(err) {
+			return fmt.Errorf("%w: %w", quota.ErrStoreFull, cmdError("redis", key, err))
+		}
 		return cmdError("redis", key, err)
 	}
 	return nil
