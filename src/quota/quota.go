@@ -203,6 +203,11 @@ type sub struct {
 	holdBurst  uint32
 	holdUntil  time.Time
 	leaseUntil time.Time
+	// pending, on a gone subscriber: its replica died (LeaveIf), and no
+	// reconnect has ended its lease early yet (see shorten); on a live
+	// one: it joined as a reconnect, when no such lease was there to
+	// end, and has not reported again since.
+	pending bool
 }
 
 // NewPool returns an empty pool for limit l.
@@ -247,15 +252,20 @@ func (s *sub) committed(now time.Time) (float64, uint32) {
 func (p *Pool) Committed(now time.Time) (rate float64, burst uint64) {
 	// In the order of the keys: the same shares add up to the same sum,
 	// in a pool restored from its state too, and give the same grants.
-	if p.keys == nil {
-		p.keys = slices.Sorted(maps.Keys(p.subs))
-	}
-	for _, k := range p.keys {
+	for _, k := range p.order() {
 		r, b := p.subs[k].committed(now)
 		rate += r
 		burst += uint64(b)
 	}
 	return rate, burst
+}
+
+// order returns the subscribers' keys in order.
+func (p *Pool) order() []uint64 {
+	if p.keys == nil {
+		p.keys = slices.Sorted(maps.Keys(p.subs))
+	}
+	return p.keys
 }
 
 // minSample is the shortest time a demand sample is measured over:
@@ -303,11 +313,13 @@ func (p *Pool) Report(now time.Time, id uint64, u Usage) []Change {
 			if now.Before(p.cfg.Learning()) {
 				s.evidence, s.hasEvidence = float64(u.Allowed)/(u.Elapsed+time.Second).Seconds(), true
 			}
+			s.pending = !p.shorten(now)
 		} else {
 			s.count, s.allowed = n, u.Allowed
 			s.fresh = now.Before(p.cfg.Learning())
 		}
 	} else {
+		s.pending = false
 		s.count += n
 		s.allowed += u.Allowed
 		if d := at.Sub(s.since); d >= minSample {
@@ -410,7 +422,7 @@ func (p *Pool) Leave(now time.Time, id uint64) []Change {
 	if s == nil {
 		return nil
 	}
-	s.gone = true
+	s.gone, s.pending = true, false
 	if r, _ := s.committed(now); r == 0 && !s.granted {
 		delete(p.subs, id)
 		p.keys = nil
@@ -455,7 +467,7 @@ func (p *Pool) expire(now time.Time) {
 			delete(p.subs, id)
 			p.keys = nil
 		case !s.gone && !s.abandoned && now.Sub(s.reported) >= p.cfg.TTL:
-			s.gone = true
+			s.gone, s.pending = true, false
 		case s.granted && !now.Before(s.leaseUntil):
 			s.granted, s.rate, s.burst = false, 0, 0
 		}
