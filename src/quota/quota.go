@@ -520,6 +520,10 @@ func deadband(rate float64) float64 { return max(rate*0.02, 1.0/60) }
 // small rise before its next report shows it.
 const headroom = 0.05
 
+// maxRoom is the most headroom all the demands met get together, as a
+// share of the rate, when other demands are not met (see targets).
+const maxRoom = 0.01
+
 // rebalance computes every reporting subscriber's target share and moves
 // the grants towards it: decreases at once, increases only out of
 // capacity free now (counting the decreases still settling and the leases
@@ -571,16 +575,34 @@ func (p *Pool) targets(now time.Time, live []*sub, counted int, keep float64) ([
 	capacity := p.limit.Rate - keep
 	demands := make([]float64, len(live))
 	floor := capacity / float64(10*len(live))
+	split := func(room float64) []float64 {
+		for i, s := range live {
+			demands[i] = math.Inf(1)
+			if s.known && !p.limit.Equal {
+				// Every subscriber keeps a small share, a tenth of
+				// an equal one, so that its first requests after a
+				// quiet time are not all denied.
+				demands[i] = max(s.demand*(1+room), floor)
+			}
+		}
+		return Waterfill(capacity, demands)
+	}
+	targets := split(headroom)
+	// The headroom of the demands met is unused while they hold, and
+	// taken from the others' (a fleet whose demand is all met has the
+	// spare on top): all of it is cut to maxRoom of the rate (in one
+	// pass: demands met only with less headroom add a little), so that a
+	// fleet whose demand exceeds the limit admits nearly all of it
+	// however many demands are met.
+	var room float64
 	for i, s := range live {
-		demands[i] = math.Inf(1)
-		if s.known && !p.limit.Equal {
-			// Every subscriber keeps a small share, a tenth of an
-			// equal one, so that its first requests after a quiet
-			// time are not all denied.
-			demands[i] = max(s.demand*(1+headroom), floor)
+		if targets[i] == demands[i] && demands[i] < math.Inf(1) {
+			room += demands[i] - max(s.demand, floor)
 		}
 	}
-	targets := Waterfill(capacity, demands)
+	if most := maxRoom * p.limit.Rate; room > most {
+		targets = split(headroom * most / room)
+	}
 	burst := uint32(max(MinTokens, math.Floor(p.limit.Burst/float64(counted))))
 	if !p.restarting(now) {
 		return targets, burst

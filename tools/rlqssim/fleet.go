@@ -648,7 +648,7 @@ func (sc scenario) fairness(res *result, byTenant [][]*pair) {
 // servedAfter is how long after from, in [from, end), every 4 s until end
 // had the tenant of ps admit 90 % of min(rate, demand) and each of its
 // Envoys 90 % of its max-min fair share of capacity (or its demand, when
-// less) for period's demands; 24 h when never.
+// less) for period's demands, but for its tokens; 24 h when never.
 func servedAfter(ps []*pair, period, from, end int, capacity, rate float64) time.Duration {
 	demands := make([]float64, len(ps))
 	total := 0.0
@@ -669,7 +669,9 @@ func servedAfter(ps []*pair, period, from, end int, capacity, rate float64) time
 			perSecond[s][len(ps)] += p.perSecond[s]
 		}
 	}
-	if d := reached(perSecond, from, end, fair); d >= 0 {
+	// But for the tokens an Envoy's bucket holds: what it admits in a
+	// window is its rate's, give or take them.
+	if d := reached(perSecond, from, end, fair, quota.MinTokens); d >= 0 {
 		return d
 	}
 	return 24 * time.Hour
