@@ -8,7 +8,8 @@
 // that join, and they never add up to more than the limit: an Envoy's old
 // share is counted until it has had time to take a decrease, and a share
 // the server can no longer take back (an Envoy gone silent) is counted
-// until its lease ends. docs/RLQS.md states the bound that follows.
+// until its lease ends, or, when its replica died, until a reconnect has
+// had time to replace it. docs/RLQS.md states the bound that follows.
 //
 // It is pure: it gets the time with every call and returns the grants to
 // send; it knows nothing of gRPC, protos, rules or the clock.
