@@ -126,7 +126,9 @@ func localGrants(t *testing.T, p *proc) int {
 // 40, 6 and 40 requests a second of one tenant (20/s, burst 10). They
 // split the limit max-min fairly, the tenant's admitted requests through
 // all Envoys together stay within the bound, and they still do when a
-// replica is killed: its Envoys open their streams to another replica.
+// replica is killed: its Envoys open their streams to another replica,
+// and within two report intervals every Envoy has 90 % of its fair share
+// again (a reconnect ends one of the dead replica's leases early).
 // With three replicas the one killed owns the tenant's pool, which
 // another takes over from the state in Redis; with two, the other one.
 func TestRLQSReplicasShareAndSurviveAKill(t *testing.T) {
@@ -228,13 +230,26 @@ func testRLQSReplicas(t *testing.T, n int, killOwner bool) {
 	eventually(t, "the dead replica's Envoys to open their streams to another", 30*time.Second, func() bool { return streams() == 3 })
 	reconnected := since()
 	t.Logf("its Envoys' streams are on other replicas %v after the kill", (reconnected - killed).Round(time.Millisecond))
-	// Each of the dead replica's subscribers goes quiet (taken as gone a
-	// TTL later) and its lease ends TTL + Settle after its last grant;
-	// its Envoy's new stream is a new subscriber.
+	// Each of the dead replica's subscribers is taken as gone 3 s after
+	// the replica's last beat, and its Envoy's new stream is a new
+	// subscriber, whose first report (time_elapsed > 0) ends one of their
+	// leases Settle after its first grant: between 3 s and Settle after
+	// the kill and 2 s and Settle after the reconnect, events 5 s apart
+	// at most so that every window the end reaches counts one.
 	for range envoysOf(victim, n) {
-		bound.events = append(bound.events, killed, reconnected, killed+rlqsTTL, killed+rlqsTTL+rlqsSharedSettle)
+		bound.events = append(bound.events, killed, reconnected)
+		last := max(reconnected, killed+4*time.Second) + 2*time.Second + rlqsSharedSettle
+		for at := killed + 3*time.Second + rlqsSharedSettle; ; at += 5 * time.Second {
+			bound.events = append(bound.events, min(at, last))
+			if at >= last {
+				break
+			}
+		}
 	}
-	phase("a replica killed", killed+rlqsTTL+rlqsSharedSettle+8*time.Second)
+	// Within two report intervals of the death, every Envoy has 90 % of
+	// its max-min fair share (20/s: 7, 6 and 7), the fleet 90 % of the
+	// limit.
+	quotaReached(t, "a replica killed", base, loads, killed, killed+10*time.Second, killed+14*time.Second, rlqsRate, []float64{7, 6, 7})
 	var takeovers float64
 	for _, p := range live {
 		takeovers += metric(t, p, "ratelimit_rlqs_shared_takeovers")
@@ -242,7 +257,7 @@ func testRLQSReplicas(t *testing.T, n int, killOwner bool) {
 	if want := map[bool]float64{true: 1, false: 0}[killOwner]; takeovers != want {
 		t.Errorf("pools taken over = %v, want %v", takeovers, want)
 	}
-	end := since()
+	end := killed + 14*time.Second
 	for _, l := range loads {
 		l.close()
 	}

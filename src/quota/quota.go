@@ -8,7 +8,8 @@
 // that join, and they never add up to more than the limit: an Envoy's old
 // share is counted until it has had time to take a decrease, and a share
 // the server can no longer take back (an Envoy gone silent) is counted
-// until its lease ends. docs/RLQS.md states the bound that follows.
+// until its lease ends, or, when its replica died, until a reconnect has
+// had time to replace it. docs/RLQS.md states the bound that follows.
 //
 // It is pure: it gets the time with every call and returns the grants to
 // send; it knows nothing of gRPC, protos, rules or the clock.
@@ -203,6 +204,11 @@ type sub struct {
 	holdBurst  uint32
 	holdUntil  time.Time
 	leaseUntil time.Time
+	// pending, on a gone subscriber: its replica died (LeaveIf), and no
+	// reconnect has ended its lease early yet (see shorten); on a live
+	// one: it joined as a reconnect, when no such lease was there to
+	// end, and has not reported again since.
+	pending bool
 }
 
 // NewPool returns an empty pool for limit l.
@@ -247,15 +253,20 @@ func (s *sub) committed(now time.Time) (float64, uint32) {
 func (p *Pool) Committed(now time.Time) (rate float64, burst uint64) {
 	// In the order of the keys: the same shares add up to the same sum,
 	// in a pool restored from its state too, and give the same grants.
-	if p.keys == nil {
-		p.keys = slices.Sorted(maps.Keys(p.subs))
-	}
-	for _, k := range p.keys {
+	for _, k := range p.order() {
 		r, b := p.subs[k].committed(now)
 		rate += r
 		burst += uint64(b)
 	}
 	return rate, burst
+}
+
+// order returns the subscribers' keys in order.
+func (p *Pool) order() []uint64 {
+	if p.keys == nil {
+		p.keys = slices.Sorted(maps.Keys(p.subs))
+	}
+	return p.keys
 }
 
 // minSample is the shortest time a demand sample is measured over:
@@ -303,11 +314,13 @@ func (p *Pool) Report(now time.Time, id uint64, u Usage) []Change {
 			if now.Before(p.cfg.Learning()) {
 				s.evidence, s.hasEvidence = float64(u.Allowed)/(u.Elapsed+time.Second).Seconds(), true
 			}
+			s.pending = !p.shorten(now)
 		} else {
 			s.count, s.allowed = n, u.Allowed
 			s.fresh = now.Before(p.cfg.Learning())
 		}
 	} else {
+		s.pending = false
 		s.count += n
 		s.allowed += u.Allowed
 		if d := at.Sub(s.since); d >= minSample {
@@ -410,7 +423,7 @@ func (p *Pool) Leave(now time.Time, id uint64) []Change {
 	if s == nil {
 		return nil
 	}
-	s.gone = true
+	s.gone, s.pending = true, false
 	if r, _ := s.committed(now); r == 0 && !s.granted {
 		delete(p.subs, id)
 		p.keys = nil
@@ -455,7 +468,7 @@ func (p *Pool) expire(now time.Time) {
 			delete(p.subs, id)
 			p.keys = nil
 		case !s.gone && !s.abandoned && now.Sub(s.reported) >= p.cfg.TTL:
-			s.gone = true
+			s.gone, s.pending = true, false
 		case s.granted && !now.Before(s.leaseUntil):
 			s.granted, s.rate, s.burst = false, 0, 0
 		}
@@ -508,6 +521,10 @@ func deadband(rate float64) float64 { return max(rate*0.02, 1.0/60) }
 // small rise before its next report shows it.
 const headroom = 0.05
 
+// maxRoom is the most headroom all the demands met get together, as a
+// share of the rate, when other demands are not met (see targets).
+const maxRoom = 0.01
+
 // rebalance computes every reporting subscriber's target share and moves
 // the grants towards it: decreases at once, increases only out of
 // capacity free now (counting the decreases still settling and the leases
@@ -559,16 +576,34 @@ func (p *Pool) targets(now time.Time, live []*sub, counted int, keep float64) ([
 	capacity := p.limit.Rate - keep
 	demands := make([]float64, len(live))
 	floor := capacity / float64(10*len(live))
+	split := func(room float64) []float64 {
+		for i, s := range live {
+			demands[i] = math.Inf(1)
+			if s.known && !p.limit.Equal {
+				// Every subscriber keeps a small share, a tenth of
+				// an equal one, so that its first requests after a
+				// quiet time are not all denied.
+				demands[i] = max(s.demand*(1+room), floor)
+			}
+		}
+		return Waterfill(capacity, demands)
+	}
+	targets := split(headroom)
+	// The headroom of the demands met is unused while they hold, and
+	// taken from the others' (a fleet whose demand is all met has the
+	// spare on top): all of it is cut to maxRoom of the rate (in one
+	// pass: demands met only with less headroom add a little), so that a
+	// fleet whose demand exceeds the limit admits nearly all of it
+	// however many demands are met.
+	var room float64
 	for i, s := range live {
-		demands[i] = math.Inf(1)
-		if s.known && !p.limit.Equal {
-			// Every subscriber keeps a small share, a tenth of an
-			// equal one, so that its first requests after a quiet
-			// time are not all denied.
-			demands[i] = max(s.demand*(1+headroom), floor)
+		if targets[i] == demands[i] && demands[i] < math.Inf(1) {
+			room += demands[i] - max(s.demand, floor)
 		}
 	}
-	targets := Waterfill(capacity, demands)
+	if most := maxRoom * p.limit.Rate; room > most {
+		targets = split(headroom * most / room)
+	}
 	burst := uint32(max(MinTokens, math.Floor(p.limit.Burst/float64(counted))))
 	if !p.restarting(now) {
 		return targets, burst

@@ -429,6 +429,16 @@ func TestInvariantRandom(t *testing.T) {
 				h.report(next, uint64(rng.IntN(1000)), uint64(rng.IntN(1000)), time.Duration(1+rng.IntN(6))*time.Second)
 				live[next] = true
 				next++
+			case op == 3 && rng.IntN(4) == 0:
+				// A replica dies: its subscribers go, and reconnects
+				// (op 2) end their leases early.
+				r := uint64(rng.IntN(3))
+				h.record(h.p.LeaveIf(h.now, func(id uint64) bool { return id%3 == r }))
+				for id := range live {
+					if id%3 == r {
+						delete(live, id)
+					}
+				}
 			case op < 6:
 				h.tick()
 			default:

@@ -47,7 +47,7 @@ func (p *Pool) AppendState(b []byte) []byte {
 		b = binary.AppendUvarint(b, key)
 		b = binary.AppendUvarint(b, s.id)
 		var flags byte
-		for bit, f := range []bool{s.gone, s.abandoned, s.known, s.hasEvidence, s.fresh, s.granted, s.grant.Abandon} {
+		for bit, f := range []bool{s.gone, s.abandoned, s.known, s.hasEvidence, s.fresh, s.granted, s.grant.Abandon, s.pending} {
 			if f {
 				flags |= 1 << bit
 			}
@@ -91,11 +91,8 @@ func RestorePool(l Limit, cfg Config, state []byte) (*Pool, error) {
 		key := r.uvarint(math.MaxUint64)
 		s := &sub{id: r.uvarint(math.MaxUint64)}
 		flags := r.byte()
-		for bit, f := range []*bool{&s.gone, &s.abandoned, &s.known, &s.hasEvidence, &s.fresh, &s.granted, &s.grant.Abandon} {
+		for bit, f := range []*bool{&s.gone, &s.abandoned, &s.known, &s.hasEvidence, &s.fresh, &s.granted, &s.grant.Abandon, &s.pending} {
 			*f = flags&(1<<bit) != 0
-		}
-		if flags>>7 != 0 {
-			r.fail("unknown flags %#x", flags)
 		}
 		s.demand = r.float()
 		s.count = r.uvarint(math.MaxInt64)

@@ -50,6 +50,11 @@ func TestRestoreResumes(t *testing.T) {
 				live = append(live, id)
 				u := Usage{Allowed: uint64(rng.IntN(1000)), Denied: uint64(rng.IntN(1000)), Elapsed: time.Duration(1+rng.IntN(6)) * time.Second}
 				op = func(p *Pool) []Change { return p.Report(now, id, u) }
+			case k == 3 && rng.IntN(4) == 0:
+				// A replica dies: its subscribers go, and reconnects
+				// (case 2) end their leases early.
+				r := uint64(rng.IntN(3))
+				op = func(p *Pool) []Change { return p.LeaveIf(now, func(id uint64) bool { return id%3 == r }) }
 			case k < 6:
 				op = func(p *Pool) []Change { return p.Tick(now) }
 			default:

@@ -163,15 +163,15 @@ func (d dynamics) run() (dynResult, error) {
 		if i+1 < len(res.events) {
 			end = int(res.events[i+1].at / time.Second)
 		}
-		res.reached = append(res.reached, reached(perSecond, int(ev.at/time.Second), end, ev.fair))
+		res.reached = append(res.reached, reached(perSecond, int(ev.at/time.Second), end, ev.fair, 1))
 	}
 	return res, nil
 }
 
 // reached returns how long after from every client admitted at least 90 %
-// of its fair share over every 4 s until end (but for a request of
-// rounding, the counts being whole), or -1 if that never held.
-func reached(perSecond [][]int, from, end int, fair []float64) time.Duration {
+// of its fair share over every 4 s until end (but for slack requests: one
+// of rounding, the counts being whole, or more), or -1 if that never held.
+func reached(perSecond [][]int, from, end int, fair []float64, slack float64) time.Duration {
 	const span = 4
 	first := -1
 	for a := end - span; a >= from; a-- {
@@ -180,7 +180,7 @@ func reached(perSecond [][]int, from, end int, fair []float64) time.Duration {
 			for s := a; s < a+span; s++ {
 				n += perSecond[s][i]
 			}
-			if float64(n) < 0.9*f*span-1 {
+			if float64(n) < 0.9*f*span-slack {
 				return sinceFrom(first, from)
 			}
 		}
