@@ -272,3 +272,41 @@ func TestEndedWindowsForgotten(t *testing.T) {
 		t.Errorf("Stats() = %+v, want no key, no batch", st)
 	}
 }
+
+// during is a shared store that runs f inside each Do, as if requests came
+// while a flush waits for the store.
+type during struct {
+	limiter.Store
+	f func()
+}
+
+func (d *during) Do(ctx context.Context, b *limiter.Batch) error {
+	d.f()
+	return d.Store.Do(ctx, b)
+}
+
+// TestFoldKeepsHitsDuringFlush: hits made while a flush waits for the
+// store stay in the local count on top of the fleet's count it answers.
+func TestFoldKeepsHitsDuringFlush(t *testing.T) {
+	t.Parallel()
+	shared := newLocal(t)
+	other := newWB(t, shared, Config{})
+	for range 5 {
+		hit(t, other, fixed("k", 100))
+	}
+	other.Flush(t.Context())
+	hook := &during{Store: shared, f: func() {}}
+	s := newWB(t, hook, Config{})
+	for range 3 {
+		hit(t, s, fixed("k", 100))
+	}
+	hook.f = func() {
+		hook.f = func() {}
+		hit(t, s, fixed("k", 100))
+		hit(t, s, fixed("k", 100))
+	}
+	s.Flush(t.Context())
+	if got := count(t, s, "k"); got != 10 {
+		t.Errorf("local count = %d, want 10: the fleet's 8 and the 2 hits made during the flush", got)
+	}
+}
