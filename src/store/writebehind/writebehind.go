@@ -12,7 +12,6 @@ package writebehind
 import (
 	"context"
 	"errors"
-	"hash/maphash"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -57,9 +56,10 @@ type Config struct {
 type Store struct {
 	shared, local limiter.Store
 	cfg           Config
-	seed          maphash.Seed
-	shards        [64]shard
-	keys          atomic.Int64
+	// entries maps each key tracked to its *entry: written once per key
+	// and window, read by every decision, without a lock (sync.Map).
+	entries sync.Map
+	keys    atomic.Int64
 
 	batches, localOnly, dropped atomic.Uint64
 	// down says that the shared store was unreachable at the last flush.
@@ -75,19 +75,13 @@ type Store struct {
 	closeOnce sync.Once
 }
 
-type shard struct {
-	// mu guards m and its entries' pending.
-	mu sync.Mutex
-	m  map[string]*entry
-}
-
 // entry is one key of a window under way.
 type entry struct {
 	op  limiter.Op // the key's op, Hits 0
 	end int64      // when its window ends, Unix seconds
 	// pending is the hits recorded locally since the last flush (refunds
-	// negative), guarded by its shard's mu.
-	pending int64
+	// negative).
+	pending atomic.Int64
 	// base is the fleet's count at the last flush, which the local count
 	// includes; only Flush reads and writes it.
 	base uint64
@@ -105,10 +99,7 @@ func New(shared, local limiter.Store, cfg Config) *Store {
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}
-	s := &Store{shared: shared, local: local, cfg: cfg, seed: maphash.MakeSeed(), stop: make(chan struct{}), done: make(chan struct{})}
-	for i := range s.shards {
-		s.shards[i].m = make(map[string]*entry)
-	}
+	s := &Store{shared: shared, local: local, cfg: cfg, stop: make(chan struct{}), done: make(chan struct{})}
 	s.lastFlush.Store(cfg.Now().UnixNano())
 	if cfg.Interval <= 0 {
 		close(s.done)
@@ -202,42 +193,39 @@ func (s *Store) tracks(b *limiter.Batch) bool {
 		if op.Algorithm != rules.FixedWindow {
 			return false
 		}
-		if full && op.Hits > 0 {
-			sh := s.shard(op.Key)
-			sh.mu.Lock()
-			_, ok := sh.m[op.Key]
-			sh.mu.Unlock()
-			if !ok {
-				return false
-			}
+		if _, ok := s.entries.Load(op.Key); full && op.Hits > 0 && !ok {
+			return false
 		}
 	}
 	return true
 }
 
-func (s *Store) shard(key string) *shard {
-	return &s.shards[maphash.String(s.seed, key)%uint64(len(s.shards))]
-}
-
 // add records d hits of op (d < 0 for a refund) for the next flush.
 func (s *Store) add(op *limiter.Op, now time.Time, d int64) {
-	sh := s.shard(op.Key)
-	sh.mu.Lock()
-	defer sh.mu.Unlock()
-	e := sh.m[op.Key]
-	if e == nil {
+	v, ok := s.entries.Load(op.Key)
+	if !ok {
 		if s.keys.Add(1) > int64(s.cfg.MaxKeys) {
 			s.keys.Add(-1)
 			s.dropped.Add(uint64(max(d, -d)))
 			return
 		}
-		e = &entry{op: *op, end: limiter.FixedWindowEnd(now, op.Window).Unix()}
+		e := &entry{op: *op, end: limiter.FixedWindowEnd(now, op.Window).Unix()}
 		// The limiter reuses the key's memory after Do.
 		e.op.Key = strings.Clone(op.Key)
 		e.op.Hits, e.op.Refund, e.op.Shadow, e.op.Group = 0, false, false, 0
-		sh.m[e.op.Key] = e
+		if v, ok = s.entries.LoadOrStore(e.op.Key, e); ok {
+			s.keys.Add(-1) // another request made it first
+		}
 	}
-	e.pending = min(max(e.pending+d, -maxPending), maxPending)
+	v.(*entry).addPending(d)
+}
+
+// addPending adds d to e's pending hits, held within ±maxPending: an add
+// is at most MaxHits, so a sum clamped back at once can never wrap.
+func (e *entry) addPending(d int64) {
+	if v := e.pending.Add(d); v > maxPending || v < -maxPending {
+		e.pending.CompareAndSwap(v, min(max(v, -maxPending), maxPending))
+	}
 }
 
 // Flush sends every key's pending hits to the shared store, in batches of
@@ -253,20 +241,14 @@ func (s *Store) Flush(ctx context.Context) {
 	start := s.cfg.Now()
 	var es []*entry
 	var ds []int64
-	for i := range s.shards {
-		sh := &s.shards[i]
-		sh.mu.Lock()
-		for k, e := range sh.m {
-			switch {
-			case start.Unix() >= e.end:
-				delete(sh.m, k)
-				s.keys.Add(-1)
-			case e.pending != 0:
-				es, ds = append(es, e), append(ds, e.pending)
-				e.pending = 0
-			}
+	for k, v := range s.entries.Range {
+		e := v.(*entry)
+		if start.Unix() >= e.end {
+			s.entries.Delete(k)
+			s.keys.Add(-1)
+		} else if d := e.pending.Swap(0); d != 0 {
+			es, ds = append(es, e), append(ds, d)
 		}
-		sh.mu.Unlock()
 	}
 	down := false
 	for len(es) > 0 {
@@ -307,10 +289,7 @@ func (s *Store) send(ctx context.Context, now time.Time, es []*entry, ds []int64
 		case err == nil || b.Results[i].ResetAfter != unanswered:
 			s.fold(ctx, now, e, ds[i], b.Results[i].After)
 		case down:
-			sh := s.shard(e.op.Key)
-			sh.mu.Lock()
-			e.pending = min(max(e.pending+ds[i], -maxPending), maxPending)
-			sh.mu.Unlock()
+			e.addPending(ds[i])
 		case retry:
 			down = s.send(ctx, now, es[i:i+1], ds[i:i+1], false) || down
 		default:

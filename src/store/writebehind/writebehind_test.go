@@ -19,9 +19,9 @@ var _ limiter.Store = (*Store)(nil)
 var t0 = time.Unix(1_699_920_000, 0)
 
 // newLocal is a memory store that sweeps only when told.
-func newLocal(t *testing.T) *memory.Store {
+func newLocal(tb testing.TB) *memory.Store {
 	m := memory.New(memory.Config{SweepInterval: -1})
-	t.Cleanup(m.Close)
+	tb.Cleanup(m.Close)
 	return m
 }
 
