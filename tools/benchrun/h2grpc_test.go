@@ -14,7 +14,7 @@ import (
 // whose length prefix is right and which decodes to the call checkCall
 // makes.
 func TestH2grpcBody(t *testing.T) {
-	b, err := h2grpcBody()
+	b, err := h2grpcBody(1)
 	if err != nil {
 		t.Fatal(err)
 	}
