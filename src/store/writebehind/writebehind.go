@@ -64,8 +64,8 @@ type Store struct {
 	batches, localOnly, dropped atomic.Uint64
 	// down says that the shared store was unreachable at the last flush.
 	down atomic.Bool
-	// lastFlush is when the last flush that reached the store began (Unix
-	// nanoseconds).
+	// lastFlush is when the last flush the store answered (or that had
+	// nothing to send) began, in Unix nanoseconds.
 	lastFlush atomic.Int64
 
 	// flushing serialises Flush.
@@ -331,7 +331,8 @@ type Stats struct {
 	// Keys is the keys tracked now.
 	Keys int64
 	// Lag is how old the fleet's counts in the local view may be: the
-	// time since the last flush that reached the shared store began.
+	// time since the last flush the shared store answered (or that had
+	// nothing to send) began.
 	Lag time.Duration
 }
 
