@@ -2,6 +2,7 @@ package writebehind
 
 import (
 	"bufio"
+	"fmt"
 	"net"
 	"strings"
 	"testing"
@@ -16,7 +17,11 @@ import (
 
 // onRedis returns a Redis store on addr, as one instance has it.
 func onRedis(t *testing.T, addr string) *redis.Store {
-	r, err := redis.New(t.Context(), redis.Config{SocketType: "tcp", URL: addr})
+	return onRedisWith(t, redis.Config{SocketType: "tcp", URL: addr})
+}
+
+func onRedisWith(t *testing.T, cfg redis.Config) *redis.Store {
+	r, err := redis.New(t.Context(), cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -41,6 +46,19 @@ func TestBoundOnRedis(t *testing.T) {
 	t.Parallel()
 	srv := harness.StartRedis(t, harness.RedisOptions{})
 	checkBound(t, onRedis(t, srv.Addr), func() *Store { return newWB(t, onRedis(t, srv.Addr), Config{}) }, t.Name())
+}
+
+// TestBoundOnRedisCluster: the same on a Redis Cluster of three masters,
+// each flush carrying keys of every master.
+func TestBoundOnRedisCluster(t *testing.T) {
+	t.Parallel()
+	c := harness.StartRedisCluster(t, harness.RedisOptions{})
+	cfg := redis.Config{Type: redis.TypeCluster, SocketType: "tcp", URL: c.URL}
+	keys := make([]string, 6)
+	for i := range keys {
+		keys[i] = fmt.Sprintf("%s_%d", t.Name(), i)
+	}
+	checkBound(t, onRedisWith(t, cfg), func() *Store { return newWB(t, onRedisWith(t, cfg), Config{}) }, keys...)
 }
 
 // TestBoundOnMemcached: the same on one memcached.

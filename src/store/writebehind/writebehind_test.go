@@ -152,30 +152,33 @@ func TestBoundOnOneStore(t *testing.T) {
 	checkBound(t, shared, func() *Store { return newWB(t, shared, Config{}) }, "k")
 }
 
-// checkBound offers 3 instances on shared 10 hits each per interval, 20
-// intervals, on key with a limit of 100, from a goroutine each, and checks
-// the admitted total against the bound.
-func checkBound(t *testing.T, shared limiter.Store, mk func() *Store, key string) {
+// checkBound offers 3 instances on shared 10 hits each per interval on
+// each of keys (a limit of 100), 20 intervals, from a goroutine each, and
+// checks each key's admitted total against the bound; the flushes carry
+// every key in one batch.
+func checkBound(t *testing.T, shared limiter.Store, mk func() *Store, keys ...string) {
 	t.Helper()
 	const n, perInterval, limit, intervals = 3, 10, 100, 20
 	fleet := make([]*Store, n)
 	for i := range fleet {
 		fleet[i] = mk()
 	}
-	var admitted atomic.Int64
+	admitted := make([]atomic.Int64, len(keys))
 	for range intervals {
 		done := make(chan struct{}, n)
 		for _, s := range fleet {
 			go func() {
 				defer func() { done <- struct{}{} }()
 				for range perInterval {
-					b := &limiter.Batch{Now: t0, Ops: []limiter.Op{fixed(key, limit)}}
-					if err := s.Do(context.Background(), b); err != nil {
-						t.Error(err)
-						return
-					}
-					if b.Results[0].Allowed {
-						admitted.Add(1)
+					for k, key := range keys {
+						b := &limiter.Batch{Now: t0, Ops: []limiter.Op{fixed(key, limit)}}
+						if err := s.Do(context.Background(), b); err != nil {
+							t.Error(err)
+							return
+						}
+						if b.Results[0].Allowed {
+							admitted[k].Add(1)
+						}
 					}
 				}
 			}()
@@ -193,14 +196,16 @@ func checkBound(t *testing.T, shared limiter.Store, mk func() *Store, key string
 			<-done
 		}
 	}
-	got := admitted.Load()
-	if bound := int64(limit + (n-1)*perInterval); got < limit || got > bound {
-		t.Errorf("admitted %d of %d offered, want %d..%d", got, n*perInterval*intervals, limit, bound)
+	for k, key := range keys {
+		got := admitted[k].Load()
+		if bound := int64(limit + (n-1)*perInterval); got < limit || got > bound {
+			t.Errorf("%s: admitted %d of %d offered, want %d..%d", key, got, n*perInterval*intervals, limit, bound)
+		}
+		if c := count(t, shared, key); c != n*perInterval*intervals {
+			t.Errorf("%s: shared count = %d, want every hit offered: %d", key, c, n*perInterval*intervals)
+		}
+		t.Logf("%s: admitted %d, limit %d, bound %d", key, got, limit, limit+(n-1)*perInterval)
 	}
-	if c := count(t, shared, key); c != n*perInterval*intervals {
-		t.Errorf("shared count = %d, want every hit offered: %d", c, n*perInterval*intervals)
-	}
-	t.Logf("admitted %d, limit %d, bound %d", got, limit, limit+(n-1)*perInterval)
 }
 
 // TestOutageKeepsHits: with the shared store unreachable, decisions stay
