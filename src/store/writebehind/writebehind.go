@@ -41,7 +41,7 @@ type Config struct {
 	// default DefaultMaxKeys. A batch with a key beyond it is decided by
 	// the shared store, as without write-behind.
 	MaxKeys int
-	// Timeout bounds one flush; default 1 s.
+	// Timeout bounds each batch of a flush; default 1 s.
 	Timeout time.Duration
 	// Flushed, if set, is told of each batch sent to the shared store:
 	// its keys, and how long the store took to answer it.
@@ -118,25 +118,18 @@ func (s *Store) run() {
 		case <-s.stop:
 			return
 		case <-t.C:
-			s.flush()
+			s.Flush(context.Background())
 		}
 	}
 }
 
-// flush flushes once within the Timeout.
-func (s *Store) flush() {
-	ctx, cancel := context.WithTimeout(context.Background(), s.cfg.Timeout)
-	defer cancel()
-	s.Flush(ctx)
-}
-
-// Close stops the flusher and flushes what is pending, within Timeout.
+// Close stops the flusher and flushes what is pending.
 // It does not close the stores.
 func (s *Store) Close() {
 	s.closeOnce.Do(func() {
 		close(s.stop)
 		<-s.done
-		s.flush()
+		s.Flush(context.Background())
 	})
 }
 
@@ -229,8 +222,8 @@ func (e *entry) addPending(d int64) {
 }
 
 // Flush sends every key's pending hits to the shared store, in batches of
-// at most 512 keys, and folds the fleet's counts it answers into the local
-// store. Keys whose window has ended are forgotten, their pending hits
+// at most 512 keys, each within Config.Timeout, and folds the fleet's
+// counts it answers into the local store. Keys whose window has ended are forgotten, their pending hits
 // with them: no decision reads them any more. When the shared store is
 // unreachable the hits stay pending, for the next flush; the hits of a key
 // whose data the shared store refuses (an error wrapping limiter.ErrData)
@@ -253,7 +246,9 @@ func (s *Store) Flush(ctx context.Context) {
 	down := false
 	for len(es) > 0 {
 		n := min(len(es), chunk)
-		down = s.send(ctx, start, es[:n], ds[:n], true) || down
+		bctx, cancel := context.WithTimeout(ctx, s.cfg.Timeout)
+		down = s.send(bctx, start, es[:n], ds[:n], true) || down
+		cancel()
 		es, ds = es[n:], ds[n:]
 	}
 	s.down.Store(down)
