@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"sync/atomic"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/ratelimitd/ratelimit/src/limiter"
@@ -314,4 +315,24 @@ func TestFoldKeepsHitsDuringFlush(t *testing.T) {
 	if got := count(t, s, "k"); got != 10 {
 		t.Errorf("local count = %d, want 10: the fleet's 8 and the 2 hits made during the flush", got)
 	}
+}
+
+// TestEachBatchHasTheTimeout: a flush of three batches, each taking most
+// of the timeout, sends them all: the timeout bounds a batch, not the
+// flush.
+func TestEachBatchHasTheTimeout(t *testing.T) {
+	t.Parallel()
+	synctest.Test(t, func(t *testing.T) {
+		shared := newLocal(t)
+		slow := &during{Store: shared, f: func() { time.Sleep(30 * time.Millisecond) }}
+		s := newWB(t, slow, Config{Timeout: 50 * time.Millisecond})
+		for i := range 2*chunk + 1 {
+			hit(t, s, fixed(fmt.Sprint("k", i), 10))
+		}
+		s.Flush(t.Context())
+		if st := s.Stats(); st.Batches != 3 || count(t, shared, fmt.Sprint("k", 2*chunk)) != 1 {
+			t.Errorf("Stats() = %+v, want 3 batches sent, the last one's key counted", st)
+		}
+		s.Close()
+	})
 }
