@@ -138,7 +138,8 @@ func (s *Store) Close() {
 // algorithm other than fixed_window, or a new key with MaxKeys keys
 // tracked) is decided by the shared store, as without write-behind; when
 // the shared store is unreachable it is decided locally, and the hits of
-// keys it cannot track are dropped (counted in Stats.Dropped).
+// keys it cannot track, or of other algorithms, are dropped (counted in
+// Stats.Dropped).
 func (s *Store) Do(ctx context.Context, b *limiter.Batch) error {
 	if b.Now.IsZero() {
 		b.Now = s.cfg.Now()
@@ -168,6 +169,11 @@ func (s *Store) Do(ctx context.Context, b *limiter.Batch) error {
 		if op.Hits == 0 || b.AllOrNothing && (op.Shadow && !b.Results[i].Allowed || !op.Shadow && refused) {
 			continue
 		}
+		if op.Algorithm != rules.FixedWindow {
+			// Decided here only while the shared store is unreachable.
+			s.dropped.Add(op.Hits)
+			continue
+		}
 		d := int64(op.Hits)
 		if op.Refund {
 			d = -d
@@ -186,8 +192,10 @@ func (s *Store) tracks(b *limiter.Batch) bool {
 		if op.Algorithm != rules.FixedWindow {
 			return false
 		}
-		if _, ok := s.entries.Load(op.Key); full && op.Hits > 0 && !ok {
-			return false
+		if full && op.Hits > 0 {
+			if _, ok := s.entries.Load(op.Key); !ok {
+				return false
+			}
 		}
 	}
 	return true

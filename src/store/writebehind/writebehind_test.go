@@ -336,3 +336,27 @@ func TestEachBatchHasTheTimeout(t *testing.T) {
 		s.Close()
 	})
 }
+
+// TestOtherAlgorithmsExact: an op of another algorithm is decided by the
+// shared store; with it unreachable, locally, its hits dropped, never
+// sent as a fixed window's.
+func TestOtherAlgorithmsExact(t *testing.T) {
+	t.Parallel()
+	shared := &failing{Store: newLocal(t)}
+	s := newWB(t, shared, Config{})
+	bucket := limiter.Op{Key: "tb", Algorithm: rules.TokenBucket, Limit: 10, Window: time.Minute, Hits: 3}
+	hit(t, s, bucket)
+	read := bucket
+	read.Hits = 0
+	b := &limiter.Batch{Now: t0, Ops: []limiter.Op{read}}
+	if err := shared.Do(t.Context(), b); err != nil || b.Results[0].After != 3 {
+		t.Errorf("the shared store's token bucket after 3 hits: %+v, %v; want 3 in use", b.Results[0], err)
+	}
+	shared.down.Store(true)
+	hit(t, s, bucket)
+	shared.down.Store(false)
+	s.Flush(t.Context())
+	if st := s.Stats(); st.Dropped != 3 || st.Keys != 0 || st.Batches != 0 {
+		t.Errorf("Stats() = %+v, want the 3 hits decided locally dropped, nothing tracked or sent", st)
+	}
+}
