@@ -360,3 +360,54 @@ func TestOtherAlgorithmsExact(t *testing.T) {
 		t.Errorf("Stats() = %+v, want the 3 hits decided locally dropped, nothing tracked or sent", st)
 	}
 }
+
+// TestFlushNeverBlocksADecision: while a flush waits for the shared store,
+// decisions on the keys it carries go on. A decision that waited for the
+// flush would wait for ever here (on a lock, which synctest does not take
+// for a deadlock): the test binary's timeout and its goroutine dump then
+// name it.
+func TestFlushNeverBlocksADecision(t *testing.T) {
+	t.Parallel()
+	synctest.Test(t, func(t *testing.T) {
+		entered, release := make(chan struct{}), make(chan struct{})
+		hook := &during{Store: newLocal(t), f: func() {
+			close(entered)
+			<-release
+		}}
+		s := newWB(t, hook, Config{})
+		hit(t, s, fixed("k", 1000))
+		flushed := make(chan struct{})
+		go func() {
+			s.Flush(context.Background())
+			close(flushed)
+		}()
+		<-entered
+		hook.f = func() {}
+		for range 100 {
+			hit(t, s, fixed("k", 1000))
+		}
+		close(release)
+		<-flushed
+		if got := count(t, s, "k"); got != 101 {
+			t.Errorf("local count = %d, want 101", got)
+		}
+	})
+}
+
+// TestPendingSaturates: a key's unflushed sum stays within ±maxPending
+// whatever hits_addend piles onto it.
+func TestPendingSaturates(t *testing.T) {
+	var e entry
+	for _, d := range []int64{maxPending, limiter.MaxHits, limiter.MaxHits} {
+		e.addPending(d)
+	}
+	if got := e.pending.Load(); got != maxPending {
+		t.Errorf("pending = %d, want %d", got, int64(maxPending))
+	}
+	for _, d := range []int64{-maxPending, -maxPending, -maxPending, -limiter.MaxHits} {
+		e.addPending(d)
+	}
+	if got := e.pending.Load(); got != -maxPending {
+		t.Errorf("pending = %d, want %d", got, -int64(maxPending))
+	}
+}
