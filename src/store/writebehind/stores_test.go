@@ -61,6 +61,18 @@ func TestBoundOnRedisCluster(t *testing.T) {
 	checkBound(t, onRedisWith(t, cfg), func() *Store { return newWB(t, onRedisWith(t, cfg), Config{}) }, keys...)
 }
 
+// TestRolloutMix: two instances writing behind beside one counting in
+// Redis at once (write-behind off, or envoyproxy/ratelimit) admit the
+// limit and at most 2 × one interval's hits more: the instance that counts
+// at once does not see the last interval of either.
+func TestRolloutMix(t *testing.T) {
+	t.Parallel()
+	srv := harness.StartRedis(t, harness.RedisOptions{})
+	shared := onRedis(t, srv.Addr)
+	wb := func() limiter.Store { return newWB(t, onRedis(t, srv.Addr), Config{}) }
+	checkFleet(t, shared, []limiter.Store{wb(), onRedis(t, srv.Addr), wb()}, t.Name())
+}
+
 // TestBoundOnMemcached: the same on one memcached.
 func TestBoundOnMemcached(t *testing.T) {
 	t.Parallel()
