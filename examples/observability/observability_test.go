@@ -84,7 +84,8 @@ func TestDashboardAndAlertsUseExportedSeries(t *testing.T) {
 	for _, env := range [][]string{
 		{"BACKEND_TYPE=redis", "REDIS_SOCKET_TYPE=tcp", "REDIS_URL=" + redis.Addr,
 			"REDIS_PERSECOND=true", "REDIS_PERSECOND_SOCKET_TYPE=tcp", "REDIS_PERSECOND_URL=" + redis.Addr},
-		{"BACKEND_TYPE=memcache", "MEMCACHE_HOST_PORT=" + memcached.Addr},
+		// Written behind (its statistics), with Memcached as the store.
+		{"BACKEND_TYPE=memcache", "MEMCACHE_HOST_PORT=" + memcached.Addr, "WRITE_BEHIND_INTERVAL=20ms"},
 		{"BACKEND_TYPE=memory"},
 	} {
 		mfs := run(t, bin, env)

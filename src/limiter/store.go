@@ -190,7 +190,10 @@ func (b *Batch) SizeResults() int {
 // reached or cannot answer within ctx's deadline, ErrOverloaded when the
 // store shed the batch at its own bound, and ErrData when the backend
 // refused an op for its data; then no result is meaningful, and ops before
-// the failing one may have been recorded unless the batch is AllOrNothing.
+// the failing one may have been recorded unless the batch is AllOrNothing,
+// except that with ErrData, in a batch that is not AllOrNothing, the Redis
+// and Memcached stores fill the Result of every op they applied and leave
+// the others' as they were (so that one key's data fails no other key).
 // Counts saturate: a count that would pass the store's range stays at its
 // largest value (over any limit) instead of wrapping or failing.
 //

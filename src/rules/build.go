@@ -1,6 +1,7 @@
 package rules
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"regexp"
@@ -556,10 +557,7 @@ func (c *limitCheck) algorithm(s limitSpec, l *Limit, opts Options) {
 			alg, s.requests, MaxSlidingLog)
 	}
 	if valid && opts.Supports != nil && !opts.Supports(alg) {
-		store := opts.StoreName
-		if store == "" {
-			store = "configured"
-		}
-		c.report(fieldAlgorithm, true, "algorithm %s is not supported by the %s store (it cannot run it atomically)", alg, store)
+		store, why := cmp.Or(opts.StoreName, "configured"), cmp.Or(opts.Unsupported, "it cannot run it atomically")
+		c.report(fieldAlgorithm, true, "algorithm %s is not supported by the %s store (%s)", alg, store, why)
 	}
 }

@@ -68,6 +68,9 @@ type Options struct {
 	// StoreName names the store in the message for a refused algorithm,
 	// e.g. "memcached".
 	StoreName string
+	// Unsupported says why Supports refuses, in the same message;
+	// default "it cannot run it atomically".
+	Unsupported string
 }
 
 // The keys each kind of YAML map accepts. Anything else is an error.

@@ -215,6 +215,7 @@ func rulesFileConfig(set *settings.Settings, b *storeHandle) provider.FileConfig
 			MergeDomains: set.MergeDomainConfig,
 			Supports:     b.supports,
 			StoreName:    set.BackendType,
+			Unsupported:  b.unsupported,
 		},
 	}
 }

@@ -22,6 +22,7 @@ import (
 	"github.com/ratelimitd/ratelimit/src/store/memcached"
 	"github.com/ratelimitd/ratelimit/src/store/memory"
 	"github.com/ratelimitd/ratelimit/src/store/redis"
+	"github.com/ratelimitd/ratelimit/src/store/writebehind"
 )
 
 // healthPoll is how often the store's health is re-read.
@@ -31,8 +32,13 @@ const healthPoll = time.Second
 type storeHandle struct {
 	store    limiter.Store
 	supports func(rules.Algorithm) bool
-	healthy  func() bool
-	close    func()
+	// unsupported says why supports refuses (rules.Options.Unsupported).
+	unsupported string
+	// alone says the instance decides during a store outage (write-behind
+	// counting, or the local store of STORE_FAILURE_MODE=local).
+	alone   bool
+	healthy func() bool
+	close   func()
 	// started, when set, waits until the store first answers.
 	started func(ctx context.Context) error
 	// timeout is the store's own round-trip bound (the longer of REDIS_TIMEOUT
@@ -101,18 +107,57 @@ func newMemory(set *settings.Settings, reg *stats.Registry) *memory.Store {
 // store traces its round trips with tracer, when not nil.
 func newStoreHandle(ctx context.Context, set *settings.Settings, reg *stats.Registry, log *slog.Logger, tracer trace.Tracer) (*storeHandle, error) {
 	b, err := newStore(ctx, set, reg, log, tracer)
+	if err == nil && set.BackendType != settings.BackendMemory && set.WriteBehindInterval > 0 {
+		b.writeBehind(set, reg)
+		return b, nil
+	}
 	if err != nil || set.BackendType == settings.BackendMemory || set.StoreFailureMode != settings.FailureModeLocal {
 		return b, err
 	}
 	// The same ceilings as the memory store's, and its statistics: it
 	// holds the keys of the requests decided during outages.
-	b.local = newMemory(set, reg)
+	b.local, b.alone = newMemory(set, reg), true
 	closeShared := b.close
 	b.close = func() {
 		closeShared()
 		b.local.Close()
 	}
 	return b, nil
+}
+
+// writeBehind makes b's store decide fixed windows from a memory store and
+// write them behind to the shared store every WRITE_BEHIND_INTERVAL, and
+// registers its statistics. Decisions never wait for the shared store, so
+// requests get no budget, as on the memory store; a flush is bounded by
+// the store's own timeout. It decides alone during outages: as with
+// STORE_FAILURE_MODE=local, health does not follow the shared store.
+func (b *storeHandle) writeBehind(set *settings.Settings, reg *stats.Registry) {
+	local := newMemory(set, reg)
+	took := reg.Timer("ratelimit.write_behind.flush")
+	keys := reg.Histogram("ratelimit.write_behind.batch_keys", pipelineBuckets)
+	wb := writebehind.New(b.store, local, writebehind.Config{
+		Interval: set.WriteBehindInterval,
+		MaxKeys:  set.WriteBehindMaxKeys,
+		Timeout:  b.timeout,
+		Flushed: func(n int, d time.Duration) {
+			keys.Observe(uint64(n))
+			took.Record(d)
+		},
+	})
+	reg.CounterFunc("ratelimit.write_behind.batches", func() uint64 { return wb.Stats().Batches })
+	reg.CounterFunc("ratelimit.write_behind.local_decisions", func() uint64 { return wb.Stats().LocalOnly })
+	reg.CounterFunc("ratelimit.write_behind.hits_dropped", func() uint64 { return wb.Stats().Dropped })
+	reg.GaugeFunc("ratelimit.write_behind.keys", func() int64 { return wb.Stats().Keys })
+	reg.GaugeFunc("ratelimit.write_behind.lag_ms", func() int64 { return wb.Stats().Lag.Milliseconds() })
+	closeShared := b.close
+	b.close = func() {
+		wb.Close()
+		closeShared()
+		local.Close()
+	}
+	b.store, b.alone, b.timeout = wb, true, 0
+	b.supports = func(a rules.Algorithm) bool { return a == rules.FixedWindow }
+	b.unsupported = "write-behind counting (WRITE_BEHIND_INTERVAL) bounds its over-admission on fixed_window only"
 }
 
 func newStore(ctx context.Context, set *settings.Settings, reg *stats.Registry, _ *slog.Logger, tracer trace.Tracer) (*storeHandle, error) {
@@ -446,7 +491,7 @@ func (w *storeHealth) check() {
 	if w.st.log(w.log, healthy, w.b.breakers) {
 		w.b.askMemory()
 	}
-	w.h.SetStore(healthy || w.b.local != nil)
+	w.h.SetStore(healthy || w.b.alone)
 }
 
 // run reports the store's health until ctx is done. The first report waits
@@ -454,7 +499,7 @@ func (w *storeHealth) check() {
 // store connecting at startup is reported (and logged) as it is, not as not
 // answering yet; until then health is unhealthy, as a Health starts.
 func (w *storeHealth) run(ctx context.Context) {
-	if w.b.started != nil && w.b.local == nil && w.b.timeout > 0 {
+	if w.b.started != nil && !w.b.alone && w.b.timeout > 0 {
 		sctx, cancel := context.WithTimeout(ctx, w.b.timeout)
 		_ = w.b.started(sctx)
 		cancel()

@@ -314,6 +314,12 @@ type Settings struct {
 	// failure_mode_deny decides) or local (decide from this instance's own
 	// memory while the store is unreachable). No effect with BACKEND_TYPE=memory.
 	StoreFailureMode string `envconfig:"STORE_FAILURE_MODE" default:"error"`
+	// Write-behind counting (extensions), Redis and Memcached.
+	// WRITE_BEHIND_INTERVAL: decide fixed windows from local counts and send
+	// them to the store this often (0 = off: every decision is a store op);
+	// WRITE_BEHIND_MAX_KEYS: the most keys of windows under way it tracks.
+	WriteBehindInterval time.Duration `envconfig:"WRITE_BEHIND_INTERVAL" default:"0"`
+	WriteBehindMaxKeys  int           `envconfig:"WRITE_BEHIND_MAX_KEYS" default:"100000"`
 
 	// Redis.
 	RedisSocketType                  string        `envconfig:"REDIS_SOCKET_TYPE" default:"unix"`
@@ -824,6 +830,14 @@ func (s *Settings) validateStores(bad problem) {
 		bad("REDIS_STALL_TIMEOUT", "%v is outside 10ms..1m (0: no bound but REDIS_TIMEOUT)", s.RedisStallTimeout)
 	}
 	choose(bad, "STORE_FAILURE_MODE", &s.StoreFailureMode, strings.ToLower, "mode", "error or local", FailureModeError, FailureModeLocal)
+	if s.WriteBehindInterval != 0 {
+		// Above a minute the bound on over-admission would be a minute's hits.
+		within(bad, "WRITE_BEHIND_INTERVAL", s.WriteBehindInterval, time.Millisecond, time.Minute, "1ms..1m (0: off)")
+		if s.BackendType == BackendMemory {
+			bad("WRITE_BEHIND_INTERVAL", "needs BACKEND_TYPE redis or memcache: the memory store counts locally already")
+		}
+	}
+	within(bad, "WRITE_BEHIND_MAX_KEYS", s.WriteBehindMaxKeys, 1, 10_000_000, "1..10000000")
 	s.validateRemoteStores(bad)
 }
 

@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -44,8 +45,11 @@ const h2grpcPath = "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit
 type h2grpcTarget struct {
 	// name labels the row: "no-op", "this service" or anchorVariant.
 	name, store string
-	svc         *service
-	be          *backend
+	// variant, for this service, names settings beside the store's
+	// ("write-behind 100ms"); "" for the defaults.
+	variant string
+	svc     *service
+	be      *backend
 }
 
 // h2grpcRun is one measurement of one target.
@@ -53,7 +57,10 @@ type h2grpcRun struct {
 	reqPerSec float64
 	// rls and store are their CPU µs per call.
 	rls, store float64
-	bad        int
+	// ops is the store ops per call (the service's ratelimit.redis.ops or
+	// ratelimit.memcache.ops); -1 when not known.
+	ops float64
+	bad int
 }
 
 // h2grpcOptions are the -h2load mode's settings.
@@ -64,15 +71,29 @@ type h2grpcOptions struct {
 	duration      time.Duration
 	conns, stream int
 	out, command  string
+	// descriptors is the number of descriptors of the call (default 1).
+	descriptors int
+	// writeBehind lists the WRITE_BEHIND_INTERVAL values to measure this
+	// service with on each shared store, beside its default.
+	writeBehind []string
+}
+
+// h2grpcRequest is the ShouldRateLimit request h2load sends: domain bench,
+// n descriptors user_id=user-1 ... user-n (one counter each).
+func h2grpcRequest(n int) *rlsv3.RateLimitRequest {
+	req := &rlsv3.RateLimitRequest{Domain: "bench"}
+	for i := range max(n, 1) {
+		req.Descriptors = append(req.Descriptors, &commonv3.RateLimitDescriptor{
+			Entries: []*commonv3.RateLimitDescriptor_Entry{{Key: "user_id", Value: fmt.Sprintf("user-%d", i+1)}},
+		})
+	}
+	return req
 }
 
 // h2grpcBody is the gRPC message h2load sends: a length-prefixed
-// ShouldRateLimit request of domain bench, one descriptor user_id=user-1.
-func h2grpcBody() ([]byte, error) {
-	req := &rlsv3.RateLimitRequest{Domain: "bench", Descriptors: []*commonv3.RateLimitDescriptor{{
-		Entries: []*commonv3.RateLimitDescriptor_Entry{{Key: "user_id", Value: "user-1"}},
-	}}}
-	msg, err := proto.Marshal(req)
+// h2grpcRequest(n).
+func h2grpcBody(n int) ([]byte, error) {
+	msg, err := proto.Marshal(h2grpcRequest(n))
 	if err != nil {
 		return nil, err
 	}
@@ -87,7 +108,7 @@ func runH2grpcBench(ctx context.Context, o h2grpcOptions, tmp string, logf func(
 	if err != nil {
 		return errors.New("benchrun: -h2load needs h2load: apt-get install nghttp2-client (Debian/Ubuntu), brew install nghttp2 (macOS)")
 	}
-	body, err := h2grpcBody()
+	body, err := h2grpcBody(o.descriptors)
 	if err != nil {
 		return err
 	}
@@ -129,16 +150,32 @@ func runH2grpcBench(ctx context.Context, o h2grpcOptions, tmp string, logf func(
 				return err
 			}
 			defer svc.stop()
-			if err := checkCall(ctx, svc.grpcAddr); err != nil {
+			if err := checkCall(ctx, svc.grpcAddr, o.descriptors); err != nil {
 				return fmt.Errorf("benchrun: %s on %s: %w", impl, st, err)
 			}
 			targets = append(targets, &h2grpcTarget{name: impl, store: st, svc: svc, be: be})
+		}
+		for _, iv := range o.writeBehind {
+			if st == "memory" {
+				break
+			}
+			variant := "write-behind " + iv
+			env := append(slices.Clone(be.env), "WRITE_BEHIND_INTERVAL="+iv)
+			svc, err := startServiceUntil(ctx, o.bin, "this service ("+st+", "+variant+")", rulesRoot, true, env...)
+			if err != nil {
+				return err
+			}
+			defer svc.stop()
+			if err := checkCall(ctx, svc.grpcAddr, o.descriptors); err != nil {
+				return fmt.Errorf("benchrun: this service on %s, %s: %w", st, variant, err)
+			}
+			targets = append(targets, &h2grpcTarget{name: "this service", variant: variant, store: st, svc: svc, be: be})
 		}
 	}
 	results := map[*h2grpcTarget][]h2grpcRun{}
 	for round := range o.runs {
 		for _, tg := range targets {
-			logf("benchrun: h2load round %d/%d: %s %s", round+1, o.runs, tg.name, tg.store)
+			logf("benchrun: h2load round %d/%d: %s %s %s", round+1, o.runs, tg.name, tg.store, tg.variant)
 			run, err := measureH2grpc(ctx, o, h2load, bodyPath, tg)
 			if err != nil {
 				return err
@@ -158,7 +195,7 @@ func runH2grpcBench(ctx context.Context, o h2grpcOptions, tmp string, logf func(
 // counts HTTP statuses and cannot see a gRPC error in the trailers, so a
 // target that does not answer it OK, under the rule's limit, is not
 // measured. The standard runs check the anchor so too.
-func checkCall(ctx context.Context, addr string) error {
+func checkCall(ctx context.Context, addr string, descriptors int) error {
 	cc, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
 		return err
@@ -166,8 +203,7 @@ func checkCall(ctx context.Context, addr string) error {
 	defer cc.Close()
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
-	resp, err := rlsv3.NewRateLimitServiceClient(cc).ShouldRateLimit(ctx, &rlsv3.RateLimitRequest{Domain: "bench",
-		Descriptors: []*commonv3.RateLimitDescriptor{{Entries: []*commonv3.RateLimitDescriptor_Entry{{Key: "user_id", Value: "user-1"}}}}})
+	resp, err := rlsv3.NewRateLimitServiceClient(cc).ShouldRateLimit(ctx, h2grpcRequest(descriptors))
 	if err != nil {
 		return fmt.Errorf("the call h2load makes: %w", err)
 	}
@@ -176,7 +212,7 @@ func checkCall(ctx context.Context, addr string) error {
 	}
 	// A server that loaded no rules answers OK too, without a store
 	// operation: the limit must be the rule's.
-	if st := resp.GetStatuses(); len(st) != 1 || st[0].GetCurrentLimit().GetRequestsPerUnit() != 1000000 {
+	if st := resp.GetStatuses(); len(st) != max(descriptors, 1) || st[0].GetCurrentLimit().GetRequestsPerUnit() != 1000000 {
 		return fmt.Errorf("the call h2load makes: statuses %v, want the limit of 1000000 a second of the rule user_id (were the rules loaded?)", st)
 	}
 	return nil
@@ -208,6 +244,14 @@ func measureH2grpc(ctx context.Context, o h2grpcOptions, h2load, bodyPath string
 		}
 		return rls, store, nil
 	}
+	opsStat := map[string]string{"redis": "ratelimit.redis.ops", "memcache": "ratelimit.memcache.ops"}[tg.store]
+	ops := func() (float64, bool) {
+		if opsStat == "" || tg.name != "this service" {
+			return 0, false
+		}
+		return fetchStat(tg.svc.statsURL, opsStat)
+	}
+	ops0, haveOps := ops()
 	rls0, store0, err := cpu()
 	if err != nil {
 		return h2grpcRun{}, err
@@ -233,6 +277,10 @@ func measureH2grpc(ctx context.Context, o h2grpcOptions, h2load, bodyPath string
 	}
 	run.rls = (rls1 - rls0) / calls * 1e6
 	run.store = (store1 - store0) / calls * 1e6
+	run.ops = -1
+	if ops1, ok := ops(); ok && haveOps {
+		run.ops = (ops1 - ops0) / calls
+	}
 	return run, nil
 }
 
@@ -241,17 +289,20 @@ func measureH2grpc(ctx context.Context, o h2grpcOptions, h2load, bodyPath string
 // against the anchor per store, each ratio taken within a round.
 func h2grpcMarkdown(o h2grpcOptions, targets []*h2grpcTarget, results map[*h2grpcTarget][]h2grpcRun) string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "\n_Generated by `%s` on %s, %s; h2load (nghttp2 %s), %d connections × %d streams (h2c), closed loop, one call with one descriptor (`user_id=user-1`, one counter); %d rounds of %v, each round measuring every row once; medians over the rounds._\n\n",
-		o.command, time.Now().UTC().Format("2006-01-02 15:04 MST"), machineInfo(), h2loadVersion(), o.conns, o.stream, o.runs, o.duration)
-	b.WriteString("| server | store | calls/s | of no-op | server CPU µs/call | store CPU µs/call | not 200 |\n")
-	b.WriteString("|---|---|--:|--:|--:|--:|--:|\n")
+	fmt.Fprintf(&b, "\n_Generated by `%s` on %s, %s; h2load (nghttp2 %s), %d connections × %d streams (h2c), closed loop, one call with %s; %d rounds of %v, each round measuring every row once; medians over the rounds._\n\n",
+		o.command, time.Now().UTC().Format("2006-01-02 15:04 MST"), machineInfo(), h2loadVersion(), o.conns, o.stream, callWords(o.descriptors), o.runs, o.duration)
+	b.WriteString("| server | store | calls/s | of no-op | server CPU µs/call | store CPU µs/call | store ops/call | not 200 |\n")
+	b.WriteString("|---|---|--:|--:|--:|--:|--:|--:|\n")
 	noop := results[targets[0]]
 	for _, tg := range targets {
 		runs := results[tg]
-		var rate, rls, store, frac []float64
+		var rate, rls, store, frac, ops []float64
 		bad := 0
 		for i, r := range runs {
 			rate, rls, store = append(rate, r.reqPerSec), append(rls, r.rls), append(store, r.store)
+			if r.ops >= 0 {
+				ops = append(ops, r.ops)
+			}
 			frac = append(frac, r.reqPerSec/noop[i].reqPerSec)
 			bad += r.bad
 		}
@@ -259,11 +310,19 @@ func h2grpcMarkdown(o h2grpcOptions, targets []*h2grpcTarget, results map[*h2grp
 		if tg.store != "" && tg.store != "memory" {
 			storeCol = fmt.Sprintf("%.1f", median(store))
 		}
+		opsCol := "–"
+		if len(ops) > 0 {
+			opsCol = fmt.Sprintf("%.4g", median(ops))
+		}
 		st := tg.store
 		if st == "" {
 			st = "–"
 		}
-		fmt.Fprintf(&b, "| %s | %s | %.0f | %.0f%% | %.1f | %s | %d |\n", tg.name, st, median(rate), 100*median(frac), median(rls), storeCol, bad)
+		name := tg.name
+		if tg.variant != "" {
+			name += ", " + tg.variant
+		}
+		fmt.Fprintf(&b, "| %s | %s | %.0f | %.0f%% | %.1f | %s | %s | %d |\n", name, st, median(rate), 100*median(frac), median(rls), storeCol, opsCol, bad)
 	}
 	var pairs [][2]*h2grpcTarget
 	for i, tg := range targets {
@@ -271,7 +330,7 @@ func h2grpcMarkdown(o h2grpcOptions, targets []*h2grpcTarget, results map[*h2grp
 			continue
 		}
 		for _, ours := range targets[:i] {
-			if ours.name == "this service" && ours.store == tg.store {
+			if ours.name == "this service" && ours.variant == "" && ours.store == tg.store {
 				pairs = append(pairs, [2]*h2grpcTarget{ours, tg})
 			}
 		}
@@ -291,4 +350,23 @@ func h2grpcMarkdown(o h2grpcOptions, targets []*h2grpcTarget, results map[*h2grp
 		fmt.Fprintf(&b, "| %s | %s | %s |\n", p[0].store, ratioRange(rate), ratioRange(cpu))
 	}
 	return b.String()
+}
+
+// splitList is the non-empty, trimmed items of a comma-separated list.
+func splitList(s string) []string {
+	var out []string
+	for item := range strings.SplitSeq(s, ",") {
+		if item = strings.TrimSpace(item); item != "" {
+			out = append(out, item)
+		}
+	}
+	return out
+}
+
+// callWords says what the call of n descriptors holds.
+func callWords(n int) string {
+	if n <= 1 {
+		return "one descriptor (`user_id=user-1`, one counter)"
+	}
+	return fmt.Sprintf("%d descriptors (`user_id=user-1` ... `user-%d`, a counter each)", n, n)
 }

@@ -14,7 +14,7 @@ import (
 // whose length prefix is right and which decodes to the call checkCall
 // makes.
 func TestH2grpcBody(t *testing.T) {
-	b, err := h2grpcBody()
+	b, err := h2grpcBody(1)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -36,20 +36,26 @@ func TestH2grpcBody(t *testing.T) {
 func TestH2grpcMarkdown(t *testing.T) {
 	noop := &h2grpcTarget{name: "no-op"}
 	ours := &h2grpcTarget{name: "this service", store: "redis"}
+	wb := &h2grpcTarget{name: "this service", variant: "write-behind 100ms", store: "redis"}
 	anchor := &h2grpcTarget{name: anchorVariant, store: "redis"}
 	results := map[*h2grpcTarget][]h2grpcRun{
-		noop:   {{reqPerSec: 100000, rls: 10}, {reqPerSec: 50000, rls: 10}},
-		ours:   {{reqPerSec: 60000, rls: 20, store: 5}, {reqPerSec: 30000, rls: 20, store: 5}},
-		anchor: {{reqPerSec: 20000, rls: 70, store: 5}, {reqPerSec: 10000, rls: 70, store: 5, bad: 2}},
+		noop:   {{reqPerSec: 100000, rls: 10, ops: -1}, {reqPerSec: 50000, rls: 10, ops: -1}},
+		ours:   {{reqPerSec: 60000, rls: 20, store: 5, ops: 1}, {reqPerSec: 30000, rls: 20, store: 5, ops: 1}},
+		wb:     {{reqPerSec: 90000, rls: 12, store: 1, ops: 0.0004}, {reqPerSec: 45000, rls: 12, store: 1, ops: 0.0002}},
+		anchor: {{reqPerSec: 20000, rls: 70, store: 5, ops: -1}, {reqPerSec: 10000, rls: 70, store: 5, bad: 2, ops: -1}},
 	}
-	md := h2grpcMarkdown(h2grpcOptions{runs: 2, duration: time.Second, conns: 16, stream: 4}, []*h2grpcTarget{noop, ours, anchor}, results)
+	md := h2grpcMarkdown(h2grpcOptions{runs: 2, duration: time.Second, conns: 16, stream: 4}, []*h2grpcTarget{noop, ours, wb, anchor}, results)
 	for _, want := range []string{
-		"| this service | redis | 45000 | 60% | 20.0 | 5.0 | 0 |",
-		"| envoyproxy/ratelimit | redis | 15000 | 20% | 70.0 | 5.0 | 2 |",
+		"| this service | redis | 45000 | 60% | 20.0 | 5.0 | 1 | 0 |",
+		"| this service, write-behind 100ms | redis | 67500 | 90% | 12.0 | 1.0 | 0.0003 | 0 |",
+		"| envoyproxy/ratelimit | redis | 15000 | 20% | 70.0 | 5.0 | – | 2 |",
 		"| redis | 3.00× (3.00–3.00) | 3.50× (3.50–3.50) |",
 	} {
 		if !strings.Contains(md, want) {
 			t.Errorf("table lacks %q:\n%s", want, md)
 		}
+	}
+	if strings.Count(md, "\n| redis | ") != 1 {
+		t.Errorf("the write-behind row was compared with the anchor:\n%s", md)
 	}
 }

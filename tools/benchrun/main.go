@@ -141,6 +141,8 @@ func run(args []string, logw io.Writer) error {
 		anchor    = fs.String("anchor", os.Getenv("ANCHOR_BIN"), "an envoyproxy/ratelimit `binary` (built by you from its source) to measure beside this service on Redis and Memcached, in the same rounds: the standard scenarios it can run, or through Envoy with -envoy (default $ANCHOR_BIN)")
 		rate      = fs.Int("envoy-rate", 1000, "with -envoy: the fixed request rate of the latency runs")
 		h2grpc    = fs.Bool("h2load", false, "measure the service side by side with h2load as the gRPC load generator instead (one key; a no-op server, each store, and the anchor with -anchor); writes its own section of -out")
+		h2desc    = fs.Int("h2load-descriptors", 1, "with -h2load: the descriptors of the call (user_id=user-1 ... user-N, a counter each)")
+		wb        = fs.String("write-behind", "", "with -h2load: comma-separated WRITE_BEHIND_INTERVAL `values` to measure this service with on Redis and Memcached, beside its default")
 		overload  = fs.Bool("overload", false, "measure the overload steps instead (issue 25): calls in flight per -steps, each with each of -deadlines, on redis and memcache unless -stores says otherwise; prints the table, writes no file")
 		steps     = fs.String("steps", "64,256,1024,4096", "with -overload: comma-separated counts of calls in flight")
 		deadlines = fs.String("deadlines", "2s,20ms", "with -overload: comma-separated caller's deadlines of the calls")
@@ -248,7 +250,7 @@ func run(args []string, logw io.Writer) error {
 		}
 		h2stores := slices.DeleteFunc(slices.Clone(storeList), func(s string) bool { return s == "redis-cluster" })
 		err := runH2grpcBench(ctx, h2grpcOptions{anchor: *anchor, bin: *bin, stores: h2stores, runs: t.runs, duration: t.duration,
-			conns: 16, stream: 4, out: *out, command: commandLine(args)}, tmp, logf)
+			conns: 16, stream: 4, out: *out, command: commandLine(args), writeBehind: splitList(*wb), descriptors: *h2desc}, tmp, logf)
 		if err == nil {
 			logf("benchrun: wrote the h2load tables into %s", *out)
 		}

@@ -237,7 +237,7 @@ func startAnchor(ctx context.Context, bin, store, dir string, be *backend) (*ser
 	if err != nil {
 		return nil, err
 	}
-	if err := checkCall(ctx, svc.grpcAddr); err != nil {
+	if err := checkCall(ctx, svc.grpcAddr, 1); err != nil {
 		svc.stop()
 		return nil, fmt.Errorf("benchrun: %s on %s: %w", anchorVariant, store, err)
 	}

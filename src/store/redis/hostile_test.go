@@ -10,6 +10,8 @@ import (
 	"testing"
 	"time"
 
+	goredis "github.com/redis/go-redis/v9"
+
 	"github.com/ratelimitd/ratelimit/harness"
 	"github.com/ratelimitd/ratelimit/src/limiter"
 	"github.com/ratelimitd/ratelimit/src/rules"
@@ -413,5 +415,37 @@ func TestIsOOM(t *testing.T) {
 	}
 	if isOOM(errors.New("OOM but not a reply")) {
 		t.Error("isOOM of a transport error = true")
+	}
+}
+
+// TestDataErrorKeepsOtherAnswers: in a batch that is not AllOrNothing, the
+// op on a key of another type fails the batch with ErrData, and the ops
+// after it, which Redis applied in the same pipeline, have their Results
+// (the write-behind flush relies on it not to send them twice).
+func TestDataErrorKeepsOtherAnswers(t *testing.T) {
+	t.Parallel()
+	srv := harness.StartRedis(t, harness.RedisOptions{})
+	s := newStore(t, Config{SocketType: "tcp", URL: srv.Addr})
+	raw := goredis.NewClient(&goredis.Options{Addr: srv.Addr})
+	defer raw.Close()
+	if err := raw.RPush(t.Context(), "keep_bad", "x").Err(); err != nil {
+		t.Fatal(err)
+	}
+	b := &limiter.Batch{Now: time.Now()}
+	for _, k := range []string{"keep_a", "keep_bad", "keep_b", "keep_c"} {
+		b.Ops = append(b.Ops, limiter.Op{Key: k, Limit: 10, Window: time.Hour, Hits: 3})
+	}
+	b.Results = make([]limiter.Result, len(b.Ops))
+	b.Results[1].ResetAfter = -1
+	if err := s.Do(t.Context(), b); !errors.Is(err, limiter.ErrData) {
+		t.Fatalf("Do = %v, want ErrData", err)
+	}
+	for i, want := range []uint64{3, 0, 3, 3} {
+		if b.Results[i].After != want {
+			t.Errorf("Results[%d].After = %d, want %d", i, b.Results[i].After, want)
+		}
+	}
+	if b.Results[1].ResetAfter != -1 {
+		t.Errorf("the failed op's Result was written: %+v", b.Results[1])
 	}
 }

@@ -795,58 +795,68 @@ func (s *Store) ttl(op *limiter.Op) int64 {
 	return ttl
 }
 
-// decode reads r's replies into b.Results.
-func (s *Store) decode(be *backend, r *request, b *limiter.Batch) error {
+// decode reads r's replies into b.Results. An op whose reply is an error
+// leaves its Result as it was, and the others' are read: decode returns
+// the first op's error (see limiter.Store).
+func (s *Store) decode(be *backend, r *request, b *limiter.Batch) (first error) {
 	for j, i := range r.idx {
-		p := r.plan[j]
-		op := &b.Ops[i]
-		c := r.cmds[p.cmd]
-		if err := c.Err(); err != nil && !errors.Is(err, goredis.Nil) {
-			if p.kind == kindIncr && isOverflow(err) {
-				b.Results[i] = saturated(op, b.Now)
-				continue
-			}
+		if err := s.decodeOp(be, r, b, j, i); err != nil && first == nil {
+			first = err
+		}
+	}
+	return first
+}
+
+// decodeOp reads the reply of r's j-th op, b.Ops[i], into b.Results[i].
+func (s *Store) decodeOp(be *backend, r *request, b *limiter.Batch, j, i int) error {
+	p := r.plan[j]
+	op := &b.Ops[i]
+	c := r.cmds[p.cmd]
+	if err := c.Err(); err != nil && !errors.Is(err, goredis.Nil) {
+		if p.kind == kindIncr && isOverflow(err) {
+			b.Results[i] = saturated(op, b.Now)
+			return nil
+		}
+		return cmdError(be.name, op.Key, err)
+	}
+	switch p.kind {
+	case kindIncr:
+		expire := r.cmds[p.cmd+1].(intCmd)
+		if err := expire.Err(); err != nil && !errors.Is(err, goredis.Nil) {
 			return cmdError(be.name, op.Key, err)
 		}
-		switch p.kind {
-		case kindIncr:
-			expire := r.cmds[p.cmd+1].(intCmd)
-			if err := expire.Err(); err != nil && !errors.Is(err, goredis.Nil) {
-				return cmdError(be.name, op.Key, err)
-			}
-			after, err := incrResult(c.(intCmd), expire, op)
-			if err != nil {
-				return fmt.Errorf("%s: key %q: %w", be.name, op.Key, err)
-			}
-			_, b.Results[i] = limiter.FixedWindow(limiter.FixedWindowState{Count: after - op.Hits}, b.Now, *op)
-		case kindGet:
-			count, err := strconv.ParseUint(c.(stringCmd).Val(), 10, 64)
-			if err != nil && !errors.Is(c.Err(), goredis.Nil) {
-				return fmt.Errorf("%s: key %q: %w: not a counter: %w", be.name, op.Key, limiter.ErrData, err)
-			}
-			_, b.Results[i] = limiter.FixedWindow(limiter.FixedWindowState{Count: count}, b.Now, *op)
-		case kindLean:
-			res, err := leanResult(c.(scriptCmd))
-			if err == nil {
-				err = res.check(op)
-			}
-			if err != nil {
-				return fmt.Errorf("%s: key %q: %w", be.name, op.Key, err)
-			}
-			b.Results[i] = toResult(res, op, b.Now)
-		case kindScript:
-			res, err := scriptResult(c.(scriptCmd), int(p.pos))
-			if err == nil {
-				err = res.check(op)
-			}
-			if err != nil {
-				return fmt.Errorf("%s: key %q: %w", be.name, op.Key, err)
-			}
-			b.Results[i] = toResult(res, op, b.Now)
+		after, err := incrResult(c.(intCmd), expire, op)
+		if err != nil {
+			return fmt.Errorf("%s: key %q: %w", be.name, op.Key, err)
 		}
-		if op.Refund {
-			b.Results[i].Allowed = true // a refund of 0 hits is a read, never refused
+		_, b.Results[i] = limiter.FixedWindow(limiter.FixedWindowState{Count: after - op.Hits}, b.Now, *op)
+	case kindGet:
+		count, err := strconv.ParseUint(c.(stringCmd).Val(), 10, 64)
+		if err != nil && !errors.Is(c.Err(), goredis.Nil) {
+			return fmt.Errorf("%s: key %q: %w: not a counter: %w", be.name, op.Key, limiter.ErrData, err)
 		}
+		_, b.Results[i] = limiter.FixedWindow(limiter.FixedWindowState{Count: count}, b.Now, *op)
+	case kindLean:
+		res, err := leanResult(c.(scriptCmd))
+		if err == nil {
+			err = res.check(op)
+		}
+		if err != nil {
+			return fmt.Errorf("%s: key %q: %w", be.name, op.Key, err)
+		}
+		b.Results[i] = toResult(res, op, b.Now)
+	case kindScript:
+		res, err := scriptResult(c.(scriptCmd), int(p.pos))
+		if err == nil {
+			err = res.check(op)
+		}
+		if err != nil {
+			return fmt.Errorf("%s: key %q: %w", be.name, op.Key, err)
+		}
+		b.Results[i] = toResult(res, op, b.Now)
+	}
+	if op.Refund {
+		b.Results[i].Allowed = true // a refund of 0 hits is a read, never refused
 	}
 	return nil
 }
