@@ -45,19 +45,25 @@ func TestDemo(t *testing.T) {
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
+	// Wait closes the pipe: it must come after the last read (os/exec),
+	// or the demo's last line may be lost.
+	read := make(chan struct{})
 	exited := make(chan struct{})
-	go func() { _ = cmd.Wait(); close(exited) }()
+	lines := make(chan string)
+	go func() { <-read; _ = cmd.Wait(); close(exited) }()
 	t.Cleanup(func() {
 		select {
 		case <-exited:
 		default:
 			_ = cmd.Process.Kill()
+			_ = stdout.Close() // its children may hold the pipe
+			for range lines {
+			}
 			<-exited
 		}
 	})
-
-	lines := make(chan string)
 	go func() {
+		defer close(read)
 		defer close(lines)
 		sc := bufio.NewScanner(stdout)
 		for sc.Scan() {
