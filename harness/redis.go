@@ -382,3 +382,24 @@ func redisInfoField(info any, name string) string {
 	}
 	return ""
 }
+
+// StartCPU starts measuring the CPU redis-server uses (INFO cpu), reported
+// per op as redis-cpu-ns/op by the meter's Report.
+func (s *RedisServer) StartCPU(ctx context.Context) *CPUMeter {
+	return StartCPU(func() (time.Duration, bool) {
+		v, err := s.Do(ctx, "INFO", "cpu")
+		info, _ := v.(string)
+		if err != nil || info == "" {
+			return 0, false
+		}
+		var total float64
+		for _, name := range []string{"used_cpu_user", "used_cpu_sys"} {
+			f, err := strconv.ParseFloat(redisInfoField(info, name), 64)
+			if err != nil {
+				return 0, false
+			}
+			total += f
+		}
+		return time.Duration(total * float64(time.Second)), true
+	}, "redis-cpu-ns/op")
+}

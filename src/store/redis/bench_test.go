@@ -4,7 +4,6 @@ import (
 	"context"
 	"runtime"
 	"strconv"
-	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -35,7 +34,7 @@ func BenchmarkStore(b *testing.B) {
 			}
 			var next atomic.Uint64
 			var sink atomic.Uint64
-			cpu := startCPU(b, srv)
+			cpu := srv.StartCPU(b.Context())
 			b.ReportAllocs()
 			b.SetParallelism(64 / max(1, testingProcs()))
 			b.ResetTimer()
@@ -142,7 +141,7 @@ func benchOps(b *testing.B, srv *harness.RedisServer, s *Store, alg rules.Algori
 		names[i] = "depth_" + alg.String() + "_" + strconv.Itoa(i)
 	}
 	var next atomic.Uint64
-	cpu := startCPU(b, srv)
+	cpu := srv.StartCPU(b.Context())
 	b.ReportAllocs()
 	b.SetParallelism(64 / max(1, testingProcs()))
 	b.ResetTimer()
@@ -173,35 +172,6 @@ func reportDepth(b *testing.B, s *Store) {
 	if rt, ops := s.Counters(); rt > 0 {
 		b.ReportMetric(float64(ops)/float64(rt), "ops/roundtrip")
 	}
-}
-
-// startCPU starts measuring the CPU time used by this process and by
-// Redis; the meter reports the server's as redis-cpu-ns/op.
-func startCPU(b *testing.B, srv *harness.RedisServer) *harness.CPUMeter {
-	return harness.StartCPU(func() (time.Duration, bool) { return redisCPU(b, srv) }, "redis-cpu-ns/op")
-}
-
-// redisCPU returns the CPU time redis-server has used (INFO cpu).
-func redisCPU(b *testing.B, srv *harness.RedisServer) (time.Duration, bool) {
-	b.Helper()
-	v, err := srv.Do(b.Context(), "INFO", "cpu")
-	info, _ := v.(string)
-	if err != nil || info == "" {
-		return 0, false
-	}
-	var total float64
-	for line := range strings.Lines(info) {
-		name, val, ok := strings.Cut(strings.TrimSpace(line), ":")
-		if !ok || (name != "used_cpu_sys" && name != "used_cpu_user") {
-			continue
-		}
-		f, err := strconv.ParseFloat(val, 64)
-		if err != nil {
-			return 0, false
-		}
-		total += f
-	}
-	return time.Duration(total * float64(time.Second)), true
 }
 
 // testingProcs is GOMAXPROCS, the goroutines per SetParallelism unit.

@@ -54,9 +54,19 @@ func TestBoundOnRedisCluster(t *testing.T) {
 	t.Parallel()
 	c := harness.StartRedisCluster(t, harness.RedisOptions{})
 	cfg := redis.Config{Type: redis.TypeCluster, SocketType: "tcp", URL: c.URL}
-	keys := make([]string, 6)
-	for i := range keys {
-		keys[i] = fmt.Sprintf("%s_%d", t.Name(), i)
+	// Two keys on each master.
+	var keys []string
+	per := map[*harness.RedisServer]int{}
+	for i := 0; len(keys) < 2*len(c.Masters) && i < 1000; i++ {
+		k := fmt.Sprintf("%s_%d", t.Name(), i)
+		m, err := c.MasterFor(t.Context(), k)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if per[m] < 2 {
+			per[m]++
+			keys = append(keys, k)
+		}
 	}
 	checkBound(t, onRedisWith(t, cfg), func() *Store { return newWB(t, onRedisWith(t, cfg), Config{}) }, keys...)
 }
