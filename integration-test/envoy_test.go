@@ -2,6 +2,7 @@ package integration
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -152,11 +153,20 @@ type envoyResponse struct {
 // connection (so that no request waits behind another).
 func httpGet(t *testing.T, addr, path string, headers map[string]string) envoyResponse {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+	r, err := httpDo(t.Context(), addr, path, headers)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r
+}
+
+// httpDo is httpGet for a goroutine of the test: it returns the error.
+func httpDo(ctx context.Context, addr, path string, headers map[string]string) (envoyResponse, error) {
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+addr+path, nil)
 	if err != nil {
-		t.Fatal(err)
+		return envoyResponse{}, err
 	}
 	for k, v := range headers {
 		if strings.EqualFold(k, "host") {
@@ -167,11 +177,11 @@ func httpGet(t *testing.T, addr, path string, headers map[string]string) envoyRe
 	}
 	resp, err := envoyClient.Do(req)
 	if err != nil {
-		t.Fatalf("GET %s%s: %v", addr, path, err)
+		return envoyResponse{}, fmt.Errorf("GET %s%s: %w", addr, path, err)
 	}
 	defer resp.Body.Close()
 	b, _ := io.ReadAll(resp.Body)
-	return envoyResponse{code: resp.StatusCode, header: resp.Header, body: string(b)}
+	return envoyResponse{code: resp.StatusCode, header: resp.Header, body: string(b)}, nil
 }
 
 // envoyClient keeps connections to Envoy open across requests, as a
