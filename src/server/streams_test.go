@@ -115,10 +115,16 @@ func watchHealth(t *testing.T, cc *grpc.ClientConn) <-chan error {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// A change of the serving status is a message, not the end: the
+	// server may turn SERVING just after the first answer.
 	ended := make(chan error, 1)
 	go func() {
-		_, err := w.Recv()
-		ended <- err
+		for {
+			if _, err := w.Recv(); err != nil {
+				ended <- err
+				return
+			}
+		}
 	}()
 	return ended
 }
