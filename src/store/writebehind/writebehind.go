@@ -29,8 +29,9 @@ const DefaultMaxKeys = 100_000
 const chunk = 512
 
 // maxPending bounds a key's unflushed hits either way, so that no sum of
-// hits can wrap it.
-const maxPending = 1 << 62
+// hits can wrap it and a flush's op carries at most limiter.MaxHits (a
+// count past it is over any limit: the fleet's count saturates there).
+const maxPending = limiter.MaxHits
 
 // Config tunes a Store.
 type Config struct {
@@ -265,6 +266,9 @@ func (s *Store) Flush(ctx context.Context) {
 	}
 }
 
+// maxCount bounds the fleet's count as a fold reads it from the store.
+const maxCount = 1 << 62
+
 // unanswered marks a Result the shared store did not fill.
 const unanswered = -1
 
@@ -308,15 +312,17 @@ func (s *Store) send(ctx context.Context, now time.Time, es []*entry, ds []int64
 // refunded more), and a local count found below total (its key evicted
 // locally, a refund that found less to take) is raised to total.
 func (s *Store) fold(ctx context.Context, now time.Time, e *entry, d int64, total uint64) {
+	// The store's reply, held where the sums below cannot wrap.
+	total = min(total, maxCount)
 	others := int64(total) - int64(e.base) - d
 	e.base = total
 	op := e.op
-	op.Hits, op.Refund = uint64(max(others, -others)), others < 0
+	op.Hits, op.Refund = uint64(min(max(others, -others), limiter.MaxHits)), others < 0
 	b := &limiter.Batch{Now: now, Ops: []limiter.Op{op}}
 	if s.local.Do(ctx, b) != nil || op.Refund || b.Results[0].After >= total {
 		return
 	}
-	b.Ops[0].Hits = total - b.Results[0].After
+	b.Ops[0].Hits = min(total-b.Results[0].After, limiter.MaxHits)
 	_ = s.local.Do(ctx, b)
 }
 

@@ -3,6 +3,7 @@ package writebehind
 import (
 	"context"
 	"fmt"
+	"math"
 	"sync/atomic"
 	"testing"
 	"testing/synctest"
@@ -424,5 +425,51 @@ func TestPendingSaturates(t *testing.T) {
 	}
 	if got := e.pending.Load(); got != -maxPending {
 		t.Errorf("pending = %d, want %d", got, -int64(maxPending))
+	}
+}
+
+// huge is a shared store whose every answer says the key holds the
+// largest count a reply can carry.
+type huge struct{}
+
+func (huge) Do(_ context.Context, b *limiter.Batch) error {
+	b.Results = b.Results[:len(b.Ops)]
+	for i := range b.Ops {
+		b.Results[i] = limiter.Result{Before: math.MaxUint64, After: math.MaxUint64}
+	}
+	return nil
+}
+
+// hitsBound is a local store that fails an op of more than
+// limiter.MaxHits, the most the limiter's contract lets an op carry.
+type hitsBound struct{ limiter.Store }
+
+func (h hitsBound) Do(ctx context.Context, b *limiter.Batch) error {
+	for _, op := range b.Ops {
+		if op.Hits > limiter.MaxHits {
+			return fmt.Errorf("op of %d hits, more than MaxHits", op.Hits)
+		}
+	}
+	return h.Store.Do(ctx, b)
+}
+
+// TestFoldBoundsTheStoresCount: a store that answers a count past any
+// range (its reply is not ours to trust) folds in as ops the limiter's
+// contract allows, the key over its limit, and the next flush too.
+func TestFoldBoundsTheStoresCount(t *testing.T) {
+	s := New(huge{}, hitsBound{newLocal(t)}, Config{Now: func() time.Time { return t0 }})
+	t.Cleanup(s.Close)
+	for range 2 {
+		hit(t, s, fixed("k", 1000))
+		s.Flush(t.Context())
+		if st := s.Stats(); st.Dropped != 0 {
+			t.Fatalf("Stats() = %+v, want nothing dropped", st)
+		}
+		if got := count(t, s, "k"); got < 1000 {
+			t.Fatalf("local count %d after the store said the key is full, want over the limit", got)
+		}
+	}
+	if hit(t, s, fixed("k", 1000)) {
+		t.Error("a hit on a key the store says is full was allowed")
 	}
 }
