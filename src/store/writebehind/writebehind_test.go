@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"math"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"testing/synctest"
@@ -379,35 +380,52 @@ func TestOtherAlgorithmsExact(t *testing.T) {
 
 // TestFlushNeverBlocksADecision: while a flush waits for the shared store,
 // decisions on the keys it carries go on. A decision that waited for the
-// flush would wait for ever here (on a lock, which synctest does not take
-// for a deadlock): the test binary's timeout and its goroutine dump then
-// name it.
+// flush would wait until the flush is released, which only the decisions'
+// end does here: the test fails after its bound instead (a bound on a
+// hang, far above what 100 decisions take, never on their pace).
 func TestFlushNeverBlocksADecision(t *testing.T) {
 	t.Parallel()
-	synctest.Test(t, func(t *testing.T) {
-		entered, release := make(chan struct{}), make(chan struct{})
-		hook := &during{Store: newLocal(t), f: func() {
+	entered, release := make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	hook := &during{Store: newLocal(t), f: func() {
+		once.Do(func() {
 			close(entered)
 			<-release
-		}}
-		s := newWB(t, hook, Config{})
-		hit(t, s, fixed("k", 1000))
-		flushed := make(chan struct{})
-		go func() {
-			s.Flush(context.Background())
-			close(flushed)
-		}()
-		<-entered
-		hook.f = func() {}
+		})
+	}}
+	s := newWB(t, hook, Config{})
+	hit(t, s, fixed("k", 1000))
+	flushed := make(chan struct{})
+	go func() {
+		s.Flush(context.Background())
+		close(flushed)
+	}()
+	<-entered
+	decided := make(chan error, 1)
+	go func() {
+		b := &limiter.Batch{Now: t0, Ops: []limiter.Op{fixed("k", 1000)}}
 		for range 100 {
-			hit(t, s, fixed("k", 1000))
+			if err := s.Do(context.Background(), b); err != nil {
+				decided <- err
+				return
+			}
 		}
+		decided <- nil
+	}()
+	select {
+	case err := <-decided:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(30 * time.Second):
 		close(release)
-		<-flushed
-		if got := count(t, s, "k"); got != 101 {
-			t.Errorf("local count = %d, want 101", got)
-		}
-	})
+		t.Fatal("decisions still wait 30 s after a flush began waiting for the shared store")
+	}
+	close(release)
+	<-flushed
+	if got := count(t, s, "k"); got != 101 {
+		t.Errorf("local count = %d, want 101", got)
+	}
 }
 
 // TestPendingSaturates: a key's unflushed sum stays within ±maxPending
