@@ -30,9 +30,11 @@ import (
 	"io"
 	"os"
 	"strings"
+	"time"
 
 	"github.com/ratelimitd/ratelimit/src/provider"
 	"github.com/ratelimitd/ratelimit/src/rules"
+	"github.com/ratelimitd/ratelimit/src/store/writebehind"
 )
 
 func main() {
@@ -40,7 +42,7 @@ func main() {
 }
 
 const usage = `usage:
-  ratelimit-check -config_dir DIR [-dump] [-merge_domain_configs] [-ignore_dot_files]
+  ratelimit-check -config_dir DIR [-dump] [-merge_domain_configs] [-ignore_dot_files] [-write_behind]
   ratelimit-check -diff [-merge_domain_configs] [-ignore_dot_files] OLD_DIR NEW_DIR
   ratelimit-check -replay CAPTURE|- -config_dir NEW [-against OLD] [-json] [-top N] [...]
   ratelimit-check -explain REQUEST|- (-config_dir DIR | -debug_addr HOST:PORT) [-json]`
@@ -64,7 +66,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 		fs.PrintDefaults()
 	}
 	var dir string
-	var merge, ignoreDotFiles, dump, diff bool
+	var merge, ignoreDotFiles, dump, diff, writeBehind bool
 	var rp replayFlags
 	var ex explainFlags
 	// config_dir and merge_domain_configs are envoyproxy/ratelimit's names.
@@ -73,6 +75,11 @@ func run(args []string, stdout, stderr io.Writer) int {
 	fs.BoolVar(&merge, "merge_domain_configs", false, "let several files share a domain (MERGE_DOMAIN_CONFIG)")
 	fs.BoolVar(&merge, "merge-domain-configs", false, "same as -merge_domain_configs")
 	fs.BoolVar(&ignoreDotFiles, "ignore_dot_files", false, "skip files whose names start with a dot (RUNTIME_IGNOREDOTFILES)")
+	// The service refuses other algorithms than fixed windows while
+	// WRITE_BEHIND_INTERVAL is on: so does the check, in the same
+	// environment or with the flag.
+	wb, _ := time.ParseDuration(os.Getenv("WRITE_BEHIND_INTERVAL"))
+	fs.BoolVar(&writeBehind, "write_behind", wb > 0, "check the rules as the service counting with WRITE_BEHIND_INTERVAL does: fixed_window only (default: whether $WRITE_BEHIND_INTERVAL is set above 0)")
 	fs.BoolVar(&dump, "dump", false, "print every rule, one line each, as the debug endpoint /rlconfig does")
 	fs.BoolVar(&diff, "diff", false, "compare the rules of OLD_DIR and NEW_DIR: rules added (+), removed (-) and changed (~)")
 	rp.register(fs)
@@ -81,6 +88,9 @@ func run(args []string, stdout, stderr io.Writer) int {
 		return 2
 	}
 	opts := rules.Options{MergeDomains: merge}
+	if writeBehind {
+		opts.Supports, opts.StoreName, opts.Unsupported = writebehind.Supports, "shared", writebehind.Unsupported
+	}
 	load := func(dir string) (int, *rules.Config, error) {
 		cfg := provider.FileConfig{Root: dir, IgnoreDotFiles: ignoreDotFiles, Options: opts}
 		files, err := provider.ReadFiles(cfg)

@@ -118,6 +118,21 @@ func TestRun(t *testing.T) {
 			wantStdout: "ok: 1 file(s), 1 domain(s), 1 rule(s) in " + good + "\ndomains: a\n",
 		},
 		{
+			// As the service with WRITE_BEHIND_INTERVAL: fixed windows only.
+			name:     "write_behind_refuses_other_algorithms",
+			args:     []string{"-write_behind", "-config_dir", v2},
+			wantCode: 1,
+			wantStderr: []string{
+				`rules: web.yaml:7: descriptor "web.path_/login": rate_limit: algorithm sliding_window is not supported by the shared store (write-behind counting (WRITE_BEHIND_INTERVAL) bounds its over-admission on fixed_window only)`,
+				"1 problem(s) in " + v2,
+			},
+		},
+		{
+			name:       "write_behind_takes_fixed_windows",
+			args:       []string{"-write_behind", "-config_dir", good},
+			wantStdout: "ok: 1 file(s), 1 domain(s), 1 rule(s) in " + good + "\ndomains: a\n",
+		},
+		{
 			name:     "invalid",
 			args:     []string{"-config_dir", bad},
 			wantCode: 1,
@@ -279,6 +294,20 @@ func TestRun(t *testing.T) {
 // service's file provider loads from the same directory (a Kubernetes
 // ConfigMap volume, with the settings Envoy Gateway uses): the same
 // lines, so the command cannot show rules the service would not serve.
+// TestWriteBehindFromTheEnvironment: in the service's environment, the
+// check refuses what the service with WRITE_BEHIND_INTERVAL refuses.
+func TestWriteBehindFromTheEnvironment(t *testing.T) {
+	dir := t.TempDir()
+	write(t, dir, "web.yaml", webV2)
+	for env, want := range map[string]int{"100ms": 1, "0": 0, "": 0} {
+		t.Setenv("WRITE_BEHIND_INTERVAL", env)
+		var stdout, stderr bytes.Buffer
+		if code := run([]string{"-config_dir", dir}, &stdout, &stderr); code != want {
+			t.Errorf("WRITE_BEHIND_INTERVAL=%q: exit %d, want %d\n%s", env, code, want, stderr.String())
+		}
+	}
+}
+
 func TestDumpIsWhatTheServiceLoads(t *testing.T) {
 	t.Parallel()
 	dir := t.TempDir()

@@ -156,8 +156,7 @@ func (b *storeHandle) writeBehind(set *settings.Settings, reg *stats.Registry) {
 		local.Close()
 	}
 	b.store, b.alone, b.timeout = wb, true, 0
-	b.supports = func(a rules.Algorithm) bool { return a == rules.FixedWindow }
-	b.unsupported = "write-behind counting (WRITE_BEHIND_INTERVAL) bounds its over-admission on fixed_window only"
+	b.supports, b.unsupported = writebehind.Supports, writebehind.Unsupported
 }
 
 func newStore(ctx context.Context, set *settings.Settings, reg *stats.Registry, _ *slog.Logger, tracer trace.Tracer) (*storeHandle, error) {

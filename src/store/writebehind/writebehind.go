@@ -21,6 +21,14 @@ import (
 	"github.com/ratelimitd/ratelimit/src/rules"
 )
 
+// Supports reports whether write-behind counting can hold its bound on an
+// algorithm's rules (fixed windows only); Unsupported says why it cannot,
+// for the rules' load error. The service and ratelimit-check refuse the
+// others with both.
+func Supports(a rules.Algorithm) bool { return a == rules.FixedWindow }
+
+const Unsupported = "write-behind counting (WRITE_BEHIND_INTERVAL) bounds its over-admission on fixed_window only"
+
 // DefaultMaxKeys is Config.MaxKeys when 0: the keys of windows under way it
 // tracks, about 200 bytes each.
 const DefaultMaxKeys = 100_000
