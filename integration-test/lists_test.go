@@ -118,14 +118,20 @@ func TestRateLimitsAndValueRegexOverTheWire(t *testing.T) {
 	}
 }
 
+// clearOfHourEnd waits for the next hour when this one ends within d, so
+// that steps taking less than d count in one hour window.
+func clearOfHourEnd(t *testing.T, d time.Duration) {
+	t.Helper()
+	if next := time.Now().Truncate(time.Hour).Add(time.Hour); time.Until(next) < d {
+		time.Sleep(time.Until(next))
+	}
+}
+
 // alignToSecond waits for the start of a second at least three seconds
 // before the end of the hour, so that a few steps fit in one hour window.
 func alignToSecond(t *testing.T) {
 	t.Helper()
-	now := time.Now()
-	if next := now.Truncate(time.Hour).Add(time.Hour); next.Sub(now) < 4*time.Second {
-		time.Sleep(time.Until(next))
-	}
+	clearOfHourEnd(t, 4*time.Second)
 	time.Sleep(time.Until(time.Now().Truncate(time.Second).Add(time.Second + 20*time.Millisecond)))
 }
 
