@@ -19,6 +19,7 @@ import (
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/mem"
+	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/status"
 	"google.golang.org/grpc/tap"
 
@@ -103,6 +104,34 @@ func TestAwaitRequest(t *testing.T) {
 			}
 		})
 	})
+}
+
+// TestWholeRequestIsNotWatched: a call whose connection has every request
+// it started whole when its tap runs (a request sent with its headers, as
+// Envoy and most clients send them) needs no timer; while a request on the
+// connection is not whole, or once a stream went untracked, every call
+// is watched.
+func TestWholeRequestIsNotWatched(t *testing.T) {
+	w := NewStallWatch(stats.NewRegistry(), 0)
+	wc := w.watch(&fakeConn{})
+	ctxOf := func() context.Context {
+		return peer.NewContext(context.Background(), &peer.Peer{Addr: wc.RemoteAddr()})
+	}
+	halfSent(t, wc, 1, 1)
+	if ctx := ctxOf(); w.awaitRequest(ctx) == ctx {
+		t.Error("a call is not watched while a request on its connection is not whole")
+	}
+	finish(t, wc, 1)
+	if ctx := ctxOf(); w.awaitRequest(ctx) != ctx {
+		t.Error("a call whose request came with its headers is watched")
+	}
+	wc.untracked.Store(true)
+	if ctx := ctxOf(); w.awaitRequest(ctx) == ctx {
+		t.Error("a call is not watched on a connection with untracked streams")
+	}
+	if wc.RemoteAddr().String() != (&net.TCPAddr{}).String() {
+		t.Errorf("the watched connection's address reads %q, want the connection's", wc.RemoteAddr())
+	}
 }
 
 func deadlineOf(ctx context.Context) string {

@@ -183,6 +183,7 @@ func (w *StallWatch) watch(c net.Conn) *watchedConn {
 		slot:    limitConnOf(c),
 		used:    time.Now(),
 	}
+	wc.addr = connAddr{Addr: c.RemoteAddr(), c: wc}
 	if w.idle > 0 {
 		wc.mu.Lock()
 		wc.idleTimer = time.AfterFunc(w.idle, wc.checkIdle)
@@ -228,6 +229,12 @@ type watchedConn struct {
 	// halfSentNow its requests not whole, for the watch's choice of the
 	// connection holding the most.
 	waitingNow, halfSentNow atomic.Int64
+	// untracked is set once a stream was opened past h2MaxStreams, which
+	// halfSentNow does not count (see requestsWhole).
+	untracked atomic.Bool
+	// addr is the connection's remote address, which leads a call's tap
+	// to its connection (see connAddr).
+	addr connAddr
 
 	// mu guards the fields below: the reader's and the writer's
 	// goroutines both parse.
@@ -282,6 +289,23 @@ type h2Stream struct {
 	prefix  [grpcPrefix]byte
 	nprefix int
 	left    int64
+}
+
+// connAddr is a watched connection's remote address as grpc-go gives it
+// to a call (peer.Peer.Addr): it leads the call's tap to its connection.
+type connAddr struct {
+	net.Addr
+	c *watchedConn
+}
+
+func (c *watchedConn) RemoteAddr() net.Addr { return &c.addr }
+
+// requestsWhole reports whether every request the client started on c has
+// come whole (its first message, or its end). The reader's goroutine,
+// which parses what it reads before grpc-go does, is the one that runs a
+// call's tap: when it says so there, the call's own request has come.
+func (c *watchedConn) requestsWhole() bool {
+	return c.halfSentNow.Load() == 0 && !c.untracked.Load()
 }
 
 func (c *watchedConn) Read(p []byte) (int, error) {
@@ -455,7 +479,11 @@ func (c *watchedConn) fromClient(f frame) {
 	}
 	switch f.typ {
 	case frameHeaders:
-		if _, ok := c.streams[f.stream]; !ok && f.stream > c.lastID && f.stream%2 == 1 && len(c.streams) < h2MaxStreams {
+		_, ok := c.streams[f.stream]
+		if !ok && f.stream > c.lastID && len(c.streams) >= h2MaxStreams {
+			c.untracked.Store(true)
+		}
+		if !ok && f.stream > c.lastID && f.stream%2 == 1 && len(c.streams) < h2MaxStreams {
 			c.lastID = f.stream
 			s := h2Stream{win: c.initWin}
 			if f.flags&flagEndStream == 0 {
