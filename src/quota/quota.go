@@ -308,8 +308,13 @@ func (p *Pool) Report(now time.Time, id uint64, u Usage) []Change {
 			// A subscription Envoy had before this stream (the
 			// stream or the server restarted): its report covers
 			// Elapsed, rounded down, so the rate is between
-			// n/(Elapsed+1s) and n/Elapsed.
-			s.demand = float64(n) / (u.Elapsed + time.Second/2).Seconds()
+			// n/(Elapsed+1s) and n/Elapsed; the report interval
+			// when it fits (Envoy's timer: 4.99 s reads 4).
+			span := u.Elapsed + time.Second/2
+			if ri := p.cfg.ReportInterval; ri >= u.Elapsed && ri <= u.Elapsed+time.Second {
+				span = ri
+			}
+			s.demand = float64(n) / span.Seconds()
 			s.known = true
 			if now.Before(p.cfg.Learning()) {
 				s.evidence, s.hasEvidence = float64(u.Allowed)/(u.Elapsed+time.Second).Seconds(), true
