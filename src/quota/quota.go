@@ -162,6 +162,8 @@ type Pool struct {
 	// be in force. keys are its keys in order, nil when they changed.
 	subs map[uint64]*sub
 	keys []uint64
+	// wake is when the last lease a reconnect ended is over (see Wake).
+	wake time.Time
 }
 
 // sub is one subscriber: an Envoy's stream reporting the pool's bucket.
@@ -225,6 +227,10 @@ func (p *Pool) Subscribed(id uint64) bool {
 	s := p.subs[id]
 	return s != nil && !s.gone && !s.abandoned
 }
+
+// Wake returns when the last lease a reconnect ended early is over: its
+// share is free then, for a Tick to give rather than wait for the next.
+func (p *Pool) Wake() time.Time { return p.wake }
 
 // Len returns the number of subscribers counted: reporting, or gone with
 // a grant that may still be in force.
