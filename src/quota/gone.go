@@ -66,7 +66,7 @@ func (p *Pool) shorten(now time.Time) bool {
 	}
 	pick.pending = false
 	if end := now.Add(p.cfg.Settle); end.Before(pick.leaseUntil) {
-		pick.leaseUntil = end
+		pick.leaseUntil, p.wake = end, end
 	}
 	return true
 }

@@ -162,6 +162,8 @@ type Pool struct {
 	// be in force. keys are its keys in order, nil when they changed.
 	subs map[uint64]*sub
 	keys []uint64
+	// wake is when the last lease a reconnect ended is over (see Wake).
+	wake time.Time
 }
 
 // sub is one subscriber: an Envoy's stream reporting the pool's bucket.
@@ -225,6 +227,10 @@ func (p *Pool) Subscribed(id uint64) bool {
 	s := p.subs[id]
 	return s != nil && !s.gone && !s.abandoned
 }
+
+// Wake returns when the last lease a reconnect ended early is over: its
+// share is free then, for a Tick to give rather than wait for the next.
+func (p *Pool) Wake() time.Time { return p.wake }
 
 // Len returns the number of subscribers counted: reporting, or gone with
 // a grant that may still be in force.
@@ -308,8 +314,13 @@ func (p *Pool) Report(now time.Time, id uint64, u Usage) []Change {
 			// A subscription Envoy had before this stream (the
 			// stream or the server restarted): its report covers
 			// Elapsed, rounded down, so the rate is between
-			// n/(Elapsed+1s) and n/Elapsed.
-			s.demand = float64(n) / (u.Elapsed + time.Second/2).Seconds()
+			// n/(Elapsed+1s) and n/Elapsed; the report interval
+			// when it fits (Envoy's timer: 4.99 s reads 4).
+			span := u.Elapsed + time.Second/2
+			if ri := p.cfg.ReportInterval; ri >= u.Elapsed && ri <= u.Elapsed+time.Second {
+				span = ri
+			}
+			s.demand = float64(n) / span.Seconds()
 			s.known = true
 			if now.Before(p.cfg.Learning()) {
 				s.evidence, s.hasEvidence = float64(u.Allowed)/(u.Elapsed+time.Second).Seconds(), true

@@ -280,6 +280,42 @@ func TestGoneShareCountsUntilItsLeaseEnds(t *testing.T) {
 	}
 }
 
+// TestReconnectDemandOverTheReportPeriod: a reconnect's first report
+// says time_elapsed in whole seconds rounded down, 4 for Envoy's 5 s
+// period as often as 5 (4.99 s). Its demand is read over the report
+// interval: read over 4.5 s, docs/RLQS.md's kill test's 6/s Envoy is
+// 6.7/s, above its fair share, and the others get an equal split (6.6/s)
+// instead of what they had until that Envoy's next report is measured
+// and its decrease has settled, 13 s after the death.
+func TestReconnectDemandOverTheReportPeriod(t *testing.T) {
+	t.Parallel()
+	for _, elapsed := range []time.Duration{4 * time.Second, 5 * time.Second} {
+		h := newHarness(t, Limit{Rate: 20, Burst: 10}, false)
+		h.p = NewPool(h.p.limit, Config{Start: epoch.Add(-time.Hour), Settle: 2500 * time.Millisecond})
+		h.join(1, 2, 3)
+		h.steady(4, map[uint64]float64{1: 40, 2: 6, 3: 40})
+		before := h.grants[1].Rate()
+		// 2's replica dies; its Envoy reconnects, as 4.
+		h.record(h.p.LeaveIf(h.now, func(id uint64) bool { return id == 2 }))
+		h.advance(time.Second)
+		h.report(4, 30, 0, elapsed)
+		for range 4 {
+			h.advance(time.Second)
+			h.tick()
+		}
+		for _, s := range h.p.Subscribers(h.now) {
+			if s.ID == 4 && !near(s.Demand, 6, 0.1) {
+				t.Errorf("time_elapsed %v: the reconnect's demand = %.2f/s, want 6", elapsed, s.Demand)
+			}
+		}
+		for _, id := range []uint64{1, 3} {
+			if r := h.grants[id].Rate(); r < before {
+				t.Errorf("time_elapsed %v: %d has %.2f/s once the reconnect's old lease ended, want %.2f as before", elapsed, id, r, before)
+			}
+		}
+	}
+}
+
 // TestColdStartSplitsTheWholeLimit: buckets Envoys create after a start
 // held nothing, so a pool that has seen only those splits its whole
 // limit at once, not the reserve.

@@ -321,6 +321,7 @@ func (q *Service) shareThroughStore(reg *stats.Registry) {
 		badRecords: reg.Counter("ratelimit.rlqs.shared.bad_records"),
 		tags:       map[string]poolKey{},
 		urgent:     map[poolKey]bool{},
+		wakes:      map[string]time.Time{},
 		exchanges:  reg.Counter("ratelimit.rlqs.shared.exchanges"),
 		notes:      reg.Counter("ratelimit.rlqs.shared.notes"),
 	}

@@ -220,6 +220,9 @@ type shareState struct {
 	// subscriber here since the last poll.
 	tags   map[string]poolKey
 	urgent map[poolKey]bool
+	// wakes are the pools owned here to run at the first poll after a
+	// time, by tag: when a lease a reconnect ended is over (quota.Pool.Wake).
+	wakes map[string]time.Time
 
 	// Counters (docs/RLQS.md, "Observing it").
 	errors, takeovers, late, badRecords *stats.Counter
@@ -407,7 +410,14 @@ func (q *Service) poll(ctx context.Context) {
 		q.mu.Unlock()
 		return
 	}
-	q.takeNotes(rep.Tags)
+	tags := rep.Tags
+	for tag, at := range sh.wakes {
+		if !q.cfg.Now().Before(at) {
+			delete(sh.wakes, tag)
+			tags = append(tags, tag)
+		}
+	}
+	q.takeNotes(tags)
 	keys := slices.Collect(maps.Keys(sh.urgent))
 	clear(sh.urgent)
 	for t := range sh.noted {
@@ -757,6 +767,9 @@ func (q *Service) runOwned(now time.Time, w *syncing, rep quota.SyncReply, commi
 		})...)
 	}
 	changes = append(changes, p.Tick(now)...)
+	if at := p.Wake(); at.After(now) {
+		q.share.wakes[sh.tag] = at
+	}
 	q.totals(qp.rule).beyond.Add(p.Beyond() - beyond)
 	if w.local && len(w.reports) == 0 && len(changes) == 0 {
 		// Nothing to write: what the tick changed (leases that ended)

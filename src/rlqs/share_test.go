@@ -361,6 +361,25 @@ func TestSharedQuotaReplicas(t *testing.T) {
 	}
 }
 
+// splitInTwo runs two replicas and Envoys a, on replica 1, and b, on
+// replica 0, of 100/s each, which first report aAt and bAt after the
+// start, until d after it, and checks that replica owner owns their pool,
+// split in two.
+func splitInTwo(t *testing.T, aAt, bAt, d time.Duration, owner int) (f *fleet, a, b *mimic, learned time.Time) {
+	t.Helper()
+	f = newFleet(t, 2)
+	b = f.add("b", 0, 100)
+	b.next = epoch.Add(bAt)
+	a = f.add("a", 1, 100)
+	a.next = epoch.Add(aAt)
+	learned = epoch.Add(quota.DefaultTTL + 5*time.Second)
+	f.run(d, learned)
+	if f.owner() != owner || rate(a.tb) < 25 || rate(b.tb) < 25 {
+		t.Fatalf("before the kill: owner %d, a %v/s, b %v/s; want replica %d to own a pool split in two", f.owner(), rate(a.tb), rate(b.tb), owner)
+	}
+	return f, a, b, learned
+}
+
 // TestSharedQuotaTakeoverResumes: the replica that takes a pool over
 // resumes from the state its dead owner wrote. Here the owner dies just
 // before its own Envoy reports to the other replica, which takes the pool
@@ -369,17 +388,8 @@ func TestSharedQuotaReplicas(t *testing.T) {
 // grant would give the reconnected Envoy the whole limit beside it.
 func TestSharedQuotaTakeoverResumes(t *testing.T) {
 	t.Parallel()
-	f := newFleet(t, 2)
-	b := f.add("b", 0, 100)
-	b.next = epoch.Add(500 * time.Millisecond)
-	a := f.add("a", 1, 100)
-	a.next = epoch.Add(4 * time.Second)
-	learned := epoch.Add(quota.DefaultTTL + 5*time.Second)
 	// a's report at 34 s is taken by the owner's tick at 35.1 s.
-	f.run(35200*time.Millisecond, learned)
-	if f.owner() != 0 || rate(a.tb) < 25 || rate(b.tb) < 25 {
-		t.Fatalf("before the kill: owner %d, a %v/s, b %v/s; want replica 0 to own a pool split in two", f.owner(), rate(a.tb), rate(b.tb))
-	}
+	f, a, b, learned := splitInTwo(t, 4*time.Second, 500*time.Millisecond, 35200*time.Millisecond, 0)
 	f.kill(0)
 	killed := f.now()
 	for f.owner() != 1 && f.now().Sub(killed) < 10*time.Second {
@@ -412,6 +422,34 @@ func TestSharedQuotaTakeoverResumes(t *testing.T) {
 	if ra, rb := rate(a.tb), rate(b.tb); math.Abs(ra-28.5) > 1 || math.Abs(rb-28.5) > 1 {
 		t.Errorf("after the takeover: a %v/s, b %v/s; want 28.5 each", ra, rb)
 	}
+}
+
+// TestSharedQuotaReconnectServedAfterSettle: a dead replica's Envoy that
+// reconnects to the pool's owner is granted what is free at once, and its
+// share once the old lease its reconnect ends is over, Settle later: at
+// the owner's first poll after that, not at its next tick, up to a second
+// later.
+func TestSharedQuotaReconnectServedAfterSettle(t *testing.T) {
+	t.Parallel()
+	f, _, b, learned := splitInTwo(t, 0, 2*time.Second, 32*time.Second, 1)
+	// b reports next 5 s after the death, once its old subscriber is
+	// taken as gone (3 s after its replica's last beat); without the
+	// owner's poll at the end of that lease, b waited 0.8 s more here.
+	f.kill(0)
+	var first time.Time
+	for f.now().Before(b.next.Add(rlqs.SharedSettle + 2*time.Second)) {
+		f.run(fleetStep, learned)
+		switch {
+		case first.IsZero() && b.sess != nil && rate(b.tb) < 25:
+			first = f.now()
+		case !first.IsZero() && rate(b.tb) >= 25:
+			if d := f.now().Sub(first); d > rlqs.SharedSettle+2*fleetStep {
+				t.Errorf("b's share came %v after its first grant, want within Settle (%v) and a poll", d, rlqs.SharedSettle)
+			}
+			return
+		}
+	}
+	t.Fatalf("b's share not back %v after its reconnect (first grant at %v)", rlqs.SharedSettle+2*time.Second, first.Sub(epoch))
 }
 
 // TestSharedQuotaWithoutSharing: the same Envoys on replicas that do not
