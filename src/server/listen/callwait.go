@@ -42,13 +42,14 @@ func (w *StallWatch) Tap(next tap.ServerInHandle) tap.ServerInHandle {
 // clients send their headers before marshalling the message, which on a
 // busy machine took longer than grpcWriteStall). A call whose deadline
 // comes within grpcMaxRequestWait needs nothing: grpc-go ends it then;
-// nor does one whose request came with its headers (requestsWhole), which
-// saved a fifth of a call's CPU on the memory store (docs/BENCHMARKS.md).
-// ctx is the call's, as the tap gets it.
+// nor does one whose request came with its headers: the reader's
+// goroutine, which parses what it reads before grpc-go does, runs the
+// tap, so when every request started on the connection is whole there,
+// the call's own is (a fifth of a call's CPU on the memory store, see
+// docs/BENCHMARKS.md). ctx is the call's, as the tap gets it.
 func (w *StallWatch) awaitRequest(ctx context.Context) context.Context {
-	// The common case, a request sent with its headers, needs no timer.
 	if p, ok := peer.FromContext(ctx); ok {
-		if a, ok := p.Addr.(*connAddr); ok && a.c.requestsWhole() {
+		if a, ok := p.Addr.(connAddr); ok && a.c.halfSentNow.Load() == 0 && !a.c.untracked.Load() {
 			return ctx
 		}
 	}

@@ -183,7 +183,6 @@ func (w *StallWatch) watch(c net.Conn) *watchedConn {
 		slot:    limitConnOf(c),
 		used:    time.Now(),
 	}
-	wc.addr = connAddr{Addr: c.RemoteAddr(), c: wc}
 	if w.idle > 0 {
 		wc.mu.Lock()
 		wc.idleTimer = time.AfterFunc(w.idle, wc.checkIdle)
@@ -229,12 +228,8 @@ type watchedConn struct {
 	// halfSentNow its requests not whole, for the watch's choice of the
 	// connection holding the most.
 	waitingNow, halfSentNow atomic.Int64
-	// untracked is set once a stream was opened past h2MaxStreams, which
-	// halfSentNow does not count (see requestsWhole).
+	// untracked: a stream was opened past h2MaxStreams, uncounted.
 	untracked atomic.Bool
-	// addr is the connection's remote address, which leads a call's tap
-	// to its connection (see connAddr).
-	addr connAddr
 
 	// mu guards the fields below: the reader's and the writer's
 	// goroutines both parse.
@@ -298,15 +293,7 @@ type connAddr struct {
 	c *watchedConn
 }
 
-func (c *watchedConn) RemoteAddr() net.Addr { return &c.addr }
-
-// requestsWhole reports whether every request the client started on c has
-// come whole (its first message, or its end). The reader's goroutine,
-// which parses what it reads before grpc-go does, is the one that runs a
-// call's tap: when it says so there, the call's own request has come.
-func (c *watchedConn) requestsWhole() bool {
-	return c.halfSentNow.Load() == 0 && !c.untracked.Load()
-}
+func (c *watchedConn) RemoteAddr() net.Addr { return connAddr{c.Conn.RemoteAddr(), c} }
 
 func (c *watchedConn) Read(p []byte) (int, error) {
 	n, err := c.Conn.Read(p)
