@@ -69,10 +69,10 @@ type SyncReply struct {
 	// replica's, Push included): the store holds them no more.
 	Reports []Field
 	// State is the pool's state, for an owner with Fresh or that asked
-	// for it; nil when the store holds none. Subs are the subscribers
-	// the store holds grants of, for the same owner.
-	State []byte
-	Subs  []string
+	// for it; nil when the store holds none. Stored are the grants the
+	// store holds, by subscriber, for the same owner.
+	State  []byte
+	Stored []Field
 	// Grants are, for another replica, the grant of each Want; nil for
 	// none.
 	Grants [][]byte

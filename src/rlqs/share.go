@@ -681,17 +681,15 @@ func (q *Service) syncReply(now time.Time, w *syncing, rep quota.SyncReply) bool
 	sh.synced, sh.holder = now, rep.Holder
 	if rep.Owner {
 		sh.holder = q.share.replica
+		return true
 	}
-	if !rep.Owner {
-		if sh.owned {
-			q.disown(w.qp)
-		}
-		for i, ls := range w.want {
-			q.sendGrant(now, ls, rep.Grants[i])
-		}
-		return false
+	if sh.owned {
+		q.disown(w.qp)
 	}
-	return true
+	for i, ls := range w.want {
+		q.sendGrant(now, ls, rep.Grants[i])
+	}
+	return false
 }
 
 // handedOver records what became of the reports handed over, and forgets
@@ -828,6 +826,7 @@ func (q *Service) takeOwnership(now time.Time, w *syncing, rep quota.SyncReply, 
 		// When the shared pools started is not known: as if now.
 		cfg.Start = now
 	}
+	qp.p = quota.NewPool(limit, cfg)
 	if rep.State != nil {
 		p, err := quota.RestorePool(limit, cfg, rep.State)
 		if err != nil {
@@ -838,8 +837,6 @@ func (q *Service) takeOwnership(now time.Time, w *syncing, rep quota.SyncReply, 
 			p = quota.NewPool(limit, cfg)
 		}
 		qp.p = p
-	} else {
-		qp.p = quota.NewPool(limit, cfg)
 	}
 	if rep.Fresh && rep.Epoch > 1 {
 		// Another replica held it before.
@@ -848,11 +845,13 @@ func (q *Service) takeOwnership(now time.Time, w *syncing, rep quota.SyncReply, 
 	sh.owned, sh.reload, sh.seq, sh.state = true, false, 0, rep.State
 	sh.grants = map[uint64][]byte{}
 	sh.stored = map[uint64][]byte{}
-	for _, f := range rep.Subs {
-		if id, err := strconv.ParseUint(f, 10, 64); err == nil {
-			sh.stored[id] = nil
+	for _, f := range rep.Stored {
+		if id, err := strconv.ParseUint(f.Sub, 10, 64); err == nil {
+			sh.grants[id], sh.stored[id] = f.Value, f.Value
 		}
 	}
+	// The state counts the grants held as sent, a lost reply's too: so are they.
+	q.sendLocal(now, sh)
 }
 
 // commitOf returns what an owner writes of pool p: its state, the grants
@@ -904,6 +903,11 @@ func (q *Service) committed(now time.Time, w *syncing, c quota.CommitRequest, er
 		}
 	}
 	sh.state, sh.synced = c.State, now
+	q.sendLocal(now, sh)
+}
+
+// sendLocal sends its streams' grants of an owned pool, those not sent.
+func (q *Service) sendLocal(now time.Time, sh *sharedPool) {
 	for _, id := range slices.Sorted(maps.Keys(sh.local)) {
 		if ls := sh.local[id]; !ls.left {
 			q.sendGrant(now, ls, sh.grants[id])

@@ -1,6 +1,7 @@
 package rlqs_test
 
 import (
+	"context"
 	"fmt"
 	"math"
 	"strings"
@@ -87,6 +88,13 @@ func newFleet(t *testing.T, n int) *fleet {
 // newFleetTimeout is newFleet with the stores' timeout (REDIS_TIMEOUT).
 func newFleetTimeout(t *testing.T, n int, timeout time.Duration) *fleet {
 	t.Helper()
+	return newFleetShare(t, n, timeout, func(_ int, s *redis.Store) rlqs.Share { return s })
+}
+
+// newFleetShare is newFleetTimeout with each replica's store as share
+// makes it.
+func newFleetShare(t *testing.T, n int, timeout time.Duration, share func(i int, s *redis.Store) rlqs.Share) *fleet {
+	t.Helper()
 	f := &fleet{t: t, srv: harness.StartRedis(t, harness.RedisOptions{})}
 	now := epoch
 	f.clock.Store(&now)
@@ -102,7 +110,7 @@ func newFleetTimeout(t *testing.T, n int, timeout time.Duration) *fleet {
 		t.Cleanup(func() { _ = st.Close() })
 		r := &replica{reg: stats.NewRegistry()}
 		r.q = rlqs.New(r.reg, rlqs.Config{
-			Share:   st,
+			Share:   share(i, st),
 			Replica: uint32(i + 1),
 			Now:     func() time.Time { return *f.clock.Load() },
 		})
@@ -852,5 +860,59 @@ func TestSharedQuotaNoPollBeforeTheFirstBeat(t *testing.T) {
 	q.Tick()
 	if n := reg.Counter("ratelimit.rlqs.shared.exchanges").Value(); n == 0 {
 		t.Fatal("no exchange at the first tick")
+	}
+}
+
+// replyLost is a store whose next commit, once armed, is written but its
+// reply lost, as when the call's budget runs out on a busy machine after
+// Redis ran it.
+type replyLost struct {
+	rlqs.Share
+	armed atomic.Bool
+}
+
+func (s *replyLost) CommitQuota(ctx context.Context, reqs []quota.CommitRequest, notes []quota.Note) []error {
+	errs := s.Share.CommitQuota(ctx, reqs, notes)
+	if s.armed.CompareAndSwap(true, false) {
+		for i := range errs {
+			errs[i] = context.DeadlineExceeded
+		}
+	}
+	return errs
+}
+
+// TestSharedQuotaCommitReplyLost: an owner whose write's reply is lost
+// (written, but not known to be) reads the pool again; the grants that
+// write held are in Redis and counted by its state, the decrease of its
+// own Envoy among them, so it sends them. Without that, its Envoy kept
+// the larger grant while the pool, once the decrease settled, gave the
+// difference to the other.
+func TestSharedQuotaCommitReplyLost(t *testing.T) {
+	t.Parallel()
+	var lost *replyLost
+	f := newFleetShare(t, 2, time.Second, func(i int, s *redis.Store) rlqs.Share {
+		if i == 0 {
+			lost = &replyLost{Share: s}
+			return lost
+		}
+		return s
+	})
+	a := f.add("a", 0, 100)
+	f.run(3*time.Second, epoch)
+	if f.owner() != 0 || rate(a.tb) < 50 {
+		t.Fatalf("owner %d, a %v/s: want replica 0 to own the pool, a granted most of it", f.owner(), rate(a.tb))
+	}
+	f.add("b", 1, 100)
+	lost.armed.Store(true) // the write that makes room for b
+	for lost.armed.Load() && f.now().Before(epoch.Add(6*time.Second)) {
+		f.run(fleetStep, epoch)
+	}
+	if lost.armed.Load() {
+		t.Fatal("no write's reply was lost")
+	}
+	// The pool counts a's old grant until its decrease has settled.
+	f.run(rlqs.SharedSettle, epoch)
+	if ra := rate(a.tb); ra > 35 {
+		t.Errorf("a holds %v/s Settle after its decrease was written, want about half of %v", ra, sharedRate)
 	}
 }

@@ -35,7 +35,7 @@ import (
 // now and lease and keep (ms), 1 to ask for the state, a replica seen dead
 // (or ""), the number of pushes and (subscriber, merged, alone) for each,
 // the number of grants wanted and their subscribers. It returns {1,
-// fresh, epoch, merged, reports, state, grant subscribers} to the owner
+// fresh, epoch, merged, reports, state, grants} to the owner
 // and {0, 0, epoch, merged, grants, owner} to another replica.
 const quotaSyncLua = `
 local me, now, lease, keep = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
@@ -65,14 +65,14 @@ if l[1] == me or not l[1] or (tonumber(l[3]) or 0) <= now or (dead ~= '' and l[1
   redis.call('PEXPIRE', KEYS[1], keep)
   local reports = redis.call('HGETALL', KEYS[2])
   redis.call('DEL', KEYS[2])
-  local state, subs = false, {}
+  local state, grants = false, {}
   if fresh or ARGV[5] == '1' then
     state = redis.call('GET', KEYS[4])
-    subs = redis.call('HKEYS', KEYS[3])
+    grants = redis.call('HGETALL', KEYS[3])
   end
   redis.call('PEXPIRE', KEYS[3], keep)
   redis.call('PEXPIRE', KEYS[4], keep)
-  return {1, fresh and 1 or 0, epoch, merged, reports, state, subs}
+  return {1, fresh and 1 or 0, epoch, merged, reports, state, grants}
 end
 local grants = {}
 for k = 1, nw do
@@ -448,17 +448,8 @@ func syncReply(v any, req quota.SyncRequest) (out quota.SyncReply) {
 		}
 		return out
 	}
-	reports, ok := a[4].([]any)
-	if !ok || len(reports)%2 != 0 {
-		return fail("reports not in pairs")
-	}
-	for i := 0; i < len(reports); i += 2 {
-		k, ok1 := reports[i].(string)
-		v, ok2 := reports[i+1].(string)
-		if !ok1 || !ok2 {
-			return fail("a report that is not a string")
-		}
-		out.Reports = append(out.Reports, quota.Field{Sub: k, Value: []byte(v)})
+	if out.Reports, ok = fields(a[4]); !ok {
+		return fail("reports not pairs of strings")
 	}
 	switch st := a[5].(type) {
 	case nil:
@@ -467,18 +458,28 @@ func syncReply(v any, req quota.SyncRequest) (out quota.SyncReply) {
 	default:
 		return fail("a state that is not a string")
 	}
-	subs, ok := a[6].([]any)
-	if !ok {
-		return fail("grant subscribers not a list")
-	}
-	for _, k := range subs {
-		s, ok := k.(string)
-		if !ok {
-			return fail("a grant subscriber that is not a string")
-		}
-		out.Subs = append(out.Subs, s)
+	if out.Stored, ok = fields(a[6]); !ok {
+		return fail("grants not pairs of strings")
 	}
 	return out
+}
+
+// fields reads a hash's fields and values, in pairs.
+func fields(v any) ([]quota.Field, bool) {
+	a, ok := v.([]any)
+	if !ok || len(a)%2 != 0 {
+		return nil, false
+	}
+	out := make([]quota.Field, 0, len(a)/2)
+	for i := 0; i < len(a); i += 2 {
+		k, ok1 := a[i].(string)
+		v, ok2 := a[i+1].(string)
+		if !ok1 || !ok2 {
+			return nil, false
+		}
+		out = append(out, quota.Field{Sub: k, Value: []byte(v)})
+	}
+	return out, true
 }
 
 // zeroOne reads a 0 or 1.

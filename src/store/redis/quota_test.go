@@ -59,7 +59,7 @@ func TestQuotaShare(t *testing.T) {
 	now := quotaEpoch
 
 	a := quotaSync(t, s, quota.SyncRequest{Pool: pool, Replica: "a", Now: now})
-	if !a.Owner || !a.Fresh || a.Epoch != 1 || a.State != nil || len(a.Subs) != 0 {
+	if !a.Owner || !a.Fresh || a.Epoch != 1 || a.State != nil || len(a.Stored) != 0 {
 		t.Fatalf("first replica = %+v, want the lease, fresh, epoch 1, no state", a)
 	}
 	// b hands over two reports before the owner takes them: the second
@@ -100,8 +100,9 @@ func TestQuotaShare(t *testing.T) {
 		t.Fatalf("the lease changed hands before its end: %+v", b)
 	}
 	b = quotaSync(t, s, quota.SyncRequest{Pool: pool, Replica: "b", Now: now})
-	slices.Sort(b.Subs)
-	if !b.Owner || !b.Fresh || b.Epoch != 2 || string(b.State) != "state2" || !slices.Equal(b.Subs, []string{"1", "7"}) ||
+	slices.SortFunc(b.Stored, func(x, y quota.Field) int { return strings.Compare(x.Sub, y.Sub) })
+	if !b.Owner || !b.Fresh || b.Epoch != 2 || string(b.State) != "state2" ||
+		!slices.EqualFunc(b.Stored, []quota.Field{{Sub: "1", Value: []byte("g1")}, {Sub: "7", Value: []byte("g7")}}, fieldEqual) ||
 		!slices.EqualFunc(b.Reports, []quota.Field{{Sub: "7", Value: []byte("r3")}}, fieldEqual) {
 		t.Fatalf("takeover = %+v, want the lease (epoch 2), the state, grants of 1 and 7, and the report", b)
 	}
@@ -224,8 +225,9 @@ func TestSyncReplyHostile(t *testing.T) {
 		{"reports_odd", []any{int64(1), int64(1), int64(1), []any{int64(0)}, []any{"1"}, nil, []any{}}},
 		{"report_integer", []any{int64(1), int64(1), int64(1), []any{int64(0)}, []any{"1", int64(2)}, nil, []any{}}},
 		{"state_integer", []any{int64(1), int64(1), int64(1), []any{int64(0)}, []any{}, int64(3), []any{}}},
-		{"subs_not_list", []any{int64(1), int64(1), int64(1), []any{int64(0)}, []any{}, nil, "x"}},
-		{"sub_integer", []any{int64(1), int64(1), int64(1), []any{int64(0)}, []any{}, nil, []any{int64(1)}}},
+		{"stored_not_list", []any{int64(1), int64(1), int64(1), []any{int64(0)}, []any{}, nil, "x"}},
+		{"stored_odd", []any{int64(1), int64(1), int64(1), []any{int64(0)}, []any{}, nil, []any{"1"}}},
+		{"stored_integer", []any{int64(1), int64(1), int64(1), []any{int64(0)}, []any{}, nil, []any{"1", int64(1)}}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -234,8 +236,9 @@ func TestSyncReplyHostile(t *testing.T) {
 			}
 		})
 	}
-	good := syncReply([]any{int64(1), int64(1), int64(2), []any{int64(1)}, []any{"1", "r"}, "s", []any{"1"}}, req)
-	if good.Err != nil || !good.Owner || !good.Fresh || good.Epoch != 2 || string(good.State) != "s" || len(good.Reports) != 1 {
+	good := syncReply([]any{int64(1), int64(1), int64(2), []any{int64(1)}, []any{"1", "r"}, "s", []any{"1", "g"}}, req)
+	if good.Err != nil || !good.Owner || !good.Fresh || good.Epoch != 2 || string(good.State) != "s" || len(good.Reports) != 1 ||
+		!slices.EqualFunc(good.Stored, []quota.Field{{Sub: "1", Value: []byte("g")}}, fieldEqual) {
 		t.Errorf("syncReply of a good reply = %+v", good)
 	}
 }
