@@ -58,6 +58,9 @@ type replica struct {
 	q    *rlqs.Service
 	reg  *stats.Registry
 	dead bool
+	// paused: alive, its streams open, but it neither ticks nor polls
+	// (a process starved on a busy machine).
+	paused bool
 }
 
 // mimic is an Envoy with one bucket.
@@ -164,7 +167,7 @@ func (f *fleet) step() {
 	f.steps++
 	for i, r := range f.reps {
 		switch {
-		case r.dead:
+		case r.dead, r.paused:
 		case f.steps%10 == (3*i+1)%10:
 			r.q.Tick()
 		case !f.noPolls:
@@ -914,5 +917,47 @@ func TestSharedQuotaCommitReplyLost(t *testing.T) {
 	f.run(rlqs.SharedSettle, epoch)
 	if ra := rate(a.tb); ra > 35 {
 		t.Errorf("a holds %v/s Settle after its decrease was written, want about half of %v", ra, sharedRate)
+	}
+}
+
+// TestSharedQuotaStalledOwner: an owner that stalls for shareAlive (a
+// process starved on a busy machine) is taken for dead, its pool taken
+// over, while it still says it owns it: two replicas say so until its
+// next exchange tells it (the gauges of one failure of
+// TestRLQSSharedThroughRedis). It sends nothing meanwhile (a write of
+// its would name a lease no longer its own, and be refused), and the
+// rates in force stay within the limit throughout.
+func TestSharedQuotaStalledOwner(t *testing.T) {
+	t.Parallel()
+	f := newFleet(t, 2)
+	a := f.add("a", 0, 100)
+	f.run(3*time.Second, epoch)
+	if f.owner() != 0 || rate(a.tb) < 50 {
+		t.Fatalf("owner %d, a %v/s: want replica 0 to own the pool, a granted most of it", f.owner(), rate(a.tb))
+	}
+	owned := func() (n int64) {
+		for _, r := range f.reps {
+			n += r.reg.Gauges()["ratelimit.rlqs.shared.owned"]
+		}
+		return n
+	}
+	f.reps[0].paused = true
+	b := f.add("b", 1, 100)
+	f.run(4*time.Second, epoch)
+	if owned() != 2 || f.reps[1].reg.Counter("ratelimit.rlqs.shared.takeovers").Value() != 1 {
+		t.Fatalf("%d replicas say they own the pool 4 s into the stall, want both (replica 1 took it over)", owned())
+	}
+	f.reps[0].paused = false
+	for owned() != 1 && f.now().Before(epoch.Add(20*time.Second)) {
+		f.run(fleetStep, epoch)
+	}
+	if owned() != 1 {
+		t.Fatal("the stalled replica still says it owns the pool 13 s after it went on")
+	}
+	// Past the end of the lease a's old grant had when the pool was
+	// taken over: a stale write renewing it would be in force then.
+	f.run(epoch.Add(30*time.Second).Sub(f.now()), epoch)
+	if ra, rb := rate(a.tb), rate(b.tb); ra > 30 || rb > 30 || ra+rb < 55 {
+		t.Errorf("after the stall: a %v/s, b %v/s; want about half each", ra, rb)
 	}
 }

@@ -217,7 +217,8 @@ func TestRLQSSharedThroughRedis(t *testing.T) {
 	if strings.Contains(logs.String(), oneReplica) {
 		t.Errorf("log with BACKEND_TYPE=redis says %q:\n%s", oneReplica, logs.String())
 	}
-	ra, err := quotaStream(t, dial(t, a)).Recv()
+	sa := quotaStream(t, dial(t, a))
+	ra, err := sa.Recv()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -225,13 +226,31 @@ func TestRLQSSharedThroughRedis(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if ga, gb := tokens(ra), tokens(rb); ga < 9.5 || gb > 10-ga+1e-9 {
-		t.Errorf("first grants = %v and %v a second, want at least 9.5, then at most what is left of 10", ga, gb)
+	ga, gb := tokens(ra), tokens(rb)
+	if ga < 9.5 {
+		t.Errorf("a's first grant = %v a second, want at least 9.5", ga)
 	}
-	owned := a.stats.Gauges()["ratelimit.rlqs.shared.owned"] + b.stats.Gauges()["ratelimit.rlqs.shared.owned"]
-	if owned != 1 {
-		t.Errorf("pools owned by the two servers = %d, want 1", owned)
+	if gb > 10-ga+1e-9 {
+		// b's first grant does not fit beside a's: it may come after the
+		// pool made room, when a slow machine delayed it (a replica that
+		// stalls for 3 s is taken for dead, its pool taken over), and
+		// then a was sent the decrease before it (after an increase or
+		// two, at most): one that never came fails the stream's Recv.
+		fits := false
+		for i := 0; i < 4 && !fits && err == nil; i++ {
+			if ra, err = sa.Recv(); err == nil {
+				fits = tokens(ra)+gb <= 10+1e-9
+			}
+		}
+		if !fits {
+			t.Errorf("first grants = %v and %v a second, and no later grant of a's fits beside b's within 10 (%v)", ga, gb, err)
+		}
 	}
+	// A replica that stalled and lost its lease still says it owns the
+	// pool until its next exchange: its writes are refused meanwhile.
+	harness.WaitFor(t, 15*time.Second, "one owner", func() bool {
+		return a.stats.Gauges()["ratelimit.rlqs.shared.owned"]+b.stats.Gauges()["ratelimit.rlqs.shared.owned"] == 1
+	})
 }
 
 // oneReplica begins the line a server logs when its quota service's
