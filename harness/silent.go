@@ -2,7 +2,6 @@ package harness
 
 import (
 	"net"
-	"sync"
 	"testing"
 )
 
@@ -12,32 +11,7 @@ import (
 // listener and the connections close when the test ends.
 func SilentServer(tb testing.TB) string {
 	tb.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		tb.Fatal(err)
-	}
-	var mu sync.Mutex
-	var conns []net.Conn
-	go func() {
-		for {
-			c, err := l.Accept()
-			if err != nil {
-				return
-			}
-			mu.Lock()
-			conns = append(conns, c)
-			mu.Unlock()
-		}
-	}()
-	tb.Cleanup(func() {
-		_ = l.Close()
-		mu.Lock()
-		defer mu.Unlock()
-		for _, c := range conns {
-			_ = c.Close()
-		}
-	})
-	return l.Addr().String()
+	return ServeLoopback(tb, func(net.Conn) {})
 }
 
 // ClosedPort is a loopback address nothing listens on: one the kernel gave
