@@ -27,7 +27,8 @@ import (
 // field) reaches its handler marked as malformed (Malformed), and is answered
 // InvalidArgument with the reason, where grpc-go answers Internal from
 // inside its own receive path — which Envoy's default failure_mode_deny:
-// false turns into an admitted request. Other messages decode as usual.
+// false turns into an admitted request. Other messages decode as usual,
+// and a RateLimitRequest as Envoy sends it by decodeRequest.
 func Codec() encoding.CodecV2 {
 	return codec{encoding.GetCodecV2("proto")}
 }
@@ -35,6 +36,9 @@ func Codec() encoding.CodecV2 {
 type codec struct{ encoding.CodecV2 }
 
 func (c codec) Unmarshal(data mem.BufferSlice, v any) error {
+	if m, ok := v.(*rlsv3.RateLimitRequest); ok && len(data) == 1 && decodeRequest(data[0].ReadOnlyData(), m) {
+		return nil
+	}
 	err := c.CodecV2.Unmarshal(data, v)
 	if err == nil {
 		return nil
