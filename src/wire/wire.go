@@ -27,13 +27,23 @@ import (
 // field) reaches its handler marked as malformed (Malformed), and is answered
 // InvalidArgument with the reason, where grpc-go answers Internal from
 // inside its own receive path — which Envoy's default failure_mode_deny:
-// false turns into an admitted request. Other messages decode as usual,
-// and a RateLimitRequest as Envoy sends it by decodeRequest.
+// false turns into an admitted request. A RateLimitRequest as Envoy sends
+// it decodes, and a usual RateLimitResponse encodes, in code of our own
+// (rls.go); other messages as usual.
 func Codec() encoding.CodecV2 {
 	return codec{encoding.GetCodecV2("proto")}
 }
 
 type codec struct{ encoding.CodecV2 }
+
+func (c codec) Marshal(v any) (mem.BufferSlice, error) {
+	if m, ok := v.(*rlsv3.RateLimitResponse); ok {
+		if b := encodeResponse(m); b != nil {
+			return mem.BufferSlice{mem.SliceBuffer(b)}, nil
+		}
+	}
+	return c.CodecV2.Marshal(v)
+}
 
 func (c codec) Unmarshal(data mem.BufferSlice, v any) error {
 	if m, ok := v.(*rlsv3.RateLimitRequest); ok && len(data) == 1 && decodeRequest(data[0].ReadOnlyData(), m) {

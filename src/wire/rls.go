@@ -7,6 +7,7 @@ import (
 
 	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"google.golang.org/grpc/mem"
 	"google.golang.org/protobuf/encoding/protowire"
 )
 
@@ -21,7 +22,7 @@ import (
 // hits_addend, an unknown field or wire type, invalid UTF-8, a truncated
 // field) leaves m alone for protobuf-go, so that what it accepts decodes as
 // proto.Unmarshal decodes it (FuzzDecodeRequest). Measured in
-// docs/BENCHMARKS.md, "Decoding the request".
+// docs/BENCHMARKS.md, "An RLS codec of our own".
 func decodeRequest(b []byte, m *rlsv3.RateLimitRequest) bool {
 	nd, ne, ok := walkRequest(b, nil)
 	if !ok {
@@ -168,4 +169,94 @@ func intern(b []byte) string {
 	s := string(b)
 	slot.Store(&s)
 	return s
+}
+
+// encodeResponse encodes m as proto.Marshal does, when it holds only what
+// the service answers on every call (the overall code, and statuses of a
+// code, a limit, what remains and when it resets), and small enough that
+// grpc-go would not pool its buffer; else it returns nil and protobuf-go
+// encodes m. protobuf-go sizes each message by reflection before encoding
+// it; a status here is sized by arithmetic (TestCodecEncodesAsGRPC checks
+// the bytes).
+func encodeResponse(m *rlsv3.RateLimitResponse) []byte {
+	if m.ResponseHeadersToAdd != nil || m.RequestHeadersToAdd != nil || m.RawBody != nil || m.DynamicMetadata != nil || m.Quota != nil || m.ProtoReflect().GetUnknown() != nil {
+		return nil
+	}
+	size := varintSize(uint64(m.OverallCode))
+	for _, st := range m.Statuses {
+		n, _, _ := statusSize(st)
+		if n < 0 {
+			return nil
+		}
+		size += 1 + protowire.SizeBytes(n)
+	}
+	if !mem.IsBelowBufferPoolingThreshold(size) {
+		return nil
+	}
+	b := make([]byte, 0, size)
+	b = appendVarintField(b, 1, uint64(m.OverallCode))
+	for _, st := range m.Statuses {
+		n, limit, reset := statusSize(st)
+		b = protowire.AppendVarint(protowire.AppendTag(b, 2, protowire.BytesType), uint64(n))
+		b = appendVarintField(b, 1, uint64(st.Code))
+		if l := st.CurrentLimit; l != nil {
+			b = protowire.AppendVarint(protowire.AppendTag(b, 2, protowire.BytesType), uint64(limit))
+			b = appendVarintField(b, 1, uint64(l.RequestsPerUnit))
+			b = appendVarintField(b, 2, uint64(l.Unit))
+			if l.Name != "" {
+				b = protowire.AppendString(protowire.AppendTag(b, 3, protowire.BytesType), l.Name)
+			}
+		}
+		b = appendVarintField(b, 3, uint64(st.LimitRemaining))
+		if d := st.DurationUntilReset; d != nil {
+			b = protowire.AppendVarint(protowire.AppendTag(b, 4, protowire.BytesType), uint64(reset))
+			b = appendVarintField(b, 1, uint64(d.Seconds))
+			b = appendVarintField(b, 2, uint64(int64(d.Nanos)))
+		}
+	}
+	return b
+}
+
+// statusSize returns the encoded size of st, of its limit and of its
+// reset, or -1 if it holds what encodeResponse leaves to protobuf-go.
+func statusSize(st *rlsv3.RateLimitResponse_DescriptorStatus) (n, limit, reset int) {
+	if st == nil || st.Quota != nil || st.ProtoReflect().GetUnknown() != nil {
+		return -1, 0, 0
+	}
+	n = varintSize(uint64(st.Code)) + varintSize(uint64(st.LimitRemaining))
+	if l := st.CurrentLimit; l != nil {
+		if l.UnitMultiplier != nil || l.ProtoReflect().GetUnknown() != nil || !utf8.ValidString(l.Name) {
+			return -1, 0, 0
+		}
+		limit = varintSize(uint64(l.RequestsPerUnit)) + varintSize(uint64(l.Unit))
+		if l.Name != "" {
+			limit += 1 + protowire.SizeBytes(len(l.Name))
+		}
+		n += 1 + protowire.SizeBytes(limit)
+	}
+	if d := st.DurationUntilReset; d != nil {
+		if d.ProtoReflect().GetUnknown() != nil {
+			return -1, 0, 0
+		}
+		reset = varintSize(uint64(d.Seconds)) + varintSize(uint64(int64(d.Nanos)))
+		n += 1 + protowire.SizeBytes(reset)
+	}
+	return n, limit, reset
+}
+
+// varintSize is the size of a proto3 varint field of value v (field
+// numbers under 16): nothing when v is 0.
+func varintSize(v uint64) int {
+	if v == 0 {
+		return 0
+	}
+	return 1 + protowire.SizeVarint(v)
+}
+
+// appendVarintField appends a proto3 varint field unless v is 0.
+func appendVarintField(b []byte, num protowire.Number, v uint64) []byte {
+	if v == 0 {
+		return b
+	}
+	return protowire.AppendVarint(protowire.AppendTag(b, num, protowire.VarintType), v)
 }

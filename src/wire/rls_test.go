@@ -1,14 +1,17 @@
 package wire
 
 import (
+	"bytes"
 	"testing"
 
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
 	"google.golang.org/grpc/mem"
 	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 )
 
@@ -130,7 +133,8 @@ func BenchmarkDecodeRequest(b *testing.B) {
 
 // TestDecodeRequestAllocs: a request of three descriptors as Envoy sends
 // it decodes in seven allocations, four slices and the three values
-// (protobuf-go takes 20), once its domain and keys are interned.
+// (protobuf-go takes 20), once its domain and keys are interned; its
+// response encodes in one.
 func TestDecodeRequestAllocs(t *testing.T) {
 	if raceEnabled {
 		t.Skip("allocation counts mean nothing under -race; make allocs runs this test")
@@ -140,6 +144,17 @@ func TestDecodeRequestAllocs(t *testing.T) {
 	decodeRequest(data, &m)
 	if allocs := testing.AllocsPerRun(1000, func() { decodeRequest(data, &m) }); allocs > 7 {
 		t.Errorf("decoding three descriptors allocates %v times, want at most 7", allocs)
+	}
+	resp := &rlsv3.RateLimitResponse{}
+	for range 3 {
+		resp.Statuses = append(resp.Statuses, &rlsv3.RateLimitResponse_DescriptorStatus{
+			CurrentLimit:       &rlsv3.RateLimitResponse_RateLimit{Name: "per_ip", RequestsPerUnit: 100, Unit: rlsv3.RateLimitResponse_RateLimit_MINUTE},
+			LimitRemaining:     42,
+			DurationUntilReset: durationpb.New(7e9),
+		})
+	}
+	if allocs := testing.AllocsPerRun(1000, func() { encodeResponse(resp) }); allocs > 1 {
+		t.Errorf("encoding three statuses allocates %v times, want 1", allocs)
 	}
 }
 
@@ -155,4 +170,51 @@ func threeDescriptors(tb testing.TB) []byte {
 		tb.Fatal(err)
 	}
 	return data
+}
+
+// FuzzEncodeResponse checks that whatever encodeResponse encodes,
+// proto.Marshal encodes to the same bytes, and that it leaves what it
+// does not know to protobuf-go.
+func FuzzEncodeResponse(f *testing.F) {
+	f.Add(int32(1), int32(2), uint32(10), int32(3), "per_minute", uint32(9), int64(42), int32(5), uint8(0))
+	f.Add(int32(-1), int32(0), uint32(0), int32(0), "", uint32(0), int64(-3), int32(-7), uint8(0xff))
+	f.Fuzz(func(t *testing.T, overall, code int32, rpu uint32, unit int32, name string, remaining uint32, secs int64, nanos int32, shape uint8) {
+		st := &rlsv3.RateLimitResponse_DescriptorStatus{Code: rlsv3.RateLimitResponse_Code(code), LimitRemaining: remaining}
+		if shape&1 != 0 {
+			st.CurrentLimit = &rlsv3.RateLimitResponse_RateLimit{RequestsPerUnit: rpu, Unit: rlsv3.RateLimitResponse_RateLimit_Unit(unit), Name: name}
+		}
+		if shape&2 != 0 {
+			st.DurationUntilReset = &durationpb.Duration{Seconds: secs, Nanos: nanos}
+		}
+		m := &rlsv3.RateLimitResponse{OverallCode: rlsv3.RateLimitResponse_Code(overall), Statuses: []*rlsv3.RateLimitResponse_DescriptorStatus{st, {}, st}}
+		other := shape&4 != 0
+		switch {
+		case !other:
+		case shape&8 != 0 && st.CurrentLimit != nil:
+			st.CurrentLimit.UnitMultiplier = wrapperspb.UInt32(2)
+		case shape&16 != 0:
+			m.ResponseHeadersToAdd = []*corev3.HeaderValue{{Key: "x-ratelimit-limit", Value: "1"}}
+		case shape&32 != 0:
+			st.Quota = &rlsv3.RateLimitResponse_Quota{Requests: 1}
+		default:
+			m.ProtoReflect().SetUnknown(protowire.AppendVarint(protowire.AppendTag(nil, 99, protowire.VarintType), 1))
+		}
+		want, err := proto.Marshal(m)
+		got := encodeResponse(m)
+		if err != nil && got != nil {
+			t.Fatalf("encodeResponse encoded what proto.Marshal refuses (%v): %v", err, m)
+		}
+		// A name of invalid UTF-8 (refused), or a response grpc-go pools
+		// the buffer of.
+		other = other || err != nil || !mem.IsBelowBufferPoolingThreshold(len(want))
+		if other && got != nil {
+			t.Fatalf("encodeResponse encoded %v, which protobuf-go must", m)
+		}
+		if got == nil && !other {
+			t.Fatalf("encodeResponse left %v to protobuf-go", m)
+		}
+		if got != nil && !bytes.Equal(got, want) {
+			t.Fatalf("encodeResponse = %x, proto.Marshal = %x", got, want)
+		}
+	})
 }
