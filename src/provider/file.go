@@ -188,18 +188,3 @@ func isRuleFile(name string, ignoreDotFiles bool) bool {
 	ext := strings.ToLower(filepath.Ext(name))
 	return ext == ".yaml" || ext == ".yml"
 }
-
-// LoadFiles reads and parses the rule files of the directory. A directory
-// without rule files gives an empty config, not an error. Every problem
-// of every file is reported, each naming its file and line.
-func LoadFiles(cfg FileConfig) (*rules.Config, error) {
-	files, err := ReadFiles(cfg)
-	if err != nil {
-		return nil, err
-	}
-	c, err := rules.Parse(files, cfg.Options)
-	if err != nil {
-		return nil, err
-	}
-	return c, nil
-}
