@@ -1,6 +1,7 @@
 package capture
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"io"
@@ -212,9 +213,7 @@ func (r *Recorder) Run(ctx context.Context, opts Options, w io.Writer, flush fun
 	r.cur.Store(nil)
 	b := s.take(spare, true)
 	s.mu.Lock()
-	if s.reason == "" {
-		s.reason = reason
-	}
+	s.reason = cmp.Or(s.reason, reason)
 	sum := Summary{End: r.cfg.Now(), Requests: s.requests, Dropped: s.dropped, TooLarge: s.tooLarge, Bytes: s.bytes, Reason: s.reason}
 	s.mu.Unlock()
 	if werr == nil {

@@ -344,9 +344,7 @@ func (cfg *Config) setDefaults() {
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}
-	if cfg.Log == nil {
-		cfg.Log = slog.New(slog.DiscardHandler)
-	}
+	cfg.Log = cmp.Or(cfg.Log, slog.New(slog.DiscardHandler))
 	if cfg.Pool.Start.IsZero() {
 		cfg.Pool.Start = cfg.Now()
 	}
@@ -789,9 +787,7 @@ func (q *Service) report(st *quotaStream, m *rlqsv3.RateLimitQuotaUsageReports) 
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	cfg := q.rules.Load()
-	if st.domain == "" {
-		st.domain = m.GetDomain()
-	}
+	st.domain = cmp.Or(st.domain, m.GetDomain())
 	if n, why := wire.Dropped(m); n > 0 {
 		// Buckets whose ids are not valid UTF-8 (header bytes an end
 		// user chose) cannot be answered: no proto library encodes

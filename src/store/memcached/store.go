@@ -302,11 +302,7 @@ func (s *Store) probe() {
 			return
 		case <-t.C:
 		}
-		if err := s.ping(); err == nil {
-			s.up.Store(true)
-		} else {
-			s.up.Store(false)
-		}
+		s.up.Store(s.ping() == nil)
 	}
 }
 
@@ -398,9 +394,7 @@ func (s *Store) Timeout() time.Duration { return s.cfg.Timeout }
 // came free before the call's deadline, or a server's queue was full;
 // plus the updates of an item (gets, then cas) that others' changes made
 // fail maxAttempts times in a row.
-func (s *Store) Shed() uint64 {
-	return s.shed.Load()
-}
+func (s *Store) Shed() uint64 { return s.shed.Load() }
 
 // closeGrace is how long Close waits beyond Config.Timeout for the calls
 // under way, whose round trips end within Timeout.

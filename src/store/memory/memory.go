@@ -6,6 +6,7 @@
 package memory
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"hash/maphash"
@@ -311,11 +312,7 @@ func (r record) state(a rules.Algorithm) state {
 	if a != rules.SlidingLog {
 		return state{idle: r.idle, t: r.t, n1: r.n1, n2: r.n2}
 	}
-	times := make([]int64, r.n1) // the ring it had, at most
-	for i := range times {
-		times[i] = r.t
-	}
-	log := limiter.SlidingLogStateOf(times)
+	log := limiter.SlidingLogStateOf(slices.Repeat([]int64{r.t}, int(r.n1))) // the ring it had, at most
 	return state{idle: r.idle, log: &log}
 }
 
@@ -385,10 +382,7 @@ func New(cfg Config) *Store {
 		s.shards[i].m = make(map[string]*entry)
 		s.shards[i].recIdle = math.MaxInt64
 	}
-	interval := cfg.SweepInterval
-	if interval == 0 {
-		interval = 10 * time.Second
-	}
+	interval := cmp.Or(cfg.SweepInterval, 10*time.Second)
 	if interval < 0 {
 		close(s.done)
 		return s
@@ -471,9 +465,7 @@ func (s *Store) reclaim(sh *shard, now int64) int {
 	s.reclaimed.Add(uint64(n))
 	if len(sh.m) <= sh.peak/4 && (sh.peak >= 64 || len(sh.m) == 0) {
 		m := make(map[string]*entry, len(sh.m))
-		for k, e := range sh.m {
-			m[k] = e
-		}
+		maps.Copy(m, sh.m)
 		s.bytes.Add(-int64(sh.peak-len(m)) * slotBytes)
 		sh.m, sh.peak = m, len(m)
 		sh.order = slices.Clone(sh.order)
@@ -1015,12 +1007,8 @@ func (s *Store) foldSpent(sh *shard, t int64) bool {
 // holdsSpent reports whether sh has an entry over its limit that no batch
 // in flight uses.
 func (sh *shard) holdsSpent() bool {
-	for _, e := range sh.order[sh.under:] { // past the batch's few pinned keys
-		if !e.pinned {
-			return true
-		}
-	}
-	return false
+	// Past the batch's few pinned keys.
+	return slices.ContainsFunc(sh.order[sh.under:], func(e *entry) bool { return !e.pinned })
 }
 
 // grow accounts the bytes a sliding log's ring grew by and makes room for
