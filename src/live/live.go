@@ -197,20 +197,13 @@ func New(cfg Config) *Recorder {
 	}
 }
 
-// limitsOf lists the limits of a rule tree, in its order. It is the one
-// place that reads them, so that rules with several limits per
-// descriptor need a change here only.
-func limitsOf(c *rules.Config) []*rules.Limit {
-	return c.Limits()
-}
-
 // SetRules publishes the rules that decisions will be observed with. A
 // rule that keeps its ID keeps its series.
 func (r *Recorder) SetRules(c *rules.Config) {
 	if r == nil {
 		return
 	}
-	limits := limitsOf(c)
+	limits := c.Limits()
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.version++
