@@ -37,9 +37,7 @@ import (
 	"github.com/ratelimitd/ratelimit/src/store/writebehind"
 )
 
-func main() {
-	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
-}
+func main() { os.Exit(run(os.Args[1:], os.Stdout, os.Stderr)) }
 
 const usage = `usage:
   ratelimit-check -config_dir DIR [-dump] [-merge_domain_configs] [-ignore_dot_files] [-write_behind]

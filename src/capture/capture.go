@@ -86,9 +86,7 @@ func New(cfg Config) *Recorder {
 
 // Active reports whether a capture runs: the service builds a Request
 // only then.
-func (r *Recorder) Active() bool {
-	return r != nil && r.cur.Load() != nil
-}
+func (r *Recorder) Active() bool { return r != nil && r.cur.Load() != nil }
 
 // bufPool holds the buffers requests are encoded into before they join a
 // session's, so that encoding happens outside the session's lock.

@@ -465,14 +465,10 @@ func (r *Recorder) clearSecond(i int) {
 }
 
 // ringSlot returns the ring slot of a Unix second.
-func ringSlot(sec int64) int {
-	return int((sec%Window + Window) % Window)
-}
+func ringSlot(sec int64) int { return int((sec%Window + Window) % Window) }
 
 // add32 adds v to a, saturating.
-func add32(a uint32, v uint64) uint32 {
-	return uint32(min(uint64(a)+v, math.MaxUint32))
-}
+func add32(a uint32, v uint64) uint32 { return uint32(min(uint64(a)+v, math.MaxUint32)) }
 
 // Ticked returns a channel closed at the next tick. A nil *Recorder's
 // never closes.

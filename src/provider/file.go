@@ -92,9 +92,7 @@ type FileConfig struct {
 }
 
 // Dir returns the rules directory: Root/Subdirectory/AppDirectory.
-func (c FileConfig) Dir() string {
-	return filepath.Join(c.Root, c.Subdirectory, c.AppDirectory)
-}
+func (c FileConfig) Dir() string { return filepath.Join(c.Root, c.Subdirectory, c.AppDirectory) }
 
 // ReadFiles reads the rule files of the directory: every *.yaml and *.yml
 // file, in subdirectories too, sorted by path. Each file is named in

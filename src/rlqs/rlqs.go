@@ -508,9 +508,7 @@ func (q *Service) poolKeys() []poolKey {
 // keeps its assignments until their TTL and opens a stream again, to
 // this process or another. The server calls it at shutdown, before its
 // graceful stop, which would otherwise wait for streams that never end.
-func (q *Service) Close() {
-	q.close.Do(func() { close(q.closing) })
-}
+func (q *Service) Close() { q.close.Do(func() { close(q.closing) }) }
 
 // Streams returns the number of streams open.
 func (q *Service) Streams() int {

@@ -167,9 +167,7 @@ func (p *fileParser) errorf(line int, format string, args ...any) {
 	p.b.errs = append(p.b.errs, &Error{File: p.name, Line: line, Msg: fmt.Sprintf(format, args...)})
 }
 
-func (p *fileParser) source(n *yaml.Node) string {
-	return p.name + ":" + strconv.Itoa(n.Line)
-}
+func (p *fileParser) source(n *yaml.Node) string { return p.name + ":" + strconv.Itoa(n.Line) }
 
 var yamlLine = regexp.MustCompile(`^yaml: line (\d+): (.*)$`)
 
@@ -224,9 +222,7 @@ func isEmptyDocument(n *yaml.Node) bool {
 	return n.Kind == 0 || isNull(n)
 }
 
-func isNull(n *yaml.Node) bool {
-	return n.Kind == yaml.ScalarNode && n.Tag == "!!null"
-}
+func isNull(n *yaml.Node) bool { return n.Kind == yaml.ScalarNode && n.Tag == "!!null" }
 
 // deref follows aliases. It returns nil once the file used up its alias
 // budget.

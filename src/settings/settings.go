@@ -624,9 +624,7 @@ func (s *Settings) loadMogrifiers(lookup func(string) (string, bool)) error {
 // Warnings returns the settings of envoyproxy/ratelimit that Load found
 // set to a value this service does not honour, and that are harmless to
 // go without. The caller logs each once, at startup.
-func (s *Settings) Warnings() []Warning {
-	return append([]Warning(nil), s.warnings...)
-}
+func (s *Settings) Warnings() []Warning { return append([]Warning(nil), s.warnings...) }
 
 // Validate checks values and combinations that the types alone do not.
 func (s *Settings) Validate() error {
@@ -1022,9 +1020,7 @@ func (s *Settings) unusedTracing(lookup func(string) (string, bool)) []Warning {
 // JSONLogsRequested reports whether LOG_FORMAT asks for JSON lines, in any
 // case. It reads that variable alone, so that when Load fails on another
 // setting its error can still be printed in the format asked for.
-func JSONLogsRequested() bool {
-	return strings.EqualFold(os.Getenv("LOG_FORMAT"), "json")
-}
+func JSONLogsRequested() bool { return strings.EqualFold(os.Getenv("LOG_FORMAT"), "json") }
 
 // XDSNodeMetadata returns CONFIG_GRPC_XDS_NODE_METADATA as a map: pairs
 // separated by commas, each key=value. The anchor's code reads key=value

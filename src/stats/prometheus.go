@@ -279,9 +279,7 @@ func regroup(b *[timerBuckets]uint64, factor float64, bounds []float64) (uint64,
 
 // fits reports whether the value v, times factor, is at most bound, with
 // a margin for the rounding of the product (5 ms is 5e6 ns times 1e-9).
-func fits(v uint64, factor, bound float64) bool {
-	return float64(v)*factor <= bound*(1+1e-9)
-}
+func fits(v uint64, factor, bound float64) bool { return float64(v)*factor <= bound*(1+1e-9) }
 
 // quantiles returns a summary's count (all time) and its quantiles over
 // its window.

@@ -118,9 +118,7 @@ type Registry struct {
 }
 
 // NewRegistry returns an empty registry.
-func NewRegistry() *Registry {
-	return &Registry{}
-}
+func NewRegistry() *Registry { return &Registry{} }
 
 // load returns the metric called name, creating it with mk on first use.
 func (r *Registry) load(name string, mk func() *metric) *metric {

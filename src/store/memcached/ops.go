@@ -503,9 +503,7 @@ func refundStep(dst []byte, op *limiter.Op, now time.Time, data []byte, found bo
 }
 
 // records reports whether a continuous algorithm's op changed its state.
-func records(op *limiter.Op, r *limiter.Result) bool {
-	return op.Hits > 0 && r.Allowed
-}
+func records(op *limiter.Op, r *limiter.Result) bool { return op.Hits > 0 && r.Allowed }
 
 // undo takes back one recorded op with its inverse, which commutes with
 // the ops of other requests made since: decr for a fixed window; for the

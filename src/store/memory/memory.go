@@ -219,9 +219,7 @@ const (
 // small object's size class is at most 19% above it (4097 bytes take
 // 4864) past 64 bytes and at most 16 bytes above it below; a large object
 // is rounded up to whole 8 KiB pages, at most n/4 from 32 KiB on.
-func allocBytes(n int) int64 {
-	return int64(n + n/4 + 16)
-}
+func allocBytes(n int) int64 { return int64(n + n/4 + 16) }
 
 // ringBytes is a sliding log's ring of capacity c.
 func ringBytes(c int) int64 {
@@ -1219,15 +1217,9 @@ func apply(e *entry, now time.Time, op *limiter.Op) (r limiter.Result, pushed in
 	return r, pushed, grown
 }
 
-func (s *Store) shard(key string) *shard {
-	return &s.shards[s.shardIndex(key)]
-}
+func (s *Store) shard(key string) *shard { return &s.shards[s.shardIndex(key)] }
 
-func (s *Store) shardIndex(key string) uint64 {
-	return s.hash(key) & s.mask
-}
+func (s *Store) shardIndex(key string) uint64 { return s.hash(key) & s.mask }
 
 // hash is the hash of key that picks its shard and names its record.
-func (s *Store) hash(key string) uint64 {
-	return maphash.String(s.seed, key)
-}
+func (s *Store) hash(key string) uint64 { return maphash.String(s.seed, key) }
