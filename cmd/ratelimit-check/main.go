@@ -37,9 +37,7 @@ import (
 	"github.com/ratelimitd/ratelimit/src/store/writebehind"
 )
 
-func main() {
-	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
-}
+func main() { os.Exit(run(os.Args[1:], os.Stdout, os.Stderr)) }
 
 const usage = `usage:
   ratelimit-check -config_dir DIR [-dump] [-merge_domain_configs] [-ignore_dot_files] [-write_behind]
@@ -161,18 +159,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 // runDiff loads both directories and prints their differences, one per
 // line (see rules.Change.String), then a summary.
 func runDiff(oldDir, newDir string, load func(string) (int, *rules.Config, error), stdout, stderr io.Writer) int {
-	var cfgs [2]*rules.Config
-	invalid := false
-	for i, dir := range []string{oldDir, newDir} {
-		_, c, err := load(dir)
-		if err != nil {
-			fmt.Fprintf(stderr, "%d problem(s) in %s\n", printProblems(stderr, err), dir)
-			invalid = true
-			continue
-		}
-		cfgs[i] = c
-	}
-	if invalid {
+	cfgs, ok := loadDirs(load, stderr, oldDir, newDir)
+	if !ok {
 		return diffTrouble
 	}
 	changes := rules.Diff(cfgs[0], cfgs[1])
@@ -197,6 +185,24 @@ func runDiff(oldDir, newDir string, load func(string) (int, *rules.Config, error
 		fmt.Fprintf(stderr, "warning: %s has no domain left; a running service keeps its rules on such a reload unless RUNTIME_ALLOW_EMPTY_RELOAD=true\n", newDir)
 	}
 	return diffChanged
+}
+
+// loadDirs loads the rules of each directory ("" gives nil), printing the
+// problems of those that do not load; ok is false if any did not.
+func loadDirs(load func(string) (int, *rules.Config, error), stderr io.Writer, dirs ...string) (cfgs []*rules.Config, ok bool) {
+	cfgs, ok = make([]*rules.Config, len(dirs)), true
+	for i, dir := range dirs {
+		if dir == "" {
+			continue
+		}
+		_, c, err := load(dir)
+		if err != nil {
+			fmt.Fprintf(stderr, "%d problem(s) in %s\n", printProblems(stderr, err), dir)
+			ok = false
+		}
+		cfgs[i] = c
+	}
+	return cfgs, ok
 }
 
 // printProblems prints each problem of a joined error on its own line and

@@ -12,6 +12,7 @@ import (
 
 	"github.com/ratelimitd/ratelimit/src/provider"
 	"github.com/ratelimitd/ratelimit/src/replay"
+	"github.com/ratelimitd/ratelimit/src/rules"
 )
 
 // write writes a rule file, creating its directory.
@@ -323,7 +324,11 @@ func TestDumpIsWhatTheServiceLoads(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	cfg, err := provider.LoadFiles(provider.FileConfig{Root: dir, IgnoreDotFiles: true})
+	files, err := provider.ReadFiles(provider.FileConfig{Root: dir, IgnoreDotFiles: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := rules.Parse(files, rules.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -58,25 +58,11 @@ func runReplay(f replayFlags, newDir string, load func(string) (int, *rules.Conf
 		NewName: newDir, OldName: f.against, Top: f.top, MaxKeys: f.maxKeys, MaxKeyBytes: f.maxKeyBytes, MemoryMaxBytes: f.memoryMaxBytes,
 		StopIncrementWhenOverLimit: f.stopIncrement, GlobalShadowMode: f.shadowMode, GlobalQuotaMode: f.quotaMode,
 	}
-	invalid := false
-	for _, d := range []struct {
-		dir string
-		to  **rules.Config
-	}{{newDir, &cfg.New}, {f.against, &cfg.Old}} {
-		if d.dir == "" {
-			continue
-		}
-		_, c, err := load(d.dir)
-		if err != nil {
-			fmt.Fprintf(stderr, "%d problem(s) in %s\n", printProblems(stderr, err), d.dir)
-			invalid = true
-			continue
-		}
-		*d.to = c
-	}
-	if invalid {
+	cfgs, ok := loadDirs(load, stderr, newDir, f.against)
+	if !ok {
 		return replayTrouble
 	}
+	cfg.New, cfg.Old = cfgs[0], cfgs[1]
 	if os.Getenv("GOGC") == "" {
 		// A replay is a batch job that makes garbage at every request:
 		// collecting less often makes it a third faster for a few times

@@ -21,20 +21,6 @@ import (
 	"google.golang.org/protobuf/encoding/protojson"
 )
 
-// descriptorsFlag collects repeated -descriptors values.
-type descriptorsFlag []*ratelimitv3.RateLimitDescriptor
-
-func (d *descriptorsFlag) String() string { return fmt.Sprint(len(*d)) }
-
-func (d *descriptorsFlag) Set(v string) error {
-	desc, err := parseDescriptor(v)
-	if err != nil {
-		return err
-	}
-	*d = append(*d, desc)
-	return nil
-}
-
 // parseDescriptor reads "key=value,key2=value2" into one descriptor.
 func parseDescriptor(v string) (*ratelimitv3.RateLimitDescriptor, error) {
 	desc := &ratelimitv3.RateLimitDescriptor{}
@@ -61,8 +47,14 @@ func run(args []string, out io.Writer) error {
 	domain := fs.String("domain", "", "rate limit domain")
 	hits := fs.Uint("hits_addend", 0, "hits to add (0 means 1)")
 	timeout := fs.Duration("timeout", 5*time.Second, "call timeout")
-	var descs descriptorsFlag
-	fs.Var(&descs, "descriptors", "a descriptor as key=value[,key=value...]; repeat for several")
+	var descs []*ratelimitv3.RateLimitDescriptor
+	fs.Func("descriptors", "a descriptor as key=value[,key=value...]; repeat for several", func(v string) error {
+		d, err := parseDescriptor(v)
+		if err == nil {
+			descs = append(descs, d)
+		}
+		return err
+	})
 	if err := fs.Parse(args); err != nil {
 		return err
 	}

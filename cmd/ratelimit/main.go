@@ -33,9 +33,7 @@ import (
 // version the Go toolchain recorded (go install ...@v1.2.3), else "dev".
 var version = ""
 
-func main() {
-	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
-}
+func main() { os.Exit(run(os.Args[1:], os.Stdout, os.Stderr)) }
 
 // Exit codes: 0 stopped cleanly (or healthy, for -healthcheck), 1 failed
 // (or unhealthy), 2 bad usage or settings.

@@ -1,6 +1,7 @@
 package capture
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"io"
@@ -85,9 +86,7 @@ func New(cfg Config) *Recorder {
 
 // Active reports whether a capture runs: the service builds a Request
 // only then.
-func (r *Recorder) Active() bool {
-	return r != nil && r.cur.Load() != nil
-}
+func (r *Recorder) Active() bool { return r != nil && r.cur.Load() != nil }
 
 // bufPool holds the buffers requests are encoded into before they join a
 // session's, so that encoding happens outside the session's lock.
@@ -212,9 +211,7 @@ func (r *Recorder) Run(ctx context.Context, opts Options, w io.Writer, flush fun
 	r.cur.Store(nil)
 	b := s.take(spare, true)
 	s.mu.Lock()
-	if s.reason == "" {
-		s.reason = reason
-	}
+	s.reason = cmp.Or(s.reason, reason)
 	sum := Summary{End: r.cfg.Now(), Requests: s.requests, Dropped: s.dropped, TooLarge: s.tooLarge, Bytes: s.bytes, Reason: s.reason}
 	s.mu.Unlock()
 	if werr == nil {

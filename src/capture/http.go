@@ -24,9 +24,7 @@ const (
 // requests (1..10,000,000, default 100,000), domain (only that domain's
 // requests). A bad parameter gets 400, a capture while another runs 409,
 // after Close 503.
-func (r *Recorder) Handler() http.Handler {
-	return http.HandlerFunc(r.serve)
-}
+func (r *Recorder) Handler() http.Handler { return http.HandlerFunc(r.serve) }
 
 func (r *Recorder) serve(w http.ResponseWriter, req *http.Request) {
 	w.Header().Set("Cache-Control", "no-store")

@@ -110,9 +110,7 @@ func Percent(live, headroom uint64, base int) int {
 }
 
 // arm allocates a sentinel whose cleanup tunes after the next GC.
-func arm(t *tuner) {
-	runtime.AddCleanup(&sentinel{}, onGC, t)
-}
+func arm(t *tuner) { runtime.AddCleanup(&sentinel{}, onGC, t) }
 
 func onGC(t *tuner) {
 	mu.Lock()

@@ -197,20 +197,13 @@ func New(cfg Config) *Recorder {
 	}
 }
 
-// limitsOf lists the limits of a rule tree, in its order. It is the one
-// place that reads them, so that rules with several limits per
-// descriptor need a change here only.
-func limitsOf(c *rules.Config) []*rules.Limit {
-	return c.Limits()
-}
-
 // SetRules publishes the rules that decisions will be observed with. A
 // rule that keeps its ID keeps its series.
 func (r *Recorder) SetRules(c *rules.Config) {
 	if r == nil {
 		return
 	}
-	limits := limitsOf(c)
+	limits := c.Limits()
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.version++
@@ -472,14 +465,10 @@ func (r *Recorder) clearSecond(i int) {
 }
 
 // ringSlot returns the ring slot of a Unix second.
-func ringSlot(sec int64) int {
-	return int((sec%Window + Window) % Window)
-}
+func ringSlot(sec int64) int { return int((sec%Window + Window) % Window) }
 
 // add32 adds v to a, saturating.
-func add32(a uint32, v uint64) uint32 {
-	return uint32(min(uint64(a)+v, math.MaxUint32))
-}
+func add32(a uint32, v uint64) uint32 { return uint32(min(uint64(a)+v, math.MaxUint32)) }
 
 // Ticked returns a channel closed at the next tick. A nil *Recorder's
 // never closes.

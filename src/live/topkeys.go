@@ -136,9 +136,7 @@ func newSketch(capacity int) *sketch {
 }
 
 // capacity returns the number of slots.
-func (k *sketch) capacity() int {
-	return len(k.shards) * cap(k.shards[0].slots)
-}
+func (k *sketch) capacity() int { return len(k.shards) * cap(k.shards[0].slots) }
 
 // hashKey hashes what tells two keys apart: the rule (or the override's
 // limit) and the entries. Entries are written with a 0xff byte after each
@@ -334,9 +332,7 @@ func (sh *shard) remove(hash uint64) {
 	}
 }
 
-func (sh *shard) less(a, b int) bool {
-	return sh.heap[a].count < sh.heap[b].count
-}
+func (sh *shard) less(a, b int) bool { return sh.heap[a].count < sh.heap[b].count }
 
 func (sh *shard) swap(a, b int) {
 	sh.heap[a], sh.heap[b] = sh.heap[b], sh.heap[a]

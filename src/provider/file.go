@@ -92,9 +92,7 @@ type FileConfig struct {
 }
 
 // Dir returns the rules directory: Root/Subdirectory/AppDirectory.
-func (c FileConfig) Dir() string {
-	return filepath.Join(c.Root, c.Subdirectory, c.AppDirectory)
-}
+func (c FileConfig) Dir() string { return filepath.Join(c.Root, c.Subdirectory, c.AppDirectory) }
 
 // ReadFiles reads the rule files of the directory: every *.yaml and *.yml
 // file, in subdirectories too, sorted by path. Each file is named in
@@ -187,19 +185,4 @@ func isRuleFile(name string, ignoreDotFiles bool) bool {
 	}
 	ext := strings.ToLower(filepath.Ext(name))
 	return ext == ".yaml" || ext == ".yml"
-}
-
-// LoadFiles reads and parses the rule files of the directory. A directory
-// without rule files gives an empty config, not an error. Every problem
-// of every file is reported, each naming its file and line.
-func LoadFiles(cfg FileConfig) (*rules.Config, error) {
-	files, err := ReadFiles(cfg)
-	if err != nil {
-		return nil, err
-	}
-	c, err := rules.Parse(files, cfg.Options)
-	if err != nil {
-		return nil, err
-	}
-	return c, nil
 }

@@ -36,6 +36,17 @@ func writeFile(t *testing.T, path, content string) {
 	}
 }
 
+// LoadFiles reads and parses the rule files of the directory, as the
+// watcher does: every problem of every file is reported, each naming its
+// file and line, and a directory without rule files gives an empty config.
+func LoadFiles(cfg FileConfig) (*rules.Config, error) {
+	files, err := ReadFiles(cfg)
+	if err != nil {
+		return nil, err
+	}
+	return rules.Parse(files, cfg.Options)
+}
+
 func TestLoadFiles(t *testing.T) {
 	t.Parallel()
 	root := t.TempDir()

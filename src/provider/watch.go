@@ -236,15 +236,11 @@ func (w *Watcher) Close() error {
 
 // Wait blocks until the Watcher has stopped, by Close or by the end of the
 // context given to Watch.
-func (w *Watcher) Wait() {
-	<-w.done
-}
+func (w *Watcher) Wait() { <-w.done }
 
 // Done is closed when the Watcher has stopped, by Close or by the end of
 // the context given to Watch.
-func (w *Watcher) Done() <-chan struct{} {
-	return w.done
-}
+func (w *Watcher) Done() <-chan struct{} { return w.done }
 
 // Reload asks for the files to be read at once and loaded if they are
 // not what the rules in use were read from, without waiting for them to

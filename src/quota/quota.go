@@ -16,6 +16,7 @@
 package quota
 
 import (
+	"cmp"
 	"maps"
 	"math"
 	"slices"
@@ -81,10 +82,7 @@ func (c Config) withDefaults() Config {
 	if c.TTL <= 0 {
 		c.TTL = DefaultTTL
 	}
-	c.TTL = c.TTL.Truncate(time.Second)
-	if c.TTL < time.Second {
-		c.TTL = time.Second
-	}
+	c.TTL = max(c.TTL.Truncate(time.Second), time.Second)
 	if c.ReportInterval <= 0 {
 		c.ReportInterval = DefaultReportInterval
 	}
@@ -95,9 +93,7 @@ func (c Config) withDefaults() Config {
 		c.Reserve = DefaultReserve
 	}
 	c.Reserve = min(c.Reserve, 0.5)
-	if c.Idle == 0 {
-		c.Idle = DefaultIdle
-	}
+	c.Idle = cmp.Or(c.Idle, DefaultIdle)
 	return c
 }
 
@@ -571,10 +567,8 @@ func (p *Pool) live(now time.Time) (live []*sub, counted int) {
 // the reserve while one joins (has no grant yet), so that it gets a share
 // at once; a fifth of it otherwise (the rest is lent), for the next.
 func (p *Pool) keep(live []*sub) float64 {
-	for _, s := range live {
-		if !s.granted {
-			return p.limit.Rate * p.cfg.Reserve
-		}
+	if slices.ContainsFunc(live, func(s *sub) bool { return !s.granted }) {
+		return p.limit.Rate * p.cfg.Reserve
 	}
 	return p.limit.Rate * p.cfg.Reserve / 5
 }
@@ -718,10 +712,7 @@ func (p *Pool) increase(now time.Time, live []*sub, targets []float64, burst uin
 		cr, cb := s.committed(now)
 		r, b := s.rate, s.burst
 		if burst > b {
-			b = uint32(min(int64(burst), int64(cb)+max(freeBurst, 0)))
-			if b < s.burst {
-				b = s.burst
-			}
+			b = max(uint32(min(int64(burst), int64(cb)+max(freeBurst, 0))), s.burst)
 		}
 		if want := targets[i]; want > r {
 			// What it may use beyond what is counted for it already.

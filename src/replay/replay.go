@@ -12,6 +12,7 @@
 package replay
 
 import (
+	"cmp"
 	"context"
 	"encoding/binary"
 	"errors"
@@ -98,9 +99,7 @@ type Config struct {
 
 // withDefaults returns c with the defaults of its zero fields.
 func (c Config) withDefaults() Config {
-	if c.MemoryMaxBytes == 0 {
-		c.MemoryMaxBytes = DefaultMemoryMaxBytes
-	}
+	c.MemoryMaxBytes = cmp.Or(c.MemoryMaxBytes, DefaultMemoryMaxBytes)
 	if c.Top <= 0 {
 		c.Top = DefaultTop
 	}

@@ -344,9 +344,7 @@ func (cfg *Config) setDefaults() {
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}
-	if cfg.Log == nil {
-		cfg.Log = slog.New(slog.DiscardHandler)
-	}
+	cfg.Log = cmp.Or(cfg.Log, slog.New(slog.DiscardHandler))
 	if cfg.Pool.Start.IsZero() {
 		cfg.Pool.Start = cfg.Now()
 	}
@@ -510,9 +508,7 @@ func (q *Service) poolKeys() []poolKey {
 // keeps its assignments until their TTL and opens a stream again, to
 // this process or another. The server calls it at shutdown, before its
 // graceful stop, which would otherwise wait for streams that never end.
-func (q *Service) Close() {
-	q.close.Do(func() { close(q.closing) })
-}
+func (q *Service) Close() { q.close.Do(func() { close(q.closing) }) }
 
 // Streams returns the number of streams open.
 func (q *Service) Streams() int {
@@ -789,9 +785,7 @@ func (q *Service) report(st *quotaStream, m *rlqsv3.RateLimitQuotaUsageReports) 
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	cfg := q.rules.Load()
-	if st.domain == "" {
-		st.domain = m.GetDomain()
-	}
+	st.domain = cmp.Or(st.domain, m.GetDomain())
 	if n, why := wire.Dropped(m); n > 0 {
 		// Buckets whose ids are not valid UTF-8 (header bytes an end
 		// user chose) cannot be answered: no proto library encodes

@@ -175,9 +175,7 @@ func (c *Config) HasDomain(domain string) bool {
 }
 
 // Empty reports whether the config has no domain at all.
-func (c *Config) Empty() bool {
-	return c == nil || len(c.domains) == 0
-}
+func (c *Config) Empty() bool { return c == nil || len(c.domains) == 0 }
 
 // Limits returns every rule of every domain, in Dump order.
 func (c *Config) Limits() []*Limit {

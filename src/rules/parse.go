@@ -167,9 +167,7 @@ func (p *fileParser) errorf(line int, format string, args ...any) {
 	p.b.errs = append(p.b.errs, &Error{File: p.name, Line: line, Msg: fmt.Sprintf(format, args...)})
 }
 
-func (p *fileParser) source(n *yaml.Node) string {
-	return p.name + ":" + strconv.Itoa(n.Line)
-}
+func (p *fileParser) source(n *yaml.Node) string { return p.name + ":" + strconv.Itoa(n.Line) }
 
 var yamlLine = regexp.MustCompile(`^yaml: line (\d+): (.*)$`)
 
@@ -224,9 +222,7 @@ func isEmptyDocument(n *yaml.Node) bool {
 	return n.Kind == 0 || isNull(n)
 }
 
-func isNull(n *yaml.Node) bool {
-	return n.Kind == yaml.ScalarNode && n.Tag == "!!null"
-}
+func isNull(n *yaml.Node) bool { return n.Kind == yaml.ScalarNode && n.Tag == "!!null" }
 
 // deref follows aliases. It returns nil once the file used up its alias
 // budget.
@@ -352,11 +348,11 @@ func (p *fileParser) fields(pairs []field, allowed []string, where string) map[s
 			}
 			continue
 		}
-		if !contains(allowed, k.Value) {
+		if !slices.Contains(allowed, k.Value) {
 			msg := fmt.Sprintf("%sunknown key %q", prefix(where), k.Value)
 			if s := suggest(k.Value, allowed); s != "" {
 				msg += fmt.Sprintf(" (did you mean %q?)", s)
-			} else if where == "" && contains(descriptorKeys, k.Value) {
+			} else if where == "" && slices.Contains(descriptorKeys, k.Value) {
 				msg += " (descriptor keys belong in a list under descriptors)"
 			}
 			p.errorf(k.Line, "%s", msg)
@@ -372,15 +368,6 @@ func prefix(where string) string {
 		return ""
 	}
 	return where + ": "
-}
-
-func contains(list []string, s string) bool {
-	for _, v := range list {
-		if v == s {
-			return true
-		}
-	}
-	return false
 }
 
 // describe shows a node in a message: its value for a scalar, its kind
@@ -608,9 +595,6 @@ func (p *fileParser) valueRegex(f field, fs map[string]field, n *node, key, wher
 
 // quietStr reads a scalar without reporting problems; fields reports them.
 func (p *fileParser) quietStr(f field) (string, bool) {
-	if f.val == nil {
-		return "", true
-	}
 	v := f.val
 	for v != nil && v.Kind == yaml.AliasNode {
 		v = v.Alias

@@ -255,11 +255,7 @@ func (l *Limit) Enforced() bool { return !l.Unlimited && !l.Shadow }
 
 // Window is the length of the limit's window: Unit × UnitMultiplier.
 func (l *Limit) Window() time.Duration {
-	m := l.UnitMultiplier
-	if m == 0 {
-		m = 1
-	}
-	return time.Duration(l.Unit.Seconds()) * time.Duration(m) * time.Second
+	return time.Duration(l.Unit.Seconds()) * time.Duration(max(l.UnitMultiplier, 1)) * time.Second
 }
 
 // Capacity is the most hits the limit admits at once: Burst for a token

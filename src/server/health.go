@@ -67,9 +67,7 @@ func (h *Health) Healthy() bool {
 	return h.healthy()
 }
 
-func (h *Health) healthy() bool {
-	return h.rulesOK && h.storeOK && !h.shuttingDown
-}
+func (h *Health) healthy() bool { return h.rulesOK && h.storeOK && !h.shuttingDown }
 
 // publish sets the gRPC status from the fields. It runs under mu, so that
 // two concurrent changes cannot publish their statuses in the opposite

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"slices"
 	"strings"
 	"time"
 
@@ -163,15 +164,7 @@ func attrClashes(at slog.Attr) bool {
 	}
 	// A group without a key is inlined: its members are top-level.
 	v := at.Value.Resolve()
-	if v.Kind() != slog.KindGroup {
-		return false
-	}
-	for _, m := range v.Group() {
-		if attrClashes(m) {
-			return true
-		}
-	}
-	return false
+	return v.Kind() == slog.KindGroup && slices.ContainsFunc(v.Group(), attrClashes)
 }
 
 func renameClash(at slog.Attr) slog.Attr {
@@ -197,18 +190,16 @@ func renameClash(at slog.Attr) slog.Attr {
 // chatty connection-state messages, so they go out at debug level.
 type grpcLogger struct{ l *slog.Logger }
 
-func (g grpcLogger) Info(args ...any)                 { g.l.Debug(fmt.Sprint(args...)) }
-func (g grpcLogger) Infoln(args ...any)               { g.l.Debug(fmt.Sprint(args...)) }
-func (g grpcLogger) Infof(format string, args ...any) { g.l.Debug(fmt.Sprintf(format, args...)) }
-func (g grpcLogger) Warning(args ...any)              { g.l.Warn(fmt.Sprint(args...)) }
-func (g grpcLogger) Warningln(args ...any)            { g.l.Warn(fmt.Sprint(args...)) }
-func (g grpcLogger) Warningf(format string, args ...any) {
-	g.l.Warn(fmt.Sprintf(format, args...))
-}
-func (g grpcLogger) Error(args ...any)                 { g.l.Error(fmt.Sprint(args...)) }
-func (g grpcLogger) Errorln(args ...any)               { g.l.Error(fmt.Sprint(args...)) }
-func (g grpcLogger) Errorf(format string, args ...any) { g.l.Error(fmt.Sprintf(format, args...)) }
-func (g grpcLogger) Fatal(args ...any)                 { g.l.Error(fmt.Sprint(args...)) }
-func (g grpcLogger) Fatalln(args ...any)               { g.l.Error(fmt.Sprint(args...)) }
-func (g grpcLogger) Fatalf(format string, args ...any) { g.l.Error(fmt.Sprintf(format, args...)) }
-func (g grpcLogger) V(l int) bool                      { return l <= 0 }
+func (g grpcLogger) Info(args ...any)                    { g.l.Debug(fmt.Sprint(args...)) }
+func (g grpcLogger) Infoln(args ...any)                  { g.l.Debug(fmt.Sprint(args...)) }
+func (g grpcLogger) Infof(format string, args ...any)    { g.l.Debug(fmt.Sprintf(format, args...)) }
+func (g grpcLogger) Warning(args ...any)                 { g.l.Warn(fmt.Sprint(args...)) }
+func (g grpcLogger) Warningln(args ...any)               { g.l.Warn(fmt.Sprint(args...)) }
+func (g grpcLogger) Warningf(format string, args ...any) { g.l.Warn(fmt.Sprintf(format, args...)) }
+func (g grpcLogger) Error(args ...any)                   { g.l.Error(fmt.Sprint(args...)) }
+func (g grpcLogger) Errorln(args ...any)                 { g.l.Error(fmt.Sprint(args...)) }
+func (g grpcLogger) Errorf(format string, args ...any)   { g.l.Error(fmt.Sprintf(format, args...)) }
+func (g grpcLogger) Fatal(args ...any)                   { g.l.Error(fmt.Sprint(args...)) }
+func (g grpcLogger) Fatalln(args ...any)                 { g.l.Error(fmt.Sprint(args...)) }
+func (g grpcLogger) Fatalf(format string, args ...any)   { g.l.Error(fmt.Sprintf(format, args...)) }
+func (g grpcLogger) V(l int) bool                        { return l <= 0 }

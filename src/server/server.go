@@ -6,6 +6,7 @@ package server
 
 import (
 	"bufio"
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -159,7 +160,7 @@ func New(ctx context.Context, set *settings.Settings, log *slog.Logger) (*Server
 	}
 	s.tracing = tr
 
-	b, err := newStoreHandle(ctx, set, s.stats, log, tr.Tracer())
+	b, err := newStoreHandle(ctx, set, s.stats, tr.Tracer())
 	if err != nil {
 		s.stopTracing()
 		return nil, err
@@ -287,13 +288,9 @@ func (s *Server) newQuota() *rlqs.Service {
 	if set.RLQSEnabled == settings.RLQSOff {
 		return nil
 	}
-	idle := set.RLQSIdleTimeout
-	if idle == 0 {
-		idle = -1 // never
-	}
 	return rlqs.New(s.stats, rlqs.Config{
 		Auto:                set.RLQSEnabled == settings.RLQSAuto,
-		Pool:                quota.Config{TTL: set.RLQSAssignmentTTL, Idle: idle},
+		Pool:                quota.Config{TTL: set.RLQSAssignmentTTL, Idle: cmp.Or(set.RLQSIdleTimeout, -1)}, // 0: never, the pool's -1
 		MaxStreams:          set.RLQSMaxStreams,
 		MaxBuckets:          set.RLQSMaxBuckets,
 		MaxBucketsPerStream: set.RLQSMaxBucketsPerStream,
@@ -456,21 +453,16 @@ func (s *Server) listen() error {
 }
 
 // loadTLS reads the TLS files of the gRPC listener, if it serves TLS.
-func (s *Server) loadTLS() error {
+func (s *Server) loadTLS() (err error) {
 	if s.set.GRPCServerUseTLS {
-		r, err := newServerTLS(tlsFiles{
+		s.tls, err = newServerTLS(tlsFiles{
 			cert:      s.set.GRPCServerTLSCert,
 			key:       s.set.GRPCServerTLSKey,
 			clientCA:  s.set.GRPCClientTLSCACert,
 			clientSAN: s.set.GRPCClientTLSSAN,
 		}, s.stats, s.log)
-		if err != nil {
-			return err
-		}
-		s.tls = r
 	}
-
-	return nil
+	return err
 }
 
 // connLimits returns the connection caps of the gRPC and HTTP listeners.
@@ -500,7 +492,6 @@ func (s *Server) connLimits() (grpcCap, httpCap listen.Limits) {
 	// out.
 	httpCap.Evicted = s.stats.Counter("ratelimit.server.connections_evicted")
 	grpcCap.Evicted, grpcCap.MinIdle = httpCap.Evicted, grpcEvictIdle
-
 	return grpcCap, httpCap
 }
 
@@ -612,7 +603,6 @@ func (s *Server) newGRPCServer() {
 	if s.set.GRPCReflectionEnabled {
 		reflection.Register(s.grpc)
 	}
-
 }
 
 // newMainHTTPServer builds the server of PORT: /healthcheck and /json.
@@ -625,7 +615,6 @@ func (s *Server) newMainHTTPServer() {
 	}
 	mux.Handle("/json", jsonHandler)
 	s.httpSrv = newHTTPServer(mux, httpWriteTimeout+s.store.timeout, s.log)
-
 }
 
 // newDebugServer builds the server of the debug listener.
@@ -829,13 +818,11 @@ func (s *Server) Run(ctx context.Context) error {
 	var wg sync.WaitGroup
 	errc := make(chan error, 5)
 	serve := func(name string, f func() error) {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
+		wg.Go(func() {
 			if err := f(); err != nil && !errors.Is(err, http.ErrServerClosed) && !errors.Is(err, grpc.ErrServerStopped) {
 				errc <- fmt.Errorf("server: %s: %w", name, err)
 			}
-		}()
+		})
 	}
 	serve("grpc", func() error { return s.grpc.Serve(s.grpcLn) })
 	serve("http", func() error { return s.httpSrv.Serve(s.httpLn) })
@@ -843,18 +830,10 @@ func (s *Server) Run(ctx context.Context) error {
 	if s.promSrv != nil {
 		serve("prometheus", func() error { return s.promSrv.Serve(s.promLn) })
 	}
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		s.storeHealth.run(ctx)
-	}()
+	wg.Go(func() { s.storeHealth.run(ctx) })
 	wg.Go(func() { s.store.reportMemory(ctx, s.log) })
 	if s.tls != nil {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			s.tls.watch(ctx)
-		}()
+		wg.Go(func() { s.tls.watch(ctx) })
 	}
 	if s.statsd != nil {
 		wg.Go(func() { s.statsd.Run(ctx) })
@@ -867,15 +846,13 @@ func (s *Server) Run(ctx context.Context) error {
 		wg.Go(func() { s.quota.Run(ctx) })
 	}
 	if s.store.started != nil && s.set.RedisStartupMaxElapsedTime > 0 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
+		wg.Go(func() {
 			sctx, cancel := context.WithTimeout(ctx, s.set.RedisStartupMaxElapsedTime)
 			defer cancel()
 			if err := s.store.started(sctx); err != nil && ctx.Err() == nil {
 				errc <- fmt.Errorf("server: the store did not answer within REDIS_STARTUP_MAX_ELAPSED_TIME (%v): %w", s.set.RedisStartupMaxElapsedTime, err)
 			}
-		}()
+		})
 	}
 	// At warn, so that the default LOG_LEVEL shows it: see startup.go.
 	// It names the addresses bound, so that a listener on port 0 (tests)

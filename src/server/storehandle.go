@@ -105,8 +105,8 @@ func newMemory(set *settings.Settings, reg *stats.Registry) *memory.Store {
 // newStoreHandle connects the store BACKEND_TYPE names, with the local store
 // of STORE_FAILURE_MODE=local beside a shared one. A Redis or Memcached
 // store traces its round trips with tracer, when not nil.
-func newStoreHandle(ctx context.Context, set *settings.Settings, reg *stats.Registry, log *slog.Logger, tracer trace.Tracer) (*storeHandle, error) {
-	b, err := newStore(ctx, set, reg, log, tracer)
+func newStoreHandle(ctx context.Context, set *settings.Settings, reg *stats.Registry, tracer trace.Tracer) (*storeHandle, error) {
+	b, err := newStore(ctx, set, reg, tracer)
 	if err == nil && set.BackendType != settings.BackendMemory && set.WriteBehindInterval > 0 {
 		b.writeBehind(set, reg)
 		return b, nil
@@ -159,10 +159,11 @@ func (b *storeHandle) writeBehind(set *settings.Settings, reg *stats.Registry) {
 	b.supports, b.unsupported = writebehind.Supports, writebehind.Unsupported
 }
 
-func newStore(ctx context.Context, set *settings.Settings, reg *stats.Registry, _ *slog.Logger, tracer trace.Tracer) (*storeHandle, error) {
+func newStore(ctx context.Context, set *settings.Settings, reg *stats.Registry, tracer trace.Tracer) (*storeHandle, error) {
 	// b is made first, so that the store can tell it of its first answer
 	// from the moment it starts.
 	b := &storeHandle{}
+	var err error
 	switch set.BackendType {
 	case settings.BackendMemory:
 		m := newMemory(set, reg)
@@ -171,19 +172,17 @@ func newStore(ctx context.Context, set *settings.Settings, reg *stats.Registry, 
 		// No anchor process shares this store, so its keys need not be
 		// the anchor's, whatever CACHE_KEY_FORMAT says.
 		b.keyFormat = limiter.EscapedKeys
-		return b, nil
 	case settings.BackendRedis:
-		if err := b.openRedis(ctx, set, reg, tracer); err != nil {
-			return nil, err
-		}
-		return b, nil
+		err = b.openRedis(ctx, set, reg, tracer)
 	case settings.BackendMemcache:
-		if err := b.openMemcached(ctx, set, reg, tracer); err != nil {
-			return nil, err
-		}
-		return b, nil
+		err = b.openMemcached(ctx, set, reg, tracer)
+	default:
+		err = fmt.Errorf("server: BACKEND_TYPE %q is not available in this build", set.BackendType)
 	}
-	return nil, fmt.Errorf("server: BACKEND_TYPE %q is not available in this build", set.BackendType)
+	if err != nil {
+		return nil, err
+	}
+	return b, nil
 }
 
 // openRedis makes b's store a Redis store, with its statistics.

@@ -1,7 +1,6 @@
 package server
 
 import (
-	"log/slog"
 	"os"
 	"strings"
 	"testing"
@@ -62,7 +61,7 @@ func TestWriteBehind(t *testing.T) {
 		t.Fatal(err)
 	}
 	reg := stats.NewRegistry()
-	b, err := newStoreHandle(t.Context(), set, reg, slog.New(slog.DiscardHandler), nil)
+	b, err := newStoreHandle(t.Context(), set, reg, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

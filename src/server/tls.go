@@ -394,9 +394,7 @@ func (tl *serverTLS) watch(ctx context.Context) {
 		Quiet:      tl.quiet,
 		Recheck:    tl.recheck,
 		NewWatcher: tl.newWatcher,
-		OnError: func(err error) {
-			tl.log.Debug("TLS file watch", "err", err)
-		},
+		OnError:    func(err error) { tl.log.Debug("TLS file watch", "err", err) },
 	}
 	w, err := filewatch.New(cfg, (*tlsWatch)(tl))
 	if err != nil {

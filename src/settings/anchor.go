@@ -2,6 +2,7 @@ package settings
 
 import (
 	"fmt"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -96,12 +97,7 @@ func isFalse(v string) bool {
 // oneOf honours the listed values, in any case.
 func oneOf(values ...string) func(string) bool {
 	return func(v string) bool {
-		for _, want := range values {
-			if strings.EqualFold(strings.TrimSpace(v), want) {
-				return true
-			}
-		}
-		return false
+		return slices.ContainsFunc(values, func(want string) bool { return strings.EqualFold(strings.TrimSpace(v), want) })
 	}
 }
 

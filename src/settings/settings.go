@@ -624,9 +624,7 @@ func (s *Settings) loadMogrifiers(lookup func(string) (string, bool)) error {
 // Warnings returns the settings of envoyproxy/ratelimit that Load found
 // set to a value this service does not honour, and that are harmless to
 // go without. The caller logs each once, at startup.
-func (s *Settings) Warnings() []Warning {
-	return append([]Warning(nil), s.warnings...)
-}
+func (s *Settings) Warnings() []Warning { return append([]Warning(nil), s.warnings...) }
 
 // Validate checks values and combinations that the types alone do not.
 func (s *Settings) Validate() error {
@@ -654,6 +652,13 @@ type problem = func(name, format string, args ...any)
 func within[T cmp.Ordered](bad problem, name string, v, lo, hi T, span string) {
 	if v < lo || v > hi {
 		bad(name, "%v is outside %s", v, span)
+	}
+}
+
+// notNegative reports name when v is below zero.
+func notNegative[T ~int | ~int64](bad problem, name string, v T) {
+	if v < 0 {
+		bad(name, "must not be negative")
 	}
 }
 
@@ -700,9 +705,7 @@ func (s *Settings) validateListeners(bad problem) {
 			bad("GRPC_SERVER_TLS_KEY", "GRPC_SERVER_USE_TLS=true needs the server private key's PEM file")
 		}
 	}
-	if s.GCHeadroomBytes < 0 {
-		bad("GC_HEADROOM_BYTES", "must not be negative")
-	}
+	notNegative(bad, "GC_HEADROOM_BYTES", s.GCHeadroomBytes)
 	within(bad, "GRPC_READ_BUFFER_SIZE", s.GRPCReadBufferSize, 0, 16<<20, "0..16777216 bytes")
 	within(bad, "GRPC_WRITE_BUFFER_SIZE", s.GRPCWriteBufferSize, 0, 16<<20, "0..16777216 bytes")
 }
@@ -771,12 +774,8 @@ func (s *Settings) validateRules(bad problem) {
 // statistics keys, the live view.
 func (s *Settings) validateDecisions(bad problem) {
 	within(bad, "NEAR_LIMIT_RATIO", s.NearLimitRatio, 0, 1, "0..1")
-	if s.ExpirationJitterMaxSeconds < 0 {
-		bad("EXPIRATION_JITTER_MAX_SECONDS", "must not be negative")
-	}
-	if s.LocalCacheSizeInBytes < 0 {
-		bad("LOCAL_CACHE_SIZE_IN_BYTES", "must not be negative")
-	}
+	notNegative(bad, "EXPIRATION_JITTER_MAX_SECONDS", s.ExpirationJitterMaxSeconds)
+	notNegative(bad, "LOCAL_CACHE_SIZE_IN_BYTES", s.LocalCacheSizeInBytes)
 	choose(bad, "LIMIT_RESPONSE_HEADERS_STYLE", &s.LimitResponseHeadersStyle, strings.ToLower, "style", "draft03 or ietf", "draft03", "ietf")
 	if s.RequestTimeout < 0 {
 		bad("REQUEST_TIMEOUT", "must not be negative (0: no bound beyond the caller's deadline)")
@@ -817,9 +816,7 @@ func (s *Settings) validateStores(bad problem) {
 	if s.MemoryMaxBytes < 1<<20 {
 		bad("MEMORY_MAX_BYTES", "%d is below the minimum of 1048576 (1 MiB)", s.MemoryMaxBytes)
 	}
-	if s.MemoryMaxKeys < 0 {
-		bad("MEMORY_MAX_KEYS", "must not be negative")
-	}
+	notNegative(bad, "MEMORY_MAX_KEYS", s.MemoryMaxKeys)
 	within(bad, "STORE_BREAKER_FAILURES", s.StoreBreakerFailures, 0, maxBreakerFailures, fmt.Sprintf("0..%d (0: no breaker)", maxBreakerFailures))
 	// Below 10ms the probes of every instance would load a server that has
 	// just come back; above a minute recovery would wait.
@@ -865,12 +862,8 @@ func (s *Settings) validateRemoteStores(bad problem) {
 			bad(pair.prefix+"CERT", "%sCERT and %sKEY go together: set both or neither", pair.prefix, pair.prefix)
 		}
 	}
-	if s.MemcacheSrvRefresh < 0 {
-		bad("MEMCACHE_SRV_REFRESH", "must not be negative")
-	}
-	if s.MemcacheMaxIdleConns < 0 {
-		bad("MEMCACHE_MAX_IDLE_CONNS", "must not be negative")
-	}
+	notNegative(bad, "MEMCACHE_SRV_REFRESH", s.MemcacheSrvRefresh)
+	notNegative(bad, "MEMCACHE_MAX_IDLE_CONNS", s.MemcacheMaxIdleConns)
 	if s.MemcacheConnections < 1 || s.MemcacheConnections > 8 {
 		bad("MEMCACHE_CONNECTIONS", "must be 1 to 8")
 	}
@@ -1022,9 +1015,7 @@ func (s *Settings) unusedTracing(lookup func(string) (string, bool)) []Warning {
 // JSONLogsRequested reports whether LOG_FORMAT asks for JSON lines, in any
 // case. It reads that variable alone, so that when Load fails on another
 // setting its error can still be printed in the format asked for.
-func JSONLogsRequested() bool {
-	return strings.EqualFold(os.Getenv("LOG_FORMAT"), "json")
-}
+func JSONLogsRequested() bool { return strings.EqualFold(os.Getenv("LOG_FORMAT"), "json") }
 
 // XDSNodeMetadata returns CONFIG_GRPC_XDS_NODE_METADATA as a map: pairs
 // separated by commas, each key=value. The anchor's code reads key=value

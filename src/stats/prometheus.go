@@ -1,6 +1,7 @@
 package stats
 
 import (
+	"cmp"
 	"fmt"
 	"log/slog"
 	"math"
@@ -54,10 +55,7 @@ type Mapper struct {
 // names the file. Log, when not nil, receives the mapper's warnings (a
 // deprecated key); nil discards them.
 func LoadMapper(path string, log *slog.Logger) (*Mapper, error) {
-	if log == nil {
-		log = slog.New(slog.DiscardHandler)
-	}
-	m := &mapper.MetricMapper{Logger: log}
+	m := &mapper.MetricMapper{Logger: cmp.Or(log, slog.New(slog.DiscardHandler))}
 	if err := m.InitFromFile(path); err != nil {
 		return nil, fmt.Errorf("stats: statsd_exporter mapping %s: %w", path, err)
 	}
@@ -112,11 +110,7 @@ func (r *Registry) PrometheusHandler(cfg PrometheusConfig) http.Handler {
 	}
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(&collector{r: r, cfg: cfg, mapped: map[*metric]*mapping{}, windows: map[string]*window{}, start: cfg.Now()})
-	reuse := cfg.ScrapeReuse
-	if reuse == 0 {
-		reuse = ScrapeReuse
-	}
-	return &scrapeCache{g: reg, now: cfg.Now, reuse: reuse}
+	return &scrapeCache{g: reg, now: cfg.Now, reuse: cmp.Or(cfg.ScrapeReuse, ScrapeReuse)}
 }
 
 type collector struct {
@@ -285,9 +279,7 @@ func regroup(b *[timerBuckets]uint64, factor float64, bounds []float64) (uint64,
 
 // fits reports whether the value v, times factor, is at most bound, with
 // a margin for the rounding of the product (5 ms is 5e6 ns times 1e-9).
-func fits(v uint64, factor, bound float64) bool {
-	return float64(v)*factor <= bound*(1+1e-9)
-}
+func fits(v uint64, factor, bound float64) bool { return float64(v)*factor <= bound*(1+1e-9) }
 
 // quantiles returns a summary's count (all time) and its quantiles over
 // its window.
@@ -343,9 +335,7 @@ func (w *window) advance(now time.Time, cur *[timerBuckets]uint64, maxAge time.D
 	if maxAge <= 0 {
 		maxAge = prometheus.DefMaxAge
 	}
-	if steps == 0 {
-		steps = prometheus.DefAgeBuckets
-	}
+	steps = cmp.Or(steps, prometheus.DefAgeBuckets)
 	i := 0
 	for i < len(w.snaps) && now.Sub(w.snaps[i].at) > maxAge {
 		i++
@@ -473,9 +463,7 @@ func (mp *Mapper) lookup(m *metric) *mapping {
 	}
 	name := anchorName(m.name)
 	mm, labels, present := mp.m.GetMapping(name, typ)
-	if mm == nil {
-		mm = &mapper.MetricMapping{}
-	}
+	mm = cmp.Or(mm, &mapper.MetricMapping{})
 	out := &mapping{scale: 1, help: mm.HelpText, drop: mm.Action == mapper.ActionTypeDrop}
 	if mm.Scale.Set {
 		out.scale = mm.Scale.Val
@@ -502,11 +490,8 @@ func (mp *Mapper) lookup(m *metric) *mapping {
 	}
 	slices.SortFunc(out.labels, func(a, b Label) int { return strings.Compare(a.Name, b.Name) })
 
-	out.observer = mm.ObserverType
-	if out.observer == mapper.ObserverTypeDefault {
-		out.observer = mp.m.Defaults.ObserverType
-	}
 	def := mp.m.Defaults
+	out.observer = cmp.Or(mm.ObserverType, def.ObserverType)
 	out.bounds = def.HistogramOptions.Buckets
 	if o := mm.HistogramOptions; o != nil && len(o.Buckets) > 0 {
 		out.bounds = o.Buckets

@@ -1,6 +1,7 @@
 package stats
 
 import (
+	"math"
 	"runtime"
 	"sync"
 	"time"
@@ -61,9 +62,4 @@ func (r *Registry) GoRuntime(prefix string) {
 }
 
 // clampInt64 is v, or the largest int64 when v is larger.
-func clampInt64(v uint64) int64 {
-	if v > 1<<63-1 {
-		return 1<<63 - 1
-	}
-	return int64(v)
-}
+func clampInt64(v uint64) int64 { return int64(min(v, math.MaxInt64)) }

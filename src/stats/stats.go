@@ -118,9 +118,7 @@ type Registry struct {
 }
 
 // NewRegistry returns an empty registry.
-func NewRegistry() *Registry {
-	return &Registry{}
-}
+func NewRegistry() *Registry { return &Registry{} }
 
 // load returns the metric called name, creating it with mk on first use.
 func (r *Registry) load(name string, mk func() *metric) *metric {
@@ -177,35 +175,32 @@ func (r *Registry) current(m *metric) bool {
 	return ok && v.(*metric) == m
 }
 
+// orNew returns p, or, when the name was registered as another kind of
+// statistic (p is nil), a new one that is not exported.
+func orNew[T any](p *T) *T {
+	if p == nil {
+		return new(T)
+	}
+	return p
+}
+
 // Counter returns the counter called name, creating it on first use. Use it
 // for names the code chooses; names built from rules or requests go through
 // RuleCounter. If name was registered as something else, Counter returns a
 // counter that is not exported, so that a clash never breaks the export.
 func (r *Registry) Counter(name string) *Counter {
-	m := r.load(name, func() *metric { return &metric{counter: new(Counter), name: name} })
-	if m.counter == nil {
-		return new(Counter)
-	}
-	return m.counter
+	return orNew(r.load(name, func() *metric { return &metric{counter: new(Counter), name: name} }).counter)
 }
 
 // Gauge returns the gauge called name, creating it on first use.
 func (r *Registry) Gauge(name string) *Gauge {
-	m := r.load(name, func() *metric { return &metric{gauge: new(Gauge), name: name} })
-	if m.gauge == nil {
-		return new(Gauge)
-	}
-	return m.gauge
+	return orNew(r.load(name, func() *metric { return &metric{gauge: new(Gauge), name: name} }).gauge)
 }
 
 // Timer returns the timer called name, creating it on first use. Timers
 // go to statsd and Prometheus; /stats leaves them out.
 func (r *Registry) Timer(name string) *Timer {
-	m := r.load(name, func() *metric { return &metric{timer: new(Timer), name: name} })
-	if m.timer == nil {
-		return new(Timer)
-	}
-	return m.timer
+	return orNew(r.load(name, func() *metric { return &metric{timer: new(Timer), name: name} }).timer)
 }
 
 // Histogram returns the histogram of values (not durations: see Timer)
@@ -213,11 +208,7 @@ func (r *Registry) Timer(name string) *Timer {
 // its Prometheus buckets in increasing order. Like timers, histograms go
 // to statsd and Prometheus, not to /stats.
 func (r *Registry) Histogram(name string, bounds []float64) *Histogram {
-	m := r.load(name, func() *metric { return &metric{hist: new(Histogram), bounds: slices.Clone(bounds), name: name} })
-	if m.hist == nil {
-		return new(Histogram)
-	}
-	return m.hist
+	return orNew(r.load(name, func() *metric { return &metric{hist: new(Histogram), bounds: slices.Clone(bounds), name: name} }).hist)
 }
 
 // TaggedCounter returns the counter called name with tags, creating it on
@@ -227,11 +218,7 @@ func (r *Registry) Histogram(name string, bounds []float64) *Histogram {
 func (r *Registry) TaggedCounter(name string, tags ...Label) *Counter {
 	tags = slices.Clone(tags)
 	slices.SortFunc(tags, func(a, b Label) int { return strings.Compare(a.Name, b.Name) })
-	m := r.load(taggedName(name, tags), func() *metric { return &metric{counter: new(Counter), name: name, tags: tags} })
-	if m.counter == nil {
-		return new(Counter)
-	}
-	return m.counter
+	return orNew(r.load(taggedName(name, tags), func() *metric { return &metric{counter: new(Counter), name: name, tags: tags} }).counter)
 }
 
 // CounterFunc registers a counter whose value f returns at export time,
@@ -288,18 +275,14 @@ const RulePrefix = "ratelimit.service.rate_limit."
 // Two calls whose text names are equal share one counter.
 func (r *Registry) RuleCounter(domain string, levels []string, stat string) *Counter {
 	name := RuleName(domain, levels, stat)
-	m := r.load(name, func() *metric {
+	return orNew(r.load(name, func() *metric {
 		labels := make([]Label, 0, 1+len(levels))
 		labels = append(labels, Label{"domain", domain})
 		for i, l := range levels {
 			labels = append(labels, Label{"key" + strconv.Itoa(i+1), l})
 		}
 		return &metric{counter: new(Counter), name: name, promName: "ratelimit_service_rate_limit_" + promSafe(stat), labels: labels}
-	})
-	if m.counter == nil {
-		return new(Counter)
-	}
-	return m.counter
+	}).counter)
 }
 
 // RuleName is the text name of a per-rule statistic (see RuleCounter).

@@ -1,6 +1,7 @@
 package stats
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -120,9 +121,7 @@ type encodedName struct {
 // NewStatsd returns a Statsd that sends reg to cfg.Addr. It does not
 // connect yet; Run flushes at each interval, and Flush once.
 func NewStatsd(reg *Registry, cfg StatsdConfig) *Statsd {
-	if cfg.Network == "" {
-		cfg.Network = "udp"
-	}
+	cfg.Network = cmp.Or(cfg.Network, "udp")
 	if cfg.Interval <= 0 {
 		cfg.Interval = 10 * time.Second
 	}
@@ -132,16 +131,13 @@ func NewStatsd(reg *Registry, cfg StatsdConfig) *Statsd {
 		reg:    reg,
 		cfg:    cfg,
 		packet: udpPacketBytes,
-		log:    cfg.Log,
+		log:    cmp.Or(cfg.Log, slog.New(slog.DiscardHandler)),
 		last:   map[*metric]uint64{},
 		hists:  map[*metric]*[timerBuckets]uint64{},
 		names:  map[*metric]encodedName{},
 	}
 	if cfg.Network == "tcp" {
 		s.packet = tcpPacketBytes
-	}
-	if s.log == nil {
-		s.log = slog.New(slog.DiscardHandler)
 	}
 	s.buf = make([]byte, 0, s.packet)
 	return s

@@ -79,12 +79,7 @@ type Timer struct {
 func (t *Timer) Record(d time.Duration) { t.RecordN(d, 1) }
 
 // RecordN adds n durations of d, for a caller that times one event in n.
-func (t *Timer) RecordN(d time.Duration, n uint64) {
-	if d < 0 {
-		d = 0
-	}
-	t.h.ObserveN(uint64(d), n)
-}
+func (t *Timer) RecordN(d time.Duration, n uint64) { t.h.ObserveN(uint64(max(d, 0)), n) }
 
 // Count returns the number of durations recorded.
 func (t *Timer) Count() uint64 { return t.h.Count() }

@@ -161,9 +161,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 // Close ends the streams under way and refuses new ones; the rest of the
 // API still answers. It is for the server's shutdown, which would
 // otherwise wait for streams that never end by themselves.
-func (h *Handler) Close() {
-	h.close.Do(func() { close(h.done) })
-}
+func (h *Handler) Close() { h.close.Do(func() { close(h.done) }) }
 
 // contentSecurityPolicy lets the page load its own script and style and
 // call its own API, and nothing else: no inline script (so a value that
@@ -206,9 +204,7 @@ func intParam(r *http.Request, name string, def, lo, hi int) (int, bool) {
 	return n, true
 }
 
-func (h *Handler) serveRules(w http.ResponseWriter, _ *http.Request) {
-	writeJSON(w, h.rules())
-}
+func (h *Handler) serveRules(w http.ResponseWriter, _ *http.Request) { writeJSON(w, h.rules()) }
 
 // serveQuota serves the quota service's state, or {"enabled": false} when
 // it is off (RLQS_ENABLED=false).

@@ -81,7 +81,7 @@ func countBatch(b *limiter.Batch, us []unit, apart bool) bool {
 		return false
 	}
 	for i := range b.Ops {
-		if us[i].list || continuous(b.Ops[i].Algorithm) || b.Ops[i].Hits == 0 || b.Ops[i].Refund {
+		if us[i].list || b.Ops[i].Algorithm.Continuous() || b.Ops[i].Hits == 0 || b.Ops[i].Refund {
 			return false
 		}
 	}

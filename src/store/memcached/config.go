@@ -1,6 +1,7 @@
 package memcached
 
 import (
+	"cmp"
 	"context"
 	"crypto/tls"
 	"errors"
@@ -155,21 +156,11 @@ func (cfg Config) withDefaults() (Config, error) {
 	if err := errors.Join(errs...); err != nil {
 		return cfg, err
 	}
-	if cfg.Conns == 0 {
-		cfg.Conns = defaultConns
-	}
-	if cfg.MaxIdleConns == 0 {
-		cfg.MaxIdleConns = defaultMaxIdleConns
-	}
-	if cfg.MaxConns == 0 {
-		cfg.MaxConns = defaultMaxConns
-	}
-	if cfg.MaxWaiting == 0 {
-		cfg.MaxWaiting = 4 * cfg.MaxConns
-	}
-	if cfg.Timeout == 0 {
-		cfg.Timeout = defaultTimeout
-	}
+	cfg.Conns = cmp.Or(cfg.Conns, defaultConns)
+	cfg.MaxIdleConns = cmp.Or(cfg.MaxIdleConns, defaultMaxIdleConns)
+	cfg.MaxConns = cmp.Or(cfg.MaxConns, defaultMaxConns)
+	cfg.MaxWaiting = cmp.Or(cfg.MaxWaiting, 4*cfg.MaxConns)
+	cfg.Timeout = cmp.Or(cfg.Timeout, defaultTimeout)
 	cfg.Addrs = slices.Clone(cfg.Addrs)
 	return cfg, nil
 }

@@ -198,7 +198,7 @@ func stepList(ops []limiter.Op, now time.Time, slots []listSlot, mode listMode, 
 		var grown []byte
 		var stIdle int64
 		var u undo
-		if continuous(op.Algorithm) {
+		if op.Algorithm.Continuous() {
 			grown, stIdle, u, err = step(scratch, &op, now, state, j >= 0, &r)
 		} else {
 			grown, stIdle, u, err = fixedStep(scratch, &op, now, state, j >= 0, &r)
@@ -300,7 +300,7 @@ func takeBackList(u *undo, data []byte) (value []byte, idle int64, err error) {
 		sl := &slots[j]
 		var grown []byte
 		stIdle := sl.idle
-		if continuous(m.op.Algorithm) {
+		if m.op.Algorithm.Continuous() {
 			if grown, stIdle, err = takeBack(scratch, m, sl.state); err != nil {
 				return nil, 0, err
 			}

@@ -36,18 +36,11 @@ type undo struct {
 	list []undo
 }
 
-// continuous reports whether a keeps a state item (read-modify-cas) rather
-// than a counter. Unknown algorithms count as fixed windows, as in the
-// memory store.
-func continuous(a rules.Algorithm) bool {
-	return a.Continuous()
-}
-
 // apply applies op at now and fills *r with the pure function's result. It
 // returns the undo of the op when it recorded hits.
 func (s *Store) apply(ctx context.Context, op *limiter.Op, now time.Time, r *limiter.Result) (undo, error) {
 	key := itemKey(op.Key)
-	if continuous(op.Algorithm) {
+	if op.Algorithm.Continuous() {
 		return s.applyState(ctx, key, op, now, r)
 	}
 	return s.applyCount(ctx, key, op, now, r)
@@ -510,9 +503,7 @@ func refundStep(dst []byte, op *limiter.Op, now time.Time, data []byte, found bo
 }
 
 // records reports whether a continuous algorithm's op changed its state.
-func records(op *limiter.Op, r *limiter.Result) bool {
-	return op.Hits > 0 && r.Allowed
-}
+func records(op *limiter.Op, r *limiter.Result) bool { return op.Hits > 0 && r.Allowed }
 
 // undo takes back one recorded op with its inverse, which commutes with
 // the ops of other requests made since: decr for a fixed window; for the
@@ -530,7 +521,7 @@ func (s *Store) undo(ctx context.Context, u *undo) error {
 		return nil
 	}
 	op := u.op
-	if !continuous(op.Algorithm) {
+	if !op.Algorithm.Continuous() {
 		if err := s.checkDeadline(ctx); err != nil {
 			return err
 		}

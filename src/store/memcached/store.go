@@ -302,11 +302,7 @@ func (s *Store) probe() {
 			return
 		case <-t.C:
 		}
-		if err := s.ping(); err == nil {
-			s.up.Store(true)
-		} else {
-			s.up.Store(false)
-		}
+		s.up.Store(s.ping() == nil)
 	}
 }
 
@@ -365,9 +361,7 @@ func (s *Store) refresh() {
 // answered, then false while the last probe (every second) or op to it
 // failed for want of memcached, or a server's circuit breaker is open.
 // With several servers, every one must have answered the last probe.
-func (s *Store) Healthy() bool {
-	return s.started.Load() && s.up.Load() && !s.breakers.AnyOpen()
-}
+func (s *Store) Healthy() bool { return s.started.Load() && s.up.Load() && !s.breakers.AnyOpen() }
 
 // WaitStarted blocks until memcached first answered, or ctx ends. The
 // server may use it to hold back readiness at startup.
@@ -385,9 +379,7 @@ func (s *Store) WaitStarted(ctx context.Context) error {
 // excluded) and of ops applied. roundTrips/ops is about 1 for fixed
 // windows, 2 for the other algorithms when they record, plus retries; a
 // list of limits takes 2 round trips for all its ops.
-func (s *Store) Counters() (roundTrips, ops uint64) {
-	return s.roundTrips.Load(), s.ops.Load()
-}
+func (s *Store) Counters() (roundTrips, ops uint64) { return s.roundTrips.Load(), s.ops.Load() }
 
 // Timeout returns the store's bound of a dial and of an answer's lateness
 // (Config.Timeout, or its default).
@@ -398,9 +390,7 @@ func (s *Store) Timeout() time.Duration { return s.cfg.Timeout }
 // came free before the call's deadline, or a server's queue was full;
 // plus the updates of an item (gets, then cas) that others' changes made
 // fail maxAttempts times in a row.
-func (s *Store) Shed() uint64 {
-	return s.shed.Load()
-}
+func (s *Store) Shed() uint64 { return s.shed.Load() }
 
 // closeGrace is how long Close waits beyond Config.Timeout for the calls
 // under way, whose round trips end within Timeout.
@@ -548,9 +538,7 @@ func (s *Store) acquire(ctx context.Context) error {
 }
 
 // release gives back a slot taken by acquire or fanout.
-func (s *Store) release() {
-	<-s.slots
-}
+func (s *Store) release() { <-s.slots }
 
 // check returns the error for a Do that must stop before its next round
 // trip: ctx ended or the store closed.

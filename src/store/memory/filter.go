@@ -185,9 +185,7 @@ func filterRate(bitsPerKey float64) float64 {
 // ruleID names a rule in the filters: 32 bits of its name's hash. Two
 // rules of one hash would share a filter, which only raises its
 // false-positive rate; among 10,000 rules the chance is 1 in 86,000.
-func (s *Store) ruleID(rule string) uint32 {
-	return uint32(maphash.String(s.seed, rule))
-}
+func (s *Store) ruleID(rule string) uint32 { return uint32(maphash.String(s.seed, rule)) }
 
 // groupIdle is idle (Unix µs) rounded up to the next eighth of window
 // seconds (at least 1 s, at most math.MaxInt64).

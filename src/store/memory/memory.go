@@ -6,6 +6,7 @@
 package memory
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"hash/maphash"
@@ -218,9 +219,7 @@ const (
 // small object's size class is at most 19% above it (4097 bytes take
 // 4864) past 64 bytes and at most 16 bytes above it below; a large object
 // is rounded up to whole 8 KiB pages, at most n/4 from 32 KiB on.
-func allocBytes(n int) int64 {
-	return int64(n + n/4 + 16)
-}
+func allocBytes(n int) int64 { return int64(n + n/4 + 16) }
 
 // ringBytes is a sliding log's ring of capacity c.
 func ringBytes(c int) int64 {
@@ -311,11 +310,7 @@ func (r record) state(a rules.Algorithm) state {
 	if a != rules.SlidingLog {
 		return state{idle: r.idle, t: r.t, n1: r.n1, n2: r.n2}
 	}
-	times := make([]int64, r.n1) // the ring it had, at most
-	for i := range times {
-		times[i] = r.t
-	}
-	log := limiter.SlidingLogStateOf(times)
+	log := limiter.SlidingLogStateOf(slices.Repeat([]int64{r.t}, int(r.n1))) // the ring it had, at most
 	return state{idle: r.idle, log: &log}
 }
 
@@ -385,10 +380,7 @@ func New(cfg Config) *Store {
 		s.shards[i].m = make(map[string]*entry)
 		s.shards[i].recIdle = math.MaxInt64
 	}
-	interval := cfg.SweepInterval
-	if interval == 0 {
-		interval = 10 * time.Second
-	}
+	interval := cmp.Or(cfg.SweepInterval, 10*time.Second)
 	if interval < 0 {
 		close(s.done)
 		return s
@@ -471,9 +463,7 @@ func (s *Store) reclaim(sh *shard, now int64) int {
 	s.reclaimed.Add(uint64(n))
 	if len(sh.m) <= sh.peak/4 && (sh.peak >= 64 || len(sh.m) == 0) {
 		m := make(map[string]*entry, len(sh.m))
-		for k, e := range sh.m {
-			m[k] = e
-		}
+		maps.Copy(m, sh.m)
 		s.bytes.Add(-int64(sh.peak-len(m)) * slotBytes)
 		sh.m, sh.peak = m, len(m)
 		sh.order = slices.Clone(sh.order)
@@ -1015,12 +1005,8 @@ func (s *Store) foldSpent(sh *shard, t int64) bool {
 // holdsSpent reports whether sh has an entry over its limit that no batch
 // in flight uses.
 func (sh *shard) holdsSpent() bool {
-	for _, e := range sh.order[sh.under:] { // past the batch's few pinned keys
-		if !e.pinned {
-			return true
-		}
-	}
-	return false
+	// Past the batch's few pinned keys.
+	return slices.ContainsFunc(sh.order[sh.under:], func(e *entry) bool { return !e.pinned })
 }
 
 // grow accounts the bytes a sliding log's ring grew by and makes room for
@@ -1231,15 +1217,9 @@ func apply(e *entry, now time.Time, op *limiter.Op) (r limiter.Result, pushed in
 	return r, pushed, grown
 }
 
-func (s *Store) shard(key string) *shard {
-	return &s.shards[s.shardIndex(key)]
-}
+func (s *Store) shard(key string) *shard { return &s.shards[s.shardIndex(key)] }
 
-func (s *Store) shardIndex(key string) uint64 {
-	return s.hash(key) & s.mask
-}
+func (s *Store) shardIndex(key string) uint64 { return s.hash(key) & s.mask }
 
 // hash is the hash of key that picks its shard and names its record.
-func (s *Store) hash(key string) uint64 {
-	return maphash.String(s.seed, key)
-}
+func (s *Store) hash(key string) uint64 { return maphash.String(s.seed, key) }

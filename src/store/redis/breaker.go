@@ -143,18 +143,16 @@ func (be *backend) admit(ctx context.Context, r *request, b *limiter.Batch) erro
 func (s *Store) probeBreakers(ctx context.Context, be *backend) {
 	defer recovered(nil)
 	defer be.breakerClosed()
+	ctx, cancel := context.WithTimeout(ctx, be.timeout)
+	defer cancel()
 	c, ok := be.client.(*goredis.ClusterClient)
 	if !ok {
-		pctx, cancel := context.WithTimeout(ctx, be.timeout)
-		defer cancel()
-		if be.client.Ping(pctx).Err() == nil {
+		if be.client.Ping(ctx).Err() == nil {
 			be.server.Reset()
 			be.markUp()
 		}
 		return
 	}
-	ctx, cancel := context.WithTimeout(ctx, be.timeout)
-	defer cancel()
 	var (
 		mu      sync.Mutex
 		masters = map[string]bool{}

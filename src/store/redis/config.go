@@ -1,6 +1,7 @@
 package redis
 
 import (
+	"cmp"
 	"crypto/tls"
 	"errors"
 	"fmt"
@@ -160,10 +161,7 @@ const (
 // withDefaults returns c with its zero fields set to their defaults and its
 // Type and SocketType normalised, or an error naming the bad field.
 func (c Config) withDefaults() (Config, error) {
-	c.Type = strings.ToUpper(c.Type)
-	if c.Type == "" {
-		c.Type = TypeSingle
-	}
+	c.Type = cmp.Or(strings.ToUpper(c.Type), TypeSingle)
 	switch c.Type {
 	case TypeSingle, TypeSentinel, TypeCluster:
 	default:
@@ -186,9 +184,7 @@ func (c Config) withDefaults() (Config, error) {
 	if c.Timeout <= 0 {
 		c.Timeout = defaultTimeout
 	}
-	if c.Stall == 0 {
-		c.Stall = defaultStall
-	}
+	c.Stall = cmp.Or(c.Stall, defaultStall)
 	if c.HealthCheckInterval <= 0 {
 		c.HealthCheckInterval = defaultHealthCheckInterval
 	}
@@ -198,15 +194,9 @@ func (c Config) withDefaults() (Config, error) {
 	if c.StartupMaxInterval <= 0 {
 		c.StartupMaxInterval = defaultStartupMaxInterval
 	}
-	if c.PipelineLimit < 0 {
-		c.PipelineLimit = 0
-	}
-	if c.PipelineWindow < 0 {
-		c.PipelineWindow = 0
-	}
-	if c.ExpirationJitterMax < 0 {
-		c.ExpirationJitterMax = 0
-	}
+	c.PipelineLimit = max(c.PipelineLimit, 0)
+	c.PipelineWindow = max(c.PipelineWindow, 0)
+	c.ExpirationJitterMax = max(c.ExpirationJitterMax, 0)
 	return c, nil
 }
 

@@ -144,9 +144,7 @@ func (c *noHelloConn) Read(p []byte) (int, error) {
 
 // SyscallConn exposes the socket to go-redis's idle-connection check,
 // beneath TLS and the reply guard.
-func (c *noHelloConn) SyscallConn() (syscall.RawConn, error) {
-	return c.raw, c.rawErr
-}
+func (c *noHelloConn) SyscallConn() (syscall.RawConn, error) { return c.raw, c.rawErr }
 
 var errNoSyscallConn = errors.New("redis: connection has no socket")
 

@@ -59,9 +59,7 @@ type replyGuard struct {
 	err     error
 }
 
-func newReplyGuard(c net.Conn) *replyGuard {
-	return &replyGuard{Conn: c, avail: replyBase}
-}
+func newReplyGuard(c net.Conn) *replyGuard { return &replyGuard{Conn: c, avail: replyBase} }
 
 func (g *replyGuard) Read(p []byte) (int, error) {
 	if g.err != nil {
@@ -134,9 +132,7 @@ type respScanner struct {
 }
 
 // partial reports whether s is inside a value.
-func (s *respScanner) partial() bool {
-	return s.lineLen > 0 || s.skip > 0 || s.depth > 0
-}
+func (s *respScanner) partial() bool { return s.lineLen > 0 || s.skip > 0 || s.depth > 0 }
 
 // scan follows b and returns how many top-level values ended in it. With
 // avail, each header is charged what go-redis allocates for it (a line its

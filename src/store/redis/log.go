@@ -25,6 +25,4 @@ func (slogLogger) Printf(ctx context.Context, format string, v ...any) {
 	}
 }
 
-func useSlog() {
-	setLoggerOnce.Do(func() { goredis.SetLogger(slogLogger{}) })
-}
+func useSlog() { setLoggerOnce.Do(func() { goredis.SetLogger(slogLogger{}) }) }

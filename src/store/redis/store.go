@@ -374,9 +374,7 @@ func (s *Store) WaitStarted(ctx context.Context) error {
 // Counters returns the cumulative number of pipelines that reached Redis
 // (one per node for a cluster) and of ops applied (ratelimit.redis.round_trips,
 // ratelimit.redis.ops). ops/roundTrips is the mean pipeline depth.
-func (s *Store) Counters() (roundTrips, ops uint64) {
-	return s.roundTrips.Load(), s.ops.Load()
-}
+func (s *Store) Counters() (roundTrips, ops uint64) { return s.roundTrips.Load(), s.ops.Load() }
 
 // Shed returns the cumulative number of requests refused at once because
 // MaxQueue requests were waiting for that Redis already

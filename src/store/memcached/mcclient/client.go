@@ -589,9 +589,7 @@ func (c *Client) closeServers(servers []*server) {
 // close stops the client: new requests fail with ErrClientClosed, the
 // requests under way get their answers (waiting at most Timeout), then
 // every connection is closed. It returns when they are.
-func (c *Client) Close() error {
-	return c.CloseBy(time.Now().Add(c.cfg.Timeout))
-}
+func (c *Client) Close() error { return c.CloseBy(time.Now().Add(c.cfg.Timeout)) }
 
 // closeBy is close waiting for the answers at most until deadline.
 func (c *Client) CloseBy(deadline time.Time) error {

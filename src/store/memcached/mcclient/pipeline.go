@@ -725,9 +725,7 @@ func truncate(line []byte) []byte {
 	return line
 }
 
-func trimEOL(line []byte) []byte {
-	return bytes.TrimSuffix(line, []byte("\r\n"))
-}
+func trimEOL(line []byte) []byte { return bytes.TrimSuffix(line, []byte("\r\n")) }
 
 // parseUint parses a decimal uint64 without allocating.
 func parseUint(b []byte) (uint64, bool) {
