@@ -3,6 +3,7 @@ package wire
 import (
 	"bytes"
 	"testing"
+	"unsafe"
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
@@ -217,4 +218,16 @@ func FuzzEncodeResponse(f *testing.F) {
 			t.Fatalf("encodeResponse = %x, proto.Marshal = %x", got, want)
 		}
 	})
+}
+
+// TestInternIsBounded: the intern table (an array of 256 slots) keeps
+// what requests repeat, and never a string over 64 bytes.
+func TestInternIsBounded(t *testing.T) {
+	long := []byte("k" + string(make([]byte, 64)))
+	if a, b := intern(long), intern(long); unsafe.StringData(a) == unsafe.StringData(b) {
+		t.Error("a string of 65 bytes was interned")
+	}
+	if a, b := intern([]byte("remote_address")), intern([]byte("remote_address")); unsafe.StringData(a) != unsafe.StringData(b) {
+		t.Error("a key repeated was not interned")
+	}
 }
