@@ -46,8 +46,8 @@ type requestFill struct {
 	entryPtrs []*ratelimitv3.RateLimitDescriptor_Entry
 }
 
-// walkRequest reads a RateLimitRequest, into f unless it is nil, and
-// returns how many descriptors and entries it holds.
+// walkRequest counts a RateLimitRequest's descriptors and entries, checking
+// b; given f, it fills f from a b it checked before (no UTF-8 checked again).
 func walkRequest(b []byte, f *requestFill) (nd, ne int, ok bool) {
 	for len(b) > 0 {
 		num, typ, v, x, n := field(b)
@@ -55,7 +55,7 @@ func walkRequest(b []byte, f *requestFill) (nd, ne int, ok bool) {
 		switch {
 		case n < 0:
 			return 0, 0, false
-		case num == 1 && typ == protowire.BytesType && utf8.Valid(v):
+		case num == 1 && typ == protowire.BytesType && (f != nil || utf8.Valid(v)):
 			if f != nil {
 				f.m.Domain = intern(v)
 			}
@@ -111,7 +111,7 @@ func walkDescriptor(b []byte, f *requestFill, d, e int) (k int, ok bool) {
 func walkEntry(b []byte, f *requestFill, e int) bool {
 	for len(b) > 0 {
 		num, typ, v, _, n := field(b)
-		if n < 0 || typ != protowire.BytesType || (num != 1 && num != 2) || !utf8.Valid(v) {
+		if n < 0 || typ != protowire.BytesType || (num != 1 && num != 2) || (f == nil && !utf8.Valid(v)) {
 			return false
 		}
 		b = b[n:]
@@ -133,11 +133,9 @@ func walkEntry(b []byte, f *requestFill, e int) bool {
 func field(b []byte) (num protowire.Number, typ protowire.Type, v []byte, x uint64, n int) {
 	num, typ, t := protowire.ConsumeTag(b)
 	switch {
-	case t < 0:
-		n = -1
-	case typ == protowire.BytesType:
+	case t >= 0 && typ == protowire.BytesType:
 		v, n = protowire.ConsumeBytes(b[t:])
-	case typ == protowire.VarintType:
+	case t >= 0 && typ == protowire.VarintType:
 		x, n = protowire.ConsumeVarint(b[t:])
 	default:
 		n = -1
@@ -184,10 +182,10 @@ func encodeResponse(m *rlsv3.RateLimitResponse) []byte {
 	}
 	size := varintSize(uint64(m.OverallCode))
 	for _, st := range m.Statuses {
-		n, _, _ := statusSize(st)
-		if n < 0 {
+		if !plainStatus(st) {
 			return nil
 		}
+		n, _, _ := statusSize(st)
 		size += 1 + protowire.SizeBytes(n)
 	}
 	if !mem.IsBelowBufferPoolingThreshold(size) {
@@ -217,17 +215,22 @@ func encodeResponse(m *rlsv3.RateLimitResponse) []byte {
 	return b
 }
 
-// statusSize returns the encoded size of st, of its limit and of its
-// reset, or -1 if it holds what encodeResponse leaves to protobuf-go.
-func statusSize(st *rlsv3.RateLimitResponse_DescriptorStatus) (n, limit, reset int) {
+// plainStatus reports whether st holds only what encodeResponse encodes.
+func plainStatus(st *rlsv3.RateLimitResponse_DescriptorStatus) bool {
 	if st == nil || st.Quota != nil || st.ProtoReflect().GetUnknown() != nil {
-		return -1, 0, 0
+		return false
 	}
+	if l := st.CurrentLimit; l != nil && (l.UnitMultiplier != nil || l.ProtoReflect().GetUnknown() != nil || !utf8.ValidString(l.Name)) {
+		return false
+	}
+	return st.DurationUntilReset == nil || st.DurationUntilReset.ProtoReflect().GetUnknown() == nil
+}
+
+// statusSize returns the encoded size of a plain status, of its limit and
+// of its reset.
+func statusSize(st *rlsv3.RateLimitResponse_DescriptorStatus) (n, limit, reset int) {
 	n = varintSize(uint64(st.Code)) + varintSize(uint64(st.LimitRemaining))
 	if l := st.CurrentLimit; l != nil {
-		if l.UnitMultiplier != nil || l.ProtoReflect().GetUnknown() != nil || !utf8.ValidString(l.Name) {
-			return -1, 0, 0
-		}
 		limit = varintSize(uint64(l.RequestsPerUnit)) + varintSize(uint64(l.Unit))
 		if l.Name != "" {
 			limit += 1 + protowire.SizeBytes(len(l.Name))
@@ -235,9 +238,6 @@ func statusSize(st *rlsv3.RateLimitResponse_DescriptorStatus) (n, limit, reset i
 		n += 1 + protowire.SizeBytes(limit)
 	}
 	if d := st.DurationUntilReset; d != nil {
-		if d.ProtoReflect().GetUnknown() != nil {
-			return -1, 0, 0
-		}
 		reset = varintSize(uint64(d.Seconds)) + varintSize(uint64(int64(d.Nanos)))
 		n += 1 + protowire.SizeBytes(reset)
 	}
