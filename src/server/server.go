@@ -112,6 +112,8 @@ type Server struct {
 	// streams bounds the long-lived gRPC calls besides the quota
 	// service's (streams.go).
 	streams *streamBound
+	// stall watches the gRPC connections and calls (newGRPCServer).
+	stall *listen.StallWatch
 	// quota serves the Rate Limit Quota Service; nil with
 	// RLQS_ENABLED=false.
 	quota *rlqs.Service
@@ -582,6 +584,7 @@ func listenError(where, setting string, err error) error {
 func (s *Server) newGRPCServer() {
 	s.streams = newStreamBound(s.stats)
 	stall := listen.NewStallWatch(s.stats, s.set.GRPCMaxConnectionIdle)
+	s.stall = stall
 	opts := append(grpcOptions(s.set, s.recoverUnary, s.recoverStream),
 		grpc.ChainUnaryInterceptor(stall.Unary),
 		grpc.ChainStreamInterceptor(stall.Stream, s.streams.intercept),
@@ -595,7 +598,9 @@ func (s *Server) newGRPCServer() {
 	// A client that speaks another protocol is warned of.
 	opts = append(opts, grpc.Creds(stall.Credentials(listen.NewProtocolCheck(creds, s.log))))
 	s.grpc = grpc.NewServer(opts...)
-	rlsv3.RegisterRateLimitServiceServer(s.grpc, s.svc)
+	rls := rlsv3.RateLimitService_ServiceDesc
+	rls.Methods = []grpc.MethodDesc{{MethodName: "ShouldRateLimit", Handler: s.shouldRateLimit}}
+	s.grpc.RegisterService(&rls, s.svc)
 	if s.quota != nil {
 		rlqsv3.RegisterRateLimitQuotaServiceServer(s.grpc, s.quota)
 	}
@@ -778,19 +783,38 @@ func grpcOptions(set *settings.Settings, intercept grpc.UnaryServerInterceptor, 
 	return opts
 }
 
+// shouldRateLimit is ShouldRateLimit's gRPC handler in place of the
+// generated one: it does what the unary interceptors do (recoverUnary, the
+// stall watch's Arrived) without grpc-go's chain of them, whose call info
+// and closures cost each call three allocations. It does not call the
+// chain it is given.
+func (s *Server) shouldRateLimit(_ any, ctx context.Context, dec func(any) error, _ grpc.UnaryServerInterceptor) (_ any, err error) {
+	req := new(rlsv3.RateLimitRequest)
+	if err := dec(req); err != nil {
+		return nil, err
+	}
+	s.stall.Arrived(ctx)
+	defer s.recovered(rlsv3.RateLimitService_ShouldRateLimit_FullMethodName, &err)
+	return s.svc.ShouldRateLimit(ctx, req)
+}
+
 // recoverUnary turns a panic in a handler into codes.Internal, logs it and
 // counts it, so that a bug never takes the process down. The caller is
 // told only that it was an internal error: the panic's value and stack
 // are for the log.
-func (s *Server) recoverUnary(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (resp any, err error) {
-	defer func() {
-		if r := recover(); r != nil {
-			s.stats.Counter("ratelimit.server.panics").Inc()
-			s.log.Error("panic in handler", "method", info.FullMethod, "panic", r, "stack", string(debug.Stack()))
-			resp, err = nil, status.Error(codes.Internal, "internal error")
-		}
-	}()
+func (s *Server) recoverUnary(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (_ any, err error) {
+	defer s.recovered(info.FullMethod, &err)
 	return handler(ctx, req)
+}
+
+// recovered, deferred by a handler of method, recovers its panic (its
+// result is then nil) and sets *err to what recoverUnary says.
+func (s *Server) recovered(method string, err *error) {
+	if r := recover(); r != nil {
+		s.stats.Counter("ratelimit.server.panics").Inc()
+		s.log.Error("panic in handler", "method", method, "panic", r, "stack", string(debug.Stack()))
+		*err = status.Error(codes.Internal, "internal error")
+	}
 }
 
 // recoverStream is recoverUnary for streams (the quota service, health

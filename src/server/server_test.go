@@ -25,7 +25,9 @@ import (
 
 	"github.com/ratelimitd/ratelimit/harness"
 	"github.com/ratelimitd/ratelimit/src/provider"
+	"github.com/ratelimitd/ratelimit/src/server/listen"
 	"github.com/ratelimitd/ratelimit/src/settings"
+	"github.com/ratelimitd/ratelimit/src/stats"
 )
 
 const serverRules = `
@@ -403,6 +405,14 @@ func TestRecoverTurnsPanicIntoInternal(t *testing.T) {
 	}
 	if srv.stats.Counter("ratelimit.server.panics").Value() != 1 {
 		t.Error("panic not counted")
+	}
+	// ShouldRateLimit's own handler recovers as the interceptor does: a
+	// server without its service panics in it.
+	reg := stats.NewRegistry()
+	bare := &Server{stats: reg, log: slog.New(slog.DiscardHandler), stall: listen.NewStallWatch(reg, 0)}
+	resp, err := bare.shouldRateLimit(nil, t.Context(), func(any) error { return nil }, nil)
+	if resp != nil || status.Code(err) != codes.Internal || reg.Counter("ratelimit.server.panics").Value() != 1 {
+		t.Errorf("panicking ShouldRateLimit: %v, %v, want nil, Internal, counted", resp, err)
 	}
 }
 

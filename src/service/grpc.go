@@ -30,6 +30,9 @@ func (s *Service) Tap(ctx context.Context, info *tap.Info) (context.Context, err
 	if n >= int64(s.cfg.MaxConcurrent) {
 		return nil, s.shed()
 	}
+	if n+1 < loadMinInFlight {
+		return ctx, nil // as overloaded would, without reading the clock
+	}
 	if err := s.overloaded(ctx, n+1, time.Now()); err != nil {
 		return nil, err
 	}

@@ -61,7 +61,8 @@ func (w *StallWatch) awaitRequest(ctx context.Context) context.Context {
 		wait = w.maxWait
 	}
 	inner, cancel := context.WithCancelCause(ctx)
-	rc := &requestCtx{Context: inner, cancel: cancel, ended: w.callsEnded}
+	w.awaited.Add(1)
+	rc := &requestCtx{Context: inner, cancel: cancel, ended: w.callsEnded, awaited: &w.awaited}
 	rc.timer = time.AfterFunc(wait, rc.expire)
 	// A call that ends first (its client reset it) stops the timer, so
 	// that streams opened and reset in a loop leave nothing behind.
@@ -79,6 +80,8 @@ type requestCtx struct {
 	timer  *time.Timer
 	ended  *stats.Counter
 	done   atomic.Bool // the request came, or was late
+	// awaited is StallWatch.awaited, which counts done not yet set.
+	awaited *atomic.Int64
 }
 
 // requestKey finds a call's *requestCtx.
@@ -105,6 +108,7 @@ func (c *requestCtx) Err() error {
 // arrived stops the wait: the request came, or the call ended.
 func (c *requestCtx) arrived() {
 	if c.done.CompareAndSwap(false, true) {
+		c.awaited.Add(-1)
 		c.timer.Stop()
 	}
 }
@@ -112,22 +116,29 @@ func (c *requestCtx) arrived() {
 // expire ends the call, unless its request came meanwhile.
 func (c *requestCtx) expire() {
 	if c.done.CompareAndSwap(false, true) {
+		c.awaited.Add(-1)
 		c.ended.Inc()
 		c.cancel(errRequestLate)
 	}
 }
 
-// requestArrived stops the wait of the call of ctx, if any.
-func requestArrived(ctx context.Context) {
+// Arrived stops the wait of the call of ctx, if it has one: a unary
+// call's handler calls it once the message has come and been decoded. It
+// looks for one only while some call is awaited: a walk up a call's
+// contexts costs more than the rest of the watch's work on the call.
+func (w *StallWatch) Arrived(ctx context.Context) {
+	if w.awaited.Load() == 0 {
+		return
+	}
 	if rc, ok := ctx.Value(requestKey{}).(*requestCtx); ok {
 		rc.arrived()
 	}
 }
 
-// Unary stops the wait of a unary call: grpc-go calls the interceptors
-// once its message has come and been decoded.
+// Unary is Arrived for a unary call's interceptor: grpc-go calls the
+// interceptors once its message has come and been decoded.
 func (w *StallWatch) Unary(ctx context.Context, req any, _ *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
-	requestArrived(ctx)
+	w.Arrived(ctx)
 	return handler(ctx, req)
 }
 

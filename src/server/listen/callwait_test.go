@@ -56,11 +56,15 @@ func TestAwaitRequest(t *testing.T) {
 				ctx := w.awaitRequest(parent)
 				if tt.arrives {
 					time.Sleep(time.Second)
-					requestArrived(ctx)
+					w.Arrived(ctx)
 				}
 				select {
 				case <-ctx.Done():
 				case <-time.After(2 * time.Hour):
+				}
+				// Arrived looks for a call only while one is awaited.
+				if n := w.awaited.Load(); n != 0 {
+					t.Errorf("%d calls awaited once none is", n)
 				}
 				if tt.want == 0 {
 					if ctx.Err() != nil {

@@ -114,6 +114,7 @@ type StallWatch struct {
 	maxHalfSent int64
 	waiting     atomic.Int64 // answers waiting, all connections
 	halfSent    atomic.Int64 // requests not whole, all connections
+	awaited     atomic.Int64 // calls whose request is awaited (awaitRequest)
 	closed      *stats.Counter
 	// callsEnded counts the calls ended for a request late (awaitRequest).
 	callsEnded *stats.Counter
@@ -230,6 +231,11 @@ type watchedConn struct {
 	waitingNow, halfSentNow atomic.Int64
 	// untracked: a stream was opened past h2MaxStreams, uncounted.
 	untracked atomic.Bool
+	// writeBy is the write deadline last set, Unix nanoseconds. A write
+	// moves it only once an eighth of grpcWriteStall has passed: a
+	// deadline costs a timer's change, and one per write cost a
+	// twentieth of the watch's work on a call.
+	writeBy atomic.Int64
 
 	// mu guards the fields below: the reader's and the writer's
 	// goroutines both parse.
@@ -364,8 +370,11 @@ func (c *watchedConn) checkFrames() {
 
 func (c *watchedConn) Write(p []byte) (int, error) {
 	// A client that does not read its socket blocks the write: it too
-	// gets grpcWriteStall.
-	_ = c.Conn.SetWriteDeadline(time.Now().Add(c.w.stall))
+	// gets grpcWriteStall, less at most an eighth (writeBy).
+	if by := time.Now().Add(c.w.stall); by.UnixNano()-c.writeBy.Load() >= int64(c.w.stall/8) {
+		c.writeBy.Store(by.UnixNano())
+		_ = c.Conn.SetWriteDeadline(by)
+	}
 	n, err := c.Conn.Write(p)
 	if ne, ok := err.(net.Error); ok && ne.Timeout() {
 		c.closeStalled()

@@ -253,6 +253,37 @@ func TestWaitingBoundClosesTheWorst(t *testing.T) {
 	})
 }
 
+// TestWriteDeadlineMoves: a write that blocks gets at least 7/8 of
+// grpcWriteStall from its start, however recent the write before it.
+func TestWriteDeadlineMoves(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		w := NewStallWatch(stats.NewRegistry(), 0)
+		server, client := net.Pipe()
+		defer client.Close()
+		wc := w.watch(server)
+		go func() { _, _ = io.ReadFull(client, make([]byte, 1)) }()
+		if _, err := wc.Write([]byte("x")); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(grpcWriteStall / 2)
+		errc := make(chan error, 1)
+		go func() {
+			_, err := wc.Write([]byte("an answer nobody reads"))
+			errc <- err
+		}()
+		time.Sleep(grpcWriteStall * 7 / 8)
+		synctest.Wait()
+		if len(errc) > 0 || w.closed.Value() != 0 {
+			t.Fatal("a write was cut before 7/8 of the stall bound from its start")
+		}
+		time.Sleep(grpcWriteStall / 8)
+		synctest.Wait()
+		if len(errc) == 0 || w.closed.Value() != 1 {
+			t.Error("a write nobody reads still blocks after the stall bound")
+		}
+	})
+}
+
 // TestUnreadSocketIsClosed: a write to a client that does not read its
 // socket gets grpcWriteStall, then the connection is closed and counted.
 func TestUnreadSocketIsClosed(t *testing.T) {
