@@ -100,23 +100,16 @@ type Config struct {
 // withDefaults returns c with the defaults of its zero fields.
 func (c Config) withDefaults() Config {
 	c.MemoryMaxBytes = cmp.Or(c.MemoryMaxBytes, DefaultMemoryMaxBytes)
-	if c.Top <= 0 {
-		c.Top = DefaultTop
-	}
-	if c.MaxKeys <= 0 {
-		c.MaxKeys = DefaultMaxKeys
-	}
-	if c.MaxKeyBytes <= 0 {
-		c.MaxKeyBytes = DefaultMaxKeyBytes
-	}
-	if c.Reorder <= 0 {
-		c.Reorder = DefaultReorder
-	}
-	if c.ReorderBytes <= 0 {
-		c.ReorderBytes = DefaultReorderBytes
-	}
+	c.Top = positiveOr(c.Top, DefaultTop)
+	c.MaxKeys = positiveOr(c.MaxKeys, DefaultMaxKeys)
+	c.MaxKeyBytes = positiveOr(c.MaxKeyBytes, DefaultMaxKeyBytes)
+	c.Reorder = positiveOr(c.Reorder, DefaultReorder)
+	c.ReorderBytes = positiveOr(c.ReorderBytes, DefaultReorderBytes)
 	return c
 }
+
+// positiveOr returns v, or d when v is zero or negative.
+func positiveOr[T ~int | ~int64](v, d T) T { return cmp.Or(max(v, 0), d) }
 
 // MemoryBound is the most memory a replay of c holds, in bytes, whatever
 // the capture holds; -1 when a store has no ceiling (MemoryMaxBytes

@@ -20,104 +20,57 @@ import (
 	"github.com/kelseyhightower/envconfig"
 )
 
-// Settings is every environment setting. Field comments give the default.
+// Settings is every environment setting: docs/SETTINGS.md describes each one
+// (TestSettingsDocument checks it) and the struct tags give the defaults.
+// Validate puts a setting that names one of a few words (LOG_FORMAT,
+// CONFIG_TYPE, LIVE_VIEW_VALUES...) in the case of its constants.
 type Settings struct {
 	// Listeners.
-	Host      string `envconfig:"HOST" default:"0.0.0.0"`
-	Port      int    `envconfig:"PORT" default:"8080"`
-	GRPCHost  string `envconfig:"GRPC_HOST" default:"0.0.0.0"`
-	GRPCPort  int    `envconfig:"GRPC_PORT" default:"8081"`
-	GRPCUDS   string `envconfig:"GRPC_UDS" default:""`
-	DebugHost string `envconfig:"DEBUG_HOST" default:"127.0.0.1"` // anchor: 0.0.0.0
-	DebugPort int    `envconfig:"DEBUG_PORT" default:"6070"`
-	// DebugAllowedHosts (extension): the host names, besides localhost and
-	// addresses, that the debug listener answers in the Host header (a
-	// page that rebinds its own name to 127.0.0.1 sends its name there);
-	// "*" answers any.
+	Host              string   `envconfig:"HOST" default:"0.0.0.0"`
+	Port              int      `envconfig:"PORT" default:"8080"`
+	GRPCHost          string   `envconfig:"GRPC_HOST" default:"0.0.0.0"`
+	GRPCPort          int      `envconfig:"GRPC_PORT" default:"8081"`
+	GRPCUDS           string   `envconfig:"GRPC_UDS" default:""`
+	DebugHost         string   `envconfig:"DEBUG_HOST" default:"127.0.0.1"`
+	DebugPort         int      `envconfig:"DEBUG_PORT" default:"6070"`
 	DebugAllowedHosts []string `envconfig:"DEBUG_ALLOWED_HOSTS" default:""`
-	// PprofEnabled (extension): serve /debug/pprof/ on the debug listener,
-	// as the anchor always does.
-	PprofEnabled bool `envconfig:"PPROF_ENABLED" default:"true"`
+	PprofEnabled      bool     `envconfig:"PPROF_ENABLED" default:"true"`
 
 	GRPCMaxConnectionAge      time.Duration `envconfig:"GRPC_MAX_CONNECTION_AGE" default:"24h"`
 	GRPCMaxConnectionAgeGrace time.Duration `envconfig:"GRPC_MAX_CONNECTION_AGE_GRACE" default:"1h"`
-	// GRPCMaxConnectionIdle (extension): a gRPC connection with no call in
-	// flight for this long is closed gracefully (GOAWAY); 0 never.
-	GRPCMaxConnectionIdle time.Duration `envconfig:"GRPC_MAX_CONNECTION_IDLE" default:"5m"`
+	GRPCMaxConnectionIdle     time.Duration `envconfig:"GRPC_MAX_CONNECTION_IDLE" default:"5m"`
 
-	// TLS on the gRPC listener, as in the anchor. GRPC_SERVER_USE_TLS
-	// turns it on and needs GRPC_SERVER_TLS_CERT and GRPC_SERVER_TLS_KEY
-	// (PEM files). GRPC_CLIENT_TLS_CACERT (PEM): clients must present a
-	// certificate signed by one of its CAs (mTLS); empty asks for none.
-	// GRPC_CLIENT_TLS_SAN: the client certificate must also hold this DNS
-	// name (or IP address), as hostname verification matches it. The
-	// files are re-read when they change. Without GRPC_SERVER_USE_TLS
-	// the others have no effect, as in the anchor (Load warns).
+	// TLS on the gRPC listener.
 	GRPCServerUseTLS    bool   `envconfig:"GRPC_SERVER_USE_TLS" default:"false"`
 	GRPCServerTLSCert   string `envconfig:"GRPC_SERVER_TLS_CERT" default:""`
 	GRPCServerTLSKey    string `envconfig:"GRPC_SERVER_TLS_KEY" default:""`
 	GRPCClientTLSCACert string `envconfig:"GRPC_CLIENT_TLS_CACERT" default:""`
 	GRPCClientTLSSAN    string `envconfig:"GRPC_CLIENT_TLS_SAN" default:""`
 
-	// Bounds on what clients may hold. GRPC_MAX_RECV_MSG_SIZE (extension):
-	// the largest request, in bytes, for gRPC and for the /json body alike
-	// (grpc-go's default is 4 MiB; a maximal Envoy request is a few KiB).
-	// GRPC_MAX_CONCURRENT_STREAMS (the anchor's, whose default 0 means no
-	// bound): requests in flight on one gRPC connection.
-	// GRPC_MAX_CONNECTIONS and HTTP_MAX_CONNECTIONS (extensions): connections
-	// open at once on the gRPC listener and on each HTTP listener (PORT,
-	// DEBUG_PORT, PROMETHEUS_ADDR); more wait. The server lowers them at
-	// start to fit the open-file limit.
-	GRPCMaxRecvMsgSize       int `envconfig:"GRPC_MAX_RECV_MSG_SIZE" default:"65536"`
-	GRPCMaxConcurrentStreams int `envconfig:"GRPC_MAX_CONCURRENT_STREAMS" default:"1024"`
-	GRPCMaxConnections       int `envconfig:"GRPC_MAX_CONNECTIONS" default:"10000"`
-	HTTPMaxConnections       int `envconfig:"HTTP_MAX_CONNECTIONS" default:"1024"`
-	// MaxConnectionsPerPeerPercent (extension): the share of each
-	// listener's connections one client address (an IPv6 client's /64)
-	// may hold, in percent (1..100; 100: no share of its own).
+	// Bounds on what clients may hold.
+	GRPCMaxRecvMsgSize           int `envconfig:"GRPC_MAX_RECV_MSG_SIZE" default:"65536"`
+	GRPCMaxConcurrentStreams     int `envconfig:"GRPC_MAX_CONCURRENT_STREAMS" default:"1024"`
+	GRPCMaxConnections           int `envconfig:"GRPC_MAX_CONNECTIONS" default:"10000"`
+	HTTPMaxConnections           int `envconfig:"HTTP_MAX_CONNECTIONS" default:"1024"`
 	MaxConnectionsPerPeerPercent int `envconfig:"MAX_CONNECTIONS_PER_PEER_PERCENT" default:"25"`
 
-	// gRPC server tuning (extensions; defaults chosen by measurement, see
-	// docs/BENCHMARKS.md). GRPC_NUM_STREAM_WORKERS: handler goroutines reused
-	// across requests (0 = a new goroutine per request, grpc-go's default);
-	// -1 means one per CPU. Buffer sizes are per connection, in bytes.
-	// GRPCReflectionEnabled (extension): serve gRPC server reflection, as
-	// the anchor always does (grpcurl lists the services through it);
-	// false leaves it out.
+	// gRPC server tuning.
 	GRPCReflectionEnabled bool `envconfig:"GRPC_REFLECTION_ENABLED" default:"true"`
-
 	GRPCNumStreamWorkers  int  `envconfig:"GRPC_NUM_STREAM_WORKERS" default:"64"`
 	GRPCReadBufferSize    int  `envconfig:"GRPC_READ_BUFFER_SIZE" default:"32768"`
 	GRPCWriteBufferSize   int  `envconfig:"GRPC_WRITE_BUFFER_SIZE" default:"32768"`
 	GRPCSharedWriteBuffer bool `envconfig:"GRPC_SHARED_WRITE_BUFFER" default:"false"`
 
-	// GCHeadroomBytes (extension): the garbage collector lets the heap grow
-	// at least this far above the live data before collecting (0 = Go's
-	// default pacing; ignored when GOGC is set).
 	GCHeadroomBytes int64 `envconfig:"GC_HEADROOM_BYTES" default:"33554432"`
 
-	// Prometheus (served natively; the anchor goes through a statsd
-	// mapping). PROMETHEUS_MAPPER_YAML is a statsd_exporter mapping file
-	// that names the series from the statsd names instead of the anchor's
-	// default mapping; PROMETHEUS_RESPONSE_TIME_AS_MILLISECONDS makes the
-	// default mapping's response-time histogram count milliseconds, as the
-	// anchor's did before it fixed the unit (no effect with a mapping).
+	// Prometheus.
 	UsePrometheus                        bool   `envconfig:"USE_PROMETHEUS" default:"false"`
 	PrometheusAddr                       string `envconfig:"PROMETHEUS_ADDR" default:":9090"`
 	PrometheusPath                       string `envconfig:"PROMETHEUS_PATH" default:"/metrics"`
 	PrometheusMapperYAML                 string `envconfig:"PROMETHEUS_MAPPER_YAML" default:""`
 	PrometheusResponseTimeAsMilliseconds bool   `envconfig:"PROMETHEUS_RESPONSE_TIME_AS_MILLISECONDS" default:"false"`
 
-	// Statsd, as in the anchor. USE_STATSD sends the statistics to
-	// STATSD_HOST:STATSD_PORT every STATS_FLUSH_INTERVAL, over
-	// STATSD_PROTOCOL (udp or tcp; read by gostats in the anchor, whose
-	// default is tcp). USE_DOG_STATSD sends them in DogStatsD's dialect
-	// over UDP instead, rewritten by the mogrifiers named in
-	// USE_DOG_STATSD_MOGRIFIERS (see Mogrifiers); it does not need
-	// USE_STATSD=false (the anchor refuses to start without it).
-	// EXTRA_TAGS (key:value,...) tags every statistic. DISABLE_STATS
-	// sends nothing anywhere and opens no Prometheus listener, as in the
-	// anchor; the debug port's /stats and /metrics still answer.
+	// Statsd and DogStatsD.
 	UseStatsd              bool              `envconfig:"USE_STATSD" default:"true"`
 	StatsdHost             string            `envconfig:"STATSD_HOST" default:"localhost"`
 	StatsdPort             int               `envconfig:"STATSD_PORT" default:"8125"`
@@ -132,17 +85,8 @@ type Settings struct {
 	// Load (see Mogrifiers).
 	mogrifiers []Mogrifier
 
-	// Tracing with OpenTelemetry, as in the anchor. TRACING_ENABLED sends
-	// a span per decision (and one per store round trip) over OTLP, by
-	// TRACING_EXPORTER_PROTOCOL (http or grpc), as the process
-	// TRACING_SERVICE_NAME in TRACING_SERVICE_NAMESPACE, instance
-	// TRACING_SERVICE_INSTANCE_ID (empty: a random UUID at each start).
-	// TRACING_SAMPLING_RATE (0..1) is the share of traces started here
-	// that are recorded; a request whose caller sent a trace context
-	// follows the caller's decision. Where the spans go is read by the
-	// OpenTelemetry SDK itself from the standard OTEL_EXPORTER_OTLP_*
-	// variables (endpoint, headers, certificates, timeout, compression);
-	// OTEL_EXPORTER_OTLP_ENDPOINT is read here too, only to check it.
+	// Tracing. The OpenTelemetry SDK reads the OTEL_EXPORTER_OTLP_* variables
+	// itself; OTLPEndpoint is read only to check it.
 	TracingEnabled           bool    `envconfig:"TRACING_ENABLED" default:"false"`
 	TracingServiceName       string  `envconfig:"TRACING_SERVICE_NAME" default:"RateLimit"`
 	TracingServiceNamespace  string  `envconfig:"TRACING_SERVICE_NAMESPACE" default:""`
@@ -151,43 +95,27 @@ type Settings struct {
 	TracingSamplingRate      float64 `envconfig:"TRACING_SAMPLING_RATE" default:"1"`
 	OTLPEndpoint             string  `envconfig:"OTEL_EXPORTER_OTLP_ENDPOINT" default:""`
 
-	// Logging. Both are read in any case; Validate lowers LogFormat.
+	// Logging.
 	LogLevel  string `envconfig:"LOG_LEVEL" default:"WARN"`
 	LogFormat string `envconfig:"LOG_FORMAT" default:"text"`
 
 	// Rules.
-	RuntimeRoot           string `envconfig:"RUNTIME_ROOT" default:""` // anchor: /srv/runtime_data/current; empty = working directory
-	RuntimeSubdirectory   string `envconfig:"RUNTIME_SUBDIRECTORY" default:""`
-	RuntimeAppDirectory   string `envconfig:"RUNTIME_APPDIRECTORY" default:"config"`
-	RuntimeIgnoreDotFiles bool   `envconfig:"RUNTIME_IGNOREDOTFILES" default:"false"`
-	RuntimeWatchRoot      bool   `envconfig:"RUNTIME_WATCH_ROOT" default:"true"` // accepted for compatibility: both values watch the same (see provider.FileConfig.Root)
-	MergeDomainConfig     bool   `envconfig:"MERGE_DOMAIN_CONFIG" default:"false"`
-	// RuntimeRecheckInterval (extension): how often the rule files are
-	// read again and reloaded if their content changed without a file
-	// system event; 0 disables.
-	RuntimeRecheckInterval time.Duration `envconfig:"RUNTIME_RECHECK_INTERVAL" default:"60s"`
-	// RuntimeQuietPeriod (extension): how long the rule files must stay
-	// unchanged before a reload reads them, and again before it trusts
-	// what it read, so that a file being written is never loaded halfway.
-	RuntimeQuietPeriod time.Duration `envconfig:"RUNTIME_QUIET_PERIOD" default:"1s"`
-	// RuntimeAllowEmptyReload (extension): let a reload that finds no
-	// domain at all replace rules that had some (default: refused).
-	RuntimeAllowEmptyReload bool `envconfig:"RUNTIME_ALLOW_EMPTY_RELOAD" default:"false"`
+	RuntimeRoot             string        `envconfig:"RUNTIME_ROOT" default:""`
+	RuntimeSubdirectory     string        `envconfig:"RUNTIME_SUBDIRECTORY" default:""`
+	RuntimeAppDirectory     string        `envconfig:"RUNTIME_APPDIRECTORY" default:"config"`
+	RuntimeIgnoreDotFiles   bool          `envconfig:"RUNTIME_IGNOREDOTFILES" default:"false"`
+	RuntimeWatchRoot        bool          `envconfig:"RUNTIME_WATCH_ROOT" default:"true"` // accepted for compatibility: both values watch the same (see provider.FileConfig.Root)
+	MergeDomainConfig       bool          `envconfig:"MERGE_DOMAIN_CONFIG" default:"false"`
+	RuntimeRecheckInterval  time.Duration `envconfig:"RUNTIME_RECHECK_INTERVAL" default:"60s"`
+	RuntimeQuietPeriod      time.Duration `envconfig:"RUNTIME_QUIET_PERIOD" default:"1s"`
+	RuntimeAllowEmptyReload bool          `envconfig:"RUNTIME_ALLOW_EMPTY_RELOAD" default:"false"`
 
 	ForceStartWithoutInitialConfig    bool `envconfig:"FORCE_START_WITHOUT_INITIAL_CONFIG" default:"false"`
 	HealthyWithAtLeastOneConfigLoaded bool `envconfig:"HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED" default:"false"`
 
-	// ConfigType is where the rules come from: FILE (the RUNTIME_*
-	// folder) or GRPC_XDS_SOTW (an xDS management server, state of the
-	// world over ADS). Validate upper-cases it.
 	ConfigType string `envconfig:"CONFIG_TYPE" default:"FILE"`
 
-	// The xDS client of CONFIG_TYPE=GRPC_XDS_SOTW. NODE_METADATA is
-	// key=value pairs separated by commas (key:value is read too);
-	// ADDITIONAL_HEADERS is key:value pairs sent as gRPC metadata on the
-	// stream (credentials: never logged). CONNECT_RETRY_INTERVAL is
-	// accepted and has no effect, as in the anchor; the waits between
-	// connection attempts are the XDS_CLIENT_BACKOFF_* ones.
+	// The xDS client (CONFIG_TYPE=GRPC_XDS_SOTW).
 	ConfigGRPCXDSNodeID                     string            `envconfig:"CONFIG_GRPC_XDS_NODE_ID" default:"default"`
 	ConfigGRPCXDSNodeMetadata               string            `envconfig:"CONFIG_GRPC_XDS_NODE_METADATA" default:""`
 	ConfigGRPCXDSServerURL                  string            `envconfig:"CONFIG_GRPC_XDS_SERVER_URL" default:"localhost:18000"`
@@ -198,17 +126,11 @@ type Settings struct {
 	ConfigGRPCXDSClientTLSKey               string            `envconfig:"CONFIG_GRPC_XDS_CLIENT_TLS_KEY" default:""`
 	ConfigGRPCXDSServerTLSCACert            string            `envconfig:"CONFIG_GRPC_XDS_SERVER_TLS_CACERT" default:""`
 	ConfigGRPCXDSServerTLSSAN               string            `envconfig:"CONFIG_GRPC_XDS_SERVER_TLS_SAN" default:""`
-	// The wait before reconnecting to the xDS server, and before
-	// answering again a server that repeats an update it was refused:
-	// INITIAL_INTERVAL, doubled after each failure up to MAX_INTERVAL,
-	// and with JITTER spread by ±RANDOM_FACTOR of itself (0..1).
-	XDSClientBackoffInitialInterval time.Duration `envconfig:"XDS_CLIENT_BACKOFF_INITIAL_INTERVAL" default:"10s"`
-	XDSClientBackoffMaxInterval     time.Duration `envconfig:"XDS_CLIENT_BACKOFF_MAX_INTERVAL" default:"60s"`
-	XDSClientBackoffRandomFactor    float64       `envconfig:"XDS_CLIENT_BACKOFF_RANDOM_FACTOR" default:"0.5"`
-	XDSClientBackoffJitter          bool          `envconfig:"XDS_CLIENT_BACKOFF_JITTER" default:"true"`
-	// XDSClientMaxMsgSizeInBytes bounds one message from the xDS server;
-	// 0 (unset) is gRPC's default, 4 MiB.
-	XDSClientMaxMsgSizeInBytes int `envconfig:"XDS_CLIENT_MAX_MSG_SIZE_IN_BYTES" default:""`
+	XDSClientBackoffInitialInterval         time.Duration     `envconfig:"XDS_CLIENT_BACKOFF_INITIAL_INTERVAL" default:"10s"`
+	XDSClientBackoffMaxInterval             time.Duration     `envconfig:"XDS_CLIENT_BACKOFF_MAX_INTERVAL" default:"60s"`
+	XDSClientBackoffRandomFactor            float64           `envconfig:"XDS_CLIENT_BACKOFF_RANDOM_FACTOR" default:"0.5"`
+	XDSClientBackoffJitter                  bool              `envconfig:"XDS_CLIENT_BACKOFF_JITTER" default:"true"`
+	XDSClientMaxMsgSizeInBytes              int               `envconfig:"XDS_CLIENT_MAX_MSG_SIZE_IN_BYTES" default:""`
 
 	// backendInferred is the REDIS_ variable that made BackendType redis
 	// when BACKEND_TYPE was not set (see inferBackend); "" otherwise.
@@ -217,107 +139,62 @@ type Settings struct {
 	statsdAsked bool
 
 	// Decisions.
-	BackendType                        string  `envconfig:"BACKEND_TYPE" default:"memory"` // anchor: redis; unset with a REDIS_ variable set: redis (see inferBackend)
+	BackendType                        string  `envconfig:"BACKEND_TYPE" default:"memory"` // see inferBackend
 	ShadowMode                         bool    `envconfig:"SHADOW_MODE" default:"false"`
 	QuotaMode                          bool    `envconfig:"QUOTA_MODE" default:"false"`
 	NearLimitRatio                     float64 `envconfig:"NEAR_LIMIT_RATIO" default:"0.8"`
 	CacheKeyPrefix                     string  `envconfig:"CACHE_KEY_PREFIX" default:""`
-	CacheKeyFormat                     string  `envconfig:"CACHE_KEY_FORMAT" default:"anchor"` // extension: anchor or escaped (Redis, Memcached; memory always escapes)
+	CacheKeyFormat                     string  `envconfig:"CACHE_KEY_FORMAT" default:"anchor"`
 	StopCacheKeyIncrementWhenOverlimit bool    `envconfig:"STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT" default:"false"`
 	ExpirationJitterMaxSeconds         int64   `envconfig:"EXPIRATION_JITTER_MAX_SECONDS" default:"300"`
 	LocalCacheSizeInBytes              int     `envconfig:"LOCAL_CACHE_SIZE_IN_BYTES" default:"0"`
 	ResponseDynamicMetadata            bool    `envconfig:"RESPONSE_DYNAMIC_METADATA" default:"false"`
 
 	// Response headers.
-	LimitResponseHeadersEnabled bool   `envconfig:"LIMIT_RESPONSE_HEADERS_ENABLED" default:"false"`
-	LimitLimitHeader            string `envconfig:"LIMIT_LIMIT_HEADER" default:"RateLimit-Limit"`
-	LimitRemainingHeader        string `envconfig:"LIMIT_REMAINING_HEADER" default:"RateLimit-Remaining"`
-	LimitResetHeader            string `envconfig:"LIMIT_RESET_HEADER" default:"RateLimit-Reset"`
-	// Extensions: the IETF header pair instead of the trio, the headers to
-	// the upstream too, and Retry-After and a JSON body on OVER_LIMIT.
+	LimitResponseHeadersEnabled    bool   `envconfig:"LIMIT_RESPONSE_HEADERS_ENABLED" default:"false"`
+	LimitLimitHeader               string `envconfig:"LIMIT_LIMIT_HEADER" default:"RateLimit-Limit"`
+	LimitRemainingHeader           string `envconfig:"LIMIT_REMAINING_HEADER" default:"RateLimit-Remaining"`
+	LimitResetHeader               string `envconfig:"LIMIT_RESET_HEADER" default:"RateLimit-Reset"`
 	LimitResponseHeadersStyle      string `envconfig:"LIMIT_RESPONSE_HEADERS_STYLE" default:"draft03"`
 	LimitRequestHeadersEnabled     bool   `envconfig:"LIMIT_REQUEST_HEADERS_ENABLED" default:"false"`
 	LimitResponseRetryAfterEnabled bool   `envconfig:"LIMIT_RESPONSE_RETRY_AFTER_ENABLED" default:"false"`
 	LimitResponseBodyEnabled       bool   `envconfig:"LIMIT_RESPONSE_BODY_ENABLED" default:"false"`
 
-	// Hostile input: the request budget (the anchor's REQUEST_TIMEOUT: 0,
-	// none beyond the caller's deadline; set, the bound of every request),
-	// and, our extensions, the decisions in flight and the statistics keys
-	// made from request data. See the docs/SECURITY.md, "Limits and
-	// hostile input".
+	// Hostile input.
 	RequestTimeout        time.Duration `envconfig:"REQUEST_TIMEOUT" default:"0"`
 	MaxConcurrentRequests int           `envconfig:"MAX_CONCURRENT_REQUESTS" default:"4096"`
 	StatsMaxDynamicKeys   int           `envconfig:"STATS_MAX_DYNAMIC_KEYS" default:"1000"`
-	// STATS_IDLE_EXPIRY: how long a statistics key that no rule in use
-	// names (a removed rule or domain, a request value) may go without a
-	// hit before it is dropped.
-	StatsIdleExpiry time.Duration `envconfig:"STATS_IDLE_EXPIRY" default:"10m"`
+	StatsIdleExpiry       time.Duration `envconfig:"STATS_IDLE_EXPIRY" default:"10m"`
 
-	// The live view (extensions): a page at /ui/ on the debug listener and
-	// its JSON API under /api/v1/ (docs/LIVE.md). LIVE_VIEW_ENABLED=false
-	// turns both off, and the recording of the traffic they show with them.
-	// LIVE_VIEW_MAX_KEYS: the keys the top-keys sketch tracks at once, all
-	// domains together (about 400 bytes each; 16..65536).
-	LiveViewEnabled bool `envconfig:"LIVE_VIEW_ENABLED" default:"true"`
-	LiveViewMaxKeys int  `envconfig:"LIVE_VIEW_MAX_KEYS" default:"1024"`
-	// LiveViewValues: how the live view shows descriptor values (request
-	// data): plain, hashed (a keyed hash, stable while the process runs)
-	// or truncated (the first half, at most 4 characters). Validate lowers it.
-	LiveViewValues string `envconfig:"LIVE_VIEW_VALUES" default:"plain"`
+	// The live view.
+	LiveViewEnabled bool   `envconfig:"LIVE_VIEW_ENABLED" default:"true"`
+	LiveViewMaxKeys int    `envconfig:"LIVE_VIEW_MAX_KEYS" default:"1024"`
+	LiveViewValues  string `envconfig:"LIVE_VIEW_VALUES" default:"plain"`
 
-	// Capture (extensions): /api/v1/capture on the debug listener records
-	// the requests decided for a bounded time or count, as NDJSON, when an
-	// operator asks (docs/CHANGING_LIMITS.md). CAPTURE_ENABLED=
-	// false removes the endpoint. CAPTURE_MAX_BYTES: the most one capture
-	// may hold, in bytes (256 MiB; 1 MiB..64 GiB).
+	// Capture.
 	CaptureEnabled  bool  `envconfig:"CAPTURE_ENABLED" default:"true"`
 	CaptureMaxBytes int64 `envconfig:"CAPTURE_MAX_BYTES" default:"268435456"`
 
-	// The Rate Limit Quota Service (extensions; docs/RLQS.md), on the gRPC
-	// listener. RLQS_ENABLED: true, false, or empty (the default): served
-	// while the rules have quota_buckets, answered Unimplemented while
-	// they have none. RLQS_ASSIGNMENT_TTL: the time to live of every
-	// assignment, whole seconds, 2s..1h, longer than Envoy's report
-	// period (5 s). RLQS_IDLE_TIMEOUT: a bucket that reported no request
-	// for this long is abandoned (0: never). RLQS_MAX_STREAMS: streams
-	// open at once; RLQS_MAX_BUCKETS: subscriptions (a bucket of one
-	// stream) counted at once, all streams together, those of closed
-	// streams included until their leases end; RLQS_MAX_BUCKETS_PER_STREAM:
-	// the same for one stream.
+	// The Rate Limit Quota Service.
 	RLQSEnabled             string        `envconfig:"RLQS_ENABLED" default:""`
 	RLQSAssignmentTTL       time.Duration `envconfig:"RLQS_ASSIGNMENT_TTL" default:"15s"`
 	RLQSIdleTimeout         time.Duration `envconfig:"RLQS_IDLE_TIMEOUT" default:"60s"`
 	RLQSMaxStreams          int           `envconfig:"RLQS_MAX_STREAMS" default:"1024"`
 	RLQSMaxBuckets          int           `envconfig:"RLQS_MAX_BUCKETS" default:"100000"`
 	RLQSMaxBucketsPerStream int           `envconfig:"RLQS_MAX_BUCKETS_PER_STREAM" default:"10000"`
-	// RLQS_MAX_STREAMS_PER_PEER and RLQS_MAX_BUCKETS_PER_PEER: one client
-	// address's share of RLQS_MAX_STREAMS and RLQS_MAX_BUCKETS.
-	RLQSMaxStreamsPerPeer int `envconfig:"RLQS_MAX_STREAMS_PER_PEER" default:"16"`
-	RLQSMaxBucketsPerPeer int `envconfig:"RLQS_MAX_BUCKETS_PER_PEER" default:"20000"`
+	RLQSMaxStreamsPerPeer   int           `envconfig:"RLQS_MAX_STREAMS_PER_PEER" default:"16"`
+	RLQSMaxBucketsPerPeer   int           `envconfig:"RLQS_MAX_BUCKETS_PER_PEER" default:"20000"`
 
-	// Memory store (our extension). MEMORY_MAX_BYTES: the most bytes its
-	// keys take (64 MiB; at least 1 MiB); MEMORY_MAX_KEYS: the most keys
-	// (0 = no key-count ceiling). At either the store evicts, never refuses.
+	// Memory store.
 	MemoryMaxBytes int64 `envconfig:"MEMORY_MAX_BYTES" default:"67108864"`
 	MemoryMaxKeys  int   `envconfig:"MEMORY_MAX_KEYS" default:"0"`
 
-	// Store outages (extensions), Redis and Memcached. STORE_BREAKER_FAILURES:
-	// the failures in a row of one server (a Redis backend, a Cluster
-	// master, a memcached server) that open its circuit breaker, after which
-	// its requests fail at once (0 = no breaker);
-	// STORE_BREAKER_PROBE_INTERVAL: the longest wait between probes of an
-	// open breaker's server (they back off from 10 ms); its first answer
-	// closes the breaker.
+	// Store outages, Redis and Memcached.
 	StoreBreakerFailures      int           `envconfig:"STORE_BREAKER_FAILURES" default:"5"`
 	StoreBreakerProbeInterval time.Duration `envconfig:"STORE_BREAKER_PROBE_INTERVAL" default:"500ms"`
-	// StoreFailureMode: error (the store's error reaches Envoy, whose
-	// failure_mode_deny decides) or local (decide from this instance's own
-	// memory while the store is unreachable). No effect with BACKEND_TYPE=memory.
-	StoreFailureMode string `envconfig:"STORE_FAILURE_MODE" default:"error"`
-	// Write-behind counting (extensions), Redis and Memcached.
-	// WRITE_BEHIND_INTERVAL: decide fixed windows from local counts and send
-	// them to the store this often (0 = off: every decision is a store op);
-	// WRITE_BEHIND_MAX_KEYS: the most keys of windows under way it tracks.
+	StoreFailureMode          string        `envconfig:"STORE_FAILURE_MODE" default:"error"`
+
+	// Write-behind counting, Redis and Memcached.
 	WriteBehindInterval time.Duration `envconfig:"WRITE_BEHIND_INTERVAL" default:"0"`
 	WriteBehindMaxKeys  int           `envconfig:"WRITE_BEHIND_MAX_KEYS" default:"100000"`
 
@@ -350,11 +227,6 @@ type Settings struct {
 	RedisPerSecondPipelineLimit  int           `envconfig:"REDIS_PERSECOND_PIPELINE_LIMIT" default:"0"`
 	RedisPerSecondTimeout        time.Duration `envconfig:"REDIS_PERSECOND_TIMEOUT" default:"10s"`
 
-	// REDIS_STALL_TIMEOUT: how long a Redis that owes replies may send
-	// nothing before its circuit breaker opens (the kernel holding nothing
-	// of it unread either: this process being late is not the server
-	// being silent); 0: no bound but REDIS_TIMEOUT. Only with the breaker
-	// on (STORE_BREAKER_FAILURES); the per-second Redis too.
 	RedisStallTimeout time.Duration `envconfig:"REDIS_STALL_TIMEOUT" default:"250ms"`
 
 	RedisStartupInitialInterval time.Duration `envconfig:"REDIS_STARTUP_INITIAL_INTERVAL" default:"500ms"`

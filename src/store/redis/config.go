@@ -175,30 +175,21 @@ func (c Config) withDefaults() (Config, error) {
 	default:
 		return c, fmt.Errorf("redis: unknown socket type %q (want tcp or unix)", c.SocketType)
 	}
-	if c.PoolSize <= 0 {
-		c.PoolSize = defaultPoolSize
-	}
-	if c.MaxQueue <= 0 {
-		c.MaxQueue = defaultMaxQueue
-	}
-	if c.Timeout <= 0 {
-		c.Timeout = defaultTimeout
-	}
+	c.PoolSize = positiveOr(c.PoolSize, defaultPoolSize)
+	c.MaxQueue = positiveOr(c.MaxQueue, defaultMaxQueue)
+	c.Timeout = positiveOr(c.Timeout, defaultTimeout)
 	c.Stall = cmp.Or(c.Stall, defaultStall)
-	if c.HealthCheckInterval <= 0 {
-		c.HealthCheckInterval = defaultHealthCheckInterval
-	}
-	if c.StartupInitialInterval <= 0 {
-		c.StartupInitialInterval = defaultStartupInitialInterval
-	}
-	if c.StartupMaxInterval <= 0 {
-		c.StartupMaxInterval = defaultStartupMaxInterval
-	}
+	c.HealthCheckInterval = positiveOr(c.HealthCheckInterval, defaultHealthCheckInterval)
+	c.StartupInitialInterval = positiveOr(c.StartupInitialInterval, defaultStartupInitialInterval)
+	c.StartupMaxInterval = positiveOr(c.StartupMaxInterval, defaultStartupMaxInterval)
 	c.PipelineLimit = max(c.PipelineLimit, 0)
 	c.PipelineWindow = max(c.PipelineWindow, 0)
 	c.ExpirationJitterMax = max(c.ExpirationJitterMax, 0)
 	return c, nil
 }
+
+// positiveOr returns v, or d when v is zero or negative.
+func positiveOr[T ~int | ~int64](v, d T) T { return cmp.Or(max(v, 0), d) }
 
 // Endpoints is a REDIS_URL split by ParseURL.
 type Endpoints struct {
