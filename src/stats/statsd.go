@@ -49,7 +49,7 @@ type StatsdConfig struct {
 	// Addr is the statsd server, host:port. The host is resolved again at
 	// each connection, so a server that moves is followed.
 	Addr string
-	// Network is "udp" or "tcp" (STATSD_PROTOCOL); empty means udp.
+	// Network is udp, tcp, or either with 4 or 6 (STATSD_PROTOCOL); empty means udp.
 	Network string
 	// Interval is the time between two flushes; 0 means 10 s.
 	Interval time.Duration
@@ -136,12 +136,16 @@ func NewStatsd(reg *Registry, cfg StatsdConfig) *Statsd {
 		hists:  map[*metric]*[timerBuckets]uint64{},
 		names:  map[*metric]encodedName{},
 	}
-	if cfg.Network == "tcp" {
+	if s.tcp() {
 		s.packet = tcpPacketBytes
 	}
 	s.buf = make([]byte, 0, s.packet)
 	return s
 }
+
+// tcp reports whether the statsd server is reached over TCP (tcp, tcp4
+// or tcp6): one connection kept, packets of tcpPacketBytes.
+func (s *Statsd) tcp() bool { return strings.HasPrefix(s.cfg.Network, "tcp") }
 
 // Run flushes at each interval until ctx is done. It does not flush at the
 // end: the server calls Flush once the requests in flight have finished.
@@ -203,14 +207,14 @@ func (s *Statsd) Flush(ctx context.Context) error {
 		s.collect(func([]byte) {})
 		return err
 	}
-	if s.cfg.Network != "tcp" {
+	if !s.tcp() {
 		defer conn.Close()
 	}
 	var errs []error
 	w := &packetWriter{s: s, ctx: ctx, conn: conn, errs: &errs}
 	s.collect(w.line)
 	w.send()
-	if len(errs) > 0 && s.cfg.Network == "tcp" {
+	if len(errs) > 0 && s.tcp() {
 		s.closeConn()
 	}
 	return errors.Join(errs...)
@@ -246,7 +250,7 @@ func (s *Statsd) connect(ctx context.Context) (net.Conn, error) {
 	if err != nil {
 		return nil, fmt.Errorf("stats: statsd: %w", err)
 	}
-	if s.cfg.Network == "tcp" {
+	if s.tcp() {
 		s.conn = conn
 	}
 	return conn, nil
@@ -297,7 +301,7 @@ func (w *packetWriter) write(p []byte) {
 	_ = w.conn.SetWriteDeadline(deadline)
 	if _, err := w.conn.Write(p); err != nil {
 		*w.errs = append(*w.errs, fmt.Errorf("stats: statsd: %w", err))
-		w.dead = w.s.cfg.Network == "tcp"
+		w.dead = w.s.tcp()
 	}
 }
 

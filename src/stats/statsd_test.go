@@ -483,9 +483,16 @@ func fmtLabels(ls []Label) string {
 	return "[" + strings.Join(parts, " ") + "]"
 }
 
-// TestStatsdTCP: over TCP the lines arrive on one connection, and after
-// the server drops it a later flush connects again.
+// TestStatsdTCP: over TCP (tcp, or tcp4 as STATSD_PROTOCOL allows) the
+// lines arrive on one connection, and after the server drops it a later
+// flush connects again.
 func TestStatsdTCP(t *testing.T) {
+	for _, network := range []string{"tcp", "tcp4"} {
+		t.Run(network, func(t *testing.T) { testStatsdTCP(t, network) })
+	}
+}
+
+func testStatsdTCP(t *testing.T, network string) {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -514,7 +521,7 @@ func TestStatsdTCP(t *testing.T) {
 		}
 	}
 	r := NewRegistry()
-	s := NewStatsd(r, StatsdConfig{Addr: ln.Addr().String(), Network: "tcp"})
+	s := NewStatsd(r, StatsdConfig{Addr: ln.Addr().String(), Network: network})
 	t.Cleanup(func() { s.Close() })
 	r.Counter("a").Add(2)
 	flush(t, s)
