@@ -114,7 +114,7 @@ var anchorSettings = []AnchorSetting{
 	{Name: "DEBUG_PORT", Status: Same, Default: "6070"},
 	{Name: "GRPC_HOST", Status: Same, Default: "0.0.0.0"},
 	{Name: "GRPC_PORT", Status: Same, Default: "8081"},
-	{Name: "GRPC_UDS", Status: Same},
+	{Name: "GRPC_UDS", Status: Different},
 	{Name: "GRPC_MAX_CONNECTION_AGE", Status: Same, Default: "24h"},
 	{Name: "GRPC_MAX_CONNECTION_AGE_GRACE", Status: Same, Default: "1h"},
 	{Name: "GRPC_MAX_CONCURRENT_STREAMS", Status: Different, Default: "0"},
