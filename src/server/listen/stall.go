@@ -115,6 +115,7 @@ type StallWatch struct {
 	waiting     atomic.Int64 // answers waiting, all connections
 	halfSent    atomic.Int64 // requests not whole, all connections
 	awaited     atomic.Int64 // calls whose request is awaited (awaitRequest)
+	start       time.Time    // when the watch began: writes' deadlines count from it
 	closed      *stats.Counter
 	// callsEnded counts the calls ended for a request late (awaitRequest).
 	callsEnded *stats.Counter
@@ -142,6 +143,7 @@ func NewStallWatch(reg *stats.Registry, idle time.Duration) *StallWatch {
 		callsEnded:  reg.Counter("ratelimit.server.grpc_stalled_calls_ended"),
 		idleClosed:  reg.Counter("ratelimit.server.grpc_idle_connections_closed"),
 		conns:       map[*watchedConn]struct{}{},
+		start:       time.Now(),
 	}
 	reg.GaugeFunc("ratelimit.server.grpc_answers_waiting", w.waiting.Load)
 	return w
@@ -231,10 +233,11 @@ type watchedConn struct {
 	waitingNow, halfSentNow atomic.Int64
 	// untracked: a stream was opened past h2MaxStreams, uncounted.
 	untracked atomic.Bool
-	// writeBy is the write deadline last set, Unix nanoseconds. A write
-	// moves it only once an eighth of grpcWriteStall has passed: a
-	// deadline costs a timer's change, and one per write cost a
-	// twentieth of the watch's work on a call.
+	// writeBy is the write deadline last set, in nanoseconds of the
+	// monotonic clock from the watch's start. A write moves it only once
+	// an eighth of grpcWriteStall has passed: a deadline costs a timer's
+	// change, and one per write cost a twentieth of the watch's work on a
+	// call.
 	writeBy atomic.Int64
 
 	// mu guards the fields below: the reader's and the writer's
@@ -371,9 +374,10 @@ func (c *watchedConn) checkFrames() {
 func (c *watchedConn) Write(p []byte) (int, error) {
 	// A client that does not read its socket blocks the write: it too
 	// gets grpcWriteStall, less at most an eighth (writeBy).
-	if by := time.Now().Add(c.w.stall); by.UnixNano()-c.writeBy.Load() >= int64(c.w.stall/8) {
-		c.writeBy.Store(by.UnixNano())
-		_ = c.Conn.SetWriteDeadline(by)
+	now := time.Now()
+	if by := int64(now.Sub(c.w.start) + c.w.stall); by-c.writeBy.Load() >= int64(c.w.stall/8) {
+		c.writeBy.Store(by)
+		_ = c.Conn.SetWriteDeadline(now.Add(c.w.stall))
 	}
 	n, err := c.Conn.Write(p)
 	if ne, ok := err.(net.Error); ok && ne.Timeout() {
