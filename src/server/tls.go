@@ -44,8 +44,9 @@ const (
 	// files compared with the last ones costs nothing worth counting.
 	tlsRecheck = time.Minute
 	// tlsQuiet is how long events must stop before the files are read,
-	// so that a writer that replaces the certificate and then the key
-	// (not atomically, as Kubernetes does) is read once, after both.
+	// and a change is taken once two reads this far apart agree
+	// (filewatch), so that a writer that replaces the certificate and
+	// then the key, not atomically, is taken once, after both.
 	tlsQuiet = 200 * time.Millisecond
 	// tlsExpiryWarning is how long before its end a certificate in use is
 	// reported as about to expire: at load, and again each day. A
