@@ -18,6 +18,7 @@ import (
 	"net/http/pprof"
 	"runtime"
 	"runtime/debug"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -598,8 +599,7 @@ func (s *Server) newGRPCServer() {
 	// A client that speaks another protocol is warned of.
 	opts = append(opts, grpc.Creds(stall.Credentials(listen.NewProtocolCheck(creds, s.log))))
 	s.grpc = grpc.NewServer(opts...)
-	rls := rlsv3.RateLimitService_ServiceDesc
-	rls.Methods = []grpc.MethodDesc{{MethodName: "ShouldRateLimit", Handler: s.shouldRateLimit}}
+	rls := withHandler(rlsv3.RateLimitService_ServiceDesc, rlsv3.RateLimitService_ShouldRateLimit_FullMethodName, s.shouldRateLimit)
 	s.grpc.RegisterService(&rls, s.svc)
 	if s.quota != nil {
 		rlqsv3.RegisterRateLimitQuotaServiceServer(s.grpc, s.quota)
@@ -781,6 +781,18 @@ func grpcOptions(set *settings.Settings, intercept grpc.UnaryServerInterceptor, 
 		opts = append(opts, grpc.NumStreamWorkers(uint32(workers)))
 	}
 	return opts
+}
+
+// withHandler returns desc with h as the handler of its unary method
+// named method (a full name), its other methods as they are.
+func withHandler(desc grpc.ServiceDesc, method string, h grpc.MethodHandler) grpc.ServiceDesc {
+	desc.Methods = slices.Clone(desc.Methods)
+	for i, m := range desc.Methods {
+		if "/"+desc.ServiceName+"/"+m.MethodName == method {
+			desc.Methods[i].Handler = h
+		}
+	}
+	return desc
 }
 
 // shouldRateLimit is ShouldRateLimit's gRPC handler in place of the

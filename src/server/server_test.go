@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"reflect"
 	"slices"
 	"strings"
 	"sync"
@@ -413,6 +414,24 @@ func TestRecoverTurnsPanicIntoInternal(t *testing.T) {
 	resp, err := bare.shouldRateLimit(nil, t.Context(), func(any) error { return nil }, nil)
 	if resp != nil || status.Code(err) != codes.Internal || reg.Counter("ratelimit.server.panics").Value() != 1 {
 		t.Errorf("panicking ShouldRateLimit: %v, %v, want nil, Internal, counted", resp, err)
+	}
+}
+
+// TestShouldRateLimitHasItsOwnHandler: the service is registered with
+// the server's handler for ShouldRateLimit, every other method of the
+// generated description kept.
+func TestShouldRateLimitHasItsOwnHandler(t *testing.T) {
+	srv := &Server{}
+	gen := rlsv3.RateLimitService_ServiceDesc
+	desc := withHandler(gen, rlsv3.RateLimitService_ShouldRateLimit_FullMethodName, srv.shouldRateLimit)
+	if len(desc.Methods) != len(gen.Methods) || len(desc.Streams) != len(gen.Streams) {
+		t.Fatalf("methods %d, streams %d; want the generated %d and %d", len(desc.Methods), len(desc.Streams), len(gen.Methods), len(gen.Streams))
+	}
+	ours := reflect.ValueOf(srv.shouldRateLimit).Pointer()
+	for i, m := range desc.Methods {
+		if got := reflect.ValueOf(m.Handler).Pointer(); (m.MethodName == "ShouldRateLimit") != (got == ours) {
+			t.Errorf("method %s: handler %#x, generated %#x, ours %#x", m.MethodName, got, reflect.ValueOf(gen.Methods[i].Handler).Pointer(), ours)
+		}
 	}
 }
 
