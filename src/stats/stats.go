@@ -151,16 +151,14 @@ func (r *Registry) Forget(name string) {
 
 // ForgetTagged is Forget for a TaggedCounter's name and tags.
 func (r *Registry) ForgetTagged(name string, tags ...Label) {
-	tags = slices.Clone(tags)
-	slices.SortFunc(tags, func(a, b Label) int { return strings.Compare(a.Name, b.Name) })
+	tags = sortedTags(tags)
 	r.Forget(taggedName(name, tags))
 }
 
 // TaggedValue is the value of the counter of a TaggedCounter's name and
 // tags, and false when none is registered; it registers none.
 func (r *Registry) TaggedValue(name string, tags ...Label) (uint64, bool) {
-	tags = slices.Clone(tags)
-	slices.SortFunc(tags, func(a, b Label) int { return strings.Compare(a.Name, b.Name) })
+	tags = sortedTags(tags)
 	v, ok := r.metrics.Load(taggedName(name, tags))
 	if !ok || v.(*metric).counter == nil {
 		return 0, false
@@ -211,13 +209,18 @@ func (r *Registry) Histogram(name string, bounds []float64) *Histogram {
 	return orNew(r.load(name, func() *metric { return &metric{hist: new(Histogram), bounds: slices.Clone(bounds), name: name} }).hist)
 }
 
+// sortedTags returns a copy of tags sorted by name, the order a tagged
+// name lists them in.
+func sortedTags(tags []Label) []Label {
+	return slices.SortedFunc(slices.Values(tags), func(a, b Label) int { return strings.Compare(a.Name, b.Name) })
+}
+
 // TaggedCounter returns the counter called name with tags, creating it on
 // first use: named and exported as CounterFunc's (name.__tag=value in
 // /stats and statsd, labels in Prometheus). The tags' values must come
 // from a bounded set (the code's, or the rules'), never from a request.
 func (r *Registry) TaggedCounter(name string, tags ...Label) *Counter {
-	tags = slices.Clone(tags)
-	slices.SortFunc(tags, func(a, b Label) int { return strings.Compare(a.Name, b.Name) })
+	tags = sortedTags(tags)
 	return orNew(r.load(taggedName(name, tags), func() *metric { return &metric{counter: new(Counter), name: name, tags: tags} }).counter)
 }
 
@@ -230,8 +233,7 @@ func (r *Registry) TaggedCounter(name string, tags ...Label) *Counter {
 // Prometheus as labels. A second registration of the same name and tags
 // is ignored.
 func (r *Registry) CounterFunc(name string, f func() uint64, tags ...Label) {
-	tags = slices.Clone(tags)
-	slices.SortFunc(tags, func(a, b Label) int { return strings.Compare(a.Name, b.Name) })
+	tags = sortedTags(tags)
 	r.load(taggedName(name, tags), func() *metric { return &metric{fn: f, name: name, tags: tags} })
 }
 

@@ -125,8 +125,7 @@ func NewStatsd(reg *Registry, cfg StatsdConfig) *Statsd {
 	if cfg.Interval <= 0 {
 		cfg.Interval = 10 * time.Second
 	}
-	cfg.Tags = slices.Clone(cfg.Tags)
-	slices.SortFunc(cfg.Tags, func(a, b Label) int { return strings.Compare(a.Name, b.Name) })
+	cfg.Tags = sortedTags(cfg.Tags)
 	s := &Statsd{
 		reg:    reg,
 		cfg:    cfg,
