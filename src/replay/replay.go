@@ -100,16 +100,13 @@ type Config struct {
 // withDefaults returns c with the defaults of its zero fields.
 func (c Config) withDefaults() Config {
 	c.MemoryMaxBytes = cmp.Or(c.MemoryMaxBytes, DefaultMemoryMaxBytes)
-	c.Top = positiveOr(c.Top, DefaultTop)
-	c.MaxKeys = positiveOr(c.MaxKeys, DefaultMaxKeys)
-	c.MaxKeyBytes = positiveOr(c.MaxKeyBytes, DefaultMaxKeyBytes)
-	c.Reorder = positiveOr(c.Reorder, DefaultReorder)
-	c.ReorderBytes = positiveOr(c.ReorderBytes, DefaultReorderBytes)
+	c.Top = cmp.Or(max(c.Top, 0), DefaultTop)
+	c.MaxKeys = cmp.Or(max(c.MaxKeys, 0), DefaultMaxKeys)
+	c.MaxKeyBytes = cmp.Or(max(c.MaxKeyBytes, 0), DefaultMaxKeyBytes)
+	c.Reorder = cmp.Or(max(c.Reorder, 0), DefaultReorder)
+	c.ReorderBytes = cmp.Or(max(c.ReorderBytes, 0), DefaultReorderBytes)
 	return c
 }
-
-// positiveOr returns v, or d when v is zero or negative.
-func positiveOr[T ~int | ~int64](v, d T) T { return cmp.Or(max(v, 0), d) }
 
 // MemoryBound is the most memory a replay of c holds, in bytes, whatever
 // the capture holds; -1 when a store has no ceiling (MemoryMaxBytes

@@ -348,19 +348,16 @@ func (cfg *Config) setDefaults() {
 	if cfg.Pool.Start.IsZero() {
 		cfg.Pool.Start = cfg.Now()
 	}
-	cfg.Pool.TTL = positiveOr(cfg.Pool.TTL, quota.DefaultTTL)
-	cfg.MaxStreams = positiveOr(cfg.MaxStreams, 1024)
-	cfg.MaxBuckets = positiveOr(cfg.MaxBuckets, 100_000)
-	cfg.MaxBucketsPerStream = positiveOr(cfg.MaxBucketsPerStream, min(10_000, cfg.MaxBuckets))
-	cfg.MaxStreamsPerPeer = positiveOr(cfg.MaxStreamsPerPeer, min(16, cfg.MaxStreams))
-	cfg.MaxBucketsPerPeer = positiveOr(cfg.MaxBucketsPerPeer, min(2*cfg.MaxBucketsPerStream, cfg.MaxBuckets))
+	cfg.Pool.TTL = cmp.Or(max(cfg.Pool.TTL, 0), quota.DefaultTTL)
+	cfg.MaxStreams = cmp.Or(max(cfg.MaxStreams, 0), 1024)
+	cfg.MaxBuckets = cmp.Or(max(cfg.MaxBuckets, 0), 100_000)
+	cfg.MaxBucketsPerStream = cmp.Or(max(cfg.MaxBucketsPerStream, 0), min(10_000, cfg.MaxBuckets))
+	cfg.MaxStreamsPerPeer = cmp.Or(max(cfg.MaxStreamsPerPeer, 0), min(16, cfg.MaxStreams))
+	cfg.MaxBucketsPerPeer = cmp.Or(max(cfg.MaxBucketsPerPeer, 0), min(2*cfg.MaxBucketsPerStream, cfg.MaxBuckets))
 	if cfg.Share != nil && cfg.Pool.Settle <= 0 {
 		cfg.Pool.Settle = sharedSettle
 	}
 }
-
-// positiveOr returns v, or d when v is zero or negative.
-func positiveOr[T ~int | ~int64](v, d T) T { return cmp.Or(max(v, 0), d) }
 
 // SetRules publishes new rules. Pools whose rule changed take the new
 // limit (decreases at once, increases as they settle; with replicas, at

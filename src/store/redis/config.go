@@ -175,21 +175,18 @@ func (c Config) withDefaults() (Config, error) {
 	default:
 		return c, fmt.Errorf("redis: unknown socket type %q (want tcp or unix)", c.SocketType)
 	}
-	c.PoolSize = positiveOr(c.PoolSize, defaultPoolSize)
-	c.MaxQueue = positiveOr(c.MaxQueue, defaultMaxQueue)
-	c.Timeout = positiveOr(c.Timeout, defaultTimeout)
+	c.PoolSize = cmp.Or(max(c.PoolSize, 0), defaultPoolSize)
+	c.MaxQueue = cmp.Or(max(c.MaxQueue, 0), defaultMaxQueue)
+	c.Timeout = cmp.Or(max(c.Timeout, 0), defaultTimeout)
 	c.Stall = cmp.Or(c.Stall, defaultStall)
-	c.HealthCheckInterval = positiveOr(c.HealthCheckInterval, defaultHealthCheckInterval)
-	c.StartupInitialInterval = positiveOr(c.StartupInitialInterval, defaultStartupInitialInterval)
-	c.StartupMaxInterval = positiveOr(c.StartupMaxInterval, defaultStartupMaxInterval)
+	c.HealthCheckInterval = cmp.Or(max(c.HealthCheckInterval, 0), defaultHealthCheckInterval)
+	c.StartupInitialInterval = cmp.Or(max(c.StartupInitialInterval, 0), defaultStartupInitialInterval)
+	c.StartupMaxInterval = cmp.Or(max(c.StartupMaxInterval, 0), defaultStartupMaxInterval)
 	c.PipelineLimit = max(c.PipelineLimit, 0)
 	c.PipelineWindow = max(c.PipelineWindow, 0)
 	c.ExpirationJitterMax = max(c.ExpirationJitterMax, 0)
 	return c, nil
 }
-
-// positiveOr returns v, or d when v is zero or negative.
-func positiveOr[T ~int | ~int64](v, d T) T { return cmp.Or(max(v, 0), d) }
 
 // Endpoints is a REDIS_URL split by ParseURL.
 type Endpoints struct {
