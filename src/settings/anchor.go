@@ -120,8 +120,8 @@ var anchorSettings = []AnchorSetting{
 	{Name: "GRPC_MAX_CONCURRENT_STREAMS", Status: Different, Default: "0"},
 	{Name: "PROTO", Status: Warned, Default: "tcp", honoured: oneOf("tcp"),
 		Why: "the listeners are TCP, or a unix socket with GRPC_UDS"},
-	{Name: "MAX_CONCURRENT_REQUESTS", Status: Different, Default: "0"},
-	{Name: "REQUEST_TIMEOUT", Status: Same, Default: "0"},
+	// MAX_CONCURRENT_REQUESTS and REQUEST_TIMEOUT are ours: the anchor
+	// has neither (docs/SETTINGS.md, MAX_CONCURRENT_REQUESTS, says what we read).
 
 	// TLS on the gRPC listener. The anchor also trusts the system's CAs
 	// for client certificates; only GRPC_CLIENT_TLS_CACERT's are trusted
