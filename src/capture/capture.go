@@ -72,9 +72,7 @@ type Recorder struct {
 
 // New returns a Recorder that is not capturing.
 func New(cfg Config) *Recorder {
-	if cfg.MaxBytes <= 0 {
-		cfg.MaxBytes = DefaultMaxBytes
-	}
+	cfg.MaxBytes = cmp.Or(max(cfg.MaxBytes, 0), DefaultMaxBytes)
 	if cfg.Values == nil || cfg.ValuesMode == "" {
 		cfg.ValuesMode = "plain"
 	}

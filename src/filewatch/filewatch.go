@@ -15,6 +15,7 @@
 package filewatch
 
 import (
+	"cmp"
 	"context"
 	"crypto/sha256"
 	"errors"
@@ -110,16 +111,10 @@ type Watcher struct {
 }
 
 func (cfg Config) normal() Config {
-	if cfg.Quiet <= 0 {
-		cfg.Quiet = time.Second
-	}
-	if cfg.SwapQuiet <= 0 {
-		cfg.SwapQuiet = cfg.Quiet
-	}
+	cfg.Quiet = cmp.Or(max(cfg.Quiet, 0), time.Second)
+	cfg.SwapQuiet = cmp.Or(max(cfg.SwapQuiet, 0), cfg.Quiet)
 	cfg.SwapQuiet = min(cfg.SwapQuiet, cfg.Quiet)
-	if cfg.MaxSettle <= 0 {
-		cfg.MaxSettle = 30 * cfg.Quiet
-	}
+	cfg.MaxSettle = cmp.Or(max(cfg.MaxSettle, 0), 30*cfg.Quiet)
 	if cfg.OnError == nil {
 		cfg.OnError = func(error) {}
 	}

@@ -14,6 +14,7 @@
 package live
 
 import (
+	"cmp"
 	"context"
 	"hash/maphash"
 	"math"
@@ -177,12 +178,8 @@ type totals struct {
 
 // New returns a Recorder with no rules.
 func New(cfg Config) *Recorder {
-	if cfg.MaxKeys <= 0 {
-		cfg.MaxKeys = DefaultMaxKeys
-	}
-	if cfg.MaxRules <= 0 {
-		cfg.MaxRules = DefaultMaxRules
-	}
+	cfg.MaxKeys = cmp.Or(max(cfg.MaxKeys, 0), DefaultMaxKeys)
+	cfg.MaxRules = cmp.Or(max(cfg.MaxRules, 0), DefaultMaxRules)
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}

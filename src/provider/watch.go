@@ -1,6 +1,7 @@
 package provider
 
 import (
+	"cmp"
 	"context"
 	"crypto/sha256"
 	"encoding/binary"
@@ -173,12 +174,8 @@ func (f *ruleFiles) Changed() bool { return (*Watcher)(f).recheck() }
 // Watch fails only when the watching itself cannot start. A missing rules
 // directory is a load error, and its creation is noticed later.
 func Watch(ctx context.Context, cfg FileConfig, onLoad func(Snapshot), onError func(error)) (*Watcher, error) {
-	if cfg.QuietPeriod <= 0 {
-		cfg.QuietPeriod = defaultQuietPeriod
-	}
-	if cfg.MaxSettle <= 0 {
-		cfg.MaxSettle = 30 * cfg.QuietPeriod
-	}
+	cfg.QuietPeriod = cmp.Or(max(cfg.QuietPeriod, 0), defaultQuietPeriod)
+	cfg.MaxSettle = cmp.Or(max(cfg.MaxSettle, 0), 30*cfg.QuietPeriod)
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}

@@ -2,6 +2,7 @@ package provider
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"crypto/sha256"
 	"crypto/tls"
@@ -145,9 +146,7 @@ func newBackoff(cfg Backoff) *backoff {
 
 // normal returns cfg with its defaults and bounds applied.
 func (cfg Backoff) normal() Backoff {
-	if cfg.Initial <= 0 {
-		cfg.Initial = 10 * time.Second
-	}
+	cfg.Initial = cmp.Or(max(cfg.Initial, 0), 10*time.Second)
 	cfg.Max = max(cfg.Max, cfg.Initial)
 	cfg.RandomFactor = min(max(cfg.RandomFactor, 0), 1)
 	return cfg

@@ -79,19 +79,11 @@ const (
 )
 
 func (c Config) withDefaults() Config {
-	if c.TTL <= 0 {
-		c.TTL = DefaultTTL
-	}
+	c.TTL = cmp.Or(max(c.TTL, 0), DefaultTTL)
 	c.TTL = max(c.TTL.Truncate(time.Second), time.Second)
-	if c.ReportInterval <= 0 {
-		c.ReportInterval = DefaultReportInterval
-	}
-	if c.Settle <= 0 {
-		c.Settle = DefaultSettle
-	}
-	if c.Reserve <= 0 {
-		c.Reserve = DefaultReserve
-	}
+	c.ReportInterval = cmp.Or(max(c.ReportInterval, 0), DefaultReportInterval)
+	c.Settle = cmp.Or(max(c.Settle, 0), DefaultSettle)
+	c.Reserve = cmp.Or(max(c.Reserve, 0), DefaultReserve)
 	c.Reserve = min(c.Reserve, 0.5)
 	c.Idle = cmp.Or(c.Idle, DefaultIdle)
 	return c

@@ -10,6 +10,7 @@
 package web
 
 import (
+	"cmp"
 	"embed"
 	"encoding/json"
 	"io/fs"
@@ -120,12 +121,8 @@ type Handler struct {
 
 // New returns a Handler.
 func New(cfg Config) *Handler {
-	if cfg.MaxStreams <= 0 {
-		cfg.MaxStreams = DefaultMaxStreams
-	}
-	if cfg.WriteTimeout <= 0 {
-		cfg.WriteTimeout = DefaultWriteTimeout
-	}
+	cfg.MaxStreams = cmp.Or(max(cfg.MaxStreams, 0), DefaultMaxStreams)
+	cfg.WriteTimeout = cmp.Or(max(cfg.WriteTimeout, 0), DefaultWriteTimeout)
 	if cfg.Source == nil {
 		cfg.Source = func() Source { return Source{} }
 	}

@@ -20,6 +20,7 @@
 package breaker
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"maps"
@@ -89,9 +90,7 @@ func NewGroup(name string, cfg Config) *Group {
 	if cfg.Failures <= 0 {
 		return nil
 	}
-	if cfg.ProbeInterval <= 0 {
-		cfg.ProbeInterval = DefaultProbeInterval
-	}
+	cfg.ProbeInterval = cmp.Or(max(cfg.ProbeInterval, 0), DefaultProbeInterval)
 	g := &Group{
 		name:     name,
 		failures: int64(cfg.Failures),
