@@ -117,11 +117,11 @@ var anchorSettings = []AnchorSetting{
 	{Name: "GRPC_UDS", Status: Different},
 	{Name: "GRPC_MAX_CONNECTION_AGE", Status: Same, Default: "24h"},
 	{Name: "GRPC_MAX_CONNECTION_AGE_GRACE", Status: Same, Default: "1h"},
-	{Name: "GRPC_MAX_CONCURRENT_STREAMS", Status: Different, Default: "0"},
 	{Name: "PROTO", Status: Warned, Default: "tcp", honoured: oneOf("tcp"),
 		Why: "the listeners are TCP, or a unix socket with GRPC_UDS"},
-	// MAX_CONCURRENT_REQUESTS and REQUEST_TIMEOUT are ours: the anchor
-	// has neither (docs/SETTINGS.md, MAX_CONCURRENT_REQUESTS, says what we read).
+	// GRPC_MAX_CONCURRENT_STREAMS, MAX_CONCURRENT_REQUESTS and
+	// REQUEST_TIMEOUT are ours: the anchor has none of them (docs/SETTINGS.md,
+	// MAX_CONCURRENT_REQUESTS, says what we read).
 
 	// TLS on the gRPC listener. The anchor also trusts the system's CAs
 	// for client certificates; only GRPC_CLIENT_TLS_CACERT's are trusted
@@ -226,6 +226,9 @@ var anchorSettings = []AnchorSetting{
 	{Name: "REDIS_PIPELINE_LIMIT", Status: Same, Default: "0"},
 	{Name: "REDIS_TIMEOUT", Status: Same, Default: "10s"},
 	{Name: "REDIS_HEALTH_CHECK_ACTIVE_CONNECTION", Status: Same, Default: "false"},
+	{Name: "REDIS_STARTUP_INITIAL_INTERVAL", Status: Same, Default: "1s"},
+	{Name: "REDIS_STARTUP_MAX_INTERVAL", Status: Same, Default: "30s"},
+	{Name: "REDIS_STARTUP_MAX_ELAPSED_TIME", Status: Same, Default: "0"},
 	{Name: "REDIS_USE_EXPLICIT_PIPELINE", Status: Warned, Default: "false", honoured: isFalse,
 		Why: "the commands of concurrent requests are always pipelined together (see docs/STORES.md, Redis)"},
 	{Name: "REDIS_POOL_ON_EMPTY_BEHAVIOR", Status: Warned, Default: "WAIT", honoured: oneOf("WAIT"),

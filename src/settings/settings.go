@@ -229,7 +229,7 @@ type Settings struct {
 
 	RedisStallTimeout time.Duration `envconfig:"REDIS_STALL_TIMEOUT" default:"250ms"`
 
-	RedisStartupInitialInterval time.Duration `envconfig:"REDIS_STARTUP_INITIAL_INTERVAL" default:"500ms"`
+	RedisStartupInitialInterval time.Duration `envconfig:"REDIS_STARTUP_INITIAL_INTERVAL" default:"1s"`
 	RedisStartupMaxInterval     time.Duration `envconfig:"REDIS_STARTUP_MAX_INTERVAL" default:"30s"`
 	RedisStartupMaxElapsedTime  time.Duration `envconfig:"REDIS_STARTUP_MAX_ELAPSED_TIME" default:"0"`
 

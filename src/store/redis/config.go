@@ -98,7 +98,7 @@ type Config struct {
 	// StartupInitialInterval and StartupMaxInterval bound the exponential
 	// back-off between probes while Redis has never answered
 	// (REDIS_STARTUP_INITIAL_INTERVAL, REDIS_STARTUP_MAX_INTERVAL; defaults
-	// 500ms and 30s). Requests still try Redis in the meantime.
+	// 1s and 30s, the anchor's). Requests still try Redis in the meantime.
 	StartupInitialInterval time.Duration
 	StartupMaxInterval     time.Duration
 	// Breaker is the circuit breaker kept per Redis server: per backend for
@@ -154,7 +154,7 @@ const (
 	defaultTimeout                = 10 * time.Second
 	defaultStall                  = 250 * time.Millisecond
 	defaultHealthCheckInterval    = time.Second
-	defaultStartupInitialInterval = 500 * time.Millisecond
+	defaultStartupInitialInterval = time.Second
 	defaultStartupMaxInterval     = 30 * time.Second
 )
 
