@@ -181,6 +181,7 @@ func runH2grpcBench(ctx context.Context, o h2grpcOptions, tmp string, logf func(
 				return err
 			}
 			results[tg] = append(results[tg], run)
+			logf("benchrun: %.0f calls/s, server %.1f µs/call, store %.1f µs/call", run.reqPerSec, run.rls, run.store)
 		}
 	}
 	doc, err := os.ReadFile(o.out)
