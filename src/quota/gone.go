@@ -10,7 +10,9 @@ import (
 // replica die), and returns the grants that change. Their Envoys open
 // streams to another replica at their next report, as subscribers whose
 // first report covers time (a reconnect): each such reconnect, before or
-// after this call, ends one of these leases early (see shorten).
+// after this call, ends one of these leases early (see shorten). One that
+// reports again on its own stream was not gone (its replica stalled), and
+// Report counts it again.
 func (p *Pool) LeaveIf(now time.Time, gone func(id uint64) bool) []Change {
 	var ids []uint64
 	for id, s := range p.subs {

@@ -279,6 +279,13 @@ func (p *Pool) Report(now time.Time, id uint64, u Usage) []Change {
 		// request.
 		return nil
 	}
+	if s != nil && s.gone && !s.abandoned && u.Elapsed > 0 {
+		// The same stream reporting after it was taken as gone: its
+		// replica was taken for dead while it lived (stalled past the
+		// beats), or its reports were late. No reconnect: it goes on,
+		// its lease counted as it was all along.
+		s.gone, s.pending = false, false
+	}
 	if s != nil && (s.gone || s.abandoned) {
 		// A report on a stream the pool was told is gone, or after an
 		// abandon: a new subscription; the old grant still counts
