@@ -963,29 +963,35 @@ func TestSharedQuotaStalledOwner(t *testing.T) {
 }
 
 // TestSharedQuotaStalledReplicaKeepsItsEnvoys: a replica taken for dead
-// while it lives (stalled 4 s, past the beats' 3 s) goes on with the same
-// streams, whose next reports are no reconnects: its Envoy keeps its
-// share throughout. Taken for a reconnect, it was granted 1 a second for
-// 6.5 s, until the lease its reconnect ended freed its share.
+// while it lives (stalled 4 s, past the beats' 3 s), the pool's owner or
+// not, goes on with the same streams, whose next reports are no
+// reconnects: its Envoy keeps its share throughout. Taken for a
+// reconnect, it was granted 1 a second for 6.5 s, until the lease its
+// reconnect ended freed its share.
 func TestSharedQuotaStalledReplicaKeepsItsEnvoys(t *testing.T) {
 	t.Parallel()
-	f := newFleet(t, 2)
-	a, b := f.add("a", 0, 100), f.add("b", 1, 100)
-	f.run(25*time.Second, epoch)
-	if f.owner() != 0 || rate(a.tb) < 25 || rate(b.tb) < 25 {
-		t.Fatalf("owner %d, a %v/s, b %v/s: want replica 0 to own the pool, each granted about half", f.owner(), rate(a.tb), rate(b.tb))
-	}
-	f.reps[1].paused = true
-	f.run(4*time.Second, epoch)
-	f.reps[1].paused = false
-	low := 0
-	for range 200 {
-		f.run(fleetStep, epoch)
-		if !b.assigned || rate(b.tb) < 20 || !f.now().Before(b.expires) {
-			low++
-		}
-	}
-	if low > 0 {
-		t.Errorf("b was granted less than a third of the limit for %v of the 20 s after its replica's stall, want none", time.Duration(low)*fleetStep)
+	for stalled, name := range []string{"the owner", "another replica"} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			f := newFleet(t, 2)
+			envoys := []*mimic{f.add("a", 0, 100), f.add("b", 1, 100)}
+			f.run(25*time.Second, epoch)
+			if f.owner() != 0 || rate(envoys[0].tb) < 25 || rate(envoys[1].tb) < 25 {
+				t.Fatalf("owner %d, a %v/s, b %v/s: want replica 0 to own the pool, each granted about half", f.owner(), rate(envoys[0].tb), rate(envoys[1].tb))
+			}
+			f.reps[stalled].paused = true
+			f.run(4*time.Second, epoch)
+			f.reps[stalled].paused = false
+			e, low := envoys[stalled], 0
+			for range 200 {
+				f.run(fleetStep, epoch)
+				if !e.assigned || rate(e.tb) < 20 || !f.now().Before(e.expires) {
+					low++
+				}
+			}
+			if low > 0 {
+				t.Errorf("%s was granted less than a third of the limit for %v of the 20 s after its replica's stall, want none", e.name, time.Duration(low)*fleetStep)
+			}
+		})
 	}
 }
