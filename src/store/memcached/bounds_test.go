@@ -25,28 +25,31 @@ import (
 // they catch are later by more than that.
 const boundMargin = 300 * time.Millisecond
 
-// sendSlack is how long after its check of ctx a command may reach the
-// wire on a loaded machine (TestDeadlineBound).
-const sendSlack = 50 * time.Millisecond
-
 // TestDeadlineBound freezes memcached (SIGSTOP) when a chosen command of a
-// batch is sent, with a 200 ms Timeout: the Do returns within its deadline
-// plus one Timeout, AllOrNothing take-backs and retries included, and
-// sends no command after the frozen one past the deadline (the other ops of
-// the batch, which run side by side, may send theirs before). With resume set, memcached
-// answers the frozen command 100 ms past the deadline (and before the
-// Timeout), and the op must not go on to its next round trip. Not parallel: it freezes a server and
-// measures time.
+// batch is sent, and thaws it thawAfter later: the Do must end at its
+// deadline, before memcached answers, AllOrNothing take-backs and retries
+// included. The bounds come from the settings, not from a margin: a Do
+// that waited for memcached returns after the thaw (after the answer, or,
+// never answered, at the Timeout, which is longer), and one that ends at
+// its deadline (50 or 200 ms) is most of a second ahead of it, room for
+// a loaded machine. A batch run in order (one op, or two ops on one key:
+// see distinctKeys) sends nothing after the frozen command, whose answer
+// comes past its deadline: every command written after it (drained by
+// Close once memcached is thawed, so that those queued behind it are seen
+// too) is a round trip started past the deadline, such as a take-back's.
+// Not parallel: it freezes a server.
 func TestDeadlineBound(t *testing.T) {
 	srv := harness.StartMemcached(t)
-	const timeout = 200 * time.Millisecond
+	// thawAfter is far above the deadlines below, and Timeout above it, so
+	// that a wait for the frozen command ends at the thaw.
+	const thawAfter = time.Second
+	const timeout = 2 * thawAfter
 	var (
 		mu      sync.Mutex
-		trigger string        // the command prefix that freezes memcached
-		resume  time.Duration // thaw it that long after freezing it; 0: never
-		late    []string      // commands of the test's keys sent after the frozen one, past the deadline
+		trigger string   // the command prefix that freezes memcached
+		late    []string // commands of the test's keys sent after the frozen one
 		fired   bool
-		ends    time.Time   // the deadline of the Do under way
+		thawed  bool        // memcached thawed by thaw, before the Do returned
 		thaw    *time.Timer // resumes memcached
 	)
 	var conns connCounter
@@ -59,78 +62,73 @@ func TestDeadlineBound(t *testing.T) {
 		defer mu.Unlock()
 		switch {
 		case fired:
-			// An op that started side by side checked ctx before the
-			// deadline; on a loaded machine its command may reach the
-			// wire a little after it. What the test catches is a round
-			// trip started once the deadline had passed, a Timeout or
-			// more after the frozen command.
-			if time.Now().After(ends.Add(sendSlack)) {
-				late = append(late, strings.Fields(cmd)[0])
-			}
+			late = append(late, strings.Fields(cmd)[0])
 		case strings.HasPrefix(cmd, trigger) || trigger != "" && strings.Contains(cmd, "\r\n"+trigger):
 			// The trigger may follow other commands in a write.
 			fired = true
 			if err := srv.Freeze(); err != nil {
 				t.Error(err)
 			}
-			if resume > 0 {
-				thaw = time.AfterFunc(resume, func() { _ = srv.Thaw() })
-			}
+			thaw = time.AfterFunc(thawAfter, func() {
+				mu.Lock()
+				thawed = true
+				mu.Unlock()
+				_ = srv.Thaw()
+			})
 		}
 	}
-	s := newCountingStore(t, Config{Addrs: []string{srv.Addr}, Timeout: timeout}, &conns)
 	raw := memcache.New(srv.Addr)
 
 	fixed := func(key string, limit uint64) limiter.Op {
 		return limiter.Op{Key: key, Algorithm: rules.FixedWindow, Limit: limit, Window: time.Hour, Hits: 1}
 	}
 	// Batches that freeze memcached after a few round trips get a 200 ms
-	// deadline, room for those on a loaded machine. They record five ops
-	// before, so that taking them back without minding the deadline would
-	// take five Timeouts more.
+	// deadline, room for those on a loaded machine. They run in order (k1
+	// twice) and record five ops before, so that their take-back would
+	// send five commands after the frozen one.
 	const midBatch = 200 * time.Millisecond
 	tests := []struct {
 		name string
 		// prepare returns the batch and the command that freezes memcached.
-		prepare  func(t *testing.T) (b *limiter.Batch, trigger string)
+		prepare  func(t *testing.T, s *Store) (b *limiter.Batch, trigger string)
 		deadline time.Duration
-		resume   bool
+		// sideBySide: the other ops' commands may follow the frozen one.
+		sideBySide bool
 	}{
 		{
 			name: "take_back_after_failure",
-			prepare: func(t *testing.T) (*limiter.Batch, string) {
+			prepare: func(t *testing.T, _ *Store) (*limiter.Batch, string) {
 				k := uniqueKey(t, "k")
 				return &limiter.Batch{AllOrNothing: true, Ops: []limiter.Op{
-					fixed(k+"1", 10), fixed(k+"2", 10), fixed(k+"3", 10), fixed(k+"4", 10), fixed(k+"5", 10), fixed(k+"6", 10),
-				}}, "add " + k + "6"
+					fixed(k+"1", 10), fixed(k+"1", 10), fixed(k+"2", 10), fixed(k+"3", 10), fixed(k+"4", 10), fixed(k+"5", 10),
+				}}, "add " + k + "5"
 			},
 			deadline: midBatch,
 		},
 		{
 			name: "take_back_after_refusal",
-			prepare: func(t *testing.T) (*limiter.Batch, string) {
+			prepare: func(t *testing.T, _ *Store) (*limiter.Batch, string) {
 				k := uniqueKey(t, "k")
 				sw := limiter.Op{Key: k + "sw", Algorithm: rules.SlidingWindow, Limit: 10, Window: time.Hour, Hits: 1}
 				return &limiter.Batch{AllOrNothing: true, Ops: []limiter.Op{
-					fixed(k+"1", 10), sw, fixed(k+"2", 10), fixed(k+"3", 10), fixed(k+"4", 10), fixed(k+"5", 0),
-				}}, "decr " + k + "4"
+					fixed(k+"1", 10), fixed(k+"1", 10), sw, fixed(k+"2", 10), fixed(k+"3", 10), fixed(k+"4", 0),
+				}}, "decr " + k + "3"
 			},
 			deadline: midBatch,
 		},
 		{
 			name: "state_answered_late",
-			prepare: func(t *testing.T) (*limiter.Batch, string) {
+			prepare: func(t *testing.T, _ *Store) (*limiter.Batch, string) {
 				k := uniqueKey(t, "k")
 				return &limiter.Batch{Ops: []limiter.Op{
 					{Key: k, Algorithm: rules.TokenBucket, Limit: 10, Window: time.Hour, Hits: 1},
 				}}, "gets " + k
 			},
 			deadline: 50 * time.Millisecond,
-			resume:   true,
 		},
 		{
 			name: "incr_missed_late",
-			prepare: func(t *testing.T) (*limiter.Batch, string) {
+			prepare: func(t *testing.T, s *Store) (*limiter.Batch, string) {
 				k := uniqueKey(t, "k")
 				// Counted once, so that the next hit starts with incr, then
 				// gone: that incr misses and add would follow.
@@ -141,11 +139,10 @@ func TestDeadlineBound(t *testing.T) {
 				return &limiter.Batch{Ops: []limiter.Op{fixed(k, 10)}}, "incr " + k
 			},
 			deadline: 50 * time.Millisecond,
-			resume:   true,
 		},
 		{
 			name: "frozen_at_start",
-			prepare: func(t *testing.T) (*limiter.Batch, string) {
+			prepare: func(t *testing.T, _ *Store) (*limiter.Batch, string) {
 				k := uniqueKey(t, "k")
 				var ops []limiter.Op
 				for _, alg := range rules.Algorithms {
@@ -153,7 +150,8 @@ func TestDeadlineBound(t *testing.T) {
 				}
 				return &limiter.Batch{Ops: ops}, "" // any: the first command
 			},
-			deadline: 50 * time.Millisecond,
+			deadline:   50 * time.Millisecond,
+			sideBySide: true,
 		},
 	}
 	for _, tt := range tests {
@@ -173,29 +171,31 @@ func TestDeadlineBound(t *testing.T) {
 					return err == nil
 				})
 			})
+			// A store of its own, closed to see the commands queued behind
+			// the frozen one.
+			mu.Lock()
+			trigger = "\x00" // the prober's first version and prepare's do
+			mu.Unlock()
+			s := newCountingStore(t, Config{Addrs: []string{srv.Addr}, Timeout: timeout}, &conns)
 			// A machine so loaded that the deadline passes before the
 			// command that freezes memcached is sent proves nothing: try
 			// again with new keys.
 			for attempt := 1; ; attempt++ {
-				b, trig := tt.prepare(t)
+				b, trig := tt.prepare(t, s)
 				b.Now = time.Now()
 				mu.Lock()
-				trigger, late, fired = trig, nil, false
-				resume = 0
-				if tt.resume {
-					resume = tt.deadline + 100*time.Millisecond
-				}
+				trigger, late, fired, thawed = trig, nil, false, false
 				mu.Unlock()
 				ctx, cancel := context.WithTimeout(t.Context(), tt.deadline)
-				mu.Lock()
-				ends, _ = ctx.Deadline()
-				mu.Unlock()
 				start := time.Now()
 				err := s.Do(ctx, b)
 				took := time.Since(start)
 				cancel()
 				mu.Lock()
-				fired, late := fired, late
+				fired, thawed := fired, thawed
+				if thaw != nil {
+					thaw.Stop()
+				}
 				mu.Unlock()
 				if !fired {
 					if attempt == 5 {
@@ -207,11 +207,20 @@ func TestDeadlineBound(t *testing.T) {
 				if !errors.Is(err, limiter.ErrUnavailable) {
 					t.Errorf("Do = %v, want ErrUnavailable", err)
 				}
-				if bound := tt.deadline + timeout + boundMargin; took > bound {
-					t.Errorf("Do took %v, want within the %v deadline plus the %v Timeout (+%v margin)", took, tt.deadline, timeout, boundMargin)
+				if thawed || took >= thawAfter {
+					t.Errorf("Do took %v, want it to end at its %v deadline, before memcached, frozen, was thawed %v later", took, tt.deadline, thawAfter)
 				}
-				if len(late) > 0 {
-					t.Errorf("commands %q sent after the frozen one, past the deadline", late)
+				if err := srv.Thaw(); err != nil {
+					t.Fatal(err)
+				}
+				if err := s.Close(); err != nil { // writes what was queued behind the frozen command
+					t.Fatal(err)
+				}
+				mu.Lock()
+				late := late
+				mu.Unlock()
+				if len(late) > 0 && !tt.sideBySide {
+					t.Errorf("commands %q sent after the frozen one, whose answer came past the deadline", late)
 				}
 				return
 			}
