@@ -822,6 +822,12 @@ func TestClientLateReaderIsNoTimeout(t *testing.T) {
 // anchor's MEMCACHE_MAX_IDLE_CONNS), the second connection is dialed while
 // the first has a deep queue, and closed as soon as nothing is under way
 // on it; with Idle 2 it stays.
+//
+// The requests are queued one after the other from the test's goroutine,
+// each counted on its connection before the next chooses one: goroutines
+// started at once could all choose the first connection before any had
+// counted its request there (choose reads the counts without a lock), and
+// the second was then never dialed (1 run in 40 failed so, idle machine).
 func TestIdleConnectionsPastIdleAreClosed(t *testing.T) {
 	t.Parallel()
 	for _, idle := range []int{1, 2} {
@@ -836,34 +842,46 @@ func TestIdleConnectionsPastIdleAreClosed(t *testing.T) {
 				t.Fatal(err)
 			}
 			// Frozen, memcached answers nothing: the first connection's
-			// queue grows past deepQueue and the next pings go to the
-			// second.
+			// queue grows past deepQueue and the next incr goes to the
+			// second (bounded: a memcached that answered one or two
+			// before it stopped leaves the queue a little shorter).
 			if err := srv.Freeze(); err != nil {
 				t.Fatal(err)
 			}
-			var wg sync.WaitGroup
-			// Four deep queues' worth: the goroutines choose their
-			// connection at once, and on a busy machine many may choose
-			// before any has counted its request on the first.
-			for i := range 4 * deepQueue {
-				wg.Go(func() {
-					if _, err := c.Incr(ctx, fmt.Sprint("idle-", i), 1); err != nil && !errors.Is(err, ErrCacheMiss) {
-						t.Error(err)
-					}
-				})
+			var calls []Call
+			for i := 0; counter.open.Load() < 2 && i < 2*deepQueue; i++ {
+				call, err := c.QueueIncr(ctx, nil, fmt.Sprint("idle-", i), 1)
+				if err != nil {
+					t.Fatal(err)
+				}
+				calls = append(calls, call)
 			}
-			harness.WaitFor(t, 10*time.Second, "a second connection", func() bool { return counter.open.Load() == 2 })
+			if n := counter.open.Load(); n != 2 {
+				t.Fatalf("%d connections open after %d requests with memcached frozen, want a second one", n, len(calls))
+			}
 			if err := srv.Thaw(); err != nil {
 				t.Fatal(err)
 			}
-			wg.Wait()
-			if idle == 1 {
-				harness.WaitFor(t, 5*time.Second, "the connection past Idle closed", func() bool { return counter.open.Load() == 1 })
-			} else {
-				time.Sleep(100 * time.Millisecond) // a window for a wrong close to happen in: nothing to wait for
-				if n := counter.open.Load(); n != 2 {
-					t.Errorf("%d connections open with Idle 2, want 2", n)
+			for _, call := range calls {
+				if _, err := c.Wait(ctx, call); err != nil && !errors.Is(err, ErrCacheMiss) {
+					t.Error(err)
 				}
+			}
+			// A connection past Idle is closed by its reader with the
+			// answer that empties its queue, under its mu: once each mu
+			// is taken, every close has happened.
+			connected := 0
+			c.mu.RLock()
+			for _, pc := range c.servers[0].conns {
+				pc.mu.Lock()
+				if pc.nc != nil {
+					connected++
+				}
+				pc.mu.Unlock()
+			}
+			c.mu.RUnlock()
+			if n := counter.open.Load(); n != int64(idle) || connected != idle {
+				t.Errorf("%d connections open (%d connected) once all is answered with Idle %d, want %d", n, connected, idle, idle)
 			}
 			if err := c.Ping(ctx); err != nil {
 				t.Fatal(err)
