@@ -5,7 +5,6 @@ package integration
 import (
 	"bytes"
 	"context"
-	"encoding/json"
 	"flag"
 	"fmt"
 	"io"
@@ -327,48 +326,14 @@ func (p *proc) awaitServing(t *testing.T) {
 	}
 }
 
-// servingLine is the service's "serving" log line: the addresses it bound.
-type servingLine struct {
-	// Msg is "msg" in slog's JSON, "@message" in the anchor's format.
-	Msg        string `json:"msg"`
-	Message    string `json:"@message"`
-	GRPC       string `json:"grpc"`
-	HTTP       string `json:"http"`
-	Debug      string `json:"debug"`
-	Prometheus string `json:"prometheus"`
-}
-
-// readServing reads the "serving" line from the logs, text or JSON, into
-// p's addresses, and reports whether there was one.
+// readServing reads the "serving" line from the logs into p's addresses,
+// and reports whether there was one.
 func (p *proc) readServing() bool {
-	for _, line := range strings.Split(p.logs(), "\n") {
-		var sl servingLine
-		if strings.HasPrefix(line, "{") {
-			if json.Unmarshal([]byte(line), &sl) != nil || (sl.Msg != "serving" && sl.Message != "serving") {
-				continue
-			}
-		} else {
-			if !strings.Contains(line, " msg=serving ") {
-				continue
-			}
-			for _, f := range strings.Fields(line) {
-				k, v, _ := strings.Cut(f, "=")
-				switch k {
-				case "grpc":
-					sl.GRPC = v
-				case "http":
-					sl.HTTP = v
-				case "debug":
-					sl.Debug = v
-				case "prometheus":
-					sl.Prometheus = v
-				}
-			}
-		}
+	sl, ok := harness.ParseServing(p.logs())
+	if ok {
 		p.grpc, p.http, p.debug, p.prom = sl.GRPC, sl.HTTP, sl.Debug, sl.Prometheus
-		return true
 	}
-	return false
+	return ok
 }
 
 type lockedWriter struct {

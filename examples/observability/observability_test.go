@@ -5,9 +5,9 @@ package observability
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -150,16 +150,6 @@ func build(t *testing.T) string {
 	return bin
 }
 
-func freePort(t *testing.T) int {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
-}
-
 // run starts the service with env, sends traffic and returns the scrape.
 func run(t *testing.T, bin string, env []string) map[string]*dto.MetricFamily {
 	t.Helper()
@@ -170,15 +160,14 @@ func run(t *testing.T, bin string, env []string) map[string]*dto.MetricFamily {
 	if err := os.WriteFile(filepath.Join(root, "config", "web.yaml"), []byte(rulesYAML), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	httpPort, promPort := freePort(t), freePort(t)
+	// Every listener on port 0: the "serving" line says what it bound.
 	cmd := exec.Command(bin)
 	cmd.Env = append(os.Environ(), "RUNTIME_ROOT="+root, "HOST=127.0.0.1", "GRPC_HOST=127.0.0.1", "DEBUG_HOST=127.0.0.1",
-		fmt.Sprintf("PORT=%d", httpPort), fmt.Sprintf("GRPC_PORT=%d", freePort(t)), fmt.Sprintf("DEBUG_PORT=%d", freePort(t)),
-		"USE_STATSD=false", "USE_PROMETHEUS=true", fmt.Sprintf("PROMETHEUS_ADDR=127.0.0.1:%d", promPort),
+		"PORT=0", "GRPC_PORT=0", "DEBUG_PORT=0", "USE_STATSD=false", "USE_PROMETHEUS=true", "PROMETHEUS_ADDR=127.0.0.1:0",
 		"LOCAL_CACHE_SIZE_IN_BYTES=1048576", "REQUEST_TIMEOUT=2s")
 	cmd.Env = append(cmd.Env, env...)
-	var stderr strings.Builder
-	cmd.Stderr = &stderr
+	stderr := &harness.Log{}
+	cmd.Stderr = stderr
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
@@ -192,7 +181,15 @@ func run(t *testing.T, bin string, env []string) map[string]*dto.MetricFamily {
 		}
 	})
 
-	base := fmt.Sprintf("http://127.0.0.1:%d", httpPort)
+	var at harness.Serving
+	harness.WaitForNil(t, 30*time.Second, fmt.Sprintf("the service (%v) says where it listens", env), func() error {
+		var ok bool
+		if at, ok = harness.ParseServing(stderr.String()); !ok {
+			return errors.New("no serving line yet")
+		}
+		return nil
+	})
+	base := "http://" + at.HTTP
 	harness.WaitForNil(t, 30*time.Second, fmt.Sprintf("the service (%v) healthy", env), func() error {
 		resp, err := http.Get(base + "/healthcheck")
 		if err != nil {
@@ -225,7 +222,7 @@ func run(t *testing.T, bin string, env []string) map[string]*dto.MetricFamily {
 	post(`{"domain":"elsewhere","descriptors":[{"entries":[{"key":"user","value":"bob"}]}]}`, http.StatusOK)
 	post(`{"domain":"web","descriptors":[]}`, http.StatusBadRequest)
 
-	resp, err := http.Get(fmt.Sprintf("http://127.0.0.1:%d/metrics", promPort))
+	resp, err := http.Get("http://" + at.Prometheus + "/metrics")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -18,23 +18,10 @@ import (
 	"github.com/ratelimitd/ratelimit/src/rules"
 )
 
-// syncBuffer is a bytes.Buffer safe for the writer and a reader.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
+// syncBuffer is a buffer safe for the writer and a reader.
+type syncBuffer struct{ harness.Log }
 
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) bytes() []byte {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return bytes.Clone(s.b.Bytes())
-}
+func (s *syncBuffer) bytes() []byte { return []byte(s.String()) }
 
 func request(domain, user string, at time.Time) *Request {
 	return &Request{Time: at, Domain: domain, Descriptors: []Descriptor{{Entries: []rules.Entry{{Key: "user", Value: user}}}}, Codes: []bool{false}}

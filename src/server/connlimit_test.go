@@ -1,36 +1,20 @@
 package server
 
 import (
-	"bytes"
 	"errors"
 	"net"
 	"net/http"
 	"os"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
+	"github.com/ratelimitd/ratelimit/harness"
 	"github.com/ratelimitd/ratelimit/src/server/listen"
 )
 
 // syncBuffer is a log destination safe for concurrent writes.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.String()
-}
+type syncBuffer struct{ harness.Log }
 
 // TestHTTPConnectionCap fills HTTP_MAX_CONNECTIONS on both HTTP listeners.
 // On PORT, with connections that send nothing: a new client closes the

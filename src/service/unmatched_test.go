@@ -3,32 +3,21 @@ package service_test
 import (
 	"log/slog"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 
+	"github.com/ratelimitd/ratelimit/harness"
 	"github.com/ratelimitd/ratelimit/src/service"
 )
 
 // logBuffer collects a logger's lines.
-type logBuffer struct {
-	mu sync.Mutex
-	b  strings.Builder
-}
-
-func (l *logBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
+type logBuffer struct{ harness.Log }
 
 func (l *logBuffer) lines(substr string) []string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
 	var out []string
-	for _, line := range strings.Split(l.b.String(), "\n") {
+	for _, line := range strings.Split(l.String(), "\n") {
 		if strings.Contains(line, substr) {
 			out = append(out, line)
 		}

@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"io"
 	"math/rand/v2"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -333,15 +332,6 @@ func (b *lockedBuffer) String() string {
 	return b.buf.String()
 }
 
-func freePort() (int, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, err
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port, nil
-}
-
 // startService runs bin with the soak's rules in root on Redis at
 // redisAddr, and waits until it is healthy.
 func startService(ctx context.Context, bin, root, redisAddr string, budget time.Duration) (*service, error) {
@@ -353,25 +343,12 @@ func startService(ctx context.Context, bin, root, redisAddr string, budget time.
 			return nil, err
 		}
 	}
-	var ports [3]int
-	for i := range ports {
-		p, err := freePort()
-		if err != nil {
-			return nil, err
-		}
-		ports[i] = p
-	}
-	s := &service{
-		grpc:   fmt.Sprintf("127.0.0.1:%d", ports[0]),
-		http:   fmt.Sprintf("127.0.0.1:%d", ports[1]),
-		debug:  fmt.Sprintf("127.0.0.1:%d", ports[2]),
-		stderr: &lockedBuffer{},
-		done:   make(chan struct{}),
-	}
+	// Every listener on port 0: its "serving" line says what it bound.
+	s := &service{stderr: &lockedBuffer{}, done: make(chan struct{})}
 	s.cmd = exec.Command(bin)
 	s.cmd.Env = append(os.Environ(),
 		"RUNTIME_ROOT="+root, "HOST=127.0.0.1", "GRPC_HOST=127.0.0.1", "DEBUG_HOST=127.0.0.1",
-		fmt.Sprintf("GRPC_PORT=%d", ports[0]), fmt.Sprintf("PORT=%d", ports[1]), fmt.Sprintf("DEBUG_PORT=%d", ports[2]),
+		"GRPC_PORT=0", "PORT=0", "DEBUG_PORT=0",
 		"BACKEND_TYPE=redis", "REDIS_SOCKET_TYPE=tcp", "REDIS_URL="+redisAddr,
 		"REQUEST_TIMEOUT="+budget.String(), "REDIS_TIMEOUT="+storeTimeout.String(),
 		"LOCAL_CACHE_SIZE_IN_BYTES=1048576", "LOG_LEVEL=warn")
@@ -388,6 +365,9 @@ func startService(ctx context.Context, bin, root, redisAddr string, budget time.
 		case <-s.done:
 			return nil, fmt.Errorf("soak: the service exited at start:\n%s", s.stderr)
 		default:
+		}
+		if at, ok := harness.ParseServing(s.stderr.String()); ok {
+			s.grpc, s.http, s.debug = at.GRPC, at.HTTP, at.Debug
 		}
 		if resp, err := http.Get("http://" + s.http + "/healthcheck"); err == nil {
 			resp.Body.Close()
