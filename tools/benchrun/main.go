@@ -415,33 +415,32 @@ func startNoopProcess(ctx context.Context, tuning noopTuning) (*service, error) 
 	if err != nil {
 		return nil, fmt.Errorf("benchrun: %w", err)
 	}
-	ports, err := freePorts(1)
-	if err != nil {
-		return nil, err
-	}
-	addr := fmt.Sprintf("127.0.0.1:%d", ports[0])
-	cmd := exec.Command(self)
-	cmd.Env = append(os.Environ(), noopEnv+"="+addr)
 	name := "no-op server (untuned)"
 	if tuning == tunedNoop {
-		cmd.Env = append(cmd.Env, noopTunedEnv+"=1")
 		name = "no-op server (tuned)"
 	}
-	p, err := startProcess(name, cmd)
+	addr := func(ports []int) string { return fmt.Sprintf("127.0.0.1:%d", ports[0]) }
+	p, ports, err := startOnFreePorts(ctx, 1, 10*time.Second, "listening", func(ports []int) (*process, error) {
+		cmd := exec.Command(self)
+		cmd.Env = append(os.Environ(), noopEnv+"="+addr(ports))
+		if tuning == tunedNoop {
+			cmd.Env = append(cmd.Env, noopTunedEnv+"=1")
+		}
+		return startProcess(name, cmd)
+	}, func(ports []int) func() error { return func() error { return dial(addr(ports)) } })
 	if err != nil {
 		return nil, err
 	}
-	if err := p.waitUntil(ctx, 10*time.Second, "listening", func() error {
-		c, err := net.DialTimeout("tcp", addr, time.Second)
-		if err == nil {
-			c.Close()
-		}
-		return err
-	}); err != nil {
-		p.stop()
-		return nil, err
+	return &service{process: p, grpcAddr: addr(ports)}, nil
+}
+
+// dial reports whether addr accepts a TCP connection.
+func dial(addr string) error {
+	c, err := net.DialTimeout("tcp", addr, time.Second)
+	if err == nil {
+		c.Close()
 	}
-	return &service{process: p, grpcAddr: addr}, nil
+	return err
 }
 
 // buildService builds the service by its import path, which resolves from
@@ -870,29 +869,17 @@ func startService(ctx context.Context, bin, name, rulesRoot string, extra ...str
 // the gRPC port to accept connections, for a service whose /healthcheck
 // never says 200 on a store (envoyproxy/ratelimit on Memcached).
 func startServiceUntil(ctx context.Context, bin, name, rulesRoot string, healthy bool, extra ...string) (*service, error) {
-	ports, err := freePorts(3)
-	if err != nil {
-		return nil, err
-	}
-	cmd := exec.Command(bin)
-	cmd.Env = serviceEnv(rulesRoot, ports, extra...)
-	p, err := startProcess(name, cmd)
-	if err != nil {
-		return nil, err
-	}
-	health := fmt.Sprintf("http://127.0.0.1:%d/healthcheck", ports[0])
-	ready := func() error { return httpOK(health) }
-	if !healthy {
-		ready = func() error {
-			c, err := net.DialTimeout("tcp", fmt.Sprintf("127.0.0.1:%d", ports[1]), time.Second)
-			if err == nil {
-				c.Close()
-			}
-			return err
+	p, ports, err := startOnFreePorts(ctx, 3, 30*time.Second, "ready", func(ports []int) (*process, error) {
+		cmd := exec.Command(bin)
+		cmd.Env = serviceEnv(rulesRoot, ports, extra...)
+		return startProcess(name, cmd)
+	}, func(ports []int) func() error {
+		if !healthy {
+			return func() error { return dial(fmt.Sprintf("127.0.0.1:%d", ports[1])) }
 		}
-	}
-	if err := p.waitUntil(ctx, 30*time.Second, "ready", ready); err != nil {
-		p.stop()
+		return func() error { return httpOK(fmt.Sprintf("http://127.0.0.1:%d/healthcheck", ports[0])) }
+	})
+	if err != nil {
 		return nil, err
 	}
 	return &service{
@@ -922,25 +909,20 @@ func (be *backend) target(s *service) target {
 }
 
 func startMemcached(ctx context.Context, path string) (*backend, error) {
-	ports, err := freePorts(1)
+	addr := func(ports []int) string { return "127.0.0.1:" + strconv.Itoa(ports[0]) }
+	p, ports, err := startOnFreePorts(ctx, 1, 10*time.Second, "answering version", func(ports []int) (*process, error) {
+		args := []string{"-l", "127.0.0.1", "-p", strconv.Itoa(ports[0]), "-U", "0", "-m", "256"}
+		if os.Geteuid() == 0 {
+			args = append(args, "-u", "root") // memcached refuses to run as root without -u
+		}
+		return startProcess("memcached", exec.Command(path, args...))
+	}, func(ports []int) func() error {
+		return func() error { return tcpProbe(addr(ports), "version\r\n", "VERSION") }
+	})
 	if err != nil {
 		return nil, err
 	}
-	port := strconv.Itoa(ports[0])
-	args := []string{"-l", "127.0.0.1", "-p", port, "-U", "0", "-m", "256"}
-	if os.Geteuid() == 0 {
-		args = append(args, "-u", "root") // memcached refuses to run as root without -u
-	}
-	p, err := startProcess("memcached", exec.Command(path, args...))
-	if err != nil {
-		return nil, err
-	}
-	addr := "127.0.0.1:" + port
-	if err := p.waitUntil(ctx, 10*time.Second, "answering version", func() error { return tcpProbe(addr, "version\r\n", "VERSION") }); err != nil {
-		p.stop()
-		return nil, err
-	}
-	return &backend{stop: p.stop, proc: p, env: []string{"BACKEND_TYPE=memcache", "MEMCACHE_HOST_PORT=" + addr}, rtStat: memcacheRoundTrips}, nil
+	return &backend{stop: p.stop, proc: p, env: []string{"BACKEND_TYPE=memcache", "MEMCACHE_HOST_PORT=" + addr(ports)}, rtStat: memcacheRoundTrips}, nil
 }
 
 // memcacheSupported starts the service with BACKEND_TYPE=memcache against a

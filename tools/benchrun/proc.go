@@ -40,6 +40,33 @@ func freePorts(n int) ([]int, error) {
 	return ports, nil
 }
 
+// startOnFreePorts picks n free ports, starts a process on them (start)
+// and waits until it serves (ready), and does it all again on new ports,
+// twice at most, when the process failed because another took one of them
+// first: ports picked in advance cannot escape that race, and
+// envoyproxy/ratelimit cannot bind port 0 and say what it bound.
+func startOnFreePorts(ctx context.Context, n int, timeout time.Duration, what string,
+	start func(ports []int) (*process, error), ready func(ports []int) func() error) (*process, []int, error) {
+	for attempt := 0; ; attempt++ {
+		ports, err := freePorts(n)
+		if err != nil {
+			return nil, nil, err
+		}
+		p, err := start(ports)
+		if err != nil {
+			return nil, nil, err
+		}
+		err = p.waitUntil(ctx, timeout, what, ready(ports))
+		if err == nil {
+			return p, ports, nil
+		}
+		p.stop()
+		if attempt == 2 || !strings.Contains(strings.ToLower(p.out.tail(4096)), "address already in use") {
+			return nil, nil, err
+		}
+	}
+}
+
 // cpuTicks returns utime+stime of a process in clock ticks.
 func cpuTicks(pid int) (uint64, error) {
 	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))

@@ -309,3 +309,47 @@ func TestFetchStat(t *testing.T) {
 		t.Error("fetchStat on a closed port reports a value")
 	}
 }
+
+// TestStartOnFreePortsRetriesATakenPort: a process that failed because a
+// port picked for it was taken first is started again on new ports; one
+// that failed for another reason is not.
+func TestStartOnFreePortsRetriesATakenPort(t *testing.T) {
+	for _, tc := range []struct {
+		name, failure string
+		starts        int
+		ok            bool
+	}{
+		{"port taken", "listen tcp 127.0.0.1:1: bind: address already in use", 2, true},
+		{"other failure", "cannot start: no rules", 1, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			starts := 0
+			var seen [][]int
+			p, ports, err := startOnFreePorts(t.Context(), 2, 10*time.Second, "running", func(ports []int) (*process, error) {
+				starts++
+				seen = append(seen, ports)
+				if starts == 1 {
+					return startProcess("fails", exec.Command("sh", "-c", "echo '"+tc.failure+"' >&2; exit 1"))
+				}
+				return startProcess("serves", exec.Command("sleep", "30"))
+			}, func([]int) func() error {
+				n := starts
+				return func() error {
+					if n == 1 {
+						return fmt.Errorf("not yet")
+					}
+					return nil
+				}
+			})
+			if p != nil {
+				defer p.stop()
+			}
+			if starts != tc.starts || (err == nil) != tc.ok {
+				t.Fatalf("started %d times, err %v; want %d, ok %v", starts, err, tc.starts, tc.ok)
+			}
+			if tc.ok && !slices.Equal(ports, seen[1]) {
+				t.Errorf("ports %v, want the second start's %v", ports, seen[1])
+			}
+		})
+	}
+}
