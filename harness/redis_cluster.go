@@ -44,13 +44,9 @@ func LaunchRedisCluster(dir string, opts RedisOptions) (c *RedisCluster, err err
 			_ = c.Close()
 		}
 	}()
-	buses := make([]int, len(redisClusterSlots))
 	for i := range redisClusterSlots {
 		nodeDir := filepath.Join(dir, fmt.Sprintf("node%d", i))
 		if err := os.MkdirAll(nodeDir, 0o700); err != nil {
-			return nil, err
-		}
-		if buses[i], err = freePort(); err != nil {
 			return nil, err
 		}
 		o := opts
@@ -59,7 +55,9 @@ func LaunchRedisCluster(dir string, opts RedisOptions) (c *RedisCluster, err err
 			"cluster-config-file nodes.conf",
 			"cluster-node-timeout 2000",
 			"cluster-announce-ip 127.0.0.1",
-			"cluster-port "+strconv.Itoa(buses[i]),
+			// The bus on the client port + 10000 (freePort keeps it
+			// valid): LaunchRedis tries a new port, the bus's with it,
+			// when either is taken before the node binds it.
 		)
 		o.Config = append(o.Config, redisReplicationAuth(opts)...)
 		s, err := LaunchRedis(nodeDir, o)
@@ -78,8 +76,8 @@ func LaunchRedisCluster(dir string, opts RedisOptions) (c *RedisCluster, err err
 		}
 		addrs = append(addrs, s.Addr)
 	}
-	for i, s := range c.Masters[1:] {
-		if _, err := c.Masters[0].Do(ctx, "CLUSTER", "MEET", "127.0.0.1", strconv.Itoa(s.Port()), strconv.Itoa(buses[i+1])); err != nil {
+	for _, s := range c.Masters[1:] {
+		if _, err := c.Masters[0].Do(ctx, "CLUSTER", "MEET", "127.0.0.1", strconv.Itoa(s.Port())); err != nil {
 			return nil, fmt.Errorf("harness: cluster meet %s: %w", s.Addr, err)
 		}
 	}
