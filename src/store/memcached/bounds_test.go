@@ -10,6 +10,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -323,24 +324,35 @@ func TestDialWithinTimeout(t *testing.T) {
 	}
 }
 
-// TestConnectionBound freezes memcached and sends many concurrent Do calls
-// with a 200 ms deadline: at most MaxConns of them hold a slot (their
-// commands wait in the pipeline) and fail at their deadline with
-// ErrUnavailable, MaxWaiting wait for a slot until their deadline, and the
-// others fail at once; those two fail with ErrOverloaded and are counted
-// in Shed. No more than the pipelined connections are ever open, in the
-// store's count and in memcached's, and once memcached is thawed the store
-// serves again. Not parallel: it freezes a server and measures time.
+// TestConnectionBound freezes memcached and starts MaxConns calls without
+// a deadline, which take every slot (their commands wait in the pipeline),
+// then many concurrent Do calls with a 200 ms deadline: MaxWaiting of them
+// wait for a slot until their deadline, and the others fail at once; those
+// two fail with ErrOverloaded and are counted in Shed. The holders end when
+// their ctx does. No more than the pipelined connections are ever open, in
+// the store's count and in memcached's, and once memcached is thawed the
+// store serves again. The bounds come from the order of events, not from a
+// margin: the holders keep their slots until the test cancels them, after
+// the others ended, so that a call waiting for a slot can end only at its
+// deadline; and memcached is thawed thawAfter later, so that a holder that
+// waited for memcached ends only after the thaw. Not parallel: it freezes
+// a server.
 func TestConnectionBound(t *testing.T) {
 	srv := harness.StartMemcached(t)
 	const (
-		maxConns, maxWaiting, calls = 4, 4, 24
+		maxConns, maxWaiting, calls = 4, 4, 20
 		deadline                    = 200 * time.Millisecond
+		thawAfter                   = 2 * time.Second
 	)
-	var conns connCounter
+	key := uniqueKey(t, "k")
+	holderKey := key + "held"
+	var written atomic.Int64 // the holders' commands written to memcached, frozen
+	conns := connCounter{onWrite: func(p []byte) {
+		written.Add(int64(strings.Count(string(p), holderKey)))
+	}}
 	s := newCountingStore(t, Config{
 		Addrs: []string{srv.Addr}, MaxConns: maxConns, MaxWaiting: maxWaiting,
-		Timeout: 10 * time.Second, // the connections are not closed as late
+		Timeout: 10 * time.Second, // above thawAfter: the connections are not closed as late
 	}, &conns)
 	currConns := func() int {
 		t.Helper()
@@ -361,33 +373,61 @@ func TestConnectionBound(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = srv.Thaw() })
+	var (
+		mu     sync.Mutex
+		thawed bool
+	)
+	thaw := func() {
+		mu.Lock()
+		thawed = true
+		mu.Unlock()
+		if err := srv.Thaw(); err != nil {
+			t.Error(err)
+		}
+	}
+	one := func(ctx context.Context, key string) error {
+		return s.Do(ctx, &limiter.Batch{Ops: []limiter.Op{{Key: key, Limit: 10, Window: time.Hour, Hits: 1}}})
+	}
+
+	// The holders hold every slot, their commands under way: written, or
+	// queued behind one that was.
+	held, release := context.WithCancel(context.Background())
+	defer release()
+	type holderEnd struct {
+		err    error
+		thawed bool // memcached was thawed when the Do returned
+	}
+	holders := make(chan holderEnd, maxConns)
+	for i := range maxConns {
+		go func() {
+			err := one(held, holderKey+strconv.Itoa(i))
+			mu.Lock()
+			defer mu.Unlock()
+			holders <- holderEnd{err, thawed}
+		}()
+	}
+	harness.WaitFor(t, 5*time.Second, "every slot held, a command written", func() bool {
+		return written.Load() > 0 && len(s.slots) == maxConns
+	})
+
 	type outcome struct {
 		err  error
 		took time.Duration
 	}
 	results := make(chan outcome, calls)
-	key := uniqueKey(t, "k")
 	for i := range calls {
 		go func() {
+			start := time.Now() // before the deadline is set: took is at least that for a call that waited
 			ctx, cancel := context.WithTimeout(context.Background(), deadline)
 			defer cancel()
-			b := &limiter.Batch{Ops: []limiter.Op{{Key: key + strconv.Itoa(i), Limit: 10, Window: time.Hour, Hits: 1}}}
-			start := time.Now()
-			err := s.Do(ctx, b)
+			err := one(ctx, key+strconv.Itoa(i))
 			results <- outcome{err, time.Since(start)}
 		}()
 	}
-	var fast, waited, ok, held int
+	var fast, waited int
 	check := func(r outcome) {
 		t.Helper()
 		switch {
-		case r.err == nil:
-			ok++
-		case errors.Is(r.err, limiter.ErrUnavailable) && errors.Is(r.err, context.DeadlineExceeded):
-			held++ // held a slot; its command waited for memcached
-			if r.took > deadline+boundMargin {
-				t.Errorf("a call holding a slot failed after %v, want at its %v deadline", r.took, deadline)
-			}
 		case !errors.Is(r.err, limiter.ErrOverloaded) || errors.Is(r.err, limiter.ErrUnavailable):
 			t.Errorf("Do = %v, want ErrOverloaded", r.err)
 		case strings.Contains(r.err.Error(), "waiting for one"): // shed at once
@@ -397,34 +437,47 @@ func TestConnectionBound(t *testing.T) {
 			}
 		default:
 			waited++
-			if r.took > deadline+boundMargin {
-				t.Errorf("a call waiting for a connection failed after %v, want at its %v deadline", r.took, deadline)
+			if r.took < deadline {
+				t.Errorf("a call waiting for a connection failed after %v, before its %v deadline", r.took, deadline)
 			}
 		}
 	}
-	// Every call ends while memcached is frozen.
+	// Every call ends while the holders keep their slots: a call waiting
+	// for one ends at its deadline or never.
 	wait := time.After(10 * time.Second)
 	for range calls {
 		select {
 		case r := <-results:
 			check(r)
 		case <-wait:
-			t.Fatalf("%d calls ended while memcached was frozen, want %d", fast+waited+ok+held, calls)
+			t.Fatalf("%d calls ended while every slot was held, want %d", fast+waited, calls)
 		}
 	}
-	if ok > 0 {
-		t.Errorf("%d calls succeeded with memcached frozen", ok)
-	}
-	// A call waiting for a slot may get one as the holders' deadline
-	// passes, just before its own.
-	if held < maxConns || held > maxConns+maxWaiting {
-		t.Errorf("%d calls held a slot, want MaxConns %d (to %d)", held, maxConns, maxConns+maxWaiting)
-	}
-	if want := calls - maxConns - maxWaiting; fast < want {
+	if want := calls - maxWaiting; fast < want {
 		t.Errorf("%d calls shed at once, want at least %d (%d waited)", fast, want, waited)
 	}
-	if err := srv.Thaw(); err != nil {
-		t.Fatal(err)
+	if n := len(holders); n > 0 {
+		t.Errorf("%d calls holding a slot ended before their ctx did", n)
+	}
+
+	// The holders end with their ctx, memcached still frozen.
+	release()
+	thawing := time.AfterFunc(thawAfter, thaw)
+	for range maxConns {
+		select {
+		case h := <-holders:
+			if !errors.Is(h.err, limiter.ErrUnavailable) || !errors.Is(h.err, context.Canceled) {
+				t.Errorf("a call holding a slot: Do = %v, want ErrUnavailable (context canceled)", h.err)
+			}
+			if h.thawed {
+				t.Errorf("a call holding a slot ended once memcached was thawed, %v after its ctx, want when its ctx ended", thawAfter)
+			}
+		case <-time.After(2 * thawAfter):
+			t.Fatal("a call holding a slot never ended")
+		}
+	}
+	if thawing.Stop() {
+		thaw()
 	}
 	if got, want := s.Shed(), uint64(fast+waited); got != want {
 		t.Errorf("Shed() = %d, want the %d calls that failed with ErrOverloaded", got, want)
