@@ -22,11 +22,6 @@ import (
 	"github.com/ratelimitd/ratelimit/src/store/memcached/mcclient"
 )
 
-// boundMargin is the slack the timing tests allow for a loaded machine
-// (and the race detector) on top of the bound they check; the failures
-// they catch are later by more than that.
-const boundMargin = 300 * time.Millisecond
-
 // TestDeadlineBound freezes memcached (SIGSTOP) when a chosen command of a
 // batch is sent, and thaws it thawAfter later: the Do must end at its
 // deadline, before memcached answers, AllOrNothing take-backs and retries

@@ -3,6 +3,7 @@ package memcached
 import (
 	"context"
 	"errors"
+	"net"
 	"runtime"
 	"strconv"
 	"strings"
@@ -179,13 +180,21 @@ func TestRestartBetweenProbes(t *testing.T) {
 
 // TestCloseBounded closes a store while memcached, frozen as the calls in
 // flight were taking back the hits of refused AllOrNothing batches, holds
-// every one of them in a round trip, with no deadline: Close returns
-// within about one Timeout, later calls fail, and once everything under
-// way has ended, no goroutine and no connection is left. Not parallel: it
-// counts goroutines and measures time.
+// every one of them in a round trip, with no deadline, and while the SRV
+// refresher is stuck in a lookup that does not heed its ctx (a resolver
+// without a timeout of ours): Close waits for them until its bound,
+// Timeout plus closeGrace, and returns then, later calls fail, and once
+// everything under way has ended, no goroutine and no connection is left.
+// The bound comes from the order of events, not from a margin: the lookup
+// is released only once Close has returned, or releaseAfter (four times the
+// bound) after Close began, so that a Close that waits for what is under
+// way past its bound returns only after the release. Not parallel: it
+// counts goroutines.
 func TestCloseBounded(t *testing.T) {
 	srv := harness.StartMemcached(t)
-	const timeout, calls = 300 * time.Millisecond, 8
+	const timeout, calls = 200 * time.Millisecond, 8
+	const bound = timeout + closeGrace
+	const releaseAfter = 4 * bound
 	goroutines := runtime.NumGoroutine()
 	var (
 		frozen   atomic.Bool
@@ -204,7 +213,38 @@ func TestCloseBounded(t *testing.T) {
 			})
 		}
 	}}
-	s, err := newWith(t.Context(), Config{Addrs: []string{srv.Addr}, Timeout: timeout, MaxConns: 2 * calls}, deps{wrapDial: conns.wrap})
+	// The first lookup (New's) answers; the refresher's next one is stuck
+	// until release is closed.
+	host, port, err := net.SplitHostPort(srv.Addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := strconv.Atoi(port)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var (
+		lookups   atomic.Int64
+		releasing sync.Once
+		released  atomic.Bool
+	)
+	stuck, release := make(chan struct{}), make(chan struct{})
+	unstick := func() {
+		releasing.Do(func() {
+			released.Store(true)
+			close(release)
+		})
+	}
+	t.Cleanup(unstick)
+	lookup := func(_ context.Context, _, _, name string) (string, []*net.SRV, error) {
+		if lookups.Add(1) == 2 {
+			close(stuck)
+			<-release // not ctx
+		}
+		return name, []*net.SRV{{Target: host + ".", Port: uint16(p)}}, nil
+	}
+	s, err := newWith(t.Context(), Config{SRV: "_memcache._tcp.test.", SRVRefresh: time.Millisecond, Timeout: timeout, MaxConns: 2 * calls},
+		deps{lookup: lookup, wrapDial: conns.wrap})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -228,14 +268,28 @@ func TestCloseBounded(t *testing.T) {
 		})
 	}
 	harness.WaitFor(t, 5*time.Second, "memcached frozen at a take-back", frozen.Load)
+	select {
+	case <-stuck:
+	case <-time.After(5 * time.Second):
+		t.Fatal("the refresher never looked the SRV record up again")
+	}
 
 	start := time.Now()
-	if err := s.Close(); err != nil {
+	later := time.AfterFunc(releaseAfter, unstick)
+	err = s.Close()
+	late := released.Load()
+	took := time.Since(start)
+	later.Stop()
+	if err != nil {
 		t.Errorf("Close: %v", err)
 	}
-	if took, bound := time.Since(start), timeout+boundMargin; took > bound {
-		t.Errorf("Close took %v, want within the %v Timeout (+%v margin)", took, timeout, boundMargin)
+	if late {
+		t.Errorf("Close took %v: it waited for the stuck lookup, released %v after Close began; want it to return at its %v bound", took, releaseAfter, bound)
 	}
+	if took < bound {
+		t.Errorf("Close took %v, want it to wait for what is under way until its %v bound", took, bound)
+	}
+	unstick()
 	if err := hit(t.Context(), s, "closed"); !errors.Is(err, limiter.ErrUnavailable) {
 		t.Errorf("Do after Close: %v, want ErrUnavailable", err)
 	}
