@@ -20,7 +20,6 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"time"
 )
@@ -74,9 +73,7 @@ type Envoy struct {
 	// Config is the bootstrap it runs.
 	Config string
 
-	// mu guards log.
-	mu   sync.Mutex
-	log  bytes.Buffer
+	log  Log
 	done chan struct{}
 }
 
@@ -102,8 +99,8 @@ func LaunchEnvoy(ctx context.Context, bin, dir, config string, timeout time.Dura
 	p.Cmd = exec.Command(bin, "-c", cfgPath, "--concurrency", "1", "--disable-hot-restart",
 		"--admin-address-path", adminPath, "--log-level", "warning", "--drain-time-s", "1",
 		"--file-flush-interval-msec", "100")
-	p.Cmd.Stdout = (*logWriter)(p)
-	p.Cmd.Stderr = (*logWriter)(p)
+	p.Cmd.Stdout = &p.log
+	p.Cmd.Stderr = &p.log
 	p.Cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL, Setpgid: true}
 	if err := p.Cmd.Start(); err != nil {
 		return nil, err
@@ -147,20 +144,8 @@ func (p *Envoy) ready(adminPath string) error {
 	return nil
 }
 
-type logWriter Envoy
-
-func (w *logWriter) Write(b []byte) (int, error) {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	return w.log.Write(b)
-}
-
 // Log is what Envoy wrote so far.
-func (p *Envoy) Log() string {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return p.log.String()
-}
+func (p *Envoy) Log() string { return p.log.String() }
 
 // Done is closed when Envoy has exited.
 func (p *Envoy) Done() <-chan struct{} { return p.done }

@@ -3,7 +3,6 @@
 package integration
 
 import (
-	"bytes"
 	"context"
 	"flag"
 	"fmt"
@@ -187,8 +186,7 @@ type proc struct {
 	grpc, http, debug string
 	// prom is the PROMETHEUS_ADDR listener's address, if any.
 	prom    string
-	mu      sync.Mutex
-	stderr  bytes.Buffer
+	stderr  harness.Log
 	done    chan struct{}
 	exitErr error
 }
@@ -283,7 +281,7 @@ func launchWith(t *testing.T, opts launchOpts, rules map[string]string, env ...s
 		p.cmd.Env = append(p.cmd.Env, "REQUEST_TIMEOUT=2s")
 	}
 	p.cmd.Env = append(p.cmd.Env, env...)
-	p.cmd.Stderr = &lockedWriter{mu: &p.mu, w: &p.stderr}
+	p.cmd.Stderr = &p.stderr
 	if err := p.cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
@@ -336,22 +334,7 @@ func (p *proc) readServing() bool {
 	return ok
 }
 
-type lockedWriter struct {
-	mu *sync.Mutex
-	w  io.Writer
-}
-
-func (l *lockedWriter) Write(b []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.w.Write(b)
-}
-
-func (p *proc) logs() string {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return p.stderr.String()
-}
+func (p *proc) logs() string { return p.stderr.String() }
 
 // start launches the service and waits until /healthcheck says 200.
 func start(t *testing.T, rules map[string]string, env ...string) *proc {
